@@ -1,0 +1,29 @@
+#include "cli/commands.h"
+
+#include <map>
+
+#include "core/error.h"
+
+namespace ckpt::cli {
+namespace {
+std::map<CLI::App*, std::function<int()>>& runners() {
+  static std::map<CLI::App*, std::function<int()>> table;
+  return table;
+}
+}  // namespace
+
+void add_runner(CLI::App* sub, std::function<int()> run) { runners()[sub] = std::move(run); }
+
+void register_commands(CLI::App& app) {
+  (void)app;
+}
+
+int run_selected(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands()) {
+    auto it = runners().find(sub);
+    if (it != runners().end()) return it->second();
+  }
+  fail(ErrorCode::kInternal, "no runner for the selected subcommand");
+}
+
+}  // namespace ckpt::cli

@@ -1,0 +1,55 @@
+// ckptconv entry point: global flags, subcommand registration, and the one
+// place where errors become exit codes (README "Exit codes").
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "exec/runtime_info.h"
+
+namespace {
+
+std::string version_text() {
+  ckpt::RuntimeInfo info = ckpt::runtime_info();
+  std::string cuda = info.cuda_compiled
+                         ? (info.cuda_available ? "compiled in, " + std::to_string(info.cuda_devices) + " device(s) visible"
+                                                : "compiled in, no device visible")
+                         : "not compiled in";
+  return std::string("ckptconv ") + CKPT_VERSION + "\nLibTorch " + info.libtorch_version + "\nCUDA " + cuda;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckptconv: consolidate, reshard, validate and inspect sharded PyTorch checkpoints", "ckptconv"};
+  app.require_subcommand(0, 1);
+  bool quiet = false, verbose = false;
+  app.add_flag("-q,--quiet", quiet, "Only print errors on stderr");
+  app.add_flag("-v,--verbose", verbose, "Print debug messages on stderr");
+  app.set_version_flag("--version", version_text);
+
+  ckpt::cli::register_commands(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);  // 0 for --help/--version, 2 for usage errors
+  }
+  ckpt::setup_logging(quiet ? ckpt::Verbosity::kQuiet : verbose ? ckpt::Verbosity::kVerbose : ckpt::Verbosity::kNormal);
+  if (app.get_subcommands().empty()) {
+    std::cout << app.help();
+    return 2;
+  }
+  try {
+    return ckpt::cli::run_selected(app);
+  } catch (const ckpt::Error& e) {
+    spdlog::error("{}", e.what());
+    return ckpt::exit_code_for(e.code());
+  } catch (const std::exception& e) {
+    spdlog::error("internal error: {}", e.what());
+    return 5;
+  }
+}

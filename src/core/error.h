@@ -1,0 +1,66 @@
+// The one error type of ckptconv: a code that means something, a message, and
+// a context chain (file -> rank -> tensor) that grows as the error propagates.
+#pragma once
+
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ckpt {
+
+enum class ErrorCode {
+  kInvalidArgument,    // the request is wrong (usage, options)        -> exit 2
+  kNotFound,           // an input file or key does not exist          -> exit 3
+  kDataLoss,           // input bytes are corrupt or truncated         -> exit 3
+  kUnsafe,             // input asks for something we refuse to do     -> exit 3
+  kUnimplemented,      // input uses a feature we do not support       -> exit 3
+  kOutputFailed,       // the output could not be written              -> exit 4
+  kResourceExhausted,  // a memory or size limit stops the work        -> exit 4
+  kInternal,           // a bug in ckptconv                            -> exit 5
+};
+
+const char* error_code_name(ErrorCode code);
+// The process exit code documented in the README for an error of this code.
+int exit_code_for(ErrorCode code);
+
+class Error : public std::exception {
+ public:
+  Error(ErrorCode code, std::string message);
+
+  ErrorCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // Outermost context first, e.g. {"file ckpt/__0_0.distcp", "tensor model.w"}.
+  const std::vector<std::string>& context() const { return context_; }
+
+  // Adds an outer context item; called by code further up the stack.
+  Error& add_context(std::string item);
+
+  // "ctx1: ctx2: message"
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  void rebuild_what();
+
+  ErrorCode code_;
+  std::string message_;
+  std::vector<std::string> context_;
+  std::string what_;
+};
+
+[[noreturn]] void fail(ErrorCode code, std::string message);
+[[noreturn]] inline void fail_data_loss(std::string message) { fail(ErrorCode::kDataLoss, std::move(message)); }
+[[noreturn]] inline void fail_invalid(std::string message) { fail(ErrorCode::kInvalidArgument, std::move(message)); }
+
+// Runs fn; an ckpt::Error escaping it gets `item` added as outer context.
+template <class Fn>
+decltype(auto) with_context(const std::string& item, Fn&& fn) {
+  try {
+    return fn();
+  } catch (Error& e) {
+    e.add_context(item);
+    throw;
+  }
+}
+
+}  // namespace ckpt

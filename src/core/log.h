@@ -1,0 +1,11 @@
+// Logging that takes finished strings, for translation units that must not
+// include spdlog (those that include LibTorch, whose bundled fmt clashes).
+#pragma once
+
+#include <string>
+
+namespace ckpt::log {
+void debug(const std::string& message);
+void info(const std::string& message);
+void warn(const std::string& message);
+}  // namespace ckpt::log

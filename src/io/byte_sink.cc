@@ -1,0 +1,151 @@
+#include "io/byte_sink.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace ckpt {
+namespace {
+constexpr std::size_t kCopyChunk = 4u << 20;    // bounded buffer for read-through copies
+constexpr std::size_t kWriteBuffer = 1u << 20;  // coalesces small writes (headers, pickles)
+}  // namespace
+
+void ByteSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
+  if (const std::byte* p = src.data()) {
+    if (pos > src.size() || n > src.size() - pos)
+      fail_data_loss(src.describe() + ": copy range past the end");
+    write(p + pos, n);
+    return;
+  }
+  std::vector<char> buf(static_cast<std::size_t>(std::min<uint64_t>(n, kCopyChunk)));
+  while (n > 0) {
+    std::size_t step = static_cast<std::size_t>(std::min<uint64_t>(n, buf.size()));
+    src.read(pos, buf.data(), step);
+    write(buf.data(), step);
+    pos += step;
+    n -= step;
+  }
+}
+
+void ByteSink::write_zeros(std::size_t n) {
+  static const char kZeros[256] = {};
+  while (n > 0) {
+    std::size_t step = std::min(n, sizeof(kZeros));
+    write(kZeros, step);
+    n -= step;
+  }
+}
+
+void MemorySink::write(const void* data, std::size_t n) { bytes_.append(static_cast<const char*>(data), n); }
+
+std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, bool overwrite) {
+  struct stat st {};
+  if (!overwrite && ::lstat(dest.c_str(), &st) == 0)
+    fail_invalid(dest + ": output exists (use --force to overwrite)");
+  std::string pattern = dest + ".tmp-XXXXXX";
+  std::vector<char> name(pattern.begin(), pattern.end());
+  name.push_back('\0');
+  int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) fail(ErrorCode::kOutputFailed, dest + ": cannot create temporary file: " + std::strerror(errno));
+  ::fchmod(fd, 0644);  // mkostemp makes 0600; outputs should look like any other file
+  return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(dest, name.data(), fd, overwrite));
+}
+
+AtomicFileSink::AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite)
+    : dest_(std::move(dest)), temp_(std::move(temp)), fd_(fd), overwrite_(overwrite) {
+  buffer_.reserve(kWriteBuffer);
+}
+
+AtomicFileSink::~AtomicFileSink() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!finished_) ::unlink(temp_.c_str());
+}
+
+void AtomicFileSink::fail_io(const std::string& what, int err) const {
+  fail(ErrorCode::kOutputFailed, dest_ + ": " + what + ": " + std::strerror(err));
+}
+
+void AtomicFileSink::write_fully(const void* data, std::size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t put = ::write(fd_, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) fail_io("write failed", errno);
+    p += put;
+    n -= static_cast<std::size_t>(put);
+  }
+}
+
+void AtomicFileSink::flush_buffer() {
+  if (buffer_.empty()) return;
+  write_fully(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void AtomicFileSink::write(const void* data, std::size_t n) {
+  if (finished_) fail(ErrorCode::kInternal, dest_ + ": write after finish");
+  if (buffer_.size() + n > kWriteBuffer) {
+    flush_buffer();
+    if (n >= kWriteBuffer) {
+      write_fully(data, n);
+      position_ += n;
+      return;
+    }
+  }
+  buffer_.insert(buffer_.end(), static_cast<const char*>(data), static_cast<const char*>(data) + n);
+  position_ += n;
+}
+
+void AtomicFileSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
+  auto span = src.file_span(pos);
+  if (!span || n < kWriteBuffer) {
+    ByteSink::copy_from(src, pos, n);
+    return;
+  }
+  if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
+  flush_buffer();
+  loff_t in_off = static_cast<loff_t>(span->offset);
+  uint64_t left = n;
+  while (left > 0) {
+    ssize_t moved = ::copy_file_range(span->fd, &in_off, fd_, nullptr, left, 0);
+    if (moved < 0 && errno == EINTR) continue;
+    if (moved <= 0) {
+      // Not supported here (other file system, old kernel): copy the rest through user space.
+      uint64_t done = n - left;
+      position_ += done;
+      ByteSink::copy_from(src, pos + done, left);
+      return;
+    }
+    left -= static_cast<uint64_t>(moved);
+  }
+  position_ += n;
+}
+
+void AtomicFileSink::finish() {
+  if (finished_) return;
+  flush_buffer();
+  if (::fsync(fd_) != 0) fail_io("fsync failed", errno);
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    fail_io("close failed", errno);
+  }
+  fd_ = -1;
+  // RENAME_NOREPLACE keeps a file that appeared meanwhile unless --force was given.
+  unsigned flags = overwrite_ ? 0 : RENAME_NOREPLACE;
+  if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, dest_.c_str(), flags) != 0) {
+    int err = errno;
+    if (err == EEXIST) fail_invalid(dest_ + ": output exists (use --force to overwrite)");
+    fail_io("cannot rename temporary file into place", err);
+  }
+  finished_ = true;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,76 @@
+// Sequential output: an in-memory buffer for tests, or an atomic file that
+// appears at its destination only when finish() succeeds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/byte_source.h"
+
+namespace ckpt {
+
+class ByteSink {
+ public:
+  virtual ~ByteSink() = default;
+  virtual void write(const void* data, std::size_t n) = 0;
+  virtual uint64_t position() const = 0;
+  // Appends n bytes of `src` starting at pos. File sinks let the kernel move
+  // the bytes (copy_file_range) when the source is a file; the default reads
+  // through a bounded buffer.
+  virtual void copy_from(const ByteSource& src, uint64_t pos, uint64_t n);
+
+  void write(const std::string& s) { write(s.data(), s.size()); }
+  void write_zeros(std::size_t n);
+};
+
+class MemorySink final : public ByteSink {
+ public:
+  using ByteSink::write;
+  void write(const void* data, std::size_t n) override;
+  uint64_t position() const override { return bytes_.size(); }
+  const std::string& bytes() const { return bytes_; }
+  std::string take() { return std::move(bytes_); }
+
+ private:
+  std::string bytes_;
+};
+
+// Writes to "<dest>.tmp-XXXXXX" in the destination's folder; finish() flushes,
+// fsyncs and renames onto dest. Destroyed unfinished, it removes the temp
+// file and never throws. Errors are OutputFailed naming the destination.
+class AtomicFileSink final : public ByteSink {
+ public:
+  // InvalidArgument if dest exists and !overwrite.
+  static std::unique_ptr<AtomicFileSink> create(const std::string& dest, bool overwrite);
+  ~AtomicFileSink() override;
+  AtomicFileSink(const AtomicFileSink&) = delete;
+  AtomicFileSink& operator=(const AtomicFileSink&) = delete;
+
+  using ByteSink::write;
+  void write(const void* data, std::size_t n) override;
+  uint64_t position() const override { return position_; }
+  void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override;
+  void finish();
+
+  const std::string& destination() const { return dest_; }
+  const std::string& temp_path() const { return temp_; }
+
+ private:
+  AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite);
+  void flush_buffer();
+  void write_fully(const void* data, std::size_t n);
+  [[noreturn]] void fail_io(const std::string& what, int err) const;
+
+  std::string dest_;
+  std::string temp_;
+  int fd_;
+  bool overwrite_;
+  bool finished_ = false;
+  uint64_t position_ = 0;
+  std::vector<char> buffer_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,184 @@
+#include "io/byte_source.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/checked.h"
+#include "core/error.h"
+
+namespace ckpt {
+
+void ByteSource::check_range(uint64_t pos, uint64_t n) const {
+  if (!range_fits(pos, n, size()))
+    fail_data_loss(describe() + ": read of " + std::to_string(n) + " bytes at offset " + std::to_string(pos) +
+                   " is past the end (" + std::to_string(size()) + " bytes)");
+}
+
+std::vector<std::byte> ByteSource::read_vector(uint64_t pos, std::size_t n) const {
+  check_range(pos, n);
+  std::vector<std::byte> out(n);
+  read(pos, out.data(), n);
+  return out;
+}
+
+std::string ByteSource::read_string(uint64_t pos, std::size_t n) const {
+  check_range(pos, n);
+  std::string out(n, '\0');
+  read(pos, out.data(), n);
+  return out;
+}
+
+namespace {
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::shared_ptr<FileDescriptor> open_readonly(const std::string& path, uint64_t* size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    fail(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kDataLoss,
+         path + ": cannot open: " + std::strerror(err));
+  }
+  auto holder = std::make_shared<FileDescriptor>(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail_data_loss(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(ErrorCode::kInvalidArgument, path + ": not a regular file");
+  *size = static_cast<uint64_t>(st.st_size);
+  return holder;
+}
+
+class FileSource final : public ByteSource {
+ public:
+  FileSource(std::string path, std::shared_ptr<FileDescriptor> fd, uint64_t size)
+      : path_(std::move(path)), fd_(std::move(fd)), size_(size) {}
+  uint64_t size() const override { return size_; }
+  std::string describe() const override { return path_; }
+  std::optional<FileSpan> file_span(uint64_t pos) const override { return FileSpan{fd_->get(), pos}; }
+
+  void read(uint64_t pos, void* buf, std::size_t n) const override {
+    check_range(pos, n);
+    auto* out = static_cast<char*>(buf);
+    while (n > 0) {
+      ssize_t got = ::pread(fd_->get(), out, n, static_cast<off_t>(pos));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) fail_data_loss(path_ + ": read failed at offset " + std::to_string(pos) +
+                                   (got < 0 ? std::string(": ") + std::strerror(errno) : ": file shrank"));
+      out += got;
+      pos += static_cast<uint64_t>(got);
+      n -= static_cast<std::size_t>(got);
+    }
+  }
+
+ private:
+  std::string path_;
+  std::shared_ptr<FileDescriptor> fd_;
+  uint64_t size_;
+};
+
+class MappedSource final : public ByteSource {
+ public:
+  MappedSource(std::string path, std::shared_ptr<FileDescriptor> fd, const std::byte* base, uint64_t size)
+      : path_(std::move(path)), fd_(std::move(fd)), base_(base), size_(size) {}
+  ~MappedSource() override { ::munmap(const_cast<std::byte*>(base_), size_); }
+  uint64_t size() const override { return size_; }
+  std::string describe() const override { return path_; }
+  const std::byte* data() const override { return base_; }
+  std::optional<FileSpan> file_span(uint64_t pos) const override { return FileSpan{fd_->get(), pos}; }
+  void read(uint64_t pos, void* buf, std::size_t n) const override {
+    check_range(pos, n);
+    if (n) std::memcpy(buf, base_ + pos, n);
+  }
+
+ private:
+  std::string path_;
+  std::shared_ptr<FileDescriptor> fd_;
+  const std::byte* base_;
+  uint64_t size_;
+};
+
+class MemorySource final : public ByteSource {
+ public:
+  MemorySource(std::string bytes, std::string name) : bytes_(std::move(bytes)), name_(std::move(name)) {}
+  uint64_t size() const override { return bytes_.size(); }
+  std::string describe() const override { return name_; }
+  const std::byte* data() const override { return reinterpret_cast<const std::byte*>(bytes_.data()); }
+  void read(uint64_t pos, void* buf, std::size_t n) const override {
+    check_range(pos, n);
+    if (n) std::memcpy(buf, bytes_.data() + pos, n);
+  }
+
+ private:
+  std::string bytes_;
+  std::string name_;
+};
+
+class SubSource final : public ByteSource {
+ public:
+  SubSource(SourcePtr parent, uint64_t offset, uint64_t length)
+      : parent_(std::move(parent)), offset_(offset), length_(length) {}
+  uint64_t size() const override { return length_; }
+  std::string describe() const override {
+    return parent_->describe() + "[" + std::to_string(offset_) + ":+" + std::to_string(length_) + "]";
+  }
+  const std::byte* data() const override {
+    const std::byte* p = parent_->data();
+    return p ? p + offset_ : nullptr;
+  }
+  std::optional<FileSpan> file_span(uint64_t pos) const override { return parent_->file_span(offset_ + pos); }
+  void read(uint64_t pos, void* buf, std::size_t n) const override {
+    check_range(pos, n);
+    parent_->read(offset_ + pos, buf, n);
+  }
+
+ private:
+  SourcePtr parent_;
+  uint64_t offset_;
+  uint64_t length_;
+};
+
+}  // namespace
+
+SourcePtr open_file_source(const std::string& path) {
+  uint64_t size = 0;
+  auto fd = open_readonly(path, &size);
+  return std::make_shared<FileSource>(path, std::move(fd), size);
+}
+
+SourcePtr open_mapped_source(const std::string& path) {
+  uint64_t size = 0;
+  auto fd = open_readonly(path, &size);
+  if (size == 0) return std::make_shared<FileSource>(path, std::move(fd), size);
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd->get(), 0);
+  if (base == MAP_FAILED) return std::make_shared<FileSource>(path, std::move(fd), size);
+  return std::make_shared<MappedSource>(path, std::move(fd), static_cast<const std::byte*>(base), size);
+}
+
+SourcePtr make_memory_source(std::string bytes, std::string name) {
+  return std::make_shared<MemorySource>(std::move(bytes), std::move(name));
+}
+
+SourcePtr make_sub_source(SourcePtr parent, uint64_t offset, uint64_t length) {
+  if (!range_fits(offset, length, parent->size()))
+    fail_data_loss(parent->describe() + ": range [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                   ") exceeds its " + std::to_string(parent->size()) + " bytes");
+  return std::make_shared<SubSource>(std::move(parent), offset, length);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,56 @@
+// Positional-read interface over a file, a memory buffer or a slice of
+// another source (a torch.save zip embedded inside a .distcp file).
+// Reads outside the source are corrupt input (DataLoss) naming the source.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+// Where a source's bytes live in an open file, for copy_file_range.
+struct FileSpan {
+  int fd;
+  uint64_t offset;  // absolute offset in fd of the source position asked for
+};
+
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual uint64_t size() const = 0;
+  // Reads exactly n bytes at pos; throws DataLoss if [pos, pos+n) is not inside.
+  virtual void read(uint64_t pos, void* buf, std::size_t n) const = 0;
+  // A human name for messages: the file path, with the slice when there is one.
+  virtual std::string describe() const = 0;
+  // Pointer to all bytes when they are in memory or mapped; nullptr otherwise.
+  virtual const std::byte* data() const { return nullptr; }
+  // The file holding byte `pos`, when the source is backed by one.
+  virtual std::optional<FileSpan> file_span(uint64_t pos) const {
+    (void)pos;
+    return std::nullopt;
+  }
+
+  std::vector<std::byte> read_vector(uint64_t pos, std::size_t n) const;
+  std::string read_string(uint64_t pos, std::size_t n) const;
+
+ protected:
+  // Shared bounds check: DataLoss naming describe() when out of range.
+  void check_range(uint64_t pos, uint64_t n) const;
+};
+
+using SourcePtr = std::shared_ptr<const ByteSource>;
+
+// Opens a file for positional reads (pread). NotFound if missing.
+SourcePtr open_file_source(const std::string& path);
+// Maps a whole file read-only (falls back to pread for empty files).
+SourcePtr open_mapped_source(const std::string& path);
+// Owns a copy of the bytes.
+SourcePtr make_memory_source(std::string bytes, std::string name = "<memory>");
+// [offset, offset+length) of `parent`; DataLoss if that does not fit.
+SourcePtr make_sub_source(SourcePtr parent, uint64_t offset, uint64_t length);
+
+}  // namespace ckpt
