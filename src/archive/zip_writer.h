@@ -1,0 +1,72 @@
+// Streaming writer of torch.save-compatible zip archives: every record
+// stored, data aligned to 64 bytes (padding in a local extra field "FB"),
+// sizes and CRC-32 in a data descriptor after each record, ZIP64 records
+// always written, central directory at the end.
+//
+// The sink is any ByteSink; the caller makes it atomic (AtomicFileSink) and
+// calls its finish() after ZipWriter::finish().
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/byte_sink.h"
+#include "io/byte_source.h"
+
+namespace ckpt::archive {
+
+// CRC-32 (zlib polynomial) helpers, usable for combining the CRCs of pieces.
+uint32_t crc32_update(uint32_t crc, const void* data, std::size_t n);
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
+class ZipWriter {
+ public:
+  // archive_name is the top folder of every record ("archive" is what
+  // torch.save writes to a stream; torch accepts any single folder).
+  ZipWriter(ByteSink& sink, std::string archive_name = "archive");
+
+  // A whole record from memory.
+  void write_record(std::string_view record, const void* data, std::size_t n);
+  void write_record(std::string_view record, const std::string& data) {
+    write_record(record, data.data(), data.size());
+  }
+
+  // A record written in pieces: begin, any number of appends totalling
+  // exactly `size` bytes, end.
+  void begin_record(std::string_view record, uint64_t size);
+  void append(const void* data, std::size_t n);
+  // Appends bytes of a source. With `known_crc` (the CRC-32 of exactly these
+  // bytes, e.g. from the source's own central directory) the bytes are moved
+  // with ByteSink::copy_from and never read by us; without it they are read
+  // through a bounded buffer to compute the CRC.
+  void append_from(const ByteSource& source, uint64_t pos, uint64_t n, std::optional<uint32_t> known_crc = {});
+  void end_record();
+
+  // Writes the torch.save record set around the caller's records is the
+  // caller's job (formats/torch_pt); this writes the central directory,
+  // ZIP64 end records and end of central directory.
+  void finish();
+
+  const std::string& archive_name() const { return archive_name_; }
+
+ private:
+  struct Written {
+    std::string name;
+    uint64_t header_offset;
+    uint64_t size;
+    uint32_t crc;
+  };
+  ByteSink& sink_;
+  std::string archive_name_;
+  std::vector<Written> written_;
+  bool in_record_ = false;
+  bool finished_ = false;
+  uint64_t expected_ = 0;
+  uint64_t appended_ = 0;
+  uint32_t crc_ = 0;
+};
+
+}  // namespace ckpt::archive

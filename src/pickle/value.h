@@ -1,0 +1,98 @@
+// The neutral value tree an unpickled object becomes. Nothing here executes:
+// a global is just a (module, name) pair, a call just records callable and
+// arguments, BUILD just records object and state. Format decoders
+// (formats/*) interpret the shapes they know.
+//
+// Values are shared (the pickle memo can reference one object many times)
+// and mutable only while the unpickler builds them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ckpt::pickle {
+
+enum class Kind {
+  kNone,
+  kBool,
+  kInt,       // fits in int64
+  kBigInt,    // LONG1/LONG4 beyond int64: `text` holds two's complement little-endian bytes
+  kFloat,
+  kStr,       // UTF-8 in `text`
+  kBytes,     // raw bytes in `text` (BINBYTES, SHORT_BINBYTES, BYTEARRAY8: `bytearray` flag)
+  kTuple,
+  kList,
+  kDict,      // `entries`, insertion order kept, any key kind; `ordered` for collections.OrderedDict()
+  kSet,
+  kFrozenSet,
+  kGlobal,    // `text` = module, `name` = qualified name
+  kCall,      // REDUCE / NEWOBJ / NEWOBJ_EX / INST / OBJ: `callable(*args, **kwargs)`
+  kBuilt,     // BUILD: `object` with `state` applied
+  kPersId,    // BINPERSID / PERSID: `pid`
+};
+
+const char* kind_name(Kind kind);
+
+class Value;
+using ValuePtr = std::shared_ptr<Value>;
+
+class Value {
+ public:
+  explicit Value(Kind kind) : kind(kind) {}
+
+  Kind kind;
+  bool bool_value = false;
+  int64_t int_value = 0;
+  double float_value = 0.0;
+  bool bytearray = false;  // kBytes came from BYTEARRAY8 / bytearray()
+  bool ordered = false;    // kDict is a collections.OrderedDict
+  bool newobj = false;     // kCall came from NEWOBJ/NEWOBJ_EX (cls.__new__), not REDUCE
+  std::string text;
+  std::string name;
+  std::vector<ValuePtr> items;                          // tuple/list/set elements; APPENDS onto a kCall/kBuilt
+  std::vector<std::pair<ValuePtr, ValuePtr>> entries;   // dict entries; SETITEMS onto a kCall/kBuilt
+  ValuePtr callable, args, kwargs;                      // kCall (kwargs may be null)
+  ValuePtr object, state;                               // kBuilt
+  ValuePtr pid;                                         // kPersId
+
+  // ---- construction ----
+  static ValuePtr none();
+  static ValuePtr boolean(bool v);
+  static ValuePtr integer(int64_t v);
+  static ValuePtr big_integer(std::string le_twos_complement);
+  static ValuePtr floating(double v);
+  static ValuePtr str(std::string v);
+  static ValuePtr bytes(std::string v);
+  static ValuePtr tuple(std::vector<ValuePtr> items);
+  static ValuePtr list(std::vector<ValuePtr> items);
+  static ValuePtr dict(std::vector<std::pair<ValuePtr, ValuePtr>> entries = {}, bool ordered = false);
+  static ValuePtr global(std::string module, std::string name);
+  static ValuePtr call(ValuePtr callable, ValuePtr args, ValuePtr kwargs = nullptr);
+  static ValuePtr built(ValuePtr object, ValuePtr state);
+  static ValuePtr persistent_id(ValuePtr pid);
+
+  // ---- inspection (throw DataLoss naming the expected kind on mismatch) ----
+  bool is(Kind k) const { return kind == k; }
+  bool is_global(std::string_view module, std::string_view qualname) const;
+  int64_t as_int() const;
+  double as_number() const;  // int or float
+  bool as_bool() const;
+  const std::string& as_str() const;
+  const std::string& as_bytes() const;
+  // Elements of a tuple or list.
+  const std::vector<ValuePtr>& as_sequence() const;
+  // dict lookup by string key; nullptr when absent (DataLoss if not a dict).
+  ValuePtr get(std::string_view key) const;
+  // Like get, DataLoss naming `key` when absent.
+  ValuePtr at(std::string_view key) const;
+
+  // Short Python-like rendering for messages and inspect, bounded in depth
+  // and length: "{'lr': 0.01, 'params': [...]}".
+  std::string repr(int max_depth = 3, std::size_t max_items = 8) const;
+};
+
+}  // namespace ckpt::pickle
