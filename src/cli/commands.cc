@@ -14,8 +14,12 @@ std::map<CLI::App*, std::function<int()>>& runners() {
 
 void add_runner(CLI::App* sub, std::function<int()> run) { runners()[sub] = std::move(run); }
 
+void register_inspect(CLI::App& app);
+void register_convert(CLI::App& app);
+
 void register_commands(CLI::App& app) {
-  (void)app;
+  register_inspect(app);
+  register_convert(app);
 }
 
 int run_selected(CLI::App& app) {

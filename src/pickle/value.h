@@ -42,7 +42,7 @@ using ValuePtr = std::shared_ptr<Value>;
 
 class Value {
  public:
-  explicit Value(Kind kind) : kind(kind) {}
+  explicit Value(Kind k) : kind(k) {}
 
   Kind kind;
   bool bool_value = false;

@@ -1,0 +1,131 @@
+#include "exec/tensor_copy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace ckpt {
+namespace {
+
+// True when the chunk spans every dimension but the first and its storage
+// view is contiguous, so its bytes are one range of its storage.
+bool is_contiguous_row_slab(const TensorEntry& t, const TensorChunk& c) {
+  for (std::size_t d = 1; d < t.shape.size(); ++d)
+    if (c.sizes[d] != t.shape[d]) return false;
+  int64_t expect = 1;
+  for (std::size_t d = c.sizes.size(); d-- > 0;) {
+    if (c.sizes[d] == 1) continue;
+    if (c.strides[d] != expect) return false;
+    expect *= c.sizes[d];
+  }
+  return true;
+}
+
+std::vector<const TensorChunk*> nonempty_chunks(const TensorEntry& t) {
+  std::vector<const TensorChunk*> out;
+  for (const auto& c : t.chunks)
+    if (c.numel() > 0) out.push_back(&c);
+  std::sort(out.begin(), out.end(), [](const TensorChunk* a, const TensorChunk* b) {
+    return a->offsets.empty() ? false : a->offsets[0] < b->offsets[0];
+  });
+  return out;
+}
+
+void append_slabs_direct(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
+                         archive::ZipWriter& zip) {
+  std::size_t isz = dtype_size(t.dtype);
+  for (const TensorChunk* c : chunks) {
+    uint64_t n = c->numel() * isz;
+    std::optional<uint32_t> crc;
+    if (c->is_whole_contiguous_storage(isz)) crc = c->storage_crc;
+    zip.append_from(*c->storage, static_cast<uint64_t>(c->storage_offset) * isz, n, crc);
+  }
+}
+
+// Storage bytes of a chunk: mapped when possible, else read into `scratch`.
+const std::byte* storage_bytes(const TensorChunk& c, std::vector<std::byte>& scratch) {
+  if (const std::byte* p = c.storage->data()) return p;
+  scratch.resize(c.storage->size());
+  c.storage->read(0, scratch.data(), scratch.size());
+  return scratch.data();
+}
+
+void append_slabs_gathered(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
+                           archive::ZipWriter& zip, const CopyOptions& options) {
+  std::size_t isz = dtype_size(t.dtype);
+  Shape row_shape(t.shape.begin() + 1, t.shape.end());
+  uint64_t row_bytes = shape_numel(row_shape) * isz;
+  int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(row_bytes, 1)));
+  Shape out_strides = contiguous_strides(t.shape);
+  std::vector<std::byte> slab, scratch;
+  for (int64_t r0 = 0; r0 < t.shape[0]; r0 += rows_per_slab) {
+    int64_t r1 = std::min(t.shape[0], r0 + rows_per_slab);
+    slab.assign(static_cast<std::size_t>((r1 - r0) * row_bytes), std::byte{0});
+    for (const TensorChunk* c : chunks) {
+      int64_t lo = std::max(r0, c->offsets[0]), hi = std::min(r1, c->offsets[0] + c->sizes[0]);
+      if (lo >= hi) continue;
+      Shape extent = c->sizes;
+      extent[0] = hi - lo;
+      const std::byte* src = storage_bytes(*c, scratch) +
+                             (c->storage_offset + (lo - c->offsets[0]) * c->strides[0]) * static_cast<int64_t>(isz);
+      int64_t dst_elem = (lo - r0) * out_strides[0];
+      for (std::size_t d = 1; d < t.shape.size(); ++d) dst_elem += c->offsets[d] * out_strides[d];
+      copy_box(src, c->strides, slab.data() + dst_elem * static_cast<int64_t>(isz), out_strides, extent, isz);
+    }
+    zip.append(slab.data(), slab.size());
+  }
+}
+
+}  // namespace
+
+void copy_box(const std::byte* src, const Shape& src_strides, std::byte* dst, const Shape& dst_strides,
+              const Shape& extent, std::size_t itemsize) {
+  std::size_t rank = extent.size();
+  if (rank == 0) {
+    std::memcpy(dst, src, itemsize);
+    return;
+  }
+  // Innermost run: one memcpy when both sides are contiguous along the last dimension.
+  bool inner_contiguous = src_strides[rank - 1] == 1 && dst_strides[rank - 1] == 1;
+  std::vector<int64_t> idx(rank, 0);
+  int64_t inner = extent[rank - 1];
+  for (int64_t d : extent)
+    if (d == 0) return;
+  while (true) {
+    int64_t s = 0, o = 0;
+    for (std::size_t d = 0; d + 1 < rank; ++d) {
+      s += idx[d] * src_strides[d];
+      o += idx[d] * dst_strides[d];
+    }
+    if (inner_contiguous) {
+      std::memcpy(dst + o * int64_t(itemsize), src + s * int64_t(itemsize), static_cast<std::size_t>(inner) * itemsize);
+    } else {
+      for (int64_t i = 0; i < inner; ++i)
+        std::memcpy(dst + (o + i * dst_strides[rank - 1]) * int64_t(itemsize),
+                    src + (s + i * src_strides[rank - 1]) * int64_t(itemsize), itemsize);
+    }
+    std::size_t d = rank - 1;
+    while (d-- > 0) {
+      if (++idx[d] < extent[d]) break;
+      idx[d] = 0;
+    }
+    if (d == static_cast<std::size_t>(-1)) return;
+  }
+}
+
+void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOptions& options) {
+  with_context("tensor '" + t.name + "'", [&] {
+    auto chunks = nonempty_chunks(t);
+    if (t.numel() == 0) return;
+    bool direct = std::all_of(chunks.begin(), chunks.end(),
+                              [&](const TensorChunk* c) { return is_contiguous_row_slab(t, *c); });
+    if (direct || t.shape.empty())
+      append_slabs_direct(t, chunks, zip);
+    else
+      append_slabs_gathered(t, chunks, zip, options);
+  });
+}
+
+}  // namespace ckpt

@@ -1,0 +1,27 @@
+// Streams one tensor, assembled from its chunks, into an open zip record as
+// contiguous row-major bytes. Bytes that need no change go from the source
+// files to the output without a user-space copy (ZipWriter::append_from);
+// everything else is assembled in dim-0 slabs no larger than the memory
+// budget.
+#pragma once
+
+#include <cstdint>
+
+#include "archive/zip_writer.h"
+#include "model/checkpoint_model.h"
+
+namespace ckpt {
+
+struct CopyOptions {
+  uint64_t memory_limit = 256ull << 20;  // bytes of slab buffer
+};
+
+// Appends t.nbytes() bytes. The model must have passed require_valid().
+void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOptions& options);
+
+// Copies the box `extent` from a strided source to a strided destination
+// (strides in elements). Exposed for tests and the CUDA backend's reference.
+void copy_box(const std::byte* src, const Shape& src_strides, std::byte* dst, const Shape& dst_strides,
+              const Shape& extent, std::size_t itemsize);
+
+}  // namespace ckpt

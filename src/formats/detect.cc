@@ -1,0 +1,40 @@
+#include "formats/detect.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "formats/torch_pt/pt_reader.h"
+
+namespace ckpt {
+namespace fs = std::filesystem;
+
+const char* source_kind_name(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kTorchPt: return "torch.save file";
+    case SourceKind::kDcpDir: return "DCP directory";
+  }
+  return "?";
+}
+
+SourceKind detect_source(const std::string& src) {
+  std::error_code ec;
+  auto status = fs::status(src, ec);
+  if (ec || !fs::exists(status)) fail(ErrorCode::kNotFound, src + ": no such file or directory");
+  if (fs::is_directory(status)) {
+    if (fs::exists(fs::path(src) / ".metadata")) return SourceKind::kDcpDir;
+    fail(ErrorCode::kUnimplemented, src + ": directory is not a recognised checkpoint (no DCP .metadata)");
+  }
+  SourcePtr source = open_file_source(src);
+  if (torch_pt::is_torch_zip(*source) || torch_pt::is_legacy_torch_save(*source)) return SourceKind::kTorchPt;
+  fail_data_loss(src + ": not a recognised checkpoint file (expected a torch.save zip)");
+}
+
+CheckpointModel read_checkpoint(const std::string& src) {
+  switch (detect_source(src)) {
+    case SourceKind::kTorchPt: return torch_pt::read_pt_file(src);
+    case SourceKind::kDcpDir: break;
+  }
+  fail(ErrorCode::kUnimplemented, src + ": DCP directories are not supported yet");
+}
+
+}  // namespace ckpt

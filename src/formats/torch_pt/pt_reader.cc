@@ -1,0 +1,177 @@
+#include "formats/torch_pt/pt_reader.h"
+
+#include <unordered_map>
+
+#include "archive/zip_reader.h"
+#include "core/error.h"
+#include "pickle/unpickler.h"
+
+namespace ckpt::torch_pt {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+Shape int_tuple(const Value& v, const char* what) {
+  Shape out;
+  // torch.Size may appear as the global torch.Size called with a tuple.
+  const Value* seq = &v;
+  if (v.is(Kind::kCall) && v.callable->is_global("torch", "Size") && v.args && !v.args->items.empty())
+    seq = v.args->items[0].get();
+  if (!seq->is(Kind::kTuple) && !seq->is(Kind::kList)) fail_data_loss(std::string(what) + " is not a tuple");
+  for (const auto& item : seq->items) out.push_back(item->as_int());
+  return out;
+}
+
+// Decodes one archive's data.pkl, replacing tensors by references.
+class ArchiveDecoder {
+ public:
+  ArchiveDecoder(archive::ZipReader& zip, std::vector<TensorEntry>& tensors, int rank)
+      : zip_(zip), tensors_(tensors), rank_(rank) {}
+
+  ValuePtr transform(const ValuePtr& v, const std::string& path) {
+    if (!v) return v;
+    if (auto it = done_.find(v.get()); it != done_.end()) return it->second;
+    ValuePtr out = transform_uncached(v, path);
+    done_[v.get()] = out;
+    return out;
+  }
+
+ private:
+  ValuePtr transform_uncached(const ValuePtr& v, const std::string& path);
+  ValuePtr decode_tensor(const Value& call, const std::string& path, bool v3);
+  ValuePtr copy_container(const ValuePtr& v, const std::string& path);
+
+  archive::ZipReader& zip_;
+  std::vector<TensorEntry>& tensors_;
+  int rank_;
+  std::unordered_map<const Value*, ValuePtr> done_;
+};
+
+std::string child_path(const std::string& path, const Value& key) {
+  std::string k = key.is(Kind::kStr) ? key.text : key.is(Kind::kInt) ? std::to_string(key.int_value) : key.repr(1);
+  return path.empty() ? k : path + "." + k;
+}
+
+ValuePtr ArchiveDecoder::copy_container(const ValuePtr& v, const std::string& path) {
+  auto out = std::make_shared<Value>(*v);
+  done_[v.get()] = out;  // a container reached again through the memo stays one object
+  for (std::size_t i = 0; i < out->items.size(); ++i)
+    out->items[i] = transform(v->items[i], path.empty() ? std::to_string(i) : path + "." + std::to_string(i));
+  for (auto& [key, value] : out->entries) value = transform(value, child_path(path, *key));
+  if (out->args) out->args = transform(v->args, path);
+  if (out->state) out->state = transform(v->state, path);
+  if (out->object) out->object = transform(v->object, path);
+  return out;
+}
+
+ValuePtr ArchiveDecoder::transform_uncached(const ValuePtr& v, const std::string& path) {
+  if (v->is(Kind::kCall) && v->callable && v->callable->is(Kind::kGlobal)) {
+    const Value& fn = *v->callable;
+    if (fn.is_global("torch._utils", "_rebuild_tensor_v2")) return decode_tensor(*v, path, false);
+    if (fn.is_global("torch._utils", "_rebuild_tensor_v3")) return decode_tensor(*v, path, true);
+    if (fn.is_global("torch._utils", "_rebuild_parameter") ||
+        fn.is_global("torch._utils", "_rebuild_parameter_with_state")) {
+      const auto& args = v->args->as_sequence();
+      if (args.size() < 2) fail_data_loss("_rebuild_parameter has too few arguments at '" + path + "'");
+      ValuePtr inner = transform(args[0], path);
+      if (auto idx = tensor_ref_index(*inner)) {
+        tensors_[*idx].stored_as = "Parameter";
+        tensors_[*idx].requires_grad = args[1]->is(Kind::kBool) && args[1]->bool_value;
+      }
+      return inner;
+    }
+  }
+  switch (v->kind) {
+    case Kind::kTuple: case Kind::kList: case Kind::kDict: case Kind::kSet: case Kind::kFrozenSet:
+    case Kind::kCall: case Kind::kBuilt:
+      return copy_container(v, path);
+    default:
+      return v;
+  }
+}
+
+// _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
+// _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype[, metadata])
+// storage = BINPERSID(('storage', <class>, key, location, numel))
+ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& path, bool v3) {
+  return with_context("tensor '" + path + "'", [&]() -> ValuePtr {
+    const auto& args = call.args->as_sequence();
+    if (args.size() < (v3 ? 7u : 5u)) fail_data_loss("tensor rebuild call has " + std::to_string(args.size()) + " arguments");
+    if (!args[0]->is(Kind::kPersId) || !args[0]->pid) fail_data_loss("tensor storage is not a persistent id");
+    const auto& pid = args[0]->pid->as_sequence();
+    if (pid.size() < 5 || pid[0]->as_str() != "storage") fail_data_loss("storage id is not ('storage', class, key, location, numel)");
+    const Value& cls = *pid[1];
+    if (!cls.is(Kind::kGlobal)) fail_data_loss("storage class is not a global");
+    std::optional<DType> dtype;
+    if (v3) {
+      const Value& dt = *args[6];
+      if (!dt.is(Kind::kGlobal) || dt.text != "torch") fail_data_loss("tensor dtype is not a torch dtype");
+      dtype = dtype_from_name(dt.name);
+    } else {
+      dtype = dtype_from_storage_class(cls.name);
+    }
+    if (!dtype) fail(ErrorCode::kUnimplemented, "unsupported tensor element type (storage " + cls.text + "." + cls.name + ")");
+    const std::string& key = pid[2]->as_str();
+    const archive::ZipEntry& record = zip_.record("data/" + key);
+
+    TensorEntry t;
+    t.name = path;
+    t.dtype = *dtype;
+    t.shape = int_tuple(*args[2], "tensor size");
+    t.requires_grad = args[4]->is(Kind::kBool) && args[4]->bool_value;
+    TensorChunk c;
+    c.offsets.assign(t.shape.size(), 0);
+    c.sizes = t.shape;
+    c.strides = int_tuple(*args[3], "tensor stride");
+    c.storage_offset = args[1]->as_int();
+    c.storage = zip_.open(record);
+    c.storage_crc = record.crc32;
+    c.file = zip_.source()->describe();
+    c.rank = rank_;
+    if (c.strides.size() != c.sizes.size()) fail_data_loss("tensor stride and size differ in length");
+    t.chunks.push_back(std::move(c));
+    tensors_.push_back(std::move(t));
+    return make_tensor_ref(tensors_.size() - 1);
+  });
+}
+
+}  // namespace
+
+bool is_torch_zip(const ByteSource& source) { return archive::looks_like_zip(source); }
+
+bool is_legacy_torch_save(const ByteSource& source) {
+  if (source.size() >= 262 && source.read_string(257, 5) == "ustar") return true;
+  // Legacy non-tar files start with a protocol-2 pickle of torch's magic number (LONG1 of 10 bytes).
+  return source.size() >= 4 && source.read_string(0, 4) == std::string("\x80\x02\x8a\x0a", 4);
+}
+
+pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
+                                const std::string& name_prefix, int rank) {
+  archive::ZipReader zip(source);
+  const archive::ZipEntry& pkl = zip.record("data.pkl");
+  ValuePtr raw = with_context(source->describe() + ": data.pkl",
+                              [&] { return pickle::unpickle(*zip.open(pkl), pickle::checkpoint_policy()); });
+  ArchiveDecoder decoder(zip, tensors, rank);
+  std::string prefix = name_prefix;
+  if (!prefix.empty() && prefix.back() == '.') prefix.pop_back();
+  return with_context(source->describe(), [&] { return decoder.transform(raw, prefix); });
+}
+
+CheckpointModel read_pt_file(const std::string& path) {
+  SourcePtr source = open_mapped_source(path);
+  if (!is_torch_zip(*source)) {
+    if (is_legacy_torch_save(*source))
+      fail(ErrorCode::kUnimplemented, path + ": legacy torch.save format (torch < 1.6) is not supported; "
+                                             "load and re-save it with a current torch");
+    fail_data_loss(path + ": not a torch.save zip archive");
+  }
+  CheckpointModel model;
+  model.format = "pt";
+  model.source = path;
+  model.root = decode_archive(source, model.tensors, "", -1);
+  return model;
+}
+
+}  // namespace ckpt::torch_pt

@@ -1,0 +1,32 @@
+// Reader of torch.save archives (FORMATS.md §1): data.pkl unpickled under the
+// checkpoint policy, every `_rebuild_tensor_v2/_v3` (and `_rebuild_parameter`)
+// turned into a TensorEntry whose single chunk points at its storage record.
+// Tensor bytes are never read here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "io/byte_source.h"
+#include "model/checkpoint_model.h"
+
+namespace ckpt::torch_pt {
+
+// Decodes the archive in `source` (a whole file, or a DCP item slice).
+// Tensors found are appended to `tensors`, named `name_prefix` + their path
+// in the object; the returned tree holds tensor references in their place.
+// `rank` is recorded in each chunk for messages (-1 when unknown).
+pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
+                                const std::string& name_prefix = "", int rank = -1);
+
+// A whole .pt file as a model (format "pt"). Detects the legacy (pre-1.6)
+// format and refuses it clearly (Unimplemented).
+CheckpointModel read_pt_file(const std::string& path);
+
+// True when the file starts like a torch.save zip; detection by magic bytes.
+bool is_torch_zip(const ByteSource& source);
+// True for the pre-1.6 formats (tar archive, or a raw pickle stream with
+// torch's magic number).
+bool is_legacy_torch_save(const ByteSource& source);
+
+}  // namespace ckpt::torch_pt

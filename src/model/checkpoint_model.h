@@ -1,0 +1,71 @@
+// CheckpointModel: what a reader knows about a checkpoint without loading
+// tensor data. The structure (nested dicts, lists, plain values) is a pickle
+// value tree in which each tensor is a reference into `tensors`; each tensor
+// has a dtype, a global shape and the chunks that hold its bytes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "io/byte_source.h"
+#include "pickle/value.h"
+
+namespace ckpt {
+
+using Shape = std::vector<int64_t>;
+
+// Number of elements; DataLoss on negative extents or overflow.
+uint64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "(7, 8)"
+// Row-major strides of a contiguous tensor of this shape.
+Shape contiguous_strides(const Shape& shape);
+
+// One piece of a tensor: the box [offsets, offsets+sizes) of the global
+// tensor, read from `storage` (element i of the box at storage element
+// storage_offset + sum(idx_d * strides_d)).
+struct TensorChunk {
+  Shape offsets;
+  Shape sizes;
+  SourcePtr storage;                    // the storage's bytes (a zip record)
+  int64_t storage_offset = 0;           // in elements
+  Shape strides;                        // in elements
+  std::optional<uint32_t> storage_crc;  // CRC-32 of the whole storage record, when the source recorded it
+  std::string file;                     // the file holding it, for messages
+  int rank = -1;                        // the rank that wrote it, when known
+
+  uint64_t numel() const { return shape_numel(sizes); }
+  // True when the chunk's bytes are the whole storage, contiguous and in order.
+  bool is_whole_contiguous_storage(std::size_t itemsize) const;
+};
+
+struct TensorEntry {
+  std::string name;  // dotted path, for messages and --keys
+  DType dtype = DType::kFloat32;
+  Shape shape;       // global
+  std::vector<TensorChunk> chunks;
+  bool requires_grad = false;
+  std::string stored_as = "tensor";  // "tensor", "ShardedTensor", "DTensor"
+
+  uint64_t numel() const { return shape_numel(shape); }
+  uint64_t nbytes() const { return numel() * dtype_size(dtype); }
+};
+
+struct CheckpointModel {
+  std::string format;                    // "pt", "dcp", "fsdp-ranks", ...
+  std::string source;                    // the path given by the user
+  pickle::ValuePtr root;                 // structure; tensors are tensor references
+  std::vector<TensorEntry> tensors;
+  std::map<std::string, std::string> facts;  // e.g. "torch_version_features" -> "..."
+};
+
+// The placeholder for tensor `index` inside CheckpointModel::root. It is a
+// kCall of the global ("ckptconv", "tensor"), a name no pickle may carry
+// (the policy refuses it), so it cannot be confused with real content.
+pickle::ValuePtr make_tensor_ref(std::size_t index);
+std::optional<std::size_t> tensor_ref_index(const pickle::Value& value);
+
+}  // namespace ckpt

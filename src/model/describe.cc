@@ -1,0 +1,92 @@
+#include "model/describe.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iomanip>
+
+#include "model/tree_walk.h"
+#include "model/value_json.h"
+
+namespace ckpt {
+
+std::string human_bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+namespace {
+uint64_t total_bytes(const CheckpointModel& model) {
+  uint64_t total = 0;
+  for (const auto& t : model.tensors) total += t.nbytes();
+  return total;
+}
+
+std::string ranks_of(const TensorEntry& t) {
+  std::string s;
+  for (const auto& c : t.chunks) {
+    if (c.rank < 0) continue;
+    if (!s.empty()) s += ",";
+    s += std::to_string(c.rank) + ":" + (c.sizes.empty() ? "-" : std::to_string(c.offsets[0]) + "+" + std::to_string(c.sizes[0]));
+  }
+  return s;
+}
+}  // namespace
+
+void describe_model(const CheckpointModel& model, std::ostream& out) {
+  out << model.source << ": " << model.format << ", " << model.tensors.size() << " tensors, "
+      << human_bytes(total_bytes(model)) << "\n";
+  for (const auto& [k, v] : model.facts) out << "  " << k << ": " << v << "\n";
+  std::size_t width = 4;
+  walk_leaves(*model.root, [&](const Leaf& leaf) { width = std::max(width, leaf.path.size()); });
+  width = std::min<std::size_t>(width, 72);
+  walk_leaves(*model.root, [&](const Leaf& leaf) {
+    out << std::left << std::setw(static_cast<int>(width)) << (leaf.path.empty() ? "<root>" : leaf.path) << "  ";
+    if (leaf.tensor) {
+      const TensorEntry& t = model.tensors[*leaf.tensor];
+      out << std::setw(9) << dtype_name(t.dtype) << " " << std::setw(14) << shape_str(t.shape) << " "
+          << std::setw(10) << human_bytes(t.nbytes());
+      if (t.stored_as != "tensor") out << " " << t.stored_as;
+      if (t.chunks.size() > 1 || ranks_of(t).size()) out << " chunks=" << t.chunks.size();
+      std::string r = ranks_of(t);
+      if (!r.empty()) out << " rows[" << r << "]";
+    } else {
+      out << "= " << leaf.value->repr(3, 8);
+    }
+    out << "\n";
+  });
+}
+
+nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
+  nlohmann::ordered_json j;
+  j["schema"] = 1;
+  j["source"] = model.source;
+  j["format"] = model.format;
+  j["facts"] = model.facts;
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::array(), values = nlohmann::ordered_json::array();
+  walk_leaves(*model.root, [&](const Leaf& leaf) {
+    if (!leaf.tensor) {
+      values.push_back({{"path", leaf.path}, {"value", value_to_json(*leaf.value)}});
+      return;
+    }
+    const TensorEntry& t = model.tensors[*leaf.tensor];
+    nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
+    for (const auto& c : t.chunks)
+      chunks.push_back({{"offsets", c.offsets}, {"sizes", c.sizes}, {"file", c.file}, {"rank", c.rank}});
+    tensors.push_back({{"path", leaf.path}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
+                       {"bytes", t.nbytes()}, {"stored_as", t.stored_as}, {"chunks", chunks}});
+  });
+  j["tensors"] = tensors;
+  j["values"] = values;
+  j["totals"] = {{"tensors", model.tensors.size()}, {"bytes", total_bytes(model)}};
+  return j;
+}
+
+}  // namespace ckpt

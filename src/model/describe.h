@@ -1,0 +1,16 @@
+// Human and JSON descriptions of a CheckpointModel (inspect). The JSON schema
+// is documented in docs/inspect-json.md and versioned by "schema".
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "model/checkpoint_model.h"
+
+namespace ckpt {
+
+void describe_model(const CheckpointModel& model, std::ostream& out);
+nlohmann::ordered_json model_to_json(const CheckpointModel& model);
+std::string human_bytes(uint64_t bytes);  // "1.5 MiB"
+
+}  // namespace ckpt

@@ -1,0 +1,28 @@
+// Walks a model's structure tree down to its leaves: tensor references and
+// plain values. Dict keys and list indices form dotted paths
+// ("optim.param_groups.0.lr"), the names --keys matches and inspect prints.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "model/checkpoint_model.h"
+
+namespace ckpt {
+
+struct Leaf {
+  std::string path;
+  const pickle::Value* value;          // the leaf itself
+  std::optional<std::size_t> tensor;   // index into CheckpointModel::tensors when a tensor
+};
+
+// Visits leaves in tree order (dict insertion order). Containers are dicts,
+// lists and tuples; everything else is a leaf.
+void walk_leaves(const pickle::Value& root, const std::function<void(const Leaf&)>& visit);
+
+// A path component for a dict key: the string itself, an int in decimal,
+// anything else its repr.
+std::string path_component(const pickle::Value& key);
+std::string join_path(const std::string& parent, const std::string& component);
+
+}  // namespace ckpt
