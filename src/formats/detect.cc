@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "formats/dcp/dcp_reader.h"
 #include "formats/torch_pt/pt_reader.h"
 
 namespace ckpt {
@@ -32,9 +33,9 @@ SourceKind detect_source(const std::string& src) {
 CheckpointModel read_checkpoint(const std::string& src) {
   switch (detect_source(src)) {
     case SourceKind::kTorchPt: return torch_pt::read_pt_file(src);
-    case SourceKind::kDcpDir: break;
+    case SourceKind::kDcpDir: return dcp::read_dcp_dir(src);
   }
-  fail(ErrorCode::kUnimplemented, src + ": DCP directories are not supported yet");
+  fail(ErrorCode::kInternal, src + ": unhandled source kind");
 }
 
 }  // namespace ckpt

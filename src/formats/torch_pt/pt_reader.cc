@@ -4,6 +4,7 @@
 
 #include "archive/zip_reader.h"
 #include "core/error.h"
+#include "formats/pyobj.h"
 #include "pickle/unpickler.h"
 
 namespace ckpt::torch_pt {
@@ -12,17 +13,6 @@ namespace {
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
-
-Shape int_tuple(const Value& v, const char* what) {
-  Shape out;
-  // torch.Size may appear as the global torch.Size called with a tuple.
-  const Value* seq = &v;
-  if (v.is(Kind::kCall) && v.callable->is_global("torch", "Size") && v.args && !v.args->items.empty())
-    seq = v.args->items[0].get();
-  if (!seq->is(Kind::kTuple) && !seq->is(Kind::kList)) fail_data_loss(std::string(what) + " is not a tuple");
-  for (const auto& item : seq->items) out.push_back(item->as_int());
-  return out;
-}
 
 // Decodes one archive's data.pkl, replacing tensors by references.
 class ArchiveDecoder {
@@ -106,9 +96,7 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
     if (!cls.is(Kind::kGlobal)) fail_data_loss("storage class is not a global");
     std::optional<DType> dtype;
     if (v3) {
-      const Value& dt = *args[6];
-      if (!dt.is(Kind::kGlobal) || dt.text != "torch") fail_data_loss("tensor dtype is not a torch dtype");
-      dtype = dtype_from_name(dt.name);
+      dtype = pyobj::torch_dtype(*args[6]);
     } else {
       dtype = dtype_from_storage_class(cls.name);
     }
@@ -119,12 +107,12 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
     TensorEntry t;
     t.name = path;
     t.dtype = *dtype;
-    t.shape = int_tuple(*args[2], "tensor size");
+    t.shape = pyobj::int_sequence(*args[2], "tensor size");
     t.requires_grad = args[4]->is(Kind::kBool) && args[4]->bool_value;
     TensorChunk c;
     c.offsets.assign(t.shape.size(), 0);
     c.sizes = t.shape;
-    c.strides = int_tuple(*args[3], "tensor stride");
+    c.strides = pyobj::int_sequence(*args[3], "tensor stride");
     c.storage_offset = args[1]->as_int();
     c.storage = zip_.open(record);
     c.storage_crc = record.crc32;

@@ -1,0 +1,80 @@
+#include "formats/dcp/dcp_metadata.h"
+
+#include "core/error.h"
+#include "formats/pyobj.h"
+
+namespace ckpt::dcp {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+DType properties_dtype(const Value& props) {
+  ValuePtr state = pyobj::state_of(props);
+  if (!state) fail_data_loss("TensorProperties has no state");
+  if (state->is(Kind::kTuple) && !state->items.empty()) return pyobj::torch_dtype(*state->items[0]);
+  if (state->is(Kind::kDict)) return pyobj::torch_dtype(*state->at("dtype"));
+  fail_data_loss("TensorProperties state is neither a tuple nor a dict");
+}
+
+ItemMeta parse_item(const std::string& fqn, const Value& v) {
+  ItemMeta item;
+  item.fqn = fqn;
+  if (pyobj::is_class(v, "BytesStorageMetadata")) return item;
+  if (!pyobj::is_class(v, "TensorStorageMetadata"))
+    fail_data_loss("unexpected metadata class '" + pyobj::class_name(v) + "'");
+  item.is_tensor = true;
+  item.dtype = properties_dtype(*pyobj::require_field(v, "properties"));
+  item.size = pyobj::int_sequence(*pyobj::require_field(v, "size"), "tensor size");
+  for (const auto& chunk : pyobj::require_field(v, "chunks")->as_sequence()) {
+    ChunkMeta c;
+    c.offsets = pyobj::int_sequence(*pyobj::require_field(*chunk, "offsets"), "chunk offsets");
+    c.sizes = pyobj::int_sequence(*pyobj::require_field(*chunk, "sizes"), "chunk sizes");
+    item.chunks.push_back(std::move(c));
+  }
+  return item;
+}
+
+StorageInfo parse_storage_info(const Value& v) {
+  StorageInfo info;
+  info.relative_path = pyobj::require_field(v, "relative_path")->as_str();
+  int64_t offset = pyobj::require_field(v, "offset")->as_int();
+  int64_t length = pyobj::require_field(v, "length")->as_int();
+  if (offset < 0 || length < 0) fail_data_loss("negative storage offset or length");
+  info.offset = static_cast<uint64_t>(offset);
+  info.length = static_cast<uint64_t>(length);
+  if (ValuePtr t = pyobj::field(v, "transform_descriptors"); t && !t->is(Kind::kNone))
+    for (const auto& d : t->as_sequence()) info.transforms.push_back(d->as_str());
+  return info;
+}
+
+}  // namespace
+
+DcpMetadata parse_metadata(const Value& root) {
+  if (!pyobj::is_class(root, "Metadata")) fail_data_loss("not a DCP Metadata object (class '" + pyobj::class_name(root) + "')");
+  DcpMetadata md;
+  for (const auto& [key, value] : pyobj::require_field(root, "state_dict_metadata")->entries) {
+    const std::string& fqn = key->as_str();
+    md.items.push_back(with_context("key '" + fqn + "'", [&] { return parse_item(fqn, *value); }));
+  }
+  if (ValuePtr pd = pyobj::field(root, "planner_data"); pd && pd->is(Kind::kDict)) {
+    for (const auto& [key, value] : pd->entries) {
+      if (!key->is(Kind::kStr) || !(value->is(Kind::kTuple) || value->is(Kind::kList))) continue;
+      md.planner_data[key->text] = value->items;
+    }
+  }
+  for (const auto& [key, value] : pyobj::require_field(root, "storage_data")->entries) {
+    const std::string& fqn = pyobj::require_field(*key, "fqn")->as_str();
+    with_context("storage of key '" + fqn + "'", [&] {
+      ValuePtr off = pyobj::field(*key, "offset");
+      Shape offsets = (off && !off->is(Kind::kNone)) ? pyobj::int_sequence(*off, "storage index offset") : Shape{};
+      md.storage[{fqn, offsets}] = parse_storage_info(*value);
+    });
+  }
+  if (ValuePtr sm = pyobj::field(root, "storage_meta"); sm && !sm->is(Kind::kNone)) md.has_storage_meta = true;
+  if (ValuePtr v = pyobj::field(root, "version"); v && v->is(Kind::kStr)) md.version = v->text;
+  return md;
+}
+
+}  // namespace ckpt::dcp

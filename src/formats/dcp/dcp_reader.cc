@@ -1,0 +1,156 @@
+#include "formats/dcp/dcp_reader.h"
+
+#include <zstd.h>
+
+#include <filesystem>
+#include <map>
+#include <regex>
+
+#include "core/error.h"
+#include "formats/dcp/dcp_metadata.h"
+#include "formats/torch_pt/pt_reader.h"
+#include "model/unflatten.h"
+#include "pickle/unpickler.h"
+
+namespace ckpt::dcp {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// A relative_path from the metadata must name a file inside the directory.
+void check_relative_path(const std::string& path) {
+  if (path.empty() || path[0] == '/' || path.find('\\') != std::string::npos)
+    fail(ErrorCode::kUnsafe, "storage path '" + path + "' is not a relative path inside the checkpoint");
+  for (const auto& part : fs::path(path))
+    if (part == ".." ) fail(ErrorCode::kUnsafe, "storage path '" + path + "' escapes the checkpoint directory");
+}
+
+int rank_of_file(const std::string& name) {
+  static const std::regex kDistcp(R"(__(\d+)_(\d+)\.distcp)");
+  std::smatch m;
+  if (std::regex_match(name, m, kDistcp)) return std::stoi(m[1].str());
+  return -1;
+}
+
+std::string zstd_decompress(const ByteSource& src) {
+  std::string in = src.read_string(0, static_cast<std::size_t>(src.size()));
+  std::string out;
+  ZSTD_DStream* ds = ZSTD_createDStream();
+  ZSTD_initDStream(ds);
+  ZSTD_inBuffer input{in.data(), in.size(), 0};
+  std::vector<char> buf(ZSTD_DStreamOutSize());
+  std::size_t ret = 1;
+  while (input.pos < input.size) {
+    ZSTD_outBuffer output{buf.data(), buf.size(), 0};
+    ret = ZSTD_decompressStream(ds, &output, &input);
+    if (ZSTD_isError(ret)) {
+      ZSTD_freeDStream(ds);
+      fail_data_loss(src.describe() + ": zstd: " + ZSTD_getErrorName(ret));
+    }
+    out.append(buf.data(), output.pos);
+  }
+  ZSTD_freeDStream(ds);
+  if (ret != 0) fail_data_loss(src.describe() + ": zstd stream is truncated");
+  return out;
+}
+
+class DcpDirReader {
+ public:
+  explicit DcpDirReader(std::string dir) : dir_(std::move(dir)) {}
+
+  CheckpointModel read() {
+    SourcePtr meta_src = open_file_source((fs::path(dir_) / ".metadata").string());
+    ValuePtr raw = with_context(meta_src->describe(),
+                                [&] { return pickle::unpickle(*meta_src, pickle::checkpoint_policy()); });
+    DcpMetadata md = with_context(meta_src->describe(), [&] { return parse_metadata(*raw); });
+    CheckpointModel model;
+    model.format = "dcp";
+    model.source = dir_;
+    model.facts["dcp_metadata_version"] = md.version.empty() ? "none (torch < 2.4)" : md.version;
+    model.facts["storage_meta"] = md.has_storage_meta ? "yes" : "no";
+    Unflattener tree;
+    for (const ItemMeta& item : md.items) {
+      ValuePtr value = with_context("key '" + item.fqn + "'", [&] {
+        return item.is_tensor ? read_tensor(item, md, model) : read_bytes(item, md, model);
+      });
+      auto pd = md.planner_data.find(item.fqn);
+      if (pd != md.planner_data.end())
+        tree.set(pd->second, value);
+      else
+        tree.set({Value::str(item.fqn)}, value);
+    }
+    model.root = tree.root();
+    return model;
+  }
+
+ private:
+  // The item's bytes: a slice of its .distcp file, decompressed when needed.
+  SourcePtr item_source(const std::string& fqn, const Shape& offsets, const DcpMetadata& md, int* rank) {
+    auto it = md.storage.find({fqn, offsets});
+    if (it == md.storage.end())
+      fail_data_loss("no storage entry for chunk at offsets " + shape_str(offsets) + " in .metadata");
+    const StorageInfo& info = it->second;
+    check_relative_path(info.relative_path);
+    *rank = rank_of_file(fs::path(info.relative_path).filename().string());
+    SourcePtr file = open(info.relative_path);
+    SourcePtr slice = make_sub_source(file, info.offset, info.length);
+    for (const auto& t : info.transforms) {
+      if (t.rfind("stream.zstd", 0) == 0) {
+        slice = make_memory_source(zstd_decompress(*slice), slice->describe() + " (zstd)");
+      } else {
+        fail(ErrorCode::kUnimplemented, "item transform '" + t + "' is not supported");
+      }
+    }
+    return slice;
+  }
+
+  ValuePtr read_tensor(const ItemMeta& item, const DcpMetadata& md, CheckpointModel& model) {
+    TensorEntry t;
+    t.name = item.fqn;
+    t.dtype = item.dtype;
+    t.shape = item.size;
+    for (const ChunkMeta& cm : item.chunks) {
+      int rank = -1;
+      SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank);
+      std::vector<TensorEntry> local;
+      ValuePtr shard = with_context(src->describe(), [&] { return torch_pt::decode_archive(src, local, item.fqn, rank); });
+      auto idx = tensor_ref_index(*shard);
+      if (!idx || local.size() != 1) fail_data_loss(src->describe() + ": tensor item does not hold exactly one tensor");
+      TensorEntry& piece = local[*idx];
+      if (piece.dtype != item.dtype)
+        fail_data_loss(src->describe() + ": chunk dtype " + std::string(dtype_name(piece.dtype)) + " differs from metadata " +
+                       std::string(dtype_name(item.dtype)));
+      if (piece.shape != cm.sizes)
+        fail_data_loss(src->describe() + ": chunk shape " + shape_str(piece.shape) + " differs from metadata " + shape_str(cm.sizes));
+      TensorChunk chunk = std::move(piece.chunks.at(0));
+      chunk.offsets = cm.offsets;
+      t.chunks.push_back(std::move(chunk));
+    }
+    model.tensors.push_back(std::move(t));
+    return make_tensor_ref(model.tensors.size() - 1);
+  }
+
+  ValuePtr read_bytes(const ItemMeta& item, const DcpMetadata& md, CheckpointModel& model) {
+    int rank = -1;
+    SourcePtr src = item_source(item.fqn, {}, md, &rank);
+    return with_context(src->describe(), [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank); });
+  }
+
+  SourcePtr open(const std::string& relative) {
+    auto& slot = files_[relative];
+    if (!slot) slot = open_mapped_source((fs::path(dir_) / relative).string());
+    return slot;
+  }
+
+  std::string dir_;
+  std::map<std::string, SourcePtr> files_;
+};
+
+}  // namespace
+
+CheckpointModel read_dcp_dir(const std::string& dir) { return DcpDirReader(dir).read(); }
+
+}  // namespace ckpt::dcp

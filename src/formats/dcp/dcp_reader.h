@@ -1,0 +1,16 @@
+// Reader of torch.distributed.checkpoint directories: `.metadata` plus
+// `__<rank>_<n>.distcp` files whose items are complete torch.save archives
+// at [offset, offset+length). Builds the CheckpointModel whose structure is
+// the nested dict dcp_to_torch_save would produce (rebuilt through
+// planner_data) and whose tensors point at each chunk's bytes in place.
+#pragma once
+
+#include <string>
+
+#include "model/checkpoint_model.h"
+
+namespace ckpt::dcp {
+
+CheckpointModel read_dcp_dir(const std::string& dir);
+
+}  // namespace ckpt::dcp
