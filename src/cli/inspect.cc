@@ -28,7 +28,7 @@ int run_inspect(const InspectOptions& opt) {
 void register_inspect(CLI::App& app) {
   auto opt = std::make_shared<InspectOptions>();
   CLI::App* sub = app.add_subcommand("inspect", "Show the tensors (dtype, global shape, chunks) and values of a checkpoint");
-  sub->add_option("SRC", opt->source, "Checkpoint: a .pt file")->required();
+  sub->add_option("SRC", opt->source, "Checkpoint: a DCP directory or a .pt file")->required();
   sub->add_flag("--json", opt->json, "Print JSON (schema in docs/inspect-json.md)");
   add_runner(sub, [opt] { return run_inspect(*opt); });
 }

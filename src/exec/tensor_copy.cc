@@ -52,14 +52,30 @@ const std::byte* storage_bytes(const TensorChunk& c, std::vector<std::byte>& scr
   return scratch.data();
 }
 
+// Writes a slab, cast to the output dtype when one is set.
+void emit_slab(const TensorEntry& t, const std::vector<std::byte>& slab, std::vector<std::byte>& cast_buf,
+               archive::ZipWriter& zip, const CopyOptions& options) {
+  if (!t.out_dtype || *t.out_dtype == t.dtype) {
+    zip.append(slab.data(), slab.size());
+    return;
+  }
+  if (!options.backend) fail(ErrorCode::kInternal, "a dtype cast needs a backend");
+  std::size_t n = slab.size() / dtype_size(t.dtype);
+  cast_buf.resize(n * dtype_size(*t.out_dtype));
+  options.backend->cast(slab.data(), t.dtype, cast_buf.data(), *t.out_dtype, n);
+  zip.append(cast_buf.data(), cast_buf.size());
+}
+
 void append_slabs_gathered(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
                            archive::ZipWriter& zip, const CopyOptions& options) {
   std::size_t isz = dtype_size(t.dtype);
   Shape row_shape(t.shape.begin() + 1, t.shape.end());
   uint64_t row_bytes = shape_numel(row_shape) * isz;
-  int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(row_bytes, 1)));
+  // The slab and its cast copy share the budget.
+  uint64_t per_row = row_bytes + shape_numel(row_shape) * dtype_size(t.output_dtype());
+  int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(per_row, 1)));
   Shape out_strides = contiguous_strides(t.shape);
-  std::vector<std::byte> slab, scratch;
+  std::vector<std::byte> slab, scratch, cast_buf;
   for (int64_t r0 = 0; r0 < t.shape[0]; r0 += rows_per_slab) {
     int64_t r1 = std::min(t.shape[0], r0 + rows_per_slab);
     slab.assign(static_cast<std::size_t>((r1 - r0) * row_bytes), std::byte{0});
@@ -74,7 +90,7 @@ void append_slabs_gathered(const TensorEntry& t, const std::vector<const TensorC
       for (std::size_t d = 1; d < t.shape.size(); ++d) dst_elem += c->offsets[d] * out_strides[d];
       copy_box(src, c->strides, slab.data() + dst_elem * static_cast<int64_t>(isz), out_strides, extent, isz);
     }
-    zip.append(slab.data(), slab.size());
+    emit_slab(t, slab, cast_buf, zip, options);
   }
 }
 
@@ -121,10 +137,18 @@ void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOpti
     if (t.numel() == 0) return;
     bool direct = std::all_of(chunks.begin(), chunks.end(),
                               [&](const TensorChunk* c) { return is_contiguous_row_slab(t, *c); });
-    if (direct || t.shape.empty())
+    bool cast = t.out_dtype && *t.out_dtype != t.dtype;
+    if ((direct || t.shape.empty()) && !cast) {
       append_slabs_direct(t, chunks, zip);
-    else
+    } else if (t.shape.empty()) {
+      // A 0-dim tensor: one element, gathered as a one-row slab.
+      std::vector<std::byte> one(dtype_size(t.dtype)), cast_buf, scratch;
+      const TensorChunk& c = *chunks.at(0);
+      std::memcpy(one.data(), storage_bytes(c, scratch) + c.storage_offset * int64_t(one.size()), one.size());
+      emit_slab(t, one, cast_buf, zip, options);
+    } else {
       append_slabs_gathered(t, chunks, zip, options);
+    }
   });
 }
 

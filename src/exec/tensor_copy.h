@@ -8,15 +8,18 @@
 #include <cstdint>
 
 #include "archive/zip_writer.h"
+#include "exec/backend.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt {
 
 struct CopyOptions {
-  uint64_t memory_limit = 256ull << 20;  // bytes of slab buffer
+  uint64_t memory_limit = 256ull << 20;  // bytes of slab buffers in flight
+  Backend* backend = nullptr;            // needed when a tensor has out_dtype
 };
 
-// Appends t.nbytes() bytes. The model must have passed require_valid().
+// Appends t.output_nbytes() bytes (cast to t.out_dtype when set). The model
+// must have passed require_valid().
 void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOptions& options);
 
 // Copies the box `extent` from a strided source to a strided destination

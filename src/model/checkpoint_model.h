@@ -48,10 +48,13 @@ struct TensorEntry {
   Shape shape;       // global
   std::vector<TensorChunk> chunks;
   bool requires_grad = false;
-  std::string stored_as = "tensor";  // "tensor", "ShardedTensor", "DTensor"
+  std::string stored_as = "tensor";  // "tensor", "Parameter", "ShardedTensor", "DTensor"
+  std::optional<DType> out_dtype;     // set by --dtype: the dtype to write
 
   uint64_t numel() const { return shape_numel(shape); }
   uint64_t nbytes() const { return numel() * dtype_size(dtype); }
+  DType output_dtype() const { return out_dtype.value_or(dtype); }
+  uint64_t output_nbytes() const { return numel() * dtype_size(output_dtype()); }
 };
 
 struct CheckpointModel {

@@ -64,6 +64,28 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
   });
 }
 
+void describe_plan(const CheckpointModel& model, const std::string& output, std::ostream& out) {
+  uint64_t read = 0, written = 0;
+  out << "plan: " << model.source << " -> " << output << "\n";
+  walk_leaves(*model.root, [&](const Leaf& leaf) {
+    if (!leaf.tensor) return;
+    const TensorEntry& t = model.tensors[*leaf.tensor];
+    out << "  " << leaf.path << "  " << dtype_name(t.dtype);
+    if (t.output_dtype() != t.dtype) out << "->" << dtype_name(t.output_dtype());
+    out << " " << shape_str(t.shape) << " " << human_bytes(t.output_nbytes()) << " from " << t.chunks.size()
+        << " chunk(s)\n";
+    for (const auto& c : t.chunks) {
+      if (c.numel() == 0) continue;
+      out << "      " << (c.rank >= 0 ? "rank " + std::to_string(c.rank) + " " : "") << c.file << " offsets "
+          << shape_str(c.offsets) << " sizes " << shape_str(c.sizes) << "\n";
+    }
+    read += t.nbytes();
+    written += t.output_nbytes();
+  });
+  out << "total: " << model.tensors.size() << " tensors, read " << human_bytes(read) << ", write "
+      << human_bytes(written) << " of tensor data\n";
+}
+
 nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
   nlohmann::ordered_json j;
   j["schema"] = 1;

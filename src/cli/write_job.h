@@ -1,0 +1,26 @@
+// What consolidate and convert share: read SRC, select and cast entries,
+// print the plan (--dry-run) or write one output file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace ckpt::cli {
+
+struct WriteJobOptions {
+  std::string source;
+  std::string output;
+  std::string only;
+  std::string keys;
+  std::string dtype = "keep";
+  int threads = 0;
+  std::string memory_limit = "256M";
+  bool dry_run = false;
+  bool force = false;
+};
+
+// Binds the shared options to a subcommand.
+void bind_write_job_options(CLI::App* sub, WriteJobOptions& opt);
+int run_write_job(const WriteJobOptions& opt);
+
+}  // namespace ckpt::cli

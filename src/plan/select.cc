@@ -1,0 +1,111 @@
+#include "plan/select.h"
+
+#include <regex>
+
+#include "core/error.h"
+#include "model/tree_walk.h"
+
+namespace ckpt {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+class Selector {
+ public:
+  Selector(const CheckpointModel& in, CheckpointModel& out, const SelectOptions& options)
+      : in_(in), out_(out), only_(options.only) {
+    if (!options.keys.empty()) {
+      try {
+        keys_ = std::regex(options.keys, std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        fail_invalid("--keys '" + options.keys + "' is not a valid regular expression: " + e.what());
+      }
+    }
+  }
+
+  // The filtered copy of v, or nullptr when nothing under it is selected.
+  ValuePtr filter(const ValuePtr& v, const std::string& path, bool top) {
+    if (v->is(Kind::kDict) && !tensor_ref_index(*v)) {
+      auto out = Value::dict({}, v->ordered);
+      for (const auto& [key, child] : v->entries) {
+        std::string component = path_component(*key);
+        if (top && !only_.empty() && component != only_) continue;
+        if (ValuePtr kept = filter(child, join_path(path, component), false)) out->entries.emplace_back(key, kept);
+      }
+      if (out->entries.empty() && !(top && v->entries.empty())) return nullptr;
+      return out;
+    }
+    bool any = false;
+    walk_leaves(*v, [&](const Leaf& leaf) { any = any || matches(join_path(path, leaf.path)); });
+    if (!any) return nullptr;
+    return copy_with_tensors(v);
+  }
+
+ private:
+  bool matches(const std::string& path) const {
+    return !keys_ || std::regex_search(path, *keys_);
+  }
+
+  // Copies a kept subtree, moving its tensors to the output model.
+  ValuePtr copy_with_tensors(const ValuePtr& v) {
+    if (auto idx = tensor_ref_index(*v)) {
+      auto it = renumbered_.find(*idx);
+      if (it == renumbered_.end()) {
+        out_.tensors.push_back(in_.tensors[*idx]);
+        it = renumbered_.emplace(*idx, make_tensor_ref(out_.tensors.size() - 1)).first;
+      }
+      return it->second;
+    }
+    if (!(v->is(Kind::kDict) || v->is(Kind::kList) || v->is(Kind::kTuple))) return v;
+    auto out = std::make_shared<Value>(*v);
+    for (auto& item : out->items) item = copy_with_tensors(item);
+    for (auto& [key, child] : out->entries) child = copy_with_tensors(child);
+    return out;
+  }
+
+  const CheckpointModel& in_;
+  CheckpointModel& out_;
+  std::string only_;
+  std::optional<std::regex> keys_;
+  std::map<std::size_t, ValuePtr> renumbered_;
+};
+
+bool is_step_counter(const std::string& name) {
+  return name == "step" || (name.size() > 5 && name.compare(name.size() - 5, 5, ".step") == 0);
+}
+
+}  // namespace
+
+CheckpointModel select_entries(const CheckpointModel& model, const SelectOptions& options) {
+  if (!options.only.empty() && options.only != "model" && options.only != "optim")
+    fail_invalid("--only must be 'model' or 'optim', not '" + options.only + "'");
+  if (options.only.empty() && options.keys.empty()) return model;
+  CheckpointModel out;
+  out.format = model.format;
+  out.source = model.source;
+  out.facts = model.facts;
+  Selector selector(model, out, options);
+  out.root = selector.filter(model.root, "", true);
+  if (!out.root || (out.root->is(Kind::kDict) && out.root->entries.empty()))
+    fail_invalid(model.source + ": no entries match the selection" +
+                 (options.only.empty() ? "" : " --only " + options.only) +
+                 (options.keys.empty() ? "" : " --keys '" + options.keys + "'"));
+  return out;
+}
+
+void apply_cast(CheckpointModel& model, DType to) {
+  for (auto& t : model.tensors)
+    if (dtype_info(t.dtype).is_floating && !is_step_counter(t.name)) t.out_dtype = to;
+}
+
+std::optional<DType> parse_dtype_option(const std::string& text) {
+  if (text == "keep" || text.empty()) return std::nullopt;
+  if (text == "fp32" || text == "float32") return DType::kFloat32;
+  if (text == "bf16" || text == "bfloat16") return DType::kBFloat16;
+  if (text == "fp16" || text == "float16") return DType::kFloat16;
+  fail_invalid("--dtype must be keep, fp32, bf16 or fp16, not '" + text + "'");
+}
+
+}  // namespace ckpt
