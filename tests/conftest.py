@@ -1,0 +1,59 @@
+"""Shared pytest fixtures for ckptconv's integration tests.
+
+    repo          Path of the repository root.
+    manifest      testdata/manifest.json, parsed (written by
+                  tools/make_checkpoints.py; lists every real-torch fixture).
+    testdata      Path of testdata/.
+    ckptconv      Path of the built binary: $CKPTCONV if set, else
+                  build/ckptconv. Tests that use it are skipped (with the
+                  reason) when it does not exist.
+    run_ckptconv  run_ckptconv(*args, input=None, cwd=None) ->
+                  subprocess.CompletedProcess with text stdout/stderr; never
+                  raises on a non-zero exit code (tests assert returncode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def testdata(repo: Path) -> Path:
+    return repo / "testdata"
+
+
+@pytest.fixture(scope="session")
+def manifest(testdata: Path) -> dict:
+    path = testdata / "manifest.json"
+    if not path.exists():
+        pytest.fail(f"{path} missing: run `python tools/make_checkpoints.py --out testdata`")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def ckptconv(repo: Path) -> Path:
+    path = Path(os.environ.get("CKPTCONV", repo / "build" / "ckptconv"))
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.skip(f"ckptconv binary not found at {path} (build it with scripts/build or set $CKPTCONV)")
+    return path
+
+
+@pytest.fixture
+def run_ckptconv(ckptconv: Path):
+    def run(*args, input: str | None = None, cwd: str | os.PathLike | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([str(ckptconv), *map(str, args)], input=input, cwd=cwd,
+                              capture_output=True, text=True, check=False, timeout=timeout)
+    return run
