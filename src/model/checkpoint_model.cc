@@ -1,5 +1,9 @@
 #include "model/checkpoint_model.h"
 
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
 #include "core/checked.h"
 #include "core/error.h"
 
@@ -59,6 +63,39 @@ const pickle::ValuePtr& tensor_ref_global() {
 pickle::ValuePtr make_tensor_ref(std::size_t index) {
   return pickle::Value::call(tensor_ref_global(),
                              pickle::Value::tuple({pickle::Value::integer(static_cast<int64_t>(index))}));
+}
+
+void prune_unreferenced(const pickle::ValuePtr& root, std::vector<TensorEntry>& tensors, std::size_t first_index) {
+  std::vector<pickle::Value*> refs;
+  std::unordered_set<const pickle::Value*> seen;
+  std::vector<pickle::Value*> stack{root.get()};
+  while (!stack.empty()) {
+    pickle::Value* v = stack.back();
+    stack.pop_back();
+    if (!v || !seen.insert(v).second) continue;
+    if (tensor_ref_index(*v)) {
+      refs.push_back(v);
+      continue;
+    }
+    for (auto& item : v->items) stack.push_back(item.get());
+    for (auto& [k, val] : v->entries) {
+      stack.push_back(k.get());
+      stack.push_back(val.get());
+    }
+    for (auto* p : {&v->callable, &v->args, &v->kwargs, &v->object, &v->state, &v->pid}) stack.push_back(p->get());
+  }
+  std::vector<TensorEntry> kept;
+  std::unordered_map<std::size_t, std::size_t> renumber;
+  std::sort(refs.begin(), refs.end(), [](const pickle::Value* a, const pickle::Value* b) {
+    return *tensor_ref_index(*a) < *tensor_ref_index(*b);
+  });
+  for (pickle::Value* ref : refs) {
+    std::size_t old = *tensor_ref_index(*ref);
+    auto [it, fresh] = renumber.emplace(old, kept.size());
+    if (fresh) kept.push_back(std::move(tensors.at(old)));
+    ref->args->items[0] = pickle::Value::integer(static_cast<int64_t>(first_index + it->second));
+  }
+  tensors = std::move(kept);
 }
 
 std::optional<std::size_t> tensor_ref_index(const pickle::Value& value) {

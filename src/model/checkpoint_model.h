@@ -50,6 +50,7 @@ struct TensorEntry {
   bool requires_grad = false;
   std::string stored_as = "tensor";  // "tensor", "Parameter", "ShardedTensor", "DTensor"
   std::optional<DType> out_dtype;     // set by --dtype: the dtype to write
+  std::string sharding;               // how a sharded value described itself, for inspect
 
   uint64_t numel() const { return shape_numel(shape); }
   uint64_t nbytes() const { return numel() * dtype_size(dtype); }
@@ -69,6 +70,10 @@ struct CheckpointModel {
 // kCall of the global ("ckptconv", "tensor"), a name no pickle may carry
 // (the policy refuses it), so it cannot be confused with real content.
 pickle::ValuePtr make_tensor_ref(std::size_t index);
+// Drops tensors that `root` no longer references (e.g. the local tensors a
+// ShardedTensor was decoded from) and renumbers the references in place,
+// the first kept tensor becoming index `first_index`.
+void prune_unreferenced(const pickle::ValuePtr& root, std::vector<TensorEntry>& tensors, std::size_t first_index = 0);
 std::optional<std::size_t> tensor_ref_index(const pickle::Value& value);
 
 }  // namespace ckpt

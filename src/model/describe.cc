@@ -53,7 +53,8 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
       const TensorEntry& t = model.tensors[*leaf.tensor];
       out << std::setw(9) << dtype_name(t.dtype) << " " << std::setw(14) << shape_str(t.shape) << " "
           << std::setw(10) << human_bytes(t.nbytes());
-      if (t.stored_as != "tensor") out << " " << t.stored_as;
+      if (!t.sharding.empty()) out << " " << t.sharding;
+      else if (t.stored_as != "tensor") out << " " << t.stored_as;
       if (t.chunks.size() > 1 || ranks_of(t).size()) out << " chunks=" << t.chunks.size();
       std::string r = ranks_of(t);
       if (!r.empty()) out << " rows[" << r << "]";
@@ -104,6 +105,7 @@ nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
       chunks.push_back({{"offsets", c.offsets}, {"sizes", c.sizes}, {"file", c.file}, {"rank", c.rank}});
     tensors.push_back({{"path", leaf.path}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
                        {"bytes", t.nbytes()}, {"stored_as", t.stored_as}, {"chunks", chunks}});
+    if (!t.sharding.empty()) tensors.back()["sharding"] = t.sharding;
   });
   j["tensors"] = tensors;
   j["values"] = values;

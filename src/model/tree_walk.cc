@@ -10,6 +10,11 @@ void walk(const Value& v, const std::string& path, const std::function<void(cons
     visit(Leaf{path, &v, idx});
     return;
   }
+  // An OrderedDict with attributes (torch's state_dict `_metadata`) is BUILD over a dict.
+  if (v.is(Kind::kBuilt) && v.object && v.object->is(Kind::kDict)) {
+    walk(*v.object, path, visit);
+    return;
+  }
   if (v.is(Kind::kDict)) {
     for (const auto& [key, value] : v.entries) walk(*value, join_path(path, path_component(*key)), visit);
     if (v.entries.empty()) visit(Leaf{path, &v, std::nullopt});

@@ -9,6 +9,7 @@ namespace ckpt {
 nlohmann::ordered_json value_to_json(const pickle::Value& v) {
   using pickle::Kind;
   if (auto idx = tensor_ref_index(v)) return {{"__tensor__", *idx}};
+  if (v.is(Kind::kBuilt) && v.object && v.object->is(Kind::kDict)) return value_to_json(*v.object);
   switch (v.kind) {
     case Kind::kNone: return nullptr;
     case Kind::kBool: return v.bool_value;

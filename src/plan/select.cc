@@ -27,7 +27,11 @@ class Selector {
 
   // The filtered copy of v, or nullptr when nothing under it is selected.
   ValuePtr filter(const ValuePtr& v, const std::string& path, bool top) {
-    if (v->is(Kind::kDict) && !tensor_ref_index(*v)) {
+    if (v->is(Kind::kBuilt) && v->object && v->object->is(Kind::kDict)) {
+      ValuePtr inner = filter(v->object, path, top);
+      return inner ? Value::built(inner, v->state) : nullptr;
+    }
+    if (v->is(Kind::kDict)) {
       auto out = Value::dict({}, v->ordered);
       for (const auto& [key, child] : v->entries) {
         std::string component = path_component(*key);

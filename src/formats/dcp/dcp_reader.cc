@@ -63,8 +63,7 @@ class DcpDirReader {
 
   CheckpointModel read() {
     SourcePtr meta_src = open_file_source((fs::path(dir_) / ".metadata").string());
-    ValuePtr raw = with_context(meta_src->describe(),
-                                [&] { return pickle::unpickle(*meta_src, pickle::checkpoint_policy()); });
+    ValuePtr raw = pickle::unpickle(*meta_src, pickle::checkpoint_policy());
     DcpMetadata md = with_context(meta_src->describe(), [&] { return parse_metadata(*raw); });
     CheckpointModel model;
     model.format = "dcp";

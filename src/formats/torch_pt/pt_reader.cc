@@ -5,6 +5,7 @@
 #include "archive/zip_reader.h"
 #include "core/error.h"
 #include "formats/pyobj.h"
+#include "formats/torch_pt/sharded_values.h"
 #include "pickle/unpickler.h"
 
 namespace ckpt::torch_pt {
@@ -31,6 +32,7 @@ class ArchiveDecoder {
  private:
   ValuePtr transform_uncached(const ValuePtr& v, const std::string& path);
   ValuePtr decode_tensor(const Value& call, const std::string& path, bool v3);
+  ValuePtr decode_from_type(const ValuePtr& call, const std::string& path);
   ValuePtr copy_container(const ValuePtr& v, const std::string& path);
 
   archive::ZipReader& zip_;
@@ -61,6 +63,7 @@ ValuePtr ArchiveDecoder::transform_uncached(const ValuePtr& v, const std::string
     const Value& fn = *v->callable;
     if (fn.is_global("torch._utils", "_rebuild_tensor_v2")) return decode_tensor(*v, path, false);
     if (fn.is_global("torch._utils", "_rebuild_tensor_v3")) return decode_tensor(*v, path, true);
+    if (fn.is_global("torch._tensor", "_rebuild_from_type_v2")) return decode_from_type(v, path);
     if (fn.is_global("torch._utils", "_rebuild_parameter") ||
         fn.is_global("torch._utils", "_rebuild_parameter_with_state")) {
       const auto& args = v->args->as_sequence();
@@ -80,6 +83,29 @@ ValuePtr ArchiveDecoder::transform_uncached(const ValuePtr& v, const std::string
     default:
       return v;
   }
+}
+
+// _rebuild_from_type_v2(func, type, args, state): a tensor whose Python
+// object carried attributes (FSDP sets `_has_been_cloned`) or a tensor
+// subclass. For torch.Tensor / Parameter the attributes are dropped: the
+// tensor is func(*args). Subclasses (ShardedTensor, DTensor) are decoded by
+// decode_sharded_value.
+ValuePtr ArchiveDecoder::decode_from_type(const ValuePtr& call, const std::string& path) {
+  const auto& a = call->args->as_sequence();
+  if (a.size() < 3) fail_data_loss("_rebuild_from_type_v2 has too few arguments at '" + path + "'");
+  const Value& type = *a[1];
+  if (type.is_global("torch", "Tensor") || type.is_global("torch.nn.parameter", "Parameter")) {
+    // A fresh call object: decoded directly, never through the pointer-keyed cache.
+    ValuePtr inner = transform_uncached(Value::call(a[0], a[2]), path);
+    if (auto idx = tensor_ref_index(*inner); idx && type.name == "Parameter") tensors_[*idx].stored_as = "Parameter";
+    return inner;
+  }
+  ValuePtr decoded = copy_container(call, path);
+  if (auto t = decode_sharded_value(*decoded, type, path, tensors_)) {
+    tensors_.push_back(std::move(*t));
+    return make_tensor_ref(tensors_.size() - 1);
+  }
+  return decoded;
 }
 
 // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
@@ -141,10 +167,15 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
   const archive::ZipEntry& pkl = zip.record("data.pkl");
   ValuePtr raw = with_context(source->describe() + ": data.pkl",
                               [&] { return pickle::unpickle(*zip.open(pkl), pickle::checkpoint_policy()); });
-  ArchiveDecoder decoder(zip, tensors, rank);
+  std::vector<TensorEntry> found;
+  ArchiveDecoder decoder(zip, found, rank);
   std::string prefix = name_prefix;
   if (!prefix.empty() && prefix.back() == '.') prefix.pop_back();
-  return with_context(source->describe(), [&] { return decoder.transform(raw, prefix); });
+  ValuePtr root = with_context(source->describe(), [&] { return decoder.transform(raw, prefix); });
+  // References are renumbered to follow the caller's tensors.
+  prune_unreferenced(root, found, tensors.size());
+  for (auto& t : found) tensors.push_back(std::move(t));
+  return root;
 }
 
 CheckpointModel read_pt_file(const std::string& path) {

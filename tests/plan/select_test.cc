@@ -1,0 +1,58 @@
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+#include "model/unflatten.h"
+#include "plan/select.h"
+
+using namespace ckpt;
+using pickle::Value;
+
+namespace {
+CheckpointModel two_part_model() {
+  CheckpointModel m;
+  m.source = "src";
+  Unflattener u;
+  for (const char* name : {"model.w", "optim.state.w.exp_avg", "optim.state.w.step"}) {
+    TensorEntry t;
+    t.name = name;
+    t.shape = {2};
+    m.tensors.push_back(t);
+  }
+  u.set({Value::str("model"), Value::str("w")}, make_tensor_ref(0));
+  u.set({Value::str("optim"), Value::str("state"), Value::str("w"), Value::str("exp_avg")}, make_tensor_ref(1));
+  u.set({Value::str("optim"), Value::str("state"), Value::str("w"), Value::str("step")}, make_tensor_ref(2));
+  u.set({Value::str("optim"), Value::str("param_groups"), Value::integer(0), Value::str("lr")}, Value::floating(0.1));
+  m.root = u.root();
+  return m;
+}
+}  // namespace
+
+TEST_CASE("only option keeps one top-level entry and renumbers its tensors", "[plan]") {
+  auto m = select_entries(two_part_model(), {"optim", "", std::nullopt});
+  REQUIRE(m.tensors.size() == 2);
+  CHECK(m.tensors[0].name == "optim.state.w.exp_avg");
+  CHECK(m.root->entries.size() == 1);
+  CHECK(m.root->entries[0].first->text == "optim");
+}
+
+TEST_CASE("keys option keeps matching leaves and whole lists", "[plan]") {
+  auto m = select_entries(two_part_model(), {"", "exp_avg|lr", std::nullopt});
+  REQUIRE(m.tensors.size() == 1);
+  CHECK(m.root->repr(6, 10) == "{'optim': {'state': {'w': {'exp_avg': ckptconv.tensor(0)}}, 'param_groups': [{'lr': 0.1}]}}");
+}
+
+TEST_CASE("selection errors are usage errors", "[plan]") {
+  CHECK_THROWS_AS(select_entries(two_part_model(), {"", "nomatch", std::nullopt}), Error);
+  CHECK_THROWS_AS(select_entries(two_part_model(), {"", "(", std::nullopt}), Error);
+  CHECK_THROWS_AS(select_entries(two_part_model(), {"weights", "", std::nullopt}), Error);
+}
+
+TEST_CASE("dtype option casts floating tensors but not step counters", "[plan]") {
+  auto m = two_part_model();
+  apply_cast(m, DType::kBFloat16);
+  CHECK(m.tensors[0].output_dtype() == DType::kBFloat16);
+  CHECK(m.tensors[1].output_dtype() == DType::kBFloat16);
+  CHECK(m.tensors[2].output_dtype() == DType::kFloat32);
+  CHECK(parse_dtype_option("keep") == std::nullopt);
+  CHECK_THROWS_AS(parse_dtype_option("int8"), Error);
+}

@@ -1,0 +1,203 @@
+"""consolidate of DCP directories against torch's own dcp_to_torch_save."""
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from state_compare import assert_same, cast_floats, select
+
+REPO = Path(__file__).resolve().parent.parent
+DCP_DIRS = sorted(p.parent for p in (REPO / "testdata" / "dcp").glob("*/.metadata"))
+# AdamW at a world size that does not divide the rows: the richest sample.
+RICH = REPO / "testdata" / "dcp" / "fsdp2_adamw_ws3"
+
+
+def reference(d):
+    return torch.load(d.parent / (d.name + ".ref.pt"), weights_only=True)
+
+
+def consolidate(run_ckptconv, src, out, *args):
+    r = run_ckptconv("consolidate", str(src), "-o", str(out), *args)
+    assert r.returncode == 0, r.stderr
+    return torch.load(out, weights_only=True)
+
+
+def test_corpus_has_dcp_fixtures():
+    assert len(DCP_DIRS) >= 4
+
+
+@pytest.mark.parametrize("d", DCP_DIRS, ids=lambda p: p.name)
+def test_consolidate_equals_dcp_to_torch_save(d, tmp_path, run_ckptconv):
+    assert_same(consolidate(run_ckptconv, d, tmp_path / "out.pt"), reference(d))
+
+
+@pytest.mark.parametrize("d", DCP_DIRS, ids=lambda p: p.name)
+@pytest.mark.parametrize("only", ["model", "optim"])
+def test_only(d, only, tmp_path, run_ckptconv):
+    got = consolidate(run_ckptconv, d, tmp_path / "out.pt", "--only", only)
+    assert_same(got, select(reference(d), only=only))
+
+
+@pytest.mark.parametrize("keys", [r"exp_avg$", r"^model\.", r"param_groups"])
+def test_keys(keys, tmp_path, run_ckptconv):
+    d = RICH
+    got = consolidate(run_ckptconv, d, tmp_path / "out.pt", "--keys", keys)
+    assert_same(got, select(reference(d), keys=keys))
+
+
+@pytest.mark.parametrize("name,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)])
+def test_dtype(name, dtype, tmp_path, run_ckptconv):
+    d = RICH
+    got = consolidate(run_ckptconv, d, tmp_path / "out.pt", "--dtype", name, "--memory-limit", "64")
+    assert_same(got, cast_floats(reference(d), dtype))
+
+
+def test_small_memory_limit_gives_same_bytes(tmp_path, run_ckptconv):
+    d = RICH
+    got = consolidate(run_ckptconv, d, tmp_path / "out.pt", "--memory-limit", "1")
+    assert_same(got, reference(d))
+
+
+def test_dry_run_writes_nothing_and_lists_chunks(tmp_path, run_ckptconv):
+    d = RICH
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", str(d), "-o", str(out), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert not out.exists()
+    assert "model." in r.stdout and "rank 1" in r.stdout and "total:" in r.stdout
+
+
+def test_existing_output_is_kept_without_force(tmp_path, run_ckptconv):
+    d = RICH
+    out = tmp_path / "out.pt"
+    out.write_bytes(b"precious")
+    r = run_ckptconv("consolidate", str(d), "-o", str(out))
+    assert r.returncode == 2
+    assert out.read_bytes() == b"precious"
+    assert "--force" in r.stderr
+    assert run_ckptconv("consolidate", str(d), "-o", str(out), "--force").returncode == 0
+    assert_same(torch.load(out, weights_only=True), reference(d))
+
+
+def test_inspect_lists_global_shapes(run_ckptconv):
+    import json
+
+    d = RICH
+    r = run_ckptconv("inspect", str(d), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    ref = reference(d)
+    shapes = {t["path"]: t["shape"] for t in info["tensors"]}
+    for k, v in ref["model"].items():
+        assert shapes[f"model.{k}"] == list(v.shape)
+    assert info["totals"]["tensors"] == len(info["tensors"])
+
+
+# ---- corrupt directories: a clear error, exit code 3, no output -------------
+
+def broken_copy(tmp_path):
+    src = RICH
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def load_metadata(d):
+    with open(d / ".metadata", "rb") as f:
+        return pickle.load(f)
+
+
+def save_metadata(d, md):
+    with open(d / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+
+
+def first_tensor_key(md):
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    return next(k for k, v in md.state_dict_metadata.items()
+                if isinstance(v, TensorStorageMetadata) and len(v.chunks) > 1 and len(v.size) == 2)
+
+
+def break_missing_file(d):
+    next(d.glob("__1_*.distcp")).unlink()
+    return "__1_0.distcp"
+
+
+def break_truncated_file(d):
+    f = next(d.glob("__1_*.distcp"))
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return "__1_0.distcp"
+
+
+def break_metadata_past_end(d):
+    md = load_metadata(d)
+    idx, info = next(iter(md.storage_data.items()))
+    info.length = info.length + 10_000_000
+    save_metadata(d, md)
+    return info.relative_path
+
+
+def break_overlap(d):
+    md = load_metadata(d)
+    key = first_tensor_key(md)
+    chunks = md.state_dict_metadata[key].chunks
+    second = chunks[1]
+    old_offsets = second.offsets
+    new_offsets = torch.Size([old_offsets[0] - 1] + list(old_offsets[1:]))
+    second.offsets = new_offsets
+    import dataclasses
+
+    for idx in list(md.storage_data):
+        if idx.fqn == key and idx.offset == old_offsets:
+            info = md.storage_data.pop(idx)
+            md.storage_data[dataclasses.replace(idx, offset=new_offsets)] = info
+    save_metadata(d, md)
+    return "overlaps"
+
+
+def break_gap(d):
+    md = load_metadata(d)
+    key = first_tensor_key(md)
+    md.state_dict_metadata[key].chunks.pop(0)
+    save_metadata(d, md)
+    return "gap"
+
+
+def break_relative_path(d):
+    md = load_metadata(d)
+    info = next(iter(md.storage_data.values()))
+    info.relative_path = "../" + info.relative_path
+    save_metadata(d, md)
+    return "escapes"
+
+
+def break_unsafe_global(d):
+    class Evil:
+        def __reduce__(self):
+            import os
+            return (os.system, ("echo pwned",))
+
+    with open(d / ".metadata", "wb") as f:
+        pickle.dump({"state_dict_metadata": Evil()}, f)
+    return "system"
+
+
+CORRUPTIONS = [break_missing_file, break_truncated_file, break_metadata_past_end, break_overlap, break_gap,
+               break_relative_path, break_unsafe_global]
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__)
+def test_corrupt_directory_is_refused(corrupt, tmp_path, run_ckptconv):
+    d = broken_copy(tmp_path)
+    expected_words = corrupt(d)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", str(d), "-o", str(out))
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert expected_words in r.stderr, r.stderr
+    assert not out.exists()
+    assert list(tmp_path.glob("out.pt*")) == [], "a temporary file was left behind"
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before, "input was modified"

@@ -1,0 +1,106 @@
+"""inspect and convert of torch.save files: our reader and writer against real torch."""
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from state_compare import assert_same
+
+REPO = Path(__file__).resolve().parent.parent
+PT_FILES = sorted(p for p in (REPO / "testdata").rglob("*") if p.suffix in (".pt", ".bin") and p.is_file())
+
+
+def loads_weights_only(p):
+    try:
+        return torch.load(p, weights_only=True)
+    except Exception:  # sharded per-rank files need a process group to load in Python
+        return None
+
+
+PLAIN_PT = [p for p in PT_FILES if loads_weights_only(p) is not None]
+
+
+def test_corpus_has_plain_pt_files():
+    assert len(PLAIN_PT) >= 5
+    assert any(p.name == "dtypes.pt" for p in PLAIN_PT)
+
+
+@pytest.mark.parametrize("p", PT_FILES, ids=lambda p: str(p.relative_to(REPO / "testdata")))
+def test_every_pt_fixture_inspects(p, run_ckptconv):
+    r = run_ckptconv("inspect", str(p), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["schema"] == 1 and info["format"] == "pt"
+    assert info["totals"]["tensors"] == len(info["tensors"]) > 0
+
+
+@pytest.mark.parametrize("p", PLAIN_PT, ids=lambda p: str(p.relative_to(REPO / "testdata")))
+def test_convert_round_trips_through_torch_load(p, tmp_path, run_ckptconv):
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("convert", str(p), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert_same(torch.load(out, weights_only=True), torch.load(p, weights_only=True))
+
+
+def test_convert_keeps_shared_storage_and_drops_unused_bytes(tmp_path, run_ckptconv):
+    base = torch.arange(1000, dtype=torch.float32)
+    sd = {"view": base[10:20], "t": torch.arange(6.0).reshape(2, 3).t(), "same": base[10:20]}
+    src = tmp_path / "views.pt"
+    torch.save(sd, src)
+    out = tmp_path / "out.pt"
+    assert run_ckptconv("convert", str(src), "-o", str(out)).returncode == 0
+    got = torch.load(out, weights_only=True)
+    assert_same(got, {k: v.contiguous() for k, v in sd.items()})
+    assert got["t"].is_contiguous()
+    assert out.stat().st_size < src.stat().st_size  # the 990 unused floats are gone
+
+
+def test_inspect_json_schema(tmp_path, run_ckptconv):
+    src = tmp_path / "s.pt"
+    torch.save({"w": torch.zeros(3, 4, dtype=torch.bfloat16), "lr": 0.5, "names": ["a", "b"]}, src)
+    info = json.loads(run_ckptconv("inspect", str(src), "--json").stdout)
+    assert info["tensors"] == [{"path": "w", "dtype": "bfloat16", "shape": [3, 4], "bytes": 24, "stored_as": "tensor",
+                                "chunks": [{"offsets": [0, 0], "sizes": [3, 4], "file": str(src), "rank": -1}]}]
+    assert info["values"] == [{"path": "lr", "value": 0.5}, {"path": "names", "value": ["a", "b"]}]
+    assert info["totals"] == {"tensors": 1, "bytes": 24}
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /tmp/ckptconv-pwned",))
+
+
+def test_pickle_naming_os_system_is_refused(tmp_path, run_ckptconv):
+    src = tmp_path / "evil.pt"
+    torch.save({"w": torch.zeros(2), "x": Evil()}, src)
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("convert", str(src), "-o", str(out))
+    assert r.returncode == 3
+    assert "os.system" in r.stderr or "posix.system" in r.stderr
+    assert str(src) in r.stderr
+    assert not out.exists()
+
+
+def test_legacy_format_is_refused_clearly(tmp_path, run_ckptconv):
+    src = tmp_path / "legacy.pt"
+    torch.save({"w": torch.zeros(2)}, src, _use_new_zipfile_serialization=False)
+    r = run_ckptconv("inspect", str(src))
+    assert r.returncode == 3
+    assert "legacy torch.save format" in r.stderr
+
+
+@pytest.mark.parametrize("cut", [0, 1, 30, 100, 500, -200, -22, -1])
+def test_truncated_file_is_refused(cut, tmp_path, run_ckptconv):
+    src = tmp_path / "full.pt"
+    torch.save({"w": torch.arange(100.0)}, src)
+    data = src.read_bytes()
+    bad = tmp_path / "cut.pt"
+    bad.write_bytes(data[:cut] if cut >= 0 else data[:len(data) + cut])
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("convert", str(bad), "-o", str(out))
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert "cut.pt" in r.stderr
+    assert not out.exists()
