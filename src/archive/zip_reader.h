@@ -39,7 +39,8 @@ class ZipReader {
   // Like find_record; DataLoss naming the record when absent.
   const ZipEntry& record(std::string_view record) const;
 
-  // The entry's bytes as a sub-source (no copy). DataLoss if not stored.
+  // The entry's bytes as a sub-source (no copy). Unimplemented, naming the
+  // entry, if it is not stored.
   SourcePtr open(const ZipEntry& entry) const;
   std::string read(const ZipEntry& entry) const;
   // DataLoss naming the entry when its bytes do not match its CRC-32.
@@ -48,8 +49,12 @@ class ZipReader {
   const SourcePtr& source() const { return source_; }
 
  private:
+  // Sorts by_name_ for find(); DataLoss on a duplicate name.
+  void index_names();
+
   SourcePtr source_;
   std::vector<ZipEntry> entries_;
+  std::vector<std::size_t> by_name_;  // indices into entries_, sorted by name
   std::string prefix_;
 };
 

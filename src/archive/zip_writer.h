@@ -1,7 +1,9 @@
-// Streaming writer of torch.save-compatible zip archives: every record
-// stored, data aligned to 64 bytes (padding in a local extra field "FB"),
-// sizes and CRC-32 in a data descriptor after each record, ZIP64 records
-// always written, central directory at the end.
+// Streaming writer of torch.save-compatible zip archives, byte for byte what
+// torch.save writes for the same records: every record stored, data aligned
+// to 64 bytes (padding in a local extra field "FB"), sizes and CRC-32 in a
+// data descriptor after each non-empty record, ZIP64 extra fields where a
+// size or offset needs 64 bits, ZIP64 end records always written, central
+// directory at the end.
 //
 // The sink is any ByteSink; the caller makes it atomic (AtomicFileSink) and
 // calls its finish() after ZipWriter::finish().
@@ -11,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "io/byte_sink.h"
@@ -59,9 +62,14 @@ class ZipWriter {
     uint64_t size;
     uint32_t crc;
   };
+  // Internal error unless a record is open with room for n more bytes.
+  void check_append(uint64_t n) const;
+
   ByteSink& sink_;
   std::string archive_name_;
+  uint64_t base_;  // sink position of the archive's first byte: offsets count from it
   std::vector<Written> written_;
+  std::unordered_set<std::string> names_;
   bool in_record_ = false;
   bool finished_ = false;
   uint64_t expected_ = 0;
