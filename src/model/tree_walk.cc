@@ -44,6 +44,7 @@ std::string path_component(const Value& key) {
 }
 
 std::string join_path(const std::string& parent, const std::string& component) {
+  if (component.empty()) return parent;
   return parent.empty() ? component : parent + "." + component;
 }
 
