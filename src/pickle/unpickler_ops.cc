@@ -1,0 +1,231 @@
+// Globals, calls, BUILD and the container opcodes of the pickle machine.
+// A global is only a (module, name) value after the policy allowed it; a call
+// only records callable and arguments, except a few built-in constructors of
+// plain data that are folded into the value they would make (see fold_call).
+#include "core/error.h"
+#include "pickle/encodings.h"
+#include "pickle/unpickler_machine.h"
+
+namespace ckpt::pickle {
+namespace {
+
+// Python 2 module names that CPython maps for protocol < 3 (fix_imports;
+// Lib/_compat_pickle.py IMPORT_MAPPING, the entries a checkpoint can hit).
+void fix_import(std::string& module) {
+  if (module == "__builtin__") module = "builtins";
+  else if (module == "copy_reg") module = "copyreg";
+}
+
+bool is_latin1_codec(const ValuePtr& v) {
+  if (!v || v->kind != Kind::kStr) return false;
+  const std::string& s = v->text;
+  return s == "latin1" || s == "latin-1" || s == "latin_1" || s == "iso-8859-1" || s == "iso8859-1";
+}
+
+bool is_empty_tuple(const ValuePtr& v) { return v && v->kind == Kind::kTuple && v->items.empty(); }
+
+}  // namespace
+
+void PickleMachine::check_global(const std::string& module, const std::string& name) const {
+  if (!policy_.allows(module, name)) {
+    fail(ErrorCode::kUnsafe, "global '" + module + "." + name +
+                                 "' is not one a checkpoint needs; refusing to load a pickle that names it");
+  }
+}
+
+ValuePtr PickleMachine::make_global(std::string module, std::string name) {
+  if (!is_valid_utf8(module) || !is_valid_utf8(name)) fail_data_loss("global name is not valid UTF-8");
+  if (proto_ < 3) fix_import(module);
+  check_global(module, name);
+  return make(Value::global(std::move(module), std::move(name)));
+}
+
+void PickleMachine::op_global() {
+  std::string module(read_line());
+  std::string name(read_line());
+  push(make_global(std::move(module), std::move(name)));
+}
+
+void PickleMachine::op_stack_global() {
+  ValuePtr name = pop();
+  ValuePtr module = pop();
+  if (module->kind != Kind::kStr || name->kind != Kind::kStr) {
+    fail_data_loss(std::string("STACK_GLOBAL needs two str, found ") + kind_name(module->kind) + " and " +
+                   kind_name(name->kind));
+  }
+  push(make_global(module->text, name->text));
+}
+
+// INST: module and class as text lines, arguments down to the top mark.
+void PickleMachine::op_inst() {
+  std::string module(read_line());
+  std::string name(read_line());
+  ValuePtr cls = make_global(std::move(module), std::move(name));
+  ValuePtr args = make(Value::tuple(pop_mark()));
+  push_new(Value::call(std::move(cls), std::move(args)));
+}
+
+// OBJ: class and arguments down to the top mark.
+void PickleMachine::op_obj() {
+  std::vector<ValuePtr> items = pop_mark();
+  if (items.empty()) fail_data_loss("OBJ without a class");
+  ValuePtr cls = std::move(items.front());
+  items.erase(items.begin());
+  ValuePtr args = make(Value::tuple(std::move(items)));
+  push_new(Value::call(std::move(cls), std::move(args)));
+}
+
+// The built-in constructors of plain data become that data: OrderedDict()
+// (filled by the SETITEMS that follow), set/frozenset(list), bytearray and
+// bytes (protocol < 3 pickles bytes as _codecs.encode(latin-1 str, 'latin1')).
+// nullptr when the call is anything else.
+ValuePtr PickleMachine::fold_call(const ValuePtr& callable, const ValuePtr& args) const {
+  if (callable->kind != Kind::kGlobal || !args || args->kind != Kind::kTuple) return nullptr;
+  const auto& a = args->items;
+  const Value& g = *callable;
+  if (g.is_global("collections", "OrderedDict") && a.empty()) return Value::dict({}, true);
+  bool is_set = g.is_global("builtins", "set");
+  if (is_set || g.is_global("builtins", "frozenset")) {
+    auto out = std::make_shared<Value>(is_set ? Kind::kSet : Kind::kFrozenSet);
+    Kind from = a.empty() ? Kind::kNone : a[0]->kind;
+    if (a.size() == 1 && (from == Kind::kList || from == Kind::kTuple || from == Kind::kSet || from == Kind::kFrozenSet)) {
+      out->items = a[0]->items;
+    } else if (!a.empty()) {
+      return nullptr;
+    }
+    return out;
+  }
+  bool is_bytearray = g.is_global("builtins", "bytearray");
+  if (is_bytearray || g.is_global("builtins", "bytes") || g.is_global("_codecs", "encode")) {
+    ValuePtr out;
+    if (a.empty() && !g.is_global("_codecs", "encode")) {
+      out = Value::bytes("");
+    } else if (a.size() == 1 && a[0]->kind == Kind::kBytes && !g.is_global("_codecs", "encode")) {
+      out = Value::bytes(a[0]->text);
+    } else if (a.size() == 2 && a[0]->kind == Kind::kStr && is_latin1_codec(a[1])) {
+      out = Value::bytes(utf8_to_latin1(a[0]->text));
+    } else {
+      return nullptr;
+    }
+    out->bytearray = is_bytearray;
+    return out;
+  }
+  return nullptr;
+}
+
+void PickleMachine::op_reduce() {
+  ValuePtr args = pop();
+  ValuePtr callable = pop();
+  if (ValuePtr folded = fold_call(callable, args)) {
+    push_new(std::move(folded));
+  } else {
+    push_new(Value::call(std::move(callable), std::move(args)));
+  }
+}
+
+void PickleMachine::op_newobj() {
+  ValuePtr args = pop();
+  ValuePtr cls = pop();
+  if (cls->is_global("collections", "OrderedDict") && is_empty_tuple(args)) {
+    push_new(Value::dict({}, true));
+    return;
+  }
+  ValuePtr v = Value::call(std::move(cls), std::move(args));
+  v->newobj = true;
+  push_new(std::move(v));
+}
+
+void PickleMachine::op_newobj_ex() {
+  ValuePtr kwargs = pop();
+  ValuePtr args = pop();
+  ValuePtr cls = pop();
+  ValuePtr v = Value::call(std::move(cls), std::move(args), std::move(kwargs));
+  v->newobj = true;
+  push_new(std::move(v));
+}
+
+// BUILD changes the object in place in Python, and the memo or a container
+// may already hold it; so the node itself becomes the kBuilt and its former
+// content moves into a new node, its `object`.
+void PickleMachine::op_build() {
+  ValuePtr state = pop();
+  const ValuePtr& target = top();
+  bool registered = holds_values(target->kind);
+  ValuePtr object = make(std::make_shared<Value>(std::move(*target)));
+  *target = Value(Kind::kBuilt);
+  target->object = std::move(object);
+  target->state = std::move(state);
+  if (!registered) arena_.push_back(target);
+}
+
+void PickleMachine::add_items(Value& target, std::vector<ValuePtr> values) {
+  if (target.kind != Kind::kList && target.kind != Kind::kCall && target.kind != Kind::kBuilt) {
+    fail_data_loss(std::string("cannot append to a ") + kind_name(target.kind));
+  }
+  check_container_size(uint64_t{target.items.size()} + values.size());
+  for (auto& v : values) target.items.push_back(std::move(v));
+}
+
+void PickleMachine::add_entries(Value& target, std::vector<ValuePtr> flat) {
+  if (target.kind != Kind::kDict && target.kind != Kind::kCall && target.kind != Kind::kBuilt) {
+    fail_data_loss(std::string("cannot set items of a ") + kind_name(target.kind));
+  }
+  if (flat.size() % 2 != 0) fail_data_loss("odd number of items for key/value pairs");
+  check_container_size(uint64_t{target.entries.size()} + flat.size() / 2);
+  for (std::size_t i = 0; i < flat.size(); i += 2) {
+    target.entries.emplace_back(std::move(flat[i]), std::move(flat[i + 1]));
+  }
+}
+
+void PickleMachine::op_append() {
+  ValuePtr v = pop();
+  add_items(*top(), {std::move(v)});
+}
+
+void PickleMachine::op_appends() {
+  std::vector<ValuePtr> values = pop_mark();
+  add_items(*top(), std::move(values));
+}
+
+void PickleMachine::op_setitem() {
+  ValuePtr value = pop();
+  ValuePtr key = pop();
+  add_entries(*top(), {std::move(key), std::move(value)});
+}
+
+void PickleMachine::op_setitems() {
+  std::vector<ValuePtr> flat = pop_mark();
+  add_entries(*top(), std::move(flat));
+}
+
+void PickleMachine::op_additems() {
+  std::vector<ValuePtr> values = pop_mark();
+  Value& target = *top();
+  if (target.kind != Kind::kSet) fail_data_loss(std::string("cannot add items to a ") + kind_name(target.kind));
+  check_container_size(uint64_t{target.items.size()} + values.size());
+  for (auto& v : values) target.items.push_back(std::move(v));
+}
+
+void PickleMachine::op_dict() {
+  std::vector<ValuePtr> flat = pop_mark();
+  ValuePtr d = make(Value::dict());
+  push(d);
+  add_entries(*d, std::move(flat));
+}
+
+void PickleMachine::op_tuple_n(std::size_t n) {
+  if (stack_.size() - frame_base() < n) fail_data_loss("stack underflow");
+  std::vector<ValuePtr> items(std::make_move_iterator(stack_.end() - n), std::make_move_iterator(stack_.end()));
+  stack_.resize(stack_.size() - n);
+  push_new(Value::tuple(std::move(items)));
+}
+
+void PickleMachine::op_collection(Kind kind) {
+  std::vector<ValuePtr> items = pop_mark();
+  check_container_size(items.size());
+  auto v = std::make_shared<Value>(kind);
+  v->items = std::move(items);
+  push_new(std::move(v));
+}
+
+}  // namespace ckpt::pickle

@@ -1,0 +1,179 @@
+#include "pickle/value.h"
+
+#include <charconv>
+#include <cmath>
+
+#include "core/error.h"
+#include "pickle/encodings.h"
+
+namespace ckpt::pickle {
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kNone: return "None";
+    case Kind::kBool: return "bool";
+    case Kind::kInt: return "int";
+    case Kind::kBigInt: return "big int";
+    case Kind::kFloat: return "float";
+    case Kind::kStr: return "str";
+    case Kind::kBytes: return "bytes";
+    case Kind::kTuple: return "tuple";
+    case Kind::kList: return "list";
+    case Kind::kDict: return "dict";
+    case Kind::kSet: return "set";
+    case Kind::kFrozenSet: return "frozenset";
+    case Kind::kGlobal: return "global";
+    case Kind::kCall: return "call";
+    case Kind::kBuilt: return "built object";
+    case Kind::kPersId: return "persistent id";
+  }
+  return "unknown";
+}
+
+// ---- construction ----
+
+ValuePtr Value::none() { return std::make_shared<Value>(Kind::kNone); }
+
+ValuePtr Value::boolean(bool v) {
+  auto p = std::make_shared<Value>(Kind::kBool);
+  p->bool_value = v;
+  return p;
+}
+
+ValuePtr Value::integer(int64_t v) {
+  auto p = std::make_shared<Value>(Kind::kInt);
+  p->int_value = v;
+  return p;
+}
+
+ValuePtr Value::big_integer(std::string le_twos_complement) {
+  auto p = std::make_shared<Value>(Kind::kBigInt);
+  p->text = std::move(le_twos_complement);
+  return p;
+}
+
+ValuePtr Value::floating(double v) {
+  auto p = std::make_shared<Value>(Kind::kFloat);
+  p->float_value = v;
+  return p;
+}
+
+ValuePtr Value::str(std::string v) {
+  auto p = std::make_shared<Value>(Kind::kStr);
+  p->text = std::move(v);
+  return p;
+}
+
+ValuePtr Value::bytes(std::string v) {
+  auto p = std::make_shared<Value>(Kind::kBytes);
+  p->text = std::move(v);
+  return p;
+}
+
+ValuePtr Value::tuple(std::vector<ValuePtr> items) {
+  auto p = std::make_shared<Value>(Kind::kTuple);
+  p->items = std::move(items);
+  return p;
+}
+
+ValuePtr Value::list(std::vector<ValuePtr> items) {
+  auto p = std::make_shared<Value>(Kind::kList);
+  p->items = std::move(items);
+  return p;
+}
+
+ValuePtr Value::dict(std::vector<std::pair<ValuePtr, ValuePtr>> entries, bool ordered) {
+  auto p = std::make_shared<Value>(Kind::kDict);
+  p->entries = std::move(entries);
+  p->ordered = ordered;
+  return p;
+}
+
+ValuePtr Value::global(std::string module, std::string name) {
+  auto p = std::make_shared<Value>(Kind::kGlobal);
+  p->text = std::move(module);
+  p->name = std::move(name);
+  return p;
+}
+
+ValuePtr Value::call(ValuePtr callable, ValuePtr args, ValuePtr kwargs) {
+  auto p = std::make_shared<Value>(Kind::kCall);
+  p->callable = std::move(callable);
+  p->args = std::move(args);
+  p->kwargs = std::move(kwargs);
+  return p;
+}
+
+ValuePtr Value::built(ValuePtr object, ValuePtr state) {
+  auto p = std::make_shared<Value>(Kind::kBuilt);
+  p->object = std::move(object);
+  p->state = std::move(state);
+  return p;
+}
+
+ValuePtr Value::persistent_id(ValuePtr pid) {
+  auto p = std::make_shared<Value>(Kind::kPersId);
+  p->pid = std::move(pid);
+  return p;
+}
+
+// ---- inspection ----
+
+namespace {
+[[noreturn]] void fail_kind(const char* expected, Kind actual) {
+  fail_data_loss(std::string("expected ") + expected + " in pickle, found " + kind_name(actual));
+}
+}  // namespace
+
+bool Value::is_global(std::string_view module, std::string_view qualname) const {
+  return kind == Kind::kGlobal && text == module && name == qualname;
+}
+
+int64_t Value::as_int() const {
+  if (kind == Kind::kBigInt) fail_data_loss("integer " + repr() + " in pickle does not fit in 64 bits");
+  if (kind != Kind::kInt) fail_kind("int", kind);
+  return int_value;
+}
+
+double Value::as_number() const {
+  if (kind == Kind::kInt) return static_cast<double>(int_value);
+  if (kind != Kind::kFloat) fail_kind("int or float", kind);
+  return float_value;
+}
+
+bool Value::as_bool() const {
+  if (kind != Kind::kBool) fail_kind("bool", kind);
+  return bool_value;
+}
+
+const std::string& Value::as_str() const {
+  if (kind != Kind::kStr) fail_kind("str", kind);
+  return text;
+}
+
+const std::string& Value::as_bytes() const {
+  if (kind != Kind::kBytes) fail_kind("bytes", kind);
+  return text;
+}
+
+const std::vector<ValuePtr>& Value::as_sequence() const {
+  if (kind != Kind::kTuple && kind != Kind::kList) fail_kind("tuple or list", kind);
+  return items;
+}
+
+ValuePtr Value::get(std::string_view key) const {
+  if (kind != Kind::kDict) fail_kind("dict", kind);
+  // Searched from the back: a key set twice keeps its last value, as in Python.
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    if (it->first && it->first->kind == Kind::kStr && it->first->text == key) return it->second;
+  }
+  return nullptr;
+}
+
+ValuePtr Value::at(std::string_view key) const {
+  ValuePtr v = get(key);
+  if (!v) fail_data_loss("dict in pickle has no key '" + std::string(key) + "'");
+  return v;
+}
+
+}  // namespace ckpt::pickle
