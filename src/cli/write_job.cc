@@ -16,7 +16,8 @@
 namespace ckpt::cli {
 
 void bind_write_job_options(CLI::App* sub, WriteJobOptions& opt) {
-  sub->add_option("SRC", opt.source, "Checkpoint: a DCP directory or a .pt file")->required();
+  sub->add_option("SRC", opt.source, "Checkpoint: a DCP directory, a .pt file, or per-rank files (a directory or a quoted glob)");
+  sub->add_option("--files", opt.files, "Per-rank files listed one by one (instead of SRC)")->expected(1, -1);
   sub->add_option("-o,--output", opt.output, "Output file (.pt)")->required();
   sub->add_option("--only", opt.only, "Keep only this top-level entry")->check(CLI::IsMember({"model", "optim"}));
   sub->add_option("--keys", opt.keys, "Keep only entries whose dotted path matches this regex (searched)");
@@ -33,14 +34,19 @@ int run_write_job(const WriteJobOptions& opt) {
   auto start = std::chrono::steady_clock::now();
   uint64_t memory_limit = parse_size(opt.memory_limit);
   auto cast_to = parse_dtype_option(opt.dtype);
-  CheckpointModel model = select_entries(read_checkpoint(opt.source), {opt.only, opt.keys, cast_to});
+  CheckpointModel model = read_checkpoint(opt.source, {opt.files, opt.only});
+  // Per-rank families apply --only by reading that kind of file alone (its
+  // state dict as it is); other sources keep the top-level key.
+  std::string only = model.format == "fsdp-ranks" ? "" : opt.only;
+  model = select_entries(model, {only, opt.keys, cast_to});
   if (cast_to) apply_cast(model, *cast_to);
   require_valid(model);
   if (opt.dry_run) {
     describe_plan(model, opt.output, std::cout);
     return 0;
   }
-  auto backend = make_cpu_backend(opt.threads);
+  // LibTorch is loaded only when a cast needs it.
+  auto backend = cast_to ? make_cpu_backend(opt.threads) : nullptr;
   OutputOptions out;
   out.path = opt.output;
   out.force = opt.force;

@@ -18,7 +18,9 @@ class Backend {
   virtual void cast(const std::byte* src, DType from, std::byte* dst, DType to, std::size_t n) = 0;
 };
 
-// LibTorch's CPU kernels; threads <= 0 keeps LibTorch's default.
+// LibTorch's CPU kernels, through the plugin loaded on first use;
+// threads <= 0 keeps LibTorch's default. Unimplemented when the plugin
+// cannot be loaded.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 
 }  // namespace ckpt

@@ -1,15 +1,16 @@
-// DType <-> c10::ScalarType, for the translation units that include LibTorch.
+// ckpt::DType codes <-> c10::ScalarType, inside the LibTorch plugin.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
+#include <optional>
+
 #include "core/dtype.h"
-#include "core/error.h"
 
 namespace ckpt {
 
-inline c10::ScalarType to_scalar_type(DType d) {
-  switch (d) {
+inline std::optional<c10::ScalarType> to_scalar_type(int code) {
+  switch (static_cast<DType>(code)) {
     case DType::kFloat64: return c10::ScalarType::Double;
     case DType::kFloat32: return c10::ScalarType::Float;
     case DType::kFloat16: return c10::ScalarType::Half;
@@ -32,7 +33,7 @@ inline c10::ScalarType to_scalar_type(DType d) {
     case DType::kComplex64: return c10::ScalarType::ComplexFloat;
     case DType::kComplex128: return c10::ScalarType::ComplexDouble;
   }
-  fail(ErrorCode::kInternal, "unknown dtype");
+  return std::nullopt;
 }
 
 }  // namespace ckpt

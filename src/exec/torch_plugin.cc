@@ -1,0 +1,95 @@
+// Loads libckpt_torch.so on first use (see torch_plugin_api.h for why) and
+// provides the backends and runtime facts that need LibTorch.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "core/error.h"
+#include "exec/backend.h"
+#include "exec/runtime_info.h"
+#include "exec/torch_plugin_api.h"
+
+namespace ckpt {
+namespace {
+
+std::string executable_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<std::size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+struct Plugin {
+  const CkptTorchApi* api = nullptr;
+  std::string error;
+};
+
+// The plugin beside the executable, or the one CKPT_TORCH_PLUGIN names.
+const Plugin& plugin() {
+  static Plugin loaded;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* env = std::getenv("CKPT_TORCH_PLUGIN");
+    std::string path = env && *env ? env : executable_dir() + "/libckpt_torch.so";
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char* why = ::dlerror();
+      loaded.error = "cannot load the LibTorch plugin " + path + ": " + (why ? why : "unknown error");
+      return;
+    }
+    auto entry = reinterpret_cast<CkptTorchApiEntry>(::dlsym(handle, CKPT_TORCH_API_ENTRY));
+    const CkptTorchApi* api = entry ? entry() : nullptr;
+    if (!api || api->api_version != CKPT_TORCH_API_VERSION) {
+      loaded.error = path + " is not a compatible ckptconv LibTorch plugin";
+      return;
+    }
+    loaded.api = api;
+  });
+  return loaded;
+}
+
+const CkptTorchApi& require_plugin() {
+  const Plugin& p = plugin();
+  if (!p.api) fail(ErrorCode::kUnimplemented, p.error + " (needed for dtype casts)");
+  return *p.api;
+}
+
+class TorchCpuBackend final : public Backend {
+ public:
+  explicit TorchCpuBackend(int threads) : api_(require_plugin()), threads_(threads) {}
+  std::string name() const override { return "cpu"; }
+  void cast(const std::byte* src, DType from, std::byte* dst, DType to, std::size_t n) override {
+    if (const char* err = api_.cast(src, static_cast<int>(from), dst, static_cast<int>(to), n, threads_))
+      fail(ErrorCode::kInternal, std::string("cast ") + std::string(dtype_name(from)) + " -> " +
+                                     std::string(dtype_name(to)) + " failed: " + err);
+  }
+
+ private:
+  const CkptTorchApi& api_;
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<TorchCpuBackend>(threads); }
+
+RuntimeInfo runtime_info() {
+  RuntimeInfo info;
+  const Plugin& p = plugin();
+  if (!p.api) {
+    info.libtorch_version = "unavailable (" + p.error + ")";
+    return info;
+  }
+  info.libtorch_version = p.api->libtorch_version;
+  info.cuda_compiled = p.api->cuda_compiled != 0;
+  info.cuda_devices = p.api->cuda_device_count();
+  info.cuda_available = info.cuda_devices > 0;
+  return info;
+}
+
+}  // namespace ckpt
