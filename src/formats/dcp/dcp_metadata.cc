@@ -54,9 +54,12 @@ StorageInfo parse_storage_info(const Value& v) {
 DcpMetadata parse_metadata(const Value& root) {
   if (!pyobj::is_class(root, "Metadata")) fail_data_loss("not a DCP Metadata object (class '" + pyobj::class_name(root) + "')");
   DcpMetadata md;
-  for (const auto& [key, value] : pyobj::require_field(root, "state_dict_metadata")->entries) {
-    const std::string& fqn = key->as_str();
-    md.items.push_back(with_context("key '" + fqn + "'", [&] { return parse_item(fqn, *value); }));
+  // Entries are taken by pair, not structured bindings: clang 14 (fuzz
+  // builds) cannot capture those in lambdas.
+  for (const auto& entry : pyobj::require_field(root, "state_dict_metadata")->entries) {
+    const std::string& fqn = entry.first->as_str();
+    const Value& value = *entry.second;
+    md.items.push_back(with_context("key '" + fqn + "'", [&] { return parse_item(fqn, value); }));
   }
   if (ValuePtr pd = pyobj::field(root, "planner_data"); pd && pd->is(Kind::kDict)) {
     for (const auto& [key, value] : pd->entries) {
@@ -64,12 +67,14 @@ DcpMetadata parse_metadata(const Value& root) {
       md.planner_data[key->text] = value->items;
     }
   }
-  for (const auto& [key, value] : pyobj::require_field(root, "storage_data")->entries) {
-    const std::string& fqn = pyobj::require_field(*key, "fqn")->as_str();
+  for (const auto& entry : pyobj::require_field(root, "storage_data")->entries) {
+    const Value& key = *entry.first;
+    const Value& value = *entry.second;
+    const std::string& fqn = pyobj::require_field(key, "fqn")->as_str();
     with_context("storage of key '" + fqn + "'", [&] {
-      ValuePtr off = pyobj::field(*key, "offset");
+      ValuePtr off = pyobj::field(key, "offset");
       Shape offsets = (off && !off->is(Kind::kNone)) ? pyobj::int_sequence(*off, "storage index offset") : Shape{};
-      md.storage[{fqn, offsets}] = parse_storage_info(*value);
+      md.storage[{fqn, offsets}] = parse_storage_info(value);
     });
   }
   if (ValuePtr sm = pyobj::field(root, "storage_meta"); sm && !sm->is(Kind::kNone)) md.has_storage_meta = true;
