@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Benchmark driver for scripts/bench: times commands and reads each one's
+peak RSS from the kernel (wait4 rusage of that child alone), so every figure
+in one report comes from the same run on the same warm page cache.
+
+    python tools/bench.py consolidate --ckpt DIR --work DIR --ckptconv BIN
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def run_measured(cmd: list[str], env=None) -> tuple[float, int]:
+    """(wall seconds, peak RSS bytes) of one command; raises on failure."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"bench: {' '.join(cmd)} failed with exit code {code}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+
+
+def warm_cache(d: Path) -> None:
+    for p in sorted(d.iterdir()):
+        if p.is_file():
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+def consolidate(args) -> None:
+    ckpt, work = Path(args.ckpt), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    size = dir_bytes(ckpt)
+    distcp = sorted(str(p) for p in ckpt.glob("*.distcp"))
+    py = sys.executable
+    raw_out, torch_out, ours_out = work / "raw.out", work / "torch.pt", work / "ckptconv.pt"
+    results = {}
+    for _ in range(2):  # first pass warms the cache and the binaries; the second is reported
+        for p in (raw_out, torch_out, ours_out):
+            p.unlink(missing_ok=True)
+        warm_cache(ckpt)
+        # (a) raw I/O floor: every .distcp byte read once, the same amount written.
+        results["raw I/O (cat)"] = run_measured(["sh", "-c", f"cat {' '.join(distcp)} > {raw_out}"])
+        raw_out.unlink()
+        # (b) torch's own tool.
+        results["torch dcp_to_torch"] = run_measured(
+            [py, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(ckpt), str(torch_out)])
+        torch_out.unlink()
+        # (c) ckptconv.
+        results["ckptconv consolidate"] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out)])
+        ours_out.unlink()
+    print(f"checkpoint: {ckpt} ({size / 1e9:.2f} GB, {len(distcp)} .distcp files)")
+    print(f"{'command':<24} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12} {'RSS/ckpt':>9}")
+    for name, (wall, rss) in results.items():
+        print(f"{name:<24} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f} {rss / size:9.1%}")
+    a, b, c = (results[k][0] for k in ("raw I/O (cat)", "torch dcp_to_torch", "ckptconv consolidate"))
+    print(f"ratios: ckptconv/raw = {c / a:.2f} (target <= 1.5), torch/ckptconv = {b / c:.2f} (target >= 3), "
+          f"ckptconv peak RSS = {results['ckptconv consolidate'][1] / size:.1%} of the checkpoint (target < 15%)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("consolidate")
+    c.add_argument("--ckpt", required=True)
+    c.add_argument("--work", required=True)
+    c.add_argument("--ckptconv", required=True)
+    args = ap.parse_args()
+    {"consolidate": consolidate}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
