@@ -4,11 +4,13 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace ckpt::cli {
 
 struct WriteJobOptions {
   std::string source;
+  std::vector<std::string> files;  // --files: per-rank files listed one by one, instead of SRC
   std::string output;
   std::string only;
   std::string keys;

@@ -3,17 +3,28 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "model/checkpoint_model.h"
 
 namespace ckpt {
 
-enum class SourceKind { kTorchPt, kDcpDir };
+// kFsdpRanks: a directory without `.metadata` holding per-rank files, a glob
+// pattern, or files listed with --files.
+enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks };
+
+struct ReadOptions {
+  std::vector<std::string> files;  // --files: per-rank files given one by one (SRC is then empty)
+  // --only: per-rank families hold model and optimizer in separate files, so
+  // their reader reads only that kind and gives its state dict alone. Other
+  // readers ignore it (select_entries applies it to their top-level keys).
+  std::string only;
+};
 
 const char* source_kind_name(SourceKind kind);
 // InvalidArgument/NotFound/DataLoss with a message naming SRC when it is none
 // of the known kinds.
 SourceKind detect_source(const std::string& src);
-CheckpointModel read_checkpoint(const std::string& src);
+CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options = {});
 
 }  // namespace ckpt

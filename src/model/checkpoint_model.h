@@ -51,6 +51,7 @@ struct TensorEntry {
   std::string stored_as = "tensor";  // "tensor", "Parameter", "ShardedTensor", "DTensor"
   std::optional<DType> out_dtype;     // set by --dtype: the dtype to write
   std::string sharding;               // how a sharded value described itself, for inspect
+  int world_size = -1;                // sharded values: ranks in the process group / device mesh that wrote it
 
   uint64_t numel() const { return shape_numel(shape); }
   uint64_t nbytes() const { return numel() * dtype_size(dtype); }

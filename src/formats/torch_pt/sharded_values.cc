@@ -52,6 +52,10 @@ TensorEntry decode_sharded_tensor(const Value& args, const Value& state, const s
   }
   t.sharding = "ShardedTensor: " + std::to_string(pyobj::require_field(meta, "shards_metadata")->as_sequence().size()) +
                " shards in all";
+  // ProcessGroupState(local_rank, global_rank, local_world_size, global_world_size)
+  if (parts.size() > 2)
+    if (ValuePtr ws = pyobj::field(*parts[2], "global_world_size"); ws && ws->is(Kind::kInt))
+      t.world_size = static_cast<int>(ws->int_value);
   return t;
 }
 
@@ -121,6 +125,7 @@ TensorEntry decode_dtensor(const Value& state_value, const std::string& path, co
     fail_data_loss("DTensor local tensor has shape " + shape_str(c.sizes) + ", its placement gives " + shape_str(sizes));
   c.offsets = offsets;
   if (ValuePtr rank = pyobj::field(mesh, "_rank"); rank && rank->is(Kind::kInt)) c.rank = static_cast<int>(rank->int_value);
+  t.world_size = static_cast<int>(shape_numel(dims));
   t.chunks.push_back(std::move(c));
   t.sharding = desc;
   return t;

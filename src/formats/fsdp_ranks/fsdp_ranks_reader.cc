@@ -1,0 +1,268 @@
+#include "formats/fsdp_ranks/fsdp_ranks_reader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/fsdp_ranks/rank_file_names.h"
+#include "formats/fsdp_ranks/rank_merge.h"
+#include "formats/torch_pt/pt_reader.h"
+
+namespace ckpt::fsdp_ranks {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+struct RankFile {
+  std::string path;
+  RankFileName name;
+  CheckpointModel model;
+  int content_rank = -1;        // from the chunks of its sharded values
+  int content_world_size = -1;  // from their process group / device mesh
+};
+
+// The files whose names differ only in the rank.
+struct Family {
+  std::string tmpl;
+  std::string kind;
+  std::vector<std::pair<std::string, RankFileName>> files;
+};
+
+bool is_sharded(const TensorEntry& t) { return t.stored_as == "ShardedTensor" || t.stored_as == "DTensor"; }
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+
+RankFile read_rank_file(const std::string& path, const RankFileName& name) {
+  RankFile f{path, name, torch_pt::read_pt_file(path)};  // its errors name the file
+  std::set<int> ranks, sizes;
+  for (const auto& t : f.model.tensors) {
+    if (!is_sharded(t)) continue;
+    if (t.world_size > 0) sizes.insert(t.world_size);
+    for (const auto& c : t.chunks)
+      if (c.rank >= 0) ranks.insert(c.rank);
+  }
+  auto list = [](const std::set<int>& s) {
+    std::vector<std::string> v;
+    for (int x : s) v.push_back(std::to_string(x));
+    return join(v);
+  };
+  if (ranks.size() > 1) fail_data_loss(path + ": holds the shards of ranks " + list(ranks) + "; a per-rank file holds one rank's");
+  if (sizes.size() > 1) fail_data_loss(path + ": its sharded values were written by process groups of sizes " + list(sizes));
+  if (!ranks.empty()) f.content_rank = *ranks.begin();
+  if (!sizes.empty()) f.content_world_size = *sizes.begin();
+  return f;
+}
+
+// Ranks exactly 0..N-1, each once, of one world size; names agree with content.
+int check_ranks(std::vector<RankFile>& files) {
+  for (const auto& f : files)
+    if (f.content_rank >= 0 && f.content_rank != f.name.rank)
+      fail_data_loss(f.path + ": holds the shards of rank " + std::to_string(f.content_rank) +
+                     " (from its ShardedTensor/DTensor placements), but its name says rank " + std::to_string(f.name.rank) +
+                     " (was it copied or renamed?)");
+  std::stable_sort(files.begin(), files.end(), [](const RankFile& a, const RankFile& b) { return a.name.rank < b.name.rank; });
+  for (std::size_t i = 1; i < files.size(); ++i)
+    if (files[i].name.rank == files[i - 1].name.rank)
+      fail_data_loss("two files claim rank " + std::to_string(files[i].name.rank) + ": " + files[i - 1].path + " and " + files[i].path);
+
+  int world_size = -1;
+  std::string said_by;
+  auto agree = [&](const RankFile& f, int ws, const char* how) {
+    if (ws < 0) return;
+    std::string who = f.path + " (world size " + std::to_string(ws) + ", from its " + how + ")";
+    if (world_size < 0) {
+      world_size = ws;
+      said_by = who;
+    } else if (ws != world_size) {
+      fail_data_loss("files from different world sizes: " + said_by + " and " + who);
+    }
+  };
+  for (const auto& f : files) {
+    agree(f, f.content_world_size, "sharded values' process group");
+    agree(f, f.name.world_size, "name");
+  }
+  if (world_size < 0) world_size = files.back().name.rank + 1;
+  for (const auto& f : files)
+    if (f.name.rank >= world_size)
+      fail_data_loss(f.path + ": rank " + std::to_string(f.name.rank) + " is outside world size " + std::to_string(world_size) +
+                     " (" + said_by + ")");
+
+  std::vector<std::string> missing, found;
+  std::size_t next = 0;
+  fs::path dir = fs::path(files.front().path).parent_path();
+  for (int r = 0; r < world_size; ++r) {
+    if (next < files.size() && files[next].name.rank == r) {
+      found.push_back(files[next++].path);
+    } else {
+      missing.push_back((dir / files.front().name.name_for(r)).string() + " (rank " + std::to_string(r) + ")");
+    }
+  }
+  if (!missing.empty())
+    fail(ErrorCode::kNotFound, "missing rank file" + std::string(missing.size() > 1 ? "s" : "") + " of world size " +
+                                   std::to_string(world_size) + ": " + join(missing) + "; found " + join(found));
+  return world_size;
+}
+
+// Raw optim.state_dict() of FSDP1 flat parameters: state keyed by integer
+// ids whose tensors are plain 1-D slices of a padded flat parameter.
+void refuse_flat_parameter_shards(const RankFile& f) {
+  const Value& root = *f.model.root;
+  ValuePtr state = root.is(Kind::kDict) ? root.get("state") : nullptr;
+  if (!state || !state->is(Kind::kDict) || state->entries.empty()) return;
+  for (const auto& [key, per_param] : state->entries) {
+    if (!key->is(Kind::kInt)) return;
+    if (!per_param->is(Kind::kDict)) continue;
+    for (const auto& [name, value] : per_param->entries) {
+      auto idx = tensor_ref_index(*value);
+      if (!idx || (name->is(Kind::kStr) && name->text == "step")) continue;
+      const TensorEntry& t = f.model.tensors.at(*idx);
+      if (is_sharded(t) || t.shape.size() != 1) continue;
+      fail(ErrorCode::kUnimplemented,
+           f.path + ": optimizer state keyed by integer parameter ids holds plain 1-D tensors ('state." +
+               std::to_string(key->int_value) + "." + (name->is(Kind::kStr) ? name->text : name->repr(1)) + "' has " +
+               std::to_string(t.shape[0]) +
+               " elements on this rank): this is a raw optimizer.state_dict() of FSDP1 flat parameters "
+               "(use_orig_params=False). Each rank's tensor is a padded slice of a flat parameter that concatenates "
+               "several original parameters, and which parameters, in what order, with what shapes and padding is not "
+               "stored in these files, so they cannot be consolidated. What would be needed: the flat-parameter "
+               "metadata of the wrapped model (FSDP's FlatParameter _fqns/_shapes/_numels and padding per FSDP "
+               "unit), or optimizer files saved with FSDP.optim_state_dict(model, optim) (FQN keys, ShardedTensor or "
+               "DTensor values). The model files consolidate alone with --only model.");
+    }
+  }
+}
+
+CheckpointModel read_family(const Family& family) {
+  std::vector<RankFile> files;
+  for (const auto& [path, name] : family.files) files.push_back(read_rank_file(path, name));
+  int world_size = check_ranks(files);
+  refuse_flat_parameter_shards(files.front());
+  CheckpointModel merged = std::move(files.front().model);
+  for (std::size_t i = 1; i < files.size(); ++i) {
+    merge_rank_model(merged, files.front().path, files[i].model, files[i].path);
+    files[i].model = {};
+  }
+  std::size_t dropped = drop_replica_chunks(merged);
+  // Rank 0 described its own mesh coordinate; the merged tensor has every rank's.
+  static const std::regex kCoordinate(R"( at \([0-9, ]*\))");
+  for (auto& t : merged.tensors) t.sharding = std::regex_replace(t.sharding, kCoordinate, "");
+  merged.format = "fsdp-ranks";
+  merged.facts["world_size"] = std::to_string(world_size);
+  merged.facts[family.kind.empty() ? "files" : family.kind + "_files"] =
+      std::to_string(files.size()) + " x " + family.tmpl + " in " + fs::path(files.front().path).parent_path().string();
+  if (dropped) merged.facts["replica_chunks_dropped"] = std::to_string(dropped);
+  return merged;
+}
+
+std::vector<Family> group_families(const std::vector<std::string>& paths) {
+  std::vector<Family> families;
+  for (const auto& path : paths) {
+    auto name = parse_rank_file_name(fs::path(path).filename().string());
+    if (!name)
+      fail_invalid(path + ": no rank in its file name (expected *rank{r}*.pt/.bin or *_world_size_{N}_rank_{r}.pt)");
+    if (name->auxiliary) {
+      log::info("skipping " + path + ": not a state dict (veRL extra state)");
+      continue;
+    }
+    auto it = std::find_if(families.begin(), families.end(), [&](const Family& f) { return f.tmpl == name->tmpl; });
+    if (it == families.end()) it = families.insert(families.end(), Family{name->tmpl, name->kind, {}});
+    it->files.emplace_back(path, *name);
+  }
+  return families;
+}
+
+std::string family_list(const std::vector<const Family*>& families) {
+  std::vector<std::string> out;
+  for (const Family* f : families) out.push_back("'" + f->tmpl + "' (" + std::to_string(f->files.size()) + " files)");
+  return join(out);
+}
+
+// Several families of one kind: two files claiming one rank, or an ambiguity.
+[[noreturn]] void fail_several(const std::vector<const Family*>& same_kind) {
+  std::map<int, std::string> owner;
+  for (const Family* f : same_kind)
+    for (const auto& [path, name] : f->files) {
+      auto [it, fresh] = owner.emplace(name.rank, path);
+      if (!fresh) fail_data_loss("two files claim rank " + std::to_string(name.rank) + ": " + it->second + " and " + path);
+    }
+  fail_invalid("several families of per-rank files: " + family_list(same_kind) +
+               "; choose one with a glob or --files");
+}
+
+std::vector<const Family*> choose_families(const std::vector<Family>& families, const std::string& only) {
+  std::vector<const Family*> all;
+  for (const auto& f : families) all.push_back(&f);
+  if (all.empty()) fail(ErrorCode::kNotFound, "no per-rank state-dict files");
+  std::map<std::string, std::vector<const Family*>> by_kind;
+  for (const Family* f : all) by_kind[f->kind].push_back(f);
+  for (const auto& [kind, list] : by_kind)
+    if (list.size() > 1) fail_several(list);
+  if (!only.empty()) {
+    if (!by_kind.count(only)) fail_invalid("--only " + only + ": no " + only + " files among " + family_list(all));
+    return by_kind[only];
+  }
+  if (all.size() == 1) return all;
+  if (all.size() == 2 && by_kind.count("model") && by_kind.count("optim")) return {by_kind["model"][0], by_kind["optim"][0]};
+  fail_invalid("cannot tell model from optimizer files among " + family_list(all) + "; choose one family with a glob or --files");
+}
+
+void prefix_names(CheckpointModel& model, const std::string& prefix) {
+  for (auto& t : model.tensors) t.name = prefix + "." + t.name;
+}
+
+}  // namespace
+
+CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
+                                     const std::string& only) {
+  std::vector<Family> families = group_families(files);
+  std::vector<const Family*> chosen = choose_families(families, only);
+  if (chosen.size() == 1) {
+    CheckpointModel model = read_family(*chosen[0]);
+    model.source = source;
+    return model;
+  }
+  // A model and an optimizer family: {"model": ..., "optim": ...}, as DCP checkpoints hold them.
+  CheckpointModel model = read_family(*chosen[0]);
+  CheckpointModel optim = read_family(*chosen[1]);
+  prune_unreferenced(optim.root, optim.tensors, model.tensors.size());
+  prefix_names(model, "model");
+  prefix_names(optim, "optim");
+  for (auto& t : optim.tensors) model.tensors.push_back(std::move(t));
+  for (auto& [k, v] : optim.facts)
+    if (!model.facts.emplace(k, v).second && model.facts[k] != v) model.facts[k] += " (model), " + v + " (optim)";
+  model.root = Value::dict({{Value::str("model"), model.root}, {Value::str("optim"), optim.root}});
+  model.source = source;
+  return model;
+}
+
+CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only) {
+  std::error_code ec;
+  if (fs::is_directory(src, ec)) {
+    std::vector<std::string> files = list_rank_files(src);
+    if (files.empty()) fail(ErrorCode::kNotFound, src + ": no per-rank files (*rank{r}*.pt) in this directory");
+    return read_fsdp_rank_files(files, src, only);
+  }
+  // Like a directory, a glob may catch files that name no rank (model_full.pt): they are skipped.
+  std::vector<std::string> files;
+  for (const auto& path : expand_glob(src)) {
+    if (parse_rank_file_name(fs::path(path).filename().string()))
+      files.push_back(path);
+    else
+      log::info("skipping " + path + ": no rank in its file name");
+  }
+  if (files.empty()) fail(ErrorCode::kNotFound, src + ": matches no per-rank files (*rank{r}*.pt)");
+  return read_fsdp_rank_files(files, src, only);
+}
+
+}  // namespace ckpt::fsdp_ranks

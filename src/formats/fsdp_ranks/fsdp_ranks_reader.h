@@ -1,0 +1,39 @@
+// Reader of per-rank FSDP checkpoint files (FORMATS.md §3): every rank
+// torch.save'd its own sharded state dict (ShardedTensor or DTensor values,
+// plain tensors such as the optimizer `step`, plain values such as
+// param_groups). The files of one family (names that differ only in the
+// rank, see rank_file_names.h) are read with torch_pt::read_pt_file and
+// merged into one CheckpointModel:
+//
+//   - a sharded value becomes one TensorEntry whose chunks are every rank's
+//     local shards at their global offsets (global shape and dtype must
+//     agree); HSDP replicas (DTensor Replicate placements) keep the chunks of
+//     the lowest rank holding each box;
+//   - a plain tensor is taken from rank 0 and must be bytewise equal on every
+//     rank; any other value must be equal on every rank;
+//   - the rank in each file's content (ShardedTensor placements, DTensor mesh
+//     rank) must match the rank in its name, and the ranks must be exactly
+//     0..N-1 of one world size (from the content, else the names).
+//
+// One family gives its state dict as it is (model or optimizer). A model and
+// an optimizer family side by side give {"model": ..., "optim": ...}; `only`
+// ("model" / "optim") reads just that family and gives its state dict alone.
+// Raw optim.state_dict() files of FSDP1 flat parameters (integer ids, plain
+// 1-D flat shards) are refused (Unimplemented): the split of a flat parameter
+// into the original parameters is not in the files.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/checkpoint_model.h"
+
+namespace ckpt::fsdp_ranks {
+
+// SRC is a directory (every per-rank file in it) or a glob pattern.
+CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only = "");
+// Files given one by one; `source` names them in messages.
+CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
+                                     const std::string& only = "");
+
+}  // namespace ckpt::fsdp_ranks

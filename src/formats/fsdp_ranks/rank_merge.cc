@@ -1,0 +1,204 @@
+#include "formats/fsdp_ranks/rank_merge.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "model/tree_walk.h"
+
+namespace ckpt::fsdp_ranks {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+constexpr int kMaxDepth = 512;
+constexpr std::size_t kCompareBlock = std::size_t{1} << 20;
+
+bool is_sharded(const TensorEntry& t) { return t.stored_as == "ShardedTensor" || t.stored_as == "DTensor"; }
+
+std::string describe_tensor(const TensorEntry& t) {
+  return t.stored_as + " " + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape);
+}
+
+bool same_scalar(const Value& a, const Value& b) {
+  if (a.kind != b.kind || a.bool_value != b.bool_value || a.int_value != b.int_value || a.text != b.text ||
+      a.name != b.name || a.bytearray != b.bytearray || a.ordered != b.ordered || a.newobj != b.newobj)
+    return false;
+  // Bitwise, so that NaN equals NaN and -0.0 differs from 0.0.
+  return std::memcmp(&a.float_value, &b.float_value, sizeof(double)) == 0;
+}
+
+class RankTreeMerger {
+ public:
+  RankTreeMerger(CheckpointModel& base, const std::string& base_file, const CheckpointModel& other,
+                 const std::string& other_file)
+      : base_(base), other_(other), base_file_(base_file), other_file_(other_file) {}
+
+  void merge(const Value& a, const Value& b, const std::string& path, int depth) {
+    if (depth > kMaxDepth) fail_data_loss("'" + path + "' is nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    auto ia = tensor_ref_index(a), ib = tensor_ref_index(b);
+    if (ia || ib) {
+      if (!ia || !ib) differ(path, ia ? "a tensor" : a.repr(2), ib ? "a tensor" : b.repr(2));
+      merge_tensor(*ia, *ib, path);
+      return;
+    }
+    if (!same_scalar(a, b)) differ(path, a.repr(2), b.repr(2));
+    if (a.items.size() != b.items.size())
+      differ(path, std::to_string(a.items.size()) + " elements", std::to_string(b.items.size()) + " elements");
+    for (std::size_t i = 0; i < a.items.size(); ++i) merge(*a.items[i], *b.items[i], join_path(path, std::to_string(i)), depth + 1);
+    merge_entries(a, b, path, depth);
+    merge_child(a.callable, b.callable, path, depth);
+    merge_child(a.args, b.args, path, depth);
+    merge_child(a.kwargs, b.kwargs, path, depth);
+    merge_child(a.object, b.object, path, depth);
+    merge_child(a.state, b.state, path, depth);
+    merge_child(a.pid, b.pid, path, depth);
+  }
+
+ private:
+  [[noreturn]] void differ(const std::string& path, const std::string& in_base, const std::string& in_other) {
+    fail_data_loss("'" + (path.empty() ? std::string("<root>") : path) + "' differs between ranks: " + in_base + " in " +
+                   base_file_ + ", " + in_other + " in " + other_file_);
+  }
+
+  void merge_child(const pickle::ValuePtr& a, const pickle::ValuePtr& b, const std::string& path, int depth) {
+    if (!a && !b) return;
+    if (!a || !b) differ(path, a ? a->repr(2) : "nothing", b ? b->repr(2) : "nothing");
+    merge(*a, *b, path, depth + 1);
+  }
+
+  void merge_entries(const Value& a, const Value& b, const std::string& path, int depth) {
+    for (std::size_t i = 0; i < std::max(a.entries.size(), b.entries.size()); ++i) {
+      bool key_ok = i < a.entries.size() && i < b.entries.size();
+      if (key_ok) {
+        const Value& ka = *a.entries[i].first;
+        const Value& kb = *b.entries[i].first;
+        key_ok = ka.kind == kb.kind && path_component(ka) == path_component(kb);
+      }
+      if (!key_ok) missing_key(a, b, path);
+      merge(*a.entries[i].second, *b.entries[i].second, join_path(path, path_component(*a.entries[i].first)), depth + 1);
+    }
+  }
+
+  // Names a key one side has and the other lacks (or the first one out of order).
+  [[noreturn]] void missing_key(const Value& a, const Value& b, const std::string& path) {
+    auto keys = [](const Value& v) {
+      std::vector<std::string> out;
+      for (const auto& [k, unused] : v.entries) out.push_back(path_component(*k));
+      return out;
+    };
+    auto ka = keys(a), kb = keys(b);
+    for (const auto& k : ka)
+      if (std::find(kb.begin(), kb.end(), k) == kb.end())
+        fail_data_loss("'" + join_path(path, k) + "' is in " + base_file_ + " but not in " + other_file_);
+    for (const auto& k : kb)
+      if (std::find(ka.begin(), ka.end(), k) == ka.end())
+        fail_data_loss("'" + join_path(path, k) + "' is in " + other_file_ + " but not in " + base_file_);
+    fail_data_loss("the keys of '" + path + "' are in a different order in " + base_file_ + " and " + other_file_);
+  }
+
+  void merge_tensor(std::size_t ia, std::size_t ib, const std::string& path) {
+    if (!merged_.insert(ia).second) return;  // one tensor reached twice through the pickle memo
+    TensorEntry& a = base_.tensors.at(ia);
+    const TensorEntry& b = other_.tensors.at(ib);
+    if (is_sharded(a) != is_sharded(b) || a.stored_as != b.stored_as || a.dtype != b.dtype || a.shape != b.shape)
+      differ(path, describe_tensor(a), describe_tensor(b));
+    if (is_sharded(a)) {
+      a.chunks.insert(a.chunks.end(), b.chunks.begin(), b.chunks.end());
+    } else if (!same_tensor_bytes(a, b)) {
+      fail_data_loss("'" + path + "' is a plain (unsharded) tensor that every rank should hold alike, but its bytes in " +
+                     base_file_ + " and " + other_file_ + " differ");
+    }
+  }
+
+  CheckpointModel& base_;
+  const CheckpointModel& other_;
+  const std::string& base_file_;
+  const std::string& other_file_;
+  std::unordered_set<std::size_t> merged_;
+};
+
+bool is_row_major(const TensorChunk& c) {
+  if (c.numel() <= 1) return true;
+  int64_t expect = 1;
+  for (std::size_t i = c.sizes.size(); i-- > 0;) {
+    if (c.sizes[i] == 1) continue;
+    if (c.strides[i] != expect) return false;
+    expect *= c.sizes[i];
+  }
+  return true;
+}
+
+// Byte offset in the storage of each element, row-major; for the rare
+// non-contiguous plain tensor.
+std::vector<uint64_t> element_offsets(const TensorChunk& c, std::size_t itemsize) {
+  std::vector<uint64_t> out;
+  out.reserve(static_cast<std::size_t>(c.numel()));
+  Shape idx(c.sizes.size(), 0);
+  for (uint64_t n = 0; n < c.numel(); ++n) {
+    int64_t e = c.storage_offset;
+    for (std::size_t d = 0; d < idx.size(); ++d) e += idx[d] * c.strides[d];
+    out.push_back(static_cast<uint64_t>(e) * itemsize);
+    for (std::size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < c.sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool same_tensor_bytes(const TensorEntry& a, const TensorEntry& b) {
+  if (a.dtype != b.dtype || a.shape != b.shape || a.chunks.size() != 1 || b.chunks.size() != 1) return false;
+  const TensorChunk& ca = a.chunks[0];
+  const TensorChunk& cb = b.chunks[0];
+  std::size_t item = dtype_size(a.dtype);
+  uint64_t nbytes = a.nbytes();
+  if (nbytes == 0) return true;
+  if (!ca.storage || !cb.storage) return false;
+  if (is_row_major(ca) && is_row_major(cb)) {
+    uint64_t pa = static_cast<uint64_t>(ca.storage_offset) * item, pb = static_cast<uint64_t>(cb.storage_offset) * item;
+    for (uint64_t done = 0; done < nbytes;) {
+      std::size_t n = static_cast<std::size_t>(std::min<uint64_t>(kCompareBlock, nbytes - done));
+      if (ca.storage->read_vector(pa + done, n) != cb.storage->read_vector(pb + done, n)) return false;
+      done += n;
+    }
+    return true;
+  }
+  auto oa = element_offsets(ca, item), ob = element_offsets(cb, item);
+  for (std::size_t i = 0; i < oa.size(); ++i)
+    if (ca.storage->read_vector(oa[i], item) != cb.storage->read_vector(ob[i], item)) return false;
+  return true;
+}
+
+void merge_rank_model(CheckpointModel& base, const std::string& base_file, const CheckpointModel& other,
+                      const std::string& other_file) {
+  RankTreeMerger(base, base_file, other, other_file).merge(*base.root, *other.root, "", 0);
+}
+
+std::size_t drop_replica_chunks(CheckpointModel& model) {
+  std::size_t dropped = 0;
+  for (auto& t : model.tensors) {
+    if (t.stored_as != "DTensor") continue;
+    std::set<std::pair<Shape, Shape>> seen;
+    std::vector<TensorChunk> kept;
+    // Lowest rank first: the first replica group is kept.
+    std::stable_sort(t.chunks.begin(), t.chunks.end(), [](const TensorChunk& x, const TensorChunk& y) { return x.rank < y.rank; });
+    for (auto& c : t.chunks) {
+      if (c.numel() != 0 && !seen.insert({c.offsets, c.sizes}).second) {
+        ++dropped;
+        continue;
+      }
+      kept.push_back(std::move(c));
+    }
+    t.chunks = std::move(kept);
+  }
+  return dropped;
+}
+
+}  // namespace ckpt::fsdp_ranks
