@@ -8,7 +8,7 @@ def tensor_bits(t):
     return t.view(torch.uint8) if t.numel() else t
 
 
-def assert_same(actual, expected, path="<root>"):
+def assert_same(actual, expected, path="<root>", key_order=True):
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"{path}: expected a tensor, got {type(actual).__name__}"
         assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
@@ -17,15 +17,18 @@ def assert_same(actual, expected, path="<root>"):
         return
     if isinstance(expected, dict):
         assert isinstance(actual, dict), f"{path}: expected a dict, got {type(actual).__name__}"
-        assert list(actual.keys()) == list(expected.keys()), f"{path}: keys {list(actual)} != {list(expected)}"
+        if key_order:
+            assert list(actual.keys()) == list(expected.keys()), f"{path}: keys {list(actual)} != {list(expected)}"
+        else:
+            assert sorted(map(str, actual)) == sorted(map(str, expected)), f"{path}: keys {list(actual)} != {list(expected)}"
         for k in expected:
-            assert_same(actual[k], expected[k], f"{path}.{k}")
+            assert_same(actual[k], expected[k], f"{path}.{k}", key_order)
         return
     if isinstance(expected, (list, tuple)):
         assert type(actual) is type(expected), f"{path}: {type(actual).__name__} != {type(expected).__name__}"
         assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
         for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_same(a, e, f"{path}.{i}")
+            assert_same(a, e, f"{path}.{i}", key_order)
         return
     assert type(actual) is type(expected), f"{path}: {type(actual).__name__} != {type(expected).__name__}"
     if isinstance(expected, float) and expected != expected:

@@ -81,7 +81,7 @@ def torch_zip(path: Path) -> tuple[str, zipfile.ZipFile]:
 def test_manifest_header(manifest):
     assert manifest["torch_version"].startswith(torch.__version__.split("+")[0])
     families = {f["family"] for f in manifest["fixtures"]}
-    assert families == {"dcp", "fsdp_sharded_tensor", "fsdp_dtensor", "pt"}
+    assert families == {"dcp", "dcp_rank_metadata", "fsdp_sharded_tensor", "fsdp_dtensor", "pt"}
     dcp_ws = sorted(f["world_size"] for f in manifest["fixtures"]
                     if f["family"] == "dcp" and f["optimizer"] == "adamw")
     assert dcp_ws == [1, 2, 3, 4]
@@ -183,6 +183,21 @@ def test_dcp_metadata(fx, testdata):
     for idx, info in md.storage_data.items():
         assert (d / info.relative_path).is_file()
         assert info.offset + info.length <= (d / info.relative_path).stat().st_size
+
+
+@pytest.mark.parametrize("fx", fixtures("dcp_rank_metadata"))
+def test_dcp_rank_metadata_layout(fx, testdata):
+    d = testdata / fx["path"]
+    ws = fx["world_size"]
+    names = sorted(p.name for p in d.iterdir())
+    assert names == sorted([f"__{r}.metadata" for r in range(ws)] + [f"__{r}_0.distcp" for r in range(ws)])
+    chunks = []
+    for r in range(ws):
+        md = FileSystemReader(str(d)).read_metadata(rank=r)
+        chunks += [tuple(c.offsets) for c in md.state_dict_metadata["model.fc2.weight"].chunks]
+    # each rank describes its own chunk only; together they cover the rows
+    assert sorted(set(chunks)) == sorted({(min(r * -(-7 // ws), 7), 0) for r in range(ws)})
+    check_model_ref(torch.load(testdata / fx["reference"]["dcp_to_torch_save"], weights_only=True)["model"], fx)
 
 
 @pytest.mark.parametrize("fx", fixtures("dcp"))

@@ -200,8 +200,13 @@ def fsdp1_wrap(model: nn.Module, mesh=None, use_orig_params=True) -> nn.Module:
                 use_orig_params=use_orig_params, ignored_states=ignored)
 
 
-def job_dcp(rank: int, ws: int, out: Path, rel: str, optim_kind: str) -> None:
-    """FSDP2 + dcp.save of get_model_state_dict/get_optimizer_state_dict."""
+def job_dcp(rank: int, ws: int, out: Path, rel: str, optim_kind: str, rank_meta_rel: str | None = None) -> None:
+    """FSDP2 + dcp.save of get_model_state_dict/get_optimizer_state_dict.
+
+    With rank_meta_rel, the same state is also saved there with
+    use_collectives=False: no global .metadata, one __<rank>.metadata per rank
+    (torch's dcp_to_torch_save cannot read that layout; its reference is the
+    one written for `rel`, the same state)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
@@ -217,6 +222,13 @@ def job_dcp(rank: int, ws: int, out: Path, rel: str, optim_kind: str) -> None:
     dcp.save({"model": get_model_state_dict(model),
               "optim": get_optimizer_state_dict(model, optim)},
              checkpoint_id=rel)
+    if rank_meta_rel:
+        if rank == 0:
+            reset_dir(out / rank_meta_rel)
+        dist.barrier()
+        dcp.save({"model": get_model_state_dict(model),
+                  "optim": get_optimizer_state_dict(model, optim)},
+                 checkpoint_id=rank_meta_rel, use_collectives=False)
     # A live full state dict to check torch's own dcp_to_torch_save against.
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=full)
@@ -228,6 +240,8 @@ def job_dcp(rank: int, ws: int, out: Path, rel: str, optim_kind: str) -> None:
         dcp_to_torch_save(rel, ref)
         loaded = torch.load(ref, weights_only=True)
         assert_same(loaded, {"model": msd, "optim": osd}, rel)
+        if rank_meta_rel:
+            shutil.copy(ref, out / (rank_meta_rel + ".ref.pt"))
 
 
 def job_fsdp1(rank: int, ws: int, out: Path, rel: str, kind: str) -> None:
@@ -437,11 +451,18 @@ def corpus_plan():
     for ws in (1, 2, 3, 4):
         jobs, entries = [], []
         rel = f"dcp/fsdp2_adamw_ws{ws}"
-        jobs.append(("dcp", rel, "adamw"))
+        rank_meta = f"dcp/fsdp2_adamw_ws{ws}_rankmeta" if ws == 3 else None
+        jobs.append(("dcp", rel, "adamw", rank_meta))
         entries.append(dict(path=rel, family="dcp", world_size=ws, optimizer="adamw",
                             exercises=DCP_EXERCISES[ws],
                             writer="FSDP2 fully_shard + dcp.save(get_model_state_dict, get_optimizer_state_dict)",
                             reference={"dcp_to_torch_save": rel + ".ref.pt"}))
+        if rank_meta:
+            entries.append(dict(path=rank_meta, family="dcp_rank_metadata", world_size=ws, optimizer="adamw",
+                                exercises="per-rank __<rank>.metadata files and no global .metadata "
+                                          "(dcp.save use_collectives=False); same state as " + rel,
+                                writer="FSDP2 fully_shard + dcp.save(..., use_collectives=False)",
+                                reference={"dcp_to_torch_save": rank_meta + ".ref.pt"}))
         if ws == 2:
             rel = "dcp/fsdp2_sgd_ws2"
             jobs.append(("dcp", rel, "sgd"))

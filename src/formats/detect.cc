@@ -26,7 +26,9 @@ SourceKind detect_source(const std::string& src) {
   if ((ec || !fs::exists(status)) && fsdp_ranks::is_glob_pattern(src)) return SourceKind::kFsdpRanks;
   if (ec || !fs::exists(status)) fail(ErrorCode::kNotFound, src + ": no such file or directory");
   if (fs::is_directory(status)) {
-    if (fs::exists(fs::path(src) / ".metadata")) return SourceKind::kDcpDir;
+    // A DCP directory has a global .metadata, or per-rank __<rank>.metadata
+    // files when it was saved without rank coordination.
+    if (fs::exists(fs::path(src) / ".metadata") || fs::exists(fs::path(src) / "__0.metadata")) return SourceKind::kDcpDir;
     if (!fsdp_ranks::list_rank_files(src).empty()) return SourceKind::kFsdpRanks;
     fail(ErrorCode::kUnimplemented,
          src + ": directory is not a recognised checkpoint (no DCP .metadata, no per-rank *rank{r}*.pt files)");

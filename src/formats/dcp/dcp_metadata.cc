@@ -1,5 +1,7 @@
 #include "formats/dcp/dcp_metadata.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "formats/pyobj.h"
 
@@ -64,7 +66,7 @@ DcpMetadata parse_metadata(const Value& root) {
   if (ValuePtr pd = pyobj::field(root, "planner_data"); pd && pd->is(Kind::kDict)) {
     for (const auto& [key, value] : pd->entries) {
       if (!key->is(Kind::kStr) || !(value->is(Kind::kTuple) || value->is(Kind::kList))) continue;
-      md.planner_data[key->text] = value->items;
+      if (md.planner_data.emplace(key->text, value->items).second) md.planner_order.push_back(key->text);
     }
   }
   for (const auto& entry : pyobj::require_field(root, "storage_data")->entries) {
@@ -80,6 +82,46 @@ DcpMetadata parse_metadata(const Value& root) {
   if (ValuePtr sm = pyobj::field(root, "storage_meta"); sm && !sm->is(Kind::kNone)) md.has_storage_meta = true;
   if (ValuePtr v = pyobj::field(root, "version"); v && v->is(Kind::kStr)) md.version = v->text;
   return md;
+}
+
+DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks) {
+  if (ranks.empty()) fail_data_loss("no metadata to merge");
+  DcpMetadata out = std::move(ranks[0]);
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < out.items.size(); ++i) index[out.items[i].fqn] = i;
+  for (std::size_t r = 1; r < ranks.size(); ++r) {
+    for (ItemMeta& item : ranks[r].items) {
+      auto it = index.find(item.fqn);
+      if (it == index.end()) {
+        index[item.fqn] = out.items.size();
+        out.items.push_back(std::move(item));
+        continue;
+      }
+      ItemMeta& have = out.items[it->second];
+      if (have.is_tensor != item.is_tensor || have.dtype != item.dtype || have.size != item.size)
+        fail_data_loss("key '" + item.fqn + "': rank metadata files disagree about its type, dtype or size");
+      for (ChunkMeta& c : item.chunks) {
+        bool seen = std::any_of(have.chunks.begin(), have.chunks.end(),
+                                [&](const ChunkMeta& h) { return h.offsets == c.offsets && h.sizes == c.sizes; });
+        if (!seen) have.chunks.push_back(std::move(c));  // replicated chunks are written by every rank
+      }
+    }
+    for (const auto& key : ranks[r].planner_order)
+      if (out.planner_data.emplace(key, ranks[r].planner_data[key]).second) out.planner_order.push_back(key);
+    out.storage.merge(ranks[r].storage);
+    out.has_storage_meta = out.has_storage_meta || ranks[r].has_storage_meta;
+  }
+  // Each rank lists its own items first (replicated ones only where the
+  // planner put them); planner_data holds every key in the order of the
+  // state dict each rank saved, which is the order a consolidated dict keeps.
+  std::map<std::string, std::size_t> rank_of_key;
+  for (std::size_t i = 0; i < out.planner_order.size(); ++i) rank_of_key.emplace(out.planner_order[i], i);
+  std::stable_sort(out.items.begin(), out.items.end(), [&](const ItemMeta& a, const ItemMeta& b) {
+    auto ia = rank_of_key.find(a.fqn), ib = rank_of_key.find(b.fqn);
+    std::size_t pa = ia == rank_of_key.end() ? SIZE_MAX : ia->second, pb = ib == rank_of_key.end() ? SIZE_MAX : ib->second;
+    return pa < pb;
+  });
+  return out;
 }
 
 }  // namespace ckpt::dcp

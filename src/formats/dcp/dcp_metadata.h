@@ -45,6 +45,7 @@ struct StorageInfo {
 struct DcpMetadata {
   std::vector<ItemMeta> items;                                   // state_dict_metadata order
   std::map<std::string, std::vector<pickle::ValuePtr>> planner_data;  // fqn -> path elements (str or int)
+  std::vector<std::string> planner_order;  // planner_data keys in file order: the saved state dict's order
   // (fqn, chunk offsets) -> storage; bytes items use empty offsets.
   std::map<std::pair<std::string, Shape>, StorageInfo> storage;
   std::string version;          // "" before torch 2.4
@@ -54,5 +55,11 @@ struct DcpMetadata {
 // Interprets the unpickled `.metadata` object. DataLoss naming the fqn on
 // any field that is missing or of the wrong shape.
 DcpMetadata parse_metadata(const pickle::Value& root);
+
+// Merges the per-rank `__<rank>.metadata` files that dcp.save writes with
+// use_collectives=False: a tensor's chunks are the union over ranks (size
+// and dtype must agree, DataLoss naming the key otherwise); planner and
+// storage entries are united; the first rank's order is kept.
+DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks);
 
 }  // namespace ckpt::dcp

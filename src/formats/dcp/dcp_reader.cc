@@ -62,14 +62,13 @@ class DcpDirReader {
   explicit DcpDirReader(std::string dir) : dir_(std::move(dir)) {}
 
   CheckpointModel read() {
-    SourcePtr meta_src = open_file_source((fs::path(dir_) / ".metadata").string());
-    ValuePtr raw = pickle::unpickle(*meta_src, pickle::checkpoint_policy());
-    DcpMetadata md = with_context(meta_src->describe(), [&] { return parse_metadata(*raw); });
+    DcpMetadata md = load_metadata();
     CheckpointModel model;
     model.format = "dcp";
     model.source = dir_;
     model.facts["dcp_metadata_version"] = md.version.empty() ? "none (torch < 2.4)" : md.version;
     model.facts["storage_meta"] = md.has_storage_meta ? "yes" : "no";
+    model.facts["metadata_files"] = std::to_string(metadata_files_) + (metadata_files_ == 1 ? " (.metadata)" : " (__<rank>.metadata, no global one)");
     Unflattener tree;
     for (const ItemMeta& item : md.items) {
       ValuePtr value = with_context("key '" + item.fqn + "'", [&] {
@@ -86,6 +85,30 @@ class DcpDirReader {
   }
 
  private:
+  static DcpMetadata parse_file(const std::string& path) {
+    SourcePtr src = open_file_source(path);
+    ValuePtr raw = pickle::unpickle(*src, pickle::checkpoint_policy());
+    return with_context(src->describe(), [&] { return parse_metadata(*raw); });
+  }
+
+  // The global .metadata, or else every rank's __<rank>.metadata merged.
+  DcpMetadata load_metadata() {
+    fs::path global = fs::path(dir_) / ".metadata";
+    if (fs::exists(global)) {
+      metadata_files_ = 1;
+      return parse_file(global.string());
+    }
+    std::vector<DcpMetadata> ranks;
+    for (int r = 0;; ++r) {
+      fs::path p = fs::path(dir_) / ("__" + std::to_string(r) + ".metadata");
+      if (!fs::exists(p)) break;
+      ranks.push_back(parse_file(p.string()));
+    }
+    if (ranks.empty()) fail(ErrorCode::kNotFound, dir_ + ": no .metadata and no __0.metadata");
+    metadata_files_ = static_cast<int>(ranks.size());
+    return merge_rank_metadata(std::move(ranks));
+  }
+
   // The item's bytes: a slice of its .distcp file, decompressed when needed.
   SourcePtr item_source(const std::string& fqn, const Shape& offsets, const DcpMetadata& md, int* rank) {
     auto it = md.storage.find({fqn, offsets});
@@ -146,6 +169,7 @@ class DcpDirReader {
 
   std::string dir_;
   std::map<std::string, SourcePtr> files_;
+  int metadata_files_ = 0;
 };
 
 }  // namespace
