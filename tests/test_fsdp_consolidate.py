@@ -122,6 +122,38 @@ def test_inspect_shows_global_shapes_and_rows_per_rank(run_ckptconv):
         [(0, [0, 0], [3, 8]), (1, [3, 0], [3, 8]), (2, [6, 0], [1, 8])]
 
 
+# ---- HSDP, written at test time (torch on CPU can; ~30 s for 4 processes) ----
+
+@pytest.fixture(scope="module")
+def hsdp_dir(tmp_path_factory):
+    """(Replicate, Shard(0)) DTensor rank files: model.state_dict() and the raw
+    optim.state_dict() (integer ids, DTensor values) of FSDP2 on a 2x2 mesh."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("hsdp")
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "hsdp_rank_writer.py"), str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def test_hsdp_reads_the_first_replica_group(hsdp_dir, tmp_path, run_ckptconv):
+    model, optim = full(hsdp_dir)
+    got = consolidate(run_ckptconv, hsdp_dir, tmp_path / "out.pt")
+    assert_same(got, {"model": model, "optim": optim})
+    r = run_ckptconv("inspect", str(hsdp_dir))
+    assert "replica_chunks_dropped: 14 (model), 24 (optim)" in r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("model.emb.weight "))
+    assert "(Replicate, Shard(0))" in line and "rows[0:0+5,1:5+5]" in line
+
+
+def test_raw_fsdp2_optimizer_state_keeps_integer_ids(hsdp_dir, tmp_path, run_ckptconv):
+    _, optim = full(hsdp_dir)
+    got = consolidate(run_ckptconv, hsdp_dir, tmp_path / "out.pt", "--only", "optim")
+    assert list(got["state"]) == [0, 1, 2, 3, 4, 5]
+    assert_same(got, optim)
+
+
 # ---- veRL FSDP1 flat parameters ---------------------------------------------
 
 def test_verl_flat_optimizer_is_refused_with_an_explanation(tmp_path, run_ckptconv):
