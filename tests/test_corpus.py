@@ -81,7 +81,7 @@ def torch_zip(path: Path) -> tuple[str, zipfile.ZipFile]:
 def test_manifest_header(manifest):
     assert manifest["torch_version"].startswith(torch.__version__.split("+")[0])
     families = {f["family"] for f in manifest["fixtures"]}
-    assert families == {"dcp", "dcp_rank_metadata", "fsdp_sharded_tensor", "fsdp_dtensor", "pt"}
+    assert families == {"dcp", "dcp_rank_metadata", "dcp_zstd", "fsdp_sharded_tensor", "fsdp_dtensor", "pt"}
     dcp_ws = sorted(f["world_size"] for f in manifest["fixtures"]
                     if f["family"] == "dcp" and f["optimizer"] == "adamw")
     assert dcp_ws == [1, 2, 3, 4]
@@ -183,6 +183,17 @@ def test_dcp_metadata(fx, testdata):
     for idx, info in md.storage_data.items():
         assert (d / info.relative_path).is_file()
         assert info.offset + info.length <= (d / info.relative_path).stat().st_size
+
+
+@pytest.mark.parametrize("fx", fixtures("dcp_zstd"))
+def test_dcp_zstd_items_are_compressed_and_torch_reads_them(fx, testdata, tmp_path):
+    d = testdata / fx["path"]
+    md = FileSystemReader(str(d)).read_metadata()
+    assert all(info.transform_descriptors == ["stream.zstd/1"] for info in md.storage_data.values())
+    out = tmp_path / "out.pt"
+    dcp_to_torch_save(d, out)
+    assert_equal_tree(torch.load(out, weights_only=True),
+                      torch.load(testdata / fx["reference"]["dcp_to_torch_save"], weights_only=True))
 
 
 @pytest.mark.parametrize("fx", fixtures("dcp_rank_metadata"))

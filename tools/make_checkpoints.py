@@ -374,6 +374,23 @@ def corpus_worker(rank: int, ws: int, out: str, jobs) -> None:
 # --------------------------------------------------------------------------
 
 
+def write_zstd_dcp(out: Path, rel: str) -> None:
+    """A single-process DCP save whose items are zstd-compressed, and torch's
+    dcp_to_torch_save of it (needs the `zstandard` package)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint._extension import ZStandard
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    g = torch.Generator().manual_seed(SEED)
+    model = {"w": torch.randn(7, 8, generator=g), "b": torch.randn(7, generator=g).bfloat16()}
+    optim = {"state": {"w": {"step": torch.tensor(3.0), "exp_avg": torch.randn(7, 8, generator=g)}},
+             "param_groups": [{"lr": 0.01, "betas": (0.9, 0.99), "params": ["w"]}]}
+    reset_dir(out / rel)
+    dcp.save({"model": model, "optim": optim}, no_dist=True,
+             storage_writer=FileSystemWriter(str(out / rel), _extensions=[ZStandard()]))
+    dcp_to_torch_save(out / rel, out / (rel + ".ref.pt"))
+
+
 def write_dtypes(path: Path) -> None:
     g = torch.Generator().manual_seed(SEED)
     base = torch.randn(3, 4, generator=g, dtype=torch.float64)
@@ -539,9 +556,14 @@ def cmd_corpus(args) -> None:
                          exercises=("every dtype torch.save writes (v2 and v3 rebuilds), transposed view, "
                                     "two views of one storage with offset, 0-dim, empty, nested containers"),
                          writer="torch.save", reference={}))
+    write_zstd_dcp(out, "dcp/zstd_ws1")
+    fixtures.append(dict(path="dcp/zstd_ws1", family="dcp_zstd", world_size=1, optimizer="adamw",
+                         exercises="items compressed with the stream.zstd/1 transform (FileSystemWriter _extensions=[ZStandard()])",
+                         writer="dcp.save(no_dist=True, storage_writer=FileSystemWriter(_extensions=[ZStandard()]))",
+                         reference={"dcp_to_torch_save": "dcp/zstd_ws1.ref.pt"}))
     for e in fixtures:
         e["files"] = list_files(out, e["path"])
-        if e["family"] != "pt":
+        if e["family"] not in ("pt", "dcp_zstd"):
             e["model"] = MODEL_DESC
             e["tensors"] = TENSOR_SHAPES
             ref = e["reference"]
