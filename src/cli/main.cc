@@ -24,7 +24,8 @@ std::string version_text() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckptconv: consolidate, reshard, validate and inspect sharded PyTorch checkpoints", "ckptconv"};
+  CLI::App app{"ckptconv: inspect and consolidate sharded PyTorch checkpoints (DCP directories, per-rank FSDP files)",
+               "ckptconv"};
   app.require_subcommand(0, 1);
   bool quiet = false, verbose = false;
   app.add_flag("-q,--quiet", quiet, "Only print errors on stderr");
