@@ -17,11 +17,13 @@ void add_runner(CLI::App* sub, std::function<int()> run) { runners()[sub] = std:
 void register_inspect(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_consolidate(CLI::App& app);
+void register_reshard(CLI::App& app);
 
 void register_commands(CLI::App& app) {
   register_inspect(app);
   register_consolidate(app);
   register_convert(app);
+  register_reshard(app);
 }
 
 int run_selected(CLI::App& app) {

@@ -91,6 +91,7 @@ class DcpDirReader {
     return with_context(src->describe(), [&] { return parse_metadata(*raw); });
   }
 
+ public:
   // The global .metadata, or else every rank's __<rank>.metadata merged.
   DcpMetadata load_metadata() {
     fs::path global = fs::path(dir_) / ".metadata";
@@ -109,6 +110,7 @@ class DcpDirReader {
     return merge_rank_metadata(std::move(ranks));
   }
 
+ private:
   // The item's bytes: a slice of its .distcp file, decompressed when needed.
   SourcePtr item_source(const std::string& fqn, const Shape& offsets, const DcpMetadata& md, int* rank) {
     auto it = md.storage.find({fqn, offsets});
@@ -175,5 +177,7 @@ class DcpDirReader {
 }  // namespace
 
 CheckpointModel read_dcp_dir(const std::string& dir) { return DcpDirReader(dir).read(); }
+
+DcpMetadata read_dcp_metadata(const std::string& dir) { return DcpDirReader(dir).load_metadata(); }
 
 }  // namespace ckpt::dcp

@@ -7,10 +7,15 @@
 
 #include <string>
 
+#include "formats/dcp/dcp_metadata.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::dcp {
 
 CheckpointModel read_dcp_dir(const std::string& dir);
+
+// The directory's metadata alone: the global .metadata, or else every
+// rank's __<rank>.metadata merged.
+DcpMetadata read_dcp_metadata(const std::string& dir);
 
 }  // namespace ckpt::dcp

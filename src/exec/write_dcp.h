@@ -1,0 +1,31 @@
+// Executes a reshard plan into a DCP directory: one __<r>_0.distcp per
+// output rank, each tensor item assembled from the overlapping source
+// ranges only (append_tensor, bounded memory), non-tensor items written once
+// by rank 0, then .metadata, then the directory renamed into place.
+#pragma once
+
+#include <string>
+
+#include "exec/tensor_copy.h"
+#include "formats/dcp/dcp_metadata.h"
+#include "model/checkpoint_model.h"
+#include "plan/reshard.h"
+
+namespace ckpt {
+
+struct DcpOutputOptions {
+  std::string dir;
+  bool force = false;
+  CopyOptions copy;
+};
+
+// `source` is the metadata the model was read from (its item order and
+// planner_data are kept). The model must have passed require_valid().
+void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
+                       const DcpOutputOptions& options);
+
+// The value a flat DCP key stands for: `path` (planner_data) followed from
+// the model's root. DataLoss naming the key when it leads nowhere.
+pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path, const std::string& key);
+
+}  // namespace ckpt

@@ -1,0 +1,68 @@
+// Writer of torch.distributed.checkpoint directories (FORMATS.md §2):
+//
+//   DST/.metadata          pickle of Metadata (below), protocol 2
+//   DST/__<r>_0.distcp     one per rank: torch.save archives concatenated
+//                          with no padding, each item at [offset, offset+length)
+//                          (zip offsets inside an item count from its start)
+//
+// The metadata is the value tree torch 2.15 pickles, NEWOBJ + BUILD:
+//   Metadata{state_dict_metadata: {fqn: TensorStorageMetadata{properties:
+//              TensorProperties(state (dtype, _get_layout('torch.strided'), False,
+//              _MEM_FORMAT_ENCODING(0), False, strides)), size: torch.Size,
+//              chunks: [ChunkStorageMetadata{offsets, sizes}]} | BytesStorageMetadata{}},
+//            planner_data: {fqn: (path...)},
+//            storage_data: {MetadataIndex{fqn, index, offset}: _StorageInfo{relative_path, offset, length}},
+//            storage_meta: StorageMeta{checkpoint_id: str | None, save_id, load_id: None, modules: []},
+//            version: "1.0.0"}
+// Bytes items' MetadataIndex carry no offset (torch leaves it at the class default).
+//
+// Atomic: everything goes to DST.tmp-XXXXXX/ and the directory is renamed
+// onto DST by finish(); destroyed unfinished, the writer removes it.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/dcp/dcp_metadata.h"
+#include "formats/torch_pt/pt_writer.h"
+#include "io/byte_sink.h"
+
+namespace ckpt::dcp {
+
+// The .metadata pickle for `md` (items, planner_data in planner_order,
+// storage). Tensor chunk storage is keyed (fqn, chunk offsets), bytes items
+// (fqn, {}). Internal error when an item's storage entry is missing.
+std::string encode_metadata(const DcpMetadata& md, const std::optional<std::string>& checkpoint_id,
+                            const std::string& save_id);
+
+class DcpDirWriter {
+ public:
+  // InvalidArgument when `dir` exists and !force (nothing is created then);
+  // OutputFailed when the temporary directory cannot be made.
+  DcpDirWriter(std::string dir, int world_size, bool force);
+  ~DcpDirWriter();
+  DcpDirWriter(const DcpDirWriter&) = delete;
+  DcpDirWriter& operator=(const DcpDirWriter&) = delete;
+
+  static std::string file_name(int rank) { return "__" + std::to_string(rank) + "_0.distcp"; }
+
+  // Appends one item, a torch.save archive of `root`, to rank `rank`'s file.
+  StorageInfo append_item(int rank, const pickle::Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
+                          const torch_pt::FillTensor& fill);
+  // Writes .metadata (storage_meta.checkpoint_id = the destination path),
+  // finishes every file and renames the directory into place.
+  void finish(const DcpMetadata& md);
+
+  const std::string& temp_dir() const { return temp_; }
+
+ private:
+  std::string dir_;
+  std::string temp_;
+  bool force_;
+  bool finished_ = false;
+  std::vector<std::unique_ptr<AtomicFileSink>> files_;
+};
+
+}  // namespace ckpt::dcp

@@ -1,0 +1,140 @@
+#include "plan/reshard.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "model/describe.h"
+
+namespace ckpt {
+namespace {
+
+// Intersection of two boxes; false when it is empty in some dimension.
+bool intersect(const Shape& ao, const Shape& as, const Shape& bo, const Shape& bs, Shape& off, Shape& size) {
+  off.assign(ao.size(), 0);
+  size.assign(ao.size(), 0);
+  for (std::size_t d = 0; d < ao.size(); ++d) {
+    int64_t lo = std::max(ao[d], bo[d]);
+    int64_t hi = std::min(ao[d] + as[d], bo[d] + bs[d]);
+    if (hi <= lo) return false;
+    off[d] = lo;
+    size[d] = hi - lo;
+  }
+  return true;
+}
+
+OutputItem make_item(const TensorEntry& t, std::size_t index, Shape offsets, Shape sizes) {
+  OutputItem item;
+  item.tensor = index;
+  item.offsets = std::move(offsets);
+  item.sizes = std::move(sizes);
+  if (item.numel() == 0) return item;
+  for (std::size_t c = 0; c < t.chunks.size(); ++c) {
+    const TensorChunk& chunk = t.chunks[c];
+    if (chunk.numel() == 0) continue;
+    SourcePiece piece;
+    piece.chunk = c;
+    if (intersect(item.offsets, item.sizes, chunk.offsets, chunk.sizes, piece.offsets, piece.sizes))
+      item.pieces.push_back(std::move(piece));
+  }
+  return item;
+}
+
+// "[3:6, 0:8]"; "[]" for a 0-dim box.
+std::string box_str(const Shape& offsets, const Shape& sizes) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < offsets.size(); ++d) {
+    if (d) s += ", ";
+    s += std::to_string(offsets[d]) + ":" + std::to_string(offsets[d] + sizes[d]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items, std::ostream& out) {
+  uint64_t total = 0;
+  for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
+    uint64_t bytes = 0;
+    for (const OutputItem& item : plan.ranks[r]) bytes += item.numel() * dtype_size(model.tensors[item.tensor].dtype);
+    total += bytes;
+    out << "rank " << r << ": __" << r << "_0.distcp, " << plan.ranks[r].size() << " tensor items"
+        << (r == 0 ? ", " + std::to_string(bytes_items) + " bytes items" : std::string()) << ", " << bytes
+        << " bytes of tensor data (" << human_bytes(bytes) << ")\n";
+    for (const OutputItem& item : plan.ranks[r]) {
+      const TensorEntry& t = model.tensors[item.tensor];
+      out << "  " << t.name << " " << box_str(item.offsets, item.sizes) << (plan.replicated[item.tensor] ? " (replicated)" : "")
+          << " <-";
+      if (item.pieces.empty()) out << " (empty)";
+      for (std::size_t p = 0; p < item.pieces.size(); ++p) {
+        const SourcePiece& piece = item.pieces[p];
+        const TensorChunk& c = t.chunks[piece.chunk];
+        out << (p ? ", " : " ") << "source rank " << c.rank << " " << box_str(piece.offsets, piece.sizes);
+      }
+      out << "\n";
+    }
+  }
+  out << "total: " << plan.ranks.size() << " files, " << total << " bytes of tensor data (" << human_bytes(total) << ")\n";
+}
+
+bool is_replicated(const TensorEntry& t, int source_world_size) {
+  if (t.shape.empty()) return true;
+  if (source_world_size <= 1 || t.chunks.size() != 1) return false;
+  const TensorChunk& c = t.chunks[0];
+  return c.sizes == t.shape && std::all_of(c.offsets.begin(), c.offsets.end(), [](int64_t o) { return o == 0; });
+}
+
+void fsdp2_box(const Shape& shape, int world_size, int rank, Shape& offsets, Shape& sizes) {
+  offsets.assign(shape.size(), 0);
+  sizes = shape;
+  if (shape.empty()) return;
+  int64_t d0 = shape[0];
+  int64_t per_rank = (d0 + world_size - 1) / world_size;
+  int64_t begin = std::min<int64_t>(per_rank * rank, d0);
+  int64_t end = std::min<int64_t>(begin + per_rank, d0);
+  offsets[0] = begin;
+  sizes[0] = end - begin;
+}
+
+ReshardPlan plan_reshard(const std::vector<TensorEntry>& tensors, int world_size, int source_world_size) {
+  if (world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(world_size) + ")");
+  ReshardPlan plan;
+  plan.world_size = world_size;
+  plan.ranks.resize(static_cast<std::size_t>(world_size));
+  plan.replicated.resize(tensors.size());
+  plan.items_of_tensor.resize(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const TensorEntry& t = tensors[i];
+    auto add = [&](int rank, OutputItem item) {
+      auto& items = plan.ranks[static_cast<std::size_t>(rank)];
+      plan.items_of_tensor[i].emplace_back(rank, items.size());
+      items.push_back(std::move(item));
+    };
+    plan.replicated[i] = is_replicated(t, source_world_size);
+    if (plan.replicated[i]) {
+      add(0, make_item(t, i, Shape(t.shape.size(), 0), t.shape));
+      continue;
+    }
+    bool empty_written = false;  // dcp.save keeps one empty chunk per (fqn, offset)
+    for (int r = 0; r < world_size; ++r) {
+      Shape offsets, sizes;
+      fsdp2_box(t.shape, world_size, r, offsets, sizes);
+      if (shape_numel(sizes) == 0) {
+        if (empty_written) continue;
+        empty_written = true;
+      }
+      add(r, make_item(t, i, std::move(offsets), std::move(sizes)));
+    }
+  }
+  return plan;
+}
+
+int source_world_size(const CheckpointModel& model) {
+  std::set<int> ranks;
+  for (const auto& t : model.tensors)
+    for (const auto& c : t.chunks)
+      if (c.rank >= 0) ranks.insert(c.rank);
+  return std::max<int>(1, static_cast<int>(ranks.size()));
+}
+
+}  // namespace ckpt
