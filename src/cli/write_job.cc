@@ -16,9 +16,16 @@
 namespace ckpt::cli {
 
 void bind_write_job_options(CLI::App* sub, WriteJobOptions& opt) {
-  sub->add_option("SRC", opt.source, "Checkpoint: a DCP directory, a .pt file, or per-rank files (a directory or a quoted glob)");
+  sub->add_option("SRC", opt.source, "Checkpoint: a DCP directory, a .pt/.safetensors/.h5 file, or per-rank files (a directory or a quoted glob)");
   sub->add_option("--files", opt.files, "Per-rank files listed one by one (instead of SRC)")->expected(1, -1);
-  sub->add_option("-o,--output", opt.output, "Output file (.pt)")->required();
+  sub->add_option("-o,--output", opt.output, "Output file: .pt, .safetensors, .h5/.hdf5 (format by extension, else --format)")->required();
+  sub->add_option("--format", opt.format, "Output format (default: by the output's extension, else pt)")
+      ->check(CLI::IsMember({"pt", "safetensors", "hdf5"}));
+  sub->add_option("--max-shard-size", opt.max_shard_size,
+                  "safetensors: split into <stem>-0000i-of-0000N.safetensors files of at most SIZE, with an index");
+  sub->add_option("--compression", opt.compression, "HDF5: compress datasets (shuffle + deflate)")
+      ->check(CLI::IsMember({"none", "gzip"}))
+      ->capture_default_str();
   sub->add_option("--only", opt.only, "Keep only this top-level entry")->check(CLI::IsMember({"model", "optim"}));
   sub->add_option("--keys", opt.keys, "Keep only entries whose dotted path matches this regex (searched)");
   sub->add_option("--dtype", opt.dtype, "Cast floating-point tensors (optimizer step counters excepted)")
@@ -30,9 +37,23 @@ void bind_write_job_options(CLI::App* sub, WriteJobOptions& opt) {
   sub->add_flag("--force", opt.force, "Overwrite an existing output");
 }
 
+namespace {
+
+OutputFormat resolve_output_format(const WriteJobOptions& opt) {
+  auto format = opt.format.empty() ? output_format_from_path(opt.output).value_or(OutputFormat::kPt)
+                                   : *output_format_from_name(opt.format);
+  if (!opt.max_shard_size.empty() && format != OutputFormat::kSafetensors)
+    fail_invalid("--max-shard-size applies to safetensors output only");
+  if (opt.compression != "none" && format != OutputFormat::kHdf5) fail_invalid("--compression applies to HDF5 output only");
+  return format;
+}
+
+}  // namespace
+
 int run_write_job(const WriteJobOptions& opt) {
   auto start = std::chrono::steady_clock::now();
   uint64_t memory_limit = parse_size(opt.memory_limit);
+  OutputFormat format = resolve_output_format(opt);
   auto cast_to = parse_dtype_option(opt.dtype);
   CheckpointModel model = read_checkpoint(opt.source, {opt.files, opt.only});
   // Per-rank families apply --only by reading that kind of file alone (its
@@ -52,7 +73,9 @@ int run_write_job(const WriteJobOptions& opt) {
   out.force = opt.force;
   out.copy.memory_limit = memory_limit;
   out.copy.backend = backend.get();
-  write_pt_output(model, out);
+  out.max_shard_size = opt.max_shard_size.empty() ? 0 : parse_size(opt.max_shard_size);
+  out.gzip = opt.compression == "gzip";
+  write_output(model, format, out);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   uint64_t bytes = 0;
   for (const auto& t : model.tensors) bytes += t.output_nbytes();

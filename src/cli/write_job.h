@@ -19,6 +19,9 @@ struct WriteJobOptions {
   std::string memory_limit = "256M";
   bool dry_run = false;
   bool force = false;
+  std::string format;          // --format: pt|safetensors|hdf5; empty: by the output's extension
+  std::string max_shard_size;  // --max-shard-size (safetensors)
+  std::string compression = "none";  // --compression (HDF5): none|gzip
 };
 
 // Binds the shared options to a subcommand.

@@ -9,6 +9,39 @@
 namespace ckpt {
 namespace {
 
+// The two destinations of the one copy routine below.
+class Destination {
+ public:
+  virtual ~Destination() = default;
+  virtual void append(const void* data, std::size_t n) = 0;
+  // `crc`: the CRC-32 of exactly these bytes when the source recorded it.
+  virtual void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) = 0;
+};
+
+class ZipDestination final : public Destination {
+ public:
+  explicit ZipDestination(archive::ZipWriter& zip) : zip_(zip) {}
+  void append(const void* data, std::size_t n) override { zip_.append(data, n); }
+  void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) override {
+    zip_.append_from(src, pos, n, crc);
+  }
+
+ private:
+  archive::ZipWriter& zip_;
+};
+
+class SinkDestination final : public Destination {
+ public:
+  explicit SinkDestination(ByteSink& sink) : sink_(sink) {}
+  void append(const void* data, std::size_t n) override { sink_.write(data, n); }
+  void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t>) override {
+    sink_.copy_from(src, pos, n);
+  }
+
+ private:
+  ByteSink& sink_;
+};
+
 // True when the chunk spans every dimension but the first and its storage
 // view is contiguous, so its bytes are one range of its storage.
 bool is_contiguous_row_slab(const TensorEntry& t, const TensorChunk& c) {
@@ -34,13 +67,13 @@ std::vector<const TensorChunk*> nonempty_chunks(const TensorEntry& t) {
 }
 
 void append_slabs_direct(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
-                         archive::ZipWriter& zip) {
+                         Destination& out) {
   std::size_t isz = dtype_size(t.dtype);
   for (const TensorChunk* c : chunks) {
     uint64_t n = c->numel() * isz;
     std::optional<uint32_t> crc;
     if (c->is_whole_contiguous_storage(isz)) crc = c->storage_crc;
-    zip.append_from(*c->storage, static_cast<uint64_t>(c->storage_offset) * isz, n, crc);
+    out.append_from(*c->storage, static_cast<uint64_t>(c->storage_offset) * isz, n, crc);
   }
 }
 
@@ -54,20 +87,20 @@ const std::byte* storage_bytes(const TensorChunk& c, std::vector<std::byte>& scr
 
 // Writes a slab, cast to the output dtype when one is set.
 void emit_slab(const TensorEntry& t, const std::vector<std::byte>& slab, std::vector<std::byte>& cast_buf,
-               archive::ZipWriter& zip, const CopyOptions& options) {
+               Destination& out, const CopyOptions& options) {
   if (!t.out_dtype || *t.out_dtype == t.dtype) {
-    zip.append(slab.data(), slab.size());
+    out.append(slab.data(), slab.size());
     return;
   }
   if (!options.backend) fail(ErrorCode::kInternal, "a dtype cast needs a backend");
   std::size_t n = slab.size() / dtype_size(t.dtype);
   cast_buf.resize(n * dtype_size(*t.out_dtype));
   options.backend->cast(slab.data(), t.dtype, cast_buf.data(), *t.out_dtype, n);
-  zip.append(cast_buf.data(), cast_buf.size());
+  out.append(cast_buf.data(), cast_buf.size());
 }
 
 void append_slabs_gathered(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
-                           archive::ZipWriter& zip, const CopyOptions& options) {
+                           Destination& out, const CopyOptions& options) {
   std::size_t isz = dtype_size(t.dtype);
   Shape row_shape(t.shape.begin() + 1, t.shape.end());
   uint64_t row_bytes = shape_numel(row_shape) * isz;
@@ -90,7 +123,7 @@ void append_slabs_gathered(const TensorEntry& t, const std::vector<const TensorC
       for (std::size_t d = 1; d < t.shape.size(); ++d) dst_elem += c->offsets[d] * out_strides[d];
       copy_box(src, c->strides, slab.data() + dst_elem * static_cast<int64_t>(isz), out_strides, extent, isz);
     }
-    emit_slab(t, slab, cast_buf, zip, options);
+    emit_slab(t, slab, cast_buf, out, options);
   }
 }
 
@@ -131,7 +164,9 @@ void copy_box(const std::byte* src, const Shape& src_strides, std::byte* dst, co
   }
 }
 
-void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOptions& options) {
+namespace {
+
+void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions& options) {
   with_context("tensor '" + t.name + "'", [&] {
     auto chunks = nonempty_chunks(t);
     if (t.numel() == 0) return;
@@ -139,17 +174,29 @@ void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOpti
                               [&](const TensorChunk* c) { return is_contiguous_row_slab(t, *c); });
     bool cast = t.out_dtype && *t.out_dtype != t.dtype;
     if ((direct || t.shape.empty()) && !cast) {
-      append_slabs_direct(t, chunks, zip);
+      append_slabs_direct(t, chunks, out);
     } else if (t.shape.empty()) {
       // A 0-dim tensor: one element, gathered as a one-row slab.
       std::vector<std::byte> one(dtype_size(t.dtype)), cast_buf, scratch;
       const TensorChunk& c = *chunks.at(0);
       std::memcpy(one.data(), storage_bytes(c, scratch) + c.storage_offset * int64_t(one.size()), one.size());
-      emit_slab(t, one, cast_buf, zip, options);
+      emit_slab(t, one, cast_buf, out, options);
     } else {
-      append_slabs_gathered(t, chunks, zip, options);
+      append_slabs_gathered(t, chunks, out, options);
     }
   });
+}
+
+}  // namespace
+
+void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOptions& options) {
+  ZipDestination dest(zip);
+  append_tensor_to(t, dest, options);
+}
+
+void append_tensor(const TensorEntry& t, ByteSink& sink, const CopyOptions& options) {
+  SinkDestination dest(sink);
+  append_tensor_to(t, dest, options);
 }
 
 }  // namespace ckpt

@@ -1,14 +1,16 @@
-// Streams one tensor, assembled from its chunks, into an open zip record as
-// contiguous row-major bytes. Bytes that need no change go from the source
-// files to the output without a user-space copy (ZipWriter::append_from);
-// everything else is assembled in dim-0 slabs no larger than the memory
-// budget.
+// Streams one tensor, assembled from its chunks, as contiguous row-major
+// bytes into one of two destinations: an open zip record (.pt) or a plain
+// ByteSink (safetensors data, an HDF5 dataset filler). Bytes that need no
+// change go from the source files to the output without a user-space copy
+// (ZipWriter::append_from, ByteSink::copy_from); everything else is
+// assembled in dim-0 slabs no larger than the memory budget.
 #pragma once
 
 #include <cstdint>
 
 #include "archive/zip_writer.h"
 #include "exec/backend.h"
+#include "io/byte_sink.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt {
@@ -21,6 +23,7 @@ struct CopyOptions {
 // Appends t.output_nbytes() bytes (cast to t.out_dtype when set). The model
 // must have passed require_valid().
 void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOptions& options);
+void append_tensor(const TensorEntry& t, ByteSink& sink, const CopyOptions& options);
 
 // Copies the box `extent` from a strided source to a strided destination
 // (strides in elements). Exposed for tests and the CUDA backend's reference.

@@ -1,6 +1,20 @@
 #include "exec/write_output.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
 #include "core/error.h"
+#include "formats/safetensors/safetensors_writer.h"
+#ifdef CKPT_HAVE_HDF5
+#include "formats/hdf5/hdf5_writer.h"
+#endif
 #include "formats/torch_pt/pt_writer.h"
 #include "io/byte_sink.h"
 #include "model/validate.h"
@@ -20,6 +34,130 @@ void write_pt_output(const CheckpointModel& model, const OutputOptions& options)
     });
   });
   sink->finish();
+}
+
+void write_safetensors_output(const CheckpointModel& model, const OutputOptions& options) {
+  namespace fs = std::filesystem;
+  require_valid(model);
+  fs::path out(options.path);
+  auto plan = safetensors::plan_safetensors(model, out.filename().string(), options.max_shard_size);
+  auto place = [&](const std::string& name) { return (out.parent_path() / name).string(); };
+  if (!options.force) {
+    // Refuse before writing anything when any planned file exists.
+    for (const auto& f : plan.files)
+      if (fs::exists(place(f.file_name))) fail_invalid(place(f.file_name) + ": output exists (use --force to overwrite)");
+  }
+  for (const auto& f : plan.files) {
+    std::string path = place(f.file_name);
+    auto sink = AtomicFileSink::create(path, options.force);
+    with_context(path, [&] {
+      safetensors::write_safetensors_file(*sink, f, [&](std::size_t index, ByteSink& s) {
+        append_tensor(model.tensors[index], s, options.copy);
+      });
+    });
+    sink->finish();
+  }
+  if (!plan.index_json.empty()) {
+    auto sink = AtomicFileSink::create(place(out.filename().string() + ".index.json"), options.force);
+    sink->write(plan.index_json);
+    sink->finish();
+  }
+}
+
+namespace {
+
+// A temp file beside the destination that is removed unless committed.
+class TempOutputFile {
+ public:
+  explicit TempOutputFile(const std::string& dest) : dest_(dest) {
+    std::string pattern = dest + ".tmp-XXXXXX";
+    std::vector<char> name(pattern.begin(), pattern.end());
+    name.push_back('\0');
+    int fd = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd < 0) fail(ErrorCode::kOutputFailed, dest + ": cannot create temporary file: " + std::strerror(errno));
+    ::close(fd);
+    ::chmod(name.data(), 0644);
+    temp_ = name.data();
+  }
+  ~TempOutputFile() {
+    if (!committed_) ::unlink(temp_.c_str());
+  }
+  TempOutputFile(const TempOutputFile&) = delete;
+  TempOutputFile& operator=(const TempOutputFile&) = delete;
+
+  const std::string& path() const { return temp_; }
+  // fsync, then rename onto the destination.
+  void commit() {
+    int fd = ::open(temp_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      int err = errno;
+      if (fd >= 0) ::close(fd);
+      fail(ErrorCode::kOutputFailed, dest_ + ": cannot sync the written file: " + std::strerror(err));
+    }
+    ::close(fd);
+    if (::rename(temp_.c_str(), dest_.c_str()) != 0)
+      fail(ErrorCode::kOutputFailed, dest_ + ": cannot rename the written file into place: " + std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  std::string dest_, temp_;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+void write_hdf5_output(const CheckpointModel& model, const OutputOptions& options) {
+#ifdef CKPT_HAVE_HDF5
+  require_valid(model);
+  struct stat st {};
+  if (!options.force && ::lstat(options.path.c_str(), &st) == 0)
+    fail_invalid(options.path + ": output exists (use --force to overwrite)");
+  TempOutputFile temp(options.path);
+  with_context(options.path, [&] {
+    hdf5::WriteOptions h5;
+    h5.gzip = options.gzip;
+    hdf5::write_hdf5(temp.path(), model, h5, [&](std::size_t index, ByteSink& sink) {
+      append_tensor(model.tensors[index], sink, options.copy);
+    });
+    temp.commit();
+  });
+#else
+  (void)model;
+  fail(ErrorCode::kUnimplemented, options.path + ": this ckptconv was built without HDF5 (CKPT_WITH_HDF5=OFF)");
+#endif
+}
+
+std::optional<OutputFormat> output_format_from_name(const std::string& name) {
+  if (name == "pt") return OutputFormat::kPt;
+  if (name == "safetensors") return OutputFormat::kSafetensors;
+  if (name == "hdf5" || name == "h5") return OutputFormat::kHdf5;
+  return std::nullopt;
+}
+
+std::optional<OutputFormat> output_format_from_path(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".pt" || ext == ".pth" || ext == ".bin") return OutputFormat::kPt;
+  if (ext == ".safetensors") return OutputFormat::kSafetensors;
+  if (ext == ".h5" || ext == ".hdf5") return OutputFormat::kHdf5;
+  return std::nullopt;
+}
+
+const char* output_format_name(OutputFormat format) {
+  switch (format) {
+    case OutputFormat::kPt: return "pt";
+    case OutputFormat::kSafetensors: return "safetensors";
+    case OutputFormat::kHdf5: return "hdf5";
+  }
+  return "?";
+}
+
+void write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options) {
+  switch (format) {
+    case OutputFormat::kPt: return write_pt_output(model, options);
+    case OutputFormat::kSafetensors: return write_safetensors_output(model, options);
+    case OutputFormat::kHdf5: return write_hdf5_output(model, options);
+  }
 }
 
 }  // namespace ckpt

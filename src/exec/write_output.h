@@ -2,6 +2,7 @@
 // appears complete or not at all.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "exec/tensor_copy.h"
@@ -13,10 +14,34 @@ struct OutputOptions {
   std::string path;
   bool force = false;  // overwrite an existing output
   CopyOptions copy;
+  uint64_t max_shard_size = 0;  // safetensors: split into shards of at most this many bytes (0: one file)
+  bool gzip = false;            // HDF5: shuffle + deflate
 };
+
+enum class OutputFormat { kPt, kSafetensors, kHdf5 };
+
+// "pt", "safetensors", "hdf5" (also "h5"); nullopt otherwise.
+std::optional<OutputFormat> output_format_from_name(const std::string& name);
+// By the path's extension: .pt/.pth/.bin, .safetensors, .h5/.hdf5; nullopt otherwise.
+std::optional<OutputFormat> output_format_from_path(const std::string& path);
+const char* output_format_name(OutputFormat format);
+
+// Writes the model in `format` (dispatches to the functions below).
+void write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);
 
 // A torch.save archive of the model's structure with every tensor
 // consolidated (contiguous). Validates the model first.
 void write_pt_output(const CheckpointModel& model, const OutputOptions& options);
+
+// A safetensors file (formats/safetensors/safetensors_writer.h), or with
+// max_shard_size the shards "<stem>-0000i-of-0000N.safetensors" beside
+// options.path and "<name>.index.json" (when more than one shard is needed).
+// Each file is atomic; the index is written last.
+void write_safetensors_output(const CheckpointModel& model, const OutputOptions& options);
+
+// An HDF5 file (formats/hdf5/hdf5_writer.h, docs/hdf5-layout.md), created
+// at "<path>.tmp-XXXXXX", fsynced and renamed onto path after it is closed.
+// Unimplemented when built without HDF5.
+void write_hdf5_output(const CheckpointModel& model, const OutputOptions& options);
 
 }  // namespace ckpt

@@ -6,6 +6,11 @@
 #include "formats/dcp/dcp_reader.h"
 #include "formats/fsdp_ranks/fsdp_ranks_reader.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
+#ifdef CKPT_HAVE_HDF5
+#include "formats/hdf5/hdf5_reader.h"
+#endif
+#include "formats/safetensors/safetensors_format.h"
+#include "formats/safetensors/safetensors_reader.h"
 #include "formats/torch_pt/pt_reader.h"
 
 namespace ckpt {
@@ -16,6 +21,8 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kTorchPt: return "torch.save file";
     case SourceKind::kDcpDir: return "DCP directory";
     case SourceKind::kFsdpRanks: return "per-rank files";
+    case SourceKind::kSafetensors: return "safetensors file";
+    case SourceKind::kHdf5: return "HDF5 file";
   }
   return "?";
 }
@@ -35,7 +42,10 @@ SourceKind detect_source(const std::string& src) {
   }
   SourcePtr source = open_file_source(src);
   if (torch_pt::is_torch_zip(*source) || torch_pt::is_legacy_torch_save(*source)) return SourceKind::kTorchPt;
-  fail_data_loss(src + ": not a recognised checkpoint file (expected a torch.save zip)");
+  static const char kHdf5Signature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  if (source->size() >= 8 && source->read_string(0, 8) == std::string(kHdf5Signature, 8)) return SourceKind::kHdf5;
+  if (safetensors::looks_like_safetensors(*source)) return SourceKind::kSafetensors;
+  fail_data_loss(src + ": not a recognised checkpoint file (expected a torch.save zip, safetensors or HDF5)");
 }
 
 CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options) {
@@ -49,6 +59,13 @@ CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& optio
     case SourceKind::kTorchPt: return torch_pt::read_pt_file(src);
     case SourceKind::kDcpDir: return dcp::read_dcp_dir(src);
     case SourceKind::kFsdpRanks: return fsdp_ranks::read_fsdp_ranks(src, options.only);
+    case SourceKind::kSafetensors: return safetensors::read_safetensors_file(src);
+    case SourceKind::kHdf5:
+#ifdef CKPT_HAVE_HDF5
+      return hdf5::read_hdf5_file(src);
+#else
+      fail(ErrorCode::kUnimplemented, src + ": this ckptconv was built without HDF5 (CKPT_WITH_HDF5=OFF)");
+#endif
   }
   fail(ErrorCode::kInternal, src + ": unhandled source kind");
 }

@@ -1,0 +1,183 @@
+#include "formats/hdf5/hdf5_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "formats/hdf5/hdf5_attributes.h"
+#include "formats/hdf5/hdf5_handle.h"
+#include "model/tree_walk.h"
+#include "model/value_json.h"
+
+namespace ckpt::hdf5 {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using pickle::Value;
+using pickle::ValuePtr;
+
+constexpr int kMaxDepth = 200;
+
+// A dataset's bytes in row-major order, read through HDF5 a range of dim-0
+// rows at a time (HDF5 decompresses and converts nothing: the memory type is
+// the file type).
+class DatasetSource final : public ByteSource {
+ public:
+  DatasetSource(Handle dataset, Handle type, Shape shape, std::size_t itemsize, std::string name)
+      : dataset_(std::move(dataset)), type_(std::move(type)), shape_(std::move(shape)), name_(std::move(name)) {
+    Shape row(shape_.begin() + (shape_.empty() ? 0 : 1), shape_.end());
+    row_bytes_ = shape_numel(row) * itemsize;
+    size_ = shape_numel(shape_) * itemsize;
+  }
+
+  uint64_t size() const override { return size_; }
+  std::string describe() const override { return name_; }
+
+  void read(uint64_t pos, void* buf, std::size_t n) const override {
+    check_range(pos, n);
+    if (n == 0) return;
+    uint64_t r0 = pos / row_bytes_, r1 = (pos + n + row_bytes_ - 1) / row_bytes_;
+    std::vector<char> rows(static_cast<std::size_t>((r1 - r0) * row_bytes_));
+    read_rows(r0, r1 - r0, rows.data());
+    std::memcpy(buf, rows.data() + (pos - r0 * row_bytes_), n);
+  }
+
+ private:
+  void read_rows(uint64_t first, uint64_t count, void* out) const {
+    if (shape_.empty()) {
+      check(H5Dread(dataset_, type_, H5S_ALL, H5S_ALL, H5P_DEFAULT, out), ErrorCode::kDataLoss, name_);
+      return;
+    }
+    std::vector<hsize_t> start(shape_.size(), 0), dims(shape_.begin(), shape_.end());
+    start[0] = first;
+    dims[0] = count;
+    Handle file_space = checked_handle(H5Dget_space(dataset_), ErrorCode::kDataLoss, name_);
+    check(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, dims.data(), nullptr),
+          ErrorCode::kDataLoss, name_);
+    Handle mem_space = checked_handle(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                                      ErrorCode::kDataLoss, name_);
+    check(H5Dread(dataset_, type_, mem_space, file_space, H5P_DEFAULT, out), ErrorCode::kDataLoss, name_);
+  }
+
+  Handle dataset_, type_;
+  Shape shape_;
+  std::string name_;
+  uint64_t row_bytes_ = 0, size_ = 0;
+};
+
+class Hdf5Reader {
+ public:
+  Hdf5Reader(std::string path, CheckpointModel& model) : path_(std::move(path)), model_(model) {}
+
+  ValuePtr read_group(hid_t group, const std::string& path, int depth) {
+    if (depth > kMaxDepth) fail_data_loss("groups nest too deeply");
+    std::string where = path.empty() ? "/" : path;
+    auto kind = read_string_attribute(group, "ckptconv.kind");
+    if (!kind) fail_data_loss("group '" + where + "' has no ckptconv.kind attribute");
+    if (*kind == "dict") {
+      auto keys_text = read_string_attribute(group, "ckptconv.keys");
+      Json keys = Json::parse(keys_text.value_or(""), nullptr, false);
+      if (!keys.is_array()) fail_data_loss("group '" + where + "': ckptconv.keys is not a JSON array");
+      std::vector<std::pair<ValuePtr, ValuePtr>> entries;
+      for (const auto& k : keys) {
+        if (!k.is_string() && !k.is_number_integer()) fail_data_loss("group '" + where + "': a key is neither str nor int");
+        ValuePtr key = k.is_string() ? Value::str(k.get<std::string>()) : Value::integer(k.get<int64_t>());
+        std::string component = path_component(*key);
+        entries.emplace_back(key, read_child(group, component, join_path(path, component), depth));
+      }
+      return Value::dict(std::move(entries));
+    }
+    if (*kind != "list" && *kind != "tuple") fail_data_loss("group '" + where + "': unknown ckptconv.kind '" + *kind + "'");
+    auto length = read_int_attribute(group, "ckptconv.length");
+    if (!length || *length < 0) fail_data_loss("group '" + where + "' has no ckptconv.length attribute");
+    std::vector<ValuePtr> items;
+    for (int64_t i = 0; i < *length; ++i)
+      items.push_back(read_child(group, std::to_string(i), join_path(path, std::to_string(i)), depth));
+    return *kind == "list" ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+  }
+
+ private:
+  ValuePtr read_child(hid_t group, const std::string& key, const std::string& path, int depth) {
+    std::string name = escape_name(key);
+    if (check(H5Lexists(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, "'" + path + "'") > 0) {
+      H5O_info_t info;
+      check(H5Oget_info_by_name(group, name.c_str(), &info, H5P_DEFAULT), ErrorCode::kDataLoss, "'" + path + "'");
+      if (info.type == H5O_TYPE_GROUP) {
+        Handle g = checked_handle(H5Gopen2(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, "group '" + path + "'");
+        return read_group(g, path, depth + 1);
+      }
+      if (info.type != H5O_TYPE_DATASET) fail_data_loss("'" + path + "' is neither a group nor a dataset");
+      // Hard links to one dataset are one tensor.
+      auto [it, fresh] = by_address_.emplace(info.addr, model_.tensors.size());
+      if (fresh) read_dataset(group, name, path);
+      return make_tensor_ref(it->second);
+    }
+    auto text = read_string_attribute(group, name);
+    if (!text) fail_data_loss("'" + path + "' is listed but has no dataset, group or attribute");
+    Json j = Json::parse(*text, nullptr, false);
+    if (j.is_discarded()) fail_data_loss("value '" + path + "' is not valid JSON");
+    return value_from_json(j, [&](const Json&) -> ValuePtr { fail_data_loss("value '" + path + "' names a tensor"); });
+  }
+
+  void read_dataset(hid_t group, const std::string& name, const std::string& path) {
+    std::string what = "dataset '" + path + "'";
+    Handle ds = checked_handle(H5Dopen2(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, what);
+    auto dtype_attr = read_string_attribute(ds, "dtype");
+    if (!dtype_attr) fail_data_loss(what + " has no dtype attribute");
+    auto dtype = dtype_from_name(*dtype_attr);
+    if (!dtype) fail_data_loss(what + ": unknown dtype '" + *dtype_attr + "'");
+    Handle type = checked_handle(H5Dget_type(ds), ErrorCode::kDataLoss, what);
+    if (H5Tget_size(type) != dtype_size(*dtype))
+      fail_data_loss(what + ": HDF5 type of " + std::to_string(H5Tget_size(type)) + " bytes for " + *dtype_attr);
+    Handle space = checked_handle(H5Dget_space(ds), ErrorCode::kDataLoss, what);
+    int rank = check(H5Sget_simple_extent_ndims(space), ErrorCode::kDataLoss, what);
+    std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+    check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), ErrorCode::kDataLoss, what);
+    TensorEntry t;
+    t.name = path;
+    t.dtype = *dtype;
+    for (hsize_t d : dims) t.shape.push_back(static_cast<int64_t>(d));
+    TensorChunk c;
+    c.offsets.assign(t.shape.size(), 0);
+    c.sizes = t.shape;
+    c.strides = contiguous_strides(t.shape);
+    c.file = path_;
+    c.storage = std::make_shared<DatasetSource>(std::move(ds), std::move(type), t.shape, dtype_size(*dtype),
+                                                path_ + ": " + what);
+    t.chunks.push_back(std::move(c));
+    model_.tensors.push_back(std::move(t));
+  }
+
+  std::string path_;
+  CheckpointModel& model_;
+  std::map<haddr_t, std::size_t> by_address_;
+};
+
+}  // namespace
+
+CheckpointModel read_hdf5_file(const std::string& path) {
+  return with_context(path, [&] {
+    silence_hdf5_errors();
+    Handle file = checked_handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), ErrorCode::kDataLoss,
+                                 "cannot open as HDF5");
+    Handle root = checked_handle(H5Gopen2(file, "/", H5P_DEFAULT), ErrorCode::kDataLoss, "root group");
+    auto version = read_int_attribute(root, "ckptconv.layout_version");
+    if (!version)
+      fail(ErrorCode::kUnimplemented,
+           "an HDF5 file not written by ckptconv (no ckptconv.layout_version attribute on /); see docs/hdf5-layout.md");
+    if (*version != kLayoutVersion)
+      fail(ErrorCode::kUnimplemented, "HDF5 layout version " + std::to_string(*version) + " (this ckptconv reads " +
+                                          std::to_string(kLayoutVersion) + ")");
+    CheckpointModel model;
+    model.format = "hdf5";
+    model.source = path;
+    if (auto src = read_string_attribute(root, "ckptconv.source_format")) model.facts["source_format"] = *src;
+    Hdf5Reader reader(path, model);
+    model.root = reader.read_group(root, "", 0);
+    return model;
+  });
+}
+
+}  // namespace ckpt::hdf5

@@ -1,0 +1,170 @@
+#include "formats/safetensors/safetensors_writer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "formats/safetensors/safetensors_format.h"
+#include "model/tree_walk.h"
+#include "model/value_json.h"
+
+namespace ckpt::safetensors {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+struct Named {
+  std::size_t index;
+  std::string name;
+};
+
+// Each tensor once, under the first path that reaches it, in tree order.
+std::vector<Named> name_tensors(const CheckpointModel& model) {
+  std::vector<Named> out;
+  std::vector<bool> seen(model.tensors.size(), false);
+  std::map<std::string, std::size_t> by_name;
+  walk_leaves(*model.root, [&](const Leaf& leaf) {
+    if (!leaf.tensor || seen[*leaf.tensor]) return;
+    seen[*leaf.tensor] = true;
+    if (!by_name.emplace(leaf.path, *leaf.tensor).second)
+      fail_invalid("two tensors are both named '" + leaf.path + "' as dotted paths; safetensors needs unique names");
+    out.push_back({*leaf.tensor, leaf.path});
+  });
+  return out;
+}
+
+// value_to_json writes tensors as {"__tensor__": index}; safetensors names them.
+void name_tensor_refs(Json& j, const std::vector<std::string>& names) {
+  if (j.is_object()) {
+    auto it = j.find("__tensor__");
+    if (j.size() == 1 && it != j.end() && it->is_number_unsigned()) {
+      j = Json{{"__tensor__", names.at(it->get<std::size_t>())}};
+      return;
+    }
+    for (auto& v : j) name_tensor_refs(v, names);
+  } else if (j.is_array()) {
+    for (auto& v : j) name_tensor_refs(v, names);
+  }
+}
+
+std::map<std::string, std::string> values_metadata(const CheckpointModel& model, const std::vector<Named>& named) {
+  std::vector<std::string> names(model.tensors.size());
+  for (const auto& n : named) names[n.index] = n.name;
+  Json values = Json::object();
+  walk_leaves(*model.root, [&](const Leaf& leaf) {
+    if (!leaf.tensor) values[leaf.path] = value_to_json(*leaf.value);
+  });
+  Json tree = value_to_json(*model.root);
+  name_tensor_refs(tree, names);
+  return {{"format", "pt"},
+          {"ckptconv.version", CKPT_VERSION},
+          {"ckptconv.values", values.dump()},
+          {"ckptconv.tree", tree.dump()}};
+}
+
+FilePlan layout_file(const CheckpointModel& model, std::vector<Named> members,
+                     const std::map<std::string, std::string>& metadata) {
+  std::stable_sort(members.begin(), members.end(), [&](const Named& a, const Named& b) {
+    int ra = dtype_sort_rank(model.tensors[a.index].output_dtype());
+    int rb = dtype_sort_rank(model.tensors[b.index].output_dtype());
+    return ra != rb ? ra > rb : a.name < b.name;
+  });
+  FilePlan file;
+  Json header = Json::object();
+  if (!metadata.empty()) {
+    Json md = Json::object();
+    for (const auto& [k, v] : metadata) md[k] = v;
+    header["__metadata__"] = md;
+  }
+  uint64_t offset = 0;
+  for (const auto& m : members) {
+    const TensorEntry& t = model.tensors[m.index];
+    uint64_t n = t.output_nbytes();
+    header[m.name] = Json{{"dtype", std::string(*dtype_code(t.output_dtype()))},
+                          {"shape", t.shape},
+                          {"data_offsets", {offset, offset + n}}};
+    file.tensors.push_back({m.index, m.name, offset, offset + n});
+    offset += n;
+  }
+  file.data_size = offset;
+  file.header = header.dump();
+  file.header.append((8 - file.header.size() % 8) % 8, ' ');
+  return file;
+}
+
+std::string shard_name(std::size_t i, std::size_t n, const std::string& stem) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i + 1, n);
+  return stem + buf;
+}
+
+}  // namespace
+
+Plan plan_safetensors(const CheckpointModel& model, const std::string& output_name, uint64_t max_shard_size) {
+  std::vector<Named> named = name_tensors(model);
+  for (const auto& n : named) {
+    DType d = model.tensors[n.index].output_dtype();
+    if (!dtype_code(d))
+      fail_invalid("tensor '" + n.name + "': safetensors has no dtype for " + std::string(dtype_name(d)) +
+                   " (use .pt or .h5, or --dtype)");
+  }
+  auto metadata = values_metadata(model, named);
+  Plan plan;
+  if (max_shard_size == 0) {
+    plan.files.push_back(layout_file(model, named, metadata));
+    plan.files.back().file_name = output_name;
+    return plan;
+  }
+  std::vector<std::vector<Named>> shards;
+  uint64_t current = 0;
+  for (const auto& n : named) {
+    uint64_t size = model.tensors[n.index].output_nbytes();
+    if (shards.empty() || (current > 0 && current + size > max_shard_size)) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().push_back(n);
+    current += size;
+  }
+  if (shards.size() <= 1) {
+    plan.files.push_back(layout_file(model, named, metadata));
+    plan.files.back().file_name = output_name;
+    return plan;
+  }
+  // "model.safetensors" -> stem "model", index "model.safetensors.index.json".
+  std::string stem = output_name;
+  if (stem.size() > 12 && stem.ends_with(".safetensors")) stem.resize(stem.size() - 12);
+  std::map<std::string, std::string> weight_map;
+  uint64_t total = 0;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    plan.files.push_back(layout_file(model, shards[i], metadata));
+    plan.files.back().file_name = shard_name(i, shards.size(), stem);
+    for (const auto& t : plan.files.back().tensors) weight_map[t.name] = plan.files.back().file_name;
+    total += plan.files.back().data_size;
+  }
+  Json index{{"metadata", {{"total_size", total}}}, {"weight_map", Json::object()}};
+  for (const auto& [k, v] : weight_map) index["weight_map"][k] = v;
+  plan.index_json = index.dump(2) + "\n";
+  return plan;
+}
+
+void write_safetensors_file(ByteSink& sink, const FilePlan& file, const FillTensor& fill) {
+  uint64_t start = sink.position();
+  unsigned char prefix[8];
+  uint64_t n = file.header.size();
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(n >> (8 * i));
+  sink.write(prefix, 8);
+  sink.write(file.header);
+  uint64_t data_start = start + 8 + n;
+  for (const auto& t : file.tensors) {
+    fill(t.index, sink);
+    if (sink.position() - data_start != t.end)
+      fail(ErrorCode::kInternal, "tensor '" + t.name + "': wrote " + std::to_string(sink.position() - data_start - t.begin) +
+                                     " bytes, expected " + std::to_string(t.end - t.begin));
+  }
+}
+
+}  // namespace ckpt::safetensors
