@@ -35,6 +35,9 @@ void bind_write_job_options(CLI::App* sub, WriteJobOptions& opt) {
   sub->add_option("--memory-limit", opt.memory_limit, "Budget for reassembly buffers, e.g. 512M")->capture_default_str();
   sub->add_flag("--dry-run", opt.dry_run, "Print the plan (tensors, sources, output size); write nothing");
   sub->add_flag("--force", opt.force, "Overwrite an existing output");
+  sub->add_flag("--no-fsync", opt.no_fsync,
+                "Skip the fsync before the output is renamed into place (faster; the output is still whole or absent, "
+                "but not guaranteed to survive a power loss)");
 }
 
 namespace {
@@ -71,6 +74,7 @@ int run_write_job(const WriteJobOptions& opt) {
   OutputOptions out;
   out.path = opt.output;
   out.force = opt.force;
+  out.durable = !opt.no_fsync;
   out.copy.memory_limit = memory_limit;
   out.copy.backend = backend.get();
   out.max_shard_size = opt.max_shard_size.empty() ? 0 : parse_size(opt.max_shard_size);

@@ -18,6 +18,7 @@ struct WriteJobOptions {
   int threads = 0;
   std::string memory_limit = "256M";
   bool dry_run = false;
+  bool no_fsync = false;
   bool force = false;
   std::string format;          // --format: pt|safetensors|hdf5; empty: by the output's extension
   std::string max_shard_size;  // --max-shard-size (safetensors)

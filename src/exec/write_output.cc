@@ -27,7 +27,7 @@ void write_pt_output(const CheckpointModel& model, const OutputOptions& options)
   tensors.reserve(model.tensors.size());
   for (const auto& t : model.tensors)
     tensors.push_back({t.output_dtype(), t.shape, t.stored_as == "Parameter", t.requires_grad});
-  auto sink = AtomicFileSink::create(options.path, options.force);
+  auto sink = AtomicFileSink::create(options.path, options.force, options.durable);
   with_context(options.path, [&] {
     torch_pt::write_pt(*sink, *model.root, tensors, [&](std::size_t index, archive::ZipWriter& zip) {
       append_tensor(model.tensors[index], zip, options.copy);
@@ -49,7 +49,7 @@ void write_safetensors_output(const CheckpointModel& model, const OutputOptions&
   }
   for (const auto& f : plan.files) {
     std::string path = place(f.file_name);
-    auto sink = AtomicFileSink::create(path, options.force);
+    auto sink = AtomicFileSink::create(path, options.force, options.durable);
     with_context(path, [&] {
       safetensors::write_safetensors_file(*sink, f, [&](std::size_t index, ByteSink& s) {
         append_tensor(model.tensors[index], s, options.copy);
@@ -58,7 +58,7 @@ void write_safetensors_output(const CheckpointModel& model, const OutputOptions&
     sink->finish();
   }
   if (!plan.index_json.empty()) {
-    auto sink = AtomicFileSink::create(place(out.filename().string() + ".index.json"), options.force);
+    auto sink = AtomicFileSink::create(place(out.filename().string() + ".index.json"), options.force, options.durable);
     sink->write(plan.index_json);
     sink->finish();
   }
@@ -86,15 +86,15 @@ class TempOutputFile {
   TempOutputFile& operator=(const TempOutputFile&) = delete;
 
   const std::string& path() const { return temp_; }
-  // fsync, then rename onto the destination.
-  void commit() {
-    int fd = ::open(temp_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || ::fsync(fd) != 0) {
+  // fsync (when durable), then rename onto the destination.
+  void commit(bool durable) {
+    int fd = durable ? ::open(temp_.c_str(), O_RDONLY | O_CLOEXEC) : -2;
+    if (fd == -1 || (fd >= 0 && ::fsync(fd) != 0)) {
       int err = errno;
       if (fd >= 0) ::close(fd);
       fail(ErrorCode::kOutputFailed, dest_ + ": cannot sync the written file: " + std::strerror(err));
     }
-    ::close(fd);
+    if (fd >= 0) ::close(fd);
     if (::rename(temp_.c_str(), dest_.c_str()) != 0)
       fail(ErrorCode::kOutputFailed, dest_ + ": cannot rename the written file into place: " + std::strerror(errno));
     committed_ = true;
@@ -120,7 +120,7 @@ void write_hdf5_output(const CheckpointModel& model, const OutputOptions& option
     hdf5::write_hdf5(temp.path(), model, h5, [&](std::size_t index, ByteSink& sink) {
       append_tensor(model.tensors[index], sink, options.copy);
     });
-    temp.commit();
+    temp.commit(options.durable);
   });
 #else
   (void)model;

@@ -46,7 +46,7 @@ void ByteSink::write_zeros(std::size_t n) {
 
 void MemorySink::write(const void* data, std::size_t n) { bytes_.append(static_cast<const char*>(data), n); }
 
-std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, bool overwrite) {
+std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, bool overwrite, bool durable) {
   struct stat st {};
   if (!overwrite && ::lstat(dest.c_str(), &st) == 0)
     fail_invalid(dest + ": output exists (use --force to overwrite)");
@@ -56,11 +56,11 @@ std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, 
   int fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) fail(ErrorCode::kOutputFailed, dest + ": cannot create temporary file: " + std::strerror(errno));
   ::fchmod(fd, 0644);  // mkostemp makes 0600; outputs should look like any other file
-  return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(dest, name.data(), fd, overwrite));
+  return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(dest, name.data(), fd, overwrite, durable));
 }
 
-AtomicFileSink::AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite)
-    : dest_(std::move(dest)), temp_(std::move(temp)), fd_(fd), overwrite_(overwrite) {
+AtomicFileSink::AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable)
+    : dest_(std::move(dest)), temp_(std::move(temp)), fd_(fd), overwrite_(overwrite), durable_(durable) {
   buffer_.reserve(kWriteBuffer);
 }
 
@@ -132,7 +132,7 @@ void AtomicFileSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) 
 void AtomicFileSink::finish() {
   if (finished_) return;
   flush_buffer();
-  if (::fsync(fd_) != 0) fail_io("fsync failed", errno);
+  if (durable_ && ::fsync(fd_) != 0) fail_io("fsync failed", errno);
   if (::close(fd_) != 0) {
     fd_ = -1;
     fail_io("close failed", errno);

@@ -43,8 +43,10 @@ class MemorySink final : public ByteSink {
 // file and never throws. Errors are OutputFailed naming the destination.
 class AtomicFileSink final : public ByteSink {
  public:
-  // InvalidArgument if dest exists and !overwrite.
-  static std::unique_ptr<AtomicFileSink> create(const std::string& dest, bool overwrite);
+  // InvalidArgument if dest exists and !overwrite. `durable` fsyncs the
+  // data before the rename (crash-safe on power loss); without it the rename
+  // still makes the output appear whole or not at all to other processes.
+  static std::unique_ptr<AtomicFileSink> create(const std::string& dest, bool overwrite, bool durable = true);
   ~AtomicFileSink() override;
   AtomicFileSink(const AtomicFileSink&) = delete;
   AtomicFileSink& operator=(const AtomicFileSink&) = delete;
@@ -59,7 +61,7 @@ class AtomicFileSink final : public ByteSink {
   const std::string& temp_path() const { return temp_; }
 
  private:
-  AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite);
+  AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable);
   void flush_buffer();
   void write_fully(const void* data, std::size_t n);
   [[noreturn]] void fail_io(const std::string& what, int err) const;
@@ -68,6 +70,7 @@ class AtomicFileSink final : public ByteSink {
   std::string temp_;
   int fd_;
   bool overwrite_;
+  bool durable_;
   bool finished_ = false;
   uint64_t position_ = 0;
   std::vector<char> buffer_;
