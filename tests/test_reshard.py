@@ -115,15 +115,21 @@ def test_fsdp2_resumes_from_resharded_dir(n, tmp_path, run_ckptconv):
     assert_same(result["after"], result["ref_after"], key_order=False)
 
 
-def test_dry_run_lists_sources_per_rank_and_writes_nothing(tmp_path, run_ckptconv):
+def test_dry_run_lists_sources_per_rank_and_exact_sizes_and_writes_nothing(tmp_path, run_ckptconv):
+    import re
+
     dst = tmp_path / "out"
     r = run_ckptconv("reshard", str(WS2), "-o", str(dst), "--world-size", "3", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert not dst.exists() and not list(tmp_path.iterdir())
     # fc2.weight 7x8: ws2 rows [0:4) [4:7); ws3 rank 1 rows [3:6) comes from both source ranks.
     assert "model.fc2.weight [3:6, 0:8] <- source rank 0 [3:4, 0:8], source rank 1 [4:6, 0:8]" in r.stdout
-    assert "rank 2: __2_0.distcp" in r.stdout and "total: 3 files" in r.stdout
     assert "optim.state.emb.weight.step [] (replicated) <- source rank 1 []" in r.stdout
+    assert "total: 3 files and .metadata" in r.stdout
+    planned = {f"__{m[0]}_0.distcp": int(m[1]) for m in re.findall(r"^rank (\d+): __\d+_0\.distcp, (\d+) bytes", r.stdout, re.M)}
+    planned[".metadata"] = int(re.search(r"^\.metadata: (\d+) bytes", r.stdout, re.M)[1])
+    reshard(run_ckptconv, WS2, dst, 3)
+    assert planned == {p.name: p.stat().st_size for p in dst.iterdir()}
 
 
 def test_existing_output_is_kept_without_force(tmp_path, run_ckptconv):
@@ -155,6 +161,43 @@ def test_non_dcp_source_is_unimplemented(tmp_path, run_ckptconv):
     assert r.returncode == 3
     assert "reshard reads DCP directories" in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_small_memory_limit_gives_the_same_directory_content(tmp_path, run_ckptconv):
+    d = DCP / "fsdp2_adamw_ws3"
+    a = reshard(run_ckptconv, d, tmp_path / "a", 4)
+    b = reshard(run_ckptconv, d, tmp_path / "b", 4, "--memory-limit", "1")
+    for r in range(4):
+        assert (a / f"__{r}_0.distcp").read_bytes() == (b / f"__{r}_0.distcp").read_bytes()
+
+
+def test_source_failing_validation_is_refused_and_nothing_written(tmp_path, run_ckptconv):
+    import pickle
+    import shutil
+
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    src = tmp_path / "src"
+    shutil.copytree(DCP / "fsdp2_adamw_ws3", src)
+    with open(src / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    key = next(k for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata) and len(v.size) == 2)
+    md.state_dict_metadata[key].chunks.pop(0)
+    with open(src / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    r = run_ckptconv("reshard", str(src), "-o", str(tmp_path / "out"), "--world-size", "2")
+    assert r.returncode == 3, r.stderr
+    assert key in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_output_under_a_file_fails_with_exit_4_and_leaves_nothing(tmp_path, run_ckptconv):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = run_ckptconv("reshard", str(WS2), "-o", str(blocker / "out"), "--world-size", "2")
+    assert r.returncode == 4, r.stderr
+    assert "cannot create temporary directory" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_unwritable_parent_fails_and_leaves_nothing(tmp_path, run_ckptconv):

@@ -47,7 +47,8 @@ int run_reshard(const ReshardOptions& opt) {
   std::size_t bytes_items = 0;
   for (const auto& item : source_md.items) bytes_items += item.is_tensor ? 0 : 1;
   if (opt.dry_run) {
-    describe_reshard(model, plan, bytes_items, std::cout);
+    DcpOutputSizes sizes = dcp_output_sizes(model, source_md, plan, opt.output);
+    describe_reshard(model, plan, bytes_items, sizes.files, sizes.metadata, std::cout);
     return 0;
   }
   DcpOutputOptions out;

@@ -1,5 +1,7 @@
 #include "exec/write_dcp.h"
 
+#include <cstring>
+#include <functional>
 #include <map>
 
 #include "core/error.h"
@@ -52,14 +54,23 @@ ValuePtr value_at_path(const ValuePtr& root, const std::vector<ValuePtr>& path, 
   return cur;
 }
 
-void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
-                       const DcpOutputOptions& options) {
+namespace {
+
+using EntryOf = std::function<const TensorEntry&(std::size_t)>;
+// Appends one item (a torch.save archive of `root`) to rank `rank`'s file.
+using AppendItem = std::function<dcp::StorageInfo(int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
+                                                  const EntryOf& entry_of)>;
+
+// Walks the source items in order, appending each output item through
+// `append`; returns the output metadata.
+dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
+                            const AppendItem& append) {
   std::map<std::string, std::size_t> tensor_of;
   for (std::size_t i = 0; i < model.tensors.size(); ++i) tensor_of.emplace(model.tensors[i].name, i);
   std::vector<torch_pt::OutputTensor> all_tensors;
   for (const auto& t : model.tensors) all_tensors.push_back({t.dtype, t.shape, false, false});
+  EntryOf model_entry = [&](std::size_t i) -> const TensorEntry& { return model.tensors.at(i); };
 
-  dcp::DcpDirWriter writer(options.dir, plan.world_size, options.force);
   dcp::DcpMetadata out;
   out.planner_data = source.planner_data;
   out.planner_order = source.planner_order;
@@ -75,9 +86,7 @@ void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& sou
         ValuePtr value = pd != source.planner_data.end()
                              ? value_at_path(model.root, pd->second, src_item.fqn)
                              : value_at_path(model.root, {Value::str(src_item.fqn)}, src_item.fqn);
-        out.storage[{item.fqn, {}}] = writer.append_item(0, *value, all_tensors, [&](std::size_t index, archive::ZipWriter& zip) {
-          append_tensor(model.tensors.at(index), zip, options.copy);
-        });
+        out.storage[{item.fqn, {}}] = append(0, *value, all_tensors, model_entry);
         out.items.push_back(std::move(item));
         return;
       }
@@ -91,14 +100,77 @@ void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& sou
         const OutputItem& oi = plan.ranks.at(static_cast<std::size_t>(rank)).at(index);
         TensorEntry local = item_tensor(t, oi);
         std::vector<torch_pt::OutputTensor> one = {{t.dtype, oi.sizes, false, false}};
-        out.storage[{item.fqn, oi.offsets}] = writer.append_item(rank, *root, one, [&](std::size_t, archive::ZipWriter& zip) {
-          append_tensor(local, zip, options.copy);
-        });
+        out.storage[{item.fqn, oi.offsets}] = append(rank, *root, one, [&](std::size_t) -> const TensorEntry& { return local; });
         item.chunks.push_back({oi.offsets, oi.sizes});
       }
       out.items.push_back(std::move(item));
     });
   }
+  return out;
+}
+
+// Counts what would be written; copies from sources cost nothing.
+class CountingSink final : public ByteSink {
+ public:
+  using ByteSink::write;
+  void write(const void*, std::size_t n) override { position_ += n; }
+  uint64_t position() const override { return position_; }
+  void copy_from(const ByteSource&, uint64_t, uint64_t n) override { position_ += n; }
+
+ private:
+  uint64_t position_ = 0;
+};
+
+// n zero bytes, never materialised (CountingSink does not read them).
+class ZeroSource final : public ByteSource {
+ public:
+  explicit ZeroSource(uint64_t n) : n_(n) {}
+  uint64_t size() const override { return n_; }
+  void read(uint64_t pos, void* buf, std::size_t n) const override {
+    check_range(pos, n);
+    std::memset(buf, 0, n);
+  }
+  std::string describe() const override { return "<zeros>"; }
+
+ private:
+  uint64_t n_;
+};
+
+}  // namespace
+
+DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
+                                const std::string& dir) {
+  std::vector<CountingSink> sinks(static_cast<std::size_t>(plan.world_size));
+  dcp::DcpMetadata out = emit_items(model, source, plan, [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
+                                                          const EntryOf&) {
+    CountingSink& sink = sinks.at(static_cast<std::size_t>(rank));
+    dcp::StorageInfo info;
+    info.relative_path = dcp::DcpDirWriter::file_name(rank);
+    info.offset = sink.position();
+    torch_pt::write_pt(sink, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
+      uint64_t n = shape_numel(tensors[i].shape) * dtype_size(tensors[i].dtype);
+      zip.append_from(ZeroSource(n), 0, n, 0u);
+    });
+    info.length = sink.position() - info.offset;
+    return info;
+  });
+  DcpOutputSizes sizes;
+  for (const auto& s : sinks) sizes.files.push_back(s.position());
+  std::string trimmed = dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  sizes.metadata = dcp::encode_metadata(out, trimmed, std::string(36, '0')).size();
+  return sizes;
+}
+
+void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
+                       const DcpOutputOptions& options) {
+  dcp::DcpDirWriter writer(options.dir, plan.world_size, options.force);
+  dcp::DcpMetadata out = emit_items(model, source, plan, [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
+                                                          const EntryOf& entry_of) {
+    return writer.append_item(rank, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
+      append_tensor(entry_of(i), zip, options.copy);
+    });
+  });
   writer.finish(out);
 }
 

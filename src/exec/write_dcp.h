@@ -4,7 +4,9 @@
 // by rank 0, then .metadata, then the directory renamed into place.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "exec/tensor_copy.h"
 #include "formats/dcp/dcp_metadata.h"
@@ -23,6 +25,15 @@ struct DcpOutputOptions {
 // planner_data are kept). The model must have passed require_valid().
 void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                        const DcpOutputOptions& options);
+
+// The exact bytes the rank files and .metadata will hold, found by running
+// the writer against counting sinks (no tensor data is read).
+struct DcpOutputSizes {
+  std::vector<uint64_t> files;  // per rank
+  uint64_t metadata = 0;
+};
+DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
+                                const std::string& dir);
 
 // The value a flat DCP key stands for: `path` (planner_data) followed from
 // the model's root. DataLoss naming the key when it leads nowhere.

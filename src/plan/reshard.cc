@@ -52,15 +52,17 @@ std::string box_str(const Shape& offsets, const Shape& sizes) {
 
 }  // namespace
 
-void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items, std::ostream& out) {
-  uint64_t total = 0;
+void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items,
+                      const std::vector<uint64_t>& file_bytes, uint64_t metadata_bytes, std::ostream& out) {
+  uint64_t total = metadata_bytes;
   for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
-    uint64_t bytes = 0;
-    for (const OutputItem& item : plan.ranks[r]) bytes += item.numel() * dtype_size(model.tensors[item.tensor].dtype);
+    uint64_t data = 0;
+    for (const OutputItem& item : plan.ranks[r]) data += item.numel() * dtype_size(model.tensors[item.tensor].dtype);
+    uint64_t bytes = r < file_bytes.size() ? file_bytes[r] : 0;
     total += bytes;
-    out << "rank " << r << ": __" << r << "_0.distcp, " << plan.ranks[r].size() << " tensor items"
-        << (r == 0 ? ", " + std::to_string(bytes_items) + " bytes items" : std::string()) << ", " << bytes
-        << " bytes of tensor data (" << human_bytes(bytes) << ")\n";
+    out << "rank " << r << ": __" << r << "_0.distcp, " << bytes << " bytes (" << human_bytes(bytes) << "), "
+        << plan.ranks[r].size() << " tensor items" << (r == 0 ? ", " + std::to_string(bytes_items) + " bytes items" : std::string())
+        << ", " << data << " bytes of tensor data\n";
     for (const OutputItem& item : plan.ranks[r]) {
       const TensorEntry& t = model.tensors[item.tensor];
       out << "  " << t.name << " " << box_str(item.offsets, item.sizes) << (plan.replicated[item.tensor] ? " (replicated)" : "")
@@ -74,7 +76,8 @@ void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std
       out << "\n";
     }
   }
-  out << "total: " << plan.ranks.size() << " files, " << total << " bytes of tensor data (" << human_bytes(total) << ")\n";
+  out << ".metadata: " << metadata_bytes << " bytes\n";
+  out << "total: " << plan.ranks.size() << " files and .metadata, " << total << " bytes (" << human_bytes(total) << ")\n";
 }
 
 bool is_replicated(const TensorEntry& t, int source_world_size) {

@@ -60,10 +60,11 @@ void fsdp2_box(const Shape& shape, int world_size, int rank, Shape& offsets, Sha
 // require_valid().
 ReshardPlan plan_reshard(const std::vector<TensorEntry>& tensors, int world_size, int source_world_size);
 
-// --dry-run: per output rank, its file, every item's box with the source
-// chunks (rank and box) that feed it, and the tensor bytes the file holds;
+// --dry-run: per output rank, its file and size (`file_bytes`), every
+// item's box with the source chunks (rank and box) that feed it;
 // `bytes_items` non-tensor items go to rank 0.
-void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items, std::ostream& out);
+void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items,
+                      const std::vector<uint64_t>& file_bytes, uint64_t metadata_bytes, std::ostream& out);
 
 // Distinct ranks that wrote the model's chunks (TensorChunk::rank; at least 1).
 int source_world_size(const CheckpointModel& model);
