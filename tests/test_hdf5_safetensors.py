@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from state_compare import assert_same
+from state_compare import assert_same, cast_floats
 
 REPO = Path(__file__).resolve().parent.parent
 TD = REPO / "testdata"
@@ -221,6 +221,23 @@ def test_corrupt_safetensors_input_is_refused(case, tmp_path, run_ckptconv):
     assert r.returncode == 3, r.stderr
     assert expect in r.stderr
     assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("ext", ["safetensors", "h5"])
+def test_cast_output_goes_through_the_slab_path(ext, tmp_path, run_ckptconv):
+    """--dtype and a tiny budget: tensors assembled in one-row slabs, cast, then written."""
+    src = TD / "dcp" / "fsdp2_adamw_ws3"
+    out = tmp_path / f"out.{ext}"
+    run_ok(run_ckptconv, "consolidate", src, "-o", out, "--dtype", "bf16", "--memory-limit", "64")
+    expected = cast_floats(reference(src), torch.bfloat16)
+    if ext == "safetensors":
+        assert_tensors_equal(load_file(out), flat_tensors(expected))
+    else:
+        import h5py
+
+        with h5py.File(out, "r") as f:
+            assert f["model/fc2.weight"].attrs["dtype"] == "bfloat16"
+            assert_same(h5_state(f), expected)
 
 
 # ---- HDF5 ----------------------------------------------------------------------

@@ -52,9 +52,10 @@ def consolidate(args) -> None:
     distcp = sorted(str(p) for p in ckpt.glob("*.distcp"))
     py = sys.executable
     raw_out, torch_out, ours_out = work / "raw.out", work / "torch.pt", work / "ckptconv.pt"
+    st_out, h5_out = work / "ckptconv.safetensors", work / "ckptconv.h5"
     results = {}
     for _ in range(2):  # first pass warms the cache and the binaries; the second is reported
-        for p in (raw_out, torch_out, ours_out):
+        for p in (raw_out, torch_out, ours_out, st_out, h5_out):
             p.unlink(missing_ok=True)
         warm_cache(ckpt)
         # (a) raw I/O floor: every .distcp byte read once, the same amount
@@ -71,6 +72,10 @@ def consolidate(args) -> None:
         # (c) ckptconv.
         results["ckptconv consolidate"] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out)])
         ours_out.unlink()
+        # (d) the other output formats.
+        for name, out in (("ckptconv -> .safetensors", st_out), ("ckptconv -> .h5", h5_out)):
+            results[name] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out)])
+            out.unlink()
     print(f"checkpoint: {ckpt} ({size / 1e9:.2f} GB, {len(distcp)} .distcp files)")
     print(f"{'command':<24} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12} {'RSS/ckpt':>9}")
     for name, (wall, rss) in results.items():
@@ -79,6 +84,8 @@ def consolidate(args) -> None:
     print("torch's dcp_to_torch does not fsync its output; ckptconv and the raw floor above do.")
     print(f"ratios: ckptconv/raw = {c / a:.2f} (target <= 1.5), torch/ckptconv = {b / c:.2f} (target >= 3), "
           f"ckptconv peak RSS = {results['ckptconv consolidate'][1] / size:.1%} of the checkpoint (target < 15%)")
+    st, h5 = results["ckptconv -> .safetensors"][0], results["ckptconv -> .h5"][0]
+    print(f"ratios to the raw floor: .safetensors = {st / a:.2f}, .h5 = {h5 / a:.2f}")
 
 
 def main() -> None:

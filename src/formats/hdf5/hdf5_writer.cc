@@ -1,6 +1,9 @@
 #include "formats/hdf5/hdf5_writer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -17,7 +20,20 @@ namespace {
 using pickle::Kind;
 using pickle::Value;
 
-constexpr uint64_t kChunkBytes = 1u << 20;  // target size of one HDF5 chunk
+constexpr uint64_t kChunkBytes = 1u << 20;   // target size of one HDF5 chunk
+constexpr uint64_t kCopyBuffer = 8u << 20;   // bytes read per step by DatasetSink::copy_from
+
+void pread_fully(const FileSpan& span, char* out, std::size_t n, const ByteSource& src) {
+  uint64_t at = span.offset;
+  while (n > 0) {
+    ssize_t got = ::pread(span.fd, out, n, static_cast<off_t>(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) fail_data_loss(src.describe() + ": read failed or the file is shorter than its metadata says");
+    out += got;
+    at += static_cast<uint64_t>(got);
+    n -= static_cast<std::size_t>(got);
+  }
+}
 
 // Receives a tensor's row-major bytes and writes them as dim-0 hyperslabs:
 // whole rows straight from the caller's buffer, a row split across calls
@@ -54,6 +70,22 @@ class DatasetSink final : public ByteSink {
     partial_.insert(partial_.end(), p, p + n);
   }
   uint64_t position() const override { return position_; }
+
+  // Reads through a bounded buffer, with pread when the source is a file:
+  // writing straight from a mapped source would touch every page of it and
+  // grow the resident set with the checkpoint.
+  void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override {
+    if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
+    std::vector<char> buf(static_cast<std::size_t>(std::min(n, kCopyBuffer)));
+    while (n > 0) {
+      std::size_t step = static_cast<std::size_t>(std::min<uint64_t>(n, buf.size()));
+      if (auto span = src.file_span(pos)) pread_fully(*span, buf.data(), step, src);
+      else src.read(pos, buf.data(), step);
+      write(buf.data(), step);
+      pos += step;
+      n -= step;
+    }
+  }
 
   void finish() {
     if (!partial_.empty() || written_ != (row_bytes_ == 0 ? written_ : static_cast<uint64_t>(rows_)))
