@@ -184,6 +184,10 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
     } else {
       append_slabs_gathered(t, chunks, out, options);
     }
+    // Bytes read through a mapping count in our RSS until released; one
+    // tensor's sources at a time keeps peak memory independent of the
+    // checkpoint's size.
+    for (const TensorChunk* c : chunks) c->storage->release(0, c->storage->size());
   });
 }
 

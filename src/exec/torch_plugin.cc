@@ -5,7 +5,6 @@
 
 #include <climits>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 
 #include "core/error.h"
@@ -29,32 +28,45 @@ struct Plugin {
   std::string error;
 };
 
-// The plugin beside the executable, or the one CKPT_TORCH_PLUGIN names.
-const Plugin& plugin() {
-  static Plugin loaded;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* env = std::getenv("CKPT_TORCH_PLUGIN");
-    std::string path = env && *env ? env : executable_dir() + "/libckpt_torch.so";
-    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char* why = ::dlerror();
-      loaded.error = "cannot load the LibTorch plugin " + path + ": " + (why ? why : "unknown error");
-      return;
-    }
-    auto entry = reinterpret_cast<CkptTorchApiEntry>(::dlsym(handle, CKPT_TORCH_API_ENTRY));
-    const CkptTorchApi* api = entry ? entry() : nullptr;
-    if (!api || api->api_version != CKPT_TORCH_API_VERSION) {
-      loaded.error = path + " is not a compatible ckptconv LibTorch plugin";
-      return;
-    }
-    loaded.api = api;
-  });
+// libckpt_torch.so (LibTorch CPU only) or libckpt_torch_cuda.so (with CUDA),
+// beside the executable; CKPT_TORCH_PLUGIN names the CPU one elsewhere.
+Plugin load_plugin(const std::string& path) {
+  Plugin loaded;
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    const char* why = ::dlerror();
+    loaded.error = "cannot load the LibTorch plugin " + path + ": " + (why ? why : "unknown error");
+    return loaded;
+  }
+  auto entry = reinterpret_cast<CkptTorchApiEntry>(::dlsym(handle, CKPT_TORCH_API_ENTRY));
+  const CkptTorchApi* api = entry ? entry() : nullptr;
+  if (!api || api->api_version != CKPT_TORCH_API_VERSION) {
+    loaded.error = path + " is not a compatible ckptconv LibTorch plugin";
+    return loaded;
+  }
+  loaded.api = api;
   return loaded;
 }
 
+const Plugin& cpu_plugin() {
+  static const Plugin p = [] {
+    const char* env = std::getenv("CKPT_TORCH_PLUGIN");
+    return load_plugin(env && *env ? env : executable_dir() + "/libckpt_torch.so");
+  }();
+  return p;
+}
+
+// The CUDA plugin when this build has one, else the CPU plugin.
+const Plugin& device_plugin() {
+  static const Plugin p = [] {
+    std::string cuda = executable_dir() + "/libckpt_torch_cuda.so";
+    return ::access(cuda.c_str(), R_OK) == 0 ? load_plugin(cuda) : cpu_plugin();
+  }();
+  return p;
+}
+
 const CkptTorchApi& require_plugin() {
-  const Plugin& p = plugin();
+  const Plugin& p = cpu_plugin();
   if (!p.api) fail(ErrorCode::kUnimplemented, p.error + " (needed for dtype casts)");
   return *p.api;
 }
@@ -80,7 +92,7 @@ std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique
 
 RuntimeInfo runtime_info() {
   RuntimeInfo info;
-  const Plugin& p = plugin();
+  const Plugin& p = device_plugin();
   if (!p.api) {
     info.libtorch_version = "unavailable (" + p.error + ")";
     return info;

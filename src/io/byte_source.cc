@@ -105,6 +105,14 @@ class MappedSource final : public ByteSource {
     check_range(pos, n);
     if (n) std::memcpy(buf, base_ + pos, n);
   }
+  void release(uint64_t pos, uint64_t n) const override {
+    // Only whole pages inside the range: neighbours may still be in use.
+    static const uint64_t kPage = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    if (pos > size_ || n > size_ - pos) return;
+    uint64_t begin = (pos + kPage - 1) / kPage * kPage, end = (pos + n) / kPage * kPage;
+    if (pos + n == size_) end = (size_ + kPage - 1) / kPage * kPage;  // the tail page belongs to no one else
+    if (begin < end) ::madvise(const_cast<std::byte*>(base_) + begin, end - begin, MADV_DONTNEED);
+  }
 
  private:
   std::string path_;
@@ -142,6 +150,9 @@ class SubSource final : public ByteSource {
     return p ? p + offset_ : nullptr;
   }
   std::optional<FileSpan> file_span(uint64_t pos) const override { return parent_->file_span(offset_ + pos); }
+  void release(uint64_t pos, uint64_t n) const override {
+    if (pos <= length_ && n <= length_ - pos) parent_->release(offset_ + pos, n);
+  }
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);
     parent_->read(offset_ + pos, buf, n);

@@ -33,6 +33,14 @@ class ByteSource {
     (void)pos;
     return std::nullopt;
   }
+  // A hint that [pos, pos+n) will not be read again soon: a mapped source
+  // drops those pages from this process's resident set (the page cache
+  // keeps them), so reading a checkpoint through mmap does not grow RSS
+  // with its size.
+  virtual void release(uint64_t pos, uint64_t n) const {
+    (void)pos;
+    (void)n;
+  }
 
   std::vector<std::byte> read_vector(uint64_t pos, std::size_t n) const;
   std::string read_string(uint64_t pos, std::size_t n) const;

@@ -4,8 +4,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
-#include <torch/cuda.h>
 #include <torch/version.h>
+#ifdef CKPT_HAVE_CUDA
+#include <torch/cuda.h>
+#endif
 
 #include <exception>
 #include <string>
