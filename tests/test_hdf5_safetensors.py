@@ -182,6 +182,17 @@ def test_sharded_safetensors_load_through_the_index(tmp_path, run_ckptconv):
     ref = flat_tensors(reference(src))
     assert_tensors_equal(got, ref)
     assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in ref.values())
+    # The index as SRC: the shards are one checkpoint again, nesting and values included.
+    run_ok(run_ckptconv, "convert", tmp_path / "model.safetensors.index.json", "-o", tmp_path / "back.pt")
+    assert_same(torch.load(tmp_path / "back.pt", weights_only=True), reference(src))
+
+
+def test_index_naming_a_file_outside_its_folder_is_refused(tmp_path, run_ckptconv):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"w": "../elsewhere.safetensors"}}))
+    r = run_ckptconv("convert", index, "-o", tmp_path / "x.pt")
+    assert r.returncode == 3
+    assert "../elsewhere.safetensors" in r.stderr and "not a file beside the index" in r.stderr
 
 
 def test_foreign_safetensors_file_converts_and_inspects(tmp_path, run_ckptconv):

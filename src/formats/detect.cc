@@ -22,6 +22,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kDcpDir: return "DCP directory";
     case SourceKind::kFsdpRanks: return "per-rank files";
     case SourceKind::kSafetensors: return "safetensors file";
+    case SourceKind::kSafetensorsIndex: return "sharded safetensors (index)";
     case SourceKind::kHdf5: return "HDF5 file";
   }
   return "?";
@@ -42,10 +43,11 @@ SourceKind detect_source(const std::string& src) {
   }
   SourcePtr source = open_file_source(src);
   if (torch_pt::is_torch_zip(*source) || torch_pt::is_legacy_torch_save(*source)) return SourceKind::kTorchPt;
+  if (safetensors::is_safetensors_index(src)) return SourceKind::kSafetensorsIndex;
   static const char kHdf5Signature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
   if (source->size() >= 8 && source->read_string(0, 8) == std::string(kHdf5Signature, 8)) return SourceKind::kHdf5;
   if (safetensors::looks_like_safetensors(*source)) return SourceKind::kSafetensors;
-  fail_data_loss(src + ": not a recognised checkpoint file (expected a torch.save zip, safetensors or HDF5)");
+  fail_data_loss(src + ": not a recognised checkpoint file (expected a torch.save zip, safetensors, a .safetensors.index.json or HDF5)");
 }
 
 CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options) {
@@ -60,6 +62,7 @@ CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& optio
     case SourceKind::kDcpDir: return dcp::read_dcp_dir(src);
     case SourceKind::kFsdpRanks: return fsdp_ranks::read_fsdp_ranks(src, options.only);
     case SourceKind::kSafetensors: return safetensors::read_safetensors_file(src);
+    case SourceKind::kSafetensorsIndex: return safetensors::read_safetensors_index(src);
     case SourceKind::kHdf5:
 #ifdef CKPT_HAVE_HDF5
       return hdf5::read_hdf5_file(src);

@@ -11,7 +11,7 @@ namespace ckpt {
 
 // kFsdpRanks: a directory without `.metadata` holding per-rank files, a glob
 // pattern, or files listed with --files.
-enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kHdf5 };
+enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kSafetensorsIndex, kHdf5 };
 
 struct ReadOptions {
   std::vector<std::string> files;  // --files: per-rank files given one by one (SRC is then empty)

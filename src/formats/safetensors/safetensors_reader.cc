@@ -1,6 +1,9 @@
 #include "formats/safetensors/safetensors_reader.h"
 
+#include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -32,51 +35,108 @@ bool all_tensors_present(const Json& j, const std::map<std::string, std::size_t>
   return true;
 }
 
+// Collects the tensors of one or more files (the shards of one state dict)
+// and builds the model's tree once all are in.
+class ModelBuilder {
+ public:
+  explicit ModelBuilder(const std::string& source) {
+    model_.format = "safetensors";
+    model_.source = source;
+  }
+
+  void add_file(const std::string& path) {
+    with_context(path, [&] {
+      SourcePtr file = open_mapped_source(path);
+      uint64_t data_start = 0;
+      Header header = read_header(*file, data_start);
+      for (const auto& h : header.tensors) add_tensor(h, file, data_start, path);
+      for (const auto& [k, v] : header.metadata) {
+        if (k == "ckptconv.tree") tree_ = v;
+        else if (k != "ckptconv.values") model_.facts["metadata." + k] = v;
+      }
+    });
+  }
+
+  CheckpointModel finish() && {
+    Json j;
+    if (tree_) {
+      j = Json::parse(*tree_, nullptr, false);
+      if (j.is_discarded()) fail_data_loss("__metadata__ ckptconv.tree is not valid JSON");
+    }
+    if (tree_ && all_tensors_present(j, by_name_, 0)) {
+      model_.root = value_from_json(j, [&](const Json& ref) {
+        if (!ref.is_string()) fail_data_loss("ckptconv.tree: __tensor__ is not a tensor name");
+        return make_tensor_ref(by_name_.at(ref.get<std::string>()));
+      }, kMaxDepth);
+      prune_unreferenced(model_.root, model_.tensors);
+    } else {
+      model_.root = Value::dict(std::move(flat_));
+    }
+    return std::move(model_);
+  }
+
+ private:
+  void add_tensor(const HeaderTensor& h, const SourcePtr& file, uint64_t data_start, const std::string& path) {
+    if (by_name_.count(h.name)) fail_data_loss("tensor '" + h.name + "' is in two shards");
+    TensorEntry t;
+    t.name = h.name;
+    t.dtype = h.dtype;
+    t.shape = h.shape;
+    TensorChunk c;
+    c.offsets.assign(h.shape.size(), 0);
+    c.sizes = h.shape;
+    c.storage = make_sub_source(file, data_start + h.begin, h.end - h.begin);
+    c.strides = contiguous_strides(h.shape);
+    c.file = path;
+    t.chunks.push_back(std::move(c));
+    by_name_[h.name] = model_.tensors.size();
+    flat_.emplace_back(Value::str(h.name), make_tensor_ref(model_.tensors.size()));
+    model_.tensors.push_back(std::move(t));
+  }
+
+  CheckpointModel model_;
+  std::map<std::string, std::size_t> by_name_;
+  std::vector<std::pair<ValuePtr, ValuePtr>> flat_;
+  std::optional<std::string> tree_;
+};
+
+constexpr uint64_t kMaxIndexSize = 100'000'000;
+
 }  // namespace
 
 CheckpointModel read_safetensors_file(const std::string& path) {
+  ModelBuilder builder(path);
+  builder.add_file(path);
+  return std::move(builder).finish();
+}
+
+bool is_safetensors_index(const std::string& path) { return path.ends_with(".safetensors.index.json"); }
+
+CheckpointModel read_safetensors_index(const std::string& path) {
   return with_context(path, [&] {
-    SourcePtr file = open_mapped_source(path);
-    uint64_t data_start = 0;
-    Header header = read_header(*file, data_start);
-    CheckpointModel model;
-    model.format = "safetensors";
-    model.source = path;
-    std::map<std::string, std::size_t> by_name;
-    std::vector<std::pair<ValuePtr, ValuePtr>> flat;
-    for (const auto& h : header.tensors) {
-      TensorEntry t;
-      t.name = h.name;
-      t.dtype = h.dtype;
-      t.shape = h.shape;
-      TensorChunk c;
-      c.offsets.assign(h.shape.size(), 0);
-      c.sizes = h.shape;
-      c.storage = make_sub_source(file, data_start + h.begin, h.end - h.begin);
-      c.strides = contiguous_strides(h.shape);
-      c.file = path;
-      t.chunks.push_back(std::move(c));
-      by_name[h.name] = model.tensors.size();
-      flat.emplace_back(Value::str(h.name), make_tensor_ref(model.tensors.size()));
-      model.tensors.push_back(std::move(t));
+    SourcePtr src = open_file_source(path);
+    if (src->size() > kMaxIndexSize) fail_data_loss("index larger than " + std::to_string(kMaxIndexSize) + " bytes");
+    Json index = Json::parse(src->read_string(0, static_cast<std::size_t>(src->size())), nullptr, false);
+    if (index.is_discarded() || !index.is_object()) fail_data_loss("not a JSON object");
+    auto map = index.find("weight_map");
+    if (map == index.end() || !map->is_object()) fail_data_loss("no weight_map object");
+    // Shards in the order of their names (model-00001-of-...), each once.
+    std::set<std::string> files;
+    for (const auto& file : *map) {
+      if (!file.is_string()) fail_data_loss("weight_map value is not a file name");
+      const std::string& name = file.get_ref<const std::string&>();
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+        fail(ErrorCode::kUnsafe, "weight_map names '" + name + "', not a file beside the index");
+      files.insert(name);
     }
-    auto tree = header.metadata.find("ckptconv.tree");
-    Json j;
-    if (tree != header.metadata.end()) {
-      j = Json::parse(tree->second, nullptr, false);
-      if (j.is_discarded()) fail_data_loss("__metadata__ ckptconv.tree is not valid JSON");
-    }
-    if (tree != header.metadata.end() && all_tensors_present(j, by_name, 0)) {
-      model.root = value_from_json(j, [&](const Json& ref) {
-        if (!ref.is_string()) fail_data_loss("ckptconv.tree: __tensor__ is not a tensor name");
-        return make_tensor_ref(by_name.at(ref.get<std::string>()));
-      }, kMaxDepth);
-      prune_unreferenced(model.root, model.tensors);
-    } else {
-      model.root = Value::dict(std::move(flat));
-    }
-    for (const auto& [k, v] : header.metadata)
-      if (k != "ckptconv.tree" && k != "ckptconv.values") model.facts["metadata." + k] = v;
+    std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    ModelBuilder builder(path);
+    for (const auto& name : files) builder.add_file((dir / name).string());
+    CheckpointModel model = std::move(builder).finish();
+    std::set<std::string> present;
+    for (const auto& t : model.tensors) present.insert(t.name);
+    for (auto it = map->begin(); it != map->end(); ++it)
+      if (!present.count(it.key())) fail_data_loss("weight_map lists tensor '" + it.key() + "' that no shard holds");
     return model;
   });
 }

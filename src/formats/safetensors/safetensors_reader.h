@@ -14,4 +14,11 @@ namespace ckpt::safetensors {
 // A whole .safetensors file as a model (format "safetensors").
 CheckpointModel read_safetensors_file(const std::string& path);
 
+// Hugging Face's sharded layout: "<name>.safetensors.index.json" whose
+// weight_map names shard files beside it. The shards together are one
+// model; a tensor in two shards, or listed but in none, is DataLoss; a file
+// name with a '/' is Unsafe.
+bool is_safetensors_index(const std::string& path);
+CheckpointModel read_safetensors_index(const std::string& path);
+
 }  // namespace ckpt::safetensors
