@@ -72,6 +72,12 @@ def consolidate(args) -> None:
         # (c) ckptconv.
         results["ckptconv consolidate"] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out)])
         ours_out.unlink()
+        results["ckptconv --no-fsync"] = run_measured(
+            [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out), "--no-fsync"])
+        ours_out.unlink()
+        results["ckptconv --dtype bf16"] = run_measured(
+            [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out), "--dtype", "bf16", "--no-fsync"])
+        ours_out.unlink()
         # (d) the other output formats.
         for name, out in (("ckptconv -> .safetensors", st_out), ("ckptconv -> .h5", h5_out)):
             results[name] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out)])
@@ -84,6 +90,8 @@ def consolidate(args) -> None:
     print("torch's dcp_to_torch does not fsync its output; ckptconv and the raw floor above do.")
     print(f"ratios: ckptconv/raw = {c / a:.2f} (target <= 1.5), torch/ckptconv = {b / c:.2f} (target >= 3), "
           f"ckptconv peak RSS = {results['ckptconv consolidate'][1] / size:.1%} of the checkpoint (target < 15%)")
+    nf, raw_nf = results["ckptconv --no-fsync"][0], results["raw I/O, no fsync"][0]
+    print(f"without fsync on both sides: ckptconv/raw = {nf / raw_nf:.2f}, torch/ckptconv = {b / nf:.2f}")
     st, h5 = results["ckptconv -> .safetensors"][0], results["ckptconv -> .h5"][0]
     print(f"ratios to the raw floor: .safetensors = {st / a:.2f}, .h5 = {h5 / a:.2f}")
 
