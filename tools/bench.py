@@ -78,6 +78,12 @@ def consolidate(args) -> None:
         results["ckptconv --dtype bf16"] = run_measured(
             [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out), "--dtype", "bf16", "--no-fsync"])
         ours_out.unlink()
+        # Reshard to world size 3: every byte read and written once more, N files.
+        reshard_out = work / "resharded"
+        shutil.rmtree(reshard_out, ignore_errors=True)
+        results["ckptconv reshard 4->3"] = run_measured(
+            [args.ckptconv, "-q", "reshard", str(ckpt), "-o", str(reshard_out), "--world-size", "3"])
+        shutil.rmtree(reshard_out)
         # (d) the other output formats.
         for name, out in (("ckptconv -> .safetensors", st_out), ("ckptconv -> .h5", h5_out)):
             results[name] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out)])
@@ -93,7 +99,9 @@ def consolidate(args) -> None:
     nf, raw_nf = results["ckptconv --no-fsync"][0], results["raw I/O, no fsync"][0]
     print(f"without fsync on both sides: ckptconv/raw = {nf / raw_nf:.2f}, torch/ckptconv = {b / nf:.2f}")
     st, h5 = results["ckptconv -> .safetensors"][0], results["ckptconv -> .h5"][0]
-    print(f"ratios to the raw floor: .safetensors = {st / a:.2f}, .h5 = {h5 / a:.2f}")
+    rs = results["ckptconv reshard 4->3"]
+    print(f"ratios to the raw floor: .safetensors = {st / a:.2f}, .h5 = {h5 / a:.2f}, "
+          f"reshard 4->3 = {rs[0] / a:.2f} (peak RSS {rs[1] / size:.1%} of the checkpoint)")
 
 
 def main() -> None:
