@@ -11,6 +11,7 @@
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
 #include "pickle/value.h"
+#include "allow_all_policy.h"
 
 using namespace ckpt;
 using namespace ckpt::pickle;
@@ -18,11 +19,7 @@ using namespace cpython_samples;
 
 namespace {
 
-class AllowAllPolicy : public GlobalPolicy {
- public:
-  bool allows(std::string_view, std::string_view) const override { return true; }
-};
-const AllowAllPolicy kAllowAll;
+using testing::kAllowAll;
 
 ValuePtr round_trip(const Value& v) { return unpickle(pickle_protocol2(v), kAllowAll); }
 

@@ -9,6 +9,7 @@
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
 #include "pickle/value.h"
+#include "allow_all_policy.h"
 
 using namespace ckpt;
 using namespace ckpt::pickle;
@@ -16,13 +17,7 @@ using namespace cpython_samples;
 
 namespace {
 
-// Allows every global except the ones a test names as forbidden: for the
-// tests about the machine itself, not about the allow-list.
-class AllowAllPolicy : public GlobalPolicy {
- public:
-  bool allows(std::string_view, std::string_view) const override { return true; }
-};
-const AllowAllPolicy kAllowAll;
+using testing::kAllowAll;
 
 ValuePtr load(const std::string& bytes, const UnpickleLimits& limits = {}) {
   return unpickle(bytes, kAllowAll, limits);
