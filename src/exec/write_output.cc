@@ -1,13 +1,5 @@
 #include "exec/write_output.h"
 
-#include <fcntl.h>
-#include <stdio.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -64,64 +56,21 @@ void write_safetensors_output(const CheckpointModel& model, const OutputOptions&
   }
 }
 
-namespace {
-
-// A temp file beside the destination that is removed unless committed.
-class TempOutputFile {
- public:
-  explicit TempOutputFile(const std::string& dest) : dest_(dest) {
-    std::string pattern = dest + ".tmp-XXXXXX";
-    std::vector<char> name(pattern.begin(), pattern.end());
-    name.push_back('\0');
-    int fd = ::mkostemp(name.data(), O_CLOEXEC);
-    if (fd < 0) fail(ErrorCode::kOutputFailed, dest + ": cannot create temporary file: " + std::strerror(errno));
-    ::close(fd);
-    ::chmod(name.data(), 0644);
-    temp_ = name.data();
-  }
-  ~TempOutputFile() {
-    if (!committed_) ::unlink(temp_.c_str());
-  }
-  TempOutputFile(const TempOutputFile&) = delete;
-  TempOutputFile& operator=(const TempOutputFile&) = delete;
-
-  const std::string& path() const { return temp_; }
-  // fsync (when durable), then rename onto the destination.
-  void commit(bool durable) {
-    int fd = durable ? ::open(temp_.c_str(), O_RDONLY | O_CLOEXEC) : -2;
-    if (fd == -1 || (fd >= 0 && ::fsync(fd) != 0)) {
-      int err = errno;
-      if (fd >= 0) ::close(fd);
-      fail(ErrorCode::kOutputFailed, dest_ + ": cannot sync the written file: " + std::strerror(err));
-    }
-    if (fd >= 0) ::close(fd);
-    if (::rename(temp_.c_str(), dest_.c_str()) != 0)
-      fail(ErrorCode::kOutputFailed, dest_ + ": cannot rename the written file into place: " + std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string dest_, temp_;
-  bool committed_ = false;
-};
-
-}  // namespace
-
 void write_hdf5_output(const CheckpointModel& model, const OutputOptions& options) {
 #ifdef CKPT_HAVE_HDF5
   require_valid(model);
-  struct stat st {};
-  if (!options.force && ::lstat(options.path.c_str(), &st) == 0)
-    fail_invalid(options.path + ": output exists (use --force to overwrite)");
-  TempOutputFile temp(options.path);
+  // HDF5 writes the file by name: it truncates and fills the sink's temp
+  // file, and the sink's finish() then syncs that inode and renames it into
+  // place exactly as for the other formats (NOREPLACE without --force).
+  auto temp = AtomicFileSink::create(options.path, options.force, options.durable);
   with_context(options.path, [&] {
     hdf5::WriteOptions h5;
     h5.gzip = options.gzip;
-    hdf5::write_hdf5(temp.path(), model, h5, [&](std::size_t index, ByteSink& sink) {
+    hdf5::write_hdf5(temp->temp_path(), model, h5, [&](std::size_t index, ByteSink& sink) {
       append_tensor(model.tensors[index], sink, options.copy);
     });
-    temp.commit(options.durable);
   });
+  temp->finish();
 #else
   (void)model;
   fail(ErrorCode::kUnimplemented, options.path + ": this ckptconv was built without HDF5 (CKPT_WITH_HDF5=OFF)");
