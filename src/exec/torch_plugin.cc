@@ -1,5 +1,5 @@
 // Loads libckpt_torch.so on first use (see torch_plugin_api.h for why) and
-// provides the backends and runtime facts that need LibTorch.
+// provides the runtime facts that need LibTorch.
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "exec/backend.h"
+#include "exec/torch_plugin.h"
 #include "exec/runtime_info.h"
 #include "exec/torch_plugin_api.h"
 
@@ -65,30 +65,13 @@ const Plugin& device_plugin() {
   return p;
 }
 
-const CkptTorchApi& require_plugin() {
-  const Plugin& p = cpu_plugin();
-  if (!p.api) fail(ErrorCode::kUnimplemented, p.error + " (needed for dtype casts)");
-  return *p.api;
-}
-
-class TorchCpuBackend final : public Backend {
- public:
-  explicit TorchCpuBackend(int threads) : api_(require_plugin()), threads_(threads) {}
-  std::string name() const override { return "cpu"; }
-  void cast(const std::byte* src, DType from, std::byte* dst, DType to, std::size_t n) override {
-    if (const char* err = api_.cast(src, static_cast<int>(from), dst, static_cast<int>(to), n, threads_))
-      fail(ErrorCode::kInternal, std::string("cast ") + std::string(dtype_name(from)) + " -> " +
-                                     std::string(dtype_name(to)) + " failed: " + err);
-  }
-
- private:
-  const CkptTorchApi& api_;
-  int threads_;
-};
-
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<TorchCpuBackend>(threads); }
+const CkptTorchApi& require_torch_plugin(const char* purpose) {
+  const Plugin& p = cpu_plugin();
+  if (!p.api) fail(ErrorCode::kUnimplemented, p.error + " (needed for " + purpose + ")");
+  return *p.api;
+}
 
 RuntimeInfo runtime_info() {
   RuntimeInfo info;
