@@ -99,6 +99,25 @@ void emit_slab(const TensorEntry& t, const std::vector<std::byte>& slab, std::ve
   out.append(cast_buf.data(), cast_buf.size());
 }
 
+// Copies the parts of `chunks` inside rows [r0, r1) of dim 0 into `dst`,
+// which holds those rows contiguous and row-major.
+void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks, int64_t r0, int64_t r1,
+                 std::byte* dst, std::vector<std::byte>& scratch) {
+  std::size_t isz = dtype_size(t.dtype);
+  Shape out_strides = contiguous_strides(t.shape);
+  for (const TensorChunk* c : chunks) {
+    int64_t lo = std::max(r0, c->offsets[0]), hi = std::min(r1, c->offsets[0] + c->sizes[0]);
+    if (lo >= hi) continue;
+    Shape extent = c->sizes;
+    extent[0] = hi - lo;
+    const std::byte* src = storage_bytes(*c, scratch) +
+                           (c->storage_offset + (lo - c->offsets[0]) * c->strides[0]) * static_cast<int64_t>(isz);
+    int64_t dst_elem = (lo - r0) * out_strides[0];
+    for (std::size_t d = 1; d < t.shape.size(); ++d) dst_elem += c->offsets[d] * out_strides[d];
+    copy_box(src, c->strides, dst + dst_elem * static_cast<int64_t>(isz), out_strides, extent, isz);
+  }
+}
+
 void append_slabs_gathered(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
                            Destination& out, const CopyOptions& options) {
   std::size_t isz = dtype_size(t.dtype);
@@ -107,22 +126,11 @@ void append_slabs_gathered(const TensorEntry& t, const std::vector<const TensorC
   // The slab and its cast copy share the budget.
   uint64_t per_row = row_bytes + shape_numel(row_shape) * dtype_size(t.output_dtype());
   int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(per_row, 1)));
-  Shape out_strides = contiguous_strides(t.shape);
   std::vector<std::byte> slab, scratch, cast_buf;
   for (int64_t r0 = 0; r0 < t.shape[0]; r0 += rows_per_slab) {
     int64_t r1 = std::min(t.shape[0], r0 + rows_per_slab);
     slab.assign(static_cast<std::size_t>((r1 - r0) * row_bytes), std::byte{0});
-    for (const TensorChunk* c : chunks) {
-      int64_t lo = std::max(r0, c->offsets[0]), hi = std::min(r1, c->offsets[0] + c->sizes[0]);
-      if (lo >= hi) continue;
-      Shape extent = c->sizes;
-      extent[0] = hi - lo;
-      const std::byte* src = storage_bytes(*c, scratch) +
-                             (c->storage_offset + (lo - c->offsets[0]) * c->strides[0]) * static_cast<int64_t>(isz);
-      int64_t dst_elem = (lo - r0) * out_strides[0];
-      for (std::size_t d = 1; d < t.shape.size(); ++d) dst_elem += c->offsets[d] * out_strides[d];
-      copy_box(src, c->strides, slab.data() + dst_elem * static_cast<int64_t>(isz), out_strides, extent, isz);
-    }
+    gather_rows(t, chunks, r0, r1, slab.data(), scratch);
     emit_slab(t, slab, cast_buf, out, options);
   }
 }
@@ -192,6 +200,23 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
 }
 
 }  // namespace
+
+void assemble_rows(const TensorEntry& t, int64_t r0, int64_t r1, std::byte* dst) {
+  with_context("tensor '" + t.name + "'", [&] {
+    auto chunks = nonempty_chunks(t);
+    std::vector<std::byte> scratch;
+    if (t.shape.empty()) {
+      if (r0 != 0 || r1 != 1) fail(ErrorCode::kInternal, "a 0-dim tensor has exactly one row");
+      if (chunks.empty()) fail(ErrorCode::kDataLoss, "a 0-dim tensor without bytes");
+      const TensorChunk& c = *chunks.front();
+      std::size_t isz = dtype_size(t.dtype);
+      std::memcpy(dst, storage_bytes(c, scratch) + c.storage_offset * static_cast<int64_t>(isz), isz);
+      return;
+    }
+    if (r0 < 0 || r1 > t.shape[0] || r0 > r1) fail(ErrorCode::kInternal, "rows outside the tensor");
+    gather_rows(t, chunks, r0, r1, dst, scratch);
+  });
+}
 
 void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOptions& options) {
   ZipDestination dest(zip);

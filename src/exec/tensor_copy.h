@@ -25,6 +25,13 @@ struct CopyOptions {
 void append_tensor(const TensorEntry& t, archive::ZipWriter& zip, const CopyOptions& options);
 void append_tensor(const TensorEntry& t, ByteSink& sink, const CopyOptions& options);
 
+// Assembles rows [r0, r1) of dim 0 of `t` into `dst` as contiguous
+// row-major bytes of t.dtype ((r1 - r0) * row bytes; r0 = 0, r1 = 1 for a
+// 0-dim tensor), through the same gather as append_tensor. For readers of
+// values rather than writers (diff); the caller bounds r1 - r0 by its budget
+// and releases the chunks' sources when done with the tensor.
+void assemble_rows(const TensorEntry& t, int64_t r0, int64_t r1, std::byte* dst);
+
 // Copies the box `extent` from a strided source to a strided destination
 // (strides in elements). Exposed for tests and the CUDA backend's reference.
 void copy_box(const std::byte* src, const Shape& src_strides, std::byte* dst, const Shape& dst_strides,
