@@ -54,15 +54,16 @@ CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& optio
   if (!options.files.empty()) {
     if (!src.empty()) fail_invalid("give either SRC or --files, not both");
     return fsdp_ranks::read_fsdp_rank_files(options.files, options.files.front() + " (and " +
-                                            std::to_string(options.files.size() - 1) + " more files)", options.only);
+                                            std::to_string(options.files.size() - 1) + " more files)", options.only,
+                                            options.problems);
   }
   if (src.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
   switch (detect_source(src)) {
-    case SourceKind::kTorchPt: return torch_pt::read_pt_file(src);
-    case SourceKind::kDcpDir: return dcp::read_dcp_dir(src);
-    case SourceKind::kFsdpRanks: return fsdp_ranks::read_fsdp_ranks(src, options.only);
+    case SourceKind::kTorchPt: return torch_pt::read_pt_file(src, options.problems);
+    case SourceKind::kDcpDir: return dcp::read_dcp_dir(src, options.problems);
+    case SourceKind::kFsdpRanks: return fsdp_ranks::read_fsdp_ranks(src, options.only, options.problems);
     case SourceKind::kSafetensors: return safetensors::read_safetensors_file(src);
-    case SourceKind::kSafetensorsIndex: return safetensors::read_safetensors_index(src);
+    case SourceKind::kSafetensorsIndex: return safetensors::read_safetensors_index(src, options.problems);
     case SourceKind::kHdf5:
 #ifdef CKPT_HAVE_HDF5
       return hdf5::read_hdf5_file(src);

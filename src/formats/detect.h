@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/problems.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt {
@@ -19,6 +20,10 @@ struct ReadOptions {
   // their reader reads only that kind and gives its state dict alone. Other
   // readers ignore it (select_entries applies it to their top-level keys).
   std::string only;
+  // validate: readers verify the CRC-32 of every zip record and report each
+  // problem they can read past here instead of failing on the first (see
+  // core/problems.h); nullptr reads fail-fast, as consolidate needs.
+  ProblemSink* problems = nullptr;
 };
 
 const char* source_kind_name(SourceKind kind);

@@ -51,28 +51,36 @@ bool boxes_overlap(const TensorChunk& a, const TensorChunk& b) {
 
 }  // namespace
 
-std::vector<std::string> tensor_problems(const TensorEntry& t) {
-  std::vector<std::string> out;
+void visit_tensor_problems(const TensorEntry& t, const TensorProblemVisitor& report) {
   bool boxes_ok = true;
   for (std::size_t i = 0; i < t.chunks.size(); ++i) {
     std::string p = chunk_problem(t, t.chunks[i]);
     if (!p.empty()) {
-      out.push_back(chunk_label(t, i) + " " + p);
+      report(chunk_label(t, i) + " " + p, &t.chunks[i]);
       boxes_ok = false;
     }
   }
-  if (!boxes_ok) return out;
+  if (!boxes_ok) return;
   uint64_t covered = 0;
+  bool overlaps = false;
   for (std::size_t i = 0; i < t.chunks.size(); ++i) {
     if (t.chunks[i].numel() == 0) continue;
     covered = checked_add(covered, t.chunks[i].numel());
     for (std::size_t j = i + 1; j < t.chunks.size(); ++j)
-      if (t.chunks[j].numel() != 0 && boxes_overlap(t.chunks[i], t.chunks[j]))
-        out.push_back(chunk_label(t, i) + " overlaps " + chunk_label(t, j));
+      if (t.chunks[j].numel() != 0 && boxes_overlap(t.chunks[i], t.chunks[j])) {
+        report(chunk_label(t, i) + " overlaps " + chunk_label(t, j), &t.chunks[j]);
+        overlaps = true;
+      }
   }
-  if (out.empty() && covered != t.numel())
-    out.push_back("tensor '" + t.name + "' of shape " + shape_str(t.shape) + " has chunks covering " +
-                  std::to_string(covered) + " of its " + std::to_string(t.numel()) + " elements (a gap)");
+  if (!overlaps && covered != t.numel())
+    report("tensor '" + t.name + "' of shape " + shape_str(t.shape) + " has chunks covering " + std::to_string(covered) +
+               " of its " + std::to_string(t.numel()) + " elements (a gap)",
+           nullptr);
+}
+
+std::vector<std::string> tensor_problems(const TensorEntry& t) {
+  std::vector<std::string> out;
+  visit_tensor_problems(t, [&](const std::string& message, const TensorChunk*) { out.push_back(message); });
   return out;
 }
 

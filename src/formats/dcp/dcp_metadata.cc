@@ -84,7 +84,13 @@ DcpMetadata parse_metadata(const Value& root) {
   return md;
 }
 
-DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks) {
+namespace {
+std::string describe_item(const ItemMeta& item) {
+  return item.is_tensor ? std::string(dtype_name(item.dtype)) + " " + shape_str(item.size) : "bytes";
+}
+}  // namespace
+
+DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks, ProblemSink* sink) {
   if (ranks.empty()) fail_data_loss("no metadata to merge");
   DcpMetadata out = std::move(ranks[0]);
   std::map<std::string, std::size_t> index;
@@ -98,8 +104,14 @@ DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks) {
         continue;
       }
       ItemMeta& have = out.items[it->second];
-      if (have.is_tensor != item.is_tensor || have.dtype != item.dtype || have.size != item.size)
-        fail_data_loss("key '" + item.fqn + "': rank metadata files disagree about its type, dtype or size");
+      if (have.is_tensor != item.is_tensor || have.dtype != item.dtype || have.size != item.size) {
+        report_or_fail(sink, {ErrorCode::kDataLoss,
+                              "key '" + item.fqn + "': rank metadata files disagree about its type, dtype or size (" +
+                                  describe_item(have) + " in the first, " + describe_item(item) + " in __" +
+                                  std::to_string(r) + ".metadata)",
+                              "__" + std::to_string(r) + ".metadata", static_cast<int>(r), item.fqn});
+        continue;
+      }
       for (ChunkMeta& c : item.chunks) {
         bool seen = std::any_of(have.chunks.begin(), have.chunks.end(),
                                 [&](const ChunkMeta& h) { return h.offsets == c.offsets && h.sizes == c.sizes; });

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/problems.h"
 #include "model/checkpoint_model.h"
 #include "pickle/value.h"
 
@@ -60,6 +61,8 @@ DcpMetadata parse_metadata(const pickle::Value& root);
 // use_collectives=False: a tensor's chunks are the union over ranks (size
 // and dtype must agree, DataLoss naming the key otherwise); planner and
 // storage entries are united; the first rank's order is kept.
-DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks);
+// With a sink, each disagreement is reported there and the first rank's
+// description kept.
+DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks, ProblemSink* sink = nullptr);
 
 }  // namespace ckpt::dcp

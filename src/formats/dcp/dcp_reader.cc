@@ -3,10 +3,13 @@
 #include <zstd.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <map>
 #include <regex>
+#include <set>
 
 #include "core/error.h"
+#include "core/problems.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/torch_pt/pt_reader.h"
 #include "model/unflatten.h"
@@ -59,7 +62,7 @@ std::string zstd_decompress(const ByteSource& src) {
 
 class DcpDirReader {
  public:
-  explicit DcpDirReader(std::string dir) : dir_(std::move(dir)) {}
+  DcpDirReader(std::string dir, ProblemSink* sink) : dir_(std::move(dir)), sink_(sink) {}
 
   CheckpointModel read() {
     DcpMetadata md = load_metadata();
@@ -69,11 +72,20 @@ class DcpDirReader {
     model.facts["dcp_metadata_version"] = md.version.empty() ? "none (torch < 2.4)" : md.version;
     model.facts["storage_meta"] = md.has_storage_meta ? "yes" : "no";
     model.facts["metadata_files"] = std::to_string(metadata_files_) + (metadata_files_ == 1 ? " (.metadata)" : " (__<rank>.metadata, no global one)");
+    int max_rank = -1;
+    for (const auto& [key, info] : md.storage) max_rank = std::max(max_rank, rank_of_file(fs::path(info.relative_path).filename().string()));
+    if (max_rank >= 0) model.facts["world_size"] = std::to_string(max_rank + 1);
+    if (sink_) check_storage_files(md);
     Unflattener tree;
     for (const ItemMeta& item : md.items) {
-      ValuePtr value = with_context("key '" + item.fqn + "'", [&] {
-        return item.is_tensor ? read_tensor(item, md, model) : read_bytes(item, md, model);
+      if (sink_ && in_unreadable_file(item, md)) continue;  // reported once for its file
+      ValuePtr value;
+      bool ok = run_reporting(sink_, "", -1, item.fqn, [&] {
+        value = with_context("key '" + item.fqn + "'", [&] {
+          return item.is_tensor ? read_tensor(item, md, model) : read_bytes(item, md, model);
+        });
       });
+      if (!ok) continue;
       auto pd = md.planner_data.find(item.fqn);
       if (pd != md.planner_data.end())
         tree.set(pd->second, value);
@@ -85,6 +97,58 @@ class DcpDirReader {
   }
 
  private:
+  // validate: every file the metadata names exists and opens (one problem
+  // per file, naming the keys stored in it), items of one file do not
+  // overlap, and no .distcp file lies in the directory unreferenced.
+  void check_storage_files(const DcpMetadata& md) {
+    std::map<std::string, std::vector<std::pair<const StorageInfo*, std::string>>> by_file;
+    for (const auto& [key, info] : md.storage) by_file[info.relative_path].emplace_back(&info, key.first);
+    for (auto& [relative, items] : by_file) {
+      int rank = rank_of_file(fs::path(relative).filename().string());
+      std::string path = (fs::path(dir_) / relative).string();
+      try {
+        check_relative_path(relative);
+        open(relative);
+      } catch (const Error& e) {
+        std::string keys;
+        for (std::size_t i = 0; i < items.size() && i < 6; ++i) keys += (i ? ", " : "") + items[i].second;
+        if (items.size() > 6) keys += " and " + std::to_string(items.size() - 6) + " more";
+        sink_->report(Problem{e.code(), std::string(e.what()) + " (rank " + std::to_string(rank) + "; it holds " +
+                                            std::to_string(items.size()) + " items of the metadata: " + keys + ")",
+                              path, rank, items.front().second});
+        unreadable_.insert(relative);
+        continue;
+      }
+      std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
+      for (std::size_t i = 1; i < items.size(); ++i) {
+        const StorageInfo& prev = *items[i - 1].first;
+        const StorageInfo& cur = *items[i].first;
+        if (cur.offset < prev.offset + prev.length)
+          sink_->report(Problem{ErrorCode::kDataLoss,
+                                path + ": the bytes of '" + items[i].second + "' [" + std::to_string(cur.offset) + ", +" +
+                                    std::to_string(cur.length) + ") overlap those of '" + items[i - 1].second + "' [" +
+                                    std::to_string(prev.offset) + ", +" + std::to_string(prev.length) + ") (rank " +
+                                    std::to_string(rank) + ")",
+                                path, rank, items[i].second});
+      }
+    }
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+      std::string name = entry.path().filename().string();
+      if (entry.path().extension() != ".distcp" || by_file.count(name)) continue;
+      int rank = rank_of_file(name);
+      sink_->report(Problem{ErrorCode::kDataLoss,
+                            entry.path().string() + ": not referenced by the metadata (a file of another save?)",
+                            entry.path().string(), rank, ""});
+    }
+  }
+
+  bool in_unreadable_file(const ItemMeta& item, const DcpMetadata& md) const {
+    for (const auto& [key, info] : md.storage)
+      if (key.first == item.fqn && unreadable_.count(info.relative_path)) return true;
+    return false;
+  }
+
   static DcpMetadata parse_file(const std::string& path) {
     SourcePtr src = open_file_source(path);
     ValuePtr raw = pickle::unpickle(*src, pickle::checkpoint_policy());
@@ -103,11 +167,12 @@ class DcpDirReader {
     for (int r = 0;; ++r) {
       fs::path p = fs::path(dir_) / ("__" + std::to_string(r) + ".metadata");
       if (!fs::exists(p)) break;
-      ranks.push_back(parse_file(p.string()));
+      ++metadata_files_;
+      run_reporting(sink_, p.string(), r, "", [&] { ranks.push_back(parse_file(p.string())); });
     }
-    if (ranks.empty()) fail(ErrorCode::kNotFound, dir_ + ": no .metadata and no __0.metadata");
-    metadata_files_ = static_cast<int>(ranks.size());
-    return merge_rank_metadata(std::move(ranks));
+    if (metadata_files_ == 0) fail(ErrorCode::kNotFound, dir_ + ": no .metadata and no __0.metadata");
+    if (ranks.empty()) fail_data_loss(dir_ + ": none of the " + std::to_string(metadata_files_) + " __<rank>.metadata files could be read");
+    return merge_rank_metadata(std::move(ranks), sink_);
   }
 
  private:
@@ -140,7 +205,7 @@ class DcpDirReader {
       int rank = -1;
       SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank);
       std::vector<TensorEntry> local;
-      ValuePtr shard = with_context(src->describe(), [&] { return torch_pt::decode_archive(src, local, item.fqn, rank); });
+      ValuePtr shard = with_context(src->describe(), [&] { return torch_pt::decode_archive(src, local, item.fqn, rank, sink_); });
       auto idx = tensor_ref_index(*shard);
       if (!idx || local.size() != 1) fail_data_loss(src->describe() + ": tensor item does not hold exactly one tensor");
       TensorEntry& piece = local[*idx];
@@ -160,7 +225,7 @@ class DcpDirReader {
   ValuePtr read_bytes(const ItemMeta& item, const DcpMetadata& md, CheckpointModel& model) {
     int rank = -1;
     SourcePtr src = item_source(item.fqn, {}, md, &rank);
-    return with_context(src->describe(), [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank); });
+    return with_context(src->describe(), [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank, sink_); });
   }
 
   SourcePtr open(const std::string& relative) {
@@ -170,14 +235,16 @@ class DcpDirReader {
   }
 
   std::string dir_;
+  ProblemSink* sink_;
   std::map<std::string, SourcePtr> files_;
+  std::set<std::string> unreadable_;  // relative paths reported by check_storage_files
   int metadata_files_ = 0;
 };
 
 }  // namespace
 
-CheckpointModel read_dcp_dir(const std::string& dir) { return DcpDirReader(dir).read(); }
+CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink) { return DcpDirReader(dir, sink).read(); }
 
-DcpMetadata read_dcp_metadata(const std::string& dir) { return DcpDirReader(dir).load_metadata(); }
+DcpMetadata read_dcp_metadata(const std::string& dir) { return DcpDirReader(dir, nullptr).load_metadata(); }
 
 }  // namespace ckpt::dcp

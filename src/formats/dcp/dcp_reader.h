@@ -7,12 +7,18 @@
 
 #include <string>
 
+#include "core/problems.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::dcp {
 
-CheckpointModel read_dcp_dir(const std::string& dir);
+// `sink` (validate): every record's CRC-32 is verified, and each problem the
+// reader can continue past (an item that does not decode, a missing or
+// unreadable .distcp, overlapping items, a .distcp the metadata does not
+// name, rank metadata files that disagree) is reported there instead of
+// thrown; the model holds the items that could be read.
+CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink = nullptr);
 
 // The directory's metadata alone: the global .metadata, or else every
 // rank's __<rank>.metadata merged.

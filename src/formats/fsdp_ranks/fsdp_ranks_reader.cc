@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/problems.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/fsdp_ranks/rank_merge.h"
 #include "formats/torch_pt/pt_reader.h"
@@ -26,6 +27,7 @@ struct RankFile {
   CheckpointModel model;
   int content_rank = -1;        // from the chunks of its sharded values
   int content_world_size = -1;  // from their process group / device mesh
+  bool unreadable = false;      // reported to the sink; its rank counts as present, its content is not merged
 };
 
 // The files whose names differ only in the rank.
@@ -43,8 +45,12 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep =
   return out;
 }
 
-RankFile read_rank_file(const std::string& path, const RankFileName& name) {
-  RankFile f{path, name, torch_pt::read_pt_file(path)};  // its errors name the file
+RankFile read_rank_file(const std::string& path, const RankFileName& name, ProblemSink* sink) {
+  RankFile f{path, name, {}};
+  // Its errors name the file; with a sink, a file that cannot be read is
+  // reported and left out of the merge.
+  f.unreadable = !run_reporting(sink, path, name.rank, "", [&] { f.model = torch_pt::read_pt_file(path, sink); });
+  if (f.unreadable) return f;
   std::set<int> ranks, sizes;
   for (const auto& t : f.model.tensors) {
     if (!is_sharded(t)) continue;
@@ -57,24 +63,39 @@ RankFile read_rank_file(const std::string& path, const RankFileName& name) {
     for (int x : s) v.push_back(std::to_string(x));
     return join(v);
   };
-  if (ranks.size() > 1) fail_data_loss(path + ": holds the shards of ranks " + list(ranks) + "; a per-rank file holds one rank's");
-  if (sizes.size() > 1) fail_data_loss(path + ": its sharded values were written by process groups of sizes " + list(sizes));
+  if (ranks.size() > 1)
+    report_or_fail(sink, {ErrorCode::kDataLoss, path + ": holds the shards of ranks " + list(ranks) + "; a per-rank file holds one rank's",
+                          path, name.rank});
+  if (sizes.size() > 1)
+    report_or_fail(sink, {ErrorCode::kDataLoss, path + ": its sharded values were written by process groups of sizes " + list(sizes),
+                          path, name.rank});
   if (!ranks.empty()) f.content_rank = *ranks.begin();
   if (!sizes.empty()) f.content_world_size = *sizes.begin();
   return f;
 }
 
 // Ranks exactly 0..N-1, each once, of one world size; names agree with content.
-int check_ranks(std::vector<RankFile>& files) {
+// With a sink, each violation is reported; a second file claiming a rank and
+// a file outside the world size are left out, so the rest still merges.
+int check_ranks(std::vector<RankFile>& files, ProblemSink* sink) {
   for (const auto& f : files)
     if (f.content_rank >= 0 && f.content_rank != f.name.rank)
-      fail_data_loss(f.path + ": holds the shards of rank " + std::to_string(f.content_rank) +
-                     " (from its ShardedTensor/DTensor placements), but its name says rank " + std::to_string(f.name.rank) +
-                     " (was it copied or renamed?)");
+      report_or_fail(sink, {ErrorCode::kDataLoss,
+                            f.path + ": holds the shards of rank " + std::to_string(f.content_rank) +
+                                " (from its ShardedTensor/DTensor placements), but its name says rank " +
+                                std::to_string(f.name.rank) + " (was it copied or renamed?)",
+                            f.path, f.name.rank});
   std::stable_sort(files.begin(), files.end(), [](const RankFile& a, const RankFile& b) { return a.name.rank < b.name.rank; });
-  for (std::size_t i = 1; i < files.size(); ++i)
-    if (files[i].name.rank == files[i - 1].name.rank)
-      fail_data_loss("two files claim rank " + std::to_string(files[i].name.rank) + ": " + files[i - 1].path + " and " + files[i].path);
+  for (std::size_t i = 1; i < files.size();) {
+    if (files[i].name.rank != files[i - 1].name.rank) {
+      ++i;
+      continue;
+    }
+    report_or_fail(sink, {ErrorCode::kDataLoss,
+                          "two files claim rank " + std::to_string(files[i].name.rank) + ": " + files[i - 1].path + " and " + files[i].path,
+                          files[i].path, files[i].name.rank});
+    files.erase(files.begin() + static_cast<std::ptrdiff_t>(i));
+  }
 
   int world_size = -1;
   std::string said_by;
@@ -85,7 +106,8 @@ int check_ranks(std::vector<RankFile>& files) {
       world_size = ws;
       said_by = who;
     } else if (ws != world_size) {
-      fail_data_loss("files from different world sizes: " + said_by + " and " + who);
+      report_or_fail(sink, {ErrorCode::kDataLoss, "files from different world sizes: " + said_by + " and " + who, f.path,
+                            f.name.rank});
     }
   };
   for (const auto& f : files) {
@@ -93,24 +115,34 @@ int check_ranks(std::vector<RankFile>& files) {
     agree(f, f.name.world_size, "name");
   }
   if (world_size < 0) world_size = files.back().name.rank + 1;
-  for (const auto& f : files)
-    if (f.name.rank >= world_size)
-      fail_data_loss(f.path + ": rank " + std::to_string(f.name.rank) + " is outside world size " + std::to_string(world_size) +
-                     " (" + said_by + ")");
+  while (!files.empty() && files.back().name.rank >= world_size) {
+    const RankFile& f = files.back();
+    report_or_fail(sink, {ErrorCode::kDataLoss,
+                          f.path + ": rank " + std::to_string(f.name.rank) + " is outside world size " +
+                              std::to_string(world_size) + " (" + said_by + ")",
+                          f.path, f.name.rank});
+    files.pop_back();
+  }
+  if (files.empty()) fail_data_loss("no rank file is inside world size " + std::to_string(world_size));
 
   std::vector<std::string> missing, found;
+  Problem first_missing;
   std::size_t next = 0;
   fs::path dir = fs::path(files.front().path).parent_path();
   for (int r = 0; r < world_size; ++r) {
     if (next < files.size() && files[next].name.rank == r) {
       found.push_back(files[next++].path);
     } else {
-      missing.push_back((dir / files.front().name.name_for(r)).string() + " (rank " + std::to_string(r) + ")");
+      std::string path = (dir / files.front().name.name_for(r)).string();
+      if (missing.empty()) first_missing = {ErrorCode::kNotFound, "", path, r};
+      missing.push_back(path + " (rank " + std::to_string(r) + ")");
     }
   }
-  if (!missing.empty())
-    fail(ErrorCode::kNotFound, "missing rank file" + std::string(missing.size() > 1 ? "s" : "") + " of world size " +
-                                   std::to_string(world_size) + ": " + join(missing) + "; found " + join(found));
+  if (!missing.empty()) {
+    first_missing.message = "missing rank file" + std::string(missing.size() > 1 ? "s" : "") + " of world size " +
+                            std::to_string(world_size) + ": " + join(missing) + "; found " + join(found);
+    report_or_fail(sink, std::move(first_missing));
+  }
   return world_size;
 }
 
@@ -143,15 +175,20 @@ void refuse_flat_parameter_shards(const RankFile& f) {
   }
 }
 
-CheckpointModel read_family(const Family& family) {
+CheckpointModel read_family(const Family& family, ProblemSink* sink) {
   std::vector<RankFile> files;
-  for (const auto& [path, name] : family.files) files.push_back(read_rank_file(path, name));
-  int world_size = check_ranks(files);
-  refuse_flat_parameter_shards(files.front());
-  CheckpointModel merged = std::move(files.front().model);
-  for (std::size_t i = 1; i < files.size(); ++i) {
-    merge_rank_model(merged, files.front().path, files[i].model, files[i].path);
-    files[i].model = {};
+  for (const auto& [path, name] : family.files) files.push_back(read_rank_file(path, name, sink));
+  int world_size = check_ranks(files, sink);
+  // The lowest readable rank is the base the others merge into.
+  auto base = std::find_if(files.begin(), files.end(), [](const RankFile& f) { return !f.unreadable; });
+  if (base == files.end())
+    fail_data_loss("none of the " + std::to_string(files.size()) + " files of '" + family.tmpl + "' could be read");
+  refuse_flat_parameter_shards(*base);
+  CheckpointModel merged = std::move(base->model);
+  for (auto it = base + 1; it != files.end(); ++it) {
+    if (it->unreadable) continue;
+    merge_rank_model(merged, base->path, it->model, it->path, it->name.rank, sink);
+    it->model = {};
   }
   std::size_t dropped = drop_replica_chunks(merged);
   // Rank 0 described its own mesh coordinate; the merged tensor has every rank's.
@@ -224,17 +261,17 @@ void prefix_names(CheckpointModel& model, const std::string& prefix) {
 }  // namespace
 
 CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
-                                     const std::string& only) {
+                                     const std::string& only, ProblemSink* sink) {
   std::vector<Family> families = group_families(files);
   std::vector<const Family*> chosen = choose_families(families, only);
   if (chosen.size() == 1) {
-    CheckpointModel model = read_family(*chosen[0]);
+    CheckpointModel model = read_family(*chosen[0], sink);
     model.source = source;
     return model;
   }
   // A model and an optimizer family: {"model": ..., "optim": ...}, as DCP checkpoints hold them.
-  CheckpointModel model = read_family(*chosen[0]);
-  CheckpointModel optim = read_family(*chosen[1]);
+  CheckpointModel model = read_family(*chosen[0], sink);
+  CheckpointModel optim = read_family(*chosen[1], sink);
   prune_unreferenced(optim.root, optim.tensors, model.tensors.size());
   prefix_names(model, "model");
   prefix_names(optim, "optim");
@@ -246,12 +283,12 @@ CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, cons
   return model;
 }
 
-CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only) {
+CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only, ProblemSink* sink) {
   std::error_code ec;
   if (fs::is_directory(src, ec)) {
     std::vector<std::string> files = list_rank_files(src);
     if (files.empty()) fail(ErrorCode::kNotFound, src + ": no per-rank files (*rank{r}*.pt) in this directory");
-    return read_fsdp_rank_files(files, src, only);
+    return read_fsdp_rank_files(files, src, only, sink);
   }
   // Like a directory, a glob may catch files that name no rank (model_full.pt): they are skipped.
   std::vector<std::string> files;
@@ -262,7 +299,7 @@ CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only)
       log::info("skipping " + path + ": no rank in its file name");
   }
   if (files.empty()) fail(ErrorCode::kNotFound, src + ": matches no per-rank files (*rank{r}*.pt)");
-  return read_fsdp_rank_files(files, src, only);
+  return read_fsdp_rank_files(files, src, only, sink);
 }
 
 }  // namespace ckpt::fsdp_ranks

@@ -26,14 +26,19 @@
 #include <string>
 #include <vector>
 
+#include "core/problems.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::fsdp_ranks {
 
 // SRC is a directory (every per-rank file in it) or a glob pattern.
-CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only = "");
+// `sink` (validate): every record's CRC-32 is verified, and each problem the
+// reader can continue past (an unreadable file, a rank missing, duplicated
+// or of another world size, values that differ between ranks) is reported
+// there instead of thrown; the model holds what could be merged.
+CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only = "", ProblemSink* sink = nullptr);
 // Files given one by one; `source` names them in messages.
 CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
-                                     const std::string& only = "");
+                                     const std::string& only = "", ProblemSink* sink = nullptr);
 
 }  // namespace ckpt::fsdp_ranks

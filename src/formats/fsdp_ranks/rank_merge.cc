@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/problems.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::fsdp_ranks {
@@ -35,21 +36,24 @@ bool same_scalar(const Value& a, const Value& b) {
 class RankTreeMerger {
  public:
   RankTreeMerger(CheckpointModel& base, const std::string& base_file, const CheckpointModel& other,
-                 const std::string& other_file)
-      : base_(base), other_(other), base_file_(base_file), other_file_(other_file) {}
+                 const std::string& other_file, int other_rank, ProblemSink* sink)
+      : base_(base), other_(other), base_file_(base_file), other_file_(other_file), other_rank_(other_rank), sink_(sink) {}
 
+  // Each difference is reported (or thrown without a sink); the subtree
+  // where it is found is not merged further.
   void merge(const Value& a, const Value& b, const std::string& path, int depth) {
     if (depth > kMaxDepth) fail_data_loss("'" + path + "' is nested deeper than " + std::to_string(kMaxDepth) + " levels");
     auto ia = tensor_ref_index(a), ib = tensor_ref_index(b);
     if (ia || ib) {
-      if (!ia || !ib) differ(path, ia ? "a tensor" : a.repr(2), ib ? "a tensor" : b.repr(2));
+      if (!ia || !ib) return differ(path, ia ? "a tensor" : a.repr(2), ib ? "a tensor" : b.repr(2));
       merge_tensor(*ia, *ib, path);
       return;
     }
-    if (!same_scalar(a, b)) differ(path, a.repr(2), b.repr(2));
+    if (!same_scalar(a, b)) return differ(path, a.repr(2), b.repr(2));
     if (a.items.size() != b.items.size())
-      differ(path, std::to_string(a.items.size()) + " elements", std::to_string(b.items.size()) + " elements");
+      return differ(path, std::to_string(a.items.size()) + " elements", std::to_string(b.items.size()) + " elements");
     for (std::size_t i = 0; i < a.items.size(); ++i) merge(*a.items[i], *b.items[i], join_path(path, std::to_string(i)), depth + 1);
+    if (!same_keys(a, b, path)) return;
     merge_entries(a, b, path, depth);
     merge_child(a.callable, b.callable, path, depth);
     merge_child(a.args, b.args, path, depth);
@@ -60,45 +64,54 @@ class RankTreeMerger {
   }
 
  private:
-  [[noreturn]] void differ(const std::string& path, const std::string& in_base, const std::string& in_other) {
-    fail_data_loss("'" + (path.empty() ? std::string("<root>") : path) + "' differs between ranks: " + in_base + " in " +
-                   base_file_ + ", " + in_other + " in " + other_file_);
+  void problem(const std::string& path, std::string message) {
+    report_or_fail(sink_, {ErrorCode::kDataLoss, std::move(message), other_file_, other_rank_, path});
+  }
+
+  void differ(const std::string& path, const std::string& in_base, const std::string& in_other) {
+    problem(path, "'" + (path.empty() ? std::string("<root>") : path) + "' differs between ranks: " + in_base + " in " +
+                      base_file_ + ", " + in_other + " in " + other_file_);
   }
 
   void merge_child(const pickle::ValuePtr& a, const pickle::ValuePtr& b, const std::string& path, int depth) {
     if (!a && !b) return;
-    if (!a || !b) differ(path, a ? a->repr(2) : "nothing", b ? b->repr(2) : "nothing");
+    if (!a || !b) return differ(path, a ? a->repr(2) : "nothing", b ? b->repr(2) : "nothing");
     merge(*a, *b, path, depth + 1);
   }
 
   void merge_entries(const Value& a, const Value& b, const std::string& path, int depth) {
-    for (std::size_t i = 0; i < std::max(a.entries.size(), b.entries.size()); ++i) {
-      bool key_ok = i < a.entries.size() && i < b.entries.size();
-      if (key_ok) {
-        const Value& ka = *a.entries[i].first;
-        const Value& kb = *b.entries[i].first;
-        key_ok = ka.kind == kb.kind && path_component(ka) == path_component(kb);
-      }
-      if (!key_ok) missing_key(a, b, path);
+    for (std::size_t i = 0; i < a.entries.size(); ++i)
       merge(*a.entries[i].second, *b.entries[i].second, join_path(path, path_component(*a.entries[i].first)), depth + 1);
-    }
   }
 
-  // Names a key one side has and the other lacks (or the first one out of order).
-  [[noreturn]] void missing_key(const Value& a, const Value& b, const std::string& path) {
+  // False after naming each key one side has and the other lacks (or the
+  // first one out of order).
+  bool same_keys(const Value& a, const Value& b, const std::string& path) {
     auto keys = [](const Value& v) {
       std::vector<std::string> out;
       for (const auto& [k, unused] : v.entries) out.push_back(path_component(*k));
       return out;
     };
+    bool same = a.entries.size() == b.entries.size();
+    for (std::size_t i = 0; same && i < a.entries.size(); ++i)
+      same = a.entries[i].first->kind == b.entries[i].first->kind &&
+             path_component(*a.entries[i].first) == path_component(*b.entries[i].first);
+    if (same) return true;
     auto ka = keys(a), kb = keys(b);
+    bool named = false;
     for (const auto& k : ka)
-      if (std::find(kb.begin(), kb.end(), k) == kb.end())
-        fail_data_loss("'" + join_path(path, k) + "' is in " + base_file_ + " but not in " + other_file_);
+      if (std::find(kb.begin(), kb.end(), k) == kb.end()) {
+        problem(join_path(path, k), "'" + join_path(path, k) + "' is in " + base_file_ + " but not in " + other_file_);
+        named = true;
+      }
     for (const auto& k : kb)
-      if (std::find(ka.begin(), ka.end(), k) == ka.end())
-        fail_data_loss("'" + join_path(path, k) + "' is in " + other_file_ + " but not in " + base_file_);
-    fail_data_loss("the keys of '" + path + "' are in a different order in " + base_file_ + " and " + other_file_);
+      if (std::find(ka.begin(), ka.end(), k) == ka.end()) {
+        problem(join_path(path, k), "'" + join_path(path, k) + "' is in " + other_file_ + " but not in " + base_file_);
+        named = true;
+      }
+    if (!named)
+      problem(path, "the keys of '" + path + "' are in a different order in " + base_file_ + " and " + other_file_);
+    return false;
   }
 
   void merge_tensor(std::size_t ia, std::size_t ib, const std::string& path) {
@@ -106,12 +119,12 @@ class RankTreeMerger {
     TensorEntry& a = base_.tensors.at(ia);
     const TensorEntry& b = other_.tensors.at(ib);
     if (is_sharded(a) != is_sharded(b) || a.stored_as != b.stored_as || a.dtype != b.dtype || a.shape != b.shape)
-      differ(path, describe_tensor(a), describe_tensor(b));
+      return differ(path, describe_tensor(a), describe_tensor(b));
     if (is_sharded(a)) {
       a.chunks.insert(a.chunks.end(), b.chunks.begin(), b.chunks.end());
     } else if (!same_tensor_bytes(a, b)) {
-      fail_data_loss("'" + path + "' is a plain (unsharded) tensor that every rank should hold alike, but its bytes in " +
-                     base_file_ + " and " + other_file_ + " differ");
+      problem(path, "'" + path + "' is a plain (unsharded) tensor that every rank should hold alike, but its bytes in " +
+                        base_file_ + " and " + other_file_ + " differ");
     }
   }
 
@@ -119,6 +132,8 @@ class RankTreeMerger {
   const CheckpointModel& other_;
   const std::string& base_file_;
   const std::string& other_file_;
+  int other_rank_;
+  ProblemSink* sink_;
   std::unordered_set<std::size_t> merged_;
 };
 
@@ -177,8 +192,8 @@ bool same_tensor_bytes(const TensorEntry& a, const TensorEntry& b) {
 }
 
 void merge_rank_model(CheckpointModel& base, const std::string& base_file, const CheckpointModel& other,
-                      const std::string& other_file) {
-  RankTreeMerger(base, base_file, other, other_file).merge(*base.root, *other.root, "", 0);
+                      const std::string& other_file, int other_rank, ProblemSink* sink) {
+  RankTreeMerger(base, base_file, other, other_file, other_rank, sink).merge(*base.root, *other.root, "", 0);
 }
 
 std::size_t drop_replica_chunks(CheckpointModel& model) {

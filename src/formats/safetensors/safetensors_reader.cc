@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/problems.h"
 #include "formats/safetensors/safetensors_format.h"
 #include "model/value_json.h"
 
@@ -39,7 +40,7 @@ bool all_tensors_present(const Json& j, const std::map<std::string, std::size_t>
 // and builds the model's tree once all are in.
 class ModelBuilder {
  public:
-  explicit ModelBuilder(const std::string& source) {
+  ModelBuilder(const std::string& source, ProblemSink* sink) : sink_(sink) {
     model_.format = "safetensors";
     model_.source = source;
   }
@@ -77,7 +78,10 @@ class ModelBuilder {
 
  private:
   void add_tensor(const HeaderTensor& h, const SourcePtr& file, uint64_t data_start, const std::string& path) {
-    if (by_name_.count(h.name)) fail_data_loss("tensor '" + h.name + "' is in two shards");
+    if (by_name_.count(h.name))
+      return report_or_fail(sink_, {ErrorCode::kDataLoss, "tensor '" + h.name + "' is in two shards (" +
+                                                              model_.tensors[by_name_[h.name]].chunks[0].file + " and " + path + ")",
+                                    path, -1, h.name});
     TensorEntry t;
     t.name = h.name;
     t.dtype = h.dtype;
@@ -98,6 +102,7 @@ class ModelBuilder {
   std::map<std::string, std::size_t> by_name_;
   std::vector<std::pair<ValuePtr, ValuePtr>> flat_;
   std::optional<std::string> tree_;
+  ProblemSink* sink_;
 };
 
 constexpr uint64_t kMaxIndexSize = 100'000'000;
@@ -105,14 +110,14 @@ constexpr uint64_t kMaxIndexSize = 100'000'000;
 }  // namespace
 
 CheckpointModel read_safetensors_file(const std::string& path) {
-  ModelBuilder builder(path);
+  ModelBuilder builder(path, nullptr);
   builder.add_file(path);
   return std::move(builder).finish();
 }
 
 bool is_safetensors_index(const std::string& path) { return path.ends_with(".safetensors.index.json"); }
 
-CheckpointModel read_safetensors_index(const std::string& path) {
+CheckpointModel read_safetensors_index(const std::string& path, ProblemSink* sink) {
   return with_context(path, [&] {
     SourcePtr src = open_file_source(path);
     if (src->size() > kMaxIndexSize) fail_data_loss("index larger than " + std::to_string(kMaxIndexSize) + " bytes");
@@ -130,13 +135,20 @@ CheckpointModel read_safetensors_index(const std::string& path) {
       files.insert(name);
     }
     std::filesystem::path dir = std::filesystem::path(path).parent_path();
-    ModelBuilder builder(path);
-    for (const auto& name : files) builder.add_file((dir / name).string());
+    ModelBuilder builder(path, sink);
+    std::set<std::string> unreadable;
+    for (const auto& name : files) {
+      std::string shard = (dir / name).string();
+      if (!run_reporting(sink, shard, -1, "", [&] { builder.add_file(shard); })) unreadable.insert(name);
+    }
     CheckpointModel model = std::move(builder).finish();
     std::set<std::string> present;
     for (const auto& t : model.tensors) present.insert(t.name);
     for (auto it = map->begin(); it != map->end(); ++it)
-      if (!present.count(it.key())) fail_data_loss("weight_map lists tensor '" + it.key() + "' that no shard holds");
+      if (!present.count(it.key()) && !unreadable.count(it->get<std::string>()))
+        report_or_fail(sink, {ErrorCode::kDataLoss, "weight_map lists tensor '" + it.key() + "' that no shard holds (" +
+                                                        it->get<std::string>() + " does not)",
+                              (dir / it->get<std::string>()).string(), -1, it.key()});
     return model;
   });
 }

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "core/problems.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::safetensors {
@@ -19,6 +20,8 @@ CheckpointModel read_safetensors_file(const std::string& path);
 // model; a tensor in two shards, or listed but in none, is DataLoss; a file
 // name with a '/' is Unsafe.
 bool is_safetensors_index(const std::string& path);
-CheckpointModel read_safetensors_index(const std::string& path);
+// `sink` (validate): a shard that cannot be read and each tensor missing or
+// doubled is reported there instead of thrown.
+CheckpointModel read_safetensors_index(const std::string& path, ProblemSink* sink = nullptr);
 
 }  // namespace ckpt::safetensors

@@ -4,6 +4,7 @@
 
 #include "archive/zip_reader.h"
 #include "core/error.h"
+#include "core/problems.h"
 #include "formats/pyobj.h"
 #include "formats/torch_pt/sharded_values.h"
 #include "pickle/unpickler.h"
@@ -29,6 +30,10 @@ class ArchiveDecoder {
     return out;
   }
 
+  // The zip record each decoded tensor's storage is (keyed by the storage
+  // source, which chunks keep through renumbering and moves).
+  const std::unordered_map<const ByteSource*, std::string>& storage_records() const { return storage_records_; }
+
  private:
   ValuePtr transform_uncached(const ValuePtr& v, const std::string& path);
   ValuePtr decode_tensor(const Value& call, const std::string& path, bool v3);
@@ -39,6 +44,7 @@ class ArchiveDecoder {
   std::vector<TensorEntry>& tensors_;
   int rank_;
   std::unordered_map<const Value*, ValuePtr> done_;
+  std::unordered_map<const ByteSource*, std::string> storage_records_;
 };
 
 std::string child_path(const std::string& path, const Value& key) {
@@ -141,6 +147,7 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
     c.strides = pyobj::int_sequence(*args[3], "tensor stride");
     c.storage_offset = args[1]->as_int();
     c.storage = zip_.open(record);
+    storage_records_[c.storage.get()] = record.name;
     c.storage_crc = record.crc32;
     c.file = zip_.source()->describe();
     c.rank = rank_;
@@ -149,6 +156,31 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
     tensors_.push_back(std::move(t));
     return make_tensor_ref(tensors_.size() - 1);
   });
+}
+
+// Verifies the CRC-32 of every record of the archive, reporting each
+// mismatch with the tensors stored in that record.
+void verify_records(const archive::ZipReader& zip, const std::vector<TensorEntry>& tensors,
+                    const std::unordered_map<const ByteSource*, std::string>& storage_records, int rank,
+                    ProblemSink& sink) {
+  std::unordered_map<std::string, std::vector<std::string>> holders;  // record name -> tensor names
+  for (const auto& t : tensors)
+    for (const auto& c : t.chunks)
+      if (auto it = storage_records.find(c.storage.get()); it != storage_records.end()) holders[it->second].push_back(t.name);
+  for (const auto& entry : zip.entries()) {
+    try {
+      zip.verify_crc(entry);
+    } catch (const Error& e) {
+      Problem p{e.code(), e.what(), zip.source()->describe(), rank, ""};
+      if (auto it = holders.find(entry.name); it != holders.end()) {
+        p.tensor = it->second.front();
+        p.message += "; the record holds tensor '" + p.tensor + "'";
+        for (std::size_t i = 1; i < it->second.size(); ++i) p.message += " and '" + it->second[i] + "'";
+      }
+      if (rank >= 0) p.message += " (rank " + std::to_string(rank) + ")";
+      sink.report(std::move(p));
+    }
+  }
 }
 
 }  // namespace
@@ -162,23 +194,32 @@ bool is_legacy_torch_save(const ByteSource& source) {
 }
 
 pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
-                                const std::string& name_prefix, int rank) {
+                                const std::string& name_prefix, int rank, ProblemSink* verify) {
   archive::ZipReader zip(source);
-  const archive::ZipEntry& pkl = zip.record("data.pkl");
-  ValuePtr raw = with_context(source->describe() + ": data.pkl",
-                              [&] { return pickle::unpickle(*zip.open(pkl), pickle::checkpoint_policy()); });
   std::vector<TensorEntry> found;
   ArchiveDecoder decoder(zip, found, rank);
   std::string prefix = name_prefix;
   if (!prefix.empty() && prefix.back() == '.') prefix.pop_back();
-  ValuePtr root = with_context(source->describe(), [&] { return decoder.transform(raw, prefix); });
+  ValuePtr root;
+  try {
+    const archive::ZipEntry& pkl = zip.record("data.pkl");
+    ValuePtr raw = with_context(source->describe() + ": data.pkl",
+                                [&] { return pickle::unpickle(*zip.open(pkl), pickle::checkpoint_policy()); });
+    root = with_context(source->describe(), [&] { return decoder.transform(raw, prefix); });
+  } catch (const Error&) {
+    // A record that fails its CRC (data.pkl itself, often) explains the
+    // decoding error: report those first.
+    if (verify) verify_records(zip, found, decoder.storage_records(), rank, *verify);
+    throw;
+  }
+  if (verify) verify_records(zip, found, decoder.storage_records(), rank, *verify);
   // References are renumbered to follow the caller's tensors.
   prune_unreferenced(root, found, tensors.size());
   for (auto& t : found) tensors.push_back(std::move(t));
   return root;
 }
 
-CheckpointModel read_pt_file(const std::string& path) {
+CheckpointModel read_pt_file(const std::string& path, ProblemSink* verify) {
   SourcePtr source = open_mapped_source(path);
   if (!is_torch_zip(*source)) {
     if (is_legacy_torch_save(*source))
@@ -189,7 +230,7 @@ CheckpointModel read_pt_file(const std::string& path) {
   CheckpointModel model;
   model.format = "pt";
   model.source = path;
-  model.root = decode_archive(source, model.tensors, "", -1);
+  model.root = decode_archive(source, model.tensors, "", -1, verify);
   return model;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/problems.h"
 #include "io/byte_source.h"
 #include "model/checkpoint_model.h"
 
@@ -16,12 +17,14 @@ namespace ckpt::torch_pt {
 // Tensors found are appended to `tensors`, named `name_prefix` + their path
 // in the object; the returned tree holds tensor references in their place.
 // `rank` is recorded in each chunk for messages (-1 when unknown).
+// `verify` (validate): the CRC-32 of every record is checked, each mismatch
+// reported there naming the file, record, rank and the tensors it holds.
 pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
-                                const std::string& name_prefix = "", int rank = -1);
+                                const std::string& name_prefix = "", int rank = -1, ProblemSink* verify = nullptr);
 
 // A whole .pt file as a model (format "pt"). Detects the legacy (pre-1.6)
 // format and refuses it clearly (Unimplemented).
-CheckpointModel read_pt_file(const std::string& path);
+CheckpointModel read_pt_file(const std::string& path, ProblemSink* verify = nullptr);
 
 // True when the file starts like a torch.save zip; detection by magic bytes.
 bool is_torch_zip(const ByteSource& source);

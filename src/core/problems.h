@@ -1,0 +1,59 @@
+// Problems a check found, collected instead of thrown (validate reports
+// every one). A reader given a ProblemSink reports each problem it can read
+// past and goes on; without one it fails on the first, as it always did, with
+// the same error (consolidate and reshard depend on that).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace ckpt {
+
+struct Problem {
+  ErrorCode code = ErrorCode::kDataLoss;  // kUnsafe makes validate exit 3
+  std::string message;                    // a whole sentence; names what `file`, `rank`, `tensor` say too
+  std::string file;                       // the file at fault, when one is
+  int rank = -1;                          // the rank that wrote it, when known
+  std::string tensor;                     // the key (dotted path) concerned, when one is
+};
+
+class ProblemSink {
+ public:
+  void report(Problem problem) { problems_.push_back(std::move(problem)); }
+  // An error caught while reading: its code and its whole text (context included).
+  void report(const Error& error, std::string file = "", int rank = -1, std::string tensor = "") {
+    report(Problem{error.code(), error.what(), std::move(file), rank, std::move(tensor)});
+  }
+  const std::vector<Problem>& problems() const { return problems_; }
+
+ private:
+  std::vector<Problem> problems_;
+};
+
+// Reports to `sink`, or throws Error(problem.code, problem.message) when
+// there is none: the one switch between fail-fast readers and collecting ones.
+inline void report_or_fail(ProblemSink* sink, Problem problem) {
+  if (!sink) fail(problem.code, std::move(problem.message));
+  sink->report(std::move(problem));
+}
+
+// Runs fn; with a sink an ckpt::Error escaping it is reported (with the
+// given file/rank/tensor) and false returned, without one it propagates.
+template <class Fn>
+bool run_reporting(ProblemSink* sink, const std::string& file, int rank, const std::string& tensor, Fn&& fn) {
+  if (!sink) {
+    fn();
+    return true;
+  }
+  try {
+    fn();
+    return true;
+  } catch (const Error& e) {
+    sink->report(e, file, rank, tensor);
+    return false;
+  }
+}
+
+}  // namespace ckpt
