@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/dtype.h"
@@ -27,6 +29,36 @@ struct FiniteCounts {
   }
 };
 
+// One dim-0 slab of a tensor to assemble: `rows` rows of `row_elems`
+// elements each, gathered from the tensor's chunks, optionally cast and
+// scanned. A 0-dim tensor is one row of one element.
+struct SlabJob {
+  DType dtype = DType::kFloat32;      // of the gathered elements
+  DType out_dtype = DType::kFloat32;  // == dtype: no cast
+  int64_t rows = 0;
+  uint64_t row_elems = 1;
+  // Writes rows [r0, r1) of the slab (slab-relative), contiguous and
+  // row-major in `dtype`, to dst. The executor knows the chunk geometry
+  // (boxes, strides, sources); the backend decides how the rows are split
+  // into pieces and threads, so it is called concurrently for disjoint ranges.
+  std::function<void(int64_t r0, int64_t r1, std::byte* dst)> gather;
+  bool scan = false;         // count NaN/Inf in the output
+  bool keep_output = true;   // false: only the counts are wanted
+};
+
+struct SlabResult {
+  // rows * row_elems elements of out_dtype, owned by the backend and valid
+  // until its next assemble(); empty when keep_output was false.
+  std::span<const std::byte> bytes;
+  FiniteCounts finite;  // of the output, when scan was set
+};
+
+// Checksums are not a backend operation: the digests ckptconv records
+// (xxh3, SHA-256 in exec/checksum.h; CRC-32 in zip records) are each one
+// sequential stream over a file's bytes, each block depending on the state
+// the previous left, so a device could only hash them more slowly than the
+// host, which has the bytes in hand anyway when it writes them. The host
+// feeds the hasher from SlabResult::bytes.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -36,6 +68,10 @@ class Backend {
   virtual void cast(const std::byte* src, DType from, std::byte* dst, DType to, std::size_t n) = 0;
   // Counts NaN and Inf among n elements. Integer and bool dtypes have none.
   virtual FiniteCounts scan_finite(const std::byte* data, DType dtype, std::size_t n) = 0;
+  // Gathers one slab, casts it to job.out_dtype and counts NaN/Inf in the
+  // result, in one pass over the slab (pipelined in pieces on a device).
+  // Bit for bit the same output and counts on every backend.
+  virtual SlabResult assemble(const SlabJob& job) = 0;
 };
 
 enum class Device { kAuto, kCpu, kCuda };
@@ -47,7 +83,12 @@ std::unique_ptr<Backend> make_cpu_backend(int threads);
 
 // The backend for --device: kCpu, kCuda (InvalidArgument when this build or
 // machine has no CUDA device), or kAuto (CUDA when available, else CPU).
+// `threads` bounds the host threads either backend uses.
 std::unique_ptr<Backend> make_backend(Device device, int threads);
+
+// What kAuto resolves to on this machine, for --version: "cuda:0 (NVIDIA
+// H200)", or "cpu" with the reason CUDA is not used.
+std::string describe_auto_backend();
 
 // "auto", "cpu", "cuda"; InvalidArgument otherwise.
 Device parse_device(const std::string& text);

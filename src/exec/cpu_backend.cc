@@ -1,6 +1,7 @@
-// The CPU backend: native finite scans split over threads, casts through
-// LibTorch's CPU kernels (loaded only when a cast is asked for, so that
-// validate --finite never pays LibTorch's start-up).
+// The CPU backend: native gathers and finite scans split over threads, casts
+// through LibTorch's CPU kernels (loaded only when a cast is asked for, so
+// that validate --finite and plain consolidates never pay LibTorch's
+// start-up).
 #include <algorithm>
 #include <thread>
 #include <vector>
@@ -8,13 +9,11 @@
 #include "core/error.h"
 #include "exec/backend.h"
 #include "exec/finite_scan.h"
+#include "exec/parallel_ranges.h"
 #include "exec/torch_plugin.h"
 
 namespace ckpt {
 namespace {
-
-// Below this many bytes per thread, starting threads costs more than it saves.
-constexpr std::size_t kMinBytesPerThread = 4u << 20;
 
 class CpuBackend final : public Backend {
  public:
@@ -33,26 +32,45 @@ class CpuBackend final : public Backend {
 
   FiniteCounts scan_finite(const std::byte* data, DType dtype, std::size_t n) override {
     std::size_t isz = dtype_size(dtype);
-    std::size_t parts = std::min<std::size_t>(static_cast<std::size_t>(threads_), n * isz / kMinBytesPerThread);
-    if (parts <= 1) return count_nonfinite(data, dtype, n);
-    std::vector<FiniteCounts> counts(parts);
-    std::vector<std::thread> workers;
-    std::size_t per = (n + parts - 1) / parts;
-    for (std::size_t p = 0; p < parts; ++p) {
-      std::size_t begin = std::min(n, p * per), end = std::min(n, begin + per);
-      workers.emplace_back([&, p, begin, end] { counts[p] = count_nonfinite(data + begin * isz, dtype, end - begin); });
-    }
+    std::vector<FiniteCounts> counts(static_cast<std::size_t>(threads_));
+    for_each_range(static_cast<int64_t>(n), useful_threads(n * isz, threads_), [&](int p, int64_t begin, int64_t end) {
+      counts[static_cast<std::size_t>(p)] =
+          count_nonfinite(data + static_cast<std::size_t>(begin) * isz, dtype, static_cast<std::size_t>(end - begin));
+    });
     FiniteCounts total;
-    for (std::size_t p = 0; p < parts; ++p) {
-      workers[p].join();
-      total += counts[p];
-    }
+    for (const auto& c : counts) total += c;
     return total;
+  }
+
+  // Three passes over the slab (gather on our threads, cast on LibTorch's,
+  // scan on ours): each is bound by memory bandwidth and parallel on its own,
+  // and LibTorch's cast cannot be fused into a row-range worker without
+  // changing its thread count process-wide.
+  SlabResult assemble(const SlabJob& job) override {
+    std::size_t in_row = job.row_elems * dtype_size(job.dtype);
+    std::size_t n = static_cast<std::size_t>(job.rows) * job.row_elems;
+    gathered_.resize(static_cast<std::size_t>(job.rows) * in_row);
+    int parts = useful_threads(gathered_.size(), threads_);
+    for_each_range(job.rows, parts, [&](int, int64_t r0, int64_t r1) {
+      job.gather(r0, r1, gathered_.data() + static_cast<std::size_t>(r0) * in_row);
+    });
+    const std::vector<std::byte>* out = &gathered_;
+    if (job.out_dtype != job.dtype) {
+      cast_.resize(n * dtype_size(job.out_dtype));
+      cast(gathered_.data(), job.dtype, cast_.data(), job.out_dtype, n);
+      out = &cast_;
+    }
+    SlabResult result;
+    if (job.scan) result.finite = scan_finite(out->data(), job.out_dtype, n);
+    if (job.keep_output) result.bytes = std::span<const std::byte>(out->data(), out->size());
+    return result;
   }
 
  private:
   int threads_;        // for native work
   int torch_threads_;  // passed to LibTorch (<= 0 keeps its default)
+  // Slab buffers reused across slabs (a consolidate assembles thousands).
+  std::vector<std::byte> gathered_, cast_;
 };
 
 }  // namespace

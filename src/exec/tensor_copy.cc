@@ -77,62 +77,69 @@ void append_slabs_direct(const TensorEntry& t, const std::vector<const TensorChu
   }
 }
 
-// Storage bytes of a chunk: mapped when possible, else read into `scratch`.
-const std::byte* storage_bytes(const TensorChunk& c, std::vector<std::byte>& scratch) {
-  if (const std::byte* p = c.storage->data()) return p;
-  scratch.resize(c.storage->size());
-  c.storage->read(0, scratch.data(), scratch.size());
+// The source bytes of a box of chunk `c` whose first element is storage
+// element `first` (strides are non-negative): a pointer into the mapping, or
+// just the box's byte span read into `scratch` when the source is not mapped.
+const std::byte* box_source(const TensorChunk& c, int64_t first, const Shape& extent, std::size_t isz,
+                            std::vector<std::byte>& scratch) {
+  if (const std::byte* p = c.storage->data()) return p + first * static_cast<int64_t>(isz);
+  int64_t span = 1;
+  for (std::size_t d = 0; d < extent.size(); ++d) span += (extent[d] - 1) * c.strides[d];
+  scratch.resize(static_cast<std::size_t>(span) * isz);
+  c.storage->read(static_cast<uint64_t>(first) * isz, scratch.data(), scratch.size());
   return scratch.data();
 }
 
-// Writes a slab, cast to the output dtype when one is set.
-void emit_slab(const TensorEntry& t, const std::vector<std::byte>& slab, std::vector<std::byte>& cast_buf,
-               Destination& out, const CopyOptions& options) {
-  if (!t.out_dtype || *t.out_dtype == t.dtype) {
-    out.append(slab.data(), slab.size());
+// Copies the parts of `chunks` inside rows [r0, r1) of dim 0 into `dst`,
+// which holds those rows contiguous and row-major. A 0-dim tensor is one
+// row of one element. Safe to call concurrently for disjoint row ranges.
+void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks, int64_t r0, int64_t r1,
+                 std::byte* dst) {
+  std::size_t isz = dtype_size(t.dtype);
+  std::vector<std::byte> scratch;
+  if (t.shape.empty()) {
+    if (chunks.empty()) fail(ErrorCode::kDataLoss, "a 0-dim tensor without bytes");
+    const TensorChunk& c = *chunks.front();
+    std::memcpy(dst, box_source(c, c.storage_offset, {}, isz, scratch), isz);
     return;
   }
-  if (!options.backend) fail(ErrorCode::kInternal, "a dtype cast needs a backend");
-  std::size_t n = slab.size() / dtype_size(t.dtype);
-  cast_buf.resize(n * dtype_size(*t.out_dtype));
-  options.backend->cast(slab.data(), t.dtype, cast_buf.data(), *t.out_dtype, n);
-  out.append(cast_buf.data(), cast_buf.size());
-}
-
-// Copies the parts of `chunks` inside rows [r0, r1) of dim 0 into `dst`,
-// which holds those rows contiguous and row-major.
-void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks, int64_t r0, int64_t r1,
-                 std::byte* dst, std::vector<std::byte>& scratch) {
-  std::size_t isz = dtype_size(t.dtype);
   Shape out_strides = contiguous_strides(t.shape);
   for (const TensorChunk* c : chunks) {
     int64_t lo = std::max(r0, c->offsets[0]), hi = std::min(r1, c->offsets[0] + c->sizes[0]);
     if (lo >= hi) continue;
     Shape extent = c->sizes;
     extent[0] = hi - lo;
-    const std::byte* src = storage_bytes(*c, scratch) +
-                           (c->storage_offset + (lo - c->offsets[0]) * c->strides[0]) * static_cast<int64_t>(isz);
+    const std::byte* src =
+        box_source(*c, c->storage_offset + (lo - c->offsets[0]) * c->strides[0], extent, isz, scratch);
     int64_t dst_elem = (lo - r0) * out_strides[0];
     for (std::size_t d = 1; d < t.shape.size(); ++d) dst_elem += c->offsets[d] * out_strides[d];
     copy_box(src, c->strides, dst + dst_elem * static_cast<int64_t>(isz), out_strides, extent, isz);
   }
 }
 
-void append_slabs_gathered(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
-                           Destination& out, const CopyOptions& options) {
-  std::size_t isz = dtype_size(t.dtype);
-  Shape row_shape(t.shape.begin() + 1, t.shape.end());
-  uint64_t row_bytes = shape_numel(row_shape) * isz;
+// Assembles the tensor in dim-0 slabs through the backend (gather, cast to
+// the output dtype, count NaN/Inf when asked) and appends each slab.
+FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
+                                    Destination& out, const CopyOptions& options, Backend& backend, bool scan) {
+  int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+  uint64_t row_elems = t.shape.empty() ? 1 : shape_numel(Shape(t.shape.begin() + 1, t.shape.end()));
   // The slab and its cast copy share the budget.
-  uint64_t per_row = row_bytes + shape_numel(row_shape) * dtype_size(t.output_dtype());
+  uint64_t per_row = row_elems * (dtype_size(t.dtype) + dtype_size(t.output_dtype()));
   int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(per_row, 1)));
-  std::vector<std::byte> slab, scratch, cast_buf;
-  for (int64_t r0 = 0; r0 < t.shape[0]; r0 += rows_per_slab) {
-    int64_t r1 = std::min(t.shape[0], r0 + rows_per_slab);
-    slab.assign(static_cast<std::size_t>((r1 - r0) * row_bytes), std::byte{0});
-    gather_rows(t, chunks, r0, r1, slab.data(), scratch);
-    emit_slab(t, slab, cast_buf, out, options);
+  FiniteCounts finite;
+  for (int64_t r0 = 0; r0 < rows; r0 += rows_per_slab) {
+    SlabJob job;
+    job.dtype = t.dtype;
+    job.out_dtype = t.output_dtype();
+    job.rows = std::min(rows, r0 + rows_per_slab) - r0;
+    job.row_elems = row_elems;
+    job.scan = scan;
+    job.gather = [&t, &chunks, r0](int64_t a, int64_t b, std::byte* dst) { gather_rows(t, chunks, r0 + a, r0 + b, dst); };
+    SlabResult slab = backend.assemble(job);
+    out.append(slab.bytes.data(), slab.bytes.size());
+    finite += slab.finite;
   }
+  return finite;
 }
 
 }  // namespace
@@ -177,20 +184,24 @@ namespace {
 void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions& options) {
   with_context("tensor '" + t.name + "'", [&] {
     auto chunks = nonempty_chunks(t);
-    if (t.numel() == 0) return;
+    if (t.numel() == 0) {
+      if (options.on_finite) options.on_finite(t, FiniteCounts{});
+      return;
+    }
     bool direct = std::all_of(chunks.begin(), chunks.end(),
                               [&](const TensorChunk* c) { return is_contiguous_row_slab(t, *c); });
     bool cast = t.out_dtype && *t.out_dtype != t.dtype;
-    if ((direct || t.shape.empty()) && !cast) {
+    bool scan = static_cast<bool>(options.on_finite);
+    if ((direct || t.shape.empty()) && !cast && !scan) {
       append_slabs_direct(t, chunks, out);
-    } else if (t.shape.empty()) {
-      // A 0-dim tensor: one element, gathered as a one-row slab.
-      std::vector<std::byte> one(dtype_size(t.dtype)), cast_buf, scratch;
-      const TensorChunk& c = *chunks.at(0);
-      std::memcpy(one.data(), storage_bytes(c, scratch) + c.storage_offset * int64_t(one.size()), one.size());
-      emit_slab(t, one, cast_buf, out, options);
     } else {
-      append_slabs_gathered(t, chunks, out, options);
+      // Without a backend (tests, callers that never cast) the CPU one
+      // serves: it loads LibTorch only if a cast needs it.
+      std::unique_ptr<Backend> fallback;
+      Backend* backend = options.backend;
+      if (!backend) backend = (fallback = make_cpu_backend(0)).get();
+      FiniteCounts finite = append_slabs_assembled(t, chunks, out, options, *backend, scan);
+      if (scan) options.on_finite(t, finite);
     }
     // Bytes read through a mapping count in our RSS until released; one
     // tensor's sources at a time keeps peak memory independent of the
@@ -204,17 +215,10 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
 void assemble_rows(const TensorEntry& t, int64_t r0, int64_t r1, std::byte* dst) {
   with_context("tensor '" + t.name + "'", [&] {
     auto chunks = nonempty_chunks(t);
-    std::vector<std::byte> scratch;
-    if (t.shape.empty()) {
-      if (r0 != 0 || r1 != 1) fail(ErrorCode::kInternal, "a 0-dim tensor has exactly one row");
-      if (chunks.empty()) fail(ErrorCode::kDataLoss, "a 0-dim tensor without bytes");
-      const TensorChunk& c = *chunks.front();
-      std::size_t isz = dtype_size(t.dtype);
-      std::memcpy(dst, storage_bytes(c, scratch) + c.storage_offset * static_cast<int64_t>(isz), isz);
-      return;
-    }
-    if (r0 < 0 || r1 > t.shape[0] || r0 > r1) fail(ErrorCode::kInternal, "rows outside the tensor");
-    gather_rows(t, chunks, r0, r1, dst, scratch);
+    int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    if (t.shape.empty() && (r0 != 0 || r1 != 1)) fail(ErrorCode::kInternal, "a 0-dim tensor has exactly one row");
+    if (r0 < 0 || r1 > rows || r0 > r1) fail(ErrorCode::kInternal, "rows outside the tensor");
+    gather_rows(t, chunks, r0, r1, dst);
   });
 }
 

@@ -3,10 +3,13 @@
 // ByteSink (safetensors data, an HDF5 dataset filler). Bytes that need no
 // change go from the source files to the output without a user-space copy
 // (ZipWriter::append_from, ByteSink::copy_from); everything else is
-// assembled in dim-0 slabs no larger than the memory budget.
+// assembled in dim-0 slabs no larger than the memory budget by a Backend
+// (gather + cast + NaN/Inf count in one pass per slab, on a device when the
+// backend has one).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "archive/zip_writer.h"
 #include "exec/backend.h"
@@ -17,7 +20,11 @@ namespace ckpt {
 
 struct CopyOptions {
   uint64_t memory_limit = 256ull << 20;  // bytes of slab buffers in flight
-  Backend* backend = nullptr;            // needed when a tensor has out_dtype
+  Backend* backend = nullptr;            // null: a CPU backend made for the call
+  // When set, every tensor's output bytes are also scanned for NaN/Inf and
+  // the counts reported here once per tensor (this sends every tensor
+  // through the backend: the file-to-file copy never sees the bytes).
+  std::function<void(const TensorEntry&, const FiniteCounts&)> on_finite;
 };
 
 // Appends t.output_nbytes() bytes (cast to t.out_dtype when set). The model

@@ -56,13 +56,30 @@ const Plugin& cpu_plugin() {
   return p;
 }
 
-// The CUDA plugin when this build has one, else the CPU plugin.
-const Plugin& device_plugin() {
+// libckpt_torch_cuda.so beside the executable; CKPT_TORCH_CUDA_PLUGIN names
+// one elsewhere (tests point both variables at a build folder).
+std::string cuda_plugin_path() {
+  const char* env = std::getenv("CKPT_TORCH_CUDA_PLUGIN");
+  return env && *env ? env : executable_dir() + "/libckpt_torch_cuda.so";
+}
+
+const Plugin& cuda_plugin_loaded() {
   static const Plugin p = [] {
-    std::string cuda = executable_dir() + "/libckpt_torch_cuda.so";
-    return ::access(cuda.c_str(), R_OK) == 0 ? load_plugin(cuda) : cpu_plugin();
+    std::string path = cuda_plugin_path();
+    if (::access(path.c_str(), R_OK) != 0) {
+      Plugin none;
+      none.error = "this ckptconv was built without CUDA (no " + path + ")";
+      return none;
+    }
+    return load_plugin(path);
   }();
   return p;
+}
+
+// The CUDA plugin when this build has one, else the CPU plugin.
+const Plugin& device_plugin() {
+  const Plugin& cuda = cuda_plugin_loaded();
+  return cuda.api || ::access(cuda_plugin_path().c_str(), R_OK) == 0 ? cuda : cpu_plugin();
 }
 
 }  // namespace
@@ -71,6 +88,16 @@ const CkptTorchApi& require_torch_plugin(const char* purpose) {
   const Plugin& p = cpu_plugin();
   if (!p.api) fail(ErrorCode::kUnimplemented, p.error + " (needed for " + purpose + ")");
   return *p.api;
+}
+
+const CkptTorchApi* cuda_plugin(std::string* why) {
+  const Plugin& p = cuda_plugin_loaded();
+  if (p.api && !p.api->cuda_open) {
+    if (why) *why = "the CUDA plugin has no CUDA backend";
+    return nullptr;
+  }
+  if (!p.api && why) *why = p.error;
+  return p.api;
 }
 
 RuntimeInfo runtime_info() {

@@ -7,33 +7,26 @@
 #include <torch/version.h>
 #ifdef CKPT_HAVE_CUDA
 #include <torch/cuda.h>
+
+#include "cuda/cuda_api.h"
 #endif
 
 #include <exception>
 #include <string>
 
 #include "exec/torch_plugin_api.h"
+#include "torch_plugin/torch_cast.h"
 #include "torch_plugin/torch_dtype.h"
 
+namespace ckpt {
+
 namespace {
-
 thread_local std::string last_error;
+}  // namespace
 
-int cuda_device_count() {
-#ifdef CKPT_HAVE_CUDA
+const char* torch_cast(const void* src, int from, void* dst, int to, size_t n, int threads) {
   try {
-    return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  } catch (const std::exception&) {
-    return 0;
-  }
-#else
-  return 0;
-#endif
-}
-
-const char* cast(const void* src, int from, void* dst, int to, size_t n, int threads) {
-  try {
-    auto from_type = ckpt::to_scalar_type(from), to_type = ckpt::to_scalar_type(to);
+    auto from_type = to_scalar_type(from), to_type = to_scalar_type(to);
     if (!from_type || !to_type) {
       last_error = "unknown dtype code";
       return last_error.c_str();
@@ -50,14 +43,48 @@ const char* cast(const void* src, int from, void* dst, int to, size_t n, int thr
   }
 }
 
+std::size_t torch_element_size(int dtype) {
+  auto type = to_scalar_type(dtype);
+  return type ? c10::elementSize(*type) : 0;
+}
+
+}  // namespace ckpt
+
+namespace {
+
+int cuda_device_count() {
+#ifdef CKPT_HAVE_CUDA
+  try {
+    return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
+#else
+  return 0;
+#endif
+}
+
 const CkptTorchApi kApi = {
-    CKPT_TORCH_API_VERSION, TORCH_VERSION,
+    CKPT_TORCH_API_VERSION,
+    TORCH_VERSION,
 #ifdef CKPT_HAVE_CUDA
     1,
 #else
     0,
 #endif
-    cuda_device_count, cast,
+    cuda_device_count,
+    ckpt::torch_cast,
+#ifdef CKPT_HAVE_CUDA
+    ckpt::cuda::api_open,
+    ckpt::cuda::api_close,
+    ckpt::cuda::api_name,
+    ckpt::cuda::api_assemble,
+#else
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
+#endif
 };
 
 }  // namespace

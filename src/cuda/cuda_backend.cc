@@ -1,0 +1,267 @@
+// The CUDA backend: slabs are assembled in pieces through a ring of lanes,
+// each a CUDA stream with its own pinned input buffer, device buffers and
+// counters. For piece p the host threads gather its rows from the mapped
+// sources into the lane's pinned buffer (the one copy the bytes need anyway:
+// pageable memory cannot be copied to the device asynchronously), then the
+// lane's stream copies them to the device, casts and scans them in one
+// kernel and copies the result back into the pinned slab buffer. While the
+// device works on piece p, the host gathers piece p+1 into the next lane;
+// the copies of one lane overlap the kernel of another.
+//
+// Why the gather is not done on the device: the sources are page-cache
+// mappings; reaching the device means a CPU copy into pinned memory, and that
+// copy can put every element at its output position for free.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "cuda/cast_probe.h"
+#include "cuda/cuda_api.h"
+#include "cuda/device_buffers.h"
+#include "cuda/kernels.h"
+#include "exec/parallel_ranges.h"
+#include "torch_plugin/torch_cast.h"
+
+namespace ckpt::cuda {
+namespace {
+
+// Three lanes: one being gathered by the host, one in flight on the device,
+// one draining its output back; more only adds memory.
+constexpr int kLanes = 3;
+// Input bytes of a piece at most: large enough that a copy runs at full
+// bus speed, small enough that the pipeline fills quickly.
+constexpr std::size_t kPieceBytes = 64u << 20;
+
+struct Lane {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  PinnedBuffer host_in;
+  DeviceBuffer dev_in, dev_out;
+  PieceCounts* host_counts = nullptr;  // pinned
+  PieceCounts* dev_counts = nullptr;
+  // The piece in flight, for finishing it.
+  bool busy = false;
+  bool fix_nan = false;  // cast on the device: NaN inputs get the host cast
+  std::size_t n = 0;
+  std::byte* out = nullptr;
+};
+
+class Engine {
+ public:
+  Engine(int device, uint64_t device_budget, int host_threads);
+  ~Engine();
+  const std::string& name() const { return name_; }
+  void assemble(const CkptSlabJob& job, CkptSlabResult& result);
+
+ private:
+  bool device_cast(int from, int to);
+  void drain();
+  void gather(const CkptSlabJob& job, int64_t r0, int64_t r1, std::byte* dst);
+  void finish(Lane& lane, int from, int to, CkptSlabResult& result);
+
+  int device_;
+  int host_threads_;
+  std::size_t piece_budget_;  // device bytes of one lane (input + output)
+  std::string name_;
+  std::array<Lane, kLanes> lanes_;
+  PinnedBuffer out_;  // the slab's output
+  std::map<std::pair<int, int>, bool> cast_on_device_;  // probed once per pair
+};
+
+Engine::Engine(int device, uint64_t device_budget, int host_threads)
+    : device_(device), host_threads_(std::max(1, host_threads)) {
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (device < 0 || device >= count) throw std::runtime_error("no CUDA device " + std::to_string(device));
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
+  std::size_t free_bytes = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+  // Never more than half of what is free: other processes share the device.
+  uint64_t budget = std::min<uint64_t>(device_budget, free_bytes / 2);
+  piece_budget_ = std::max<std::size_t>(2u << 20, budget / kLanes);
+  for (Lane& lane : lanes_) {
+    check_cuda(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming), "cudaEventCreate");
+    void* p = nullptr;
+    check_cuda(cudaHostAlloc(&p, sizeof(PieceCounts), cudaHostAllocDefault), "cudaHostAlloc (counters)");
+    lane.host_counts = static_cast<PieceCounts*>(p);
+    check_cuda(cudaMalloc(&p, sizeof(PieceCounts)), "cudaMalloc (counters)");
+    lane.dev_counts = static_cast<PieceCounts*>(p);
+  }
+}
+
+Engine::~Engine() {
+  cudaSetDevice(device_);
+  for (Lane& lane : lanes_) {
+    if (lane.stream) cudaStreamSynchronize(lane.stream);
+    if (lane.done) cudaEventDestroy(lane.done);
+    if (lane.stream) cudaStreamDestroy(lane.stream);
+    if (lane.host_counts) cudaFreeHost(lane.host_counts);
+    if (lane.dev_counts) cudaFree(lane.dev_counts);
+  }
+}
+
+bool Engine::device_cast(int from, int to) {
+  if (!has_cast_kernel(from, to)) return false;
+  auto key = std::make_pair(from, to);
+  auto it = cast_on_device_.find(key);
+  if (it != cast_on_device_.end()) return it->second;
+  std::string mismatch = probe_cast_rule(from, to, host_threads_);
+  if (!mismatch.empty()) name_ += "; a cast runs on the host (" + mismatch + ")";
+  return cast_on_device_[key] = mismatch.empty();
+}
+
+void Engine::gather(const CkptSlabJob& job, int64_t r0, int64_t r1, std::byte* dst) {
+  std::size_t row_bytes = job.row_elems * torch_element_size(job.in_dtype);
+  int parts = useful_threads(static_cast<uint64_t>(r1 - r0) * row_bytes, host_threads_);
+  for_each_range(r1 - r0, parts, [&](int, int64_t a, int64_t b) {
+    if (const char* err = job.gather(job.gather_ctx, r0 + a, r0 + b, dst + static_cast<std::size_t>(a) * row_bytes))
+      throw std::runtime_error(err);
+  });
+}
+
+// Waits for the lane's piece; a cast piece that had NaN inputs is cast again
+// on the host, from the pinned input still in the lane, over the device's
+// output (cast_rules.h says why).
+void Engine::finish(Lane& lane, int from, int to, CkptSlabResult& result) {
+  if (!lane.busy) return;
+  lane.busy = false;
+  check_cuda(cudaEventSynchronize(lane.done), "piece on the device");
+  result.nan += lane.host_counts->out_nan;
+  result.inf += lane.host_counts->out_inf;
+  if (lane.fix_nan && lane.host_counts->in_nan > 0)
+    if (const char* err = torch_cast(lane.host_in.data(), from, lane.out, to, lane.n, host_threads_))
+      throw std::runtime_error(std::string("host cast of a piece with NaN: ") + err);
+}
+
+// After a failed slab, lanes may still hold pieces in flight: wait for them
+// and forget them, so that their counts never reach the next slab.
+void Engine::drain() {
+  for (Lane& lane : lanes_) {
+    if (lane.busy) cudaEventSynchronize(lane.done);
+    lane.busy = false;
+  }
+}
+
+void Engine::assemble(const CkptSlabJob& job, CkptSlabResult& result) {
+  check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+  drain();
+  std::size_t in_size = torch_element_size(job.in_dtype), out_size = torch_element_size(job.out_dtype);
+  if (in_size == 0 || out_size == 0) throw std::runtime_error("unknown dtype code");
+  bool cast = job.in_dtype != job.out_dtype;
+  bool on_device_cast = cast && device_cast(job.in_dtype, job.out_dtype);
+  bool scan = job.scan && has_scan_kernel(job.out_dtype);  // other dtypes have no NaN/Inf
+  std::size_t in_row = job.row_elems * in_size, out_row = job.row_elems * out_size;
+  out_.reserve(std::max<std::size_t>(1, static_cast<std::size_t>(job.rows) * out_row));
+  result = CkptSlabResult{};
+  if (!on_device_cast && !scan) {
+    // Nothing for the device: gather (and cast) on the host.
+    if (!cast) {
+      gather(job, 0, job.rows, out_.data());
+    } else {
+      lanes_[0].host_in.reserve(static_cast<std::size_t>(job.rows) * in_row);
+      gather(job, 0, job.rows, lanes_[0].host_in.data());
+      if (const char* err = torch_cast(lanes_[0].host_in.data(), job.in_dtype, out_.data(), job.out_dtype,
+                                       static_cast<std::size_t>(job.rows) * job.row_elems, host_threads_))
+        throw std::runtime_error(err);
+    }
+  } else {
+    // A row larger than a piece makes a piece of one row (buffers grow).
+    int64_t rows_per_piece = std::max<int64_t>(
+        1, static_cast<int64_t>(std::min(kPieceBytes / std::max<std::size_t>(in_row, 1),
+                                         piece_budget_ / std::max<std::size_t>(in_row + out_row, 1))));
+    int next = 0;
+    for (int64_t r0 = 0; r0 < job.rows; r0 += rows_per_piece, next = (next + 1) % kLanes) {
+      Lane& lane = lanes_[static_cast<std::size_t>(next)];
+      finish(lane, job.in_dtype, job.out_dtype, result);
+      int64_t r1 = std::min(job.rows, r0 + rows_per_piece);
+      std::size_t n = static_cast<std::size_t>(r1 - r0) * job.row_elems;
+      std::byte* out = out_.data() + static_cast<std::size_t>(r0) * out_row;
+      lane.n = n;
+      lane.out = out;
+      lane.fix_nan = on_device_cast && job.keep_output;
+      // What the device reads: the gathered input, or the host cast of it.
+      std::byte* host_src = out;
+      if (cast) {
+        lane.host_in.reserve(n * in_size);
+        gather(job, r0, r1, lane.host_in.data());
+        host_src = lane.host_in.data();
+        if (!on_device_cast) {
+          if (const char* err = torch_cast(host_src, job.in_dtype, out, job.out_dtype, n, host_threads_))
+            throw std::runtime_error(err);
+          host_src = out;
+        }
+      } else {
+        gather(job, r0, r1, out);
+      }
+      bool device_input_is_cast = !on_device_cast;  // what host_src holds: out_dtype elements
+      std::size_t dev_bytes = n * (device_input_is_cast ? out_size : in_size);
+      lane.dev_in.reserve(dev_bytes);
+      check_cuda(cudaMemsetAsync(lane.dev_counts, 0, sizeof(PieceCounts), lane.stream), "cudaMemsetAsync");
+      check_cuda(cudaMemcpyAsync(lane.dev_in.data(), host_src, dev_bytes, cudaMemcpyHostToDevice, lane.stream), "copy to device");
+      if (on_device_cast) {
+        lane.dev_out.reserve(n * out_size);
+        check_cuda(cast_and_count_async(lane.dev_in.data(), job.in_dtype, lane.dev_out.data(), job.out_dtype, n, scan,
+                           lane.dev_counts, lane.stream), "cast kernel");
+        if (job.keep_output)
+          check_cuda(cudaMemcpyAsync(out, lane.dev_out.data(), n * out_size, cudaMemcpyDeviceToHost, lane.stream),
+                     "copy from device");
+      } else {
+        check_cuda(count_nonfinite_async(lane.dev_in.data(), job.out_dtype, n, lane.dev_counts, lane.stream), "scan kernel");
+      }
+      check_cuda(cudaMemcpyAsync(lane.host_counts, lane.dev_counts, sizeof(PieceCounts), cudaMemcpyDeviceToHost, lane.stream),
+                 "copy counters");
+      check_cuda(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord");
+      lane.busy = true;
+    }
+    for (Lane& lane : lanes_) finish(lane, job.in_dtype, job.out_dtype, result);
+  }
+  if (!job.scan) result.nan = result.inf = 0;
+  if (job.keep_output) {
+    result.out = out_.data();
+    result.out_bytes = static_cast<uint64_t>(job.rows) * out_row;
+  }
+}
+
+thread_local std::string last_error;
+
+const char* failure(const char* what, const std::exception& e) {
+  last_error = std::string(what) + ": " + e.what();
+  return last_error.c_str();
+}
+
+}  // namespace
+
+const char* api_open(int device, uint64_t device_budget, int host_threads, CkptCudaBackend** out) {
+  try {
+    *out = reinterpret_cast<CkptCudaBackend*>(new Engine(device, device_budget, host_threads));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return failure("CUDA backend", e);
+  }
+}
+
+void api_close(CkptCudaBackend* backend) { delete reinterpret_cast<Engine*>(backend); }
+
+const char* api_name(CkptCudaBackend* backend) { return reinterpret_cast<Engine*>(backend)->name().c_str(); }
+
+const char* api_assemble(CkptCudaBackend* backend, const CkptSlabJob* job, CkptSlabResult* result) {
+  try {
+    reinterpret_cast<Engine*>(backend)->assemble(*job, *result);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return failure("CUDA backend", e);
+  }
+}
+
+}  // namespace ckpt::cuda
