@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "formats/dcp/dcp_writer.h"
+#include "io/counting_sink.h"
+#include "model/tree_walk.h"
 
 namespace ckpt {
 namespace {
@@ -13,27 +15,6 @@ namespace {
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
-
-// The item's tensor as append_tensor sees it: shape = the item's box, each
-// piece a view of its source chunk re-based to the box's origin.
-TensorEntry item_tensor(const TensorEntry& t, const OutputItem& item) {
-  TensorEntry local;
-  local.name = t.name;
-  local.dtype = t.dtype;
-  local.shape = item.sizes;
-  for (const SourcePiece& piece : item.pieces) {
-    TensorChunk c = t.chunks.at(piece.chunk);
-    int64_t storage_offset = c.storage_offset;
-    for (std::size_t d = 0; d < piece.offsets.size(); ++d) storage_offset += (piece.offsets[d] - c.offsets[d]) * c.strides[d];
-    Shape offsets(piece.offsets.size());
-    for (std::size_t d = 0; d < offsets.size(); ++d) offsets[d] = piece.offsets[d] - item.offsets[d];
-    c.storage_offset = storage_offset;
-    c.offsets = std::move(offsets);
-    c.sizes = piece.sizes;
-    local.chunks.push_back(std::move(c));
-  }
-  return local;
-}
 
 }  // namespace
 
@@ -43,7 +24,7 @@ ValuePtr value_at_path(const ValuePtr& root, const std::vector<ValuePtr>& path, 
     ValuePtr next;
     if (cur->is(Kind::kDict) && element->is(Kind::kStr)) {
       for (const auto& [k, v] : cur->entries)
-        if (k->is(Kind::kStr) && k->text == element->text) next = v;
+        if (path_component(*k) == element->text) next = v;  // dcp.save writes every key as str(key)
     } else if (cur->is(Kind::kList) && element->is(Kind::kInt) && element->int_value >= 0 &&
                static_cast<std::size_t>(element->int_value) < cur->items.size()) {
       next = cur->items[static_cast<std::size_t>(element->int_value)];
@@ -52,6 +33,75 @@ ValuePtr value_at_path(const ValuePtr& root, const std::vector<ValuePtr>& path, 
     cur = next;
   }
   return cur;
+}
+
+namespace {
+
+bool contains_tensor(const Value& v) {
+  if (tensor_ref_index(v)) return true;
+  for (const auto& item : v.items)
+    if (contains_tensor(*item)) return true;
+  for (const auto& [k, value] : v.entries)
+    if (contains_tensor(*value)) return true;
+  return false;
+}
+
+// _traverse.traverse_state_dict's _is_terminal with _keep_visiting_tensors.
+bool is_terminal(const Value& v) {
+  if (v.is(Kind::kDict)) return false;
+  if (!v.is(Kind::kList)) return true;
+  for (const auto& entry : v.items) {
+    if ((entry->is(Kind::kDict) || entry->is(Kind::kList)) && !is_terminal(*entry)) return false;
+    if (tensor_ref_index(*entry)) return false;
+  }
+  return true;
+}
+
+void flatten(const CheckpointModel& model, const ValuePtr& v, std::vector<ValuePtr>& path, dcp::DcpMetadata& out) {
+  if (v->is(Kind::kDict)) {
+    for (const auto& [k, child] : v->entries) {
+      path.push_back(Value::str(path_component(*k)));
+      flatten(model, child, path, out);
+      path.pop_back();
+    }
+    return;
+  }
+  if (!is_terminal(*v)) {
+    for (std::size_t i = 0; i < v->items.size(); ++i) {
+      path.push_back(Value::integer(static_cast<int64_t>(i)));
+      flatten(model, v->items[i], path, out);
+      path.pop_back();
+    }
+    return;
+  }
+  std::string key;
+  for (const auto& element : path) key += (key.empty() ? "" : ".") + (element->is(Kind::kStr) ? element->text : std::to_string(element->int_value));
+  dcp::ItemMeta item;
+  item.fqn = key;
+  if (auto idx = tensor_ref_index(*v)) {
+    const TensorEntry& t = model.tensors.at(*idx);
+    item.is_tensor = true;
+    item.dtype = t.output_dtype();
+    item.size = t.shape;
+  } else if (contains_tensor(*v)) {
+    fail(ErrorCode::kUnimplemented, "'" + key + "' holds tensors inside a tuple; dcp.save would pickle them as one bytes item, "
+                                    "which reshard does not write");
+  }
+  out.items.push_back(std::move(item));
+  out.planner_data[key] = path;
+  out.planner_order.push_back(key);
+}
+
+}  // namespace
+
+dcp::DcpMetadata flattened_layout(const CheckpointModel& model) {
+  if (!model.root || !model.root->is(Kind::kDict))
+    fail_invalid(model.source + ": a DCP checkpoint holds a dict (state dict); this file holds " +
+                 (model.root ? std::string(pickle::kind_name(model.root->kind)) : std::string("nothing")));
+  dcp::DcpMetadata out;
+  std::vector<ValuePtr> path;
+  flatten(model, model.root, path, out);
+  return out;
 }
 
 namespace {
@@ -68,7 +118,7 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
   std::map<std::string, std::size_t> tensor_of;
   for (std::size_t i = 0; i < model.tensors.size(); ++i) tensor_of.emplace(model.tensors[i].name, i);
   std::vector<torch_pt::OutputTensor> all_tensors;
-  for (const auto& t : model.tensors) all_tensors.push_back({t.dtype, t.shape, false, false});
+  for (const auto& t : model.tensors) all_tensors.push_back({t.output_dtype(), t.shape, false, false});
   EntryOf model_entry = [&](std::size_t i) -> const TensorEntry& { return model.tensors.at(i); };
 
   dcp::DcpMetadata out;
@@ -90,16 +140,19 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
         out.items.push_back(std::move(item));
         return;
       }
-      auto it = tensor_of.find(src_item.fqn);
-      if (it == tensor_of.end()) fail(ErrorCode::kInternal, "tensor item missing from the model");
-      const TensorEntry& t = model.tensors[it->second];
-      item.dtype = t.dtype;
+      std::optional<std::size_t> index;
+      if (auto pd = source.planner_data.find(src_item.fqn); pd != source.planner_data.end())
+        index = tensor_ref_index(*value_at_path(model.root, pd->second, src_item.fqn));
+      if (auto it = tensor_of.find(src_item.fqn); !index && it != tensor_of.end()) index = it->second;
+      if (!index) fail(ErrorCode::kInternal, "tensor item missing from the model");
+      const TensorEntry& t = model.tensors[*index];
+      item.dtype = t.output_dtype();
       item.size = t.shape;
       ValuePtr root = make_tensor_ref(0);
-      for (const auto& [rank, index] : plan.items_of_tensor.at(it->second)) {
-        const OutputItem& oi = plan.ranks.at(static_cast<std::size_t>(rank)).at(index);
+      for (const auto& [rank, item_index] : plan.items_of_tensor.at(*index)) {
+        const OutputItem& oi = plan.ranks.at(static_cast<std::size_t>(rank)).at(item_index);
         TensorEntry local = item_tensor(t, oi);
-        std::vector<torch_pt::OutputTensor> one = {{t.dtype, oi.sizes, false, false}};
+        std::vector<torch_pt::OutputTensor> one = {{t.output_dtype(), oi.sizes, false, false}};
         out.storage[{item.fqn, oi.offsets}] = append(rank, *root, one, [&](std::size_t) -> const TensorEntry& { return local; });
         item.chunks.push_back({oi.offsets, oi.sizes});
       }
@@ -108,33 +161,6 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
   }
   return out;
 }
-
-// Counts what would be written; copies from sources cost nothing.
-class CountingSink final : public ByteSink {
- public:
-  using ByteSink::write;
-  void write(const void*, std::size_t n) override { position_ += n; }
-  uint64_t position() const override { return position_; }
-  void copy_from(const ByteSource&, uint64_t, uint64_t n) override { position_ += n; }
-
- private:
-  uint64_t position_ = 0;
-};
-
-// n zero bytes, never materialised (CountingSink does not read them).
-class ZeroSource final : public ByteSource {
- public:
-  explicit ZeroSource(uint64_t n) : n_(n) {}
-  uint64_t size() const override { return n_; }
-  void read(uint64_t pos, void* buf, std::size_t n) const override {
-    check_range(pos, n);
-    std::memset(buf, 0, n);
-  }
-  std::string describe() const override { return "<zeros>"; }
-
- private:
-  uint64_t n_;
-};
 
 }  // namespace
 

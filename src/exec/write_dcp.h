@@ -21,8 +21,8 @@ struct DcpOutputOptions {
   CopyOptions copy;
 };
 
-// `source` is the metadata the model was read from (its item order and
-// planner_data are kept). The model must have passed require_valid().
+// `source` is the metadata the model was read from, or flattened_layout()
+// of a .pt model (its item order and planner_data are kept). The model must have passed require_valid().
 void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                        const DcpOutputOptions& options);
 
@@ -34,6 +34,15 @@ struct DcpOutputSizes {
 };
 DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                                 const std::string& dir);
+
+// The items and planner_data dcp.save records for the state dict `model.root`
+// (a .pt source): flattened as torch's _traverse.traverse_state_dict does —
+// dicts are entered (keys become str(key)), a list is entered when it holds
+// a tensor or a container that is entered, anything else (a tensor, a
+// scalar, a tuple, a list of plain values such as param_groups' `params`) is
+// one item keyed by the dotted path. InvalidArgument when the root is no
+// dict; Unimplemented when a tensor sits inside a bytes item (a tuple).
+dcp::DcpMetadata flattened_layout(const CheckpointModel& model);
 
 // The value a flat DCP key stands for: `path` (planner_data) followed from
 // the model's root. DataLoss naming the key when it leads nowhere.

@@ -52,17 +52,26 @@ std::string box_str(const Shape& offsets, const Shape& sizes) {
 
 }  // namespace
 
-void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items,
-                      const std::vector<uint64_t>& file_bytes, uint64_t metadata_bytes, std::ostream& out) {
-  uint64_t total = metadata_bytes;
+void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items, bool per_rank_values,
+                      const std::vector<RankFilesOut>& rank_files,
+                      const std::vector<std::pair<std::string, uint64_t>>& shared, std::ostream& out) {
+  uint64_t total = 0;
+  std::size_t files = 0;
   for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
     uint64_t data = 0;
     for (const OutputItem& item : plan.ranks[r]) data += item.numel() * dtype_size(model.tensors[item.tensor].dtype);
-    uint64_t bytes = r < file_bytes.size() ? file_bytes[r] : 0;
-    total += bytes;
-    out << "rank " << r << ": __" << r << "_0.distcp, " << bytes << " bytes (" << human_bytes(bytes) << "), "
-        << plan.ranks[r].size() << " tensor items" << (r == 0 ? ", " + std::to_string(bytes_items) + " bytes items" : std::string())
-        << ", " << data << " bytes of tensor data\n";
+    out << "rank " << r << ": ";
+    if (r < rank_files.size()) {
+      for (std::size_t f = 0; f < rank_files[r].files.size(); ++f) {
+        const auto& [name, bytes] = rank_files[r].files[f];
+        out << (f ? "; " : "") << name << ", " << bytes << " bytes (" << human_bytes(bytes) << ")";
+        total += bytes;
+        ++files;
+      }
+    }
+    out << ", " << plan.ranks[r].size() << " tensor items";
+    if (per_rank_values || r == 0) out << ", " << bytes_items << (per_rank_values ? " other values" : " bytes items");
+    out << ", " << data << " bytes of tensor data\n";
     for (const OutputItem& item : plan.ranks[r]) {
       const TensorEntry& t = model.tensors[item.tensor];
       out << "  " << t.name << " " << box_str(item.offsets, item.sizes) << (plan.replicated[item.tensor] ? " (replicated)" : "")
@@ -71,13 +80,19 @@ void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std
       for (std::size_t p = 0; p < item.pieces.size(); ++p) {
         const SourcePiece& piece = item.pieces[p];
         const TensorChunk& c = t.chunks[piece.chunk];
-        out << (p ? ", " : " ") << "source rank " << c.rank << " " << box_str(piece.offsets, piece.sizes);
+        out << (p ? ", " : " ") << (c.rank >= 0 ? "source rank " + std::to_string(c.rank) : std::string("source")) << " "
+            << box_str(piece.offsets, piece.sizes);
       }
       out << "\n";
     }
   }
-  out << ".metadata: " << metadata_bytes << " bytes\n";
-  out << "total: " << plan.ranks.size() << " files and .metadata, " << total << " bytes (" << human_bytes(total) << ")\n";
+  std::string shared_names;
+  for (const auto& [name, bytes] : shared) {
+    out << name << ": " << bytes << " bytes\n";
+    total += bytes;
+    shared_names += " and " + name;
+  }
+  out << "total: " << files << " files" << shared_names << ", " << total << " bytes (" << human_bytes(total) << ")\n";
 }
 
 bool is_replicated(const TensorEntry& t, int source_world_size) {
@@ -130,6 +145,48 @@ ReshardPlan plan_reshard(const std::vector<TensorEntry>& tensors, int world_size
     }
   }
   return plan;
+}
+
+ReshardPlan plan_rank_files(const std::vector<TensorEntry>& tensors, const std::vector<bool>& sharded, int world_size) {
+  if (world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(world_size) + ")");
+  ReshardPlan plan;
+  plan.world_size = world_size;
+  plan.ranks.resize(static_cast<std::size_t>(world_size));
+  plan.replicated.resize(tensors.size());
+  plan.items_of_tensor.resize(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const TensorEntry& t = tensors[i];
+    plan.replicated[i] = !sharded.at(i);
+    if (sharded[i] && t.shape.empty()) fail(ErrorCode::kInternal, t.name + ": a 0-dim tensor cannot be sharded");
+    for (int r = 0; r < world_size; ++r) {
+      Shape offsets(t.shape.size(), 0), sizes = t.shape;
+      if (sharded[i]) fsdp2_box(t.shape, world_size, r, offsets, sizes);  // FSDP1 chunks dim 0 as FSDP2 does
+      auto& items = plan.ranks[static_cast<std::size_t>(r)];
+      plan.items_of_tensor[i].emplace_back(r, items.size());
+      items.push_back(make_item(t, i, std::move(offsets), std::move(sizes)));
+    }
+  }
+  return plan;
+}
+
+TensorEntry item_tensor(const TensorEntry& t, const OutputItem& item) {
+  TensorEntry local;
+  local.name = t.name;
+  local.dtype = t.dtype;
+  local.out_dtype = t.out_dtype;
+  local.shape = item.sizes;
+  for (const SourcePiece& piece : item.pieces) {
+    TensorChunk c = t.chunks.at(piece.chunk);
+    int64_t storage_offset = c.storage_offset;
+    for (std::size_t d = 0; d < piece.offsets.size(); ++d) storage_offset += (piece.offsets[d] - c.offsets[d]) * c.strides[d];
+    Shape offsets(piece.offsets.size());
+    for (std::size_t d = 0; d < offsets.size(); ++d) offsets[d] = piece.offsets[d] - item.offsets[d];
+    c.storage_offset = storage_offset;
+    c.offsets = std::move(offsets);
+    c.sizes = piece.sizes;
+    local.chunks.push_back(std::move(c));
+  }
+  return local;
 }
 
 int source_world_size(const CheckpointModel& model) {

@@ -60,11 +60,31 @@ void fsdp2_box(const Shape& shape, int world_size, int rank, Shape& offsets, Sha
 // require_valid().
 ReshardPlan plan_reshard(const std::vector<TensorEntry>& tensors, int world_size, int source_world_size);
 
-// --dry-run: per output rank, its file and size (`file_bytes`), every
-// item's box with the source chunks (rank and box) that feed it;
-// `bytes_items` non-tensor items go to rank 0.
-void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items,
-                      const std::vector<uint64_t>& file_bytes, uint64_t metadata_bytes, std::ostream& out);
+// Per-rank files (FSDP1 SHARDED_STATE_DICT, FORMATS.md §3): every rank's
+// file holds every tensor. Tensors `sharded[t]` get one item per rank, the
+// torch.chunk box of dim 0 (empty on ranks past the last piece); the others
+// (optimizer `step`, buffers) are written whole by every rank and marked
+// `replicated`. InvalidArgument when world_size < 1; Internal when a
+// sharded tensor has no dimension.
+ReshardPlan plan_rank_files(const std::vector<TensorEntry>& tensors, const std::vector<bool>& sharded, int world_size);
+
+// The tensor an output item holds, as append_tensor reads it: shape = the
+// item's box, each source piece a view of its chunk re-based to the box's
+// origin.
+TensorEntry item_tensor(const TensorEntry& t, const OutputItem& item);
+
+// The files one output rank writes, with their exact sizes.
+struct RankFilesOut {
+  std::vector<std::pair<std::string, uint64_t>> files;
+};
+
+// --dry-run: per output rank, its files and sizes, every item's box with
+// the source chunks (rank and box) that feed it; `bytes_items` non-tensor
+// items are written once by rank 0 (DCP) or by every rank (per-rank files:
+// `per_rank_values`); `shared` are files outside the ranks (.metadata).
+void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items, bool per_rank_values,
+                      const std::vector<RankFilesOut>& rank_files,
+                      const std::vector<std::pair<std::string, uint64_t>>& shared, std::ostream& out);
 
 // Distinct ranks that wrote the model's chunks (TensorChunk::rank; at least 1).
 int source_world_size(const CheckpointModel& model);

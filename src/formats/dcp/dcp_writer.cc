@@ -151,11 +151,6 @@ std::string random_uuid4() {
   return out;
 }
 
-bool path_exists(const std::string& path) {
-  struct stat st {};
-  return ::lstat(path.c_str(), &st) == 0;
-}
-
 }  // namespace
 
 std::string encode_metadata(const DcpMetadata& md, const std::optional<std::string>& checkpoint_id,
@@ -164,33 +159,12 @@ std::string encode_metadata(const DcpMetadata& md, const std::optional<std::stri
   return pickle::pickle_protocol2(*builder.build(md, checkpoint_id, save_id));
 }
 
-DcpDirWriter::DcpDirWriter(std::string dir, int world_size, bool force) : dir_(std::move(dir)), force_(force) {
-  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-  if (!force_ && path_exists(dir_)) fail_invalid(dir_ + ": output exists (use --force to overwrite)");
-  std::string pattern = dir_ + ".tmp-XXXXXX";
-  std::vector<char> name(pattern.begin(), pattern.end());
-  name.push_back('\0');
-  if (::mkdtemp(name.data()) == nullptr)
-    fail(ErrorCode::kOutputFailed, dir_ + ": cannot create temporary directory: " + std::strerror(errno));
-  temp_ = name.data();
-  ::chmod(temp_.c_str(), 0755);  // mkdtemp makes 0700
-  try {
-    for (int r = 0; r < world_size; ++r)
-      files_.push_back(AtomicFileSink::create((fs::path(temp_) / file_name(r)).string(), false));
-  } catch (...) {
-    files_.clear();
-    std::error_code ec;
-    fs::remove_all(temp_, ec);
-    throw;
-  }
+DcpDirWriter::DcpDirWriter(std::string dir, int world_size, bool force) : dir_(std::move(dir), force) {
+  for (int r = 0; r < world_size; ++r) files_.push_back(AtomicFileSink::create(dir_.path_of(file_name(r)), false));
 }
 
 DcpDirWriter::~DcpDirWriter() {
-  files_.clear();  // unfinished sinks remove their own temp files
-  if (!finished_) {
-    std::error_code ec;
-    fs::remove_all(temp_, ec);
-  }
+  files_.clear();  // unfinished sinks remove their own temp files before dir_ removes the folder
 }
 
 StorageInfo DcpDirWriter::append_item(int rank, const pickle::Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
@@ -206,29 +180,10 @@ StorageInfo DcpDirWriter::append_item(int rank, const pickle::Value& root, const
 
 void DcpDirWriter::finish(const DcpMetadata& md) {
   for (auto& f : files_) f->finish();
-  auto meta = AtomicFileSink::create((fs::path(temp_) / ".metadata").string(), false);
-  meta->write(encode_metadata(md, dir_, random_uuid4()));
+  auto meta = AtomicFileSink::create(dir_.path_of(".metadata"), false);
+  meta->write(encode_metadata(md, dir_.destination(), random_uuid4()));
   meta->finish();
-  if (int dfd = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_NOREPLACE) == 0) {
-    finished_ = true;
-    return;
-  }
-  int err = errno;
-  if (err != EEXIST || !force_) {
-    if (err == EEXIST) fail_invalid(dir_ + ": output exists (use --force to overwrite)");
-    fail(ErrorCode::kOutputFailed, dir_ + ": cannot rename temporary directory into place: " + std::strerror(err));
-  }
-  // --force over an existing output: swap atomically, then remove the old one
-  // (now at the temporary name).
-  if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) != 0)
-    fail(ErrorCode::kOutputFailed, dir_ + ": cannot replace the existing output: " + std::strerror(errno));
-  finished_ = true;
-  std::error_code ec;
-  fs::remove_all(temp_, ec);
+  dir_.commit();
 }
 
 }  // namespace ckpt::dcp

@@ -16,8 +16,9 @@
 //            version: "1.0.0"}
 // Bytes items' MetadataIndex carry no offset (torch leaves it at the class default).
 //
-// Atomic: everything goes to DST.tmp-XXXXXX/ and the directory is renamed
-// onto DST by finish(); destroyed unfinished, the writer removes it.
+// Atomic (AtomicDirectory): everything goes to DST.tmp-XXXXXX/ and the
+// directory is renamed onto DST by finish(); destroyed unfinished, the
+// writer removes it.
 #pragma once
 
 #include <memory>
@@ -27,6 +28,7 @@
 
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/torch_pt/pt_writer.h"
+#include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 
 namespace ckpt::dcp {
@@ -55,13 +57,10 @@ class DcpDirWriter {
   // finishes every file and renames the directory into place.
   void finish(const DcpMetadata& md);
 
-  const std::string& temp_dir() const { return temp_; }
+  const std::string& temp_dir() const { return dir_.temp_dir(); }
 
  private:
-  std::string dir_;
-  std::string temp_;
-  bool force_;
-  bool finished_ = false;
+  AtomicDirectory dir_;
   std::vector<std::unique_ptr<AtomicFileSink>> files_;
 };
 

@@ -152,4 +152,153 @@ std::optional<TensorEntry> decode_sharded_value(const Value& call, const Value& 
   });
 }
 
+// ---- writing ----
+
+namespace {
+
+ValuePtr ints(const Shape& s, bool as_list = false) {
+  std::vector<ValuePtr> items;
+  for (int64_t d : s) items.push_back(Value::integer(d));
+  return as_list ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+}
+
+ValuePtr str_dict(std::vector<std::pair<std::string, ValuePtr>> fields) {
+  std::vector<std::pair<ValuePtr, ValuePtr>> entries;
+  for (auto& [k, v] : fields) entries.emplace_back(Value::str(k), std::move(v));
+  return Value::dict(std::move(entries));
+}
+
+// cls.__new__(cls, *args) then BUILD(state): how pickle saves plain objects.
+ValuePtr object(const std::string& module, const std::string& cls, const ValuePtr& state,
+                std::vector<ValuePtr> args = {}) {
+  ValuePtr made = Value::call(Value::global(module, cls), Value::tuple(std::move(args)));
+  made->newobj = true;
+  return state ? Value::built(made, state) : made;
+}
+
+// A __slots__ class's state: (None, {slot: value}).
+ValuePtr slots(std::vector<std::pair<std::string, ValuePtr>> fields) {
+  return Value::tuple({Value::none(), str_dict(std::move(fields))});
+}
+
+ValuePtr torch_call(const std::string& module, const std::string& fn, std::vector<ValuePtr> args) {
+  return Value::call(Value::global(module, fn), Value::tuple(std::move(args)));
+}
+
+ValuePtr cpu_device() { return torch_call("torch", "device", {Value::str("cpu")}); }
+ValuePtr strided_layout() { return torch_call("torch.serialization", "_get_layout", {Value::str("torch.strided")}); }
+ValuePtr dtype_global(DType d) { return Value::global("torch", std::string(dtype_name(d))); }
+ValuePtr torch_size(const Shape& s) { return torch_call("torch", "Size", {ints(s)}); }
+
+// _rebuild_from_type_v2(_rebuild_wrapper_subclass, cls, (cls, dtype, size,
+// stride, storage_offset, layout, device, requires_grad), state).
+ValuePtr wrapper_subclass(const ValuePtr& cls, DType dtype, const Shape& shape, const ValuePtr& state) {
+  ValuePtr args = Value::tuple({cls, dtype_global(dtype), ints(shape), ints(contiguous_strides(shape)), Value::integer(0),
+                                strided_layout(), cpu_device(), Value::boolean(false)});
+  return torch_call("torch._tensor", "_rebuild_from_type_v2",
+                    {Value::global("torch._utils", "_rebuild_wrapper_subclass"), cls, args, state});
+}
+
+// torch.chunk piece `r` of dim 0 as a box.
+std::pair<Shape, Shape> chunk_box(const Shape& shape, int world_size, int r) {
+  Shape offsets(shape.size(), 0), sizes = shape;
+  auto [off, len] = chunk_piece(shape.at(0), world_size, r);
+  offsets[0] = off;
+  sizes[0] = len;
+  return {offsets, sizes};
+}
+
+// _remote_device "rank:<r>/cpu".
+ValuePtr remote_device(int r) {
+  return object("torch.distributed.remote_device", "_remote_device",
+                str_dict({{"_worker_name", Value::none()}, {"_rank", Value::integer(r)}, {"_device", cpu_device()}}));
+}
+
+ValuePtr shard_metadata(const Shape& offsets, const Shape& sizes, const ValuePtr& placement) {
+  return object("torch.distributed._shard.metadata", "ShardMetadata",
+                slots({{"shard_offsets", ints(offsets, true)}, {"shard_sizes", ints(sizes, true)}, {"placement", placement}}));
+}
+
+}  // namespace
+
+ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, int world_size, const ValuePtr& local) {
+  if (shape.empty()) fail(ErrorCode::kInternal, "a ShardedTensor needs a dimension to shard");
+  const std::string st = "torch.distributed._shard.sharded_tensor.";
+  std::vector<ValuePtr> shards, placements, local_shards;
+  for (int r = 0; r < world_size; ++r) {
+    auto [offsets, sizes] = chunk_box(shape, world_size, r);
+    // torch.chunk returns no piece for ranks past the data (their box is empty).
+    if (sizes[0] == 0 && r > 0) break;
+    ValuePtr placement = remote_device(r);
+    placements.push_back(placement);
+    shards.push_back(shard_metadata(offsets, sizes, placement));
+    if (r == rank)
+      local_shards.push_back(object(st + "shard", "Shard",
+                                    slots({{"tensor", local}, {"metadata", shard_metadata(offsets, sizes, remote_device(r))}})));
+  }
+  // TensorProperties.__getstate__: (dtype, layout, requires_grad, MEM_FORMAT_ENCODING, pin_memory, strides)
+  ValuePtr properties = object(st + "metadata", "TensorProperties",
+                               Value::tuple({dtype_global(dtype), strided_layout(), Value::boolean(false),
+                                             torch_call(st + "metadata", "MEM_FORMAT_ENCODING", {Value::integer(0)}),
+                                             Value::boolean(false), Value::none()}));
+  ValuePtr metadata = object(st + "metadata", "ShardedTensorMetadata",
+                             str_dict({{"shards_metadata", Value::list(std::move(shards))},
+                                       {"size", torch_size(shape)},
+                                       {"tensor_properties", properties}}));
+  ValuePtr cls = Value::global(st + "api", "ShardedTensor");
+  // ShardedTensor.ProcessGroupState, a nested class: getattr(ShardedTensor, "ProcessGroupState").
+  ValuePtr pg_class = Value::call(Value::global("builtins", "getattr"), Value::tuple({cls, Value::str("ProcessGroupState")}));
+  ValuePtr pg_new = Value::call(pg_class, Value::tuple({}));
+  pg_new->newobj = true;
+  ValuePtr pg_state = Value::built(pg_new, str_dict({{"local_rank", Value::integer(rank)},
+                                                     {"global_rank", Value::integer(rank)},
+                                                     {"local_world_size", Value::integer(world_size)},
+                                                     {"global_world_size", Value::integer(world_size)}}));
+  ValuePtr spec = object("torch.distributed._shard.sharding_spec.chunk_sharding_spec", "ChunkShardingSpec",
+                         str_dict({{"dim", Value::integer(0)}, {"placements", Value::list(std::move(placements))}}));
+  ValuePtr state = Value::tuple({Value::list(std::move(local_shards)), metadata, pg_state, spec, Value::boolean(false)});
+  return wrapper_subclass(cls, dtype, shape, state);
+}
+
+ValuePtr make_device_mesh(int rank, int world_size, const ValuePtr& rank_map) {
+  const std::string layout = "torch.distributed._mesh_layout";
+  ValuePtr axis = object(layout, "_FlatLayout", str_dict({{"shape", ints({world_size})}, {"stride", ints({1})}}));
+  ValuePtr mesh_layout = object(layout, "_MeshLayout", str_dict({{"axes", Value::tuple({axis})}}));
+  Shape all_ranks;
+  for (int r = 0; r < world_size; ++r) all_ranks.push_back(r);
+  return object("torch.distributed.device_mesh", "DeviceMesh",
+                str_dict({{"_device_type", Value::str("cpu")},
+                          {"_layout", mesh_layout},
+                          {"_rank_map", rank_map},
+                          {"_mesh_dim_names", Value::none()},
+                          {"_root_mesh", Value::none()},
+                          {"_preserve_rank_order", Value::boolean(false)},
+                          {"_flatten_rank_map", ints(all_ranks)},
+                          {"_thread_id", Value::none()},
+                          {"_flatten_mapping", Value::dict()},
+                          {"_dim_group_names", Value::list({Value::str("0")})},
+                          {"_rank", Value::integer(rank)},
+                          {"_coordinate_on_dim", ints({rank})},
+                          {"_hash", Value::none()}}));
+}
+
+ValuePtr make_dtensor(DType dtype, const Shape& shape, const ValuePtr& mesh, const ValuePtr& local) {
+  if (shape.empty()) fail(ErrorCode::kInternal, "a sharded DTensor needs a dimension to shard");
+  const std::string spec_module = "torch.distributed.tensor._dtensor_spec";
+  ValuePtr shard0 = object("torch.distributed.tensor.placement_types", "Shard", str_dict({{"dim", Value::integer(0)}}));
+  ValuePtr tensor_meta = object(spec_module, "TensorMeta", nullptr,
+                                {torch_size(shape), ints(contiguous_strides(shape)), dtype_global(dtype)});
+  // ShardOrderEntry(tensor_dim=0, mesh_dims=(0,)): dim 0 sharded over mesh dim 0.
+  ValuePtr order = object(spec_module, "ShardOrderEntry", nullptr, {Value::integer(0), ints({0})});
+  ValuePtr spec = object(spec_module, "DTensorSpec",
+                         str_dict({{"mesh", mesh},
+                                   {"placements", Value::tuple({shard0})},
+                                   {"tensor_meta", tensor_meta},
+                                   {"shard_order", Value::tuple({order})},
+                                   {"use_strided_shard_as_shard_order", Value::boolean(false)},
+                                   {"_hash", Value::none()}}));
+  ValuePtr state = Value::tuple({Value::none(), str_dict({{"_local_tensor", local}, {"_spec", spec}})});
+  return wrapper_subclass(Value::global("torch.distributed.tensor", "DTensor"), dtype, shape, state);
+}
+
 }  // namespace ckpt::torch_pt

@@ -30,4 +30,30 @@ std::optional<TensorEntry> decode_sharded_value(const pickle::Value& call, const
 // dimension of `size` elements (FSDP and DTensor Shard placement).
 std::pair<int64_t, int64_t> chunk_piece(int64_t size, int64_t n, int64_t coord);
 
+// ---- writing (reshard to per-rank files) ----
+//
+// The values below are the trees torch 2.15 pickles for FSDP1
+// SHARDED_STATE_DICT on CPU (the bytes of testdata/fsdp_st and fsdp_dt),
+// built for rank `rank` of a world of `world_size`: dim 0 split as
+// torch.chunk splits it. `local` is the reference (make_tensor_ref) of this
+// rank's contiguous piece, as write_pt stores tensors.
+
+// ShardedTensor as FSDP1's _create_chunk_sharded_tensor makes it: one shard
+// per non-empty torch.chunk piece, placed "rank:<r>/cpu"; a rank whose piece
+// is empty has no local shard (`local` is then unused). Loading it needs a
+// process group of `world_size` in which this is rank `rank`.
+pickle::ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, int world_size,
+                                     const pickle::ValuePtr& local);
+
+// The 1-D CPU DeviceMesh over ranks 0..world_size-1 that every DTensor of
+// one file shares (its process group is the default one, group name "0").
+// `rank_map` references an int32 tensor holding 0..world_size-1 (the mesh).
+// Cached hashes are written as None: torch recomputes them on first use
+// (they depend on the process's string hash seed anyway).
+pickle::ValuePtr make_device_mesh(int rank, int world_size, const pickle::ValuePtr& rank_map);
+
+// DTensor with placements (Shard(0),) on `mesh`; every rank has a local
+// tensor, empty on ranks past the last torch.chunk piece.
+pickle::ValuePtr make_dtensor(DType dtype, const Shape& shape, const pickle::ValuePtr& mesh, const pickle::ValuePtr& local);
+
 }  // namespace ckpt::torch_pt

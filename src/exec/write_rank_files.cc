@@ -1,0 +1,163 @@
+#include "exec/write_rank_files.h"
+
+#include <functional>
+#include <memory>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "formats/torch_pt/pt_writer.h"
+#include "formats/torch_pt/sharded_values.h"
+#include "io/atomic_dir.h"
+#include "io/counting_sink.h"
+
+namespace ckpt {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// One output file: its tree (tensor references index `tensors`) and where
+// each stored tensor's bytes come from.
+struct RankFileContent {
+  ValuePtr root;
+  std::vector<torch_pt::OutputTensor> tensors;
+  std::vector<TensorEntry> sources;  // per tensor: its piece of the model's tensor
+  std::optional<std::size_t> mesh_index;  // the DeviceMesh's rank map, filled from `mesh_bytes`
+  std::string mesh_bytes;
+};
+
+// Rebuilds a family's state dict for one rank: tensor references become
+// that rank's ShardedTensor/DTensor values (or whole tensors), containers
+// are copied with their sharing kept, everything else is shared as is.
+class RankFileBuilder {
+ public:
+  RankFileBuilder(const CheckpointModel& model, const ReshardPlan& plan, RankLayout layout, int rank)
+      : model_(model), plan_(plan), layout_(layout), rank_(rank) {}
+
+  RankFileContent build(const ValuePtr& root) {
+    content_.root = rebuild(root);
+    return std::move(content_);
+  }
+
+ private:
+  ValuePtr rebuild(const ValuePtr& v) {
+    if (!v) return v;
+    if (auto it = done_.find(v.get()); it != done_.end()) return it->second;
+    ValuePtr out;
+    if (auto idx = tensor_ref_index(*v)) {
+      out = tensor_value(*idx);
+    } else if (v->items.empty() && v->entries.empty() && !v->args && !v->state && !v->object && !v->pid) {
+      out = v;  // a leaf: nothing inside can change
+    } else {
+      out = std::make_shared<Value>(*v);
+      done_[v.get()] = out;  // a container reached again stays one object
+      for (auto& item : out->items) item = rebuild(item);
+      for (auto& [key, value] : out->entries) value = rebuild(value);
+      out->args = rebuild(out->args);
+      out->state = rebuild(out->state);
+      out->object = rebuild(out->object);
+    }
+    done_[v.get()] = out;
+    return out;
+  }
+
+  std::size_t add_tensor(DType dtype, const Shape& shape, TensorEntry source) {
+    content_.tensors.push_back({dtype, shape, false, false});
+    content_.sources.push_back(std::move(source));
+    return content_.tensors.size() - 1;
+  }
+
+  ValuePtr tensor_value(std::size_t index) {
+    const TensorEntry& t = model_.tensors.at(index);
+    const auto& [rank, item_index] = plan_.items_of_tensor.at(index).at(static_cast<std::size_t>(rank_));
+    if (rank != rank_) fail(ErrorCode::kInternal, "per-rank plan out of order for " + t.name);
+    const OutputItem& item = plan_.ranks.at(static_cast<std::size_t>(rank)).at(item_index);
+    ValuePtr local = make_tensor_ref(add_tensor(t.output_dtype(), item.sizes, item_tensor(t, item)));
+    if (plan_.replicated.at(index)) return local;
+    if (layout_ == RankLayout::kShardedTensor) return torch_pt::make_sharded_tensor(t.output_dtype(), t.shape, rank_, plan_.world_size, local);
+    return torch_pt::make_dtensor(t.output_dtype(), t.shape, mesh(), local);
+  }
+
+  // One DeviceMesh per file, shared by its DTensors as torch pickles it.
+  ValuePtr mesh() {
+    if (mesh_) return mesh_;
+    int n = plan_.world_size;
+    content_.mesh_index = add_tensor(DType::kInt32, {n}, TensorEntry{});
+    for (int32_t r = 0; r < n; ++r)
+      for (int b = 0; b < 4; ++b) content_.mesh_bytes += static_cast<char>((static_cast<uint32_t>(r) >> (8 * b)) & 0xff);
+    mesh_ = torch_pt::make_device_mesh(rank_, n, make_tensor_ref(*content_.mesh_index));
+    return mesh_;
+  }
+
+  const CheckpointModel& model_;
+  const ReshardPlan& plan_;
+  RankLayout layout_;
+  int rank_;
+  RankFileContent content_;
+  std::unordered_map<const Value*, ValuePtr> done_;
+  ValuePtr mesh_;
+};
+
+// Writes one file's archive into `sink`; `fill` appends the bytes of a stored tensor.
+using FillFrom = std::function<void(const RankFileContent&, std::size_t, archive::ZipWriter&)>;
+using WriteFile = std::function<void(int rank, const std::string& name, const RankFileContent& content)>;
+
+void emit_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, RankLayout layout,
+                     const ReshardPlan& plan, const WriteFile& write) {
+  for (int r = 0; r < plan.world_size; ++r) {
+    for (const RankFamily& family : families) {
+      fsdp_ranks::RankFileName name = family.name;
+      name.world_size = plan.world_size;
+      std::string file = name.name_for(r);
+      with_context(file + " (rank " + std::to_string(r) + ")", [&] {
+        RankFileContent content = RankFileBuilder(model, plan, layout, r).build(family.root);
+        write(r, file, content);
+      });
+    }
+  }
+}
+
+void write_content(ByteSink& sink, const RankFileContent& content, const FillFrom& fill) {
+  torch_pt::write_pt(sink, *content.root, content.tensors,
+                     [&](std::size_t i, archive::ZipWriter& zip) { fill(content, i, zip); });
+}
+
+}  // namespace
+
+const char* rank_layout_name(RankLayout layout) {
+  return layout == RankLayout::kShardedTensor ? "fsdp-sharded-tensor" : "fsdp-dtensor";
+}
+
+void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, RankLayout layout,
+                      const ReshardPlan& plan, const RankFilesOptions& options) {
+  AtomicDirectory dir(options.dir, options.force);
+  emit_rank_files(model, families, layout, plan, [&](int, const std::string& name, const RankFileContent& content) {
+    auto sink = AtomicFileSink::create(dir.path_of(name), false);
+    write_content(*sink, content, [&](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
+      if (c.mesh_index == i) {
+        zip.append(c.mesh_bytes.data(), c.mesh_bytes.size());
+      } else {
+        append_tensor(c.sources.at(i), zip, options.copy);
+      }
+    });
+    sink->finish();
+  });
+  dir.commit();
+}
+
+std::vector<RankFilesOut> rank_files_sizes(const CheckpointModel& model, const std::vector<RankFamily>& families,
+                                           RankLayout layout, const ReshardPlan& plan) {
+  std::vector<RankFilesOut> out(static_cast<std::size_t>(plan.world_size));
+  emit_rank_files(model, families, layout, plan, [&](int rank, const std::string& name, const RankFileContent& content) {
+    CountingSink sink;
+    write_content(sink, content, [](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
+      uint64_t n = shape_numel(c.tensors.at(i).shape) * dtype_size(c.tensors.at(i).dtype);
+      zip.append_from(ZeroSource(n), 0, n, 0u);
+    });
+    out.at(static_cast<std::size_t>(rank)).files.emplace_back(name, sink.position());
+  });
+  return out;
+}
+
+}  // namespace ckpt

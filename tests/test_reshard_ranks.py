@@ -1,0 +1,345 @@
+"""reshard of per-rank FSDP files and full state dicts, checked against real
+torch: the output consolidates to the same state as the source; every
+output file loads with torch.load inside a process group of the new world
+size and holds exactly what FSDP1 keeps on that rank under
+SHARDED_STATE_DICT (torch.chunk piece of dim 0, placements, process group or
+mesh of size N); FSDP1 training resumes from the files at the new world
+size exactly as from torch's FULL_STATE_DICT references
+(tests/reshard_resume_fsdp1.py); a full .pt scattered to DCP resumes FSDP2
+(tests/reshard_resume.py)."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from state_compare import assert_same
+
+REPO = Path(__file__).resolve().parent.parent
+TD = REPO / "testdata"
+ST = {ws: TD / "fsdp_st" / f"adamw_ws{ws}" for ws in (2, 3)}
+DT = {ws: TD / "fsdp_dt" / f"adamw_ws{ws}" for ws in (2, 3)}
+SOURCES = [("st", ws, d) for ws, d in ST.items()] + [("dt", ws, d) for ws, d in DT.items()]
+WORLD_SIZES = [1, 2, 3, 4, 5, 8]
+
+
+def names(kind, n):
+    if kind == "st":
+        return [f"{f}_rank{r}.pt" for f in ("model", "optim") for r in range(n)]
+    return [f"{f}_world_size_{n}_rank_{r}.pt" for f in ("model", "optim") for r in range(n)]
+
+
+def reshard(run_ckptconv, src, dst, n, *args):
+    r = run_ckptconv("reshard", str(src), "-o", str(dst), "--world-size", str(n), *args)
+    assert r.returncode == 0, r.stderr
+    return dst
+
+
+def consolidated(run_ckptconv, src, out):
+    r = run_ckptconv("consolidate", str(src), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    return torch.load(out, weights_only=True)
+
+
+class FakeGroup:
+    """A process group of size n in which this process is rank r, without the
+    other n-1 processes (torch's fake backend): what ShardedTensor and
+    DeviceMesh unpickling need to see. The multi-process gloo resume tests
+    below load the same files the way a training job does."""
+
+    def __init__(self, rank, n):
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        self.args = dict(backend="fake", rank=rank, world_size=n, store=FakeStore())
+
+    def __enter__(self):
+        dist.init_process_group(**self.args)
+
+    def __exit__(self, *exc):
+        dist.destroy_process_group()
+
+
+def leaves(obj, path=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from leaves(v, path + (k,))
+    else:
+        yield path, obj
+
+
+def at(obj, path):
+    for k in path:
+        obj = obj[k]
+    return obj
+
+
+def check_rank_file(loaded, ref, rank, n, kind):
+    """Every sharded value holds torch.chunk(ref, n)[rank] (or nothing past
+    the last piece), described for world size n; everything else equals the
+    reference."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor, Shard
+
+    checked = 0
+    for path, value in leaves(loaded):
+        expected = at(ref, path)
+        if isinstance(value, ShardedTensor):
+            assert kind == "st", path
+            pieces = expected.chunk(n)
+            md = value.metadata()
+            assert tuple(md.size) == tuple(expected.shape), path
+            assert [str(s.placement) for s in md.shards_metadata] == [f"rank:{r}/cpu" for r in range(len(pieces))], path
+            rows = -(-expected.shape[0] // n)
+            assert [s.shard_offsets[0] for s in md.shards_metadata] == [rows * r for r in range(len(pieces))], path
+            local = value.local_shards()
+            if rank < len(pieces):
+                assert len(local) == 1 and local[0].metadata.shard_offsets[0] == rows * rank, path
+                assert torch.equal(local[0].tensor, pieces[rank]), path
+            else:
+                assert local == [], path
+            checked += 1
+        elif isinstance(value, DTensor):
+            assert kind == "dt", path
+            assert value.device_mesh.size() == n and value.device_mesh.get_coordinate() == [rank], path
+            assert value.placements == (Shard(0),) and value.shape == expected.shape, path
+            pieces = expected.chunk(n)
+            want = pieces[rank] if rank < len(pieces) else expected[expected.shape[0]:]
+            assert torch.equal(value.to_local(), want), path
+            checked += 1
+        else:
+            assert_same(value, expected, ".".join(map(str, path)))
+    return checked
+
+
+def references(src):
+    return {"model": torch.load(src / "model_full.pt", weights_only=True),
+            "optim": torch.load(src / "optim_full.pt", weights_only=True)}
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize("kind,ws,src", SOURCES, ids=lambda x: str(x) if not isinstance(x, Path) else x.parent.name)
+def test_rank_files_round_trip_and_load_at_new_world_size(kind, ws, src, n, tmp_path, run_ckptconv):
+    dst = reshard(run_ckptconv, src, tmp_path / "out", n)
+    assert sorted(p.name for p in dst.iterdir()) == sorted(names(kind, n))
+    assert_same(consolidated(run_ckptconv, dst, tmp_path / "a.pt"), consolidated(run_ckptconv, src, tmp_path / "b.pt"))
+    ref = references(src)
+    sharded = 0
+    for rank in range(n):
+        files = names(kind, n)
+        with FakeGroup(rank, n):
+            for family in ("model", "optim"):
+                f = files[rank] if family == "model" else files[n + rank]
+                sharded += check_rank_file(torch.load(dst / f, weights_only=False), ref[family], rank, n, kind)
+    assert sharded == n * 16  # 7 parameters and 6 x (exp_avg, exp_avg_sq) per rank
+
+
+@pytest.mark.parametrize("layout", ["fsdp-sharded-tensor", "fsdp-dtensor", "dcp"])
+def test_layout_can_be_changed(layout, tmp_path, run_ckptconv):
+    src = ST[2] if layout != "fsdp-sharded-tensor" else DT[3]
+    dst = reshard(run_ckptconv, src, tmp_path / "out", 3, "--layout", layout)
+    if layout == "dcp":
+        assert (dst / ".metadata").exists()
+    else:
+        assert sorted(p.name for p in dst.iterdir()) == sorted(names("st" if src in ST.values() else "dt", 3))
+    assert_same(consolidated(run_ckptconv, dst, tmp_path / "a.pt"), consolidated(run_ckptconv, src, tmp_path / "b.pt"))
+
+
+def full_pt_sources(tmp_path, run_ckptconv):
+    """Full state dicts as users have them: our consolidate output
+    {"model", "optim"}, and torch's FULL_STATE_DICT model and optimizer files."""
+    both = tmp_path / "both.pt"
+    consolidated(run_ckptconv, ST[3], both)
+    return {"both": both, "model": ST[3] / "model_full.pt", "optim": ST[3] / "optim_full.pt"}
+
+
+@pytest.mark.parametrize("layout", ["fsdp-sharded-tensor", "fsdp-dtensor", "dcp"])
+def test_full_state_dict_scatters_to_every_layout(layout, tmp_path, run_ckptconv):
+    srcs = full_pt_sources(tmp_path, run_ckptconv)
+    ref = references(ST[3])
+    for n in (1, 2, 4, 5):
+        for which, src in srcs.items():
+            dst = reshard(run_ckptconv, src, tmp_path / f"{which}_{n}", n, "--layout", layout)
+            back = consolidated(run_ckptconv, dst, tmp_path / f"{which}_{n}.pt")
+            want = torch.load(src, weights_only=True)
+            assert_same(back, want)
+            if layout == "dcp":
+                continue
+            kind = "st" if layout == "fsdp-sharded-tensor" else "dt"
+            files = sorted(p.name for p in dst.iterdir())
+            fams = ("model", "optim") if which == "both" else (which,)
+            assert files == sorted(x for x in names(kind, n) if x.startswith(fams)), files
+            for rank in range(n):
+                with FakeGroup(rank, n):
+                    for fam in fams:
+                        f = [x for x in names(kind, n) if x.startswith(fam)][rank]
+                        check_rank_file(torch.load(dst / f, weights_only=False), ref[fam], rank, n, kind)
+
+
+def test_full_state_dict_to_dcp_matches_what_dcp_save_flattens(tmp_path, run_ckptconv):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    src = full_pt_sources(tmp_path, run_ckptconv)["both"]
+    dst = reshard(run_ckptconv, src, tmp_path / "out", 2, "--layout", "dcp")
+    md = FileSystemReader(str(dst)).read_metadata()
+    flat, mappings = flatten_state_dict(torch.load(src, weights_only=True))
+    assert list(md.state_dict_metadata) == list(flat)
+    assert md.planner_data == mappings
+
+
+def test_full_state_dict_needs_layout(tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(ST[2] / "model_full.pt"), "-o", str(tmp_path / "out"), "--world-size", "2")
+    assert r.returncode == 2, r.stderr
+    assert "choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor" in r.stderr
+    assert "model_full.pt" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_dry_run_lists_rank_files_with_exact_sizes_and_writes_nothing(tmp_path, run_ckptconv):
+    dst = tmp_path / "out"
+    r = run_ckptconv("reshard", str(DT[2]), "-o", str(dst), "--world-size", "3", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert not list(tmp_path.iterdir())
+    # fc2.weight 7x8: ws2 rows [0:4) [4:7); ws3 rank 1 rows [3:6) comes from both source ranks.
+    assert "model.fc2.weight [3:6, 0:8] <- source rank 0 [3:4, 0:8], source rank 1 [4:6, 0:8]" in r.stdout
+    assert "optim.state.emb.weight.step [] (replicated) <- source rank 0 []" in r.stdout
+    planned = {}
+    for line in re.findall(r"^rank \d+: (.*?), \d+ tensor items", r.stdout, re.M):
+        for part in line.split("; "):
+            name, size = re.match(r"(\S+), (\d+) bytes", part).groups()
+            planned[name] = int(size)
+    assert f"total: 6 files, {sum(planned.values())} bytes" in r.stdout
+    reshard(run_ckptconv, DT[2], dst, 3)
+    assert planned == {p.name: p.stat().st_size for p in dst.iterdir()}
+
+
+def test_small_memory_limit_and_reruns_give_the_same_bytes(tmp_path, run_ckptconv):
+    a = reshard(run_ckptconv, ST[3], tmp_path / "a", 4)
+    b = reshard(run_ckptconv, ST[3], tmp_path / "b", 4, "--memory-limit", "1")
+    for name in names("st", 4):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_existing_output_is_kept_without_force(tmp_path, run_ckptconv):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep").write_text("precious")
+    r = run_ckptconv("reshard", str(ST[2]), "-o", str(dst), "--world-size", "2")
+    assert r.returncode == 2 and "--force" in r.stderr
+    assert [p.name for p in dst.iterdir()] == ["keep"]
+    reshard(run_ckptconv, ST[2], dst, 2, "--force")
+    assert sorted(p.name for p in dst.iterdir()) == sorted(names("st", 2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_world_size_zero_is_a_usage_error(tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(DT[2]), "-o", str(tmp_path / "out"), "--world-size", "0")
+    assert r.returncode == 2 and "--world-size must be at least 1" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_source_failing_validation_is_refused_and_nothing_written(tmp_path, run_ckptconv):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(ST[3], src)
+    (src / "optim_rank2.pt").unlink()
+    r = run_ckptconv("reshard", str(src), "-o", str(tmp_path / "out"), "--world-size", "2")
+    assert r.returncode == 3, r.stderr
+    assert "optim_rank2.pt (rank 2)" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_unwritable_output_fails_with_exit_4_and_leaves_nothing(tmp_path, run_ckptconv):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = run_ckptconv("reshard", str(ST[2]), "-o", str(blocker / "out"), "--world-size", "2")
+    assert r.returncode == 4, r.stderr
+    assert "cannot create temporary directory" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_device_option(tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(ST[2]), "-o", str(tmp_path / "out"), "--world-size", "2", "--device", "tpu")
+    assert r.returncode == 2 and "tpu" in r.stderr
+    a = reshard(run_ckptconv, ST[2], tmp_path / "a", 3, "--device", "cpu")
+    b = reshard(run_ckptconv, ST[2], tmp_path / "b", 3)
+    for name in names("st", 3):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_dtype_casts_sharded_values_and_keeps_step(tmp_path, run_ckptconv):
+    dst = reshard(run_ckptconv, DT[2], tmp_path / "out", 2, "--dtype", "bf16")
+    back = consolidated(run_ckptconv, dst, tmp_path / "a.pt")
+    r = run_ckptconv("consolidate", str(DT[2]), "-o", str(tmp_path / "b.pt"), "--dtype", "bf16")
+    assert r.returncode == 0, r.stderr
+    assert_same(back, torch.load(tmp_path / "b.pt", weights_only=True))
+    assert back["model"]["fc1.weight"].dtype == torch.bfloat16
+    assert back["optim"]["state"]["fc1.weight"]["step"].dtype == torch.float32
+
+
+# ---- resume: real FSDP1 (gloo, CPU) loads the files at the new world size ----
+
+def run_resume(n, cases, tmp_path):
+    out = tmp_path / "result"
+    out.mkdir()
+    args = [str(x) for case in cases for x in case]
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "reshard_resume_fsdp1.py"), str(n), str(out), *args],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return [torch.load(out / f"case{i}.pt", weights_only=True) for i in range(len(cases))]
+
+
+# Each world size resumes one ShardedTensor and one DTensor checkpoint saved
+# at another world size (one process group serves both).
+RESUME = {1: [("st", 3), ("dt", 2)], 2: [("st", 3), ("dt", 3)], 3: [("st", 2), ("dt", 2)], 4: [("st", 3), ("dt", 2)]}
+
+
+@pytest.mark.parametrize("n", sorted(RESUME))
+def test_fsdp1_resumes_from_resharded_rank_files(n, tmp_path, run_ckptconv):
+    cases = []
+    for kind, ws in RESUME[n]:
+        src = (ST if kind == "st" else DT)[ws]
+        dst = reshard(run_ckptconv, src, tmp_path / f"{kind}{ws}", n)
+        files = names(kind, n)
+        cases.append((kind, dst, src, files[0].replace("rank0", "rank{r}").replace("rank_0", "rank_{r}"),
+                      files[n].replace("rank0", "rank{r}").replace("rank_0", "rank_{r}")))
+    for (kind, dst, src, *_), result in zip(cases, run_resume(n, cases, tmp_path)):
+        ref = references(src)
+        assert_same(result["loaded"]["model"], ref["model"], key_order=False)
+        assert_same(result["loaded"]["optim"]["state"], ref["optim"]["state"], key_order=False)
+        assert torch.isfinite(result["losses"]).all()
+        assert torch.equal(result["losses"], result["ref_losses"]), kind
+        assert_same(result["after"], result["ref_after"], key_order=False)
+        assert not torch.equal(result["after"]["model"]["fc1.weight"], ref["model"]["fc1.weight"])  # it trained
+
+
+def test_fsdp1_resumes_from_scattered_full_state_dict(tmp_path, run_ckptconv):
+    both = tmp_path / "both.pt"
+    consolidated(run_ckptconv, DT[3], both)
+    dst = reshard(run_ckptconv, both, tmp_path / "out", 2, "--layout", "fsdp-dtensor")
+    [result] = run_resume(2, [("dt", dst, DT[3], "model_world_size_2_rank_{r}.pt", "optim_world_size_2_rank_{r}.pt")],
+                          tmp_path)
+    assert torch.equal(result["losses"], result["ref_losses"])
+    assert_same(result["after"], result["ref_after"], key_order=False)
+
+
+def test_fsdp2_resumes_from_full_state_dict_scattered_to_dcp(tmp_path, run_ckptconv):
+    ws2 = TD / "dcp" / "fsdp2_adamw_ws2"
+    full = tmp_path / "full.pt"
+    consolidated(run_ckptconv, ws2, full)
+    dst = reshard(run_ckptconv, full, tmp_path / "out", 3, "--layout", "dcp")
+    out = tmp_path / "result"
+    out.mkdir()
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "reshard_resume.py"), str(dst), str(ws2), "3", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    ref = torch.load(ws2.parent / (ws2.name + ".ref.pt"), weights_only=True)
+    loaded = torch.load(out / "loaded.pt", weights_only=True)
+    assert_same(loaded["model"], ref["model"], key_order=False)
+    assert_same(loaded["optim"]["state"], ref["optim"]["state"], key_order=False)
+    result = torch.load(out / "result.pt", weights_only=True)
+    assert torch.equal(result["losses"], result["ref_losses"])
+    assert_same(result["after"], result["ref_after"], key_order=False)
