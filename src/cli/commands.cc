@@ -18,12 +18,14 @@ void register_inspect(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_consolidate(CLI::App& app);
 void register_reshard(CLI::App& app);
+void register_diff(CLI::App& app);
 
 void register_commands(CLI::App& app) {
   register_inspect(app);
   register_consolidate(app);
   register_convert(app);
   register_reshard(app);
+  register_diff(app);
 }
 
 int run_selected(CLI::App& app) {

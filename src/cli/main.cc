@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/progress.h"
 #include "exec/runtime_info.h"
 
 namespace {
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
     return app.exit(e);  // 0 for --help/--version, 2 for usage errors
   }
   ckpt::setup_logging(quiet ? ckpt::Verbosity::kQuiet : verbose ? ckpt::Verbosity::kVerbose : ckpt::Verbosity::kNormal);
+  ckpt::configure_progress(quiet);
   if (app.get_subcommands().empty()) {
     std::cout << app.help();
     return 2;
