@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/units.h"
 #include "exec/write_output.h"
 #include "formats/detect.h"
@@ -79,10 +80,13 @@ int run_write_job(const WriteJobOptions& opt) {
   out.copy.backend = backend.get();
   out.max_shard_size = opt.max_shard_size.empty() ? 0 : parse_size(opt.max_shard_size);
   out.gzip = opt.compression == "gzip";
-  write_output(model, format, out);
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   uint64_t bytes = 0;
   for (const auto& t : model.tensors) bytes += t.output_nbytes();
+  {
+    ProgressScope progress("write " + opt.output, bytes);  // write_output reports each tensor written
+    write_output(model, format, out);
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("wrote {}: {} tensors, {} in {:.2f} s", opt.output, model.tensors.size(), human_bytes(bytes), secs);
   return 0;
 }
