@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/units.h"
+#include "exec/backend.h"
 #include "exec/write_output.h"
 #include "formats/detect.h"
 #include "model/describe.h"
@@ -32,7 +33,14 @@ void bind_write_job_options(CLI::App* sub, WriteJobOptions& opt) {
   sub->add_option("--dtype", opt.dtype, "Cast floating-point tensors (optimizer step counters excepted)")
       ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16"}))
       ->capture_default_str();
-  sub->add_option("--threads", opt.threads, "Threads for casts (0: LibTorch default)");
+  sub->add_option("--threads", opt.threads, "Host threads for gathers, casts and scans (0: all)");
+  sub->add_option("--device", opt.device,
+                  "Where casts and scans run: cuda (error if none), cpu, or auto (CUDA when built in and a device is visible)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  sub->add_flag("--finite", opt.finite,
+                "Also count NaN/Inf in every tensor written; name each tensor that has any, exit 1 if any (the output is "
+                "still written)");
   sub->add_option("--memory-limit", opt.memory_limit, "Budget for reassembly buffers, e.g. 512M")->capture_default_str();
   sub->add_flag("--dry-run", opt.dry_run, "Print the plan (tensors, sources, output size); write nothing");
   sub->add_flag("--force", opt.force, "Overwrite an existing output");
@@ -70,14 +78,27 @@ int run_write_job(const WriteJobOptions& opt) {
     describe_plan(model, opt.output, std::cout);
     return 0;
   }
-  // LibTorch is loaded only when a cast needs it.
-  auto backend = cast_to ? make_cpu_backend(opt.threads) : nullptr;
+  // Only arithmetic (casts, scans) goes to a device: bytes that pass through
+  // unchanged are copied file to file, and LibTorch is loaded only for a cast.
+  bool arithmetic = cast_to || opt.finite;
+  Device device = parse_device(opt.device);
+  auto backend = make_backend(arithmetic || device == Device::kCuda ? device : Device::kCpu, opt.threads);
+  if (arithmetic) spdlog::info("backend: {}", backend->name());
   OutputOptions out;
   out.path = opt.output;
   out.force = opt.force;
   out.durable = !opt.no_fsync;
   out.copy.memory_limit = memory_limit;
   out.copy.backend = backend.get();
+  FiniteCounts nonfinite;
+  uint64_t nonfinite_tensors = 0;
+  if (opt.finite)
+    out.copy.on_finite = [&](const TensorEntry& t, const FiniteCounts& c) {
+      if (c.all_finite()) return;
+      ++nonfinite_tensors;
+      nonfinite += c;
+      spdlog::warn("tensor '{}': {} NaN, {} Inf", t.name, c.nan, c.inf);
+    };
   out.max_shard_size = opt.max_shard_size.empty() ? 0 : parse_size(opt.max_shard_size);
   out.gzip = opt.compression == "gzip";
   uint64_t bytes = 0;
@@ -88,6 +109,14 @@ int run_write_job(const WriteJobOptions& opt) {
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("wrote {}: {} tensors, {} in {:.2f} s", opt.output, model.tensors.size(), human_bytes(bytes), secs);
+  if (opt.finite) {
+    if (nonfinite_tensors == 0) {
+      spdlog::info("--finite: every tensor written is finite");
+      return 0;
+    }
+    spdlog::error("--finite: {} tensors hold {} NaN and {} Inf", nonfinite_tensors, nonfinite.nan, nonfinite.inf);
+    return 1;
+  }
   return 0;
 }
 

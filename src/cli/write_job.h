@@ -23,6 +23,8 @@ struct WriteJobOptions {
   std::string format;          // --format: pt|safetensors|hdf5; empty: by the output's extension
   std::string max_shard_size;  // --max-shard-size (safetensors)
   std::string compression = "none";  // --compression (HDF5): none|gzip
+  std::string device = "auto";       // --device: auto|cpu|cuda
+  bool finite = false;               // --finite: count NaN/Inf in every tensor written
 };
 
 // Binds the shared options to a subcommand.
