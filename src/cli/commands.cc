@@ -18,6 +18,7 @@ void register_inspect(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_consolidate(CLI::App& app);
 void register_reshard(CLI::App& app);
+void register_validate(CLI::App& app);
 void register_diff(CLI::App& app);
 
 void register_commands(CLI::App& app) {
@@ -25,6 +26,7 @@ void register_commands(CLI::App& app) {
   register_consolidate(app);
   register_convert(app);
   register_reshard(app);
+  register_validate(app);
   register_diff(app);
 }
 

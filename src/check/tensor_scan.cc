@@ -1,0 +1,77 @@
+#include "check/tensor_scan.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "exec/tensor_copy.h"
+#include "io/byte_sink.h"
+
+namespace ckpt::check {
+namespace {
+
+// Consumes the bytes append_tensor produces. Writes are whole elements in
+// practice (rows, chunks); a split element is carried to the next write.
+class ScanSink final : public ByteSink {
+ public:
+  ScanSink(DType dtype, Backend* backend, Hasher* hasher)
+      : dtype_(dtype), itemsize_(dtype_size(dtype)), backend_(backend), hasher_(hasher) {}
+
+  using ByteSink::write;
+  void write(const void* data, std::size_t n) override {
+    position_ += n;
+    if (hasher_) hasher_->update(data, n);
+    if (!backend_) return;
+    const auto* p = static_cast<const std::byte*>(data);
+    if (!carry_.empty()) {
+      std::size_t take = std::min(n, itemsize_ - carry_.size());
+      carry_.insert(carry_.end(), p, p + take);
+      p += take;
+      n -= take;
+      if (carry_.size() < itemsize_) return;
+      counts_ += backend_->scan_finite(carry_.data(), dtype_, 1);
+      carry_.clear();
+    }
+    std::size_t whole = n / itemsize_;
+    if (whole) counts_ += backend_->scan_finite(p, dtype_, whole);
+    carry_.assign(p + whole * itemsize_, p + n);
+  }
+  uint64_t position() const override { return position_; }
+  const FiniteCounts& counts() const { return counts_; }
+
+ private:
+  DType dtype_;
+  std::size_t itemsize_;
+  Backend* backend_;
+  Hasher* hasher_;
+  uint64_t position_ = 0;
+  FiniteCounts counts_;
+  std::vector<std::byte> carry_;
+};
+
+}  // namespace
+
+bool can_be_nonfinite(DType dtype) { return dtype_info(dtype).is_floating || dtype_info(dtype).is_complex; }
+
+TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::optional<ChecksumAlgorithm> checksum,
+                       uint64_t memory_limit) {
+  if (tensor.out_dtype && *tensor.out_dtype != tensor.dtype)
+    fail(ErrorCode::kInternal, "scan_tensor: tensor '" + tensor.name + "' has an output dtype; scans read stored values");
+  Backend* backend = finite_backend && can_be_nonfinite(tensor.dtype) ? finite_backend : nullptr;
+  std::optional<Hasher> hasher;
+  if (checksum) hasher.emplace(*checksum);
+  TensorScan out;
+  if (!backend && !hasher) return out;
+  ScanSink sink(tensor.dtype, backend, hasher ? &*hasher : nullptr);
+  CopyOptions copy;
+  copy.memory_limit = memory_limit;
+  append_tensor(tensor, sink, copy);
+  if (sink.position() != tensor.nbytes())
+    fail(ErrorCode::kInternal, "scan of tensor '" + tensor.name + "' saw " + std::to_string(sink.position()) + " of its " +
+                                   std::to_string(tensor.nbytes()) + " bytes");
+  if (backend) out.finite = sink.counts();
+  if (hasher) out.checksum = hasher->hex_digest();
+  return out;
+}
+
+}  // namespace ckpt::check

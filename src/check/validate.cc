@@ -1,0 +1,329 @@
+#include "check/validate.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "check/optimizer_checks.h"
+#include "check/tensor_scan.h"
+#include "formats/detect.h"
+#include "formats/fsdp_ranks/rank_file_names.h"
+#include "model/tree_walk.h"
+#include "model/validate.h"
+
+namespace ckpt::check {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The files SRC consists of, as given (not resolved), sorted.
+std::vector<std::string> checkpoint_files(const std::string& src, const ValidateOptions& opt, SourceKind kind,
+                                          const CheckpointModel* model) {
+  std::vector<std::string> out;
+  auto rank_file_of_kind = [&](const std::string& path) {
+    auto name = fsdp_ranks::parse_rank_file_name(fs::path(path).filename().string());
+    return name && !name->auxiliary && (opt.only.empty() || name->kind == opt.only);
+  };
+  if (!opt.files.empty()) {
+    out = opt.files;
+  } else if (kind == SourceKind::kDcpDir) {
+    static const std::regex kDcpFile(R"(\.metadata|__\d+\.metadata|.*\.distcp)");
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(src, ec))
+      if (e.is_regular_file() && std::regex_match(e.path().filename().string(), kDcpFile)) out.push_back(e.path().string());
+  } else if (kind == SourceKind::kFsdpRanks) {
+    std::error_code ec;
+    std::vector<std::string> all = fs::is_directory(src, ec) ? fsdp_ranks::list_rank_files(src) : fsdp_ranks::expand_glob(src);
+    for (auto& p : all)
+      if (rank_file_of_kind(p)) out.push_back(std::move(p));
+  } else {
+    out.push_back(src);
+    if (kind == SourceKind::kSafetensorsIndex && model) {
+      std::set<std::string> shards;
+      for (const auto& t : model->tensors)
+        for (const auto& c : t.chunks) shards.insert(c.file);
+      out.insert(out.end(), shards.begin(), shards.end());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// File names in manifests: relative to the checkpoint's folder.
+std::string manifest_path_of(const std::string& file, const std::string& src, const ValidateOptions& opt) {
+  std::error_code ec;
+  fs::path base = !src.empty() && fs::is_directory(src, ec) ? fs::path(src)
+                                                             : fs::path(src.empty() ? opt.files.front() : src).parent_path();
+  fs::path rel = fs::path(file).lexically_relative(base);
+  return rel.empty() || rel.native().starts_with("..") ? fs::path(file).filename().string() : rel.string();
+}
+
+std::vector<int> world_sizes_of(const CheckpointModel& model) {
+  std::vector<int> out;
+  auto it = model.facts.find("world_size");
+  if (it == model.facts.end()) {
+    if (model.format == "pt" || model.format == "safetensors" || model.format == "hdf5") out.push_back(1);
+    return out;
+  }
+  // "2", or "2 (model), 3 (optim)" for two families that disagree.
+  static const std::regex kInt(R"(\d+)");
+  for (std::sregex_iterator m(it->second.begin(), it->second.end(), kInt), end; m != end; ++m) {
+    int ws = std::stoi(m->str());
+    if (std::find(out.begin(), out.end(), ws) == out.end()) out.push_back(ws);
+  }
+  return out;
+}
+
+std::vector<std::string> read_key_list(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) fail_invalid("--expect-keys " + path + ": no such file");
+  SourcePtr src = open_file_source(path);
+  std::istringstream in(src->read_string(0, static_cast<std::size_t>(src->size())));
+  std::vector<std::string> keys;
+  for (std::string line; std::getline(in, line);) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+    std::size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    keys.push_back(line.substr(start));
+  }
+  return keys;
+}
+
+class Validator {
+ public:
+  Validator(std::string src, const ValidateOptions& opt) : src_(std::move(src)), opt_(opt) {}
+
+  ValidateReport run() {
+    report_.source = src_.empty() && !opt_.files.empty() ? opt_.files.front() : src_;
+    std::optional<CheckpointModel> model = read();
+    if (model) {
+      report_.format = model->format;
+      report_.tensors = model->tensors.size();
+      for (const auto& t : model->tensors) report_.tensor_bytes += t.nbytes();
+      check_coverage(*model);
+      check("optimizer");
+      check_optimizer_state(*model, sink_);
+      check_world_size(*model);
+      if (!opt_.expect_keys_file.empty()) check_keys(*model);
+    }
+    std::vector<std::string> files = checkpoint_files(src_, opt_, kind_, model ? &*model : nullptr);
+    report_.files = files.size();
+    if (model && (opt_.finite || wants_manifest())) data_pass(*model, files);
+    report_.problems = sink_.problems();
+    return std::move(report_);
+  }
+
+ private:
+  bool wants_manifest() const { return !opt_.write_manifest.empty() || !opt_.manifest.empty(); }
+  void check(const std::string& name) { report_.checks.push_back(name); }
+
+  std::optional<CheckpointModel> read() {
+    check("reading");
+    try {
+      kind_ = opt_.files.empty() ? detect_source(src_) : SourceKind::kFsdpRanks;
+      return read_checkpoint(src_, {opt_.files, opt_.only, &sink_});
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kInvalidArgument) throw;  // usage: several families, a bad glob, ...
+      sink_.report(e, report_.source);
+      report_.readable = false;
+      return std::nullopt;
+    }
+  }
+
+  void check_coverage(const CheckpointModel& model) {
+    check("coverage");
+    for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+      visit_tensor_problems(model.tensors[i], [&](const std::string& message, const TensorChunk* chunk) {
+        sink_.report(Problem{ErrorCode::kDataLoss, message, chunk ? chunk->file : "", chunk ? chunk->rank : -1,
+                             model.tensors[i].name});
+        unsound_.insert(i);
+      });
+    }
+  }
+
+  void check_world_size(const CheckpointModel& model) {
+    std::vector<int> sizes = world_sizes_of(model);
+    if (sizes.size() == 1) report_.world_size = sizes.front();
+    if (sizes.size() > 1)
+      sink_.report(Problem{ErrorCode::kDataLoss,
+                           "the model and optimizer files were written at different world sizes (" +
+                               model.facts.at("world_size") + ")",
+                           "", -1, ""});
+    if (opt_.expect_world_size < 0) return;
+    check("world-size");
+    if (sizes.empty()) {
+      sink_.report(Problem{ErrorCode::kDataLoss,
+                           "--expect-world-size " + std::to_string(opt_.expect_world_size) + ": a " + model.format +
+                               " checkpoint does not record its world size",
+                           "", -1, ""});
+      return;
+    }
+    for (int ws : sizes)
+      if (ws != opt_.expect_world_size)
+        sink_.report(Problem{ErrorCode::kDataLoss,
+                             "world size is " + std::to_string(ws) + ", expected " + std::to_string(opt_.expect_world_size) +
+                                 " (--expect-world-size)",
+                             "", -1, ""});
+  }
+
+  void check_keys(const CheckpointModel& model) {
+    check("keys");
+    std::vector<std::string> expected = read_key_list(opt_.expect_keys_file);
+    std::set<std::string> want(expected.begin(), expected.end()), have;
+    walk_leaves(*model.root, [&](const Leaf& leaf) { have.insert(leaf.path); });
+    for (const auto& k : expected)
+      if (!have.count(k))
+        sink_.report(Problem{ErrorCode::kDataLoss,
+                             "key '" + k + "' is missing (listed in " + opt_.expect_keys_file + ")", "", -1, k});
+    walk_leaves(*model.root, [&](const Leaf& leaf) {
+      if (!want.count(leaf.path))
+        sink_.report(Problem{ErrorCode::kDataLoss,
+                             "key '" + leaf.path + "' is unexpected (not listed in " + opt_.expect_keys_file + ")", "", -1,
+                             leaf.path});
+    });
+  }
+
+  // One pass over every sound tensor's values (finite scan and checksums),
+  // then the file checksums; then the manifests.
+  void data_pass(const CheckpointModel& model, const std::vector<std::string>& files) {
+    std::optional<Manifest> recorded;
+    if (!opt_.manifest.empty()) {
+      try {
+        recorded = read_manifest(opt_.manifest);
+      } catch (const Error& e) {
+        fail_invalid("--manifest " + opt_.manifest + ": " + e.what());
+      }
+    }
+    std::optional<ChecksumAlgorithm> algorithm;
+    if (recorded) algorithm = recorded->algorithm;
+    if (!opt_.write_manifest.empty()) {
+      ChecksumAlgorithm want = opt_.sha256 ? ChecksumAlgorithm::kSha256 : ChecksumAlgorithm::kXxh3_64;
+      if (algorithm && *algorithm != want)
+        fail_invalid(std::string("--manifest uses ") + checksum_algorithm_name(*algorithm) + ", --write-manifest would use " +
+                     checksum_algorithm_name(want) + ": write it in a separate run");
+      algorithm = want;
+    }
+    std::unique_ptr<Backend> backend;
+    if (opt_.finite) {
+      check("finite");
+      backend = make_backend(opt_.device, opt_.threads);
+      report_.finite_ran = true;
+      report_.finite_device = backend->name();
+    }
+    Manifest now;
+    now.algorithm = algorithm.value_or(ChecksumAlgorithm::kXxh3_64);
+    now.source = report_.source;
+    now.format = model.format;
+    now.world_size = report_.world_size;
+    scan_tensors(model, backend.get(), algorithm, now);
+    if (!algorithm) return;
+    check("manifest");
+    report_.manifest_algorithm = checksum_algorithm_name(*algorithm);
+    for (const auto& f : files) {
+      std::string rel = manifest_path_of(f, src_, opt_);
+      run_reporting(&sink_, f, -1, "", [&] {
+        SourcePtr source = open_mapped_source(f);
+        now.files.push_back({rel, source->size(), checksum_source(*source, *algorithm)});
+      });
+    }
+    if (recorded) {
+      report_.manifest_verified = opt_.manifest;
+      report_.manifest_comparison = compare_manifests(*recorded, now, opt_.manifest, sink_);
+      if (!report_.manifest_comparison->note.empty()) report_.notes.push_back(report_.manifest_comparison->note);
+    }
+    if (!opt_.write_manifest.empty()) {
+      if (!sink_.problems().empty()) {
+        report_.notes.push_back("manifest " + opt_.write_manifest + " not written: the checkpoint has problems");
+      } else {
+        write_manifest(now, opt_.write_manifest, opt_.force);
+        report_.manifest_written = opt_.write_manifest;
+      }
+    }
+  }
+
+  void scan_tensors(const CheckpointModel& model, Backend* backend, std::optional<ChecksumAlgorithm> algorithm,
+                    Manifest& now) {
+    std::vector<std::pair<std::string, std::size_t>> leaves;  // key, tensor index: tree order
+    walk_leaves(*model.root, [&](const Leaf& leaf) {
+      if (leaf.tensor) leaves.emplace_back(leaf.path, *leaf.tensor);
+    });
+    uint64_t total = 0, done = 0;
+    for (const auto& [key, index] : leaves) total += model.tensors.at(index).nbytes();
+    std::map<std::size_t, TensorScan> scanned;  // a tensor reached under two keys is read once
+    for (const auto& [key, index] : leaves) {
+      const TensorEntry& t = model.tensors.at(index);
+      if (unsound_.count(index)) {
+        report_.notes.push_back("tensor '" + key + "' not scanned: its chunks do not cover it soundly");
+        continue;
+      }
+      auto it = scanned.find(index);
+      if (it == scanned.end()) {
+        TensorScan scan;
+        bool ok = run_reporting(&sink_, t.chunks.empty() ? "" : t.chunks.front().file, -1, key,
+                                [&] { scan = scan_tensor(t, backend, algorithm, opt_.memory_limit); });
+        if (!ok) continue;
+        it = scanned.emplace(index, std::move(scan)).first;
+        done += t.nbytes();
+        if (opt_.on_progress) opt_.on_progress(done, total);
+      }
+      const TensorScan& scan = it->second;
+      if (scan.finite) {
+        ++report_.finite_tensors;
+        if (!scan.finite->all_finite()) {
+          report_.nonfinite.push_back({key, t.dtype, t.numel(), *scan.finite});
+          report_nonfinite_chunks(key, t, backend);
+        }
+      }
+      if (algorithm) now.tensors.push_back({key, std::string(dtype_name(t.dtype)), t.shape, scan.checksum});
+    }
+  }
+
+  // A tensor found non-finite is scanned again chunk by chunk (rare, and
+  // only its own bytes), so each problem names the file and rank at fault.
+  void report_nonfinite_chunks(const std::string& key, const TensorEntry& t, Backend* backend) {
+    for (const auto& c : t.chunks) {
+      if (c.numel() == 0) continue;
+      TensorEntry piece;
+      piece.name = key;
+      piece.dtype = t.dtype;
+      piece.shape = c.sizes;
+      piece.chunks.push_back(c);
+      piece.chunks.back().offsets.assign(c.sizes.size(), 0);
+      FiniteCounts n = *scan_tensor(piece, backend, std::nullopt, opt_.memory_limit).finite;
+      if (n.all_finite()) continue;
+      std::string where = t.chunks.size() > 1 ? " in its chunk at offsets " + shape_str(c.offsets) + " sizes " + shape_str(c.sizes) : "";
+      sink_.report(Problem{ErrorCode::kDataLoss,
+                           "tensor '" + key + "' (" + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape) + ") holds " +
+                               std::to_string(n.nan) + " NaN and " + std::to_string(n.inf) + " Inf" + where + " (of " +
+                               std::to_string(piece.numel()) + " elements), file " + c.file +
+                               (c.rank >= 0 ? ", rank " + std::to_string(c.rank) : ""),
+                           c.file, c.rank, key});
+    }
+  }
+
+  std::string src_;
+  const ValidateOptions& opt_;
+  SourceKind kind_ = SourceKind::kTorchPt;
+  ProblemSink sink_;
+  ValidateReport report_;
+  std::set<std::size_t> unsound_;  // tensors with coverage problems: not scanned
+};
+
+}  // namespace
+
+int ValidateReport::exit_code() const {
+  bool unsafe = std::any_of(problems.begin(), problems.end(), [](const Problem& p) { return p.code == ErrorCode::kUnsafe; });
+  if (unsafe || !readable) return 3;
+  return problems.empty() ? 0 : 1;
+}
+
+ValidateReport validate_checkpoint(const std::string& src, const ValidateOptions& options) {
+  if (options.expect_world_size == 0 || options.expect_world_size < -1) fail_invalid("--expect-world-size must be at least 1");
+  return Validator(src, options).run();
+}
+
+}  // namespace ckpt::check
