@@ -1,6 +1,9 @@
 // `ckptconv diff A B`: are two checkpoints the same, within tolerance?
 // A CI gate: exit 0 equal, 1 different (differences on stdout as a table or
 // --json), 2 usage, 3 an input unreadable, corrupt or unsafe.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
 #include <cmath>
 #include <iostream>
 #include <optional>
@@ -48,6 +51,7 @@ CheckpointModel read_side(const std::string& src, const DiffCliOptions& opt, std
     return model;
   }
   require_valid(model);
+  spdlog::debug("{}: {} ({}), {} tensors selected", src == opt.a ? "A" : "B", src, model.format, model.tensors.size());
   return model;
 }
 
@@ -65,11 +69,16 @@ int run_diff(const DiffCliOptions& opt) {
   CheckpointModel b = with_context("B", [&] { return read_side(opt.b, opt, unselected_b); });
   // Nothing selected on either side (or a bad regex) is a usage error, as for consolidate.
   if (unselected_a && unselected_b) throw *unselected_a;
+  auto start = std::chrono::steady_clock::now();
+  uint64_t read_bytes = diff_read_bytes(a, b);
   DiffReport report;
   {
-    ProgressScope progress("diff", diff_read_bytes(a, b));
+    ProgressScope progress("diff", read_bytes);
     report = diff_models(a, b, options);
   }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("compared {} tensors ({} read) and {} values in {:.2f} s", report.tensors.size(),
+               format_byte_count(static_cast<double>(read_bytes)), report.values_compared, secs);
   if (opt.json)
     std::cout << diff_to_json(report).dump(2) << "\n";
   else

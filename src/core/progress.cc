@@ -30,6 +30,7 @@ struct Reporter {
   std::condition_variable wake;
   bool stop = false;
   bool drawn = false;
+  std::size_t width = 0;  // characters of the line drawn last
   std::string label;
   uint64_t total = 0;
   Clock::time_point start;
@@ -41,22 +42,27 @@ Reporter& reporter() {
   return r;
 }
 
-// "\r<line>ESC[K": back to column 0, the line, then erase what an older,
-// longer line left to the right. Caller holds the mutex.
+// "\r<line>", padded with spaces over what a longer earlier line left:
+// plain characters only, so no terminal escape ever reaches stderr (NO_COLOR
+// needs nothing special). Caller holds the mutex.
 void draw_locked(Reporter& r) {
   double elapsed = std::chrono::duration<double>(Clock::now() - r.start).count();
   uint64_t done = std::min(r.done.load(std::memory_order_relaxed), r.total);
-  std::string line = "\r" + format_progress_line(r.label, done, r.total, elapsed) + "\x1b[K";
-  std::fputs(line.c_str(), stderr);
+  std::string line = format_progress_line(r.label, done, r.total, elapsed);
+  std::size_t width = line.size();
+  if (line.size() < r.width) line.append(r.width - line.size(), ' ');
+  std::fputs(("\r" + line).c_str(), stderr);
   std::fflush(stderr);
+  r.width = width;
   r.drawn = true;
 }
 
 void erase_locked(Reporter& r) {
   if (!r.drawn) return;
-  std::fputs("\r\x1b[K", stderr);
+  std::fputs(("\r" + std::string(r.width, ' ') + "\r").c_str(), stderr);
   std::fflush(stderr);
   r.drawn = false;
+  r.width = 0;
 }
 
 void tick_loop(Reporter& r) {

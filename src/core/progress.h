@@ -1,7 +1,7 @@
 // Progress of long work on stderr (bytes done, throughput, ETA), for people
 // watching a terminal. Drawn only when stderr is a terminal (not TERM=dumb)
-// and --quiet is off, so pipelines and logs never see it; without color, so
-// NO_COLOR has nothing to turn off here.
+// and --quiet is off, so pipelines and logs never see it; plain text (no
+// color, no escape sequences: the line is redrawn with "\r" and spaces).
 //
 // One process-wide reporter: a command opens a ProgressScope around its
 // work, and any code under it, on any thread, calls progress_add() as bytes

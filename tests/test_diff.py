@@ -1,0 +1,273 @@
+"""`ckptconv diff A B`: checkpoints against their own consolidations and
+against copies changed by real torch (torch.load, modify, torch.save), across
+.pt / .h5 / .safetensors / DCP / per-rank files; --json checked against
+docs/schema/diff.schema.json."""
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from safetensors.torch import save_file
+
+REPO = Path(__file__).resolve().parent.parent
+TD = REPO / "testdata"
+DCP = TD / "dcp" / "fsdp2_adamw_ws2"
+REF = TD / "dcp" / "fsdp2_adamw_ws2.ref.pt"  # torch's dcp_to_torch_save of DCP
+SCHEMA = json.loads((REPO / "docs" / "schema" / "diff.schema.json").read_text())
+DCP_FIXTURES = sorted(p.parent for p in (TD / "dcp").glob("*/.metadata")) + \
+    sorted(p.parent for p in (TD / "dcp").glob("*/__0.metadata"))
+
+
+def diff_json(run_ckptconv, a, b, *args):
+    r = run_ckptconv("diff", a, b, "--json", *args)
+    assert r.returncode in (0, 1), r.stderr
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["equal"] == (r.returncode == 0)
+    return r.returncode, doc
+
+
+def tensor_entry(doc, path):
+    (t,) = [t for t in doc["tensors"] if t["path"] == path]
+    return t
+
+
+def save_changed(tmp_path, name, change):
+    """REF as torch loads it, changed by `change(state)`, saved by torch."""
+    state = torch.load(REF, weights_only=True)
+    change(state)
+    out = tmp_path / name
+    torch.save(state, out)
+    return out
+
+
+@pytest.mark.parametrize("src", DCP_FIXTURES, ids=lambda p: p.name)
+def test_dcp_directory_equals_torchs_consolidation(run_ckptconv, src):
+    ref = src.parent / (src.name + ".ref.pt")
+    code, doc = diff_json(run_ckptconv, src, ref)
+    assert code == 0, doc
+    s = doc["summary"]
+    assert s["tensors_compared"] == len([1 for t in doc["tensors"]]) > 0
+    assert s["values_compared"] > 0
+    assert s["elements_mismatched"] == 0 and not doc["only_in_a"] and not doc["only_in_b"]
+    assert all(t["values"]["max_abs_diff"] == 0 for t in doc["tensors"])
+    table = run_ckptconv("diff", src, ref)
+    assert table.returncode == 0 and table.stdout.rstrip().endswith("equal")
+
+
+def test_one_element_perturbed_by_1e_3(run_ckptconv, tmp_path):
+    def bump(state):
+        state["model"]["fc1.weight"][2, 3] += 1e-3
+    changed = save_changed(tmp_path, "bumped.pt", bump)
+    orig = torch.load(REF, weights_only=True)["model"]["fc1.weight"]
+    new = torch.load(changed, weights_only=True)["model"]["fc1.weight"]
+    expected_abs = (new.double() - orig.double()).abs().max().item()
+    expected_rel = ((new.double() - orig.double()).abs() / new.double().abs()).max().item()
+
+    code, doc = diff_json(run_ckptconv, DCP, changed)
+    assert code == 1
+    t = tensor_entry(doc, "model.fc1.weight")
+    assert not t["equal"]
+    v = t["values"]
+    assert v["elements"] == 32 and v["mismatched"] == 1 and v["nonfinite_mismatched"] == 0
+    assert v["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+    assert v["max_abs_diff"] == expected_abs
+    assert v["max_rel_diff"] == pytest.approx(expected_rel)
+    assert v["first_mismatch"]["index"] == [2, 3] == v["max_abs_diff_at"]["index"]
+    assert v["first_mismatch"]["a"] == orig[2, 3].item() and v["first_mismatch"]["b"] == new[2, 3].item()
+    assert doc["summary"]["tensors_differing"] == 1 and doc["summary"]["elements_mismatched"] == 1
+    assert all(x["equal"] for x in doc["tensors"] if x["path"] != "model.fc1.weight")
+
+    table = run_ckptconv("diff", DCP, changed)
+    assert table.returncode == 1
+    assert "model.fc1.weight" in table.stdout and "1 of 32 elements outside tolerance" in table.stdout
+    assert table.stdout.rstrip().endswith("differ")
+
+    assert run_ckptconv("diff", DCP, changed, "--atol", "1e-2").returncode == 0
+    assert run_ckptconv("diff", DCP, changed, "--rtol", "1e-1").returncode == 0
+    assert run_ckptconv("diff", DCP, changed, "--atol", "1e-4").returncode == 1
+    # Selection as consolidate applies it: without fc1 nothing differs.
+    assert run_ckptconv("diff", DCP, changed, "--keys", "fc2|emb").returncode == 0
+    assert run_ckptconv("diff", DCP, changed, "--only", "optim").returncode == 0
+    # One row at a time gives the same report.
+    _, small = diff_json(run_ckptconv, DCP, changed, "--memory-limit", "1", "--threads", "2")
+    assert small["tensors"] == doc["tensors"]
+
+
+def test_across_pt_h5_safetensors_and_dcp(run_ckptconv, tmp_path):
+    outputs = {}
+    for ext in ("h5", "safetensors", "pt"):
+        out = tmp_path / f"full.{ext}"
+        r = run_ckptconv("consolidate", DCP, "-o", out)
+        assert r.returncode == 0, r.stderr
+        outputs[ext] = out
+    for a, b in [(DCP, outputs["h5"]), (REF, outputs["h5"]), (outputs["safetensors"], REF),
+                 (outputs["h5"], outputs["safetensors"]), (DCP, outputs["pt"])]:
+        code, doc = diff_json(run_ckptconv, a, b)
+        assert code == 0, (a, b, doc["values"], doc["only_in_a"], doc["only_in_b"])
+        assert doc["summary"]["tensors_compared"] == 25
+
+
+@pytest.mark.parametrize("family", ["fsdp_dt", "fsdp_st"])
+def test_per_rank_files_against_the_full_state_dict(run_ckptconv, tmp_path, family):
+    """Per-rank files read as {"model": ..., "optim": ...}; torch's
+    FULL_STATE_DICT references nested the same way are equal to them."""
+    src = TD / family / "adamw_ws2"
+    full = tmp_path / "full.pt"
+    torch.save({"model": torch.load(src / "model_full.pt", weights_only=True),
+                "optim": torch.load(src / "optim_full.pt", weights_only=True)}, full)
+    code, doc = diff_json(run_ckptconv, src, full)
+    assert code == 0, (doc["values"], doc["only_in_a"], doc["only_in_b"])
+    assert doc["a"]["format"] == "fsdp-ranks" and doc["b"]["format"] == "pt"
+    assert doc["summary"]["tensors_compared"] > 0
+
+
+def test_safetensors_written_by_the_safetensors_library(run_ckptconv, tmp_path):
+    model = torch.load(TD / "fsdp_dt" / "adamw_ws2" / "model_full.pt", weights_only=True)
+    out = tmp_path / "hf.safetensors"
+    save_file({k: v.contiguous() for k, v in model.items()}, str(out))
+    code, doc = diff_json(run_ckptconv, TD / "fsdp_dt" / "adamw_ws2" / "model_full.pt", out)
+    assert code == 0, doc
+
+
+def test_missing_key(run_ckptconv, tmp_path):
+    changed = save_changed(tmp_path, "missing.pt", lambda s: s["model"].pop("fc2.bias"))
+    code, doc = diff_json(run_ckptconv, DCP, changed)
+    assert code == 1
+    assert doc["only_in_a"] == ["model.fc2.bias"] and doc["only_in_b"] == []
+    assert all(t["equal"] for t in doc["tensors"])
+    code, doc = diff_json(run_ckptconv, changed, DCP)
+    assert doc["only_in_b"] == ["model.fc2.bias"]
+    table = run_ckptconv("diff", DCP, changed)
+    assert "only in A (1):\n  model.fc2.bias" in table.stdout
+
+
+def test_shape_mismatch(run_ckptconv, tmp_path):
+    def transpose(state):
+        state["model"]["fc2.weight"] = state["model"]["fc2.weight"].t().contiguous()
+    changed = save_changed(tmp_path, "shape.pt", transpose)
+    code, doc = diff_json(run_ckptconv, DCP, changed)
+    assert code == 1
+    t = tensor_entry(doc, "model.fc2.weight")
+    assert t["shape_differs"] and t["shape"] == {"a": [7, 8], "b": [8, 7]} and t["values"] is None
+    assert "shape (7, 8) vs (8, 7)" in run_ckptconv("diff", DCP, changed).stdout
+
+
+def test_dtype_mismatch_is_a_difference_unless_ignored(run_ckptconv, tmp_path):
+    def to_bf16(state):
+        state["model"]["fc1.weight"] = state["model"]["fc1.weight"].bfloat16()
+    changed = save_changed(tmp_path, "bf16.pt", to_bf16)
+    orig = torch.load(REF, weights_only=True)["model"]["fc1.weight"]
+    rounding = (orig.bfloat16().double() - orig.double()).abs()
+    code, doc = diff_json(run_ckptconv, DCP, changed)
+    assert code == 1
+    t = tensor_entry(doc, "model.fc1.weight")
+    assert t["dtype_differs"] and t["dtype"] == {"a": "float32", "b": "bfloat16"}
+    assert t["values"]["max_abs_diff"] == rounding.max().item()
+    assert t["values"]["mismatched"] == int((rounding > 0).sum())
+    # Values within tolerance but the dtype differs: still a difference...
+    assert run_ckptconv("diff", DCP, changed, "--atol", "1e-2").returncode == 1
+    # ...unless dtype differences are ignored.
+    code, doc = diff_json(run_ckptconv, DCP, changed, "--atol", "1e-2", "--ignore-dtype")
+    assert code == 0 and tensor_entry(doc, "model.fc1.weight")["dtype_differs"]
+
+
+def test_non_tensor_value_difference(run_ckptconv, tmp_path):
+    def lr(state):
+        state["optim"]["param_groups"][0]["lr"] = 0.5
+    changed = save_changed(tmp_path, "lr.pt", lr)
+    old_lr = torch.load(REF, weights_only=True)["optim"]["param_groups"][0]["lr"]
+    code, doc = diff_json(run_ckptconv, DCP, changed)
+    assert code == 1
+    assert doc["values"] == [{"path": "optim.param_groups.0.lr", "a": old_lr, "b": 0.5}]
+    assert doc["summary"]["tensors_differing"] == 0
+    assert f"optim.param_groups.0.lr  {old_lr} vs 0.5" in run_ckptconv("diff", DCP, changed).stdout
+
+
+def test_tensor_against_a_value(run_ckptconv, tmp_path):
+    changed = save_changed(tmp_path, "kind.pt", lambda s: s["model"].__setitem__("scale", 1.5))
+    code, doc = diff_json(run_ckptconv, DCP, changed)
+    assert code == 1
+    assert doc["values"] == [{"path": "model.scale", "a": {"__tensor__": {"dtype": "float32", "shape": [2]}}, "b": 1.5}]
+
+
+def test_nan_matches_nan_and_inf_only_the_same_inf(run_ckptconv, tmp_path):
+    base = torch.tensor([float("nan"), float("inf"), 1.0, 2.0])
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    torch.save({"x": base}, a)
+    torch.save({"x": torch.tensor([float("nan"), float("-inf"), float("nan"), 2.0])}, b)
+    code, doc = diff_json(run_ckptconv, a, b, "--atol", "1e9")
+    v = tensor_entry(doc, "x")["values"]
+    assert code == 1 and v["mismatched"] == 2 and v["nonfinite_mismatched"] == 2
+    assert v["first_mismatch"] == {"index": [1], "a": "inf", "b": "-inf"}
+    assert diff_json(run_ckptconv, a, a)[0] == 0
+
+
+def every_bit_pattern():
+    """Every value of every 1- and 2-byte float dtype, and a spread of the
+    wider and integer ones, each with its float64 (or complex128) value as
+    torch computes it."""
+    low = {}
+    for dt in (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz,
+               torch.float8_e8m0fnu):
+        low[str(dt)] = torch.arange(256, dtype=torch.int16).to(torch.uint8).view(dt)
+    for dt in (torch.float16, torch.bfloat16):
+        low[str(dt)] = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dt)
+    g = torch.Generator().manual_seed(0)
+    low["torch.float32"] = torch.randn(1000, generator=g) * 1e30
+    low["torch.complex64"] = torch.randn(100, dtype=torch.complex64, generator=g)
+    low["torch.complex32"] = torch.randn(100, dtype=torch.complex64, generator=g).to(torch.complex32)
+    for dt in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32):
+        info = torch.iinfo(dt)
+        low[str(dt)] = torch.linspace(info.min, info.max, 257, dtype=torch.float64).to(torch.int64).to(dt)
+    low["torch.bool"] = torch.tensor([True, False, True])
+    wide = {k: (v.to(torch.complex128) if v.is_complex() else v.to(torch.float64)) for k, v in low.items()}
+    return low, wide
+
+
+def test_every_dtype_decodes_as_torch_converts_it(run_ckptconv, tmp_path):
+    low, wide = every_bit_pattern()
+    a, b = tmp_path / "low.pt", tmp_path / "wide.pt"
+    torch.save(low, a)
+    torch.save(wide, b)
+    code, doc = diff_json(run_ckptconv, a, b, "--ignore-dtype")
+    bad = [(t["path"], t["values"]) for t in doc["tensors"] if not t["equal"]]
+    assert code == 0 and not bad, bad
+    assert doc["summary"]["elements_compared"] == sum(v.numel() for v in low.values())
+    # A change smaller than float16's ulp is seen: its 1.0 (bits 0x3C00) against 1 + 2^-12 in float64.
+    wide["torch.float16"][0x3C00 + 32768] = 1.0 + 2.0 ** -12
+    torch.save(wide, b)
+    code, doc = diff_json(run_ckptconv, a, b, "--ignore-dtype")
+    v = tensor_entry(doc, "torch.float16")["values"]
+    assert code == 1 and v["mismatched"] == 1 and v["max_abs_diff"] == 2.0 ** -12
+
+
+def test_int64_beyond_2_pow_53_compares_exactly(run_ckptconv, tmp_path):
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    torch.save({"n": torch.tensor([2 ** 60, 7])}, a)
+    torch.save({"n": torch.tensor([2 ** 60 + 1, 7])}, b)
+    code, doc = diff_json(run_ckptconv, a, b)
+    assert code == 1 and tensor_entry(doc, "n")["values"]["mismatched"] == 1
+
+
+def test_bad_inputs_and_usage(run_ckptconv, tmp_path):
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(REF.read_bytes()[:-100])
+    r = run_ckptconv("diff", DCP, truncated)
+    assert r.returncode == 3 and "truncated.pt" in r.stderr and r.stdout == ""
+    r = run_ckptconv("diff", DCP, tmp_path / "absent.pt")
+    assert r.returncode == 3 and "absent.pt" in r.stderr
+    assert run_ckptconv("diff", DCP).returncode == 2
+    r = run_ckptconv("diff", DCP, REF, "--atol", "-1")
+    assert r.returncode == 2 and "--atol" in r.stderr
+    r = run_ckptconv("diff", DCP, REF, "--keys", "no_such_key")
+    assert r.returncode == 2
+    assert REF.read_bytes() == truncated.read_bytes() + REF.read_bytes()[-100:]  # inputs untouched
+
+
+def test_selection_that_empties_one_side_is_a_difference(run_ckptconv, tmp_path):
+    model_only = tmp_path / "model.pt"
+    torch.save({"model": torch.load(REF, weights_only=True)["model"]}, model_only)
+    code, doc = diff_json(run_ckptconv, DCP, model_only, "--only", "optim")
+    assert code == 1 and doc["only_in_a"] and not doc["only_in_b"] and not doc["tensors"]
