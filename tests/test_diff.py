@@ -271,3 +271,13 @@ def test_selection_that_empties_one_side_is_a_difference(run_ckptconv, tmp_path)
     torch.save({"model": torch.load(REF, weights_only=True)["model"]}, model_only)
     code, doc = diff_json(run_ckptconv, DCP, model_only, "--only", "optim")
     assert code == 1 and doc["only_in_a"] and not doc["only_in_b"] and not doc["tensors"]
+
+
+def test_values_compare_numbers_by_value_and_tuples_apart_from_lists(run_ckptconv, tmp_path):
+    a, b, c = tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "c.pt"
+    torch.save({"step": 1, "betas": (0.9, 0.99)}, a)
+    torch.save({"step": 1.0, "betas": (0.9, 0.99)}, b)
+    torch.save({"step": 1, "betas": [0.9, 0.99]}, c)
+    assert diff_json(run_ckptconv, a, b)[0] == 0
+    code, doc = diff_json(run_ckptconv, a, c)
+    assert code == 1 and doc["values"] == [{"path": "betas", "a": {"__tuple__": [0.9, 0.99]}, "b": [0.9, 0.99]}]
