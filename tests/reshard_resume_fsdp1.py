@@ -17,18 +17,19 @@ hold ShardedTensors), once per case and twice each:
 Both train three steps on the same batches. Rank 0 writes OUT_DIR/case<i>.pt:
 the full state right after loading the resharded files ("loaded"), and the
 losses and final full states of both runs.
+
+Only the N workers import torch (the parent starts them with the spawn
+method and waits): a torch import costs seconds of CPU.
 """
 import copy
+import multiprocessing
+import os
+import socket
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import make_checkpoints as mc  # noqa: E402
-
 STEPS = 3
+TOOLS = str(Path(__file__).resolve().parent.parent / "tools")
 
 
 def fsdp():
@@ -36,9 +37,16 @@ def fsdp():
     return FSDP
 
 
+def mc():
+    if TOOLS not in sys.path:
+        sys.path.insert(0, TOOLS)
+    import make_checkpoints
+    return make_checkpoints
+
+
 def build(kind: str, ws: int):
-    model = mc.fsdp1_wrap(mc.fresh_model(), mc.cpu_mesh(ws) if kind == "dt" else None)
-    return model, mc.param_groups(model, "adamw")
+    model = mc().fsdp1_wrap(mc().fresh_model(), mc().cpu_mesh(ws) if kind == "dt" else None)
+    return model, mc().param_groups(model, "adamw")
 
 
 def full_state(model, optim):
@@ -55,6 +63,7 @@ def full_state(model, optim):
 
 
 def load_resharded(kind, ws, rank, model_file, optim_file):
+    import torch
     from torch.distributed.fsdp import StateDictType
     FSDP = fsdp()
     model, optim = build(kind, ws)
@@ -66,6 +75,7 @@ def load_resharded(kind, ws, rank, model_file, optim_file):
 
 
 def load_reference(kind, ws, reference):
+    import torch
     from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
     FSDP = fsdp()
     model, optim = build(kind, ws)
@@ -78,10 +88,11 @@ def load_reference(kind, ws, reference):
 
 
 def train(model, optim, rank: int):
+    import torch
     losses = []
     for step in range(STEPS):
         optim.zero_grad(set_to_none=True)
-        loss = model(mc.batch(100 + step, rank))
+        loss = model(mc().batch(100 + step, rank))
         loss.backward()
         optim.step()
         losses.append(loss.detach().clone())
@@ -89,6 +100,8 @@ def train(model, optim, rank: int):
 
 
 def worker(rank: int, ws: int, out: str, cases) -> None:
+    import torch
+    import torch.distributed as dist
     for i, (kind, resharded, reference, model_tmpl, optim_tmpl) in enumerate(cases):
         model, optim = load_resharded(kind, ws, rank, Path(resharded) / model_tmpl.format(r=rank),
                                       Path(resharded) / optim_tmpl.format(r=rank))
@@ -108,9 +121,35 @@ def worker(rank: int, ws: int, out: str, cases) -> None:
                        Path(out) / f"case{i}.pt")
 
 
+def entry(rank: int, ws: int, port: int, out: str, cases) -> None:
+    import torch
+    import torch.distributed as dist
+    mc()._quiet()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    try:
+        worker(rank, ws, out, cases)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     ws, out, rest = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     if len(rest) % 5:
         sys.exit(__doc__)
     cases = [tuple(rest[i:i + 5]) for i in range(0, len(rest), 5)]
-    mc.spawn(ws, worker, out, cases)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=entry, args=(r, ws, port, out, cases)) for r in range(ws)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
+    if failed:
+        sys.exit(f"ranks {failed} failed (exit codes {[procs[r].exitcode for r in failed]})")

@@ -156,11 +156,12 @@ ReshardPlan plan_rank_files(const std::vector<TensorEntry>& tensors, const std::
   plan.items_of_tensor.resize(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const TensorEntry& t = tensors[i];
-    plan.replicated[i] = !sharded.at(i);
-    if (sharded[i] && t.shape.empty()) fail(ErrorCode::kInternal, t.name + ": a 0-dim tensor cannot be sharded");
+    bool split = sharded.at(i) && world_size > 1;
+    plan.replicated[i] = !split;
+    if (split && t.shape.empty()) fail(ErrorCode::kInternal, t.name + ": a 0-dim tensor cannot be sharded");
     for (int r = 0; r < world_size; ++r) {
       Shape offsets(t.shape.size(), 0), sizes = t.shape;
-      if (sharded[i]) fsdp2_box(t.shape, world_size, r, offsets, sizes);  // FSDP1 chunks dim 0 as FSDP2 does
+      if (split) fsdp2_box(t.shape, world_size, r, offsets, sizes);  // FSDP1 chunks dim 0 as FSDP2 does
       auto& items = plan.ranks[static_cast<std::size_t>(r)];
       plan.items_of_tensor[i].emplace_back(r, items.size());
       items.push_back(make_item(t, i, std::move(offsets), std::move(sizes)));

@@ -64,8 +64,10 @@ ReshardPlan plan_reshard(const std::vector<TensorEntry>& tensors, int world_size
 // file holds every tensor. Tensors `sharded[t]` get one item per rank, the
 // torch.chunk box of dim 0 (empty on ranks past the last piece); the others
 // (optimizer `step`, buffers) are written whole by every rank and marked
-// `replicated`. InvalidArgument when world_size < 1; Internal when a
-// sharded tensor has no dimension.
+// `replicated`. At world size 1 every tensor is whole: FSDP1 runs NO_SHARD
+// there, and its SHARDED_STATE_DICT save and load fall back to full state
+// dicts of plain tensors. InvalidArgument when world_size < 1; Internal
+// when a sharded tensor has no dimension.
 ReshardPlan plan_rank_files(const std::vector<TensorEntry>& tensors, const std::vector<bool>& sharded, int world_size);
 
 // The tensor an output item holds, as append_tensor reads it: shape = the
