@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/progress.h"
+#include "exec/backend.h"
 #include "exec/runtime_info.h"
 
 namespace {
@@ -19,7 +20,14 @@ std::string version_text() {
                          ? (info.cuda_available ? "compiled in, " + std::to_string(info.cuda_devices) + " device(s) visible"
                                                 : "compiled in, no device visible")
                          : "not compiled in";
-  return std::string("ckptconv ") + CKPT_VERSION + "\nLibTorch " + info.libtorch_version + "\nCUDA " + cuda;
+  std::string backend;
+  try {
+    backend = ckpt::describe_auto_backend();
+  } catch (const std::exception& e) {
+    backend = std::string("cpu (the CUDA backend failed to start: ") + e.what() + ")";
+  }
+  return std::string("ckptconv ") + CKPT_VERSION + "\nLibTorch " + info.libtorch_version + "\nCUDA " + cuda +
+         "\n--device auto: " + backend;
 }
 
 }  // namespace
@@ -38,7 +46,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);  // 0 for --help/--version, 2 for usage errors
+    // 0 for --help/--version; every usage error is 2 (README "Exit codes"),
+    // although CLI11 has its own codes for some (105 for a value outside
+    // IsMember).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   ckpt::setup_logging(quiet ? ckpt::Verbosity::kQuiet : verbose ? ckpt::Verbosity::kVerbose : ckpt::Verbosity::kNormal);
   ckpt::configure_progress(quiet);
