@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -15,6 +16,9 @@ namespace {
 
 // Elements decoded at a time: small fixed buffers, whatever the slab size.
 constexpr std::size_t kBlock = 4096;
+// Bytes of both sides' rows per slab: large enough to amortise the per-slab
+// work, small enough to stay in cache (--memory-limit lowers it further).
+constexpr uint64_t kSlabTarget = 16ull << 20;
 // Below this many elements a slab is compared on the calling thread.
 constexpr std::size_t kMinElementsPerThread = 1 << 16;
 
@@ -91,6 +95,72 @@ void compare_range(const std::byte* a, DType da, const std::byte* b, DType db, s
   }
 }
 
+// Rows of one tensor for comparison: a pointer into its mapped source when
+// one chunk holds the rows contiguously (whole tensors, row shards), else
+// assembled into a buffer by the executor's gather (exec/tensor_copy.h).
+class SlabReader {
+ public:
+  explicit SlabReader(const TensorEntry& t) : t_(t) {
+    for (const auto& c : t.chunks) {
+      if (c.numel() == 0 || t.shape.empty()) continue;
+      boundaries_.push_back(c.offsets[0]);
+      boundaries_.push_back(c.offsets[0] + c.sizes[0]);
+    }
+    std::sort(boundaries_.begin(), boundaries_.end());
+  }
+
+  // The first chunk edge after r0 (or no limit).
+  int64_t next_boundary(int64_t r0) const {
+    auto it = std::upper_bound(boundaries_.begin(), boundaries_.end(), r0);
+    return it == boundaries_.end() ? std::numeric_limits<int64_t>::max() : *it;
+  }
+
+  const std::byte* rows(int64_t r0, int64_t r1) {
+    std::size_t isz = dtype_size(t_.dtype);
+    for (const auto& c : t_.chunks)
+      if (const std::byte* p = in_place(c, r0, r1, isz)) return p;
+    uint64_t row_elems = t_.shape.empty() ? 1 : t_.numel() / static_cast<uint64_t>(t_.shape[0]);
+    buffer_.resize(static_cast<std::size_t>(static_cast<uint64_t>(r1 - r0) * row_elems * isz));
+    assemble_rows(t_, r0, r1, buffer_.data());
+    return buffer_.data();
+  }
+
+  // Drops the mapped pages of the chunks holding rows [r0, r1): memory stays
+  // at about one slab whatever the tensor's size (pages a later slab needs
+  // again come back from the page cache).
+  void release(int64_t r0, int64_t r1) const {
+    for (const auto& c : t_.chunks) {
+      if (c.numel() == 0) continue;
+      bool overlaps = t_.shape.empty() || (c.offsets[0] < r1 && r0 < c.offsets[0] + c.sizes[0]);
+      if (overlaps) c.storage->release(0, c.storage->size());
+    }
+  }
+
+ private:
+  // Rows [r0, r1) of chunk c when they are contiguous bytes of a mapped source.
+  const std::byte* in_place(const TensorChunk& c, int64_t r0, int64_t r1, std::size_t isz) const {
+    const std::byte* base = c.storage->data();
+    if (!base || c.numel() == 0) return nullptr;
+    if (t_.shape.empty()) return base + c.storage_offset * static_cast<int64_t>(isz);
+    if (c.offsets[0] > r0 || r1 > c.offsets[0] + c.sizes[0]) return nullptr;
+    int64_t expect = 1;
+    for (std::size_t d = t_.shape.size(); d-- > 1;) {
+      if (c.offsets[d] != 0 || c.sizes[d] != t_.shape[d]) return nullptr;
+      if (c.sizes[d] != 1 && c.strides[d] != expect) return nullptr;
+      expect *= c.sizes[d];
+    }
+    if (r1 - r0 > 1 && c.strides[0] != expect) return nullptr;
+    int64_t first = c.storage_offset + (r0 - c.offsets[0]) * c.strides[0];
+    uint64_t bytes = static_cast<uint64_t>(r1 - r0) * static_cast<uint64_t>(expect) * isz;
+    if (first < 0 || static_cast<uint64_t>(first) * isz + bytes > c.storage->size()) return nullptr;
+    return base + first * static_cast<int64_t>(isz);
+  }
+
+  const TensorEntry& t_;
+  std::vector<int64_t> boundaries_;
+  std::vector<std::byte> buffer_;
+};
+
 }  // namespace
 
 void ValueStats::merge(const ValueStats& later) {
@@ -134,27 +204,29 @@ ValueStats compare_tensor_values(const TensorEntry& a, const TensorEntry& b, con
   if (a.numel() == 0) return stats;
   int64_t rows = a.shape.empty() ? 1 : a.shape[0];
   uint64_t row_elems = a.shape.empty() ? 1 : a.numel() / static_cast<uint64_t>(rows);
-  uint64_t row_a = row_elems * dtype_size(a.dtype), row_b = row_elems * dtype_size(b.dtype);
-  int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / (row_a + row_b)));
-  std::vector<std::byte> slab_a, slab_b;
-  for (int64_t r0 = 0; r0 < rows; r0 += rows_per_slab) {
-    int64_t r1 = std::min(rows, r0 + rows_per_slab);
+  uint64_t row_bytes = row_elems * (dtype_size(a.dtype) + dtype_size(b.dtype));
+  // Slabs much larger than the caches only cost page faults; the budget caps them.
+  uint64_t slab_bytes = std::min(options.memory_limit, kSlabTarget);
+  int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(slab_bytes / row_bytes));
+  SlabReader side_a(a), side_b(b);
+  for (int64_t r0 = 0; r0 < rows;) {
+    // Slabs end where a chunk ends, so that row shards are read in place.
+    int64_t r1 = std::min({rows, r0 + rows_per_slab, side_a.next_boundary(r0), side_b.next_boundary(r0)});
     auto n = static_cast<std::size_t>(static_cast<uint64_t>(r1 - r0) * row_elems);
-    slab_a.resize(n * dtype_size(a.dtype));
-    slab_b.resize(n * dtype_size(b.dtype));
-    with_context("A", [&] { assemble_rows(a, r0, r1, slab_a.data()); });
-    with_context("B", [&] { assemble_rows(b, r0, r1, slab_b.data()); });
-    uint64_t base = static_cast<uint64_t>(r0) * row_elems;
-    if (a.dtype == b.dtype && std::memcmp(slab_a.data(), slab_b.data(), slab_a.size()) == 0) {
+    const std::byte* pa = with_context("A", [&] { return side_a.rows(r0, r1); });
+    const std::byte* pb = with_context("B", [&] { return side_b.rows(r0, r1); });
+    std::size_t na = n * dtype_size(a.dtype), nb = n * dtype_size(b.dtype);
+    if (a.dtype == b.dtype && std::memcmp(pa, pb, na) == 0) {
       // Identical bits: every element equal (or NaN on both sides), diff 0.
       stats.elements += n;
     } else {
-      compare_elements(slab_a.data(), a.dtype, slab_b.data(), b.dtype, n, base, tol, stats, options.threads);
+      compare_elements(pa, a.dtype, pb, b.dtype, n, static_cast<uint64_t>(r0) * row_elems, tol, stats, options.threads);
     }
-    progress_add(slab_a.size() + slab_b.size());
+    side_a.release(r0, r1);
+    side_b.release(r0, r1);
+    progress_add(na + nb);
+    r0 = r1;
   }
-  for (const TensorEntry* t : {&a, &b})
-    for (const auto& c : t->chunks) c.storage->release(0, c.storage->size());
   return stats;
 }
 

@@ -58,9 +58,11 @@ struct StreamOptions {
 };
 
 // Reads A and B (same shape; validated models) in row slabs that together
-// fit the budget (at least one row each) and compares every element.
-// Reports bytes read to the progress scope, and releases the sources'
-// mapped pages after each tensor.
+// fit the budget (at least one row each; at most 16 MiB) and compares every
+// element. Rows that lie contiguously in a mapped source are compared in
+// place; others are assembled by the executor's gather. Reports bytes read
+// to the progress scope, and releases the sources' mapped pages after each
+// slab.
 ValueStats compare_tensor_values(const TensorEntry& a, const TensorEntry& b, const Tolerance& tol,
                                  const StreamOptions& options);
 
