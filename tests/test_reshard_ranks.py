@@ -206,7 +206,9 @@ def test_dry_run_lists_rank_files_with_exact_sizes_and_writes_nothing(tmp_path, 
     assert not list(tmp_path.iterdir())
     # fc2.weight 7x8: ws2 rows [0:4) [4:7); ws3 rank 1 rows [3:6) comes from both source ranks.
     assert "model.fc2.weight [3:6, 0:8] <- source rank 0 [3:4, 0:8], source rank 1 [4:6, 0:8]" in r.stdout
-    assert "optim.state.emb.weight.step [] (replicated) <- source rank 0 []" in r.stdout
+    # A plain tensor (step) is every rank's copy of source rank 0's.
+    assert "optim.state.emb.weight.step [] (replicated) <- source optim_world_size_2_rank_0.pt []" in r.stdout
+    assert r.stdout.count("optim.state.emb.weight.step [] (replicated)") == 3
     planned = {}
     for line in re.findall(r"^rank \d+: (.*?), \d+ tensor items", r.stdout, re.M):
         for part in line.split("; "):

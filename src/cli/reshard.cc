@@ -78,7 +78,8 @@ std::vector<fsdp_ranks::RankFileName> source_families(const std::string& src) {
 }
 
 ValuePtr top_level(const CheckpointModel& model, const std::string& key) {
-  return model.root && model.root->is(Kind::kDict) ? model.root->get(key) : nullptr;
+  ValuePtr root = mapping_of(model.root);
+  return root && root->is(Kind::kDict) ? root->get(key) : nullptr;
 }
 
 fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string& layout) {
@@ -93,7 +94,7 @@ fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string
 std::vector<RankFamily> output_families(SourceKind kind, const std::string& src, const CheckpointModel& model,
                                         const std::string& layout) {
   ValuePtr m = top_level(model, "model"), o = top_level(model, "optim");
-  bool pair = m && o && model.root->entries.size() == 2;
+  bool pair = m && o && mapping_of(model.root)->entries.size() == 2;
   if (kind == SourceKind::kFsdpRanks) {
     auto names = source_families(src);
     if (names.size() == 1) return {{names[0], model.root}};
@@ -103,7 +104,7 @@ std::vector<RankFamily> output_families(SourceKind kind, const std::string& src,
     }
     fail(ErrorCode::kInternal, src + ": cannot match the per-rank families to the state dict read");
   }
-  if (!model.root || !model.root->is(Kind::kDict))
+  if (!model.root || !mapping_of(model.root)->is(Kind::kDict))
     fail_invalid(src + ": per-rank files hold a state dict (a dict); this source holds " +
                  (model.root ? std::string(pickle::kind_name(model.root->kind)) : std::string("nothing")));
   if (pair) return {{default_name("model", layout), m}, {default_name("optim", layout), o}};

@@ -18,9 +18,15 @@ using pickle::ValuePtr;
 
 }  // namespace
 
+ValuePtr mapping_of(const ValuePtr& v) {
+  if (v && v->is(Kind::kBuilt) && v->object && v->object->is(Kind::kDict)) return v->object;
+  return v;
+}
+
 ValuePtr value_at_path(const ValuePtr& root, const std::vector<ValuePtr>& path, const std::string& key) {
   ValuePtr cur = root;
   for (const ValuePtr& element : path) {
+    cur = mapping_of(cur);
     ValuePtr next;
     if (cur->is(Kind::kDict) && element->is(Kind::kStr)) {
       for (const auto& [k, v] : cur->entries)
@@ -48,7 +54,7 @@ bool contains_tensor(const Value& v) {
 
 // _traverse.traverse_state_dict's _is_terminal with _keep_visiting_tensors.
 bool is_terminal(const Value& v) {
-  if (v.is(Kind::kDict)) return false;
+  if (v.is(Kind::kDict) || (v.is(Kind::kBuilt) && v.object && v.object->is(Kind::kDict))) return false;
   if (!v.is(Kind::kList)) return true;
   for (const auto& entry : v.items) {
     if ((entry->is(Kind::kDict) || entry->is(Kind::kList)) && !is_terminal(*entry)) return false;
@@ -57,7 +63,8 @@ bool is_terminal(const Value& v) {
   return true;
 }
 
-void flatten(const CheckpointModel& model, const ValuePtr& v, std::vector<ValuePtr>& path, dcp::DcpMetadata& out) {
+void flatten(const CheckpointModel& model, const ValuePtr& value, std::vector<ValuePtr>& path, dcp::DcpMetadata& out) {
+  ValuePtr v = mapping_of(value);
   if (v->is(Kind::kDict)) {
     for (const auto& [k, child] : v->entries) {
       path.push_back(Value::str(path_component(*k)));
@@ -95,7 +102,7 @@ void flatten(const CheckpointModel& model, const ValuePtr& v, std::vector<ValueP
 }  // namespace
 
 dcp::DcpMetadata flattened_layout(const CheckpointModel& model) {
-  if (!model.root || !model.root->is(Kind::kDict))
+  if (!model.root || !mapping_of(model.root)->is(Kind::kDict))
     fail_invalid(model.source + ": a DCP checkpoint holds a dict (state dict); this file holds " +
                  (model.root ? std::string(pickle::kind_name(model.root->kind)) : std::string("nothing")));
   dcp::DcpMetadata out;

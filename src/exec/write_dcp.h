@@ -44,6 +44,10 @@ DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMeta
 // dict; Unimplemented when a tensor sits inside a bytes item (a tuple).
 dcp::DcpMetadata flattened_layout(const CheckpointModel& model);
 
+// The dict of a mapping value: `v` itself, or the dict under BUILD for an
+// OrderedDict with attributes (a state_dict() and its `_metadata`).
+pickle::ValuePtr mapping_of(const pickle::ValuePtr& v);
+
 // The value a flat DCP key stands for: `path` (planner_data) followed from
 // the model's root. DataLoss naming the key when it leads nowhere.
 pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path, const std::string& key);

@@ -1,6 +1,7 @@
 #include "plan/reshard.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 #include "core/error.h"
@@ -80,7 +81,7 @@ void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std
       for (std::size_t p = 0; p < item.pieces.size(); ++p) {
         const SourcePiece& piece = item.pieces[p];
         const TensorChunk& c = t.chunks[piece.chunk];
-        out << (p ? ", " : " ") << (c.rank >= 0 ? "source rank " + std::to_string(c.rank) : std::string("source")) << " "
+        out << (p ? ", " : " ") << (c.rank >= 0 ? "source rank " + std::to_string(c.rank) : "source " + std::filesystem::path(c.file).filename().string()) << " "
             << box_str(piece.offsets, piece.sizes);
       }
       out << "\n";
