@@ -155,14 +155,6 @@ def test_world_size_below_one_is_a_usage_error(n, tmp_path, run_ckptconv):
     assert not list(tmp_path.iterdir())
 
 
-def test_non_dcp_source_is_unimplemented(tmp_path, run_ckptconv):
-    src = next((REPO / "testdata" / "pt").glob("*.pt"))
-    r = run_ckptconv("reshard", str(src), "-o", str(tmp_path / "out"), "--world-size", "2")
-    assert r.returncode == 3
-    assert "reshard reads DCP directories" in r.stderr
-    assert not list(tmp_path.iterdir())
-
-
 def test_small_memory_limit_gives_the_same_directory_content(tmp_path, run_ckptconv):
     d = DCP / "fsdp2_adamw_ws3"
     a = reshard(run_ckptconv, d, tmp_path / "a", 4)
