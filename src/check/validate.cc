@@ -121,17 +121,38 @@ class Validator {
   bool wants_manifest() const { return !opt_.write_manifest.empty() || !opt_.manifest.empty(); }
   void check(const std::string& name) { report_.checks.push_back(name); }
 
+  // A SRC that is no checkpoint at all is unreadable (exit 3); one whose
+  // reader fails part-way has a problem (exit 1, or 3 when unsafe).
   std::optional<CheckpointModel> read() {
     check("reading");
     try {
       kind_ = opt_.files.empty() ? detect_source(src_) : SourceKind::kFsdpRanks;
-      return read_checkpoint(src_, {opt_.files, opt_.only, &sink_});
     } catch (const Error& e) {
-      if (e.code() == ErrorCode::kInvalidArgument) throw;  // usage: several families, a bad glob, ...
+      if (e.code() == ErrorCode::kInvalidArgument) throw;
       sink_.report(e, report_.source);
       report_.readable = false;
       return std::nullopt;
     }
+    report_.format = format_name(kind_);
+    try {
+      return read_checkpoint(src_, {opt_.files, opt_.only, &sink_});
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kInvalidArgument) throw;  // usage: several families, a bad glob, ...
+      sink_.report(e, report_.source);
+      return std::nullopt;
+    }
+  }
+
+  static const char* format_name(SourceKind kind) {
+    switch (kind) {
+      case SourceKind::kTorchPt: return "pt";
+      case SourceKind::kDcpDir: return "dcp";
+      case SourceKind::kFsdpRanks: return "fsdp-ranks";
+      case SourceKind::kSafetensors:
+      case SourceKind::kSafetensorsIndex: return "safetensors";
+      case SourceKind::kHdf5: return "hdf5";
+    }
+    return "";
   }
 
   void check_coverage(const CheckpointModel& model) {
@@ -316,7 +337,11 @@ class Validator {
 }  // namespace
 
 int ValidateReport::exit_code() const {
-  bool unsafe = std::any_of(problems.begin(), problems.end(), [](const Problem& p) { return p.code == ErrorCode::kUnsafe; });
+  // Unsafe content, and content validate cannot interpret (Unimplemented),
+  // cannot be vouched for: 3, like an input no command can read.
+  bool unsafe = std::any_of(problems.begin(), problems.end(), [](const Problem& p) {
+    return p.code == ErrorCode::kUnsafe || p.code == ErrorCode::kUnimplemented;
+  });
   if (unsafe || !readable) return 3;
   return problems.empty() ? 0 : 1;
 }

@@ -58,7 +58,7 @@ struct ValidateReport {
   std::string format;   // "" when SRC could not be read at all
   int world_size = -1;  // -1 when unknown
   uint64_t files = 0, tensors = 0, tensor_bytes = 0;
-  bool readable = true;  // false: SRC could not be read into a model at all
+  bool readable = true;  // false: SRC is missing or no checkpoint of a known kind
   std::vector<std::string> checks;
   std::vector<Problem> problems;
   std::vector<std::string> notes;
@@ -71,7 +71,8 @@ struct ValidateReport {
   std::string manifest_written, manifest_verified, manifest_algorithm;
   std::optional<ManifestComparison> manifest_comparison;
 
-  // 0 valid; 1 problems found; 3 SRC unreadable or anything unsafe in it.
+  // 0 valid; 1 problems found; 3 SRC unreadable, anything unsafe in it, or
+  // content of a kind validate cannot interpret (Unimplemented).
   int exit_code() const;
 };
 

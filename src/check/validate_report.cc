@@ -17,7 +17,10 @@ const char* status_of(const ValidateReport& r) {
   switch (r.exit_code()) {
     case 0: return "valid";
     case 1: return "problems";
-    default: return "unreadable";
+    default:
+      for (const auto& p : r.problems)
+        if (p.code == ErrorCode::kUnsafe) return "unsafe";
+      return "unreadable";
   }
 }
 
@@ -97,7 +100,10 @@ void print_report(const ValidateReport& r, std::ostream& out) {
   switch (r.exit_code()) {
     case 0: out << "VALID\n"; break;
     case 1: out << "INVALID: " << r.problems.size() << " problem" << (r.problems.size() == 1 ? "" : "s") << "\n"; break;
-    default: out << "UNREADABLE: " << r.problems.size() << " problem" << (r.problems.size() == 1 ? "" : "s") << "\n"; break;
+    default:
+      out << (std::string(status_of(r)) == "unsafe" ? "UNSAFE: " : "UNREADABLE: ") << r.problems.size() << " problem"
+          << (r.problems.size() == 1 ? "" : "s") << "\n";
+      break;
   }
 }
 

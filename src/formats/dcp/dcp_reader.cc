@@ -79,13 +79,8 @@ class DcpDirReader {
     Unflattener tree;
     for (const ItemMeta& item : md.items) {
       if (sink_ && in_unreadable_file(item, md)) continue;  // reported once for its file
-      ValuePtr value;
-      bool ok = run_reporting(sink_, "", -1, item.fqn, [&] {
-        value = with_context("key '" + item.fqn + "'", [&] {
-          return item.is_tensor ? read_tensor(item, md, model) : read_bytes(item, md, model);
-        });
-      });
-      if (!ok) continue;
+      ValuePtr value = item.is_tensor ? read_tensor(item, md, model) : read_bytes(item, md, model);
+      if (!value) continue;  // reported to the sink
       auto pd = md.planner_data.find(item.fqn);
       if (pd != md.planner_data.end())
         tree.set(pd->second, value);
@@ -201,31 +196,55 @@ class DcpDirReader {
     t.name = item.fqn;
     t.dtype = item.dtype;
     t.shape = item.size;
+    bool all_read = true;
     for (const ChunkMeta& cm : item.chunks) {
-      int rank = -1;
-      SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank);
-      std::vector<TensorEntry> local;
-      ValuePtr shard = with_context(src->describe(), [&] { return torch_pt::decode_archive(src, local, item.fqn, rank, sink_); });
-      auto idx = tensor_ref_index(*shard);
-      if (!idx || local.size() != 1) fail_data_loss(src->describe() + ": tensor item does not hold exactly one tensor");
-      TensorEntry& piece = local[*idx];
-      if (piece.dtype != item.dtype)
-        fail_data_loss(src->describe() + ": chunk dtype " + std::string(dtype_name(piece.dtype)) + " differs from metadata " +
-                       std::string(dtype_name(item.dtype)));
-      if (piece.shape != cm.sizes)
-        fail_data_loss(src->describe() + ": chunk shape " + shape_str(piece.shape) + " differs from metadata " + shape_str(cm.sizes));
-      TensorChunk chunk = std::move(piece.chunks.at(0));
-      chunk.offsets = cm.offsets;
-      t.chunks.push_back(std::move(chunk));
+      // With a sink, every chunk that cannot be read is reported (naming its
+      // file and rank); the tensor is then left out.
+      all_read &= run_reporting(sink_, chunk_file(item.fqn, cm.offsets, md), chunk_rank(item.fqn, cm.offsets, md), item.fqn, [&] {
+        with_context("key '" + item.fqn + "'", [&] {
+          int rank = -1;
+          SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank);
+          std::vector<TensorEntry> local;
+          ValuePtr shard = with_context(src->describe(), [&] { return torch_pt::decode_archive(src, local, item.fqn, rank, sink_); });
+          auto idx = tensor_ref_index(*shard);
+          if (!idx || local.size() != 1) fail_data_loss(src->describe() + ": tensor item does not hold exactly one tensor");
+          TensorEntry& piece = local[*idx];
+          if (piece.dtype != item.dtype)
+            fail_data_loss(src->describe() + ": chunk dtype " + std::string(dtype_name(piece.dtype)) + " differs from metadata " +
+                           std::string(dtype_name(item.dtype)));
+          if (piece.shape != cm.sizes)
+            fail_data_loss(src->describe() + ": chunk shape " + shape_str(piece.shape) + " differs from metadata " + shape_str(cm.sizes));
+          TensorChunk chunk = std::move(piece.chunks.at(0));
+          chunk.offsets = cm.offsets;
+          t.chunks.push_back(std::move(chunk));
+        });
+      });
     }
+    if (!all_read) return nullptr;
     model.tensors.push_back(std::move(t));
     return make_tensor_ref(model.tensors.size() - 1);
   }
 
   ValuePtr read_bytes(const ItemMeta& item, const DcpMetadata& md, CheckpointModel& model) {
-    int rank = -1;
-    SourcePtr src = item_source(item.fqn, {}, md, &rank);
-    return with_context(src->describe(), [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank, sink_); });
+    ValuePtr value;
+    run_reporting(sink_, chunk_file(item.fqn, {}, md), chunk_rank(item.fqn, {}, md), item.fqn, [&] {
+      with_context("key '" + item.fqn + "'", [&] {
+        int rank = -1;
+        SourcePtr src = item_source(item.fqn, {}, md, &rank);
+        value = with_context(src->describe(), [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank, sink_); });
+      });
+    });
+    return value;
+  }
+
+  // Where a chunk's item lives, for problems ("" / -1 when the metadata does not say).
+  std::string chunk_file(const std::string& fqn, const Shape& offsets, const DcpMetadata& md) const {
+    auto it = md.storage.find({fqn, offsets});
+    return it == md.storage.end() ? "" : (fs::path(dir_) / it->second.relative_path).string();
+  }
+  static int chunk_rank(const std::string& fqn, const Shape& offsets, const DcpMetadata& md) {
+    auto it = md.storage.find({fqn, offsets});
+    return it == md.storage.end() ? -1 : rank_of_file(fs::path(it->second.relative_path).filename().string());
   }
 
   SourcePtr open(const std::string& relative) {

@@ -48,8 +48,17 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep =
 RankFile read_rank_file(const std::string& path, const RankFileName& name, ProblemSink* sink) {
   RankFile f{path, name, {}};
   // Its errors name the file; with a sink, a file that cannot be read is
-  // reported and left out of the merge.
-  f.unreadable = !run_reporting(sink, path, name.rank, "", [&] { f.model = torch_pt::read_pt_file(path, sink); });
+  // reported and left out of the merge, and its CRC problems get its rank.
+  ProblemSink file_problems;
+  f.unreadable = !run_reporting(sink ? &file_problems : nullptr, path, name.rank, "",
+                                [&] { f.model = torch_pt::read_pt_file(path, sink ? &file_problems : nullptr); });
+  for (Problem p : file_problems.problems()) {
+    if (p.rank < 0) {
+      p.rank = name.rank;
+      p.message += " (rank " + std::to_string(name.rank) + ")";
+    }
+    sink->report(std::move(p));
+  }
   if (f.unreadable) return f;
   std::set<int> ranks, sizes;
   for (const auto& t : f.model.tensors) {
@@ -226,25 +235,38 @@ std::string family_list(const std::vector<const Family*>& families) {
 }
 
 // Several families of one kind: two files claiming one rank, or an ambiguity.
-[[noreturn]] void fail_several(const std::vector<const Family*>& same_kind) {
+// With a sink, each second claim is reported and the family with the most
+// files (the first of them on a tie) is read.
+const Family* resolve_several(std::vector<const Family*> same_kind, ProblemSink* sink) {
+  std::stable_sort(same_kind.begin(), same_kind.end(),
+                   [](const Family* a, const Family* b) { return a->files.size() > b->files.size(); });
   std::map<int, std::string> owner;
+  bool claimed_twice = false;
   for (const Family* f : same_kind)
     for (const auto& [path, name] : f->files) {
       auto [it, fresh] = owner.emplace(name.rank, path);
-      if (!fresh) fail_data_loss("two files claim rank " + std::to_string(name.rank) + ": " + it->second + " and " + path);
+      if (fresh) continue;
+      claimed_twice = true;
+      report_or_fail(sink, {ErrorCode::kDataLoss,
+                            "two files claim rank " + std::to_string(name.rank) + ": " + it->second + " and " + path, path,
+                            name.rank});
     }
-  fail_invalid("several families of per-rank files: " + family_list(same_kind) +
-               "; choose one with a glob or --files");
+  if (!claimed_twice)
+    fail_invalid("several families of per-rank files: " + family_list(same_kind) + "; choose one with a glob or --files");
+  return same_kind.front();
 }
 
-std::vector<const Family*> choose_families(const std::vector<Family>& families, const std::string& only) {
+std::vector<const Family*> choose_families(const std::vector<Family>& families, const std::string& only,
+                                           ProblemSink* sink) {
   std::vector<const Family*> all;
   for (const auto& f : families) all.push_back(&f);
   if (all.empty()) fail(ErrorCode::kNotFound, "no per-rank state-dict files");
   std::map<std::string, std::vector<const Family*>> by_kind;
   for (const Family* f : all) by_kind[f->kind].push_back(f);
-  for (const auto& [kind, list] : by_kind)
-    if (list.size() > 1) fail_several(list);
+  for (auto& [kind, list] : by_kind)
+    if (list.size() > 1) list = {resolve_several(list, sink)};
+  all.clear();
+  for (const auto& [kind, list] : by_kind) all.push_back(list.front());
   if (!only.empty()) {
     if (!by_kind.count(only)) fail_invalid("--only " + only + ": no " + only + " files among " + family_list(all));
     return by_kind[only];
@@ -263,7 +285,7 @@ void prefix_names(CheckpointModel& model, const std::string& prefix) {
 CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
                                      const std::string& only, ProblemSink* sink) {
   std::vector<Family> families = group_families(files);
-  std::vector<const Family*> chosen = choose_families(families, only);
+  std::vector<const Family*> chosen = choose_families(families, only, sink);
   if (chosen.size() == 1) {
     CheckpointModel model = read_family(*chosen[0], sink);
     model.source = source;

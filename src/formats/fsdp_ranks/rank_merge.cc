@@ -110,7 +110,8 @@ class RankTreeMerger {
         named = true;
       }
     if (!named)
-      problem(path, "the keys of '" + path + "' are in a different order in " + base_file_ + " and " + other_file_);
+      problem(path, "the keys of '" + (path.empty() ? std::string("<root>") : path) + "' are in a different order in " +
+                        base_file_ + " and " + other_file_);
     return false;
   }
 

@@ -212,9 +212,9 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
     if (verify) verify_records(zip, found, decoder.storage_records(), rank, *verify);
     throw;
   }
-  if (verify) verify_records(zip, found, decoder.storage_records(), rank, *verify);
   // References are renumbered to follow the caller's tensors.
   prune_unreferenced(root, found, tensors.size());
+  if (verify) verify_records(zip, found, decoder.storage_records(), rank, *verify);
   for (auto& t : found) tensors.push_back(std::move(t));
   return root;
 }
