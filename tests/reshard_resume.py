@@ -9,17 +9,15 @@ world size, the other the original directory (torch reshards at load time).
 Both set their state dicts, then train three steps on the same batches.
 Rank 0 writes OUT_DIR/loaded.pt (the full state right after loading the
 resharded directory) and OUT_DIR/result.pt (losses and final full states of
-both runs).
+both runs). Only the workers import torch (tests/gloo_spawn.py).
 """
 import sys
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import make_checkpoints as mc  # noqa: E402
+import gloo_spawn
 
 STEPS = 3
+mc = gloo_spawn.corpus
 
 
 def full_state(model, optim):
@@ -38,8 +36,8 @@ def load_run(ws: int, checkpoint: str):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict)
-    model = mc.fsdp2_wrap(mc.fresh_model(), mc.cpu_mesh(ws))
-    optim = mc.param_groups(model, "adamw")
+    model = mc().fsdp2_wrap(mc().fresh_model(), mc().cpu_mesh(ws))
+    optim = mc().param_groups(model, "adamw")
     sd = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optim)}
     dcp.load(sd, checkpoint_id=checkpoint)
     set_model_state_dict(model, sd["model"])
@@ -48,10 +46,11 @@ def load_run(ws: int, checkpoint: str):
 
 
 def train(model, optim, rank: int):
+    import torch
     losses = []
     for step in range(STEPS):
         optim.zero_grad(set_to_none=True)
-        loss = model(mc.batch(100 + step, rank))
+        loss = model(mc().batch(100 + step, rank))
         loss.backward()
         optim.step()
         losses.append(loss.detach().clone())
@@ -59,6 +58,7 @@ def train(model, optim, rank: int):
 
 
 def worker(rank: int, ws: int, resharded: str, original: str, out: str) -> None:
+    import torch
     model, optim = load_run(ws, resharded)
     loaded = full_state(model, optim)
     losses = train(model, optim, rank)
@@ -74,4 +74,4 @@ def worker(rank: int, ws: int, resharded: str, original: str, out: str) -> None:
 
 if __name__ == "__main__":
     resharded, original, ws, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    mc.spawn(ws, worker, resharded, original, out)
+    gloo_spawn.spawn(ws, worker, resharded, original, out)

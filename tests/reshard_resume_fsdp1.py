@@ -18,18 +18,15 @@ Both train three steps on the same batches. Rank 0 writes OUT_DIR/case<i>.pt:
 the full state right after loading the resharded files ("loaded"), and the
 losses and final full states of both runs.
 
-Only the N workers import torch (the parent starts them with the spawn
-method and waits): a torch import costs seconds of CPU.
+Only the N workers import torch (tests/gloo_spawn.py).
 """
 import copy
-import multiprocessing
-import os
-import socket
 import sys
 from pathlib import Path
 
+import gloo_spawn
+
 STEPS = 3
-TOOLS = str(Path(__file__).resolve().parent.parent / "tools")
 
 
 def fsdp():
@@ -37,11 +34,7 @@ def fsdp():
     return FSDP
 
 
-def mc():
-    if TOOLS not in sys.path:
-        sys.path.insert(0, TOOLS)
-    import make_checkpoints
-    return make_checkpoints
+mc = gloo_spawn.corpus
 
 
 def build(kind: str, ws: int):
@@ -121,35 +114,9 @@ def worker(rank: int, ws: int, out: str, cases) -> None:
                        Path(out) / f"case{i}.pt")
 
 
-def entry(rank: int, ws: int, port: int, out: str, cases) -> None:
-    import torch
-    import torch.distributed as dist
-    mc()._quiet()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
-    try:
-        worker(rank, ws, out, cases)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
     ws, out, rest = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     if len(rest) % 5:
         sys.exit(__doc__)
     cases = [tuple(rest[i:i + 5]) for i in range(0, len(rest), 5)]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=entry, args=(r, ws, port, out, cases)) for r in range(ws)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
-    if failed:
-        sys.exit(f"ranks {failed} failed (exit codes {[procs[r].exitcode for r in failed]})")
+    gloo_spawn.spawn(ws, worker, out, cases)
