@@ -58,8 +58,11 @@ class OptimizerChecker {
         std::string name = p->is(Kind::kStr) ? p->text : p->is(Kind::kInt) ? std::to_string(p->int_value) : p->repr(1);
         auto [it, fresh] = group_of.emplace(name, static_cast<int>(g));
         if (!fresh)
-          problem(where, "parameter '" + name + "' is in param_groups " + std::to_string(it->second) + " and " +
-                             std::to_string(g) + " of '" + path + "'");
+          problem(where, "parameter '" + name + "' is listed " +
+                             (it->second == static_cast<int>(g) ? "twice in param_groups " + std::to_string(g)
+                                                                : "in param_groups " + std::to_string(it->second) + " and " +
+                                                                      std::to_string(g)) +
+                             " of '" + path + "'");
         if (params_model && p->is(Kind::kStr) && !find_param(*params_model, name))
           problem(where, "'" + where + "' lists parameter '" + name + "', which the model does not hold");
       }

@@ -1,0 +1,68 @@
+#include <catch2/catch.hpp>
+
+#include "check/optimizer_checks.h"
+
+using namespace ckpt;
+using pickle::Value;
+using pickle::ValuePtr;
+
+namespace {
+// {"model": {"w": T(4,2), "b": T(4)}, "optim": {"state": {...}, "param_groups": [{"params": [...]}]}}
+struct Fixture {
+  CheckpointModel model;
+  ValuePtr tensor(Shape shape) {
+    TensorEntry t;
+    t.name = "t" + std::to_string(model.tensors.size());
+    t.shape = std::move(shape);
+    model.tensors.push_back(t);
+    return make_tensor_ref(model.tensors.size() - 1);
+  }
+  void build(std::vector<std::pair<std::string, Shape>> state, std::vector<std::string> params) {
+    ValuePtr m = Value::dict({{Value::str("w"), tensor({4, 2})}, {Value::str("b"), tensor({4})}});
+    std::vector<std::pair<ValuePtr, ValuePtr>> st;
+    for (auto& [name, shape] : state)
+      st.emplace_back(Value::str(name), Value::dict({{Value::str("step"), tensor({})}, {Value::str("exp_avg"), tensor(shape)}}));
+    std::vector<ValuePtr> ps;
+    for (auto& p : params) ps.push_back(Value::str(p));
+    ValuePtr groups = Value::list({Value::dict({{Value::str("lr"), Value::floating(0.1)}, {Value::str("params"), Value::list(ps)}})});
+    ValuePtr optim = Value::dict({{Value::str("state"), Value::dict(st)}, {Value::str("param_groups"), groups}});
+    model.root = Value::dict({{Value::str("model"), m}, {Value::str("optim"), optim}});
+  }
+};
+
+std::vector<std::string> messages(const ProblemSink& sink) {
+  std::vector<std::string> out;
+  for (const auto& p : sink.problems()) out.push_back(p.message);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("optimizer state matching param_groups and the model's shapes has no problems", "[check]") {
+  Fixture f;
+  f.build({{"w", {4, 2}}, {"b", {4}}}, {"w", "b"});
+  ProblemSink sink;
+  CHECK(check::check_optimizer_state(f.model, sink) == 1);
+  CHECK(sink.problems().empty());
+}
+
+TEST_CASE("state for an unlisted parameter, a wrong shape and an unknown parameter are each named", "[check]") {
+  Fixture f;
+  f.build({{"w", {2, 4}}, {"ghost", {1}}}, {"w", "b", "nope"});
+  ProblemSink sink;
+  check::check_optimizer_state(f.model, sink);
+  auto m = messages(sink);
+  REQUIRE(m.size() == 3);
+  CHECK(m[0] == "'optim.param_groups.0.params' lists parameter 'nope', which the model does not hold");
+  CHECK(m[1] == "optimizer state 'optim.state.w.exp_avg' has shape (2, 4), its parameter 'w' has shape (4, 2)");
+  CHECK(m[2] == "optimizer state 'optim.state.ghost' is for parameter 'ghost', which no param_groups entry of 'optim' lists");
+  CHECK(sink.problems()[2].tensor == "optim.state.ghost");
+}
+
+TEST_CASE("a parameter in two groups is named", "[check]") {
+  Fixture f;
+  f.build({}, {"w", "w"});
+  ProblemSink sink;
+  check::check_optimizer_state(f.model, sink);
+  REQUIRE(sink.problems().size() == 1);
+  CHECK(sink.problems()[0].message == "parameter 'w' is listed twice in param_groups 0 of 'optim'");
+}
