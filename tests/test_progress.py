@@ -84,3 +84,12 @@ def test_log_levels(run_ckptconv, flag, shown, hidden):
         assert s in r.stderr, (flag, r.stderr)
     for s in hidden:
         assert s not in r.stderr, (flag, r.stderr)
+
+
+@pytest.mark.parametrize("flag", ["-q", "-v"])
+def test_log_flags_also_after_the_subcommand(run_ckptconv, flag):
+    r = run_ckptconv("diff", DCP, REF, flag)
+    assert r.returncode == 0
+    assert ("debug: A: " in r.stderr) == (flag == "-v")
+    assert ("info:" in r.stderr) == (flag == "-v")
+    assert run_ckptconv("diff", DCP, REF, "--no-such-flag").returncode == 2

@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   CLI::App app{"ckptconv: inspect and consolidate sharded PyTorch checkpoints (DCP directories, per-rank FSDP files)",
                "ckptconv"};
   app.require_subcommand(0, 1);
+  // -q/-v also after the subcommand (`ckptconv diff A B -q` in a CI script).
+  app.fallthrough();
   bool quiet = false, verbose = false;
   app.add_flag("-q,--quiet", quiet, "Only print errors on stderr");
   app.add_flag("-v,--verbose", verbose, "Print debug messages on stderr");
