@@ -4,6 +4,7 @@ peak RSS from the kernel (wait4 rusage of that child alone), so every figure
 in one report comes from the same run on the same warm page cache.
 
     python tools/bench.py consolidate --ckpt DIR --work DIR --ckptconv BIN
+    python tools/bench.py validate    --ckpt DIR --work DIR --ckptconv BIN   (the validate rows alone)
 """
 from __future__ import annotations
 
@@ -43,6 +44,51 @@ def warm_cache(d: Path) -> None:
             with open(p, "rb") as f:
                 while f.read(1 << 24):
                     pass
+
+
+def validate_rows(ckpt: Path, work: Path, ckptconv: str) -> dict:
+    """validate (read-only) against the raw read floor: every file of the
+    checkpoint read once to /dev/null. Rows: validate (CRC-32 of every record,
+    metadata, coverage), --finite (plus a NaN/Inf scan of every float tensor),
+    --manifest (plus XXH3-64 of every file and every tensor's logical bytes,
+    verified against a manifest written beforehand, untimed)."""
+    files = " ".join(str(p) for p in sorted(ckpt.iterdir()) if p.is_file())
+    manifest = work / "validate-manifest.json"
+    manifest.unlink(missing_ok=True)
+    run_measured([ckptconv, "-q", "validate", str(ckpt), "--write-manifest", str(manifest)])
+    results = {
+        "raw read (cat>/dev/null)": run_measured(["sh", "-c", f"cat {files} > /dev/null"]),
+        "ckptconv validate": run_measured([ckptconv, "-q", "validate", str(ckpt)]),
+        "validate --finite": run_measured([ckptconv, "-q", "validate", str(ckpt), "--finite"]),
+        "validate --manifest": run_measured([ckptconv, "-q", "validate", str(ckpt), "--manifest", str(manifest)]),
+    }
+    manifest.unlink()
+    return results
+
+
+def print_validate_ratios(results: dict) -> None:
+    floor = results["raw read (cat>/dev/null)"][0]
+    print(f"validate ratios to the raw read floor: validate = {results['ckptconv validate'][0] / floor:.2f}, "
+          f"--finite = {results['validate --finite'][0] / floor:.2f}, "
+          f"--manifest = {results['validate --manifest'][0] / floor:.2f}")
+
+
+def print_table(ckpt: Path, size: int, results: dict) -> None:
+    print(f"checkpoint: {ckpt} ({size / 1e9:.2f} GB, {sum(1 for p in ckpt.iterdir() if p.is_file())} files)")
+    print(f"{'command':<24} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12} {'RSS/ckpt':>9}")
+    for name, (wall, rss) in results.items():
+        print(f"{name:<24} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f} {rss / size:9.1%}")
+
+
+def validate(args) -> None:
+    ckpt, work = Path(args.ckpt), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for _ in range(2):  # first pass warms the cache and the binaries; the second is reported
+        warm_cache(ckpt)
+        results = validate_rows(ckpt, work, args.ckptconv)
+    print_table(ckpt, dir_bytes(ckpt), results)
+    print_validate_ratios(results)
 
 
 def consolidate(args) -> None:
@@ -88,6 +134,8 @@ def consolidate(args) -> None:
         for name, out in (("ckptconv -> .safetensors", st_out), ("ckptconv -> .h5", h5_out)):
             results[name] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out)])
             out.unlink()
+        # (e) validate, read-only, against reading every file once.
+        results.update(validate_rows(ckpt, work, args.ckptconv))
     print(f"checkpoint: {ckpt} ({size / 1e9:.2f} GB, {len(distcp)} .distcp files)")
     print(f"{'command':<24} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12} {'RSS/ckpt':>9}")
     for name, (wall, rss) in results.items():
@@ -102,17 +150,19 @@ def consolidate(args) -> None:
     rs = results["ckptconv reshard 4->3"]
     print(f"ratios to the raw floor: .safetensors = {st / a:.2f}, .h5 = {h5 / a:.2f}, "
           f"reshard 4->3 = {rs[0] / a:.2f} (peak RSS {rs[1] / size:.1%} of the checkpoint)")
+    print_validate_ratios(results)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("consolidate")
-    c.add_argument("--ckpt", required=True)
-    c.add_argument("--work", required=True)
-    c.add_argument("--ckptconv", required=True)
+    for name in ("consolidate", "validate"):
+        c = sub.add_parser(name)
+        c.add_argument("--ckpt", required=True)
+        c.add_argument("--work", required=True)
+        c.add_argument("--ckptconv", required=True)
     args = ap.parse_args()
-    {"consolidate": consolidate}[args.cmd](args)
+    {"consolidate": consolidate, "validate": validate}[args.cmd](args)
 
 
 if __name__ == "__main__":
