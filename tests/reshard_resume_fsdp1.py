@@ -16,7 +16,10 @@ hold ShardedTensors), once per case and twice each:
 
 Both train three steps on the same batches. Rank 0 writes OUT_DIR/case<i>.pt:
 the full state right after loading the resharded files ("loaded"), and the
-losses and final full states of both runs.
+losses and final full states of both runs. Before training, every rank of
+the reference run also saves what FSDP1 itself writes at this world size
+under SHARDED_STATE_DICT, OUT_DIR/case<i>_torch_{model,optim}_rank<r>.pt,
+for the test to compare with ckptconv's files.
 
 Only the N workers import torch (tests/gloo_spawn.py).
 """
@@ -80,6 +83,15 @@ def load_reference(kind, ws, reference):
     return model, optim
 
 
+def save_sharded(model, optim, out: Path, case: int, rank: int) -> None:
+    import torch
+    from torch.distributed.fsdp import StateDictType
+    FSDP = fsdp()
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        torch.save(model.state_dict(), out / f"case{case}_torch_model_rank{rank}.pt")
+        torch.save(FSDP.optim_state_dict(model, optim), out / f"case{case}_torch_optim_rank{rank}.pt")
+
+
 def train(model, optim, rank: int):
     import torch
     losses = []
@@ -102,6 +114,7 @@ def worker(rank: int, ws: int, out: str, cases) -> None:
         losses = train(model, optim, rank)
         after = full_state(model, optim)
         ref_model, ref_optim = load_reference(kind, ws, reference)
+        save_sharded(ref_model, ref_optim, Path(out), i, rank)
         ref_losses = train(ref_model, ref_optim, rank)
         ref_after = full_state(ref_model, ref_optim)
         # Every rank's losses: each trains on its own batch.

@@ -113,6 +113,38 @@ def check_rank_file(loaded, ref, rank, n, kind):
     return checked
 
 
+def assert_same_layout(ours, theirs, path="<root>"):
+    """Two rank files hold the same thing the same way: sharded values with
+    equal global metadata (shard boxes, placements, process group or mesh
+    size and coordinate) and bitwise-equal local pieces, plain values equal."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    assert type(ours) is type(theirs) or (isinstance(ours, dict) and isinstance(theirs, dict)), \
+        f"{path}: {type(ours).__name__} != {type(theirs).__name__}"
+    if isinstance(theirs, dict):
+        assert sorted(map(str, ours)) == sorted(map(str, theirs)), f"{path}: keys {list(ours)} != {list(theirs)}"
+        for k in theirs:
+            assert_same_layout(ours[k], theirs[k], f"{path}.{k}")
+    elif isinstance(theirs, ShardedTensor):
+        def shards(st):
+            return [(s.shard_offsets, s.shard_sizes, str(s.placement)) for s in st.metadata().shards_metadata]
+        assert shards(ours) == shards(theirs) and ours.metadata().size == theirs.metadata().size, path
+        assert ours.metadata().tensor_properties == theirs.metadata().tensor_properties, path
+        mine, other = ours.local_shards(), theirs.local_shards()
+        assert [s.metadata.shard_offsets for s in mine] == [s.metadata.shard_offsets for s in other], path
+        for a, b in zip(mine, other):
+            assert_same(a.tensor, b.tensor, path)
+    elif isinstance(theirs, DTensor):
+        assert ours.placements == theirs.placements and ours.shape == theirs.shape, path
+        assert ours.device_mesh.shape == theirs.device_mesh.shape, path
+        assert ours.device_mesh.get_coordinate() == theirs.device_mesh.get_coordinate(), path
+        assert ours.device_mesh.mesh.tolist() == theirs.device_mesh.mesh.tolist(), path
+        assert_same(ours.to_local(), theirs.to_local(), path)
+    else:
+        assert_same(ours, theirs, path)
+
+
 def references(src):
     return {"model": torch.load(src / "model_full.pt", weights_only=True),
             "optim": torch.load(src / "optim_full.pt", weights_only=True)}
@@ -287,12 +319,21 @@ def test_dtype_casts_sharded_values_and_keeps_step(tmp_path, run_ckptconv):
 # ---- resume: real FSDP1 (gloo, CPU) loads the files at the new world size ----
 
 def run_resume(n, cases, tmp_path):
+    """Runs the FSDP1 resume of every case at world size n; checks that each
+    of ckptconv's files equals what FSDP1 itself saved at n."""
     out = tmp_path / "result"
     out.mkdir()
     args = [str(x) for case in cases for x in case]
     r = subprocess.run([sys.executable, str(REPO / "tests" / "reshard_resume_fsdp1.py"), str(n), str(out), *args],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+    for i, (kind, dst, src, model_tmpl, optim_tmpl) in enumerate(cases):
+        for rank in range(n):
+            with FakeGroup(rank, n):
+                for family, tmpl in (("model", model_tmpl), ("optim", optim_tmpl)):
+                    ours = torch.load(Path(dst) / tmpl.format(r=rank), weights_only=False)
+                    theirs = torch.load(out / f"case{i}_torch_{family}_rank{rank}.pt", weights_only=False)
+                    assert_same_layout(ours, theirs, f"{tmpl.format(r=rank)}")
     return [torch.load(out / f"case{i}.pt", weights_only=True) for i in range(len(cases))]
 
 
