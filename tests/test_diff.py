@@ -281,3 +281,11 @@ def test_values_compare_numbers_by_value_and_tuples_apart_from_lists(run_ckptcon
     assert diff_json(run_ckptconv, a, b)[0] == 0
     code, doc = diff_json(run_ckptconv, a, c)
     assert code == 1 and doc["values"] == [{"path": "betas", "a": {"__tuple__": [0.9, 0.99]}, "b": [0.9, 0.99]}]
+
+
+def test_help_documents_exit_codes(run_ckptconv):
+    top = run_ckptconv("--help")
+    assert top.returncode == 0 and "Exit codes: 0 success" in top.stdout and "diff found differences" in top.stdout
+    sub = run_ckptconv("diff", "--help")
+    assert sub.returncode == 0 and "Exit codes: 0 equal, 1 different, 2 usage error, 3" in sub.stdout
+    assert "atol + rtol * |b|" in sub.stdout

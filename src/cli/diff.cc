@@ -91,11 +91,12 @@ int run_diff(const DiffCliOptions& opt) {
 void register_diff(CLI::App& app) {
   auto opt = std::make_shared<DiffCliOptions>();
   CLI::App* sub = app.add_subcommand(
-      "diff",
-      "Compare two checkpoints of any formats and layouts: keys, dtypes, shapes, values.\n"
+      "diff", "Compare two checkpoints of any formats and layouts (keys, dtypes, shapes, values); exit 0 equal, 1 different");
+  sub->footer(
       "Elements a (of A) and b (of B) are equal when a == b, both are NaN, or |a - b| <= atol + rtol * |b|\n"
-      "(torch.isclose with equal_nan=True). The defaults (rtol 0, atol 0) ask for numerically identical values.\n"
-      "Exit 0 equal, 1 different, 2 usage error, 3 an input unreadable, corrupt or unsafe.");
+      "(torch.isclose with equal_nan=True: relative to B). The defaults, rtol 0 and atol 0, ask for numerically\n"
+      "identical values. A dtype difference is a difference unless --ignore-dtype; a shape difference always is.\n"
+      "Exit codes: 0 equal, 1 different, 2 usage error, 3 an input unreadable, corrupt or unsafe.");
   sub->add_option("A", opt->a, "First checkpoint (any SRC ckptconv reads)")->required();
   sub->add_option("B", opt->b, "Second checkpoint; relative differences are taken against B")->required();
   sub->add_option("--rtol", opt->rtol, "Relative tolerance (of |b|)")->capture_default_str();
