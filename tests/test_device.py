@@ -147,3 +147,21 @@ def test_cuda_cast_of_special_values_equals_cpu(cuda_or_skip, run_ckptconv, tmp_
         assert run_ckptconv("convert", src, "-o", a, "--dtype", name, "--device", "cpu").returncode == 0
         assert run_ckptconv("convert", src, "-o", b, "--dtype", name, "--device", "cuda").returncode == 0
         assert filecmp.cmp(a, b, shallow=False), name
+
+
+def test_large_tensor_cast_in_overlapping_slabs_equals_torch(run_ckptconv, tmp_path):
+    # 64 MiB of float32 under a 40 MiB budget: several slabs of more than
+    # 4 MiB, each written on a second thread while the next is assembled.
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(4096, 4096, generator=g)
+    w[5, 7] = float("nan")
+    w[4000, 1] = float("inf")
+    src = tmp_path / "big.pt"
+    torch.save({"w": w, "b": torch.randn(4096, generator=g)}, src)
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("convert", src, "-o", out, "--dtype", "bf16", "--memory-limit", "40M", "--finite",
+                     "--device", "cpu")
+    assert r.returncode == 1, r.stderr
+    assert "tensor 'w': 1 NaN, 1 Inf" in r.stderr
+    got = torch.load(out, weights_only=True)
+    assert torch.equal(got["w"].view(torch.int16), w.to(torch.bfloat16).view(torch.int16))

@@ -71,7 +71,8 @@ class Engine {
   std::size_t piece_budget_;  // device bytes of one lane (input + output)
   std::string name_;
   std::array<Lane, kLanes> lanes_;
-  PinnedBuffer out_;  // the slab's output
+  PinnedBuffer outs_[2];  // slab outputs, used in turn (exec/backend.h SlabResult)
+  int next_out_ = 0;
   std::map<std::pair<int, int>, bool> cast_on_device_;  // probed once per pair
 };
 
@@ -162,16 +163,18 @@ void Engine::assemble(const CkptSlabJob& job, CkptSlabResult& result) {
   bool on_device_cast = cast && device_cast(job.in_dtype, job.out_dtype);
   bool scan = job.scan && has_scan_kernel(job.out_dtype);  // other dtypes have no NaN/Inf
   std::size_t in_row = job.row_elems * in_size, out_row = job.row_elems * out_size;
-  out_.reserve(std::max<std::size_t>(1, static_cast<std::size_t>(job.rows) * out_row));
+  PinnedBuffer& slab_out = outs_[next_out_];
+  next_out_ ^= 1;
+  slab_out.reserve(std::max<std::size_t>(1, static_cast<std::size_t>(job.rows) * out_row));
   result = CkptSlabResult{};
   if (!on_device_cast && !scan) {
     // Nothing for the device: gather (and cast) on the host.
     if (!cast) {
-      gather(job, 0, job.rows, out_.data());
+      gather(job, 0, job.rows, slab_out.data());
     } else {
       lanes_[0].host_in.reserve(static_cast<std::size_t>(job.rows) * in_row);
       gather(job, 0, job.rows, lanes_[0].host_in.data());
-      if (const char* err = torch_cast(lanes_[0].host_in.data(), job.in_dtype, out_.data(), job.out_dtype,
+      if (const char* err = torch_cast(lanes_[0].host_in.data(), job.in_dtype, slab_out.data(), job.out_dtype,
                                        static_cast<std::size_t>(job.rows) * job.row_elems, host_threads_))
         throw std::runtime_error(err);
     }
@@ -186,7 +189,7 @@ void Engine::assemble(const CkptSlabJob& job, CkptSlabResult& result) {
       finish(lane, job.in_dtype, job.out_dtype, result);
       int64_t r1 = std::min(job.rows, r0 + rows_per_piece);
       std::size_t n = static_cast<std::size_t>(r1 - r0) * job.row_elems;
-      std::byte* out = out_.data() + static_cast<std::size_t>(r0) * out_row;
+      std::byte* out = slab_out.data() + static_cast<std::size_t>(r0) * out_row;
       lane.n = n;
       lane.out = out;
       lane.fix_nan = on_device_cast && job.keep_output;
@@ -228,7 +231,7 @@ void Engine::assemble(const CkptSlabJob& job, CkptSlabResult& result) {
   }
   if (!job.scan) result.nan = result.inf = 0;
   if (job.keep_output) {
-    result.out = out_.data();
+    result.out = slab_out.data();
     result.out_bytes = static_cast<uint64_t>(job.rows) * out_row;
   }
 }

@@ -47,8 +47,10 @@ struct SlabJob {
 };
 
 struct SlabResult {
-  // rows * row_elems elements of out_dtype, owned by the backend and valid
-  // until its next assemble(); empty when keep_output was false.
+  // rows * row_elems elements of out_dtype, owned by the backend; empty
+  // when keep_output was false. Valid until the second assemble() after
+  // this one: backends alternate between two buffers so that the executor
+  // can write one slab while the next is assembled.
   std::span<const std::byte> bytes;
   FiniteCounts finite;  // of the output, when scan was set
 };

@@ -49,16 +49,18 @@ class CpuBackend final : public Backend {
   SlabResult assemble(const SlabJob& job) override {
     std::size_t in_row = job.row_elems * dtype_size(job.dtype);
     std::size_t n = static_cast<std::size_t>(job.rows) * job.row_elems;
-    gathered_.resize(static_cast<std::size_t>(job.rows) * in_row);
-    int parts = useful_threads(gathered_.size(), threads_);
+    SlabBuffers& buf = buffers_[next_buffer_];
+    next_buffer_ ^= 1;
+    buf.gathered.resize(static_cast<std::size_t>(job.rows) * in_row);
+    int parts = useful_threads(buf.gathered.size(), threads_);
     for_each_range(job.rows, parts, [&](int, int64_t r0, int64_t r1) {
-      job.gather(r0, r1, gathered_.data() + static_cast<std::size_t>(r0) * in_row);
+      job.gather(r0, r1, buf.gathered.data() + static_cast<std::size_t>(r0) * in_row);
     });
-    const std::vector<std::byte>* out = &gathered_;
+    const std::vector<std::byte>* out = &buf.gathered;
     if (job.out_dtype != job.dtype) {
-      cast_.resize(n * dtype_size(job.out_dtype));
-      cast(gathered_.data(), job.dtype, cast_.data(), job.out_dtype, n);
-      out = &cast_;
+      buf.cast.resize(n * dtype_size(job.out_dtype));
+      cast(buf.gathered.data(), job.dtype, buf.cast.data(), job.out_dtype, n);
+      out = &buf.cast;
     }
     SlabResult result;
     if (job.scan) result.finite = scan_finite(out->data(), job.out_dtype, n);
@@ -69,8 +71,13 @@ class CpuBackend final : public Backend {
  private:
   int threads_;        // for native work
   int torch_threads_;  // passed to LibTorch (<= 0 keeps its default)
-  // Slab buffers reused across slabs (a consolidate assembles thousands).
-  std::vector<std::byte> gathered_, cast_;
+  // Slab buffers reused across slabs (a consolidate assembles thousands),
+  // two sets used in turn (SlabResult says why).
+  struct SlabBuffers {
+    std::vector<std::byte> gathered, cast;
+  };
+  SlabBuffers buffers_[2];
+  int next_buffer_ = 0;
 };
 
 }  // namespace

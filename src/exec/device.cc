@@ -5,6 +5,8 @@
 #include <mutex>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "core/error.h"
 #include "exec/backend.h"
 #include "exec/runtime_info.h"
@@ -121,8 +123,17 @@ const CkptTorchApi* usable_cuda(std::string& why) {
 std::unique_ptr<Backend> make_backend(Device device, int threads) {
   if (device == Device::kCpu) return make_cpu_backend(threads);
   std::string why;
-  const CkptTorchApi* api = usable_cuda(why);
-  if (api) return std::make_unique<CudaBackend>(*api, threads);
+  if (const CkptTorchApi* api = usable_cuda(why)) {
+    if (device == Device::kCuda) return std::make_unique<CudaBackend>(*api, threads);
+    try {
+      return std::make_unique<CudaBackend>(*api, threads);
+    } catch (const Error& e) {
+      // auto promises a result, not a device: a GPU that cannot take the
+      // backend (memory held by others) leaves the work to the CPU.
+      spdlog::warn("--device auto: using the CPU, the CUDA backend failed to start: {}", e.what());
+      return make_cpu_backend(threads);
+    }
+  }
   if (device == Device::kCuda) fail_invalid("--device cuda: " + why);
   return make_cpu_backend(threads);
 }

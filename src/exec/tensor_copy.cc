@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <vector>
 
 #include "core/error.h"
@@ -117,16 +118,24 @@ void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& ch
   }
 }
 
+// Below this many output bytes a slab is appended on the calling thread: a
+// thread per slab would cost more than the overlap saves.
+constexpr std::size_t kMinOverlapBytes = 4u << 20;
+
 // Assembles the tensor in dim-0 slabs through the backend (gather, cast to
-// the output dtype, count NaN/Inf when asked) and appends each slab.
+// the output dtype, count NaN/Inf when asked) and appends each slab. While
+// slab k is appended on a second thread (a write syscall, the zip CRC-32),
+// slab k+1 is assembled: the backend keeps two result buffers for this
+// (Backend::assemble), and the budget is shared by the two slabs.
 FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
                                     Destination& out, const CopyOptions& options, Backend& backend, bool scan) {
   int64_t rows = t.shape.empty() ? 1 : t.shape[0];
   uint64_t row_elems = t.shape.empty() ? 1 : shape_numel(Shape(t.shape.begin() + 1, t.shape.end()));
-  // The slab and its cast copy share the budget.
-  uint64_t per_row = row_elems * (dtype_size(t.dtype) + dtype_size(t.output_dtype()));
+  // Two slabs in flight, each with its cast copy.
+  uint64_t per_row = 2 * row_elems * (dtype_size(t.dtype) + dtype_size(t.output_dtype()));
   int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(per_row, 1)));
   FiniteCounts finite;
+  std::future<void> writing;  // the previous slab's append; its destructor waits
   for (int64_t r0 = 0; r0 < rows; r0 += rows_per_slab) {
     SlabJob job;
     job.dtype = t.dtype;
@@ -136,9 +145,15 @@ FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<cons
     job.scan = scan;
     job.gather = [&t, &chunks, r0](int64_t a, int64_t b, std::byte* dst) { gather_rows(t, chunks, r0 + a, r0 + b, dst); };
     SlabResult slab = backend.assemble(job);
-    out.append(slab.bytes.data(), slab.bytes.size());
     finite += slab.finite;
+    if (writing.valid()) writing.get();  // rethrows a failed append
+    if (slab.bytes.size() < kMinOverlapBytes) {
+      out.append(slab.bytes.data(), slab.bytes.size());
+    } else {
+      writing = std::async(std::launch::async, [&out, bytes = slab.bytes] { out.append(bytes.data(), bytes.size()); });
+    }
   }
+  if (writing.valid()) writing.get();
   return finite;
 }
 
