@@ -128,3 +128,51 @@ TEST_CASE("source world size counts the distinct ranks of the chunks", "[plan][r
   m.tensors = {sharded("a", {4}, {0, 2, 3}), scalar("s")};
   CHECK(source_world_size(m) == 3);
 }
+
+TEST_CASE("per-rank files: sharded tensors get every rank's torch.chunk box, plain ones go whole to every rank",
+          "[plan][reshard]") {
+  std::vector<TensorEntry> tensors = {sharded("optim.state.scale.exp_avg", {2}, {0, 1}), scalar("optim.state.scale.step")};
+  ReshardPlan plan = plan_rank_files(tensors, {true, false}, 3);
+  REQUIRE(plan.ranks.size() == 3);
+  CHECK_FALSE(plan.replicated[0]);
+  CHECK(plan.replicated[1]);
+  for (int r = 0; r < 3; ++r) {
+    const auto& items = plan.ranks[r];
+    REQUIRE(items.size() == 2);
+    CHECK(plan.items_of_tensor[0][r] == std::make_pair(r, std::size_t{0}));
+    CHECK(items[1].tensor == 1);
+    CHECK(items[1].sizes.empty());
+    REQUIRE(items[1].pieces.size() == 1);
+  }
+  // 2 rows over 3 ranks: [0:1] from source rank 0, [1:2] from source rank 1, rank 2 empty at offset 2.
+  CHECK(plan.ranks[0][0].offsets == Shape{0});
+  CHECK(plan.ranks[1][0].pieces.at(0).chunk == 1);
+  CHECK(plan.ranks[2][0].offsets == Shape{2});
+  CHECK(plan.ranks[2][0].sizes == Shape{0});
+  CHECK(plan.ranks[2][0].pieces.empty());
+}
+
+TEST_CASE("per-rank files at world size 1 hold every tensor whole (FSDP1 NO_SHARD)", "[plan][reshard]") {
+  std::vector<TensorEntry> tensors = {sharded("model.fc2.weight", {7, 8}, {0, 4})};
+  ReshardPlan plan = plan_rank_files(tensors, {true}, 1);
+  CHECK(plan.replicated[0]);
+  REQUIRE(plan.ranks[0].size() == 1);
+  CHECK(plan.ranks[0][0].sizes == Shape{7, 8});
+  CHECK(plan.ranks[0][0].pieces.size() == 2);
+  CHECK_THROWS_AS(plan_rank_files(tensors, {true}, 0), Error);
+}
+
+TEST_CASE("an item's tensor views its source pieces from the item's origin", "[plan][reshard]") {
+  std::vector<TensorEntry> tensors = {sharded("model.fc2.weight", {7, 8}, {0, 4})};
+  ReshardPlan plan = plan_reshard(tensors, 3, 2);
+  const OutputItem& item = plan.ranks[1][0];  // rows [3:6): row 3 of source rank 0, rows 4-5 of source rank 1
+  TensorEntry local = item_tensor(tensors[0], item);
+  CHECK(local.shape == Shape{3, 8});
+  REQUIRE(local.chunks.size() == 2);
+  CHECK(local.chunks[0].offsets == Shape{0, 0});
+  CHECK(local.chunks[0].sizes == Shape{1, 8});
+  CHECK(local.chunks[0].storage_offset == 3 * 8);
+  CHECK(local.chunks[1].offsets == Shape{1, 0});
+  CHECK(local.chunks[1].sizes == Shape{2, 8});
+  CHECK(local.chunks[1].storage_offset == 0);
+}
