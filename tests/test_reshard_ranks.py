@@ -388,3 +388,20 @@ def test_fsdp2_resumes_from_full_state_dict_scattered_to_dcp(tmp_path, run_ckptc
     result = torch.load(out / "result.pt", weights_only=True)
     assert torch.equal(result["losses"], result["ref_losses"])
     assert_same(result["after"], result["ref_after"], key_order=False)
+
+
+def test_flat_parameter_optimizer_is_refused_and_only_model_reshards_the_model(tmp_path, run_ckptconv):
+    src = TD / "fsdp_dt" / "verl_flat_ws2"  # FSDP1 use_orig_params=False: raw optim.state_dict() of flat parameters
+    r = run_ckptconv("reshard", str(src), "-o", str(tmp_path / "out"), "--world-size", "3")
+    assert r.returncode == 3, r.stderr
+    assert "optim_world_size_2_rank_0.pt" in r.stderr and "--only model" in r.stderr
+    assert not list(tmp_path.iterdir())
+    dst = reshard(run_ckptconv, src, tmp_path / "out", 3, "--only", "model")
+    assert sorted(p.name for p in dst.iterdir()) == [f"model_world_size_3_rank_{r}.pt" for r in range(3)]
+    ref = torch.load(src / "model_full.pt", weights_only=True)
+    assert_same(consolidated(run_ckptconv, dst, tmp_path / "a.pt"), ref, key_order=False)
+    for rank in range(3):
+        with FakeGroup(rank, 3):
+            loaded = torch.load(dst / f"model_world_size_3_rank_{rank}.pt", weights_only=False)
+            # `frozen` was left out of FSDP (ignored_states): a plain tensor, whole on every rank
+            assert check_rank_file(loaded, ref, rank, 3, "dt") == len(ref) - 1

@@ -39,6 +39,7 @@ struct ReshardOptions {
   std::string output;
   int world_size = 0;
   std::string layout;  // dcp | fsdp-sharded-tensor | fsdp-dtensor; empty: the source's own
+  std::string only;    // model | optim: that family / top-level entry alone
   std::string dtype = "keep";
   std::string device = "auto";
   int threads = 0;
@@ -61,15 +62,16 @@ std::string default_layout(SourceKind kind, const CheckpointModel& model, const 
                ") has no sharded layout of its own; choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor");
 }
 
-// The name templates of the source's per-rank families, as the reader found them.
-std::vector<fsdp_ranks::RankFileName> source_families(const std::string& src) {
+// The name templates of the source's per-rank families, as the reader found
+// them (of kind `only` when given).
+std::vector<fsdp_ranks::RankFileName> source_families(const std::string& src, const std::string& only) {
   std::vector<std::string> files;
   std::error_code ec;
   files = fs::is_directory(src, ec) ? fsdp_ranks::list_rank_files(src) : fsdp_ranks::expand_glob(src);
   std::vector<fsdp_ranks::RankFileName> out;
   for (const auto& path : files) {
     auto name = fsdp_ranks::parse_rank_file_name(fs::path(path).filename().string());
-    if (!name || name->auxiliary) continue;
+    if (!name || name->auxiliary || (!only.empty() && name->kind != only)) continue;
     bool seen = false;
     for (const auto& f : out) seen = seen || f.tmpl == name->tmpl;
     if (!seen) out.push_back(*name);
@@ -91,12 +93,12 @@ fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string
 // model_rank{r}.pt / optim_rank{r}.pt (ShardedTensor) or veRL's
 // {model,optim}_world_size_{N}_rank_{r}.pt (DTensor). A root of exactly
 // {"model", "optim"} (our consolidate output, DCP) gives both families.
-std::vector<RankFamily> output_families(SourceKind kind, const std::string& src, const CheckpointModel& model,
-                                        const std::string& layout) {
+std::vector<RankFamily> output_families(SourceKind kind, const std::string& src, const std::string& only,
+                                        const CheckpointModel& model, const std::string& layout) {
   ValuePtr m = top_level(model, "model"), o = top_level(model, "optim");
   bool pair = m && o && mapping_of(model.root)->entries.size() == 2;
   if (kind == SourceKind::kFsdpRanks) {
-    auto names = source_families(src);
+    auto names = source_families(src, only);
     if (names.size() == 1) return {{names[0], model.root}};
     if (names.size() == 2 && pair) {
       if (names[0].kind == "optim") std::swap(names[0], names[1]);
@@ -148,7 +150,7 @@ int reshard_to_dcp(const ReshardOptions& opt, SourceKind kind, const CheckpointM
 
 int reshard_to_rank_files(const ReshardOptions& opt, SourceKind kind, const CheckpointModel& model, const std::string& layout,
                           const CopyOptions& copy, std::chrono::steady_clock::time_point start) {
-  std::vector<RankFamily> families = output_families(kind, opt.source, model, layout);
+  std::vector<RankFamily> families = output_families(kind, opt.source, opt.only, model, layout);
   // Per-rank sources say which tensors were sharded; in a full state dict
   // every tensor with a dimension is (FSDP1 shards parameters and their
   // optimizer states, never the 0-dim `step`).
@@ -179,7 +181,10 @@ int run_reshard(const ReshardOptions& opt) {
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(opt.output.c_str(), &st) == 0)
     fail_invalid(opt.output + ": output exists (use --force to overwrite)");
-  CheckpointModel model = read_checkpoint(opt.source);
+  CheckpointModel model = read_checkpoint(opt.source, {{}, opt.only});
+  // Per-rank families apply --only by reading that kind of file alone; other
+  // sources keep the top-level entry.
+  if (!opt.only.empty() && kind != SourceKind::kFsdpRanks) model = select_entries(model, {opt.only, "", std::nullopt});
   if (cast_to) apply_cast(model, *cast_to);
   require_valid(model);
   std::string layout = opt.layout.empty() ? default_layout(kind, model, opt.source) : opt.layout;
@@ -207,6 +212,10 @@ void register_reshard(CLI::App& app) {
                   "dcp (one __<r>_0.distcp per rank + .metadata), fsdp-sharded-tensor or fsdp-dtensor (one torch.save "
                   "file per rank and family, as FSDP1 SHARDED_STATE_DICT); default: the source's own, required for a full state dict")
       ->check(CLI::IsMember({"dcp", "fsdp-sharded-tensor", "fsdp-dtensor"}));
+  sub->add_option("--only", opt->only,
+                  "Per-rank files: reshard only this family (e.g. the model files beside a raw flat-parameter optimizer); "
+                  "other sources: keep only this top-level entry")
+      ->check(CLI::IsMember({"model", "optim"}));
   sub->add_option("--dtype", opt->dtype, "Cast floating-point tensors (optimizer step counters excepted)")
       ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16"}))
       ->capture_default_str();
