@@ -10,6 +10,8 @@
 namespace ckpt::check {
 namespace {
 
+constexpr std::size_t kSlice = std::size_t{16} << 20;
+
 // Consumes the bytes append_tensor produces. Writes are whole elements in
 // practice (rows, chunks); a split element is carried to the next write.
 class ScanSink final : public ByteSink {
@@ -35,6 +37,19 @@ class ScanSink final : public ByteSink {
     std::size_t whole = n / itemsize_;
     if (whole) counts_ += backend_->scan_finite(p, dtype_, whole);
     carry_.assign(p + whole * itemsize_, p + n);
+  }
+  // Mapped bytes are consumed slice by slice, each dropped from the resident
+  // set once scanned: a big chunk does not grow RSS with its size.
+  void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override {
+    const std::byte* p = src.data();
+    if (!p) return ByteSink::copy_from(src, pos, n);
+    if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
+    for (uint64_t done = 0; done < n;) {
+      auto step = static_cast<std::size_t>(std::min<uint64_t>(n - done, kSlice));
+      write(p + pos + done, step);
+      src.release(pos + done, step);
+      done += step;
+    }
   }
   uint64_t position() const override { return position_; }
   const FiniteCounts& counts() const { return counts_; }

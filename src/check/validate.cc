@@ -247,7 +247,7 @@ class Validator {
     for (const auto& f : files) {
       std::string rel = manifest_path_of(f, src_, opt_);
       run_reporting(&sink_, f, -1, "", [&] {
-        SourcePtr source = open_mapped_source(f);
+        SourcePtr source = open_file_source(f);  // streamed once: reads, not page faults
         now.files.push_back({rel, source->size(), checksum_source(*source, *algorithm)});
       });
     }
