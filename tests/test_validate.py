@@ -186,18 +186,37 @@ def test_tensor_record_byte_flipped_is_named_by_manifest(tmp_path, run_ckptconv)
     assert report["manifest"]["changed"] == 2 and report["manifest"]["missing"] == 0
 
 
-def test_pickle_byte_flipped(tmp_path, run_ckptconv):
+def test_pickle_byte_flipped_in_a_value(tmp_path, run_ckptconv):
+    """One bit of group 0's lr (0.01) in rank 1's data.pkl: the CRC of
+    data.pkl fails, and the ranks no longer agree on param_groups."""
+    d = copy_of("fsdp_st/adamw_ws2", tmp_path)
+    f = d / "optim_rank1.pt"
+    data = f.read_bytes()
+    off, size = record_offset(data, "data.pkl")
+    pos = data.index(b"G" + struct.pack(">d", 0.01), off)
+    assert off < pos < off + size
+    flip_byte(f, pos + 8)  # the last mantissa byte
+    code, report, _ = validate(run_ckptconv, d)
+    assert code == 1
+    find_problem(report, "data.pkl", "CRC-32 mismatch", file="optim_rank1.pt", rank=1)
+    find_problem(report, "'param_groups.0.lr' differs between ranks", "optim_rank1.pt", file="optim_rank1.pt", rank=1,
+                 key="param_groups.0.lr")
+
+
+def test_pickle_byte_flipped_in_a_global_name(tmp_path, run_ckptconv):
+    """A bit flip that turns 'DTensor' into 'DUensor': a global off the allow-list,
+    refused as unsafe (exit 3), with the CRC failure that explains it."""
     d = copy_of("fsdp_dt/adamw_ws2", tmp_path)
     f = d / "model_world_size_2_rank_1.pt"
     data = f.read_bytes()
     off, size = record_offset(data, "data.pkl")
-    # A byte inside a string the pickle holds (a class name), so the pickle still parses.
     pos = data.index(b"DTensor", off)
     assert off < pos < off + size
     flip_byte(f, pos + 1)
     code, report, _ = validate(run_ckptconv, d)
-    assert code in (1, 3)
+    assert code == 3 and report["status"] == "unsafe"
     find_problem(report, "data.pkl", "CRC-32 mismatch", file="model_world_size_2_rank_1.pt", rank=1)
+    assert find_problem(report, "DUensor", file="model_world_size_2_rank_1.pt", rank=1)["code"] == "Unsafe"
 
 
 def test_truncated_rank_file(tmp_path, run_ckptconv):
@@ -295,6 +314,27 @@ def test_ranks_from_two_runs_of_one_world_size_dtensor(tmp_path, run_ckptconv):
     # verl's FSDP1 model state dict lists its keys in another order.
     find_problem(report, "the keys of '<root>' are in a different order", "model_world_size_2_rank_1.pt",
                  file="model_world_size_2_rank_1.pt", rank=1)
+
+
+def test_ranks_from_two_runs_extra_distcp_of_a_larger_world(tmp_path, run_ckptconv):
+    """A .distcp of a world-size-4 save dropped into a world-size-3 directory."""
+    d = copy_of("dcp/fsdp2_adamw_ws3", tmp_path)
+    shutil.copy(TD / "dcp" / "fsdp2_adamw_ws4" / "__3_0.distcp", d)
+    code, report, _ = validate(run_ckptconv, d)
+    assert code == 1
+    find_problem(report, "not referenced by the metadata", file="__3_0.distcp", rank=3)
+    assert len(problems(report)) == 1
+
+
+def test_glob_and_files_sources(run_ckptconv):
+    d = TD / "fsdp_dt" / "adamw_ws3"
+    code, report, _ = validate(run_ckptconv, str(d / "optim_world_size_3_rank_*.pt"), "--expect-world-size", "3")
+    assert code == 0, problems(report)
+    assert report["summary"]["files"] == 3
+    files = sorted(str(p) for p in d.glob("model_world_size_3_rank_*.pt"))
+    code, report, _ = validate(run_ckptconv, "--files", *files[:2])
+    assert code == 1
+    find_problem(report, "missing rank file", "model_world_size_3_rank_2.pt (rank 2)", rank=2)
 
 
 # ---- NaN in exp_avg_sq --------------------------------------------------------------------
