@@ -1,6 +1,8 @@
 // --device: which backend a command runs on, and the Backend that drives the
 // CUDA plugin's backend (src/cuda) through the C table of torch_plugin_api.h.
 #include <algorithm>
+#include <cctype>
+#include <filesystem>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -107,8 +109,25 @@ class CudaBackend final : public Backend {
   CkptCudaBackend* handle_ = nullptr;
 };
 
+// True when the NVIDIA driver exposes a device node. Without one no CUDA
+// device can be visible, and loading the CUDA plugin to learn that would
+// cost every run on a CPU machine ~1 s and ~500 MB of resident memory
+// (libtorch_cuda and its libraries).
+bool nvidia_device_node_present() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev", ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.size() > 6 && name.starts_with("nvidia") && std::isdigit(static_cast<unsigned char>(name[6]))) return true;
+  }
+  return false;
+}
+
 // The CUDA plugin when a device is visible; else nullptr and why not.
 const CkptTorchApi* usable_cuda(std::string& why) {
+  if (!nvidia_device_node_present()) {
+    why = "no CUDA device is visible (no /dev/nvidia<N>)";
+    return nullptr;
+  }
   const CkptTorchApi* api = cuda_plugin(&why);
   if (!api) return nullptr;
   if (api->cuda_device_count() <= 0) {
