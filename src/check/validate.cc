@@ -110,7 +110,14 @@ class Validator {
       check_world_size(*model);
       if (!opt_.expect_keys_file.empty()) check_keys(*model);
     }
-    std::vector<std::string> files = checkpoint_files(src_, opt_, kind_, model ? &*model : nullptr);
+    std::vector<std::string> files;
+    if (report_.readable) {
+      try {
+        files = checkpoint_files(src_, opt_, kind_, model ? &*model : nullptr);
+      } catch (const Error&) {
+        // A glob that matches nothing: already reported by the reader.
+      }
+    }
     report_.files = files.size();
     if (model && (opt_.finite || wants_manifest())) data_pass(*model, files);
     report_.problems = sink_.problems();
@@ -348,6 +355,9 @@ int ValidateReport::exit_code() const {
 
 ValidateReport validate_checkpoint(const std::string& src, const ValidateOptions& options) {
   if (options.expect_world_size == 0 || options.expect_world_size < -1) fail_invalid("--expect-world-size must be at least 1");
+  std::error_code ec;
+  if (!options.write_manifest.empty() && !options.force && fs::exists(fs::symlink_status(options.write_manifest, ec)))
+    fail_invalid(options.write_manifest + ": output exists (use --force to overwrite)");
   return Validator(src, options).run();
 }
 

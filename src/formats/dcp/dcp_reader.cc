@@ -139,8 +139,10 @@ class DcpDirReader {
   }
 
   bool in_unreadable_file(const ItemMeta& item, const DcpMetadata& md) const {
-    for (const auto& [key, info] : md.storage)
-      if (key.first == item.fqn && unreadable_.count(info.relative_path)) return true;
+    if (unreadable_.empty()) return false;
+    // Storage is keyed by (fqn, offsets): the item's entries are adjacent.
+    for (auto it = md.storage.lower_bound({item.fqn, {}}); it != md.storage.end() && it->first.first == item.fqn; ++it)
+      if (unreadable_.count(it->second.relative_path)) return true;
     return false;
   }
 
