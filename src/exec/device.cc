@@ -57,7 +57,9 @@ class CudaBackend final : public Backend {
     if (const char* err = api_.cuda_assemble(handle_, &c, &r)) {
       // An error of ours raised inside a gather keeps its code and context.
       if (ctx.error) std::rethrow_exception(ctx.error);
-      fail(ErrorCode::kInternal, err);
+      std::string message = err;
+      bool no_memory = message.find("out of memory") != std::string::npos;
+      fail(no_memory ? ErrorCode::kResourceExhausted : ErrorCode::kInternal, message);
     }
     SlabResult result;
     result.bytes = std::span<const std::byte>(static_cast<const std::byte*>(r.out), r.out_bytes);
