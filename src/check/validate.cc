@@ -9,6 +9,7 @@
 
 #include "check/optimizer_checks.h"
 #include "check/tensor_scan.h"
+#include "core/progress.h"
 #include "formats/detect.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
 #include "model/tree_walk.h"
@@ -279,8 +280,9 @@ class Validator {
     walk_leaves(*model.root, [&](const Leaf& leaf) {
       if (leaf.tensor) leaves.emplace_back(leaf.path, *leaf.tensor);
     });
-    uint64_t total = 0, done = 0;
+    uint64_t total = 0;
     for (const auto& [key, index] : leaves) total += model.tensors.at(index).nbytes();
+    ProgressScope progress("validate", total);  // drawn only on a terminal, without -q
     std::map<std::size_t, TensorScan> scanned;  // a tensor reached under two keys is read once
     for (const auto& [key, index] : leaves) {
       const TensorEntry& t = model.tensors.at(index);
@@ -295,8 +297,7 @@ class Validator {
                                 [&] { scan = scan_tensor(t, backend, algorithm, opt_.memory_limit); });
         if (!ok) continue;
         it = scanned.emplace(index, std::move(scan)).first;
-        done += t.nbytes();
-        if (opt_.on_progress) opt_.on_progress(done, total);
+        progress_add(t.nbytes());
       }
       const TensorScan& scan = it->second;
       if (scan.finite) {

@@ -13,7 +13,6 @@
 //   manifest    (--write-manifest, --manifest) file and tensor checksums
 #pragma once
 
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
@@ -41,9 +40,6 @@ struct ValidateOptions {
   Device device = Device::kAuto;   // for the finite scan only
   int threads = 0;
   uint64_t memory_limit = 256ull << 20;
-  // Called with the tensor bytes done so far during the data pass (finite
-  // scan, checksums): where a progress display hooks in.
-  std::function<void(uint64_t done, uint64_t total)> on_progress;
 };
 
 struct NonFinite {

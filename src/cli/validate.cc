@@ -23,7 +23,6 @@ int run_validate(ValidateCliOptions& opt) {
   opt.check.memory_limit = parse_size(opt.memory_limit);
   if (opt.source.empty() && opt.check.files.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
   if (opt.check.sha256 && opt.check.write_manifest.empty()) fail_invalid("--sha256 applies to --write-manifest");
-  // Progress display: hook opt.check.on_progress here (src/core/progress.h).
   check::ValidateReport report = check::validate_checkpoint(opt.source, opt.check);
   if (opt.json)
     std::cout << check::report_to_json(report).dump(2) << "\n";
