@@ -405,3 +405,13 @@ def test_flat_parameter_optimizer_is_refused_and_only_model_reshards_the_model(t
             loaded = torch.load(dst / f"model_world_size_3_rank_{rank}.pt", weights_only=False)
             # `frozen` was left out of FSDP (ignored_states): a plain tensor, whole on every rank
             assert check_rank_file(loaded, ref, rank, 3, "dt") == len(ref) - 1
+
+
+@pytest.mark.parametrize("layout", ["dcp", "fsdp-dtensor"])
+def test_full_file_that_is_no_state_dict_is_refused(layout, tmp_path, run_ckptconv):
+    src = tmp_path / "tensor.pt"
+    torch.save(torch.arange(6.0), src)
+    r = run_ckptconv("reshard", str(src), "-o", str(tmp_path / "out"), "--world-size", "2", "--layout", layout)
+    assert r.returncode == 3, r.stderr
+    assert "tensor.pt" in r.stderr and "holds a state dict (a dict); this file holds a tensor" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tensor.pt"]

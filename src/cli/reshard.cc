@@ -106,9 +106,7 @@ std::vector<RankFamily> output_families(SourceKind kind, const std::string& src,
     }
     fail(ErrorCode::kInternal, src + ": cannot match the per-rank families to the state dict read");
   }
-  if (!model.root || !mapping_of(model.root)->is(Kind::kDict))
-    fail_invalid(src + ": per-rank files hold a state dict (a dict); this source holds " +
-                 (model.root ? std::string(pickle::kind_name(model.root->kind)) : std::string("nothing")));
+  require_state_dict(model, "each per-rank file");
   if (pair) return {{default_name("model", layout), m}, {default_name("optim", layout), o}};
   bool optim = top_level(model, "state") && top_level(model, "param_groups");
   return {{default_name(optim ? "optim" : "model", layout), model.root}};

@@ -23,6 +23,13 @@ ValuePtr mapping_of(const ValuePtr& v) {
   return v;
 }
 
+void require_state_dict(const CheckpointModel& model, const std::string& layout) {
+  ValuePtr root = mapping_of(model.root);
+  if (root && root->is(Kind::kDict)) return;
+  std::string what = !root ? "nothing" : tensor_ref_index(*root) ? "a tensor" : "a " + std::string(pickle::kind_name(root->kind));
+  fail(ErrorCode::kUnimplemented, model.source + ": " + layout + " holds a state dict (a dict); this file holds " + what);
+}
+
 ValuePtr value_at_path(const ValuePtr& root, const std::vector<ValuePtr>& path, const std::string& key) {
   ValuePtr cur = root;
   for (const ValuePtr& element : path) {
@@ -102,9 +109,7 @@ void flatten(const CheckpointModel& model, const ValuePtr& value, std::vector<Va
 }  // namespace
 
 dcp::DcpMetadata flattened_layout(const CheckpointModel& model) {
-  if (!model.root || !mapping_of(model.root)->is(Kind::kDict))
-    fail_invalid(model.source + ": a DCP checkpoint holds a dict (state dict); this file holds " +
-                 (model.root ? std::string(pickle::kind_name(model.root->kind)) : std::string("nothing")));
+  require_state_dict(model, "a DCP checkpoint");
   dcp::DcpMetadata out;
   std::vector<ValuePtr> path;
   flatten(model, model.root, path, out);

@@ -40,13 +40,17 @@ DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMeta
 // dicts are entered (keys become str(key)), a list is entered when it holds
 // a tensor or a container that is entered, anything else (a tensor, a
 // scalar, a tuple, a list of plain values such as param_groups' `params`) is
-// one item keyed by the dotted path. InvalidArgument when the root is no
-// dict; Unimplemented when a tensor sits inside a bytes item (a tuple).
+// one item keyed by the dotted path. Unimplemented when the root is no dict
+// or a tensor sits inside a bytes item (a tuple).
 dcp::DcpMetadata flattened_layout(const CheckpointModel& model);
 
 // The dict of a mapping value: `v` itself, or the dict under BUILD for an
 // OrderedDict with attributes (a state_dict() and its `_metadata`).
 pickle::ValuePtr mapping_of(const pickle::ValuePtr& v);
+
+// Unimplemented naming the source unless its root is a state dict (a dict):
+// "<source>: <layout> holds a state dict (a dict); this file holds a tensor".
+void require_state_dict(const CheckpointModel& model, const std::string& layout);
 
 // The value a flat DCP key stands for: `path` (planner_data) followed from
 // the model's root. DataLoss naming the key when it leads nowhere.
