@@ -38,7 +38,8 @@ struct DiffCliOptions {
 // validated. A side where nothing is selected is an empty checkpoint (its
 // selection error kept in `unselected`): the other side's keys are then
 // "only in" it, a difference rather than an error.
-CheckpointModel read_side(const std::string& src, const DiffCliOptions& opt, std::optional<Error>& unselected) {
+CheckpointModel read_side(const char* side, const std::string& src, const DiffCliOptions& opt,
+                          std::optional<Error>& unselected) {
   CheckpointModel model = read_checkpoint(src, {{}, opt.only});
   std::string only = model.format == "fsdp-ranks" ? "" : opt.only;
   try {
@@ -51,7 +52,7 @@ CheckpointModel read_side(const std::string& src, const DiffCliOptions& opt, std
     return model;
   }
   require_valid(model);
-  spdlog::debug("{}: {} ({}), {} tensors selected", src == opt.a ? "A" : "B", src, model.format, model.tensors.size());
+  spdlog::debug("{}: {} ({}), {} tensors selected", side, src, model.format, model.tensors.size());
   return model;
 }
 
@@ -65,8 +66,8 @@ int run_diff(const DiffCliOptions& opt) {
   options.ignore_dtype = opt.ignore_dtype;
   options.stream = {parse_size(opt.memory_limit), opt.threads};
   std::optional<Error> unselected_a, unselected_b;
-  CheckpointModel a = with_context("A", [&] { return read_side(opt.a, opt, unselected_a); });
-  CheckpointModel b = with_context("B", [&] { return read_side(opt.b, opt, unselected_b); });
+  CheckpointModel a = with_context("A", [&] { return read_side("A", opt.a, opt, unselected_a); });
+  CheckpointModel b = with_context("B", [&] { return read_side("B", opt.b, opt, unselected_b); });
   // Nothing selected on either side (or a bad regex) is a usage error, as for consolidate.
   if (unselected_a && unselected_b) throw *unselected_a;
   auto start = std::chrono::steady_clock::now();
