@@ -53,6 +53,14 @@ struct Lane {
   std::byte* out = nullptr;
 };
 
+// How one slab's pieces are processed, decided once per slab.
+struct SlabPlan {
+  std::size_t in_size, out_size;  // bytes per element
+  bool cast;                       // in_dtype != out_dtype
+  bool device_cast;                // ... by a device kernel (else on the host)
+  bool scan;                       // a device scan (no kernel: a dtype without NaN/Inf)
+};
+
 class Engine {
  public:
   Engine(int device, uint64_t device_budget, int host_threads);
@@ -65,6 +73,9 @@ class Engine {
   void drain();
   void gather(const CkptSlabJob& job, int64_t r0, int64_t r1, std::byte* dst);
   void finish(Lane& lane, int from, int to, CkptSlabResult& result);
+  void assemble_on_host(const CkptSlabJob& job, std::byte* out);
+  void submit_piece(Lane& lane, const CkptSlabJob& job, const SlabPlan& plan, int64_t r0, int64_t r1,
+                    std::byte* out);
 
   int device_;
   int host_threads_;
@@ -157,27 +168,17 @@ void Engine::drain() {
 void Engine::assemble(const CkptSlabJob& job, CkptSlabResult& result) {
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   drain();
-  std::size_t in_size = torch_element_size(job.in_dtype), out_size = torch_element_size(job.out_dtype);
-  if (in_size == 0 || out_size == 0) throw std::runtime_error("unknown dtype code");
-  bool cast = job.in_dtype != job.out_dtype;
-  bool on_device_cast = cast && device_cast(job.in_dtype, job.out_dtype);
-  bool scan = job.scan && has_scan_kernel(job.out_dtype);  // other dtypes have no NaN/Inf
-  std::size_t in_row = job.row_elems * in_size, out_row = job.row_elems * out_size;
+  SlabPlan plan{torch_element_size(job.in_dtype), torch_element_size(job.out_dtype), job.in_dtype != job.out_dtype,
+                false, job.scan && has_scan_kernel(job.out_dtype)};
+  if (plan.in_size == 0 || plan.out_size == 0) throw std::runtime_error("unknown dtype code");
+  plan.device_cast = plan.cast && device_cast(job.in_dtype, job.out_dtype);
+  std::size_t in_row = job.row_elems * plan.in_size, out_row = job.row_elems * plan.out_size;
   PinnedBuffer& slab_out = outs_[next_out_];
   next_out_ ^= 1;
   slab_out.reserve(std::max<std::size_t>(1, static_cast<std::size_t>(job.rows) * out_row));
   result = CkptSlabResult{};
-  if (!on_device_cast && !scan) {
-    // Nothing for the device: gather (and cast) on the host.
-    if (!cast) {
-      gather(job, 0, job.rows, slab_out.data());
-    } else {
-      lanes_[0].host_in.reserve(static_cast<std::size_t>(job.rows) * in_row);
-      gather(job, 0, job.rows, lanes_[0].host_in.data());
-      if (const char* err = torch_cast(lanes_[0].host_in.data(), job.in_dtype, slab_out.data(), job.out_dtype,
-                                       static_cast<std::size_t>(job.rows) * job.row_elems, host_threads_))
-        throw std::runtime_error(err);
-    }
+  if (!plan.device_cast && !plan.scan) {
+    assemble_on_host(job, slab_out.data());
   } else {
     // A row larger than a piece makes a piece of one row (buffers grow).
     int64_t rows_per_piece = std::max<int64_t>(
@@ -187,45 +188,8 @@ void Engine::assemble(const CkptSlabJob& job, CkptSlabResult& result) {
     for (int64_t r0 = 0; r0 < job.rows; r0 += rows_per_piece, next = (next + 1) % kLanes) {
       Lane& lane = lanes_[static_cast<std::size_t>(next)];
       finish(lane, job.in_dtype, job.out_dtype, result);
-      int64_t r1 = std::min(job.rows, r0 + rows_per_piece);
-      std::size_t n = static_cast<std::size_t>(r1 - r0) * job.row_elems;
-      std::byte* out = slab_out.data() + static_cast<std::size_t>(r0) * out_row;
-      lane.n = n;
-      lane.out = out;
-      lane.fix_nan = on_device_cast && job.keep_output;
-      // What the device reads: the gathered input, or the host cast of it.
-      std::byte* host_src = out;
-      if (cast) {
-        lane.host_in.reserve(n * in_size);
-        gather(job, r0, r1, lane.host_in.data());
-        host_src = lane.host_in.data();
-        if (!on_device_cast) {
-          if (const char* err = torch_cast(host_src, job.in_dtype, out, job.out_dtype, n, host_threads_))
-            throw std::runtime_error(err);
-          host_src = out;
-        }
-      } else {
-        gather(job, r0, r1, out);
-      }
-      bool device_input_is_cast = !on_device_cast;  // what host_src holds: out_dtype elements
-      std::size_t dev_bytes = n * (device_input_is_cast ? out_size : in_size);
-      lane.dev_in.reserve(dev_bytes);
-      check_cuda(cudaMemsetAsync(lane.dev_counts, 0, sizeof(PieceCounts), lane.stream), "cudaMemsetAsync");
-      check_cuda(cudaMemcpyAsync(lane.dev_in.data(), host_src, dev_bytes, cudaMemcpyHostToDevice, lane.stream), "copy to device");
-      if (on_device_cast) {
-        lane.dev_out.reserve(n * out_size);
-        check_cuda(cast_and_count_async(lane.dev_in.data(), job.in_dtype, lane.dev_out.data(), job.out_dtype, n, scan,
-                           lane.dev_counts, lane.stream), "cast kernel");
-        if (job.keep_output)
-          check_cuda(cudaMemcpyAsync(out, lane.dev_out.data(), n * out_size, cudaMemcpyDeviceToHost, lane.stream),
-                     "copy from device");
-      } else {
-        check_cuda(count_nonfinite_async(lane.dev_in.data(), job.out_dtype, n, lane.dev_counts, lane.stream), "scan kernel");
-      }
-      check_cuda(cudaMemcpyAsync(lane.host_counts, lane.dev_counts, sizeof(PieceCounts), cudaMemcpyDeviceToHost, lane.stream),
-                 "copy counters");
-      check_cuda(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord");
-      lane.busy = true;
+      submit_piece(lane, job, plan, r0, std::min(job.rows, r0 + rows_per_piece),
+                   slab_out.data() + static_cast<std::size_t>(r0) * out_row);
     }
     for (Lane& lane : lanes_) finish(lane, job.in_dtype, job.out_dtype, result);
   }
@@ -234,6 +198,64 @@ void Engine::assemble(const CkptSlabJob& job, CkptSlabResult& result) {
     result.out = slab_out.data();
     result.out_bytes = static_cast<uint64_t>(job.rows) * out_row;
   }
+}
+
+// Nothing for the device (a cast without a kernel, no scan): gather, and
+// cast with LibTorch, on the host.
+void Engine::assemble_on_host(const CkptSlabJob& job, std::byte* out) {
+  if (job.in_dtype == job.out_dtype) {
+    gather(job, 0, job.rows, out);
+    return;
+  }
+  std::size_t n = static_cast<std::size_t>(job.rows) * job.row_elems;
+  lanes_[0].host_in.reserve(n * torch_element_size(job.in_dtype));
+  gather(job, 0, job.rows, lanes_[0].host_in.data());
+  if (const char* err = torch_cast(lanes_[0].host_in.data(), job.in_dtype, out, job.out_dtype, n, host_threads_))
+    throw std::runtime_error(err);
+}
+
+// Gathers rows [r0, r1) on the host and queues their copy to the device,
+// cast and scan and the copy of the result to `out` on the lane's stream.
+void Engine::submit_piece(Lane& lane, const CkptSlabJob& job, const SlabPlan& plan, int64_t r0, int64_t r1,
+                          std::byte* out) {
+  std::size_t n = static_cast<std::size_t>(r1 - r0) * job.row_elems;
+  lane.n = n;
+  lane.out = out;
+  lane.fix_nan = plan.device_cast && job.keep_output;
+  // What the device reads: the gathered input (device cast, or no cast:
+  // gathered straight into the output), or the host's cast of it.
+  const std::byte* host_src = out;
+  std::size_t dev_bytes = n * plan.out_size;
+  if (plan.cast) {
+    lane.host_in.reserve(n * plan.in_size);
+    gather(job, r0, r1, lane.host_in.data());
+    if (plan.device_cast) {
+      host_src = lane.host_in.data();
+      dev_bytes = n * plan.in_size;
+    } else if (const char* err = torch_cast(lane.host_in.data(), job.in_dtype, out, job.out_dtype, n, host_threads_)) {
+      throw std::runtime_error(err);
+    }
+  } else {
+    gather(job, r0, r1, out);
+  }
+  lane.dev_in.reserve(dev_bytes);
+  check_cuda(cudaMemsetAsync(lane.dev_counts, 0, sizeof(PieceCounts), lane.stream), "cudaMemsetAsync");
+  check_cuda(cudaMemcpyAsync(lane.dev_in.data(), host_src, dev_bytes, cudaMemcpyHostToDevice, lane.stream), "copy to device");
+  if (plan.device_cast) {
+    lane.dev_out.reserve(n * plan.out_size);
+    check_cuda(cast_and_count_async(lane.dev_in.data(), job.in_dtype, lane.dev_out.data(), job.out_dtype, n, plan.scan,
+                                    lane.dev_counts, lane.stream),
+               "cast kernel");
+    if (job.keep_output)
+      check_cuda(cudaMemcpyAsync(out, lane.dev_out.data(), n * plan.out_size, cudaMemcpyDeviceToHost, lane.stream),
+                 "copy from device");
+  } else {
+    check_cuda(count_nonfinite_async(lane.dev_in.data(), job.out_dtype, n, lane.dev_counts, lane.stream), "scan kernel");
+  }
+  check_cuda(cudaMemcpyAsync(lane.host_counts, lane.dev_counts, sizeof(PieceCounts), cudaMemcpyDeviceToHost, lane.stream),
+             "copy counters");
+  check_cuda(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord");
+  lane.busy = true;
 }
 
 thread_local std::string last_error;
