@@ -415,3 +415,27 @@ def test_full_file_that_is_no_state_dict_is_refused(layout, tmp_path, run_ckptco
     assert r.returncode == 3, r.stderr
     assert "tensor.pt" in r.stderr and "holds a state dict (a dict); this file holds a tensor" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tensor.pt"]
+
+
+@pytest.mark.parametrize("layout", ["fsdp-sharded-tensor", "fsdp-dtensor"])
+def test_every_dtype_scatters_and_consolidates_back(layout, tmp_path, run_ckptconv):
+    src = TD / "pt" / "dtypes.pt"  # every dtype torch.save writes, views, shared storages, nested containers
+    for n in (2, 3):
+        dst = reshard(run_ckptconv, src, tmp_path / f"out{n}", n, "--layout", layout)
+        assert_same(consolidated(run_ckptconv, dst, tmp_path / f"back{n}.pt"), torch.load(src, weights_only=True))
+
+
+def test_tensors_inside_a_tuple_cannot_go_to_dcp(tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(TD / "pt" / "dtypes.pt"), "-o", str(tmp_path / "out"), "--world-size", "2",
+                     "--layout", "dcp")
+    assert r.returncode == 3, r.stderr
+    assert "dtypes.pt: 'nested.tuple' holds tensors inside a tuple" in r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_only_cuts_a_dcp_source_down_to_one_entry(tmp_path, run_ckptconv):
+    src = TD / "dcp" / "fsdp2_adamw_ws2"
+    dst = reshard(run_ckptconv, src, tmp_path / "out", 3, "--only", "optim")
+    r = run_ckptconv("consolidate", str(src), "-o", str(tmp_path / "b.pt"), "--only", "optim")
+    assert r.returncode == 0, r.stderr
+    assert_same(consolidated(run_ckptconv, dst, tmp_path / "a.pt"), torch.load(tmp_path / "b.pt", weights_only=True))

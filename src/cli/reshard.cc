@@ -50,16 +50,19 @@ struct ReshardOptions {
 
 bool is_sharded_value(const TensorEntry& t) { return t.stored_as == "ShardedTensor" || t.stored_as == "DTensor"; }
 
-// The layout written when --layout is not given: the source's own.
-std::string default_layout(SourceKind kind, const CheckpointModel& model, const std::string& src) {
-  if (kind == SourceKind::kDcpDir) return "dcp";
-  if (kind == SourceKind::kFsdpRanks) {
-    for (const auto& t : model.tensors)
-      if (t.stored_as == "DTensor") return "fsdp-dtensor";
-    return "fsdp-sharded-tensor";
-  }
-  fail_invalid(src + ": a full state dict (" + source_kind_name(kind) +
+// A full state dict (.pt, safetensors, HDF5) has no sharded layout of its own.
+void require_layout_for_full_state_dict(const ReshardOptions& opt, SourceKind kind) {
+  if (!opt.layout.empty() || kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks) return;
+  fail_invalid(opt.source + ": a full state dict (" + source_kind_name(kind) +
                ") has no sharded layout of its own; choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor");
+}
+
+// The layout written when --layout is not given: the source's own.
+std::string default_layout(SourceKind kind, const CheckpointModel& model) {
+  if (kind == SourceKind::kDcpDir) return "dcp";
+  for (const auto& t : model.tensors)
+    if (t.stored_as == "DTensor") return "fsdp-dtensor";
+  return "fsdp-sharded-tensor";
 }
 
 // The name templates of the source's per-rank families, as the reader found
@@ -129,7 +132,10 @@ void log_done(const ReshardOptions& opt, const CheckpointModel& model, const std
 
 int reshard_to_dcp(const ReshardOptions& opt, SourceKind kind, const CheckpointModel& model, const CopyOptions& copy,
                    std::chrono::steady_clock::time_point start) {
-  dcp::DcpMetadata source_md = kind == SourceKind::kDcpDir ? dcp::read_dcp_metadata(opt.source) : flattened_layout(model);
+  // A DCP source keeps its own items and planner_data; anything else (or a
+  // DCP source cut down by --only) is flattened as dcp.save would.
+  dcp::DcpMetadata source_md = kind == SourceKind::kDcpDir && opt.only.empty() ? dcp::read_dcp_metadata(opt.source)
+                                                                               : flattened_layout(model);
   ReshardPlan plan = plan_reshard(model.tensors, opt.world_size, source_world_size(model));
   if (opt.dry_run) {
     std::size_t bytes_items = 0;
@@ -174,8 +180,7 @@ int run_reshard(const ReshardOptions& opt) {
   Device device = parse_device(opt.device);
   auto cast_to = parse_dtype_option(opt.dtype);
   SourceKind kind = detect_source(opt.source);
-  if (opt.layout.empty() && kind != SourceKind::kDcpDir && kind != SourceKind::kFsdpRanks)
-    default_layout(kind, {}, opt.source);  // refuses: a full state dict needs --layout
+  require_layout_for_full_state_dict(opt, kind);
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(opt.output.c_str(), &st) == 0)
     fail_invalid(opt.output + ": output exists (use --force to overwrite)");
@@ -185,7 +190,7 @@ int run_reshard(const ReshardOptions& opt) {
   if (!opt.only.empty() && kind != SourceKind::kFsdpRanks) model = select_entries(model, {opt.only, "", std::nullopt});
   if (cast_to) apply_cast(model, *cast_to);
   require_valid(model);
-  std::string layout = opt.layout.empty() ? default_layout(kind, model, opt.source) : opt.layout;
+  std::string layout = opt.layout.empty() ? default_layout(kind, model) : opt.layout;
   // The backend does casts only; LibTorch is loaded when one is needed or a device is asked for.
   std::unique_ptr<Backend> backend = cast_to || device != Device::kAuto ? make_backend(device, opt.threads) : nullptr;
   CopyOptions copy;

@@ -98,8 +98,8 @@ void flatten(const CheckpointModel& model, const ValuePtr& value, std::vector<Va
     item.dtype = t.output_dtype();
     item.size = t.shape;
   } else if (contains_tensor(*v)) {
-    fail(ErrorCode::kUnimplemented, "'" + key + "' holds tensors inside a tuple; dcp.save would pickle them as one bytes item, "
-                                    "which reshard does not write");
+    fail(ErrorCode::kUnimplemented, model.source + ": '" + key + "' holds tensors inside a tuple; dcp.save would pickle them "
+                                    "as one bytes item, which reshard does not write (--layout fsdp-* keeps them)");
   }
   out.items.push_back(std::move(item));
   out.planner_data[key] = path;
