@@ -12,6 +12,10 @@
 namespace ckpt {
 
 struct Problem {
+  Problem() = default;
+  Problem(ErrorCode code_, std::string message_, std::string file_ = "", int rank_ = -1, std::string tensor_ = "")
+      : code(code_), message(std::move(message_)), file(std::move(file_)), rank(rank_), tensor(std::move(tensor_)) {}
+
   ErrorCode code = ErrorCode::kDataLoss;  // kUnsafe makes validate exit 3
   std::string message;                    // a whole sentence; names what `file`, `rank`, `tensor` say too
   std::string file;                       // the file at fault, when one is
