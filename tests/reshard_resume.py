@@ -9,15 +9,15 @@ world size, the other the original directory (torch reshards at load time).
 Both set their state dicts, then train three steps on the same batches.
 Rank 0 writes OUT_DIR/loaded.pt (the full state right after loading the
 resharded directory) and OUT_DIR/result.pt (losses and final full states of
-both runs). Only the workers import torch (tests/gloo_spawn.py).
+both runs). Only the workers import torch (tests/resume_runner.py).
 """
 import sys
 from pathlib import Path
 
-import gloo_spawn
+import resume_runner
+from resume_runner import train
 
-STEPS = 3
-mc = gloo_spawn.corpus
+mc = resume_runner.corpus
 
 
 def full_state(model, optim):
@@ -45,18 +45,6 @@ def load_run(ws: int, checkpoint: str):
     return model, optim
 
 
-def train(model, optim, rank: int):
-    import torch
-    losses = []
-    for step in range(STEPS):
-        optim.zero_grad(set_to_none=True)
-        loss = model(mc().batch(100 + step, rank))
-        loss.backward()
-        optim.step()
-        losses.append(loss.detach().clone())
-    return torch.stack(losses)
-
-
 def worker(rank: int, ws: int, resharded: str, original: str, out: str) -> None:
     import torch
     model, optim = load_run(ws, resharded)
@@ -74,4 +62,4 @@ def worker(rank: int, ws: int, resharded: str, original: str, out: str) -> None:
 
 if __name__ == "__main__":
     resharded, original, ws, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    gloo_spawn.spawn(ws, worker, resharded, original, out)
+    resume_runner.spawn(ws, worker, resharded, original, out)

@@ -21,15 +21,15 @@ the reference run also saves what FSDP1 itself writes at this world size
 under SHARDED_STATE_DICT, OUT_DIR/case<i>_torch_{model,optim}_rank<r>.pt,
 for the test to compare with ckptconv's files.
 
-Only the N workers import torch (tests/gloo_spawn.py).
+Only the N workers import torch (tests/resume_runner.py).
 """
 import copy
 import sys
 from pathlib import Path
 
-import gloo_spawn
+import resume_runner
+from resume_runner import train
 
-STEPS = 3
 
 
 def fsdp():
@@ -37,7 +37,7 @@ def fsdp():
     return FSDP
 
 
-mc = gloo_spawn.corpus
+mc = resume_runner.corpus
 
 
 def build(kind: str, ws: int):
@@ -92,18 +92,6 @@ def save_sharded(model, optim, out: Path, case: int, rank: int) -> None:
         torch.save(FSDP.optim_state_dict(model, optim), out / f"case{case}_torch_optim_rank{rank}.pt")
 
 
-def train(model, optim, rank: int):
-    import torch
-    losses = []
-    for step in range(STEPS):
-        optim.zero_grad(set_to_none=True)
-        loss = model(mc().batch(100 + step, rank))
-        loss.backward()
-        optim.step()
-        losses.append(loss.detach().clone())
-    return torch.stack(losses)
-
-
 def worker(rank: int, ws: int, out: str, cases) -> None:
     import torch
     import torch.distributed as dist
@@ -132,4 +120,4 @@ if __name__ == "__main__":
     if len(rest) % 5:
         sys.exit(__doc__)
     cases = [tuple(rest[i:i + 5]) for i in range(0, len(rest), 5)]
-    gloo_spawn.spawn(ws, worker, out, cases)
+    resume_runner.spawn(ws, worker, out, cases)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from state_compare import assert_same
+from test_reshard import consolidated, reshard
 
 REPO = Path(__file__).resolve().parent.parent
 TD = REPO / "testdata"
@@ -30,18 +31,6 @@ def names(kind, n):
     if kind == "st":
         return [f"{f}_rank{r}.pt" for f in ("model", "optim") for r in range(n)]
     return [f"{f}_world_size_{n}_rank_{r}.pt" for f in ("model", "optim") for r in range(n)]
-
-
-def reshard(run_ckptconv, src, dst, n, *args):
-    r = run_ckptconv("reshard", str(src), "-o", str(dst), "--world-size", str(n), *args)
-    assert r.returncode == 0, r.stderr
-    return dst
-
-
-def consolidated(run_ckptconv, src, out):
-    r = run_ckptconv("consolidate", str(src), "-o", str(out))
-    assert r.returncode == 0, r.stderr
-    return torch.load(out, weights_only=True)
 
 
 class FakeGroup:

@@ -51,6 +51,24 @@ std::string box_str(const Shape& offsets, const Shape& sizes) {
   return s + "]";
 }
 
+// A plan with no items yet; InvalidArgument when world_size < 1.
+ReshardPlan empty_plan(std::size_t tensors, int world_size) {
+  if (world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(world_size) + ")");
+  ReshardPlan plan;
+  plan.world_size = world_size;
+  plan.ranks.resize(static_cast<std::size_t>(world_size));
+  plan.replicated.resize(tensors);
+  plan.items_of_tensor.resize(tensors);
+  return plan;
+}
+
+// Appends `item` (of tensor `tensor`) to rank `rank`.
+void add_item(ReshardPlan& plan, std::size_t tensor, int rank, OutputItem item) {
+  auto& items = plan.ranks[static_cast<std::size_t>(rank)];
+  plan.items_of_tensor[tensor].emplace_back(rank, items.size());
+  items.push_back(std::move(item));
+}
+
 }  // namespace
 
 void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items, bool per_rank_values,
@@ -116,19 +134,10 @@ void fsdp2_box(const Shape& shape, int world_size, int rank, Shape& offsets, Sha
 }
 
 ReshardPlan plan_reshard(const std::vector<TensorEntry>& tensors, int world_size, int source_world_size) {
-  if (world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(world_size) + ")");
-  ReshardPlan plan;
-  plan.world_size = world_size;
-  plan.ranks.resize(static_cast<std::size_t>(world_size));
-  plan.replicated.resize(tensors.size());
-  plan.items_of_tensor.resize(tensors.size());
+  ReshardPlan plan = empty_plan(tensors.size(), world_size);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const TensorEntry& t = tensors[i];
-    auto add = [&](int rank, OutputItem item) {
-      auto& items = plan.ranks[static_cast<std::size_t>(rank)];
-      plan.items_of_tensor[i].emplace_back(rank, items.size());
-      items.push_back(std::move(item));
-    };
+    auto add = [&](int rank, OutputItem item) { add_item(plan, i, rank, std::move(item)); };
     plan.replicated[i] = is_replicated(t, source_world_size);
     if (plan.replicated[i]) {
       add(0, make_item(t, i, Shape(t.shape.size(), 0), t.shape));
@@ -149,12 +158,7 @@ ReshardPlan plan_reshard(const std::vector<TensorEntry>& tensors, int world_size
 }
 
 ReshardPlan plan_rank_files(const std::vector<TensorEntry>& tensors, const std::vector<bool>& sharded, int world_size) {
-  if (world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(world_size) + ")");
-  ReshardPlan plan;
-  plan.world_size = world_size;
-  plan.ranks.resize(static_cast<std::size_t>(world_size));
-  plan.replicated.resize(tensors.size());
-  plan.items_of_tensor.resize(tensors.size());
+  ReshardPlan plan = empty_plan(tensors.size(), world_size);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const TensorEntry& t = tensors[i];
     bool split = sharded.at(i) && world_size > 1;
@@ -163,9 +167,7 @@ ReshardPlan plan_rank_files(const std::vector<TensorEntry>& tensors, const std::
     for (int r = 0; r < world_size; ++r) {
       Shape offsets(t.shape.size(), 0), sizes = t.shape;
       if (split) fsdp2_box(t.shape, world_size, r, offsets, sizes);  // FSDP1 chunks dim 0 as FSDP2 does
-      auto& items = plan.ranks[static_cast<std::size_t>(r)];
-      plan.items_of_tensor[i].emplace_back(r, items.size());
-      items.push_back(make_item(t, i, std::move(offsets), std::move(sizes)));
+      add_item(plan, i, r, make_item(t, i, std::move(offsets), std::move(sizes)));
     }
   }
   return plan;

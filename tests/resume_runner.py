@@ -1,12 +1,15 @@
-"""Process groups for the resume checks (tests/reshard_resume*.py).
+"""What the resume checks (tests/reshard_resume*.py) share.
 
 spawn(ws, fn, *args) runs fn(rank, ws, *args) in ws fresh processes joined
-in a gloo process group on CPU, and exits with a message naming the ranks
-that failed. Unlike torch.multiprocessing.spawn, the parent never imports
-torch: an import costs seconds of CPU, paid only by the workers.
+in a gloo process group on CPU (tools/make_checkpoints.py's _entry), and
+exits with a message naming the ranks that failed. Unlike
+torch.multiprocessing.spawn, the parent never imports torch: an import costs
+seconds of CPU, paid only by the workers.
+
+train(model, optim, rank) takes the three steps both runs of a check take,
+on the same batches, and returns their losses.
 """
 import multiprocessing
-import os
 import socket
 import sys
 from pathlib import Path
@@ -23,18 +26,22 @@ def corpus():
 
 
 def _entry(rank: int, ws: int, port: int, fn, args) -> None:
+    corpus()._entry(rank, ws, port, fn, args)
+
+
+STEPS = 3
+
+
+def train(model, optim, rank: int):
     import torch
-    import torch.distributed as dist
-    corpus()._quiet()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
-    try:
-        fn(rank, ws, *args)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    losses = []
+    for step in range(STEPS):
+        optim.zero_grad(set_to_none=True)
+        loss = model(corpus().batch(100 + step, rank))
+        loss.backward()
+        optim.step()
+        losses.append(loss.detach().clone())
+    return torch.stack(losses)
 
 
 def spawn(ws: int, fn, *args) -> None:
