@@ -41,7 +41,8 @@ std::optional<std::size_t> find_param(const Value& model, const std::string& fqn
 
 class OptimizerChecker {
  public:
-  OptimizerChecker(const CheckpointModel& model, ProblemSink& sink) : model_(model), sink_(sink) {}
+  OptimizerChecker(const CheckpointModel& model, bool complete, ProblemSink& sink)
+      : model_(model), complete_(complete), sink_(sink) {}
 
   void check(const Value& optim, const std::string& path, const Value* params_model) {
     std::map<std::string, int> group_of;  // parameter (FQN or id, as text) -> its group
@@ -51,8 +52,10 @@ class OptimizerChecker {
       auto params = group ? group->get("params") : nullptr;
       std::string where = join_path(path, "param_groups." + std::to_string(g) + ".params");
       if (!params || !(params->is(Kind::kList) || params->is(Kind::kTuple))) {
-        problem(where, "'" + where + "' is missing or not a list of parameters");
-        continue;
+        // Without every group's parameters, state cannot be matched to them.
+        // An incomplete read has already said why they are missing.
+        if (complete_) problem(where, "'" + where + "' is missing or not a list of parameters");
+        return;
       }
       for (const auto& p : params->items) {
         std::string name = p->is(Kind::kStr) ? p->text : p->is(Kind::kInt) ? std::to_string(p->int_value) : p->repr(1);
@@ -99,14 +102,15 @@ class OptimizerChecker {
   }
 
   const CheckpointModel& model_;
+  bool complete_;
   ProblemSink& sink_;
 };
 
 }  // namespace
 
-int check_optimizer_state(const CheckpointModel& model, ProblemSink& sink) {
+int check_optimizer_state(const CheckpointModel& model, bool complete, ProblemSink& sink) {
   if (!model.root) return 0;
-  OptimizerChecker checker(model, sink);
+  OptimizerChecker checker(model, complete, sink);
   const Value* root = as_dict(model.root);
   if (!root) return 0;
   if (is_optimizer_dict(*root)) {

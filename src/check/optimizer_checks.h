@@ -14,7 +14,9 @@ namespace ckpt::check {
 // An optimizer state dict is a dict with a "state" dict and a
 // "param_groups" list of dicts holding "params"; found at the root or under
 // a top-level key ("optim", "optimizer", ...). Reports into `sink`; returns
-// how many optimizer state dicts were checked.
-int check_optimizer_state(const CheckpointModel& model, ProblemSink& sink);
+// how many optimizer state dicts were checked. `complete`: the model was read
+// without problems; when false, a group without its "params" (an item that
+// could not be read) is not reported again and its optimizer is not matched.
+int check_optimizer_state(const CheckpointModel& model, bool complete, ProblemSink& sink);
 
 }  // namespace ckpt::check

@@ -41,7 +41,7 @@ TEST_CASE("optimizer state matching param_groups and the model's shapes has no p
   Fixture f;
   f.build({{"w", {4, 2}}, {"b", {4}}}, {"w", "b"});
   ProblemSink sink;
-  CHECK(check::check_optimizer_state(f.model, sink) == 1);
+  CHECK(check::check_optimizer_state(f.model, true, sink) == 1);
   CHECK(sink.problems().empty());
 }
 
@@ -49,7 +49,7 @@ TEST_CASE("state for an unlisted parameter, a wrong shape and an unknown paramet
   Fixture f;
   f.build({{"w", {2, 4}}, {"ghost", {1}}}, {"w", "b", "nope"});
   ProblemSink sink;
-  check::check_optimizer_state(f.model, sink);
+  check::check_optimizer_state(f.model, true, sink);
   auto m = messages(sink);
   REQUIRE(m.size() == 3);
   CHECK(m[0] == "'optim.param_groups.0.params' lists parameter 'nope', which the model does not hold");
@@ -62,7 +62,19 @@ TEST_CASE("a parameter in two groups is named", "[check]") {
   Fixture f;
   f.build({}, {"w", "w"});
   ProblemSink sink;
-  check::check_optimizer_state(f.model, sink);
+  check::check_optimizer_state(f.model, true, sink);
   REQUIRE(sink.problems().size() == 1);
   CHECK(sink.problems()[0].message == "parameter 'w' is listed twice in param_groups 0 of 'optim'");
+}
+
+TEST_CASE("a group without params is a problem of a complete model, and stops the matching", "[check]") {
+  Fixture f;
+  f.build({{"w", {4, 2}}}, {"w"});
+  f.model.root->get("optim")->get("param_groups")->items[0]->entries.pop_back();  // drop "params"
+  ProblemSink complete, partial;
+  check::check_optimizer_state(f.model, true, complete);
+  check::check_optimizer_state(f.model, false, partial);
+  REQUIRE(complete.problems().size() == 1);
+  CHECK(complete.problems()[0].message == "'optim.param_groups.0.params' is missing or not a list of parameters");
+  CHECK(partial.problems().empty());
 }
