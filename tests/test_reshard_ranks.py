@@ -428,3 +428,18 @@ def test_only_cuts_a_dcp_source_down_to_one_entry(tmp_path, run_ckptconv):
     r = run_ckptconv("consolidate", str(src), "-o", str(tmp_path / "b.pt"), "--only", "optim")
     assert r.returncode == 0, r.stderr
     assert_same(consolidated(run_ckptconv, dst, tmp_path / "a.pt"), torch.load(tmp_path / "b.pt", weights_only=True))
+
+
+def test_glob_and_files_choose_the_families_to_reshard(tmp_path, run_ckptconv):
+    both = reshard(run_ckptconv, f"{ST[2]}/*rank*.pt", tmp_path / "both", 3)  # model_full.pt etc. name no rank: skipped
+    assert sorted(p.name for p in both.iterdir()) == sorted(names("st", 3))
+    model = reshard(run_ckptconv, f"{DT[3]}/model_world*", tmp_path / "model", 2)
+    assert sorted(p.name for p in model.iterdir()) == [f"model_world_size_2_rank_{r}.pt" for r in range(2)]
+    files = [str(DT[3] / f"optim_world_size_3_rank_{r}.pt") for r in range(3)]
+    r = run_ckptconv("reshard", "--files", *files, "-o", str(tmp_path / "optim"), "--world-size", "4")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "optim").iterdir()) == [f"optim_world_size_4_rank_{r}.pt" for r in range(4)]
+    back = consolidated(run_ckptconv, tmp_path / "optim", tmp_path / "optim.pt")
+    assert_same(back, torch.load(DT[3] / "optim_full.pt", weights_only=True))
+    r = run_ckptconv("reshard", "-o", str(tmp_path / "none"), "--world-size", "2")
+    assert r.returncode == 2 and "give SRC or --files" in r.stderr

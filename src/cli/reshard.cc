@@ -36,6 +36,7 @@ using pickle::ValuePtr;
 
 struct ReshardOptions {
   std::string source;
+  std::vector<std::string> files;  // --files: per-rank files listed one by one, instead of SRC
   std::string output;
   int world_size = 0;
   std::string layout;  // dcp | fsdp-sharded-tensor | fsdp-dtensor; empty: the source's own
@@ -67,10 +68,12 @@ std::string default_layout(SourceKind kind, const CheckpointModel& model) {
 
 // The name templates of the source's per-rank families, as the reader found
 // them (of kind `only` when given).
-std::vector<fsdp_ranks::RankFileName> source_families(const std::string& src, const std::string& only) {
-  std::vector<std::string> files;
+std::vector<fsdp_ranks::RankFileName> source_families(const ReshardOptions& opt) {
+  std::vector<std::string> files = opt.files;
   std::error_code ec;
-  files = fs::is_directory(src, ec) ? fsdp_ranks::list_rank_files(src) : fsdp_ranks::expand_glob(src);
+  if (files.empty())
+    files = fs::is_directory(opt.source, ec) ? fsdp_ranks::list_rank_files(opt.source) : fsdp_ranks::expand_glob(opt.source);
+  const std::string& only = opt.only;
   std::vector<fsdp_ranks::RankFileName> out;
   for (const auto& path : files) {
     auto name = fsdp_ranks::parse_rank_file_name(fs::path(path).filename().string());
@@ -96,18 +99,18 @@ fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string
 // model_rank{r}.pt / optim_rank{r}.pt (ShardedTensor) or veRL's
 // {model,optim}_world_size_{N}_rank_{r}.pt (DTensor). A root of exactly
 // {"model", "optim"} (our consolidate output, DCP) gives both families.
-std::vector<RankFamily> output_families(SourceKind kind, const std::string& src, const std::string& only,
-                                        const CheckpointModel& model, const std::string& layout) {
+std::vector<RankFamily> output_families(const ReshardOptions& opt, SourceKind kind, const CheckpointModel& model,
+                                        const std::string& layout) {
   ValuePtr m = top_level(model, "model"), o = top_level(model, "optim");
   bool pair = m && o && mapping_of(model.root)->entries.size() == 2;
   if (kind == SourceKind::kFsdpRanks) {
-    auto names = source_families(src, only);
+    auto names = source_families(opt);
     if (names.size() == 1) return {{names[0], model.root}};
     if (names.size() == 2 && pair) {
       if (names[0].kind == "optim") std::swap(names[0], names[1]);
       return {{names[0], m}, {names[1], o}};
     }
-    fail(ErrorCode::kInternal, src + ": cannot match the per-rank families to the state dict read");
+    fail(ErrorCode::kInternal, model.source + ": cannot match the per-rank families to the state dict read");
   }
   require_state_dict(model, "each per-rank file");
   if (pair) return {{default_name("model", layout), m}, {default_name("optim", layout), o}};
@@ -154,7 +157,7 @@ int reshard_to_dcp(const ReshardOptions& opt, SourceKind kind, const CheckpointM
 
 int reshard_to_rank_files(const ReshardOptions& opt, SourceKind kind, const CheckpointModel& model, const std::string& layout,
                           const CopyOptions& copy, std::chrono::steady_clock::time_point start) {
-  std::vector<RankFamily> families = output_families(kind, opt.source, opt.only, model, layout);
+  std::vector<RankFamily> families = output_families(opt, kind, model, layout);
   // Per-rank sources say which tensors were sharded; in a full state dict
   // every tensor with a dimension is (FSDP1 shards parameters and their
   // optimizer states, never the 0-dim `step`).
@@ -179,12 +182,13 @@ int run_reshard(const ReshardOptions& opt) {
   uint64_t memory_limit = parse_size(opt.memory_limit);
   Device device = parse_device(opt.device);
   auto cast_to = parse_dtype_option(opt.dtype);
-  SourceKind kind = detect_source(opt.source);
+  if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
+  SourceKind kind = opt.files.empty() ? detect_source(opt.source) : SourceKind::kFsdpRanks;
   require_layout_for_full_state_dict(opt, kind);
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(opt.output.c_str(), &st) == 0)
     fail_invalid(opt.output + ": output exists (use --force to overwrite)");
-  CheckpointModel model = read_checkpoint(opt.source, {{}, opt.only});
+  CheckpointModel model = read_checkpoint(opt.source, {opt.files, opt.only});
   // Per-rank families apply --only by reading that kind of file alone; other
   // sources keep the top-level entry.
   if (!opt.only.empty() && kind != SourceKind::kFsdpRanks) model = select_entries(model, {opt.only, "", std::nullopt});
@@ -208,7 +212,8 @@ void register_reshard(CLI::App& app) {
       "reshard", "Rewrite a checkpoint for another world size: a DCP directory (FSDP2 layout) or per-rank FSDP files");
   sub->add_option("SRC", opt->source,
                   "DCP directory, per-rank files (a directory or a quoted glob), or a full state dict (.pt, safetensors, HDF5)")
-      ->required();
+;
+  sub->add_option("--files", opt->files, "Per-rank files listed one by one (instead of SRC)")->expected(1, -1);
   sub->add_option("-o,--output", opt->output, "Output directory")->required();
   sub->add_option("--world-size", opt->world_size, "Number of ranks to write")->required();
   sub->add_option("--layout", opt->layout,
