@@ -158,14 +158,22 @@ def test_rank_files_round_trip_and_load_at_new_world_size(kind, ws, src, n, tmp_
     assert sharded == (n * 19 if n > 1 else 0)
 
 
-@pytest.mark.parametrize("layout", ["fsdp-sharded-tensor", "fsdp-dtensor", "dcp"])
-def test_layout_can_be_changed(layout, tmp_path, run_ckptconv):
-    src = ST[2] if layout != "fsdp-sharded-tensor" else DT[3]
+@pytest.mark.parametrize("src,layout", [(ST[2], "fsdp-dtensor"), (DT[3], "fsdp-sharded-tensor"), (ST[2], "dcp"),
+                                        (TD / "dcp" / "fsdp2_adamw_ws2", "fsdp-dtensor")],
+                         ids=["st-to-dt", "dt-to-st", "st-to-dcp", "dcp-to-dt"])
+def test_layout_can_be_changed(src, layout, tmp_path, run_ckptconv):
     dst = reshard(run_ckptconv, src, tmp_path / "out", 3, "--layout", layout)
     if layout == "dcp":
         assert (dst / ".metadata").exists()
     else:
-        assert sorted(p.name for p in dst.iterdir()) == sorted(names("st" if src in ST.values() else "dt", 3))
+        kind = "st" if layout == "fsdp-sharded-tensor" else "dt"
+        own = src in ST.values() or src in DT.values()
+        expected = names("st" if src in ST.values() else "dt", 3) if own else names(kind, 3)  # per-rank sources keep their names
+        assert sorted(p.name for p in dst.iterdir()) == sorted(expected)
+        for rank in range(3):
+            with FakeGroup(rank, 3):
+                for f in sorted(expected)[rank::3]:
+                    torch.load(dst / f, weights_only=False)
     assert_same(consolidated(run_ckptconv, dst, tmp_path / "a.pt"), consolidated(run_ckptconv, src, tmp_path / "b.pt"))
 
 
