@@ -1,20 +1,28 @@
-// CRC-32 (the zip/zlib polynomial 0xEDB88320, APPNOTE 4.4.7) through zlib.
+// CRC-32 (the zip/zlib polynomial 0xEDB88320, APPNOTE 4.4.7). On x86-64
+// with PCLMULQDQ, whole 16-byte blocks are folded with carry-less multiplies
+// (Gopal et al., "Fast CRC Computation for Generic Polynomials Using
+// PCLMULQDQ Instruction", Intel 2009; the constants and steps of Chromium
+// zlib's crc32_sse42_simd_): ~3x zlib's table-driven CRC, which at 1-2 GB/s
+// was the bottleneck of validate and of the zip writer. The tail, and every
+// CPU without the instruction, goes through zlib; unit tests compare both.
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "archive/zip_writer.h"
 
 namespace ckpt::archive {
+namespace {
 
-static_assert(sizeof(z_off_t) == 8, "crc32_combine needs 64-bit lengths");
-
-uint32_t crc32_update(uint32_t crc, const void* data, std::size_t n) {
-  // zlib takes a 32-bit length (uInt); feed bigger buffers in slices.
+// zlib's CRC over any length, sliced for its 32-bit length argument.
+uint32_t zlib_crc32(uint32_t crc, const Bytef* bytes, std::size_t n) {
   constexpr std::size_t kMaxSlice = std::size_t{1} << 30;
-  const auto* bytes = static_cast<const Bytef*>(data);
   uLong value = crc;
   while (n > 0) {
     std::size_t slice = std::min(n, kMaxSlice);
@@ -23,6 +31,104 @@ uint32_t crc32_update(uint32_t crc, const void* data, std::size_t n) {
     n -= slice;
   }
   return static_cast<uint32_t>(value);
+}
+
+#if defined(__x86_64__)
+// Folds len bytes (len >= 64, a multiple of 16) into the CRC register value
+// `crc` (the inverted CRC, as zlib keeps it internally).
+__attribute__((target("pclmul,sse4.1")))
+uint32_t crc32_fold(uint32_t crc, const unsigned char* buf, size_t len) {
+  alignas(16) static const uint64_t k1k2[2] = {0x0154442bd4, 0x01c6e41596};
+  alignas(16) static const uint64_t k3k4[2] = {0x01751997d0, 0x00ccaa009e};
+  alignas(16) static const uint64_t k5k0[2] = {0x0163cd6124, 0x0000000000};
+  alignas(16) static const uint64_t poly[2] = {0x01db710641, 0x01f7011641};
+  __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
+  x1 = _mm_loadu_si128((const __m128i*)(buf + 0x00));
+  x2 = _mm_loadu_si128((const __m128i*)(buf + 0x10));
+  x3 = _mm_loadu_si128((const __m128i*)(buf + 0x20));
+  x4 = _mm_loadu_si128((const __m128i*)(buf + 0x30));
+  x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128(static_cast<int>(crc)));
+  x0 = _mm_load_si128((const __m128i*)k1k2);
+  buf += 64;
+  len -= 64;
+  while (len >= 64) {
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+    x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+    x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+    x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+    y5 = _mm_loadu_si128((const __m128i*)(buf + 0x00));
+    y6 = _mm_loadu_si128((const __m128i*)(buf + 0x10));
+    y7 = _mm_loadu_si128((const __m128i*)(buf + 0x20));
+    y8 = _mm_loadu_si128((const __m128i*)(buf + 0x30));
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), y5);
+    x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), y6);
+    x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), y7);
+    x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), y8);
+    buf += 64;
+    len -= 64;
+  }
+  x0 = _mm_load_si128((const __m128i*)k3k4);
+  x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+  x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+  x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+  x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+  x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+  x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+  x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+  x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+  x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+  while (len >= 16) {
+    x2 = _mm_loadu_si128((const __m128i*)buf);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    buf += 16;
+    len -= 16;
+  }
+  x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
+  x3 = _mm_setr_epi32(~0, 0, ~0, 0);
+  x1 = _mm_srli_si128(x1, 8);
+  x1 = _mm_xor_si128(x1, x2);
+  x0 = _mm_loadl_epi64((const __m128i*)k5k0);
+  x2 = _mm_srli_si128(x1, 4);
+  x1 = _mm_and_si128(x1, x3);
+  x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+  x1 = _mm_xor_si128(x1, x2);
+  x0 = _mm_load_si128((const __m128i*)poly);
+  x2 = _mm_and_si128(x1, x3);
+  x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+  x2 = _mm_and_si128(x2, x3);
+  x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+  x1 = _mm_xor_si128(x1, x2);
+  return static_cast<uint32_t>(_mm_extract_epi32(x1, 1));
+}
+
+
+bool have_pclmul() {
+  static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+  return yes;
+}
+#endif
+
+}  // namespace
+
+static_assert(sizeof(z_off_t) == 8, "crc32_combine needs 64-bit lengths");
+
+uint32_t crc32_update(uint32_t crc, const void* data, std::size_t n) {
+  const auto* bytes = static_cast<const Bytef*>(data);
+#if defined(__x86_64__)
+  if (n >= 64 && have_pclmul()) {
+    std::size_t blocks = n & ~std::size_t{15};
+    crc = ~crc32_fold(~crc, bytes, blocks);
+    bytes += blocks;
+    n -= blocks;
+  }
+#endif
+  return zlib_crc32(crc, bytes, n);
 }
 
 uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {

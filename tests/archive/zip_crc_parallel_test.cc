@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <zlib.h>
 
 #include <string>
 
@@ -34,4 +35,27 @@ TEST_CASE("a record spanning several CRC slices verifies, and a flip in its last
   bytes[at] ^= 0x01;
   ZipReader zip(make_memory_source(bytes, "big.pt"));
   CHECK_THROWS_WITH(zip.verify_crc(zip.record("data/0")), Catch::Contains("CRC-32 mismatch"));
+}
+
+// crc32_update folds 16-byte blocks with PCLMULQDQ where the CPU has it and
+// leaves the tail to zlib: every length, alignment and starting CRC must give
+// zlib's own answer.
+TEST_CASE("crc32_update equals zlib's crc32 for every length, alignment and seed", "[archive]") {
+  std::string data(70000, '\0');
+  uint64_t state = 88172645463325252ull;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (auto& c : data) c = static_cast<char>(next());
+  for (int t = 0; t < 3000; ++t) {
+    std::size_t off = next() % 64;
+    std::size_t len = t < 300 ? static_cast<std::size_t>(t) : next() % (data.size() - 64);
+    uint32_t seed = t % 3 == 0 ? 0 : static_cast<uint32_t>(next());
+    const auto* p = reinterpret_cast<const Bytef*>(data.data() + off);
+    INFO("length " << len << ", offset " << off << ", seed " << seed);
+    REQUIRE(crc32_update(seed, p, len) == static_cast<uint32_t>(::crc32(seed, p, static_cast<uInt>(len))));
+  }
 }
