@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <regex>
 #include <set>
@@ -259,17 +260,15 @@ class Validator {
     now.source = report_.source;
     now.format = model.format;
     now.world_size = report_.world_size;
+    // File checksums run beside the tensor scan: two independent streams.
+    std::future<ProblemSink> file_sums;
+    if (algorithm)
+      file_sums = std::async(std::launch::async, [&] { return checksum_files(files, *algorithm, now.files); });
     scan_tensors(model, backend.get(), algorithm, now);
     if (!algorithm) return;
+    for (const auto& p : file_sums.get().problems()) sink_.report(p);
     check("manifest");
     report_.manifest_algorithm = checksum_algorithm_name(*algorithm);
-    for (const auto& f : files) {
-      std::string rel = manifest_path_of(f, src_, opt_);
-      run_reporting(&sink_, f, -1, "", [&] {
-        SourcePtr source = open_file_source(f);  // streamed once: reads, not page faults
-        now.files.push_back({rel, source->size(), checksum_source(*source, *algorithm)});
-      });
-    }
     if (recorded) {
       report_.manifest_verified = opt_.manifest;
       report_.manifest_comparison = compare_manifests(*recorded, now, opt_.manifest, sink_);
@@ -283,6 +282,20 @@ class Validator {
         report_.manifest_written = opt_.write_manifest;
       }
     }
+  }
+
+  // Its own sink: it runs on another thread than the tensor scan.
+  ProblemSink checksum_files(const std::vector<std::string>& files, ChecksumAlgorithm algorithm,
+                             std::vector<ManifestFile>& out) const {
+    ProblemSink problems;
+    for (const auto& f : files) {
+      std::string rel = manifest_path_of(f, src_, opt_);
+      run_reporting(&problems, f, -1, "", [&] {
+        SourcePtr source = open_file_source(f);  // streamed once: reads, not page faults
+        out.push_back({rel, source->size(), checksum_source(*source, algorithm)});
+      });
+    }
+    return problems;
   }
 
   void scan_tensors(const CheckpointModel& model, Backend* backend, std::optional<ChecksumAlgorithm> algorithm,
