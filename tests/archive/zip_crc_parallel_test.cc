@@ -25,15 +25,17 @@ TEST_CASE("a record spanning several CRC slices verifies, and a flip in its last
     zip.finish();
   }
   std::string bytes = sink.take();
+  std::size_t at = 0;
   {
     ZipReader zip(make_memory_source(bytes, "big.pt"));
     CHECK(zip.record("data/0").crc32 == crc32_update(0, payload.data(), payload.size()));
     CHECK_NOTHROW(zip.verify_crc(zip.record("data/0")));
+    at = static_cast<std::size_t>(zip.record("data/0").data_offset) + size - 7;
   }
-  ZipReader probe(make_memory_source(bytes, "big.pt"));
-  std::size_t at = static_cast<std::size_t>(probe.record("data/0").data_offset) + size - 7;
+  payload.clear();
+  payload.shrink_to_fit();
   bytes[at] ^= 0x01;
-  ZipReader zip(make_memory_source(bytes, "big.pt"));
+  ZipReader zip(make_memory_source(std::move(bytes), "big.pt"));
   CHECK_THROWS_WITH(zip.verify_crc(zip.record("data/0")), Catch::Contains("CRC-32 mismatch"));
 }
 
