@@ -41,7 +41,13 @@ mc = resume_runner.corpus
 
 
 def build(kind: str, ws: int):
-    model = mc().fsdp1_wrap(mc().fresh_model(), mc().cpu_mesh(ws) if kind == "dt" else None)
+    mesh = None
+    if kind == "dt":
+        mesh = mc().cpu_mesh(ws)
+    elif kind == "dt-named":  # as veRL makes it: one dimension named "fsdp"
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (ws,), mesh_dim_names=("fsdp",))
+    model = mc().fsdp1_wrap(mc().fresh_model(), mesh)
     return model, mc().param_groups(model, "adamw")
 
 

@@ -129,6 +129,9 @@ def assert_same_layout(ours, theirs, path="<root>"):
         assert ours.device_mesh.shape == theirs.device_mesh.shape, path
         assert ours.device_mesh.get_coordinate() == theirs.device_mesh.get_coordinate(), path
         assert ours.device_mesh.mesh.tolist() == theirs.device_mesh.mesh.tolist(), path
+        assert ours.device_mesh.mesh_dim_names == theirs.device_mesh.mesh_dim_names, path
+        assert ours.device_mesh.device_type == theirs.device_mesh.device_type, path
+        assert ours.device_mesh == theirs.device_mesh, path
         assert_same(ours.to_local(), theirs.to_local(), path)
     else:
         assert_same(ours, theirs, path)
@@ -337,8 +340,11 @@ def run_resume(n, cases, tmp_path):
 # Every N in 1..4 resumes from files saved at another world size. N=3 takes
 # both kinds from ws2: `scale` (2 rows) leaves rank 2 without a shard
 # (ShardedTensor) or with an empty local tensor (DTensor). N=2 also resumes
-# from a full .pt scattered to DTensor files. One process group per N.
-RESUME = {1: [("dt", 2)], 2: [("st", 3), ("pt", 3)], 3: [("st", 2), ("dt", 2)], 4: [("dt", 3)]}
+# from a full .pt scattered to DTensor files, and a job whose mesh dimension
+# is named "fsdp" (veRL) from files written with --mesh-dim-names fsdp (a
+# DTensor on a mesh unequal to the job's cannot be redistributed onto it).
+# One process group per N.
+RESUME = {1: [("dt", 2)], 2: [("st", 3), ("pt", 3), ("dt-named", 3)], 3: [("st", 2), ("dt", 2)], 4: [("dt", 3)]}
 
 
 @pytest.mark.parametrize("n", sorted(RESUME))
@@ -351,10 +357,13 @@ def test_fsdp1_resumes_from_resharded_rank_files(n, tmp_path, run_ckptconv):
             consolidated(run_ckptconv, src, full)
             dst = reshard(run_ckptconv, full, tmp_path / "pt", n, "--layout", "fsdp-dtensor")
             kind = "dt"
+        elif kind == "dt-named":  # a job whose mesh dimension is named "fsdp" (veRL)
+            src = DT[ws]
+            dst = reshard(run_ckptconv, src, tmp_path / "named", n, "--mesh-dim-names", "fsdp")
         else:
             src = (ST if kind == "st" else DT)[ws]
             dst = reshard(run_ckptconv, src, tmp_path / f"{kind}{ws}", n)
-        files = [f.replace("rank0", "rank{r}").replace("rank_0", "rank_{r}") for f in names(kind, n)]
+        files = [f.replace("rank0", "rank{r}").replace("rank_0", "rank_{r}") for f in names(kind[:2], n)]
         cases.append((kind, dst, src, files[0], files[n]))
     for (kind, dst, src, *_), result in zip(cases, run_resume(n, cases, tmp_path)):
         ref = references(src)
@@ -451,3 +460,17 @@ def test_glob_and_files_choose_the_families_to_reshard(tmp_path, run_ckptconv):
     assert_same(back, torch.load(DT[3] / "optim_full.pt", weights_only=True))
     r = run_ckptconv("reshard", "-o", str(tmp_path / "none"), "--world-size", "2")
     assert r.returncode == 2 and "give SRC or --files" in r.stderr
+
+
+def test_dtensor_mesh_follows_the_source_unless_told(tmp_path, run_ckptconv):
+    named = reshard(run_ckptconv, DT[2], tmp_path / "named", 2, "--mesh-dim-names", "fsdp", "--mesh-device", "cuda")
+    again = reshard(run_ckptconv, named, tmp_path / "again", 3)  # the source's mesh: cuda, ("fsdp",)
+    plain = reshard(run_ckptconv, named, tmp_path / "plain", 3, "--mesh-device", "cpu")
+    for d, n, want in ((named, 2, ("cuda", ("fsdp",))), (again, 3, ("cuda", ("fsdp",))), (plain, 3, ("cpu", ("fsdp",)))):
+        for rank in range(n):
+            with FakeGroup(rank, n):
+                sd = torch.load(d / f"model_world_size_{n}_rank_{rank}.pt", weights_only=False)
+                mesh = sd["fc1.weight"].device_mesh
+                assert (mesh.device_type, mesh.mesh_dim_names) == want, d
+    r = run_ckptconv("reshard", str(DT[2]), "-o", str(tmp_path / "bad"), "--world-size", "2", "--mesh-dim-names", "a", "b")
+    assert r.returncode == 2 and "one dimension" in r.stderr

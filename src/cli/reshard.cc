@@ -43,6 +43,8 @@ struct ReshardOptions {
   std::string only;    // model | optim: that family / top-level entry alone
   std::string dtype = "keep";
   std::string device = "auto";
+  std::string mesh_device;                  // DTensor layout: the mesh's device type; empty: the source's, else cpu
+  std::vector<std::string> mesh_dim_names;  // and its dimension name (veRL: fsdp); empty: the source's, else none
   int threads = 0;
   std::string memory_limit = "256M";
   bool dry_run = false;
@@ -66,21 +68,28 @@ std::string default_layout(SourceKind kind, const CheckpointModel& model) {
   return "fsdp-sharded-tensor";
 }
 
-// The name templates of the source's per-rank families, as the reader found
-// them (of kind `only` when given).
-std::vector<fsdp_ranks::RankFileName> source_families(const ReshardOptions& opt) {
+// The source's per-rank state-dict files, as the reader found them (of
+// kind `only` when given), with their parsed names.
+std::vector<std::pair<std::string, fsdp_ranks::RankFileName>> source_rank_files(const ReshardOptions& opt) {
   std::vector<std::string> files = opt.files;
   std::error_code ec;
   if (files.empty())
     files = fs::is_directory(opt.source, ec) ? fsdp_ranks::list_rank_files(opt.source) : fsdp_ranks::expand_glob(opt.source);
-  const std::string& only = opt.only;
-  std::vector<fsdp_ranks::RankFileName> out;
+  std::vector<std::pair<std::string, fsdp_ranks::RankFileName>> out;
   for (const auto& path : files) {
     auto name = fsdp_ranks::parse_rank_file_name(fs::path(path).filename().string());
-    if (!name || name->auxiliary || (!only.empty() && name->kind != only)) continue;
+    if (name && !name->auxiliary && (opt.only.empty() || name->kind == opt.only)) out.emplace_back(path, *name);
+  }
+  return out;
+}
+
+// The name templates of the source's per-rank families.
+std::vector<fsdp_ranks::RankFileName> source_families(const ReshardOptions& opt) {
+  std::vector<fsdp_ranks::RankFileName> out;
+  for (const auto& [path, name] : source_rank_files(opt)) {
     bool seen = false;
-    for (const auto& f : out) seen = seen || f.tmpl == name->tmpl;
-    if (!seen) out.push_back(*name);
+    for (const auto& f : out) seen = seen || f.tmpl == name.tmpl;
+    if (!seen) out.push_back(name);
   }
   return out;
 }
@@ -155,6 +164,25 @@ int reshard_to_dcp(const ReshardOptions& opt, SourceKind kind, const CheckpointM
   return 0;
 }
 
+// ShardedTensor or DTensor values; a DTensor mesh like the source's (per-rank
+// DTensor files) unless --mesh-device / --mesh-dim-names say otherwise.
+RankFilesLayout rank_files_layout(const ReshardOptions& opt, SourceKind kind, const std::string& layout) {
+  RankFilesLayout out;
+  if (layout != "fsdp-dtensor") return out;
+  out.values = RankLayout::kDTensor;
+  if (kind == SourceKind::kFsdpRanks)
+    for (const auto& [path, name] : source_rank_files(opt))
+      if (auto mesh = torch_pt::find_device_mesh(open_mapped_source(path))) {
+        out.mesh = *mesh;
+        break;
+      }
+  if (!opt.mesh_device.empty()) out.mesh.device_type = opt.mesh_device;
+  if (!opt.mesh_dim_names.empty()) out.mesh.dim_names = opt.mesh_dim_names;
+  if (out.mesh.dim_names.size() > 1)
+    fail_invalid("--mesh-dim-names: the output mesh has one dimension (got " + std::to_string(out.mesh.dim_names.size()) + " names)");
+  return out;
+}
+
 int reshard_to_rank_files(const ReshardOptions& opt, SourceKind kind, const CheckpointModel& model, const std::string& layout,
                           const CopyOptions& copy, std::chrono::steady_clock::time_point start) {
   std::vector<RankFamily> families = output_families(opt, kind, model, layout);
@@ -165,7 +193,7 @@ int reshard_to_rank_files(const ReshardOptions& opt, SourceKind kind, const Chec
   for (const auto& t : model.tensors)
     sharded.push_back(kind == SourceKind::kFsdpRanks ? is_sharded_value(t) : !t.shape.empty());
   ReshardPlan plan = plan_rank_files(model.tensors, sharded, opt.world_size);
-  RankLayout rank_layout = layout == "fsdp-dtensor" ? RankLayout::kDTensor : RankLayout::kShardedTensor;
+  RankFilesLayout rank_layout = rank_files_layout(opt, kind, layout);
   if (opt.dry_run) {
     describe_reshard(model, plan, count_values(*model.root), true, rank_files_sizes(model, families, rank_layout, plan), {},
                      std::cout);
@@ -229,6 +257,10 @@ void register_reshard(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--device", opt->device, "Where casts run: auto, cpu, cuda")->capture_default_str();
   sub->add_option("--threads", opt->threads, "Threads for casts (0: all)");
+  sub->add_option("--mesh-device", opt->mesh_device,
+                  "fsdp-dtensor: device type of the DeviceMesh the files name (cpu, cuda); default: the source's, else cpu");
+  sub->add_option("--mesh-dim-names", opt->mesh_dim_names,
+                  "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none");
   sub->add_option("--memory-limit", opt->memory_limit, "Budget for reassembly buffers, e.g. 512M")->capture_default_str();
   sub->add_flag("--dry-run", opt->dry_run, "Print which source chunks feed each output rank and the bytes per file; write nothing");
   sub->add_flag("--force", opt->force, "Replace an existing output directory");

@@ -32,7 +32,7 @@ struct RankFileContent {
 // are copied with their sharing kept, everything else is shared as is.
 class RankFileBuilder {
  public:
-  RankFileBuilder(const CheckpointModel& model, const ReshardPlan& plan, RankLayout layout, int rank)
+  RankFileBuilder(const CheckpointModel& model, const ReshardPlan& plan, const RankFilesLayout& layout, int rank)
       : model_(model), plan_(plan), layout_(layout), rank_(rank) {}
 
   RankFileContent build(const ValuePtr& root) {
@@ -75,7 +75,7 @@ class RankFileBuilder {
     const OutputItem& item = plan_.ranks.at(static_cast<std::size_t>(rank)).at(item_index);
     ValuePtr local = make_tensor_ref(add_tensor(t.output_dtype(), item.sizes, item_tensor(t, item)));
     if (plan_.replicated.at(index)) return local;
-    if (layout_ == RankLayout::kShardedTensor) return torch_pt::make_sharded_tensor(t.output_dtype(), t.shape, rank_, plan_.world_size, local);
+    if (layout_.values == RankLayout::kShardedTensor) return torch_pt::make_sharded_tensor(t.output_dtype(), t.shape, rank_, plan_.world_size, local);
     return torch_pt::make_dtensor(t.output_dtype(), t.shape, mesh(), local);
   }
 
@@ -86,13 +86,13 @@ class RankFileBuilder {
     content_.mesh_index = add_tensor(DType::kInt32, {n}, TensorEntry{});
     for (int32_t r = 0; r < n; ++r)
       for (int b = 0; b < 4; ++b) content_.mesh_bytes += static_cast<char>((static_cast<uint32_t>(r) >> (8 * b)) & 0xff);
-    mesh_ = torch_pt::make_device_mesh(rank_, n, make_tensor_ref(*content_.mesh_index));
+    mesh_ = torch_pt::make_device_mesh(rank_, n, make_tensor_ref(*content_.mesh_index), layout_.mesh);
     return mesh_;
   }
 
   const CheckpointModel& model_;
   const ReshardPlan& plan_;
-  RankLayout layout_;
+  const RankFilesLayout& layout_;
   int rank_;
   RankFileContent content_;
   std::unordered_map<const Value*, ValuePtr> done_;
@@ -103,7 +103,7 @@ class RankFileBuilder {
 using FillFrom = std::function<void(const RankFileContent&, std::size_t, archive::ZipWriter&)>;
 using WriteFile = std::function<void(int rank, const std::string& name, const RankFileContent& content)>;
 
-void emit_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, RankLayout layout,
+void emit_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
                      const ReshardPlan& plan, const WriteFile& write) {
   for (int r = 0; r < plan.world_size; ++r) {
     for (const RankFamily& family : families) {
@@ -129,7 +129,7 @@ const char* rank_layout_name(RankLayout layout) {
   return layout == RankLayout::kShardedTensor ? "fsdp-sharded-tensor" : "fsdp-dtensor";
 }
 
-void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, RankLayout layout,
+void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
                       const ReshardPlan& plan, const RankFilesOptions& options) {
   AtomicDirectory dir(options.dir, options.force);
   emit_rank_files(model, families, layout, plan, [&](int, const std::string& name, const RankFileContent& content) {
@@ -147,7 +147,7 @@ void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily
 }
 
 std::vector<RankFilesOut> rank_files_sizes(const CheckpointModel& model, const std::vector<RankFamily>& families,
-                                           RankLayout layout, const ReshardPlan& plan) {
+                                           const RankFilesLayout& layout, const ReshardPlan& plan) {
   std::vector<RankFilesOut> out(static_cast<std::size_t>(plan.world_size));
   emit_rank_files(model, families, layout, plan, [&](int rank, const std::string& name, const RankFileContent& content) {
     CountingSink sink;

@@ -13,12 +13,20 @@
 
 #include "exec/tensor_copy.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
+#include "formats/torch_pt/sharded_values.h"
 #include "model/checkpoint_model.h"
 #include "plan/reshard.h"
 
 namespace ckpt {
 
 enum class RankLayout { kShardedTensor, kDTensor };
+
+// The output layout: ShardedTensor or DTensor values; for DTensors, the mesh
+// the loading job will compare with its own (device type, dimension names).
+struct RankFilesLayout {
+  RankLayout values = RankLayout::kShardedTensor;
+  torch_pt::MeshInfo mesh;
+};
 
 // One family of output files: its name template ("model_rank{r}.pt",
 // "optim_world_size_{N}_rank_{r}.pt") and its state dict, a subtree of the
@@ -36,13 +44,13 @@ struct RankFilesOptions {
 
 // The plan must come from plan_rank_files for these tensors; its world size
 // is N. The model must have passed require_valid().
-void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, RankLayout layout,
+void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
                       const ReshardPlan& plan, const RankFilesOptions& options);
 
 // The files each rank will write and their exact sizes, from the writer run
 // against counting sinks (no tensor data is read).
 std::vector<RankFilesOut> rank_files_sizes(const CheckpointModel& model, const std::vector<RankFamily>& families,
-                                           RankLayout layout, const ReshardPlan& plan);
+                                           const RankFilesLayout& layout, const ReshardPlan& plan);
 
 // "fsdp-sharded-tensor" / "fsdp-dtensor".
 const char* rank_layout_name(RankLayout layout);

@@ -16,8 +16,8 @@ using pickle::ValuePtr;
 namespace {
 
 // {"w": <value>} written with write_pt (local tensor 0 of `local_shape`,
-// the mesh tensor 1 when given), then decoded.
-TensorEntry round_trip(const ValuePtr& value, const Shape& local_shape, bool with_mesh, int world_size) {
+// the mesh tensor 1 when given).
+std::string written(const ValuePtr& value, const Shape& local_shape, bool with_mesh, int world_size) {
   std::vector<torch_pt::OutputTensor> tensors = {{DType::kFloat32, local_shape, false, false}};
   if (with_mesh) tensors.push_back({DType::kInt32, {world_size}, false, false});
   ValuePtr root = Value::dict({{Value::str("w"), value}});
@@ -26,8 +26,13 @@ TensorEntry round_trip(const ValuePtr& value, const Shape& local_shape, bool wit
     std::string bytes(shape_numel(tensors[i].shape) * dtype_size(tensors[i].dtype), '\0');
     zip.append(bytes.data(), bytes.size());
   });
+  return sink.take();
+}
+
+// The same, decoded.
+TensorEntry round_trip(const ValuePtr& value, const Shape& local_shape, bool with_mesh, int world_size) {
   std::vector<TensorEntry> decoded;
-  torch_pt::decode_archive(make_memory_source(sink.take(), "rank.pt"), decoded);
+  torch_pt::decode_archive(make_memory_source(written(value, local_shape, with_mesh, world_size), "rank.pt"), decoded);
   REQUIRE(decoded.size() == 1);
   return decoded[0];
 }
@@ -56,7 +61,7 @@ TEST_CASE("a ShardedTensor rank past the last torch.chunk piece has no local sha
 }
 
 TEST_CASE("a written DTensor decodes with its mesh size and coordinate", "[formats][sharded_values]") {
-  ValuePtr mesh = torch_pt::make_device_mesh(1, 4, make_tensor_ref(1));
+  ValuePtr mesh = torch_pt::make_device_mesh(1, 4, make_tensor_ref(1), {});
   TensorEntry t = round_trip(torch_pt::make_dtensor(DType::kFloat32, {10, 4}, mesh, make_tensor_ref(0)), {3, 4}, true, 4);
   CHECK(t.stored_as == "DTensor");
   CHECK(t.shape == Shape{10, 4});
@@ -68,9 +73,28 @@ TEST_CASE("a written DTensor decodes with its mesh size and coordinate", "[forma
 }
 
 TEST_CASE("a DTensor rank past the data holds an empty local tensor at the end", "[formats][sharded_values]") {
-  ValuePtr mesh = torch_pt::make_device_mesh(2, 3, make_tensor_ref(1));
+  ValuePtr mesh = torch_pt::make_device_mesh(2, 3, make_tensor_ref(1), {});
   TensorEntry t = round_trip(torch_pt::make_dtensor(DType::kFloat32, {2}, mesh, make_tensor_ref(0)), {0}, true, 3);
   REQUIRE(t.chunks.size() == 1);
   CHECK(t.chunks[0].offsets == Shape{2});
   CHECK(t.chunks[0].sizes == Shape{0});
+}
+
+TEST_CASE("the mesh's device type and dimension names are found again, and in torch's own files",
+          "[formats][sharded_values]") {
+  torch_pt::MeshInfo info{"cuda", {"fsdp"}};
+  ValuePtr mesh = torch_pt::make_device_mesh(0, 2, make_tensor_ref(1), info);
+  std::string bytes = written(torch_pt::make_dtensor(DType::kFloat32, {4}, mesh, make_tensor_ref(0)), {2}, true, 2);
+  auto found = torch_pt::find_device_mesh(make_memory_source(bytes, "rank.pt"));
+  REQUIRE(found);
+  CHECK(found->device_type == "cuda");
+  CHECK(found->dim_names == std::vector<std::string>{"fsdp"});
+
+  auto torch_mesh = torch_pt::find_device_mesh(
+      open_mapped_source(std::string(CKPT_SOURCE_DIR) + "/testdata/fsdp_dt/adamw_ws2/model_world_size_2_rank_0.pt"));
+  REQUIRE(torch_mesh);
+  CHECK(torch_mesh->device_type == "cpu");
+  CHECK(torch_mesh->dim_names.empty());
+  CHECK_FALSE(torch_pt::find_device_mesh(
+      open_mapped_source(std::string(CKPT_SOURCE_DIR) + "/testdata/fsdp_st/adamw_ws2/model_rank0.pt")));
 }

@@ -1,9 +1,13 @@
 #include "formats/torch_pt/sharded_values.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "core/error.h"
+#include "archive/zip_reader.h"
 #include "formats/pyobj.h"
+#include "pickle/policy.h"
+#include "pickle/unpickler.h"
 
 namespace ckpt::torch_pt {
 namespace {
@@ -162,6 +166,12 @@ ValuePtr ints(const Shape& s, bool as_list = false) {
   return as_list ? Value::list(std::move(items)) : Value::tuple(std::move(items));
 }
 
+ValuePtr strs(const std::vector<std::string>& items) {
+  std::vector<ValuePtr> out;
+  for (const auto& s : items) out.push_back(Value::str(s));
+  return Value::tuple(std::move(out));
+}
+
 ValuePtr str_dict(std::vector<std::pair<std::string, ValuePtr>> fields) {
   std::vector<std::pair<ValuePtr, ValuePtr>> entries;
   for (auto& [k, v] : fields) entries.emplace_back(Value::str(k), std::move(v));
@@ -260,17 +270,43 @@ ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, int worl
   return wrapper_subclass(cls, dtype, shape, state);
 }
 
-ValuePtr make_device_mesh(int rank, int world_size, const ValuePtr& rank_map) {
+std::optional<MeshInfo> find_device_mesh(const SourcePtr& source) {
+  archive::ZipReader zip(source);
+  ValuePtr root = with_context(source->describe() + ": data.pkl", [&] {
+    return pickle::unpickle(*zip.open(zip.record("data.pkl")), pickle::checkpoint_policy());
+  });
+  // Depth-first over the value graph (shared values visited once).
+  std::vector<const Value*> todo = {root.get()};
+  std::unordered_set<const Value*> seen;
+  while (!todo.empty()) {
+    const Value* v = todo.back();
+    todo.pop_back();
+    if (!v || !seen.insert(v).second) continue;
+    if (v->is(Kind::kBuilt) && pyobj::is_class(*v, "DeviceMesh")) {
+      MeshInfo info;
+      if (ValuePtr type = pyobj::field(*v, "_device_type"); type && type->is(Kind::kStr)) info.device_type = type->text;
+      if (ValuePtr names = pyobj::field(*v, "_mesh_dim_names"); names && (names->is(Kind::kTuple) || names->is(Kind::kList)))
+        for (const auto& n : names->items) info.dim_names.push_back(n->as_str());
+      return info;
+    }
+    for (const auto& item : v->items) todo.push_back(item.get());
+    for (const auto& [k, value] : v->entries) todo.push_back(value.get());
+    for (const ValuePtr* p : {&v->args, &v->state, &v->object, &v->callable}) todo.push_back(p->get());
+  }
+  return std::nullopt;
+}
+
+ValuePtr make_device_mesh(int rank, int world_size, const ValuePtr& rank_map, const MeshInfo& info) {
   const std::string layout = "torch.distributed._mesh_layout";
   ValuePtr axis = object(layout, "_FlatLayout", str_dict({{"shape", ints({world_size})}, {"stride", ints({1})}}));
   ValuePtr mesh_layout = object(layout, "_MeshLayout", str_dict({{"axes", Value::tuple({axis})}}));
   Shape all_ranks;
   for (int r = 0; r < world_size; ++r) all_ranks.push_back(r);
   return object("torch.distributed.device_mesh", "DeviceMesh",
-                str_dict({{"_device_type", Value::str("cpu")},
+                str_dict({{"_device_type", Value::str(info.device_type)},
                           {"_layout", mesh_layout},
                           {"_rank_map", rank_map},
-                          {"_mesh_dim_names", Value::none()},
+                          {"_mesh_dim_names", info.dim_names.empty() ? Value::none() : strs(info.dim_names)},
                           {"_root_mesh", Value::none()},
                           {"_preserve_rank_order", Value::boolean(false)},
                           {"_flatten_rank_map", ints(all_ranks)},

@@ -45,12 +45,25 @@ std::pair<int64_t, int64_t> chunk_piece(int64_t size, int64_t n, int64_t coord);
 pickle::ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, int world_size,
                                      const pickle::ValuePtr& local);
 
-// The 1-D CPU DeviceMesh over ranks 0..world_size-1 that every DTensor of
-// one file shares (its process group is the default one, group name "0").
+// What a loading job compares its own DeviceMesh with (DeviceMesh.__eq__):
+// a DTensor whose mesh differs in device type or dimension names cannot be
+// redistributed onto the job's mesh ("cross mesh"). FSDP1 on GPUs saves
+// "cuda"; veRL names its dimension "fsdp".
+struct MeshInfo {
+  std::string device_type = "cpu";
+  std::vector<std::string> dim_names;  // empty: None
+};
+
+// The first DeviceMesh in the torch.save archive `source` (a per-rank file
+// with DTensor values); nullopt when it has none.
+std::optional<MeshInfo> find_device_mesh(const SourcePtr& source);
+
+// The 1-D DeviceMesh over ranks 0..world_size-1 that every DTensor of one
+// file shares (its process group is the default one, group name "0").
 // `rank_map` references an int32 tensor holding 0..world_size-1 (the mesh).
 // Cached hashes are written as None: torch recomputes them on first use
 // (they depend on the process's string hash seed anyway).
-pickle::ValuePtr make_device_mesh(int rank, int world_size, const pickle::ValuePtr& rank_map);
+pickle::ValuePtr make_device_mesh(int rank, int world_size, const pickle::ValuePtr& rank_map, const MeshInfo& info);
 
 // DTensor with placements (Shard(0),) on `mesh`; every rank has a local
 // tensor, empty on ranks past the last torch.chunk piece.
