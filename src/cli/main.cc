@@ -33,7 +33,7 @@ std::string version_text() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckptconv: inspect and consolidate sharded PyTorch checkpoints (DCP directories, per-rank FSDP files)",
+  CLI::App app{"ckptconv: inspect, validate, diff, consolidate and reshard sharded PyTorch checkpoints (DCP directories, per-rank FSDP files)",
                "ckptconv"};
   app.require_subcommand(0, 1);
   // -q/-v also after the subcommand (`ckptconv diff A B -q` in a CI script).

@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/units.h"
 #include "exec/backend.h"
 #include "exec/write_dcp.h"
@@ -142,6 +143,14 @@ void log_done(const ReshardOptions& opt, const CheckpointModel& model, const std
                model.tensors.size(), human_bytes(bytes), secs);
 }
 
+// Tensor bytes the plan writes, for progress.
+uint64_t plan_output_bytes(const CheckpointModel& model, const ReshardPlan& plan) {
+  uint64_t total = 0;
+  for (const auto& items : plan.ranks)
+    for (const auto& item : items) total += item.numel() * dtype_size(model.tensors[item.tensor].output_dtype());
+  return total;
+}
+
 int reshard_to_dcp(const ReshardOptions& opt, SourceKind kind, const CheckpointModel& model, const CopyOptions& copy,
                    std::chrono::steady_clock::time_point start) {
   // A DCP source keeps its own items and planner_data; anything else (or a
@@ -159,7 +168,10 @@ int reshard_to_dcp(const ReshardOptions& opt, SourceKind kind, const CheckpointM
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, std::cout);
     return 0;
   }
-  write_dcp_reshard(model, source_md, plan, {opt.output, opt.force, copy});
+  {
+    ProgressScope progress("reshard " + opt.output, plan_output_bytes(model, plan));  // write_dcp reports each item
+    write_dcp_reshard(model, source_md, plan, {opt.output, opt.force, copy});
+  }
   log_done(opt, model, "dcp", start);
   return 0;
 }
@@ -199,7 +211,10 @@ int reshard_to_rank_files(const ReshardOptions& opt, SourceKind kind, const Chec
                      std::cout);
     return 0;
   }
-  write_rank_files(model, families, rank_layout, plan, {opt.output, opt.force, copy});
+  {
+    ProgressScope progress("reshard " + opt.output, plan_output_bytes(model, plan));  // write_rank_files reports each item
+    write_rank_files(model, families, rank_layout, plan, {opt.output, opt.force, copy});
+  }
   log_done(opt, model, layout, start);
   return 0;
 }
