@@ -51,7 +51,8 @@ void draw_locked(Reporter& r) {
   std::string line = format_progress_line(r.label, done, r.total, elapsed);
   std::size_t width = line.size();
   if (line.size() < r.width) line.append(r.width - line.size(), ' ');
-  std::fputs(("\r" + line).c_str(), stderr);
+  std::fputc('\r', stderr);
+  std::fputs(line.c_str(), stderr);
   std::fflush(stderr);
   r.width = width;
   r.drawn = true;
@@ -59,7 +60,9 @@ void draw_locked(Reporter& r) {
 
 void erase_locked(Reporter& r) {
   if (!r.drawn) return;
-  std::fputs(("\r" + std::string(r.width, ' ') + "\r").c_str(), stderr);
+  std::string blank(r.width + 2, ' ');
+  blank.front() = blank.back() = '\r';
+  std::fputs(blank.c_str(), stderr);
   std::fflush(stderr);
   r.drawn = false;
   r.width = 0;
