@@ -85,7 +85,7 @@ TEST_CASE("CPU backend's threaded scan equals the single-threaded reference", "[
   CHECK(ref.nan == (n - 7 + 100002) / 100003);
 }
 
-TEST_CASE("--device names parse; others are usage errors", "[finite]") {
+TEST_CASE("device names for --device parse; others are usage errors", "[finite]") {
   CHECK(parse_device("auto") == Device::kAuto);
   CHECK(parse_device("cpu") == Device::kCpu);
   CHECK(parse_device("cuda") == Device::kCuda);
