@@ -3,6 +3,7 @@
 #include <iomanip>
 
 #include "check/validate.h"
+#include "core/units.h"
 #include "model/describe.h"
 
 namespace ckpt::check {

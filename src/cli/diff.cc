@@ -79,7 +79,7 @@ int run_diff(const DiffCliOptions& opt) {
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("compared {} tensors ({} read) and {} values in {:.2f} s", report.tensors.size(),
-               format_byte_count(static_cast<double>(read_bytes)), report.values_compared, secs);
+               human_bytes(static_cast<double>(read_bytes)), report.values_compared, secs);
   if (opt.json)
     std::cout << diff_to_json(report).dump(2) << "\n";
   else

@@ -169,7 +169,7 @@ int reshard_to_dcp(const ReshardOptions& opt, SourceKind kind, const CheckpointM
     return 0;
   }
   {
-    ProgressScope progress("reshard " + opt.output, plan_output_bytes(model, plan));  // write_dcp reports each item
+    ProgressScope progress("reshard " + opt.output, plan_output_bytes(model, plan));  // tensor_copy counts every slab written
     write_dcp_reshard(model, source_md, plan, {opt.output, opt.force, copy});
   }
   log_done(opt, model, "dcp", start);
@@ -212,7 +212,7 @@ int reshard_to_rank_files(const ReshardOptions& opt, SourceKind kind, const Chec
     return 0;
   }
   {
-    ProgressScope progress("reshard " + opt.output, plan_output_bytes(model, plan));  // write_rank_files reports each item
+    ProgressScope progress("reshard " + opt.output, plan_output_bytes(model, plan));  // tensor_copy counts every slab written
     write_rank_files(model, families, rank_layout, plan, {opt.output, opt.force, copy});
   }
   log_done(opt, model, layout, start);

@@ -104,7 +104,7 @@ int run_write_job(const WriteJobOptions& opt) {
   uint64_t bytes = 0;
   for (const auto& t : model.tensors) bytes += t.output_nbytes();
   {
-    ProgressScope progress("write " + opt.output, bytes);  // write_output reports each tensor written
+    ProgressScope progress("write " + opt.output, bytes);  // tensor_copy counts every slab written
     write_output(model, format, out);
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <thread>
 
+#include "core/units.h"
+
 namespace ckpt {
 namespace {
 
@@ -131,18 +133,6 @@ void with_progress_line_erased(const std::function<void()>& write) {
   write();
 }
 
-std::string format_byte_count(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 5) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
-  return buf;
-}
-
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--";
   auto s = static_cast<uint64_t>(std::llround(seconds));
@@ -157,13 +147,13 @@ std::string format_duration(double seconds) {
 }
 
 std::string format_progress_line(const std::string& label, uint64_t done, uint64_t total, double elapsed_s) {
-  std::string line = label + "  " + format_byte_count(static_cast<double>(done)) + " / " +
-                     format_byte_count(static_cast<double>(total));
+  std::string line = label + "  " + human_bytes(static_cast<double>(done)) + " / " +
+                     human_bytes(static_cast<double>(total));
   int percent = total == 0 ? 100 : static_cast<int>(static_cast<double>(done) * 100.0 / static_cast<double>(total));
   line += "  " + std::to_string(percent) + "%";
   bool have_rate = elapsed_s >= kMinSecondsForRate && done > 0;
   double rate = have_rate ? static_cast<double>(done) / elapsed_s : 0;
-  line += "  " + (have_rate ? format_byte_count(rate) + "/s" : std::string("--/s"));
+  line += "  " + (have_rate ? human_bytes(rate) + "/s" : std::string("--/s"));
   double eta = have_rate ? static_cast<double>(total > done ? total - done : 0) / rate : -1;
   line += "  ETA " + format_duration(eta);
   return line;

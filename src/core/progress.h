@@ -53,8 +53,6 @@ void with_progress_line_erased(const std::function<void()>& write);
 // are "--" until some time has passed and some bytes are done; the ETA
 // assumes the average throughput so far holds.
 std::string format_progress_line(const std::string& label, uint64_t done, uint64_t total, double elapsed_s);
-// "0 B", "512 B", "1.5 KiB", "12.0 MiB", ...
-std::string format_byte_count(double bytes);
 // "0:07", "3:05", "1:02:03"; "--" when negative or not finite.
 std::string format_duration(double seconds);
 

@@ -1,6 +1,7 @@
 #include "core/units.h"
 
 #include <cctype>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -27,6 +28,18 @@ uint64_t parse_size(const std::string& text) {
   if (!(rest.empty() || rest == "B" || rest == "I" || rest == "IB")) fail_invalid("size '" + text + "' has an unknown unit");
   if (shift && value > (UINT64_MAX >> shift)) fail_invalid("size '" + text + "' is too large");
   return value << shift;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
 }
 
 }  // namespace ckpt

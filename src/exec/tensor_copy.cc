@@ -6,40 +6,55 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/progress.h"
 
 namespace ckpt {
 namespace {
 
-// The two destinations of the one copy routine below.
+// The two destinations of the one copy routine below. Every byte written
+// passes here, so this is where progress is counted (per slab or chunk, not
+// per tensor, so that one large tensor still moves the line).
 class Destination {
  public:
   virtual ~Destination() = default;
-  virtual void append(const void* data, std::size_t n) = 0;
+  void append(const void* data, std::size_t n) {
+    do_append(data, n);
+    progress_add(n);
+  }
   // `crc`: the CRC-32 of exactly these bytes when the source recorded it.
-  virtual void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) = 0;
+  void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) {
+    do_append_from(src, pos, n, crc);
+    progress_add(n);
+  }
+
+ private:
+  virtual void do_append(const void* data, std::size_t n) = 0;
+  virtual void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) = 0;
 };
 
 class ZipDestination final : public Destination {
  public:
   explicit ZipDestination(archive::ZipWriter& zip) : zip_(zip) {}
-  void append(const void* data, std::size_t n) override { zip_.append(data, n); }
-  void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) override {
+
+ private:
+  void do_append(const void* data, std::size_t n) override { zip_.append(data, n); }
+  void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) override {
     zip_.append_from(src, pos, n, crc);
   }
 
- private:
   archive::ZipWriter& zip_;
 };
 
 class SinkDestination final : public Destination {
  public:
   explicit SinkDestination(ByteSink& sink) : sink_(sink) {}
-  void append(const void* data, std::size_t n) override { sink_.write(data, n); }
-  void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t>) override {
+
+ private:
+  void do_append(const void* data, std::size_t n) override { sink_.write(data, n); }
+  void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t>) override {
     sink_.copy_from(src, pos, n);
   }
 
- private:
   ByteSink& sink_;
 };
 

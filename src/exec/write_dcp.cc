@@ -5,7 +5,6 @@
 #include <map>
 
 #include "core/error.h"
-#include "core/progress.h"
 #include "formats/dcp/dcp_writer.h"
 #include "io/counting_sink.h"
 #include "model/tree_walk.h"
@@ -208,7 +207,6 @@ void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& sou
                                                           const EntryOf& entry_of) {
     return writer.append_item(rank, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
       append_tensor(entry_of(i), zip, options.copy);
-      progress_add(entry_of(i).output_nbytes());
     });
   });
   writer.finish(out);

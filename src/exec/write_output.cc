@@ -3,7 +3,6 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "core/progress.h"
 #include "formats/safetensors/safetensors_writer.h"
 #ifdef CKPT_HAVE_HDF5
 #include "formats/hdf5/hdf5_writer.h"
@@ -24,7 +23,6 @@ void write_pt_output(const CheckpointModel& model, const OutputOptions& options)
   with_context(options.path, [&] {
     torch_pt::write_pt(*sink, *model.root, tensors, [&](std::size_t index, archive::ZipWriter& zip) {
       append_tensor(model.tensors[index], zip, options.copy);
-      progress_add(model.tensors[index].output_nbytes());
     });
   });
   sink->finish();
@@ -47,7 +45,6 @@ void write_safetensors_output(const CheckpointModel& model, const OutputOptions&
     with_context(path, [&] {
       safetensors::write_safetensors_file(*sink, f, [&](std::size_t index, ByteSink& s) {
         append_tensor(model.tensors[index], s, options.copy);
-        progress_add(model.tensors[index].output_nbytes());
       });
     });
     sink->finish();
@@ -71,7 +68,6 @@ void write_hdf5_output(const CheckpointModel& model, const OutputOptions& option
     h5.gzip = options.gzip;
     hdf5::write_hdf5(temp->temp_path(), model, h5, [&](std::size_t index, ByteSink& sink) {
       append_tensor(model.tensors[index], sink, options.copy);
-      progress_add(model.tensors[index].output_nbytes());
     });
   });
   temp->finish();

@@ -5,7 +5,6 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "core/progress.h"
 #include "formats/torch_pt/pt_writer.h"
 #include "formats/torch_pt/sharded_values.h"
 #include "io/atomic_dir.h"
@@ -140,7 +139,6 @@ void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily
         zip.append(c.mesh_bytes.data(), c.mesh_bytes.size());
       } else {
         append_tensor(c.sources.at(i), zip, options.copy);
-        progress_add(c.sources.at(i).output_nbytes());
       }
     });
     sink->finish();

@@ -4,23 +4,11 @@
 #include <cstdio>
 #include <iomanip>
 
+#include "core/units.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
 
 namespace ckpt {
-
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 namespace {
 uint64_t total_bytes(const CheckpointModel& model) {

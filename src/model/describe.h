@@ -11,7 +11,6 @@ namespace ckpt {
 
 void describe_model(const CheckpointModel& model, std::ostream& out);
 nlohmann::ordered_json model_to_json(const CheckpointModel& model);
-std::string human_bytes(uint64_t bytes);  // "1.5 MiB"
 // --dry-run: every output tensor with its dtype change and source chunks,
 // and the totals, for writing `output`.
 void describe_plan(const CheckpointModel& model, const std::string& output, std::ostream& out);

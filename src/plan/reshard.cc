@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "model/describe.h"
 
 namespace ckpt {

@@ -7,15 +7,16 @@
 #include <string>
 
 #include "core/progress.h"
+#include "core/units.h"
 
 using namespace ckpt;
 
 TEST_CASE("byte counts use binary units with one decimal above bytes", "[core][progress]") {
-  CHECK(format_byte_count(0) == "0 B");
-  CHECK(format_byte_count(1023) == "1023 B");
-  CHECK(format_byte_count(1536) == "1.5 KiB");
-  CHECK(format_byte_count(12.0 * 1024 * 1024) == "12.0 MiB");
-  CHECK(format_byte_count(3.0 * 1024 * 1024 * 1024 * 1024 * 1024) == "3.0 PiB");
+  CHECK(human_bytes(0) == "0 B");
+  CHECK(human_bytes(1023) == "1023 B");
+  CHECK(human_bytes(1536) == "1.5 KiB");
+  CHECK(human_bytes(12.0 * 1024 * 1024) == "12.0 MiB");
+  CHECK(human_bytes(3.0 * 1024 * 1024 * 1024 * 1024 * 1024) == "3.0 PiB");
 }
 
 TEST_CASE("durations are m:ss below an hour and h:mm:ss above", "[core][progress]") {
