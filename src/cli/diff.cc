@@ -106,7 +106,7 @@ void register_diff(CLI::App& app) {
   sub->add_option("--keys", opt->keys, "Compare only entries whose dotted path matches this regex (searched)");
   sub->add_flag("--ignore-dtype", opt->ignore_dtype,
                 "A dtype difference alone is not a difference (values are still compared, in double)");
-  sub->add_flag("--json", opt->json, "Print JSON (schema in docs/diff-json.md)");
+  sub->add_flag("--json", opt->json, "Print JSON (schema in docs/json-schema.md)");
   sub->add_flag("--all", opt->all, "Also list the tensors that are equal, with their max differences");
   sub->add_option("--device", opt->device, "auto|cpu: comparisons run on CPU threads")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))

@@ -1,5 +1,5 @@
 // A DiffReport for people (a table) and for programs (JSON, schema in
-// docs/diff-json.md and docs/schema/diff.schema.json).
+// docs/json-schema.md and docs/schema/diff.schema.json).
 #pragma once
 
 #include <nlohmann/json.hpp>
