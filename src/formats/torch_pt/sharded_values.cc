@@ -276,11 +276,11 @@ std::optional<MeshInfo> find_device_mesh(const SourcePtr& source) {
     return pickle::unpickle(*zip.open(zip.record("data.pkl")), pickle::checkpoint_policy());
   });
   // Depth-first over the value graph (shared values visited once).
-  std::vector<const Value*> todo = {root.get()};
+  std::vector<const Value*> pending = {root.get()};
   std::unordered_set<const Value*> seen;
-  while (!todo.empty()) {
-    const Value* v = todo.back();
-    todo.pop_back();
+  while (!pending.empty()) {
+    const Value* v = pending.back();
+    pending.pop_back();
     if (!v || !seen.insert(v).second) continue;
     if (v->is(Kind::kBuilt) && pyobj::is_class(*v, "DeviceMesh")) {
       MeshInfo info;
@@ -289,9 +289,9 @@ std::optional<MeshInfo> find_device_mesh(const SourcePtr& source) {
         for (const auto& n : names->items) info.dim_names.push_back(n->as_str());
       return info;
     }
-    for (const auto& item : v->items) todo.push_back(item.get());
-    for (const auto& [k, value] : v->entries) todo.push_back(value.get());
-    for (const ValuePtr* p : {&v->args, &v->state, &v->object, &v->callable}) todo.push_back(p->get());
+    for (const auto& item : v->items) pending.push_back(item.get());
+    for (const auto& [k, value] : v->entries) pending.push_back(value.get());
+    for (const ValuePtr* p : {&v->args, &v->state, &v->object, &v->callable}) pending.push_back(p->get());
   }
   return std::nullopt;
 }
