@@ -48,7 +48,7 @@ def test_every_pt_fixture_inspects(p, run_ckptconv):
     r = run_ckptconv("inspect", str(p), "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
-    assert info["schema"] == 1 and info["format"] == "pt"
+    assert info["schema_version"] == info["schema"] == 1 and info["format"] == "pt"
     # a tensor referenced from two places is listed twice but counted once
     assert 0 < info["totals"]["tensors"] <= len(info["tensors"])
 

@@ -77,6 +77,8 @@ void describe_plan(const CheckpointModel& model, const std::string& output, std:
 
 nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
   nlohmann::ordered_json j;
+  // "schema_version" as validate and diff name it; "schema" kept for v1 consumers.
+  j["schema_version"] = 1;
   j["schema"] = 1;
   j["source"] = model.source;
   j["format"] = model.format;
