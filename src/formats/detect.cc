@@ -12,6 +12,7 @@
 #include "formats/safetensors/safetensors_format.h"
 #include "formats/safetensors/safetensors_reader.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "model/plain_values.h"
 
 namespace ckpt {
 namespace fs = std::filesystem;
@@ -50,7 +51,9 @@ SourceKind detect_source(const std::string& src) {
   fail_data_loss(src + ": not a recognised checkpoint file (expected a torch.save zip, safetensors, a .safetensors.index.json or HDF5)");
 }
 
-CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options) {
+namespace {
+
+CheckpointModel read_by_kind(const std::string& src, const ReadOptions& options) {
   if (!options.files.empty()) {
     if (!src.empty()) fail_invalid("give either SRC or --files, not both");
     return fsdp_ranks::read_fsdp_rank_files(options.files, options.files.front() + " (and " +
@@ -72,6 +75,14 @@ CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& optio
 #endif
   }
   fail(ErrorCode::kInternal, src + ": unhandled source kind");
+}
+
+}  // namespace
+
+CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options) {
+  CheckpointModel model = read_by_kind(src, options);
+  if (model.root) with_context(model.source, [&] { require_plain_values(*model.root); });
+  return model;
 }
 
 }  // namespace ckpt

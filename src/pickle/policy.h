@@ -1,23 +1,43 @@
-// Which globals an unpickled stream may name. The unpickler never imports or
-// calls anything; the policy exists so that a stream naming os.system,
-// builtins.eval or subprocess.Popen is refused (Unsafe, exit 3) instead of
-// being decoded as if it were a checkpoint.
+// What an unpickled stream may name and do. The unpickler never imports or
+// calls anything, but the value tree it builds is interpreted by decoders and
+// written again into outputs, which torch then loads with the real pickle
+// machine. So a policy decides not only which globals a stream may name but
+// also how it may use them: a stream naming os.system, or reaching eval
+// through an allowed builtins.getattr, is refused (Unsafe, exit 3) instead of
+// being decoded as if it were a checkpoint and passed on.
 #pragma once
 
 #include <string_view>
 
+#include "pickle/value.h"
+
 namespace ckpt::pickle {
+
+// How the stream invokes a callable. REDUCE, INST and OBJ call
+// `callable(*args)`; NEWOBJ and NEWOBJ_EX call `cls.__new__(cls, *args)`.
+enum class CallOp { kCall, kNew };
 
 class GlobalPolicy {
  public:
   virtual ~GlobalPolicy() = default;
   virtual bool allows(std::string_view module, std::string_view name) const = 0;
+  // Throws Unsafe naming the call when the stream calls something in a way
+  // no checkpoint does. `args` is the argument tuple; `kwargs` may be null.
+  virtual void check_call(const Value& callable, const Value& args, const Value* kwargs, CallOp op) const = 0;
+  // Throws Unsafe when BUILD (`__setstate__` or a `__dict__` update) targets
+  // something no checkpoint builds, e.g. a class or a function.
+  virtual void check_build(const Value& target, const Value& state) const = 0;
+  // Throws Unsafe when APPENDS / SETITEMS would call `extend`, `append` or
+  // `__setitem__` on something other than a plain list, dict or set.
+  virtual void check_fill(const Value& target) const = 0;
 };
 
 // Everything a torch.save checkpoint, a DCP .metadata or a per-rank FSDP file
-// legitimately names (FORMATS.md): tensor rebuild functions, storage classes,
-// dtypes, torch.Size/device, OrderedDict, ShardedTensor/DTensor and their
-// metadata, DCP metadata classes, pathlib paths, getattr for enums.
+// legitimately names and does (docs/pickle-globals.md): tensor rebuild
+// functions with their argument shapes, storage classes, dtypes,
+// torch.Size/device, OrderedDict, ShardedTensor/DTensor and their metadata,
+// DCP metadata classes, pathlib paths, and the one getattr torch emits
+// (ShardedTensor.ProcessGroupState).
 const GlobalPolicy& checkpoint_policy();
 
 }  // namespace ckpt::pickle

@@ -62,6 +62,7 @@ void PickleMachine::op_inst() {
   std::string name(read_line());
   ValuePtr cls = make_global(std::move(module), std::move(name));
   ValuePtr args = make(Value::tuple(pop_mark()));
+  policy_.check_call(*cls, *args, nullptr, CallOp::kCall);
   push_new(Value::call(std::move(cls), std::move(args)));
 }
 
@@ -72,6 +73,7 @@ void PickleMachine::op_obj() {
   ValuePtr cls = std::move(items.front());
   items.erase(items.begin());
   ValuePtr args = make(Value::tuple(std::move(items)));
+  policy_.check_call(*cls, *args, nullptr, CallOp::kCall);
   push_new(Value::call(std::move(cls), std::move(args)));
 }
 
@@ -119,6 +121,7 @@ void PickleMachine::op_reduce() {
   if (ValuePtr folded = fold_call(callable, args)) {
     push_new(std::move(folded));
   } else {
+    policy_.check_call(*callable, *args, nullptr, CallOp::kCall);
     push_new(Value::call(std::move(callable), std::move(args)));
   }
 }
@@ -130,6 +133,7 @@ void PickleMachine::op_newobj() {
     push_new(Value::dict({}, true));
     return;
   }
+  policy_.check_call(*cls, *args, nullptr, CallOp::kNew);
   ValuePtr v = Value::call(std::move(cls), std::move(args));
   v->newobj = true;
   push_new(std::move(v));
@@ -139,6 +143,7 @@ void PickleMachine::op_newobj_ex() {
   ValuePtr kwargs = pop();
   ValuePtr args = pop();
   ValuePtr cls = pop();
+  policy_.check_call(*cls, *args, kwargs.get(), CallOp::kNew);
   ValuePtr v = Value::call(std::move(cls), std::move(args), std::move(kwargs));
   v->newobj = true;
   push_new(std::move(v));
@@ -150,6 +155,7 @@ void PickleMachine::op_newobj_ex() {
 void PickleMachine::op_build() {
   ValuePtr state = pop();
   const ValuePtr& target = top();
+  policy_.check_build(*target, *state);
   bool registered = holds_values(target->kind);
   ValuePtr object = make(std::make_shared<Value>(std::move(*target)));
   *target = Value(Kind::kBuilt);
@@ -159,7 +165,9 @@ void PickleMachine::op_build() {
 }
 
 void PickleMachine::add_items(Value& target, std::vector<ValuePtr> values) {
-  if (target.kind != Kind::kList && target.kind != Kind::kCall && target.kind != Kind::kBuilt) {
+  if (target.kind == Kind::kCall || target.kind == Kind::kBuilt) {
+    policy_.check_fill(target);
+  } else if (target.kind != Kind::kList) {
     fail_data_loss(std::string("cannot append to a ") + kind_name(target.kind));
   }
   check_container_size(uint64_t{target.items.size()} + values.size());
@@ -167,7 +175,9 @@ void PickleMachine::add_items(Value& target, std::vector<ValuePtr> values) {
 }
 
 void PickleMachine::add_entries(Value& target, std::vector<ValuePtr> flat) {
-  if (target.kind != Kind::kDict && target.kind != Kind::kCall && target.kind != Kind::kBuilt) {
+  if (target.kind == Kind::kCall || target.kind == Kind::kBuilt) {
+    policy_.check_fill(target);
+  } else if (target.kind != Kind::kDict) {
     fail_data_loss(std::string("cannot set items of a ") + kind_name(target.kind));
   }
   if (flat.size() % 2 != 0) fail_data_loss("odd number of items for key/value pairs");
