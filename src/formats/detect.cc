@@ -81,7 +81,12 @@ CheckpointModel read_by_kind(const std::string& src, const ReadOptions& options)
 
 CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options) {
   CheckpointModel model = read_by_kind(src, options);
-  if (model.root) with_context(model.source, [&] { require_plain_values(*model.root); });
+  if (model.root) {
+    with_context(model.source, [&] {
+      require_plain_values(*model.root);
+      require_bounded_expansion(*model.root);
+    });
+  }
   return model;
 }
 

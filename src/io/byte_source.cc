@@ -49,8 +49,20 @@ class FileDescriptor {
   int fd_;
 };
 
+const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+// Opened non-blocking so that a FIFO (or a device) named where a checkpoint
+// file belongs cannot block the open itself, then refused after fstat
+// before a single byte is read.
 std::shared_ptr<FileDescriptor> open_readonly(const std::string& path, uint64_t* size) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int err = errno;
     fail(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kDataLoss,
@@ -59,7 +71,11 @@ std::shared_ptr<FileDescriptor> open_readonly(const std::string& path, uint64_t*
   auto holder = std::make_shared<FileDescriptor>(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail_data_loss(path + ": cannot stat: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail(ErrorCode::kInvalidArgument, path + ": not a regular file");
+  if (!S_ISREG(st.st_mode)) {
+    fail(ErrorCode::kUnimplemented,
+         path + ": is " + std::string(file_type_name(st.st_mode)) + ", not a regular file; checkpoints are read only from regular files");
+  }
+  if (int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   *size = static_cast<uint64_t>(st.st_size);
   return holder;
 }

@@ -1,6 +1,8 @@
 #include "model/plain_values.h"
 
 #include <string>
+#include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -68,6 +70,53 @@ void require_plain_values(const Value& root) {
       pending.push_back({v.object.get(), cur.path});
       pending.push_back({v.state.get(), join_path(cur.path, "<attributes>")});
     }
+  }
+}
+
+namespace {
+
+// The children a tree walk descends into (a tensor reference is a leaf).
+template <class Fn>
+void for_each_child(const Value& v, Fn&& fn) {
+  if (tensor_ref_index(v) || v.is(Kind::kCall)) return;
+  for (const auto& item : v.items) fn(item.get());
+  for (const auto& [key, value] : v.entries) {
+    fn(key.get());
+    fn(value.get());
+  }
+  if (v.object) fn(v.object.get());
+  if (v.state) fn(v.state.get());
+}
+
+}  // namespace
+
+void require_bounded_expansion(const Value& root, uint64_t limit) {
+  // Post-order over the graph; sizes saturate just above the limit.
+  std::unordered_map<const Value*, uint64_t> size;
+  std::vector<std::pair<const Value*, bool>> stack{{&root, false}};
+  while (!stack.empty()) {
+    auto [node, children_done] = stack.back();
+    stack.pop_back();
+    if (size.count(node)) continue;
+    if (!children_done) {
+      stack.push_back({node, true});
+      for_each_child(*node, [&](const Value* child) {
+        if (!size.count(child)) stack.push_back({child, false});
+      });
+      continue;
+    }
+    uint64_t total = 1;
+    for_each_child(*node, [&](const Value* child) {
+      auto it = size.find(child);
+      if (it == size.end()) fail_data_loss("the value tree has a cycle");  // the unpickler refuses cycles; belt and braces
+      total = std::min(limit + 1, total + it->second);
+    });
+    size.emplace(node, total);
+  }
+  if (size.at(&root) > limit) {
+    fail(ErrorCode::kUnsafe, "the checkpoint's value tree expands to more than " + std::to_string(limit) +
+                                 " values when each shared part is counted where it appears (a pickle that "
+                                 "references one subtree from many places); refusing to walk it");
   }
 }
 

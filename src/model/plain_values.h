@@ -6,6 +6,8 @@
 // call of anything but torch.Size/torch.device) is refused, not passed on.
 #pragma once
 
+#include <cstdint>
+
 #include "pickle/value.h"
 
 namespace ckpt {
@@ -16,5 +18,15 @@ namespace ckpt {
 // layouts), torch.Size(...) or torch.device(...). Each node is visited once,
 // iteratively: shared subtrees and deep nesting cost no more than the graph.
 void require_plain_values(const pickle::Value& root);
+
+// Every walk above the readers (inspect, --keys, JSON, writers, diff) visits
+// the tree as a tree: a subtree the pickle references from k places is walked
+// k times, so 40 levels of `a = [a, a]` (1.9 KB) would be 2^40 visits. The
+// expanded size (each node counted once per path that reaches it) is computed
+// here in time linear in the graph; more than kMaxExpandedValues is Unsafe
+// (exit 3) naming the budget. Real state dicts are far below it: a
+// 100,000-tensor model with Adam state expands to about 10^6 values.
+inline constexpr uint64_t kMaxExpandedValues = uint64_t{1} << 24;
+void require_bounded_expansion(const pickle::Value& root, uint64_t limit = kMaxExpandedValues);
 
 }  // namespace ckpt

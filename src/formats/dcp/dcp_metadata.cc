@@ -53,6 +53,11 @@ StorageInfo parse_storage_info(const Value& v) {
 
 }  // namespace
 
+namespace {
+// The unpickler's own nesting limit (UnpickleLimits::max_depth).
+constexpr std::size_t kMaxPlannerPath = 512;
+}  // namespace
+
 DcpMetadata parse_metadata(const Value& root) {
   if (!pyobj::is_class(root, "Metadata")) fail_data_loss("not a DCP Metadata object (class '" + pyobj::class_name(root) + "')");
   DcpMetadata md;
@@ -66,6 +71,13 @@ DcpMetadata parse_metadata(const Value& root) {
   if (ValuePtr pd = pyobj::field(root, "planner_data"); pd && pd->is(Kind::kDict)) {
     for (const auto& [key, value] : pd->entries) {
       if (!key->is(Kind::kStr) || !(value->is(Kind::kTuple) || value->is(Kind::kList))) continue;
+      // Each element is one level of the rebuilt state dict, which later
+      // walks descend: bounded like any other nesting a file can ask for.
+      if (value->items.size() > kMaxPlannerPath) {
+        fail(ErrorCode::kUnsafe, "key '" + key->text + "': its planner_data path has " + std::to_string(value->items.size()) +
+                       " elements; a state dict nested more than " + std::to_string(kMaxPlannerPath) +
+                       " levels deep is not one ckptconv reads");
+      }
       if (md.planner_data.emplace(key->text, value->items).second) md.planner_order.push_back(key->text);
     }
   }

@@ -1,0 +1,111 @@
+"""Small hostile files that used to make ckptconv hang, crash or block
+(issue table rows 2, 3 and 10): each is now a clear exit 3 that writes
+nothing. The subprocess timeouts are hang guards, not timings."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+HANG_GUARD_S = 120
+
+
+def _only(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def test_shared_subtree_pickle_is_refused_by_every_walk(tmp_path, run_ckptconv):
+    """a = ['lol']; 40 times a = [a, a]: 1.9 KB whose tree has 2^40 leaves."""
+    a = ["lol"]
+    for _ in range(40):
+        a = [a, a]
+    src = tmp_path / "bomb.pt"
+    torch.save({"x": a}, src)
+    assert src.stat().st_size < 4096
+    out = tmp_path / "out"
+    out.mkdir()
+    for args in (["inspect", src], ["inspect", src, "--json"], ["validate", src],
+                 ["consolidate", src, "-o", out / "x.safetensors"], ["consolidate", src, "-o", out / "x.pt"],
+                 ["diff", src, src]):
+        r = run_ckptconv(*args, timeout=HANG_GUARD_S)
+        assert r.returncode == 3, f"{args[0]}: exit {r.returncode}\n{r.stderr}"
+        assert "expands to more than" in r.stdout + r.stderr
+    assert _only(out) == []
+
+
+def test_shared_subtree_within_budget_still_reads(tmp_path, run_ckptconv):
+    """Sharing itself is fine: 10 levels (1024 leaves) inspect and convert."""
+    a = ["lol"]
+    for _ in range(10):
+        a = [a, a]
+    src = tmp_path / "shared.pt"
+    torch.save({"x": a, "w": torch.ones(2)}, src)
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "o.pt")
+    assert r.returncode == 0, r.stderr
+    assert torch.load(tmp_path / "o.pt", weights_only=True)["x"] == a
+
+
+@pytest.mark.parametrize("length", [5_000, 50_000, 100_000])
+def test_deep_planner_data_path_is_refused(length, tmp_path, run_ckptconv):
+    src = tmp_path / "deep"
+    dcp.save({"model": {"w": torch.arange(4.0)}}, checkpoint_id=str(src), no_dist=True)
+    md_path = src / ".metadata"
+    with open(md_path, "rb") as f:
+        md = pickle.load(f)
+    md.planner_data["model.w"] = tuple(["model"] * (length - 1) + ["w"])
+    md_path.write_bytes(pickle.dumps(md))
+    out = tmp_path / "out"
+    out.mkdir()
+    for args in (["inspect", src], ["validate", src], ["consolidate", src, "-o", out / "full.pt"],
+                 ["reshard", src, "-o", out / "r", "--world-size", "2"]):
+        r = run_ckptconv(*args, timeout=HANG_GUARD_S)
+        assert r.returncode == 3, f"{args[0]}: exit {r.returncode}\n{r.stderr}"
+        assert f"planner_data path has {length} elements" in r.stdout + r.stderr
+    assert _only(out) == []
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("where", ["src", "metadata", "distcp"])
+def test_fifo_is_refused_without_blocking(where, tmp_path, run_ckptconv, testdata):
+    if where == "src":
+        src = tmp_path / "model.pt"
+        _fifo(src)
+        named = src
+    else:
+        src = tmp_path / "ckpt"
+        shutil.copytree(testdata / "dcp" / "fsdp2_adamw_ws2", src)
+        named = src / (".metadata" if where == "metadata" else "__1_0.distcp")
+        named.unlink()
+        _fifo(named)
+    # A writer that never comes: if ckptconv opened the FIFO for reading it
+    # would block until the hang guard fires.
+    for args in (["inspect", src], ["validate", src], ["consolidate", src, "-o", tmp_path / "o.pt"]):
+        r = run_ckptconv(*args, timeout=HANG_GUARD_S)
+        assert r.returncode in (1, 3), f"{args[0]}: exit {r.returncode}\n{r.stderr}"
+        if args[0] != "validate":
+            assert r.returncode == 3
+        assert "is a FIFO, not a regular file" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_device_and_directory_in_place_of_a_file_are_exit_3(tmp_path, run_ckptconv):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / ".metadata").mkdir()
+    r = run_ckptconv("inspect", src, timeout=HANG_GUARD_S)
+    assert r.returncode == 3, r.stderr
+    assert "is a directory, not a regular file" in r.stderr
+    r = run_ckptconv("inspect", "/dev/zero", timeout=HANG_GUARD_S)
+    assert r.returncode == 3, r.stderr
+    assert "is a character device" in r.stderr
