@@ -123,19 +123,17 @@ def test_pt_opcode_attack_refused(attack, tmp_path, run_ckptconv):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("attack", ["getattr_chain", "partial"])
-def test_dcp_bytes_item_attack_refused_by_every_subcommand(attack, tmp_path, run_ckptconv):
-    marker = tmp_path / "pwned"
-    src = tmp_path / "hostile_dcp"
-    _write_dcp_bytes_item(src, marker, attack)
-    _assert_refused_everywhere(run_ckptconv, src, tmp_path, marker, EXPECT[attack])
+DCP_CASES = [("bytes_item", "getattr_chain"), ("bytes_item", "partial"),
+             ("metadata", "getattr_chain"), ("metadata", "direct_eval")]
 
 
-@pytest.mark.parametrize("attack", ["getattr_chain", "direct_eval"])
-def test_dcp_metadata_attack_refused_by_every_subcommand(attack, tmp_path, run_ckptconv):
+@pytest.mark.parametrize("where,attack", DCP_CASES)
+def test_dcp_attack_refused_by_every_subcommand(where, attack, tmp_path, run_ckptconv):
+    """In a bytes item (a torch.save pickle inside a .distcp) or in .metadata."""
     marker = tmp_path / "pwned"
     src = tmp_path / "hostile_dcp"
-    _write_dcp_metadata(src, marker, attack)
+    write = _write_dcp_bytes_item if where == "bytes_item" else _write_dcp_metadata
+    write(src, marker, attack)
     _assert_refused_everywhere(run_ckptconv, src, tmp_path, marker, EXPECT[attack])
 
 

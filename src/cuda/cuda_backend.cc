@@ -26,7 +26,7 @@
 #include "cuda/cuda_api.h"
 #include "cuda/device_buffers.h"
 #include "cuda/kernels.h"
-#include "exec/parallel_ranges.h"
+#include "core/parallel_ranges.h"
 #include "torch_plugin/torch_cast.h"
 
 namespace ckpt::cuda {

@@ -1,6 +1,6 @@
 // The arithmetic the executor needs on tensor bytes, behind one interface so
 // that a CUDA implementation can replace the CPU one with identical results
-// (DESIGN.md "Backends"). Buffers are host memory in every call: a device
+// (docs/architecture.md, "The data path"). Buffers are host memory in every call: a device
 // backend stages them itself.
 #pragma once
 

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "exec/backend.h"
 #include "exec/finite_scan.h"
-#include "exec/parallel_ranges.h"
+#include "core/parallel_ranges.h"
 #include "exec/torch_plugin.h"
 
 namespace ckpt {

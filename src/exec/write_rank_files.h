@@ -1,7 +1,7 @@
 // Executes a per-rank-files plan (plan_rank_files): for every output rank r
 // and every family (model, optimizer), one torch.save file holding the
 // family's state dict as rank r of an FSDP1 job at world size N saves it
-// under SHARDED_STATE_DICT (FORMATS.md §3): sharded tensors as ShardedTensor
+// under SHARDED_STATE_DICT (docs/formats.md §3): sharded tensors as ShardedTensor
 // or DTensor values wrapping rank r's torch.chunk piece of dim 0, other
 // tensors (optimizer `step`) whole, every other value as the source has it.
 // Each local piece is assembled from the overlapping source ranges only

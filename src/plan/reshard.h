@@ -60,7 +60,7 @@ void fsdp2_box(const Shape& shape, int world_size, int rank, Shape& offsets, Sha
 // require_valid().
 ReshardPlan plan_reshard(const std::vector<TensorEntry>& tensors, int world_size, int source_world_size);
 
-// Per-rank files (FSDP1 SHARDED_STATE_DICT, FORMATS.md §3): every rank's
+// Per-rank files (FSDP1 SHARDED_STATE_DICT, docs/formats.md §3): every rank's
 // file holds every tensor. Tensors `sharded[t]` get one item per rank, the
 // torch.chunk box of dim 0 (empty on ranks past the last piece); the others
 // (optimizer `step`, buffers) are written whole by every rank and marked

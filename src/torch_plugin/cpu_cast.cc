@@ -1,20 +1,12 @@
-// libckpt_torch.so: LibTorch behind the C interface of exec/torch_plugin_api.h.
-// Casts run on LibTorch's CPU kernels so that they round exactly as torch.
-// Nothing here may throw across the interface.
+// The plugins' casts: LibTorch's CPU kernels, so that they round exactly as
+// torch. Nothing here may throw across the interface (plugin/plugin_entry.cc).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
-#include <torch/version.h>
-#ifdef CKPT_HAVE_CUDA
-#include <torch/cuda.h>
-
-#include "cuda/cuda_api.h"
-#endif
 
 #include <exception>
 #include <string>
 
-#include "exec/torch_plugin_api.h"
 #include "torch_plugin/torch_cast.h"
 #include "torch_plugin/torch_dtype.h"
 
@@ -49,44 +41,3 @@ std::size_t torch_element_size(int dtype) {
 }
 
 }  // namespace ckpt
-
-namespace {
-
-int cuda_device_count() {
-#ifdef CKPT_HAVE_CUDA
-  try {
-    return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  } catch (const std::exception&) {
-    return 0;
-  }
-#else
-  return 0;
-#endif
-}
-
-const CkptTorchApi kApi = {
-    CKPT_TORCH_API_VERSION,
-    TORCH_VERSION,
-#ifdef CKPT_HAVE_CUDA
-    1,
-#else
-    0,
-#endif
-    cuda_device_count,
-    ckpt::torch_cast,
-#ifdef CKPT_HAVE_CUDA
-    ckpt::cuda::api_open,
-    ckpt::cuda::api_close,
-    ckpt::cuda::api_name,
-    ckpt::cuda::api_assemble,
-#else
-    nullptr,
-    nullptr,
-    nullptr,
-    nullptr,
-#endif
-};
-
-}  // namespace
-
-extern "C" __attribute__((visibility("default"))) const CkptTorchApi* ckpt_torch_api() { return &kApi; }

@@ -1,5 +1,5 @@
 // The `.metadata` file of a torch.distributed.checkpoint directory
-// (FORMATS.md §2): a pickle (protocol 4/5) of
+// (docs/formats.md §2): a pickle (protocol 4/5) of
 //
 //   Metadata(state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata},
 //            planner_data: {fqn: (path elements...)},

@@ -1,4 +1,4 @@
-// Writer of torch.distributed.checkpoint directories (FORMATS.md §2):
+// Writer of torch.distributed.checkpoint directories (docs/formats.md §2):
 //
 //   DST/.metadata          pickle of Metadata (below), protocol 2
 //   DST/__<r>_0.distcp     one per rank: torch.save archives concatenated

@@ -1,4 +1,4 @@
-// Reader of per-rank FSDP checkpoint files (FORMATS.md §3): every rank
+// Reader of per-rank FSDP checkpoint files (docs/formats.md §3): every rank
 // torch.save'd its own sharded state dict (ShardedTensor or DTensor values,
 // plain tensors such as the optimizer `step`, plain values such as
 // param_groups). The files of one family (names that differ only in the

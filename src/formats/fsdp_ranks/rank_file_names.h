@@ -1,4 +1,4 @@
-// Names of per-rank checkpoint files (FORMATS.md §3) and how a family of them
+// Names of per-rank checkpoint files (docs/formats.md §3) and how a family of them
 // is found: in a directory, through a glob, or listed one by one.
 //
 //   veRL        model_world_size_{N}_rank_{r}.pt, optim_world_size_{N}_rank_{r}.pt

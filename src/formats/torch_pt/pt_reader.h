@@ -1,4 +1,4 @@
-// Reader of torch.save archives (FORMATS.md §1): data.pkl unpickled under the
+// Reader of torch.save archives (docs/formats.md §1): data.pkl unpickled under the
 // checkpoint policy, every `_rebuild_tensor_v2/_v3` (and `_rebuild_parameter`)
 // turned into a TensorEntry whose single chunk points at its storage record.
 // Tensor bytes are never read here.

@@ -1,5 +1,5 @@
 // ShardedTensor and DTensor values inside per-rank torch.save files
-// (FORMATS.md §3). Both pickle as
+// (docs/formats.md §3). Both pickle as
 //   torch._tensor._rebuild_from_type_v2(_rebuild_wrapper_subclass, <class>,
 //       (<class>, dtype, global size, stride, storage_offset, layout, device, requires_grad),
 //       state)
