@@ -40,10 +40,30 @@ Error& Error::add_context(std::string item) {
   return *this;
 }
 
+namespace {
+
+// True when `inner` names the same place as `outer` or a part of it:
+// "f.distcp[0:+9][64:+5]" refines "f.distcp[0:+9]", "f.pt: cannot open" names "f.pt".
+bool refines(const std::string& inner, const std::string& outer) {
+  if (outer.empty() || inner.compare(0, outer.size(), outer) != 0) return false;
+  if (inner.size() == outer.size()) return true;
+  char next = inner[outer.size()];
+  return next == '[' || next == ':' || next == ' ' || next == '/';
+}
+
+}  // namespace
+
+// Layers add the place they know as the error passes (file, record, byte
+// range, key), and a message may itself start with its file: each place is
+// printed once, at its most precise, so an item that a later (inner) item
+// or the message refines is left out.
 void Error::rebuild_what() {
   what_.clear();
-  for (const auto& c : context_) {
-    what_ += c;
+  for (std::size_t i = 0; i < context_.size(); ++i) {
+    bool refined = refines(message_, context_[i]);
+    for (std::size_t j = i + 1; j < context_.size() && !refined; ++j) refined = refines(context_[j], context_[i]);
+    if (refined) continue;
+    what_ += context_[i];
     what_ += ": ";
   }
   what_ += message_;

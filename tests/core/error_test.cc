@@ -43,3 +43,24 @@ TEST_CASE("dtype names and storage classes map both ways", "[core]") {
   CHECK(dtype_size(DType::kComplex128) == 16);
   CHECK(dtype_info(DType::kFloat8E5M2).is_floating);
 }
+
+TEST_CASE("each place is printed once, at its most precise", "[core]") {
+  // What a DCP item read used to print: the .distcp range three times.
+  Error e(ErrorCode::kDataLoss, "pickle opcode REDUCE at byte 47: bad");
+  e.add_context("d/__5_0.distcp[8827:+2605][64:+1371]");
+  e.add_context("data.pkl");
+  e.add_context("d/__5_0.distcp[8827:+2605]");
+  e.add_context("d/__5_0.distcp[8827:+2605]");
+  e.add_context("key 'x'");
+  CHECK(std::string(e.what()) == "key 'x': data.pkl: d/__5_0.distcp[8827:+2605][64:+1371]: pickle opcode REDUCE at byte 47: bad");
+  // a message that starts with its file drops the same file as context
+  Error f(ErrorCode::kNotFound, "ckpt/x.pt: cannot open: No such file or directory");
+  f.add_context("ckpt/x.pt");
+  CHECK(std::string(f.what()) == "ckpt/x.pt: cannot open: No such file or directory");
+  // a different place with a common prefix stays
+  Error g(ErrorCode::kDataLoss, "bad");
+  g.add_context("ckpt/x.pt2");
+  g.add_context("ckpt/x.pt");
+  CHECK(std::string(g.what()) == "ckpt/x.pt: ckpt/x.pt2: bad");
+  CHECK(g.context().size() == 2);  // the chain itself is kept whole
+}

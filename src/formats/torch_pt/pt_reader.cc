@@ -203,8 +203,9 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
   ValuePtr root;
   try {
     const archive::ZipEntry& pkl = zip.record("data.pkl");
-    ValuePtr raw = with_context(source->describe() + ": data.pkl",
-                                [&] { return pickle::unpickle(*zip.open(pkl), pickle::checkpoint_policy()); });
+    ValuePtr raw = with_context(source->describe(), [&] {
+      return with_context("data.pkl", [&] { return pickle::unpickle(*zip.open(pkl), pickle::checkpoint_policy()); });
+    });
     root = with_context(source->describe(), [&] { return decoder.transform(raw, prefix); });
   } catch (const Error&) {
     // A record that fails its CRC (data.pkl itself, often) explains the

@@ -272,8 +272,8 @@ ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, int worl
 
 std::optional<MeshInfo> find_device_mesh(const SourcePtr& source) {
   archive::ZipReader zip(source);
-  ValuePtr root = with_context(source->describe() + ": data.pkl", [&] {
-    return pickle::unpickle(*zip.open(zip.record("data.pkl")), pickle::checkpoint_policy());
+  ValuePtr root = with_context(source->describe(), [&] {
+    return with_context("data.pkl", [&] { return pickle::unpickle(*zip.open(zip.record("data.pkl")), pickle::checkpoint_policy()); });
   });
   // Depth-first over the value graph (shared values visited once).
   std::vector<const Value*> pending = {root.get()};
