@@ -20,7 +20,9 @@ set(allowed_plan         core model plan)
 set(allowed_exec         core io pickle archive model formats plan exec)
 set(allowed_check        core io pickle archive model formats plan exec check)
 set(allowed_diff         core io pickle archive model formats plan exec diff)
-set(allowed_cli          core io pickle archive model formats plan exec check diff cli)
+set(allowed_jobs         core io pickle archive model formats plan exec check diff jobs)
+# The CLI parses options and prints: it sees the jobs and core, nothing else.
+set(allowed_cli          core jobs cli)
 # The dlopened plugins see LibTorch and the C table, never the library.
 set(allowed_torch_plugin core torch_plugin)
 set(allowed_cuda         core torch_plugin cuda)

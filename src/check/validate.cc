@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <future>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -12,7 +11,6 @@
 #include "check/tensor_scan.h"
 #include "core/progress.h"
 #include "formats/detect.h"
-#include "formats/fsdp_ranks/rank_file_names.h"
 #include "model/tree_walk.h"
 #include "model/validate.h"
 
@@ -20,40 +18,6 @@ namespace ckpt::check {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The files SRC consists of, as given (not resolved), sorted.
-std::vector<std::string> checkpoint_files(const std::string& src, const ValidateOptions& opt, SourceKind kind,
-                                          const CheckpointModel* model) {
-  std::vector<std::string> out;
-  auto rank_file_of_kind = [&](const std::string& path) {
-    auto name = fsdp_ranks::parse_rank_file_name(fs::path(path).filename().string());
-    return name && !name->auxiliary && (opt.only.empty() || name->kind == opt.only);
-  };
-  if (!opt.files.empty()) {
-    out = opt.files;
-  } else if (kind == SourceKind::kDcpDir) {
-    static const std::regex kDcpFile(R"(\.metadata|__\d+\.metadata|.*\.distcp)");
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(src, ec))
-      if (e.is_regular_file() && std::regex_match(e.path().filename().string(), kDcpFile)) out.push_back(e.path().string());
-  } else if (kind == SourceKind::kFsdpRanks) {
-    std::error_code ec;
-    std::vector<std::string> all = fs::is_directory(src, ec) ? fsdp_ranks::list_rank_files(src) : fsdp_ranks::expand_glob(src);
-    for (auto& p : all)
-      if (rank_file_of_kind(p)) out.push_back(std::move(p));
-  } else {
-    out.push_back(src);
-    if (kind == SourceKind::kSafetensorsIndex && model) {
-      std::set<std::string> shards;
-      for (const auto& t : model->tensors)
-        for (const auto& c : t.chunks) shards.insert(c.file);
-      out.insert(out.end(), shards.begin(), shards.end());
-    }
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
 
 // File names in manifests: relative to the checkpoint's folder.
 std::string manifest_path_of(const std::string& file, const std::string& src, const ValidateOptions& opt) {
@@ -64,19 +28,11 @@ std::string manifest_path_of(const std::string& file, const std::string& src, co
   return rel.empty() || rel.native().starts_with("..") ? fs::path(file).filename().string() : rel.string();
 }
 
-std::vector<int> world_sizes_of(const CheckpointModel& model) {
-  std::vector<int> out;
-  auto it = model.facts.find("world_size");
-  if (it == model.facts.end()) {
-    if (model.format == "pt" || model.format == "safetensors" || model.format == "hdf5") out.push_back(1);
-    return out;
-  }
-  // "2", or "2 (model), 3 (optim)" for two families that disagree.
-  static const std::regex kInt(R"(\d+)");
-  for (std::sregex_iterator m(it->second.begin(), it->second.end(), kInt), end; m != end; ++m) {
-    int ws = std::stoi(m->str());
-    if (std::find(out.begin(), out.end(), ws) == out.end()) out.push_back(ws);
-  }
+// "2 (model), 3 (optim)": the world size of each family, for a message.
+std::string family_world_sizes(const SourceInfo& info) {
+  std::string out;
+  for (const auto& f : info.families)
+    out += (out.empty() ? "" : ", ") + std::to_string(f.world_size) + (f.kind.empty() ? "" : " (" + f.kind + ")");
   return out;
 }
 
@@ -103,7 +59,7 @@ class Validator {
     report_.source = src_.empty() && !opt_.files.empty() ? opt_.files.front() : src_;
     std::optional<CheckpointModel> model = read();
     if (model) {
-      report_.format = model->format;
+      report_.format = model->format();
       report_.tensors = model->tensors.size();
       for (const auto& t : model->tensors) report_.tensor_bytes += t.nbytes();
       check_coverage(*model);
@@ -112,14 +68,7 @@ class Validator {
       check_world_size(*model);
       if (!opt_.expect_keys_file.empty()) check_keys(*model);
     }
-    std::vector<std::string> files;
-    if (report_.readable) {
-      try {
-        files = checkpoint_files(src_, opt_, kind_, model ? &*model : nullptr);
-      } catch (const Error&) {
-        // A glob that matches nothing: already reported by the reader.
-      }
-    }
+    std::vector<std::string> files = model ? model->info.files : std::vector<std::string>{};
     report_.files = files.size();
     if (model && (opt_.finite || wants_manifest())) data_pass(*model, files);
     report_.problems = sink_.problems();
@@ -142,7 +91,7 @@ class Validator {
       report_.readable = false;
       return std::nullopt;
     }
-    report_.format = format_name(kind_);
+    report_.format = source_format_name(kind_);
     try {
       return read_checkpoint(src_, {opt_.files, opt_.only, &sink_});
     } catch (const Error& e) {
@@ -150,18 +99,6 @@ class Validator {
       sink_.report(e, report_.source);
       return std::nullopt;
     }
-  }
-
-  static const char* format_name(SourceKind kind) {
-    switch (kind) {
-      case SourceKind::kTorchPt: return "pt";
-      case SourceKind::kDcpDir: return "dcp";
-      case SourceKind::kFsdpRanks: return "fsdp-ranks";
-      case SourceKind::kSafetensors:
-      case SourceKind::kSafetensorsIndex: return "safetensors";
-      case SourceKind::kHdf5: return "hdf5";
-    }
-    return "";
   }
 
   // After a failed read (a rank file missing or unreadable), the gaps it
@@ -187,18 +124,18 @@ class Validator {
   }
 
   void check_world_size(const CheckpointModel& model) {
-    std::vector<int> sizes = world_sizes_of(model);
+    const std::vector<int>& sizes = model.info.world_sizes;
     if (sizes.size() == 1) report_.world_size = sizes.front();
     if (sizes.size() > 1)
       sink_.report(Problem{ErrorCode::kDataLoss,
                            "the model and optimizer files were written at different world sizes (" +
-                               model.facts.at("world_size") + ")",
+                               family_world_sizes(model.info) + ")",
                            "", -1, ""});
     if (opt_.expect_world_size < 0) return;
     check("world-size");
     if (sizes.empty()) {
       sink_.report(Problem{ErrorCode::kDataLoss,
-                           "--expect-world-size " + std::to_string(opt_.expect_world_size) + ": a " + model.format +
+                           "--expect-world-size " + std::to_string(opt_.expect_world_size) + ": a " + std::string(model.format()) +
                                " checkpoint does not record its world size",
                            "", -1, ""});
       return;
@@ -258,7 +195,7 @@ class Validator {
     Manifest now;
     now.algorithm = algorithm.value_or(ChecksumAlgorithm::kXxh3_64);
     now.source = report_.source;
-    now.format = model.format;
+    now.format = model.format();
     now.world_size = report_.world_size;
     // File checksums run beside the tensor scan: two independent streams.
     std::future<ProblemSink> file_sums;

@@ -9,28 +9,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/progress.h"
-#include "exec/backend.h"
-#include "exec/runtime_info.h"
-
-namespace {
-
-std::string version_text() {
-  ckpt::RuntimeInfo info = ckpt::runtime_info();
-  std::string cuda = info.cuda_compiled
-                         ? (info.cuda_available ? "compiled in, " + std::to_string(info.cuda_devices) + " device(s) visible"
-                                                : "compiled in, no device visible")
-                         : "not compiled in";
-  std::string backend;
-  try {
-    backend = ckpt::describe_auto_backend();
-  } catch (const std::exception& e) {
-    backend = std::string("cpu (the CUDA backend failed to start: ") + e.what() + ")";
-  }
-  return std::string("ckptconv ") + CKPT_VERSION + "\nLibTorch " + info.libtorch_version + "\nCUDA " + cuda +
-         "\n--device auto: " + backend;
-}
-
-}  // namespace
+#include "jobs/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"ckptconv: inspect, validate, diff, consolidate and reshard sharded PyTorch checkpoints (DCP directories, per-rank FSDP files)",
@@ -45,7 +24,7 @@ int main(int argc, char** argv) {
   bool quiet = false, verbose = false;
   app.add_flag("-q,--quiet", quiet, "Only print errors on stderr");
   app.add_flag("-v,--verbose", verbose, "Print debug messages on stderr");
-  app.set_version_flag("--version", version_text);
+  app.set_version_flag("--version", ckpt::jobs::version_text);
 
   ckpt::cli::register_commands(app);
 

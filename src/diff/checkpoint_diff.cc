@@ -91,8 +91,8 @@ uint64_t diff_read_bytes(const CheckpointModel& a, const CheckpointModel& b) {
 
 DiffReport diff_models(const CheckpointModel& a, const CheckpointModel& b, const DiffOptions& options) {
   DiffReport report;
-  report.a = {a.source, a.format};
-  report.b = {b.source, b.format};
+  report.a = {a.source, a.format()};
+  report.b = {b.source, b.format()};
   report.options = options;
   Matching m = match_leaves(a, b);
   for (std::size_t i : m.only_a) report.only_in_a.push_back(m.a[i].path);

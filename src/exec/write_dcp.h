@@ -11,6 +11,7 @@
 #include "exec/tensor_copy.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "model/checkpoint_model.h"
+#include "model/tree_walk.h"
 #include "plan/reshard.h"
 
 namespace ckpt {
@@ -43,17 +44,5 @@ DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMeta
 // one item keyed by the dotted path. Unimplemented when the root is no dict
 // or a tensor sits inside a bytes item (a tuple).
 dcp::DcpMetadata flattened_layout(const CheckpointModel& model);
-
-// The dict of a mapping value: `v` itself, or the dict under BUILD for an
-// OrderedDict with attributes (a state_dict() and its `_metadata`).
-pickle::ValuePtr mapping_of(const pickle::ValuePtr& v);
-
-// Unimplemented naming the source unless its root is a state dict (a dict):
-// "<source>: <layout> holds a state dict (a dict); this file holds a tensor".
-void require_state_dict(const CheckpointModel& model, const std::string& layout);
-
-// The value a flat DCP key stands for: `path` (planner_data) followed from
-// the model's root. DataLoss naming the key when it leads nowhere.
-pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path, const std::string& key);
 
 }  // namespace ckpt

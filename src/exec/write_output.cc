@@ -18,7 +18,7 @@ void write_pt_output(const CheckpointModel& model, const OutputOptions& options)
   std::vector<torch_pt::OutputTensor> tensors;
   tensors.reserve(model.tensors.size());
   for (const auto& t : model.tensors)
-    tensors.push_back({t.output_dtype(), t.shape, t.stored_as == "Parameter", t.requires_grad});
+    tensors.push_back({t.output_dtype(), t.shape, t.storage == StorageKind::kParameter, t.requires_grad});
   auto sink = AtomicFileSink::create(options.path, options.force, options.durable);
   with_context(options.path, [&] {
     torch_pt::write_pt(*sink, *model.root, tensors, [&](std::size_t index, archive::ZipWriter& zip) {

@@ -1,6 +1,8 @@
 #include "formats/detect.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
 #include "formats/dcp/dcp_reader.h"
@@ -16,18 +18,6 @@
 
 namespace ckpt {
 namespace fs = std::filesystem;
-
-const char* source_kind_name(SourceKind kind) {
-  switch (kind) {
-    case SourceKind::kTorchPt: return "torch.save file";
-    case SourceKind::kDcpDir: return "DCP directory";
-    case SourceKind::kFsdpRanks: return "per-rank files";
-    case SourceKind::kSafetensors: return "safetensors file";
-    case SourceKind::kSafetensorsIndex: return "sharded safetensors (index)";
-    case SourceKind::kHdf5: return "HDF5 file";
-  }
-  return "?";
-}
 
 SourceKind detect_source(const std::string& src) {
   std::error_code ec;
@@ -53,15 +43,14 @@ SourceKind detect_source(const std::string& src) {
 
 namespace {
 
-CheckpointModel read_by_kind(const std::string& src, const ReadOptions& options) {
+CheckpointModel read_by_kind(const std::string& src, SourceKind kind, const ReadOptions& options) {
   if (!options.files.empty()) {
     if (!src.empty()) fail_invalid("give either SRC or --files, not both");
     return fsdp_ranks::read_fsdp_rank_files(options.files, options.files.front() + " (and " +
                                             std::to_string(options.files.size() - 1) + " more files)", options.only,
                                             options.problems);
   }
-  if (src.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
-  switch (detect_source(src)) {
+  switch (kind) {
     case SourceKind::kTorchPt: return torch_pt::read_pt_file(src, options.problems);
     case SourceKind::kDcpDir: return dcp::read_dcp_dir(src, options.problems);
     case SourceKind::kFsdpRanks: return fsdp_ranks::read_fsdp_ranks(src, options.only, options.problems);
@@ -77,10 +66,37 @@ CheckpointModel read_by_kind(const std::string& src, const ReadOptions& options)
   fail(ErrorCode::kInternal, src + ": unhandled source kind");
 }
 
+// What every kind of source has: its kind, its files and, for a single
+// file, world size 1. Readers of sharded sources fill in the rest.
+void complete_info(CheckpointModel& model, const std::string& src, SourceKind kind) {
+  SourceInfo& info = model.info;
+  info.kind = kind;
+  if (info.files.empty()) {
+    info.files.push_back(src);
+    if (kind == SourceKind::kSafetensorsIndex) {  // the index and every shard it names
+      std::set<std::string> shards;
+      for (const auto& t : model.tensors)
+        for (const auto& c : t.chunks) shards.insert(c.file);
+      info.files.insert(info.files.end(), shards.begin(), shards.end());
+      std::sort(info.files.begin(), info.files.end());
+      info.files.erase(std::unique(info.files.begin(), info.files.end()), info.files.end());
+    }
+  }
+  if (info.world_sizes.empty() && !info.is_sharded_source()) info.world_sizes = {1};
+}
+
 }  // namespace
 
+SourceKind source_kind_of(const std::string& src, const ReadOptions& options) {
+  if (!options.files.empty()) return SourceKind::kFsdpRanks;
+  if (src.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
+  return detect_source(src);
+}
+
 CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options) {
-  CheckpointModel model = read_by_kind(src, options);
+  SourceKind kind = source_kind_of(src, options);
+  CheckpointModel model = read_by_kind(src, kind, options);
+  complete_info(model, src, kind);
   if (model.root) {
     with_context(model.source, [&] {
       require_plain_values(*model.root);

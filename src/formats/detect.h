@@ -10,10 +10,6 @@
 
 namespace ckpt {
 
-// kFsdpRanks: a directory without `.metadata` holding per-rank files, a glob
-// pattern, or files listed with --files.
-enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kSafetensorsIndex, kHdf5 };
-
 struct ReadOptions {
   std::vector<std::string> files;  // --files: per-rank files given one by one (SRC is then empty)
   // --only: per-rank families hold model and optimizer in separate files, so
@@ -26,10 +22,15 @@ struct ReadOptions {
   ProblemSink* problems = nullptr;
 };
 
-const char* source_kind_name(SourceKind kind);
 // InvalidArgument/NotFound/DataLoss with a message naming SRC when it is none
 // of the known kinds.
 SourceKind detect_source(const std::string& src);
+// detect_source(src), or kFsdpRanks for --files; usage error when neither is given.
+SourceKind source_kind_of(const std::string& src, const ReadOptions& options);
+// Reads SRC (or options.files) with the reader of its kind and fills the
+// model's SourceInfo (kind, files, world sizes; readers add families and
+// meshes), then passes the decoded tree through the gate of
+// model/plain_values.h.
 CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options = {});
 
 }  // namespace ckpt

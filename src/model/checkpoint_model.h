@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "io/byte_source.h"
+#include "model/source_info.h"
 #include "pickle/value.h"
 
 namespace ckpt {
@@ -48,23 +49,28 @@ struct TensorEntry {
   Shape shape;       // global
   std::vector<TensorChunk> chunks;
   bool requires_grad = false;
-  std::string stored_as = "tensor";  // "tensor", "Parameter", "ShardedTensor", "DTensor"
+  StorageKind storage = StorageKind::kTensor;
   std::optional<DType> out_dtype;     // set by --dtype: the dtype to write
   std::string sharding;               // how a sharded value described itself, for inspect
   int world_size = -1;                // sharded values: ranks in the process group / device mesh that wrote it
 
   uint64_t numel() const { return shape_numel(shape); }
+  // A ShardedTensor or DTensor value: each rank held a piece.
+  bool is_sharded() const { return storage == StorageKind::kShardedTensor || storage == StorageKind::kDTensor; }
   uint64_t nbytes() const { return numel() * dtype_size(dtype); }
   DType output_dtype() const { return out_dtype.value_or(dtype); }
   uint64_t output_nbytes() const { return numel() * dtype_size(output_dtype()); }
 };
 
 struct CheckpointModel {
-  std::string format;                    // "pt", "dcp", "fsdp-ranks", ...
+  SourceInfo info;                       // what the reader learned about the source itself
   std::string source;                    // the path given by the user
   pickle::ValuePtr root;                 // structure; tensors are tensor references
   std::vector<TensorEntry> tensors;
-  std::map<std::string, std::string> facts;  // e.g. "torch_version_features" -> "..."
+  std::map<std::string, std::string> facts;  // for display only (inspect): e.g. "dcp_metadata_version" -> "1.0.0"
+
+  // "pt", "dcp", "fsdp-ranks", "safetensors", "hdf5" (reports, JSON, manifests).
+  const char* format() const { return source_format_name(info.kind); }
 };
 
 // The placeholder for tensor `index` inside CheckpointModel::root. It is a

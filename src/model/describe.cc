@@ -29,7 +29,7 @@ std::string ranks_of(const TensorEntry& t) {
 }  // namespace
 
 void describe_model(const CheckpointModel& model, std::ostream& out) {
-  out << model.source << ": " << model.format << ", " << model.tensors.size() << " tensors, "
+  out << model.source << ": " << model.format() << ", " << model.tensors.size() << " tensors, "
       << human_bytes(total_bytes(model)) << "\n";
   for (const auto& [k, v] : model.facts) out << "  " << k << ": " << v << "\n";
   std::size_t width = 4;
@@ -42,7 +42,7 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
       out << std::setw(9) << dtype_name(t.dtype) << " " << std::setw(14) << shape_str(t.shape) << " "
           << std::setw(10) << human_bytes(t.nbytes());
       if (!t.sharding.empty()) out << " " << t.sharding;
-      else if (t.stored_as != "tensor") out << " " << t.stored_as;
+      else if (t.storage != StorageKind::kTensor) out << " " << storage_kind_name(t.storage);
       if (t.chunks.size() > 1 || ranks_of(t).size()) out << " chunks=" << t.chunks.size();
       std::string r = ranks_of(t);
       if (!r.empty()) out << " rows[" << r << "]";
@@ -81,7 +81,7 @@ nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
   j["schema_version"] = 1;
   j["schema"] = 1;
   j["source"] = model.source;
-  j["format"] = model.format;
+  j["format"] = model.format();
   j["facts"] = model.facts;
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array(), values = nlohmann::ordered_json::array();
   walk_leaves(*model.root, [&](const Leaf& leaf) {
@@ -94,7 +94,7 @@ nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
     for (const auto& c : t.chunks)
       chunks.push_back({{"offsets", c.offsets}, {"sizes", c.sizes}, {"file", c.file}, {"rank", c.rank}});
     tensors.push_back({{"path", leaf.path}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
-                       {"bytes", t.nbytes()}, {"stored_as", t.stored_as}, {"chunks", chunks}});
+                       {"bytes", t.nbytes()}, {"stored_as", storage_kind_name(t.storage)}, {"chunks", chunks}});
     if (!t.sharding.empty()) tensors.back()["sharding"] = t.sharding;
   });
   j["tensors"] = tensors;

@@ -1,5 +1,7 @@
 #include "model/tree_walk.h"
 
+#include "core/error.h"
+
 namespace ckpt {
 namespace {
 using pickle::Kind;
@@ -47,6 +49,37 @@ std::string join_path(const std::string& parent, const std::string& component) {
   if (component.empty()) return parent;
   return parent.empty() ? component : parent + "." + component;
 }
+
+pickle::ValuePtr mapping_of(const pickle::ValuePtr& v) {
+  if (v && v->is(Kind::kBuilt) && v->object && v->object->is(Kind::kDict)) return v->object;
+  return v;
+}
+
+void require_state_dict(const CheckpointModel& model, const std::string& layout) {
+  pickle::ValuePtr root = mapping_of(model.root);
+  if (root && root->is(Kind::kDict)) return;
+  std::string what = !root ? "nothing" : tensor_ref_index(*root) ? "a tensor" : "a " + std::string(pickle::kind_name(root->kind));
+  fail(ErrorCode::kUnimplemented, model.source + ": " + layout + " holds a state dict (a dict); this file holds " + what);
+}
+
+pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path, const std::string& key) {
+  pickle::ValuePtr cur = root;
+  for (const pickle::ValuePtr& element : path) {
+    cur = mapping_of(cur);
+    pickle::ValuePtr next;
+    if (cur->is(Kind::kDict) && element->is(Kind::kStr)) {
+      for (const auto& [k, v] : cur->entries)
+        if (path_component(*k) == element->text) next = v;  // dcp.save writes every key as str(key)
+    } else if (cur->is(Kind::kList) && element->is(Kind::kInt) && element->int_value >= 0 &&
+               static_cast<std::size_t>(element->int_value) < cur->items.size()) {
+      next = cur->items[static_cast<std::size_t>(element->int_value)];
+    }
+    if (!next) fail_data_loss("key '" + key + "': its planner_data path leads nowhere in the state dict");
+    cur = next;
+  }
+  return cur;
+}
+
 
 void walk_leaves(const Value& root, const std::function<void(const Leaf&)>& visit) { walk(root, "", visit); }
 

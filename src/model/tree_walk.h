@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "model/checkpoint_model.h"
 
@@ -24,5 +25,17 @@ void walk_leaves(const pickle::Value& root, const std::function<void(const Leaf&
 // anything else its repr.
 std::string path_component(const pickle::Value& key);
 std::string join_path(const std::string& parent, const std::string& component);
+
+// The dict of a mapping value: `v` itself, or the dict under BUILD for an
+// OrderedDict with attributes (a state_dict() and its `_metadata`).
+pickle::ValuePtr mapping_of(const pickle::ValuePtr& v);
+
+// Unimplemented naming the source unless its root is a state dict (a dict):
+// "<source>: <layout> holds a state dict (a dict); this file holds a tensor".
+void require_state_dict(const CheckpointModel& model, const std::string& layout);
+
+// The value a flat DCP key stands for: `path` (planner_data) followed from
+// the model's root. DataLoss naming the key when it leads nowhere.
+pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path, const std::string& key);
 
 }  // namespace ckpt

@@ -87,7 +87,7 @@ CheckpointModel select_entries(const CheckpointModel& model, const SelectOptions
     fail_invalid("--only must be 'model' or 'optim', not '" + options.only + "'");
   if (options.only.empty() && options.keys.empty()) return model;
   CheckpointModel out;
-  out.format = model.format;
+  out.info = model.info;
   out.source = model.source;
   out.facts = model.facts;
   Selector selector(model, out, options);

@@ -15,7 +15,6 @@ std::string floats(std::vector<float> v) { return std::string(reinterpret_cast<c
 // {"w": tensor(values), "lr": lr, <extra>: tensor} as a reader would give it.
 CheckpointModel model(std::vector<float> w, double lr, const std::string& extra = "") {
   CheckpointModel m;
-  m.format = "test";
   m.source = "mem";
   auto add = [&](const std::string& name, std::vector<float> values) {
     TensorEntry t;

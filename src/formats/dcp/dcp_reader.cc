@@ -60,6 +60,18 @@ std::string zstd_decompress(const ByteSource& src) {
   return out;
 }
 
+// The files of a DCP directory: its metadata files and every .distcp in it
+// (those the metadata does not name included: validate reports them).
+std::vector<std::string> list_dcp_files(const std::string& dir) {
+  static const std::regex kDcpFile(R"(\.metadata|__\d+\.metadata|.*\.distcp)");
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), kDcpFile)) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 class DcpDirReader {
  public:
   DcpDirReader(std::string dir, ProblemSink* sink) : dir_(std::move(dir)), sink_(sink) {}
@@ -67,14 +79,18 @@ class DcpDirReader {
   CheckpointModel read() {
     DcpMetadata md = load_metadata();
     CheckpointModel model;
-    model.format = "dcp";
     model.source = dir_;
     model.facts["dcp_metadata_version"] = md.version.empty() ? "none (torch < 2.4)" : md.version;
     model.facts["storage_meta"] = md.has_storage_meta ? "yes" : "no";
     model.facts["metadata_files"] = std::to_string(metadata_files_) + (metadata_files_ == 1 ? " (.metadata)" : " (__<rank>.metadata, no global one)");
     int max_rank = -1;
     for (const auto& [key, info] : md.storage) max_rank = std::max(max_rank, rank_of_file(fs::path(info.relative_path).filename().string()));
-    if (max_rank >= 0) model.facts["world_size"] = std::to_string(max_rank + 1);
+    if (max_rank >= 0) {
+      model.facts["world_size"] = std::to_string(max_rank + 1);
+      model.info.world_sizes = {max_rank + 1};
+    }
+    model.info.kind = SourceKind::kDcpDir;
+    model.info.files = list_dcp_files(dir_);
     if (sink_) check_storage_files(md);
     Unflattener tree;
     for (const ItemMeta& item : md.items) {

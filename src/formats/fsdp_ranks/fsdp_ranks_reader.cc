@@ -12,6 +12,7 @@
 #include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/fsdp_ranks/rank_merge.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "formats/torch_pt/sharded_values.h"
 
 namespace ckpt::fsdp_ranks {
 namespace {
@@ -37,7 +38,6 @@ struct Family {
   std::vector<std::pair<std::string, RankFileName>> files;
 };
 
-bool is_sharded(const TensorEntry& t) { return t.stored_as == "ShardedTensor" || t.stored_as == "DTensor"; }
 
 std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
   std::string out;
@@ -62,7 +62,7 @@ RankFile read_rank_file(const std::string& path, const RankFileName& name, Probl
   if (f.unreadable) return f;
   std::set<int> ranks, sizes;
   for (const auto& t : f.model.tensors) {
-    if (!is_sharded(t)) continue;
+    if (!t.is_sharded()) continue;
     if (t.world_size > 0) sizes.insert(t.world_size);
     for (const auto& c : t.chunks)
       if (c.rank >= 0) ranks.insert(c.rank);
@@ -168,7 +168,7 @@ void refuse_flat_parameter_shards(const RankFile& f) {
       auto idx = tensor_ref_index(*value);
       if (!idx || (name->is(Kind::kStr) && name->text == "step")) continue;
       const TensorEntry& t = f.model.tensors.at(*idx);
-      if (is_sharded(t) || t.shape.size() != 1) continue;
+      if (t.is_sharded() || t.shape.size() != 1) continue;
       fail(ErrorCode::kUnimplemented,
            f.path + ": optimizer state keyed by integer parameter ids holds plain 1-D tensors ('state." +
                std::to_string(key->int_value) + "." + (name->is(Kind::kStr) ? name->text : name->repr(1)) + "' has " +
@@ -182,6 +182,39 @@ void refuse_flat_parameter_shards(const RankFile& f) {
                "DTensor values). The model files consolidate alone with --only model.");
     }
   }
+}
+
+// What the family tells about the source. The DeviceMesh is looked up only
+// when the family holds DTensors (a job writing DTensor files names it).
+SourceInfo family_info(const Family& family, int world_size, const CheckpointModel& merged) {
+  SourceInfo info;
+  info.kind = SourceKind::kFsdpRanks;
+  RankFamilyInfo fam{family.kind, family.files.front().first, family.tmpl, {}, world_size};
+  for (const auto& [path, name] : family.files) fam.files.push_back(path);
+  info.files = fam.files;
+  info.families.push_back(std::move(fam));
+  info.world_sizes = {world_size};
+  bool dtensors = std::any_of(merged.tensors.begin(), merged.tensors.end(),
+                              [](const TensorEntry& t) { return t.storage == StorageKind::kDTensor; });
+  for (const auto& path : info.files) {
+    if (!dtensors) break;
+    try {
+      if ((info.mesh = torch_pt::find_device_mesh(open_mapped_source(path)))) break;
+    } catch (const Error&) {
+      // an unreadable file was reported when it was read; try the next
+    }
+  }
+  return info;
+}
+
+// Two families read side by side ({"model": ..., "optim": ...}): one source.
+void merge_info(SourceInfo& into, const SourceInfo& other) {
+  for (const auto& f : other.families) into.families.push_back(f);
+  into.files.insert(into.files.end(), other.files.begin(), other.files.end());
+  std::sort(into.files.begin(), into.files.end());
+  for (int ws : other.world_sizes)
+    if (std::find(into.world_sizes.begin(), into.world_sizes.end(), ws) == into.world_sizes.end()) into.world_sizes.push_back(ws);
+  if (!into.mesh) into.mesh = other.mesh;
 }
 
 CheckpointModel read_family(const Family& family, ProblemSink* sink) {
@@ -203,11 +236,11 @@ CheckpointModel read_family(const Family& family, ProblemSink* sink) {
   // Rank 0 described its own mesh coordinate; the merged tensor has every rank's.
   static const std::regex kCoordinate(R"( at \([0-9, ]*\))");
   for (auto& t : merged.tensors) t.sharding = std::regex_replace(t.sharding, kCoordinate, "");
-  merged.format = "fsdp-ranks";
   merged.facts["world_size"] = std::to_string(world_size);
   merged.facts[family.kind.empty() ? "files" : family.kind + "_files"] =
       std::to_string(files.size()) + " x " + family.tmpl + " in " + fs::path(files.front().path).parent_path().string();
   if (dropped) merged.facts["replica_chunks_dropped"] = std::to_string(dropped);
+  merged.info = family_info(family, world_size, merged);
   return merged;
 }
 
@@ -300,6 +333,7 @@ CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, cons
   for (auto& t : optim.tensors) model.tensors.push_back(std::move(t));
   for (auto& [k, v] : optim.facts)
     if (!model.facts.emplace(k, v).second && model.facts[k] != v) model.facts[k] += " (model), " + v + " (optim)";
+  merge_info(model.info, optim.info);
   model.root = Value::dict({{Value::str("model"), model.root}, {Value::str("optim"), optim.root}});
   model.source = source;
   return model;

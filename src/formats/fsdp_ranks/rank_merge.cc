@@ -19,10 +19,9 @@ using pickle::Value;
 constexpr int kMaxDepth = 512;
 constexpr std::size_t kCompareBlock = std::size_t{1} << 20;
 
-bool is_sharded(const TensorEntry& t) { return t.stored_as == "ShardedTensor" || t.stored_as == "DTensor"; }
 
 std::string describe_tensor(const TensorEntry& t) {
-  return t.stored_as + " " + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape);
+  return std::string(storage_kind_name(t.storage)) + " " + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape);
 }
 
 bool same_scalar(const Value& a, const Value& b) {
@@ -119,9 +118,9 @@ class RankTreeMerger {
     if (!merged_.insert(ia).second) return;  // one tensor reached twice through the pickle memo
     TensorEntry& a = base_.tensors.at(ia);
     const TensorEntry& b = other_.tensors.at(ib);
-    if (is_sharded(a) != is_sharded(b) || a.stored_as != b.stored_as || a.dtype != b.dtype || a.shape != b.shape)
+    if (a.storage != b.storage || a.dtype != b.dtype || a.shape != b.shape)
       return differ(path, describe_tensor(a), describe_tensor(b));
-    if (is_sharded(a)) {
+    if (a.is_sharded()) {
       a.chunks.insert(a.chunks.end(), b.chunks.begin(), b.chunks.end());
     } else if (!same_tensor_bytes(a, b)) {
       problem(path, "'" + path + "' is a plain (unsharded) tensor that every rank should hold alike, but its bytes in " +
@@ -200,7 +199,7 @@ void merge_rank_model(CheckpointModel& base, const std::string& base_file, const
 std::size_t drop_replica_chunks(CheckpointModel& model) {
   std::size_t dropped = 0;
   for (auto& t : model.tensors) {
-    if (t.stored_as != "DTensor") continue;
+    if (t.storage != StorageKind::kDTensor) continue;
     std::set<std::pair<Shape, Shape>> seen;
     std::vector<TensorChunk> kept;
     // Lowest rank first: the first replica group is kept.

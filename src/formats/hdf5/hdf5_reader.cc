@@ -171,7 +171,6 @@ CheckpointModel read_hdf5_file(const std::string& path) {
       fail(ErrorCode::kUnimplemented, "HDF5 layout version " + std::to_string(*version) + " (this ckptconv reads " +
                                           std::to_string(kLayoutVersion) + ")");
     CheckpointModel model;
-    model.format = "hdf5";
     model.source = path;
     if (auto src = read_string_attribute(root, "ckptconv.source_format")) model.facts["source_format"] = *src;
     Hdf5Reader reader(path, model);

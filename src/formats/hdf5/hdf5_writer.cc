@@ -230,7 +230,7 @@ class Hdf5Writer {
 void write_root_attributes(hid_t root, const CheckpointModel& model) {
   write_int_attribute(root, "ckptconv.layout_version", kLayoutVersion);
   write_string_attribute(root, "ckptconv.version", CKPT_VERSION);
-  write_string_attribute(root, "ckptconv.source_format", model.format);
+  write_string_attribute(root, "ckptconv.source_format", model.format());
   int world_size = -1;
   for (const auto& t : model.tensors) world_size = std::max(world_size, t.world_size);
   if (auto it = model.facts.find("world_size"); world_size < 0 && it != model.facts.end())

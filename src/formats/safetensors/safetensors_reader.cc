@@ -41,7 +41,6 @@ bool all_tensors_present(const Json& j, const std::map<std::string, std::size_t>
 class ModelBuilder {
  public:
   ModelBuilder(const std::string& source, ProblemSink* sink) : sink_(sink) {
-    model_.format = "safetensors";
     model_.source = source;
   }
 

@@ -76,7 +76,7 @@ ValuePtr ArchiveDecoder::transform_uncached(const ValuePtr& v, const std::string
       if (args.size() < 2) fail_data_loss("_rebuild_parameter has too few arguments at '" + path + "'");
       ValuePtr inner = transform(args[0], path);
       if (auto idx = tensor_ref_index(*inner)) {
-        tensors_[*idx].stored_as = "Parameter";
+        tensors_[*idx].storage = StorageKind::kParameter;
         tensors_[*idx].requires_grad = args[1]->is(Kind::kBool) && args[1]->bool_value;
       }
       return inner;
@@ -103,7 +103,7 @@ ValuePtr ArchiveDecoder::decode_from_type(const ValuePtr& call, const std::strin
   if (type.is_global("torch", "Tensor") || type.is_global("torch.nn.parameter", "Parameter")) {
     // A fresh call object: decoded directly, never through the pointer-keyed cache.
     ValuePtr inner = transform_uncached(Value::call(a[0], a[2]), path);
-    if (auto idx = tensor_ref_index(*inner); idx && type.name == "Parameter") tensors_[*idx].stored_as = "Parameter";
+    if (auto idx = tensor_ref_index(*inner); idx && type.name == "Parameter") tensors_[*idx].storage = StorageKind::kParameter;
     return inner;
   }
   ValuePtr decoded = copy_container(call, path);
@@ -229,7 +229,6 @@ CheckpointModel read_pt_file(const std::string& path, ProblemSink* verify) {
     fail_data_loss(path + ": not a torch.save zip archive");
   }
   CheckpointModel model;
-  model.format = "pt";
   model.source = path;
   model.root = decode_archive(source, model.tensors, "", -1, verify);
   return model;

@@ -38,7 +38,7 @@ TensorEntry decode_sharded_tensor(const Value& args, const Value& state, const s
   const Value& meta = *parts[1];
   TensorEntry t;
   t.name = path;
-  t.stored_as = "ShardedTensor";
+  t.storage = StorageKind::kShardedTensor;
   t.shape = pyobj::int_sequence(*pyobj::require_field(meta, "size"), "ShardedTensor size");
   t.dtype = pyobj::torch_dtype(*args.as_sequence().at(1));
   for (const auto& shard : parts[0]->as_sequence()) {
@@ -95,7 +95,7 @@ TensorEntry decode_dtensor(const Value& state_value, const std::string& path, co
   if (fields.size() < 3) fail_data_loss("DTensor tensor_meta has " + std::to_string(fields.size()) + " fields");
   TensorEntry t;
   t.name = path;
-  t.stored_as = "DTensor";
+  t.storage = StorageKind::kDTensor;
   t.shape = pyobj::int_sequence(*fields[0], "DTensor shape");
   t.dtype = pyobj::torch_dtype(*fields[2]);
 

@@ -49,10 +49,7 @@ pickle::ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, 
 // a DTensor whose mesh differs in device type or dimension names cannot be
 // redistributed onto the job's mesh ("cross mesh"). FSDP1 on GPUs saves
 // "cuda"; veRL names its dimension "fsdp".
-struct MeshInfo {
-  std::string device_type = "cpu";
-  std::vector<std::string> dim_names;  // empty: None
-};
+using MeshInfo = DeviceMeshInfo;
 
 // The first DeviceMesh in the torch.save archive `source` (a per-rank file
 // with DTensor values); nullopt when it has none.

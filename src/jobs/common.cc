@@ -1,0 +1,43 @@
+#include "jobs/common.h"
+
+#include <spdlog/spdlog.h>
+
+#include "core/units.h"
+#include "formats/detect.h"
+#include "model/validate.h"
+#include "plan/select.h"
+
+namespace ckpt::jobs {
+
+CheckpointModel read_source(const CommonOptions& opt) {
+  parse_dtype_option(opt.dtype);  // a bad --dtype is a usage error before anything is read
+  return read_checkpoint(opt.source, {opt.files, opt.only});
+}
+
+CheckpointModel read_selected(const CommonOptions& opt) { return select_source(read_source(opt), opt); }
+
+CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt) {
+  auto cast_to = parse_dtype_option(opt.dtype);
+  std::string only = model.info.kind == SourceKind::kFsdpRanks ? "" : opt.only;
+  if (!only.empty() || !opt.keys.empty() || cast_to) model = select_entries(model, {only, opt.keys, cast_to});
+  if (cast_to) apply_cast(model, *cast_to);
+  require_valid(model);
+  return model;
+}
+
+std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, bool arithmetic) {
+  Device d = parse_device(device);
+  return make_backend(arithmetic || d == Device::kCuda ? d : Device::kCpu, threads);
+}
+
+double JobClock::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void JobClock::finish(JobReport& report) const {
+  report.seconds = seconds();
+  if (report.dry_run) return;
+  spdlog::info("{}: {} tensors, {} in {:.2f} s", report.summary, report.tensors, human_bytes(report.bytes), report.seconds);
+}
+
+}  // namespace ckpt::jobs

@@ -1,0 +1,68 @@
+// What every job shares: the options common to the commands (one struct, one
+// binder in cli/options.cc), reading and selecting the source in one place,
+// the one policy for choosing a backend, and the report a job returns.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "exec/backend.h"
+#include "model/checkpoint_model.h"
+
+namespace ckpt::jobs {
+
+struct CommonOptions {
+  std::string source;              // SRC
+  std::vector<std::string> files;  // --files: per-rank files listed one by one, instead of SRC
+  std::string only;                // --only model|optim
+  std::string keys;                // --keys REGEX
+  std::string dtype = "keep";      // --dtype keep|fp32|bf16|fp16
+  std::string device = "auto";     // --device auto|cpu|cuda
+  int threads = 0;                 // --threads (0: all)
+  std::string memory_limit = "256M";
+  bool dry_run = false;
+  bool force = false;
+  bool no_fsync = false;
+};
+
+// SRC (or --files) read; per-rank sources read only the --only family.
+CheckpointModel read_source(const CommonOptions& opt);
+// --only for the other sources (that top-level entry), then --keys and
+// --dtype; require_valid'ed. InvalidArgument when nothing is selected.
+CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt);
+// Both: the one place a source is read and selected.
+CheckpointModel read_selected(const CommonOptions& opt);
+
+// The one backend policy: only arithmetic (casts, NaN/Inf scans) goes to a
+// device; bytes that pass unchanged are copied file to file, and LibTorch is
+// loaded only when a cast needs it. --device cuda is honoured (or refused
+// when there is none) even without arithmetic, so a wrong request is an error.
+std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, bool arithmetic);
+
+// What a job did, for the CLI to print and for tests to assert on.
+struct JobReport {
+  std::string summary;  // "wrote out.pt", "wrote dst (dcp): 4 ranks"
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;   // tensor bytes written (or read, for diff)
+  double seconds = 0;
+  bool dry_run = false;
+  int exit_code = 0;
+};
+
+// Measures a job from construction; finish() fills seconds and logs the one
+// epilogue line ("<summary>: N tensors, X in T s") unless it was a dry run.
+class JobClock {
+ public:
+  JobClock() : start_(std::chrono::steady_clock::now()) {}
+  double seconds() const;
+  void finish(JobReport& report) const;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace ckpt::jobs

@@ -1,0 +1,77 @@
+#include "jobs/consolidate.h"
+
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/units.h"
+#include "exec/write_output.h"
+#include "model/describe.h"
+#include "plan/select.h"
+
+namespace ckpt::jobs {
+namespace {
+
+OutputFormat resolve_output_format(const ConsolidateRequest& req) {
+  auto format = req.format.empty() ? output_format_from_path(req.output).value_or(OutputFormat::kPt)
+                                   : *output_format_from_name(req.format);
+  if (!req.max_shard_size.empty() && format != OutputFormat::kSafetensors)
+    fail_invalid("--max-shard-size applies to safetensors output only");
+  if (req.compression != "none" && format != OutputFormat::kHdf5) fail_invalid("--compression applies to HDF5 output only");
+  return format;
+}
+
+}  // namespace
+
+JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
+  JobClock clock;
+  const CommonOptions& opt = req.common;
+  uint64_t memory_limit = parse_size(opt.memory_limit);
+  OutputFormat format = resolve_output_format(req);
+  CheckpointModel model = read_selected(opt);
+  JobReport report;
+  report.summary = "wrote " + req.output;
+  report.tensors = model.tensors.size();
+  for (const auto& t : model.tensors) report.bytes += t.output_nbytes();
+  if (opt.dry_run) {
+    describe_plan(model, req.output, out);
+    report.dry_run = true;
+    return report;
+  }
+  bool arithmetic = parse_dtype_option(opt.dtype) || req.finite;
+  auto backend = choose_backend(opt.device, opt.threads, arithmetic);
+  if (arithmetic) spdlog::info("backend: {}", backend->name());
+  OutputOptions output;
+  output.path = req.output;
+  output.force = opt.force;
+  output.durable = !opt.no_fsync;
+  output.copy.memory_limit = memory_limit;
+  output.copy.backend = backend.get();
+  FiniteCounts nonfinite;
+  uint64_t nonfinite_tensors = 0;
+  if (req.finite)
+    output.copy.on_finite = [&](const TensorEntry& t, const FiniteCounts& c) {
+      if (c.all_finite()) return;
+      ++nonfinite_tensors;
+      nonfinite += c;
+      spdlog::warn("tensor '{}': {} NaN, {} Inf", t.name, c.nan, c.inf);
+    };
+  output.max_shard_size = req.max_shard_size.empty() ? 0 : parse_size(req.max_shard_size);
+  output.gzip = req.compression == "gzip";
+  {
+    ProgressScope progress("write " + req.output, report.bytes);  // tensor_copy counts every slab written
+    write_output(model, format, output);
+  }
+  clock.finish(report);
+  if (req.finite) {
+    if (nonfinite_tensors == 0) {
+      spdlog::info("--finite: every tensor written is finite");
+    } else {
+      spdlog::error("--finite: {} tensors hold {} NaN and {} Inf", nonfinite_tensors, nonfinite.nan, nonfinite.inf);
+      report.exit_code = 1;
+    }
+  }
+  return report;
+}
+
+}  // namespace ckpt::jobs

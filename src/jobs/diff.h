@@ -1,0 +1,24 @@
+// diff: are two checkpoints the same, within tolerance? A CI gate: exit 0
+// equal, 1 different.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "jobs/common.h"
+
+namespace ckpt::jobs {
+
+struct DiffRequest {
+  std::string a, b;
+  CommonOptions common;  // only, keys, device, threads, memory_limit (source/files unused)
+  double rtol = 0, atol = 0;
+  bool json = false;
+  bool all = false;  // also list the equal tensors
+  bool ignore_dtype = false;
+};
+
+// The differences go to `out` (a table or JSON); exit_code 0 equal, 1 different.
+JobReport run_diff(const DiffRequest& request, std::ostream& out);
+
+}  // namespace ckpt::jobs

@@ -1,0 +1,181 @@
+#include "jobs/reshard.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/units.h"
+#include "exec/write_dcp.h"
+#include "exec/write_rank_files.h"
+#include "formats/dcp/dcp_reader.h"
+#include "formats/dcp/dcp_writer.h"
+#include "formats/detect.h"
+#include "formats/fsdp_ranks/rank_file_names.h"
+#include "model/describe.h"
+#include "model/tree_walk.h"
+#include "plan/reshard.h"
+#include "plan/select.h"
+
+namespace ckpt::jobs {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::ValuePtr;
+
+// A full state dict (.pt, safetensors, HDF5) has no sharded layout of its own.
+void require_layout_for_full_state_dict(const ReshardRequest& req, SourceKind kind) {
+  if (!req.layout.empty() || kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks) return;
+  fail_invalid(req.common.source + ": a full state dict (" + source_kind_name(kind) +
+               ") has no sharded layout of its own; choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor");
+}
+
+// The layout written when --layout is not given: the source's own.
+std::string default_layout(const CheckpointModel& model) {
+  if (model.info.kind == SourceKind::kDcpDir) return "dcp";
+  for (const auto& t : model.tensors)
+    if (t.storage == StorageKind::kDTensor) return "fsdp-dtensor";
+  return "fsdp-sharded-tensor";
+}
+
+ValuePtr top_level(const CheckpointModel& model, const std::string& key) {
+  ValuePtr root = mapping_of(model.root);
+  return root && root->is(Kind::kDict) ? root->get(key) : nullptr;
+}
+
+fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string& layout) {
+  std::string file = layout == "fsdp-dtensor" ? kind + "_world_size_1_rank_0.pt" : kind + "_rank0.pt";
+  return *fsdp_ranks::parse_rank_file_name(file);
+}
+
+// The output families: the source's own names (per-rank sources, as the
+// reader found them), else model_rank{r}.pt / optim_rank{r}.pt
+// (ShardedTensor) or veRL's {model,optim}_world_size_{N}_rank_{r}.pt
+// (DTensor). A root of exactly {"model", "optim"} (our consolidate output,
+// DCP) gives both families.
+std::vector<RankFamily> output_families(const CheckpointModel& model, const std::string& layout) {
+  ValuePtr m = top_level(model, "model"), o = top_level(model, "optim");
+  bool pair = m && o && mapping_of(model.root)->entries.size() == 2;
+  if (model.info.kind == SourceKind::kFsdpRanks) {
+    std::vector<fsdp_ranks::RankFileName> names;
+    for (const auto& f : model.info.families)
+      names.push_back(*fsdp_ranks::parse_rank_file_name(fs::path(f.first_file).filename().string()));
+    if (names.size() == 1) return {{names[0], model.root}};
+    if (names.size() == 2 && pair) {
+      if (names[0].kind == "optim") std::swap(names[0], names[1]);
+      return {{names[0], m}, {names[1], o}};
+    }
+    fail(ErrorCode::kInternal, model.source + ": cannot match the per-rank families to the state dict read");
+  }
+  require_state_dict(model, "each per-rank file");
+  if (pair) return {{default_name("model", layout), m}, {default_name("optim", layout), o}};
+  bool optim = top_level(model, "state") && top_level(model, "param_groups");
+  return {{default_name(optim ? "optim" : "model", layout), model.root}};
+}
+
+std::size_t count_values(const pickle::Value& root) {
+  std::size_t n = 0;
+  walk_leaves(root, [&](const Leaf& leaf) { n += leaf.tensor ? 0 : 1; });
+  return n;
+}
+
+// Tensor bytes the plan writes, for progress and the report.
+uint64_t plan_output_bytes(const CheckpointModel& model, const ReshardPlan& plan) {
+  uint64_t total = 0;
+  for (const auto& items : plan.ranks)
+    for (const auto& item : items) total += item.numel() * dtype_size(model.tensors[item.tensor].output_dtype());
+  return total;
+}
+
+void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy, JobReport& report,
+                    std::ostream& out) {
+  // A DCP source keeps its own items and planner_data; anything else (or a
+  // DCP source cut down by --only) is flattened as dcp.save would.
+  bool own_layout = model.info.kind == SourceKind::kDcpDir && req.common.only.empty();
+  dcp::DcpMetadata source_md = own_layout ? dcp::read_dcp_metadata(req.common.source) : flattened_layout(model);
+  ReshardPlan plan = plan_reshard(model.tensors, req.world_size, source_world_size(model));
+  report.bytes = plan_output_bytes(model, plan);
+  if (req.common.dry_run) {
+    std::size_t bytes_items = 0;
+    for (const auto& item : source_md.items) bytes_items += item.is_tensor ? 0 : 1;
+    DcpOutputSizes sizes = dcp_output_sizes(model, source_md, plan, req.output);
+    std::vector<RankFilesOut> files(sizes.files.size());
+    for (std::size_t r = 0; r < files.size(); ++r)
+      files[r].files.emplace_back(dcp::DcpDirWriter::file_name(static_cast<int>(r)), sizes.files[r]);
+    describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, out);
+    return;
+  }
+  ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
+  write_dcp_reshard(model, source_md, plan, {req.output, req.common.force, copy});
+}
+
+// ShardedTensor or DTensor values; a DTensor mesh like the source's (per-rank
+// DTensor files, as the reader found it) unless --mesh-device /
+// --mesh-dim-names say otherwise.
+RankFilesLayout rank_files_layout(const ReshardRequest& req, const CheckpointModel& model, const std::string& layout) {
+  RankFilesLayout out;
+  if (layout != "fsdp-dtensor") return out;
+  out.values = RankLayout::kDTensor;
+  if (model.info.kind == SourceKind::kFsdpRanks && model.info.mesh) out.mesh = *model.info.mesh;
+  if (!req.mesh_device.empty()) out.mesh.device_type = req.mesh_device;
+  if (!req.mesh_dim_names.empty()) out.mesh.dim_names = req.mesh_dim_names;
+  if (out.mesh.dim_names.size() > 1)
+    fail_invalid("--mesh-dim-names: the output mesh has one dimension (got " + std::to_string(out.mesh.dim_names.size()) + " names)");
+  return out;
+}
+
+void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& model, const std::string& layout,
+                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
+  std::vector<RankFamily> families = output_families(model, layout);
+  // Per-rank sources say which tensors were sharded; in a full state dict
+  // every tensor with a dimension is (FSDP1 shards parameters and their
+  // optimizer states, never the 0-dim `step`).
+  bool per_rank = model.info.kind == SourceKind::kFsdpRanks;
+  std::vector<bool> sharded;
+  for (const auto& t : model.tensors) sharded.push_back(per_rank ? t.is_sharded() : !t.shape.empty());
+  ReshardPlan plan = plan_rank_files(model.tensors, sharded, req.world_size);
+  RankFilesLayout rank_layout = rank_files_layout(req, model, layout);
+  report.bytes = plan_output_bytes(model, plan);
+  if (req.common.dry_run) {
+    describe_reshard(model, plan, count_values(*model.root), true, rank_files_sizes(model, families, rank_layout, plan), {},
+                     out);
+    return;
+  }
+  ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
+  write_rank_files(model, families, rank_layout, plan, {req.output, req.common.force, copy});
+}
+
+}  // namespace
+
+JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
+  JobClock clock;
+  const CommonOptions& opt = req.common;
+  if (req.world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(req.world_size) + ")");
+  uint64_t memory_limit = parse_size(opt.memory_limit);
+  parse_device(opt.device);
+  if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
+  require_layout_for_full_state_dict(req, source_kind_of(opt.source, {opt.files, opt.only}));
+  struct stat st {};
+  if (!opt.dry_run && !opt.force && ::lstat(req.output.c_str(), &st) == 0)
+    fail_invalid(req.output + ": output exists (use --force to overwrite)");
+  CheckpointModel model = read_selected(opt);
+  std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
+  auto backend = choose_backend(opt.device, opt.threads, parse_dtype_option(opt.dtype).has_value());
+  CopyOptions copy;
+  copy.memory_limit = memory_limit;
+  copy.backend = backend.get();
+  JobReport report;
+  report.summary = "wrote " + req.output + " (" + layout + "): " + std::to_string(req.world_size) + " ranks";
+  report.tensors = model.tensors.size();
+  report.dry_run = opt.dry_run;
+  if (layout == "dcp")
+    reshard_to_dcp(req, model, copy, report, out);
+  else
+    reshard_to_rank_files(req, model, layout, copy, report, out);
+  clock.finish(report);
+  return report;
+}
+
+}  // namespace ckpt::jobs

@@ -1,0 +1,29 @@
+// reshard: rewrite a checkpoint for N ranks, offline, so that training
+// resumes at a new world size with its usual loading code: a DCP directory in
+// the FSDP2 layout, or N per-rank files as FSDP1 saves them under
+// SHARDED_STATE_DICT (ShardedTensor or DTensor values). SRC is a DCP
+// directory, per-rank files, or a full state dict (scattered without a
+// process group).
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "jobs/common.h"
+
+namespace ckpt::jobs {
+
+struct ReshardRequest {
+  CommonOptions common;
+  std::string output;
+  int world_size = 0;
+  std::string layout;                       // dcp | fsdp-sharded-tensor | fsdp-dtensor; empty: the source's own
+  std::string mesh_device;                  // DTensor layout: the mesh's device type; empty: the source's, else cpu
+  std::vector<std::string> mesh_dim_names;  // and its dimension name (veRL: fsdp); empty: the source's, else none
+};
+
+// --dry-run prints, per output rank, its files and exact sizes to `out`.
+JobReport run_reshard(const ReshardRequest& request, std::ostream& out);
+
+}  // namespace ckpt::jobs

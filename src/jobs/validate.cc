@@ -1,0 +1,31 @@
+#include "jobs/validate.h"
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace ckpt::jobs {
+
+JobReport run_validate(const ValidateRequest& req, std::ostream& out) {
+  check::ValidateOptions options = req.check;
+  options.files = req.common.files;
+  options.only = req.common.only;
+  options.device = parse_device(req.common.device);
+  options.threads = req.common.threads;
+  options.memory_limit = parse_size(req.common.memory_limit);
+  options.force = req.common.force;
+  if (req.common.source.empty() && options.files.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
+  if (options.sha256 && options.write_manifest.empty()) fail_invalid("--sha256 applies to --write-manifest");
+  check::ValidateReport result = check::validate_checkpoint(req.common.source, options);
+  if (req.json)
+    out << check::report_to_json(result).dump(2) << "\n";
+  else
+    check::print_report(result, out);
+  JobReport report;
+  report.summary = "validated " + result.source;
+  report.tensors = result.tensors;
+  report.dry_run = true;
+  report.exit_code = result.exit_code();
+  return report;
+}
+
+}  // namespace ckpt::jobs

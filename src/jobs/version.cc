@@ -1,0 +1,26 @@
+#include "jobs/version.h"
+
+#include <exception>
+
+#include "exec/backend.h"
+#include "exec/runtime_info.h"
+
+namespace ckpt::jobs {
+
+std::string version_text() {
+  RuntimeInfo info = runtime_info();
+  std::string cuda = info.cuda_compiled
+                         ? (info.cuda_available ? "compiled in, " + std::to_string(info.cuda_devices) + " device(s) visible"
+                                                : "compiled in, no device visible")
+                         : "not compiled in";
+  std::string backend;
+  try {
+    backend = describe_auto_backend();
+  } catch (const std::exception& e) {
+    backend = std::string("cpu (the CUDA backend failed to start: ") + e.what() + ")";
+  }
+  return std::string("ckptconv ") + CKPT_VERSION + "\nLibTorch " + info.libtorch_version + "\nCUDA " + cuda +
+         "\n--device auto: " + backend;
+}
+
+}  // namespace ckpt::jobs

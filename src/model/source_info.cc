@@ -1,0 +1,39 @@
+#include "model/source_info.h"
+
+namespace ckpt {
+
+const char* source_kind_name(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kTorchPt: return "torch.save file";
+    case SourceKind::kDcpDir: return "DCP directory";
+    case SourceKind::kFsdpRanks: return "per-rank files";
+    case SourceKind::kSafetensors: return "safetensors file";
+    case SourceKind::kSafetensorsIndex: return "sharded safetensors (index)";
+    case SourceKind::kHdf5: return "HDF5 file";
+  }
+  return "?";
+}
+
+const char* source_format_name(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kTorchPt: return "pt";
+    case SourceKind::kDcpDir: return "dcp";
+    case SourceKind::kFsdpRanks: return "fsdp-ranks";
+    case SourceKind::kSafetensors:
+    case SourceKind::kSafetensorsIndex: return "safetensors";
+    case SourceKind::kHdf5: return "hdf5";
+  }
+  return "?";
+}
+
+const char* storage_kind_name(StorageKind kind) {
+  switch (kind) {
+    case StorageKind::kTensor: return "tensor";
+    case StorageKind::kParameter: return "Parameter";
+    case StorageKind::kShardedTensor: return "ShardedTensor";
+    case StorageKind::kDTensor: return "DTensor";
+  }
+  return "?";
+}
+
+}  // namespace ckpt

@@ -1,0 +1,55 @@
+// What a reader learned about a checkpoint besides its tensors and values:
+// the kind of source, the files it consists of, its per-rank families, the
+// world sizes it was written at and the DeviceMesh of DTensor files. Typed,
+// so that nothing above the readers re-derives these facts from strings or by
+// opening source files again.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+// kFsdpRanks: a directory without `.metadata` holding per-rank files, a glob
+// pattern, or files listed with --files.
+enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kSafetensorsIndex, kHdf5 };
+
+// For messages: "DCP directory", "per-rank files", ...
+const char* source_kind_name(SourceKind kind);
+// The format name in reports, JSON and manifests: "pt", "dcp", "fsdp-ranks",
+// "safetensors" (one file or an index), "hdf5".
+const char* source_format_name(SourceKind kind);
+
+// How a tensor was stored in its source.
+enum class StorageKind { kTensor, kParameter, kShardedTensor, kDTensor };
+// "tensor", "Parameter", "ShardedTensor", "DTensor" (inspect, JSON).
+const char* storage_kind_name(StorageKind kind);
+
+// A DTensor's DeviceMesh as the files name it: what a job needs to write
+// files on the same kind of mesh (see exec/write_rank_files.h).
+struct DeviceMeshInfo {
+  std::string device_type = "cpu";
+  std::vector<std::string> dim_names;  // empty: None
+};
+
+// One family of per-rank files: the files whose names differ only in the rank.
+struct RankFamilyInfo {
+  std::string kind;           // "model", "optim" or "" (from the template)
+  std::string first_file;     // a file of the family as found (its name gives the template)
+  std::string name_template;  // e.g. "optim_rank{r}.pt"
+  std::vector<std::string> files;
+  int world_size = -1;
+};
+
+struct SourceInfo {
+  SourceKind kind = SourceKind::kTorchPt;
+  std::vector<std::string> files;        // the files read, sorted (per-rank sources; else SRC itself)
+  std::vector<RankFamilyInfo> families;  // per-rank sources: the families read (after --only)
+  std::vector<int> world_sizes;          // distinct world sizes the source was written at; {1} for single files
+  std::optional<DeviceMeshInfo> mesh;    // per-rank DTensor files: the mesh of the first one that has one
+
+  bool is_sharded_source() const { return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks; }
+};
+
+}  // namespace ckpt
