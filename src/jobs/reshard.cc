@@ -9,7 +9,7 @@
 #include "core/units.h"
 #include "exec/write_dcp.h"
 #include "exec/write_rank_files.h"
-#include "formats/dcp/dcp_reader.h"
+#include "formats/dcp/dcp_metadata.h"
 #include "formats/dcp/dcp_writer.h"
 #include "formats/detect.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
@@ -93,8 +93,8 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
                     std::ostream& out) {
   // A DCP source keeps its own items and planner_data; anything else (or a
   // DCP source cut down by --only) is flattened as dcp.save would.
-  bool own_layout = model.info.kind == SourceKind::kDcpDir && req.common.only.empty();
-  dcp::DcpMetadata source_md = own_layout ? dcp::read_dcp_metadata(req.common.source) : flattened_layout(model);
+  bool own_layout = model.info.flat_layout && req.common.only.empty();
+  dcp::DcpMetadata source_md = own_layout ? dcp::metadata_of(*model.info.flat_layout) : flattened_layout(model);
   ReshardPlan plan = plan_reshard(model.tensors, req.world_size, source_world_size(model));
   report.bytes = plan_output_bytes(model, plan);
   if (req.common.dry_run) {

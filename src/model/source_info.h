@@ -5,9 +5,13 @@
 // opening source files again.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "pickle/value.h"
 
 namespace ckpt {
 
@@ -42,12 +46,23 @@ struct RankFamilyInfo {
   int world_size = -1;
 };
 
+// A DCP source's flat layout, as its .metadata gives it: the keys in
+// state_dict_metadata order (tensor or bytes item) and each key's
+// planner_data path (how dcp.save flattened the state dict). A reshard
+// keeps them, so that dcp.load sees the keys and nesting the job saved.
+struct FlatLayout {
+  std::vector<std::pair<std::string, bool>> items;  // (fqn, is_tensor)
+  std::map<std::string, std::vector<pickle::ValuePtr>> planner_data;
+  std::vector<std::string> planner_order;  // planner_data keys in file order
+};
+
 struct SourceInfo {
   SourceKind kind = SourceKind::kTorchPt;
   std::vector<std::string> files;        // the files read, sorted (per-rank sources; else SRC itself)
   std::vector<RankFamilyInfo> families;  // per-rank sources: the families read (after --only)
   std::vector<int> world_sizes;          // distinct world sizes the source was written at; {1} for single files
   std::optional<DeviceMeshInfo> mesh;    // per-rank DTensor files: the mesh of the first one that has one
+  std::optional<FlatLayout> flat_layout; // DCP directories
 
   bool is_sharded_source() const { return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks; }
 };

@@ -148,4 +148,25 @@ DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks, ProblemSink* sin
   return out;
 }
 
+FlatLayout flat_layout_of(const DcpMetadata& md) {
+  FlatLayout out;
+  for (const auto& item : md.items) out.items.emplace_back(item.fqn, item.is_tensor);
+  out.planner_data = md.planner_data;
+  out.planner_order = md.planner_order;
+  return out;
+}
+
+DcpMetadata metadata_of(const FlatLayout& layout) {
+  DcpMetadata md;
+  for (const auto& [fqn, is_tensor] : layout.items) {
+    ItemMeta item;
+    item.fqn = fqn;
+    item.is_tensor = is_tensor;
+    md.items.push_back(std::move(item));
+  }
+  md.planner_data = layout.planner_data;
+  md.planner_order = layout.planner_order;
+  return md;
+}
+
 }  // namespace ckpt::dcp

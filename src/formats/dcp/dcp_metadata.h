@@ -65,4 +65,10 @@ DcpMetadata parse_metadata(const pickle::Value& root);
 // description kept.
 DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks, ProblemSink* sink = nullptr);
 
+// What SourceInfo keeps of a .metadata (keys, their kinds, planner_data),
+// and the metadata a writer needs back from it (items without sizes or
+// chunks: a reshard plans those anew).
+FlatLayout flat_layout_of(const DcpMetadata& md);
+DcpMetadata metadata_of(const FlatLayout& layout);
+
 }  // namespace ckpt::dcp

@@ -91,6 +91,7 @@ class DcpDirReader {
     }
     model.info.kind = SourceKind::kDcpDir;
     model.info.files = list_dcp_files(dir_);
+    model.info.flat_layout = flat_layout_of(md);
     if (sink_) check_storage_files(md);
     Unflattener tree;
     for (const ItemMeta& item : md.items) {
@@ -282,6 +283,5 @@ class DcpDirReader {
 
 CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink) { return DcpDirReader(dir, sink).read(); }
 
-DcpMetadata read_dcp_metadata(const std::string& dir) { return DcpDirReader(dir, nullptr).load_metadata(); }
 
 }  // namespace ckpt::dcp

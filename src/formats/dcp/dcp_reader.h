@@ -20,8 +20,4 @@ namespace ckpt::dcp {
 // thrown; the model holds the items that could be read.
 CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink = nullptr);
 
-// The directory's metadata alone: the global .metadata, or else every
-// rank's __<rank>.metadata merged.
-DcpMetadata read_dcp_metadata(const std::string& dir);
-
 }  // namespace ckpt::dcp
