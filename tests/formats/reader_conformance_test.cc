@@ -1,0 +1,146 @@
+// The reader conformance suite: every reader, on a real-torch fixture of its
+// family, is held to the same contract.
+//
+//   info       the SourceInfo says the kind, the world size and files that exist
+//   coverage   every tensor's chunks lie inside their storage and cover it exactly
+//   content    tensors (names, dtypes, shapes, every byte) and values equal the
+//              reference torch wrote beside the fixture (dcp_to_torch_save, or
+//              FSDP's FULL_STATE_DICT files), compared with diff at zero tolerance
+//   bad input  each file of the fixture cut in half makes reading fail with a
+//              ckpt::Error (exit 3) whose message names that file; never a crash
+//
+// safetensors and HDF5 have no real-torch fixtures in testdata/: they are
+// written here from the DCP reference by our writers (the pytest suite reads
+// those writers' output with the real safetensors and h5py libraries).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "diff/checkpoint_diff.h"
+#include "exec/write_output.h"
+#include "formats/detect.h"
+#include "model/validate.h"
+
+using namespace ckpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string testdata(const std::string& rel) { return std::string(CKPT_SOURCE_DIR) + "/testdata/" + rel; }
+
+struct Case {
+  std::string name;
+  std::string source;     // what the reader reads
+  std::string only;       // ReadOptions.only
+  std::string reference;  // a full state dict torch wrote, read by the torch_pt reader
+  SourceKind kind;
+  int world_size;
+};
+
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("ckptconv-conformance-" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Our writers' output of the DCP reference, for the readers without a torch fixture.
+std::string written(OutputFormat format, const std::string& file) {
+  fs::path out = scratch("written-" + file) / file;
+  OutputOptions options;
+  options.path = out.string();
+  options.durable = false;
+  write_output(read_checkpoint(testdata("dcp/fsdp2_adamw_ws2.ref.pt")), format, options);
+  return out.string();
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out = {
+      {"torch.save file", testdata("pt/dtypes.pt"), "", testdata("pt/dtypes.pt"), SourceKind::kTorchPt, 1},
+      {"DCP directory", testdata("dcp/fsdp2_adamw_ws3"), "", testdata("dcp/fsdp2_adamw_ws3.ref.pt"), SourceKind::kDcpDir, 3},
+      {"DCP, per-rank metadata", testdata("dcp/fsdp2_adamw_ws3_rankmeta"), "", testdata("dcp/fsdp2_adamw_ws3_rankmeta.ref.pt"),
+       SourceKind::kDcpDir, 3},
+      {"DCP, zstd items", testdata("dcp/zstd_ws1"), "", testdata("dcp/zstd_ws1.ref.pt"), SourceKind::kDcpDir, 1},
+      {"ShardedTensor rank files (model)", testdata("fsdp_st/adamw_ws3"), "model", testdata("fsdp_st/adamw_ws3/model_full.pt"),
+       SourceKind::kFsdpRanks, 3},
+      {"ShardedTensor rank files (optim)", testdata("fsdp_st/adamw_ws2"), "optim", testdata("fsdp_st/adamw_ws2/optim_full.pt"),
+       SourceKind::kFsdpRanks, 2},
+      {"DTensor rank files (model)", testdata("fsdp_dt/adamw_ws3"), "model", testdata("fsdp_dt/adamw_ws3/model_full.pt"),
+       SourceKind::kFsdpRanks, 3},
+      {"DTensor rank files (optim)", testdata("fsdp_dt/adamw_ws2"), "optim", testdata("fsdp_dt/adamw_ws2/optim_full.pt"),
+       SourceKind::kFsdpRanks, 2},
+      {"safetensors file", written(OutputFormat::kSafetensors, "ref.safetensors"), "", testdata("dcp/fsdp2_adamw_ws2.ref.pt"),
+       SourceKind::kSafetensors, 1},
+  };
+#ifdef CKPT_HAVE_HDF5
+  out.push_back({"HDF5 file", written(OutputFormat::kHdf5, "ref.h5"), "", testdata("dcp/fsdp2_adamw_ws2.ref.pt"),
+                 SourceKind::kHdf5, 1});
+#endif
+  return out;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+
+// A copy of the case's files with `victim` cut in half; the path to read.
+std::string with_truncated(const Case& c, const std::string& victim) {
+  fs::path dir = scratch("truncated");
+  fs::path src = c.source;
+  fs::path copy;
+  if (fs::is_directory(src)) {
+    copy = dir / src.filename();
+    fs::copy(src, copy, fs::copy_options::recursive);
+  } else {
+    copy = dir / src.filename();
+    fs::copy_file(src, copy);
+  }
+  fs::path cut = fs::is_directory(src) ? copy / fs::path(victim).filename() : copy;
+  fs::resize_file(cut, fs::file_size(cut) / 2);
+  return copy.string();
+}
+
+}  // namespace
+
+TEST_CASE("every reader meets the same contract on a real fixture", "[formats][conformance]") {
+  for (const Case& c : cases()) {
+    INFO(c.name);
+    CheckpointModel model = read_checkpoint(c.source, {{}, c.only});
+
+    // info
+    CHECK(model.info.kind == c.kind);
+    CHECK(model.info.world_sizes == std::vector<int>{c.world_size});
+    REQUIRE_FALSE(model.info.files.empty());
+    for (const auto& f : model.info.files) CHECK(fs::is_regular_file(f));
+
+    // coverage
+    CHECK_NOTHROW(require_valid(model));
+    REQUIRE_FALSE(model.tensors.empty());
+
+    // content
+    CheckpointModel reference = read_checkpoint(c.reference);
+    DiffReport diff = diff_models(model, reference, {});
+    CHECK(diff.tensors.size() == reference.tensors.size());
+    CHECK(diff.equal());
+
+    // bad input: each file cut in half (single files: the file itself)
+    std::vector<std::string> victims = model.info.files;
+    if (victims.size() > 3) victims.resize(3);
+    for (const auto& victim : victims) {
+      INFO("truncated: " << victim);
+      std::string path = with_truncated(c, victim);
+      try {
+        CheckpointModel bad = read_checkpoint(path, {{}, c.only});
+        require_valid(bad);
+        FAIL("reading a truncated file succeeded");
+      } catch (const Error& e) {
+        CHECK(exit_code_for(e.code()) == 3);
+        CHECK(contains(e.what(), fs::path(victim).filename().string()));
+      }
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(fs::temp_directory_path()))
+    if (entry.path().filename().string().rfind("ckptconv-conformance-", 0) == 0) fs::remove_all(entry.path());
+}
