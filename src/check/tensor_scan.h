@@ -20,7 +20,7 @@ struct TensorScan {
   std::string checksum;                // when an algorithm was given
 };
 
-// `tensor` must have passed tensor_problems() (chunks inside storage, exact cover).
+// `tensor` must have passed visit_tensor_problems() (chunks inside storage, exact cover).
 TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::optional<ChecksumAlgorithm> checksum,
                        uint64_t memory_limit);
 

@@ -109,14 +109,13 @@ class Validator {
     bool read_complete = sink_.problems().empty();
     std::size_t gaps = 0;
     for (std::size_t i = 0; i < model.tensors.size(); ++i) {
-      visit_tensor_problems(model.tensors[i], [&](const std::string& message, const TensorChunk* chunk) {
+      visit_tensor_problems(model.tensors[i], [&](Problem problem, bool gap) {
         unsound_.insert(i);
-        if (!chunk && !read_complete) {
+        if (gap && !read_complete) {
           ++gaps;
           return;
         }
-        sink_.report(Problem{ErrorCode::kDataLoss, message, chunk ? chunk->file : "", chunk ? chunk->rank : -1,
-                             model.tensors[i].name});
+        sink_.report(std::move(problem));
       });
     }
     if (gaps)

@@ -40,6 +40,13 @@ Error& Error::add_context(std::string item) {
   return *this;
 }
 
+Error& Error::note_place(const Place& place) {
+  if (place_.file.empty()) place_.file = place.file;
+  if (place_.rank < 0) place_.rank = place.rank;
+  if (place_.tensor.empty()) place_.tensor = place.tensor;
+  return *this;
+}
+
 namespace {
 
 // True when `inner` names the same place as `outer` or a part of it:

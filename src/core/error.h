@@ -24,6 +24,15 @@ const char* error_code_name(ErrorCode code);
 // The process exit code documented in the README for an error of this code.
 int exit_code_for(ErrorCode code);
 
+// Where an error happened, as far as the layers it passed knew: the file, the
+// rank that wrote it, the tensor (dotted key). Validate's problems are built
+// from it (core/problems.h).
+struct Place {
+  std::string file;
+  int rank = -1;
+  std::string tensor;
+};
+
 class Error : public std::exception {
  public:
   Error(ErrorCode code, std::string message);
@@ -36,6 +45,11 @@ class Error : public std::exception {
   // Adds an outer context item; called by code further up the stack.
   Error& add_context(std::string item);
 
+  const Place& place() const { return place_; }
+  // Fills the parts of the place still unknown: the innermost layer that
+  // knows a part is the most precise, so outer layers never overwrite it.
+  Error& note_place(const Place& place);
+
   // "ctx1: ctx2: message"
   const char* what() const noexcept override { return what_.c_str(); }
 
@@ -45,6 +59,7 @@ class Error : public std::exception {
   ErrorCode code_;
   std::string message_;
   std::vector<std::string> context_;
+  Place place_;
   std::string what_;
 };
 
@@ -59,6 +74,18 @@ decltype(auto) with_context(const std::string& item, Fn&& fn) {
     return fn();
   } catch (Error& e) {
     e.add_context(item);
+    throw;
+  }
+}
+
+// Runs fn; an ckpt::Error escaping it gets the parts of `place` it does not
+// know yet (no text is added: pair with with_context for the message).
+template <class Fn>
+decltype(auto) with_place(const Place& place, Fn&& fn) {
+  try {
+    return fn();
+  } catch (Error& e) {
+    e.note_place(place);
     throw;
   }
 }

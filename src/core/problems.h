@@ -26,9 +26,13 @@ struct Problem {
 class ProblemSink {
  public:
   void report(Problem problem) { problems_.push_back(std::move(problem)); }
-  // An error caught while reading: its code and its whole text (context included).
+  // An error caught while reading: its code, its whole text (context
+  // included) and its place; what the error's place does not know is taken
+  // from the reporting layer's arguments.
   void report(const Error& error, std::string file = "", int rank = -1, std::string tensor = "") {
-    report(Problem{error.code(), error.what(), std::move(file), rank, std::move(tensor)});
+    const Place& at = error.place();
+    report(Problem{error.code(), error.what(), at.file.empty() ? std::move(file) : at.file, at.rank >= 0 ? at.rank : rank,
+                   at.tensor.empty() ? std::move(tensor) : at.tensor});
   }
   const std::vector<Problem>& problems() const { return problems_; }
 

@@ -51,7 +51,11 @@ bool boxes_overlap(const TensorChunk& a, const TensorChunk& b) {
 
 }  // namespace
 
-void visit_tensor_problems(const TensorEntry& t, const TensorProblemVisitor& report) {
+void visit_tensor_problems(const TensorEntry& t, const TensorProblemVisitor& visit) {
+  auto report = [&](std::string message, const TensorChunk* chunk) {
+    visit(Problem{ErrorCode::kDataLoss, std::move(message), chunk ? chunk->file : "", chunk ? chunk->rank : -1, t.name},
+          chunk == nullptr);
+  };
   bool boxes_ok = true;
   for (std::size_t i = 0; i < t.chunks.size(); ++i) {
     std::string p = chunk_problem(t, t.chunks[i]);
@@ -78,25 +82,16 @@ void visit_tensor_problems(const TensorEntry& t, const TensorProblemVisitor& rep
            nullptr);
 }
 
-std::vector<std::string> tensor_problems(const TensorEntry& t) {
-  std::vector<std::string> out;
-  visit_tensor_problems(t, [&](const std::string& message, const TensorChunk*) { out.push_back(message); });
-  return out;
-}
-
-std::vector<std::string> model_problems(const CheckpointModel& model) {
-  std::vector<std::string> out;
-  for (const auto& t : model.tensors) {
-    auto p = tensor_problems(t);
-    out.insert(out.end(), p.begin(), p.end());
-  }
-  return out;
+void check_model(const CheckpointModel& model, ProblemSink& sink) {
+  for (const auto& t : model.tensors) visit_tensor_problems(t, [&](Problem p, bool) { sink.report(std::move(p)); });
 }
 
 void require_valid(const CheckpointModel& model) {
-  auto problems = model_problems(model);
+  ProblemSink sink;
+  check_model(model, sink);
+  const auto& problems = sink.problems();
   if (problems.empty()) return;
-  std::string msg = model.source + ": checkpoint is inconsistent: " + problems.front();
+  std::string msg = model.source + ": checkpoint is inconsistent: " + problems.front().message;
   if (problems.size() > 1) msg += " (and " + std::to_string(problems.size() - 1) + " more problems)";
   fail_data_loss(msg);
 }

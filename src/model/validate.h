@@ -7,19 +7,20 @@
 #include <string>
 #include <vector>
 
+#include "core/problems.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt {
 
-// Every problem of one tensor, each message naming tensor, chunk, file and rank.
-std::vector<std::string> tensor_problems(const TensorEntry& tensor);
-// The same problems one by one, each with the chunk at fault (nullptr for a
-// gap, which no one chunk causes), for callers that keep file and rank apart.
-using TensorProblemVisitor = std::function<void(const std::string& message, const TensorChunk* chunk)>;
+// Every problem of one tensor as a Problem (DataLoss; the message names the
+// tensor and chunk, `file`/`rank` are the chunk's, `tensor` its name). `gap`
+// is true for a coverage gap, which no one chunk causes (file "", rank -1).
+using TensorProblemVisitor = std::function<void(Problem problem, bool gap)>;
 void visit_tensor_problems(const TensorEntry& tensor, const TensorProblemVisitor& report);
-// Every problem of the model.
-std::vector<std::string> model_problems(const CheckpointModel& model);
-// DataLoss listing the first problems, if any. Called before writing anything.
+// Every problem of every tensor, into `sink`: the one problem channel.
+void check_model(const CheckpointModel& model, ProblemSink& sink);
+// DataLoss naming the first problem (and how many more), if any. Called
+// before writing anything.
 void require_valid(const CheckpointModel& model);
 
 }  // namespace ckpt

@@ -64,3 +64,19 @@ TEST_CASE("each place is printed once, at its most precise", "[core]") {
   CHECK(std::string(g.what()) == "ckpt/x.pt: ckpt/x.pt2: bad");
   CHECK(g.context().size() == 2);  // the chain itself is kept whole
 }
+
+TEST_CASE("an error's place is filled by the innermost layer that knows each part", "[core]") {
+  try {
+    with_place({"ckpt/__1_0.distcp", 1, ""}, [] {
+      with_place({"", -1, "optim.state.w.exp_avg"}, [] {
+        with_place({"ckpt/__1_0.distcp[64:+10]", -1, ""}, [] { fail_data_loss("truncated"); });
+      });
+    });
+    FAIL("no throw");
+  } catch (const Error& e) {
+    CHECK(e.place().file == "ckpt/__1_0.distcp[64:+10]");
+    CHECK(e.place().rank == 1);
+    CHECK(e.place().tensor == "optim.state.w.exp_avg");
+    CHECK(std::string(e.what()) == "truncated");  // a place adds no text
+  }
+}

@@ -32,3 +32,16 @@ TEST_CASE("run_reporting turns an escaping error into a problem only when a sink
   CHECK(p.file == "f");
   CHECK(p.tensor == "k");
 }
+
+TEST_CASE("a problem built from an error takes the error's place first, the reporter's for what it lacks", "[core]") {
+  Error e(ErrorCode::kDataLoss, "bad");
+  e.note_place({"d/__2_0.distcp", 2, ""});
+  ProblemSink sink;
+  sink.report(e, "d", -1, "model.w");
+  REQUIRE(sink.problems().size() == 1);
+  const Problem& p = sink.problems().front();
+  CHECK(p.file == "d/__2_0.distcp");
+  CHECK(p.rank == 2);
+  CHECK(p.tensor == "model.w");
+  CHECK(p.code == ErrorCode::kDataLoss);
+}

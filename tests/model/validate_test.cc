@@ -6,6 +6,15 @@
 using namespace ckpt;
 
 namespace {
+// The messages of every problem of one tensor.
+std::vector<std::string> tensor_problems(const TensorEntry& t) {
+  std::vector<std::string> out;
+  visit_tensor_problems(t, [&](Problem p, bool) { out.push_back(p.message); });
+  return out;
+}
+}  // namespace
+
+namespace {
 // A float32 tensor of `shape` split into row ranges, each with its own storage.
 TensorEntry row_sharded(Shape shape, std::vector<std::pair<int64_t, int64_t>> rows) {
   TensorEntry t;

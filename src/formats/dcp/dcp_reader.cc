@@ -219,7 +219,9 @@ class DcpDirReader {
     for (const ChunkMeta& cm : item.chunks) {
       // With a sink, every chunk that cannot be read is reported (naming its
       // file and rank); the tensor is then left out.
-      all_read &= run_reporting(sink_, chunk_file(item.fqn, cm.offsets, md), chunk_rank(item.fqn, cm.offsets, md), item.fqn, [&] {
+      Place place{chunk_file(item.fqn, cm.offsets, md), chunk_rank(item.fqn, cm.offsets, md), item.fqn};
+      all_read &= run_reporting(sink_, place.file, place.rank, item.fqn, [&] {
+        with_place(place, [&] {
         with_context("key '" + item.fqn + "'", [&] {
           int rank = -1;
           SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank);
@@ -236,6 +238,7 @@ class DcpDirReader {
           TensorChunk chunk = std::move(piece.chunks.at(0));
           chunk.offsets = cm.offsets;
           t.chunks.push_back(std::move(chunk));
+        });
         });
       });
     }

@@ -51,7 +51,11 @@ RankFile read_rank_file(const std::string& path, const RankFileName& name, Probl
   // reported and left out of the merge, and its CRC problems get its rank.
   ProblemSink file_problems;
   f.unreadable = !run_reporting(sink ? &file_problems : nullptr, path, name.rank, "",
-                                [&] { f.model = torch_pt::read_pt_file(path, sink ? &file_problems : nullptr); });
+                                [&] {
+                                  with_place({path, name.rank, ""}, [&] {
+                                    f.model = torch_pt::read_pt_file(path, sink ? &file_problems : nullptr);
+                                  });
+                                });
   for (Problem p : file_problems.problems()) {
     if (p.rank < 0) {
       p.rank = name.rank;
