@@ -36,8 +36,7 @@ uint32_t zlib_crc32(uint32_t crc, const Bytef* bytes, std::size_t n) {
 #if defined(__x86_64__)
 // Folds len bytes (len >= 64, a multiple of 16) into the CRC register value
 // `crc` (the inverted CRC, as zlib keeps it internally).
-__attribute__((target("pclmul,sse4.1")))
-uint32_t crc32_fold(uint32_t crc, const unsigned char* buf, size_t len) {
+__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_fold(uint32_t crc, const unsigned char* buf, size_t len) {
   alignas(16) static const uint64_t k1k2[2] = {0x0154442bd4, 0x01c6e41596};
   alignas(16) static const uint64_t k3k4[2] = {0x01751997d0, 0x00ccaa009e};
   alignas(16) static const uint64_t k5k0[2] = {0x0163cd6124, 0x0000000000};
@@ -106,7 +105,6 @@ uint32_t crc32_fold(uint32_t crc, const unsigned char* buf, size_t len) {
   x1 = _mm_xor_si128(x1, x2);
   return static_cast<uint32_t>(_mm_extract_epi32(x1, 1));
 }
-
 
 bool have_pclmul() {
   static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");

@@ -10,12 +10,12 @@
 
 namespace ckpt::archive {
 
-inline constexpr uint32_t kLocalHeaderSignature = 0x04034b50;    // "PK\3\4", 4.3.7
+inline constexpr uint32_t kLocalHeaderSignature = 0x04034b50;     // "PK\3\4", 4.3.7
 inline constexpr uint32_t kDataDescriptorSignature = 0x08074b50;  // "PK\7\8", 4.3.9
-inline constexpr uint32_t kCentralHeaderSignature = 0x02014b50;  // "PK\1\2", 4.3.12
-inline constexpr uint32_t kZip64EocdSignature = 0x06064b50;      // "PK\6\6", 4.3.14
-inline constexpr uint32_t kZip64LocatorSignature = 0x07064b50;   // "PK\6\7", 4.3.15
-inline constexpr uint32_t kEocdSignature = 0x06054b50;           // "PK\5\6", 4.3.16
+inline constexpr uint32_t kCentralHeaderSignature = 0x02014b50;   // "PK\1\2", 4.3.12
+inline constexpr uint32_t kZip64EocdSignature = 0x06064b50;       // "PK\6\6", 4.3.14
+inline constexpr uint32_t kZip64LocatorSignature = 0x07064b50;    // "PK\6\7", 4.3.15
+inline constexpr uint32_t kEocdSignature = 0x06054b50;            // "PK\5\6", 4.3.16
 
 inline constexpr std::size_t kLocalHeaderSize = 30;
 inline constexpr std::size_t kCentralHeaderSize = 46;
@@ -24,7 +24,7 @@ inline constexpr std::size_t kZip64LocatorSize = 20;
 inline constexpr std::size_t kEocdSize = 22;
 inline constexpr std::size_t kMaxCommentSize = 0xffff;
 
-inline constexpr uint16_t kZip64ExtraId = 0x0001;  // 4.5.3
+inline constexpr uint16_t kZip64ExtraId = 0x0001;    // 4.5.3
 inline constexpr uint16_t kPaddingExtraId = 0x4246;  // "FB": torch's alignment padding
 inline constexpr uint16_t kFlagEncrypted = 1 << 0;
 inline constexpr uint16_t kFlagDataDescriptor = 1 << 3;

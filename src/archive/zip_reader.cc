@@ -147,9 +147,9 @@ uint64_t find_eocd(const ByteSource& src) {
     if (load_u32(t + pos) == kEocdSignature && pos + kEocdSize + load_u16(t + pos + 20) <= tail_len)
       return tail_start + pos;
   }
-  fail_source(ErrorCode::kDataLoss, src,
-              "not a zip archive (no end of central directory record in the last " + std::to_string(tail_len) +
-                  " bytes)");
+  fail_source(
+      ErrorCode::kDataLoss, src,
+      "not a zip archive (no end of central directory record in the last " + std::to_string(tail_len) + " bytes)");
 }
 
 [[noreturn]] void fail_multi_disk(const ByteSource& src) {
@@ -202,15 +202,14 @@ EndRecords read_end_records(const ByteSource& src) {
   // The ZIP64 records, when present, hold the true values (torch always writes them).
   unsigned char locator[4] = {};
   if (eocd >= kZip64LocatorSize) src.read(eocd - kZip64LocatorSize, locator, sizeof locator);
-  if (load_u32(locator) == kZip64LocatorSignature)
-    return read_zip64_end(src, eocd - kZip64LocatorSize);
+  if (load_u32(locator) == kZip64LocatorSignature) return read_zip64_end(src, eocd - kZip64LocatorSize);
   if (disk != 0 || cd_disk != 0 || disk_entries != end.entries) fail_multi_disk(src);
   return end;
 }
 
 void check_directory_bounds(const ByteSource& src, const EndRecords& end) {
-  const std::string cd = "central directory (" + std::to_string(end.cd_size) + " bytes at offset " +
-                         std::to_string(end.cd_offset) + ")";
+  const std::string cd =
+      "central directory (" + std::to_string(end.cd_size) + " bytes at offset " + std::to_string(end.cd_offset) + ")";
   if (!range_fits(end.cd_offset, end.cd_size, end.cd_limit))
     fail_source(ErrorCode::kDataLoss, src,
                 cd + " does not end before the end records at offset " + std::to_string(end.cd_limit));
@@ -238,7 +237,8 @@ void apply_zip64_extra(const ByteSource& src, FieldReader extra, CentralEntry& c
   while (extra.has(4)) {
     const uint16_t id = extra.u16();
     const uint16_t len = extra.u16();
-    if (!extra.has(len)) fail_data_loss(src.describe() + ": entry " + quoted(c.entry.name) + ": extra field is truncated");
+    if (!extra.has(len))
+      fail_data_loss(src.describe() + ": entry " + quoted(c.entry.name) + ": extra field is truncated");
     FieldReader field = extra.sub(len, where);
     if (id != kZip64ExtraId) continue;
     if (c.entry.size == kZip64Marker32) c.entry.size = field.u64();
@@ -254,7 +254,8 @@ CentralEntry parse_central_header(const ByteSource& src, FieldReader& cd, uint64
   if (!cd.has(kCentralHeaderSize)) fail_source(ErrorCode::kDataLoss, src, which + " is truncated");
   const std::size_t at = cd.position();
   if (cd.u32() != kCentralHeaderSignature)
-    fail_source(ErrorCode::kDataLoss, src, which + " has no signature (byte " + std::to_string(at) + " of the directory)");
+    fail_source(ErrorCode::kDataLoss, src,
+                which + " has no signature (byte " + std::to_string(at) + " of the directory)");
   cd.skip(4);  // versions made by, needed
   CentralEntry c;
   c.flags = cd.u16();

@@ -69,7 +69,8 @@ Manifest manifest_from_json(const Json& j, const std::string& path) {
 
 Manifest read_manifest(const std::string& path) {
   SourcePtr src = open_file_source(path);
-  if (src->size() > kMaxManifestSize) fail_data_loss(path + ": larger than " + std::to_string(kMaxManifestSize) + " bytes");
+  if (src->size() > kMaxManifestSize)
+    fail_data_loss(path + ": larger than " + std::to_string(kMaxManifestSize) + " bytes");
   Json j = Json::parse(src->read_string(0, static_cast<std::size_t>(src->size())), nullptr, false);
   if (j.is_discarded()) fail_data_loss(path + ": not valid JSON");
   return manifest_from_json(j, path);
@@ -103,9 +104,10 @@ ManifestComparison compare_manifests(const Manifest& recorded, const Manifest& n
         continue;
       }
       if (it->second->checksum != f.checksum || it->second->bytes != f.bytes) {
-        report("file '" + f.path + "' changed since the manifest " + manifest_path + " was written: " +
-                   std::to_string(f.bytes) + " bytes, " + checksum_algorithm_name(recorded.algorithm) + " " + f.checksum +
-                   " then; " + std::to_string(it->second->bytes) + " bytes, " + it->second->checksum + " now",
+        report("file '" + f.path + "' changed since the manifest " + manifest_path +
+                   " was written: " + std::to_string(f.bytes) + " bytes, " +
+                   checksum_algorithm_name(recorded.algorithm) + " " + f.checksum + " then; " +
+                   std::to_string(it->second->bytes) + " bytes, " + it->second->checksum + " now",
                f.path, "");
         ++out.changed;
       }
@@ -127,8 +129,8 @@ ManifestComparison compare_manifests(const Manifest& recorded, const Manifest& n
     }
     const ManifestTensor& n = *it->second;
     if (n.dtype != t.dtype || n.shape != t.shape) {
-      report("tensor '" + t.key + "' was " + t.dtype + " " + shape_text(t.shape) + " when the manifest " + manifest_path +
-                 " was written, now " + n.dtype + " " + shape_text(n.shape),
+      report("tensor '" + t.key + "' was " + t.dtype + " " + shape_text(t.shape) + " when the manifest " +
+                 manifest_path + " was written, now " + n.dtype + " " + shape_text(n.shape),
              "", t.key);
       ++out.changed;
     } else if (n.checksum != t.checksum) {

@@ -62,9 +62,9 @@ class OptimizerChecker {
         auto [it, fresh] = group_of.emplace(name, static_cast<int>(g));
         if (!fresh)
           problem(where, "parameter '" + name + "' is listed " +
-                             (it->second == static_cast<int>(g) ? "twice in param_groups " + std::to_string(g)
-                                                                : "in param_groups " + std::to_string(it->second) + " and " +
-                                                                      std::to_string(g)) +
+                             (it->second == static_cast<int>(g)
+                                  ? "twice in param_groups " + std::to_string(g)
+                                  : "in param_groups " + std::to_string(it->second) + " and " + std::to_string(g)) +
                              " of '" + path + "'");
         if (params_model && p->is(Kind::kStr) && !find_param(*params_model, name))
           problem(where, "'" + where + "' lists parameter '" + name + "', which the model does not hold");
@@ -75,8 +75,8 @@ class OptimizerChecker {
       std::string name = path_component(*key);
       std::string where = join_path(path, "state." + name);
       if (!group_of.count(name)) {
-        problem(where, "optimizer state '" + where + "' is for parameter '" + name + "', which no param_groups entry of '" +
-                           path + "' lists");
+        problem(where, "optimizer state '" + where + "' is for parameter '" + name +
+                           "', which no param_groups entry of '" + path + "' lists");
         continue;
       }
       if (!params_model || !key->is(Kind::kStr)) continue;
@@ -90,8 +90,9 @@ class OptimizerChecker {
         if (!idx || kFactoredState.count(sname)) continue;
         const TensorEntry& s = model_.tensors.at(*idx);
         if (s.shape.empty() || s.shape == p.shape) continue;  // 0-dim: step counters
-        problem(join_path(where, sname), "optimizer state '" + join_path(where, sname) + "' has shape " + shape_str(s.shape) +
-                                             ", its parameter '" + name + "' has shape " + shape_str(p.shape));
+        problem(join_path(where, sname), "optimizer state '" + join_path(where, sname) + "' has shape " +
+                                             shape_str(s.shape) + ", its parameter '" + name + "' has shape " +
+                                             shape_str(p.shape));
       }
     }
   }

@@ -92,7 +92,8 @@ bool can_be_nonfinite(DType dtype) { return dtype_info(dtype).is_floating || dty
 TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::optional<ChecksumAlgorithm> checksum,
                        uint64_t memory_limit) {
   if (tensor.out_dtype && *tensor.out_dtype != tensor.dtype)
-    fail(ErrorCode::kInternal, "scan_tensor: tensor '" + tensor.name + "' has an output dtype; scans read stored values");
+    fail(ErrorCode::kInternal,
+         "scan_tensor: tensor '" + tensor.name + "' has an output dtype; scans read stored values");
   Backend* backend = finite_backend && can_be_nonfinite(tensor.dtype) ? finite_backend : nullptr;
   std::optional<Hasher> hasher;
   if (checksum) hasher.emplace(*checksum);
@@ -103,8 +104,8 @@ TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::
   copy.memory_limit = memory_limit;
   append_tensor(tensor, sink, copy);
   if (sink.position() != tensor.nbytes())
-    fail(ErrorCode::kInternal, "scan of tensor '" + tensor.name + "' saw " + std::to_string(sink.position()) + " of its " +
-                                   std::to_string(tensor.nbytes()) + " bytes");
+    fail(ErrorCode::kInternal, "scan of tensor '" + tensor.name + "' saw " + std::to_string(sink.position()) +
+                                   " of its " + std::to_string(tensor.nbytes()) + " bytes");
   if (backend) out.finite = sink.counts();
   if (hasher) out.checksum = hasher->hex_digest();
   return out;

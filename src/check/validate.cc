@@ -22,8 +22,9 @@ namespace fs = std::filesystem;
 // File names in manifests: relative to the checkpoint's folder.
 std::string manifest_path_of(const std::string& file, const std::string& src, const ValidateOptions& opt) {
   std::error_code ec;
-  fs::path base = !src.empty() && fs::is_directory(src, ec) ? fs::path(src)
-                                                             : fs::path(src.empty() ? opt.files.front() : src).parent_path();
+  fs::path base = !src.empty() && fs::is_directory(src, ec)
+                      ? fs::path(src)
+                      : fs::path(src.empty() ? opt.files.front() : src).parent_path();
   fs::path rel = fs::path(file).lexically_relative(base);
   return rel.empty() || rel.native().starts_with("..") ? fs::path(file).filename().string() : rel.string();
 }
@@ -119,7 +120,8 @@ class Validator {
       });
     }
     if (gaps)
-      report_.notes.push_back(std::to_string(gaps) + " tensors are incomplete (chunks missing) because of the reading problems");
+      report_.notes.push_back(std::to_string(gaps) +
+                              " tensors are incomplete (chunks missing) because of the reading problems");
   }
 
   void check_world_size(const CheckpointModel& model) {
@@ -134,16 +136,16 @@ class Validator {
     check("world-size");
     if (sizes.empty()) {
       sink_.report(Problem{ErrorCode::kDataLoss,
-                           "--expect-world-size " + std::to_string(opt_.expect_world_size) + ": a " + std::string(model.format()) +
-                               " checkpoint does not record its world size",
+                           "--expect-world-size " + std::to_string(opt_.expect_world_size) + ": a " +
+                               std::string(model.format()) + " checkpoint does not record its world size",
                            "", -1, ""});
       return;
     }
     for (int ws : sizes)
       if (ws != opt_.expect_world_size)
         sink_.report(Problem{ErrorCode::kDataLoss,
-                             "world size is " + std::to_string(ws) + ", expected " + std::to_string(opt_.expect_world_size) +
-                                 " (--expect-world-size)",
+                             "world size is " + std::to_string(ws) + ", expected " +
+                                 std::to_string(opt_.expect_world_size) + " (--expect-world-size)",
                              "", -1, ""});
   }
 
@@ -159,8 +161,8 @@ class Validator {
     walk_leaves(*model.root, [&](const Leaf& leaf) {
       if (!want.count(leaf.path))
         sink_.report(Problem{ErrorCode::kDataLoss,
-                             "key '" + leaf.path + "' is unexpected (not listed in " + opt_.expect_keys_file + ")", "", -1,
-                             leaf.path});
+                             "key '" + leaf.path + "' is unexpected (not listed in " + opt_.expect_keys_file + ")", "",
+                             -1, leaf.path});
     });
   }
 
@@ -180,8 +182,8 @@ class Validator {
     if (!opt_.write_manifest.empty()) {
       ChecksumAlgorithm want = opt_.sha256 ? ChecksumAlgorithm::kSha256 : ChecksumAlgorithm::kXxh3_64;
       if (algorithm && *algorithm != want)
-        fail_invalid(std::string("--manifest uses ") + checksum_algorithm_name(*algorithm) + ", --write-manifest would use " +
-                     checksum_algorithm_name(want) + ": write it in a separate run");
+        fail_invalid(std::string("--manifest uses ") + checksum_algorithm_name(*algorithm) +
+                     ", --write-manifest would use " + checksum_algorithm_name(want) + ": write it in a separate run");
       algorithm = want;
     }
     std::unique_ptr<Backend> backend;
@@ -284,11 +286,13 @@ class Validator {
       piece.chunks.back().offsets.assign(c.sizes.size(), 0);
       FiniteCounts n = *scan_tensor(piece, backend, std::nullopt, opt_.memory_limit).finite;
       if (n.all_finite()) continue;
-      std::string where = t.chunks.size() > 1 ? " in its chunk at offsets " + shape_str(c.offsets) + " sizes " + shape_str(c.sizes) : "";
+      std::string where = t.chunks.size() > 1
+                              ? " in its chunk at offsets " + shape_str(c.offsets) + " sizes " + shape_str(c.sizes)
+                              : "";
       sink_.report(Problem{ErrorCode::kDataLoss,
-                           "tensor '" + key + "' (" + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape) + ") holds " +
-                               std::to_string(n.nan) + " NaN and " + std::to_string(n.inf) + " Inf" + where + " (of " +
-                               std::to_string(piece.numel()) + " elements), file " + c.file +
+                           "tensor '" + key + "' (" + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape) +
+                               ") holds " + std::to_string(n.nan) + " NaN and " + std::to_string(n.inf) + " Inf" +
+                               where + " (of " + std::to_string(piece.numel()) + " elements), file " + c.file +
                                (c.rank >= 0 ? ", rank " + std::to_string(c.rank) : ""),
                            c.file, c.rank, key});
     }
@@ -315,7 +319,8 @@ int ValidateReport::exit_code() const {
 }
 
 ValidateReport validate_checkpoint(const std::string& src, const ValidateOptions& options) {
-  if (options.expect_world_size == 0 || options.expect_world_size < -1) fail_invalid("--expect-world-size must be at least 1");
+  if (options.expect_world_size == 0 || options.expect_world_size < -1)
+    fail_invalid("--expect-world-size must be at least 1");
   std::error_code ec;
   if (!options.write_manifest.empty() && !options.force && fs::exists(fs::symlink_status(options.write_manifest, ec)))
     fail_invalid(options.write_manifest + ": output exists (use --force to overwrite)");

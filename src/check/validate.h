@@ -32,12 +32,12 @@ struct ValidateOptions {
   std::string only;                // per-rank families: read only "model" or "optim" files
   bool finite = false;
   int expect_world_size = -1;
-  std::string expect_keys_file;    // one key per line; "" for none
-  std::string write_manifest;      // path, or ""
-  std::string manifest;            // path to verify against, or ""
-  bool sha256 = false;             // --write-manifest with SHA-256 instead of XXH3-64
-  bool force = false;              // overwrite an existing --write-manifest file
-  Device device = Device::kAuto;   // for the finite scan only
+  std::string expect_keys_file;   // one key per line; "" for none
+  std::string write_manifest;     // path, or ""
+  std::string manifest;           // path to verify against, or ""
+  bool sha256 = false;            // --write-manifest with SHA-256 instead of XXH3-64
+  bool force = false;             // overwrite an existing --write-manifest file
+  Device device = Device::kAuto;  // for the finite scan only
   int threads = 0;
   uint64_t memory_limit = 256ull << 20;
 };

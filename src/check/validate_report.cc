@@ -36,26 +36,33 @@ Json report_to_json(const ValidateReport& r) {
   j["world_size"] = or_null(r.world_size);
   j["status"] = status_of(r);
   j["exit_code"] = r.exit_code();
-  j["summary"] = {{"files", r.files}, {"tensors", r.tensors}, {"tensor_bytes", r.tensor_bytes},
-                  {"problems", r.problems.size()}};
+  j["summary"] = {
+      {"files", r.files}, {"tensors", r.tensors}, {"tensor_bytes", r.tensor_bytes}, {"problems", r.problems.size()}};
   j["checks"] = r.checks;
   Json problems = Json::array();
   for (const auto& p : r.problems)
-    problems.push_back({{"code", error_code_name(p.code)}, {"message", p.message}, {"file", or_null(p.file)},
-                        {"rank", or_null(p.rank)}, {"key", or_null(p.tensor)}});
+    problems.push_back({{"code", error_code_name(p.code)},
+                        {"message", p.message},
+                        {"file", or_null(p.file)},
+                        {"rank", or_null(p.rank)},
+                        {"key", or_null(p.tensor)}});
   j["problems"] = problems;
   j["notes"] = r.notes;
   if (r.finite_ran) {
     Json nonfinite = Json::array();
     for (const auto& n : r.nonfinite)
-      nonfinite.push_back({{"key", n.key}, {"dtype", dtype_name(n.dtype)}, {"elements", n.elements},
-                           {"nan", n.counts.nan}, {"inf", n.counts.inf}});
+      nonfinite.push_back({{"key", n.key},
+                           {"dtype", dtype_name(n.dtype)},
+                           {"elements", n.elements},
+                           {"nan", n.counts.nan},
+                           {"inf", n.counts.inf}});
     j["finite"] = {{"device", r.finite_device}, {"tensors_scanned", r.finite_tensors}, {"nonfinite", nonfinite}};
   } else {
     j["finite"] = nullptr;
   }
   if (!r.manifest_algorithm.empty()) {
-    Json m = {{"algorithm", r.manifest_algorithm}, {"written", or_null(r.manifest_written)},
+    Json m = {{"algorithm", r.manifest_algorithm},
+              {"written", or_null(r.manifest_written)},
               {"verified", or_null(r.manifest_verified)}};
     if (r.manifest_comparison) {
       m["files_compared"] = r.manifest_comparison->files_compared;
@@ -84,7 +91,8 @@ void print_report(const ValidateReport& r, std::ostream& out) {
       out << "  " << std::left << std::setw(48) << n.key << " " << std::setw(9) << dtype_name(n.dtype) << " nan "
           << n.counts.nan << ", inf " << n.counts.inf << " of " << n.elements << "\n";
   }
-  if (!r.manifest_written.empty()) out << "manifest written: " << r.manifest_written << " (" << r.manifest_algorithm << ")\n";
+  if (!r.manifest_written.empty())
+    out << "manifest written: " << r.manifest_written << " (" << r.manifest_algorithm << ")\n";
   if (r.manifest_comparison)
     out << "manifest " << r.manifest_verified << ": " << r.manifest_comparison->changed << " changed, "
         << r.manifest_comparison->missing << " missing, " << r.manifest_comparison->added << " new\n";

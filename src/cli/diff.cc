@@ -11,7 +11,8 @@ namespace ckpt::cli {
 void register_diff(CLI::App& app) {
   auto req = std::make_shared<jobs::DiffRequest>();
   CLI::App* sub = app.add_subcommand(
-      "diff", "Compare two checkpoints of any formats and layouts (keys, dtypes, shapes, values); exit 0 equal, 1 different");
+      "diff",
+      "Compare two checkpoints of any formats and layouts (keys, dtypes, shapes, values); exit 0 equal, 1 different");
   sub->footer(
       "Elements a (of A) and b (of B) are equal when a == b, both are NaN, or |a - b| <= atol + rtol * |b|\n"
       "(torch.isclose with equal_nan=True: relative to B). The defaults, rtol 0 and atol 0, ask for numerically\n"

@@ -1,7 +1,7 @@
 // ckptconv entry point: global flags, subcommand registration, and the one
 // place where errors become exit codes (README "Exit codes").
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <iostream>
 
@@ -12,8 +12,10 @@
 #include "jobs/version.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckptconv: inspect, validate, diff, consolidate and reshard sharded PyTorch checkpoints (DCP directories, per-rank FSDP files)",
-               "ckptconv"};
+  CLI::App app{
+      "ckptconv: inspect, validate, diff, consolidate and reshard sharded PyTorch checkpoints (DCP directories, "
+      "per-rank FSDP files)",
+      "ckptconv"};
   app.require_subcommand(0, 1);
   // -q/-v also after the subcommand (`ckptconv diff A B -q` in a CI script).
   app.fallthrough();

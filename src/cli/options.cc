@@ -4,7 +4,8 @@ namespace ckpt::cli {
 
 void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const CommonHelp& help) {
   if (which & kSource) sub->add_option("SRC", opt.source, help.source);
-  if (which & kFiles) sub->add_option("--files", opt.files, "Per-rank files listed one by one (instead of SRC)")->expected(1, -1);
+  if (which & kFiles)
+    sub->add_option("--files", opt.files, "Per-rank files listed one by one (instead of SRC)")->expected(1, -1);
   if (which & kOnly) sub->add_option("--only", opt.only, help.only)->check(CLI::IsMember({"model", "optim"}));
   if (which & kKeys) sub->add_option("--keys", opt.keys, help.keys);
   if (which & kDtype)
@@ -13,15 +14,18 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
         ->capture_default_str();
   if (which & kThreads) sub->add_option("--threads", opt.threads, help.threads);
   if (which & kDevice)
-    sub->add_option("--device", opt.device, help.device)->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
+    sub->add_option("--device", opt.device, help.device)
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+        ->capture_default_str();
   if (which & kMemoryLimit)
     sub->add_option("--memory-limit", opt.memory_limit, help.memory_limit)->capture_default_str();
   if (which & kDryRun) sub->add_flag("--dry-run", opt.dry_run, help.dry_run);
   if (which & kForce) sub->add_flag("--force", opt.force, help.force);
   if (which & kNoFsync)
-    sub->add_flag("--no-fsync", opt.no_fsync,
-                  "Skip the fsync before the output is renamed into place (faster; the output is still whole or absent, "
-                  "but not guaranteed to survive a power loss)");
+    sub->add_flag(
+        "--no-fsync", opt.no_fsync,
+        "Skip the fsync before the output is renamed into place (faster; the output is still whole or absent, "
+        "but not guaranteed to survive a power loss)");
 }
 
 }  // namespace ckpt::cli

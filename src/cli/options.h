@@ -24,10 +24,12 @@ enum CommonOption : unsigned {
 };
 
 struct CommonHelp {
-  const char* source = "Checkpoint: a DCP directory, a .pt/.safetensors/.h5 file, or per-rank files (a directory or a quoted glob)";
+  const char* source =
+      "Checkpoint: a DCP directory, a .pt/.safetensors/.h5 file, or per-rank files (a directory or a quoted glob)";
   const char* only = "Keep only this top-level entry (per-rank files: read only that family)";
   const char* keys = "Keep only entries whose dotted path matches this regex (searched)";
-  const char* device = "Where casts and scans run: cuda (error if none), cpu, or auto (CUDA when built in and a device is visible)";
+  const char* device =
+      "Where casts and scans run: cuda (error if none), cpu, or auto (CUDA when built in and a device is visible)";
   const char* threads = "Host threads for gathers, casts and scans (0: all)";
   const char* memory_limit = "Budget for reassembly buffers, e.g. 512M";
   const char* dry_run = "Print the plan; write nothing";

@@ -12,23 +12,28 @@ void register_reshard(CLI::App& app) {
   auto req = std::make_shared<jobs::ReshardRequest>();
   CLI::App* sub = app.add_subcommand(
       "reshard", "Rewrite a checkpoint for another world size: a DCP directory (FSDP2 layout) or per-rank FSDP files");
-  CommonHelp help{.source = "DCP directory, per-rank files (a directory or a quoted glob), or a full state dict (.pt, safetensors, HDF5)",
-                  .only = "Per-rank files: reshard only this family (e.g. the model files beside a raw flat-parameter optimizer); "
-                          "other sources: keep only this top-level entry",
-                  .device = "Where casts run: auto, cpu, cuda",
-                  .threads = "Threads for casts (0: all)",
-                  .dry_run = "Print which source chunks feed each output rank and the bytes per file; write nothing",
-                  .force = "Replace an existing output directory"};
+  CommonHelp help{
+      .source =
+          "DCP directory, per-rank files (a directory or a quoted glob), or a full state dict (.pt, safetensors, HDF5)",
+      .only =
+          "Per-rank files: reshard only this family (e.g. the model files beside a raw flat-parameter optimizer); "
+          "other sources: keep only this top-level entry",
+      .device = "Where casts run: auto, cpu, cuda",
+      .threads = "Threads for casts (0: all)",
+      .dry_run = "Print which source chunks feed each output rank and the bytes per file; write nothing",
+      .force = "Replace an existing output directory"};
   bind_common(sub, req->common, kSource | kFiles, help);
   sub->add_option("-o,--output", req->output, "Output directory")->required();
   sub->add_option("--world-size", req->world_size, "Number of ranks to write")->required();
   sub->add_option("--layout", req->layout,
                   "dcp (one __<r>_0.distcp per rank + .metadata), fsdp-sharded-tensor or fsdp-dtensor (one torch.save "
-                  "file per rank and family, as FSDP1 SHARDED_STATE_DICT); default: the source's own, required for a full state dict")
+                  "file per rank and family, as FSDP1 SHARDED_STATE_DICT); default: the source's own, required for a "
+                  "full state dict")
       ->check(CLI::IsMember({"dcp", "fsdp-sharded-tensor", "fsdp-dtensor"}));
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
-  sub->add_option("--mesh-device", req->mesh_device,
-                  "fsdp-dtensor: device type of the DeviceMesh the files name (cpu, cuda); default: the source's, else cpu");
+  sub->add_option(
+      "--mesh-device", req->mesh_device,
+      "fsdp-dtensor: device type of the DeviceMesh the files name (cpu, cuda); default: the source's, else cpu");
   sub->add_option("--mesh-dim-names", req->mesh_dim_names,
                   "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none");
   bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce, help);

@@ -10,19 +10,21 @@ namespace ckpt::cli {
 
 void register_validate(CLI::App& app) {
   auto req = std::make_shared<jobs::ValidateRequest>();
-  CLI::App* sub = app.add_subcommand(
-      "validate",
-      "Check a checkpoint without writing it: files, CRC-32 of every zip record, pickles, metadata, chunk coverage, ranks, "
-      "optimizer state; optionally NaN/Inf, expected keys and world size, checksum manifests. "
-      "Exit 0 valid, 1 problems found, 3 unreadable or unsafe, 2 usage");
-  bind_common(sub, req->common, kSource | kFiles | kOnly | kDevice | kThreads | kMemoryLimit | kForce,
-              {.source = "Checkpoint: a DCP directory, a .pt/.safetensors/.safetensors.index.json/.h5 file, or per-rank files "
-                         "(a directory or a quoted glob)",
-               .only = "Per-rank families: check only the model or the optimizer files",
-               .device = "Backend for the finite scan",
-               .threads = "Threads for the finite scan (0: all cores)",
-               .memory_limit = "Budget for reassembling a tensor's rows, e.g. 512M",
-               .force = "Overwrite an existing --write-manifest file"});
+  CLI::App* sub =
+      app.add_subcommand("validate",
+                         "Check a checkpoint without writing it: files, CRC-32 of every zip record, pickles, metadata, "
+                         "chunk coverage, ranks, "
+                         "optimizer state; optionally NaN/Inf, expected keys and world size, checksum manifests. "
+                         "Exit 0 valid, 1 problems found, 3 unreadable or unsafe, 2 usage");
+  bind_common(
+      sub, req->common, kSource | kFiles | kOnly | kDevice | kThreads | kMemoryLimit | kForce,
+      {.source = "Checkpoint: a DCP directory, a .pt/.safetensors/.safetensors.index.json/.h5 file, or per-rank files "
+                 "(a directory or a quoted glob)",
+       .only = "Per-rank families: check only the model or the optimizer files",
+       .device = "Backend for the finite scan",
+       .threads = "Threads for the finite scan (0: all cores)",
+       .memory_limit = "Budget for reassembling a tensor's rows, e.g. 512M",
+       .force = "Overwrite an existing --write-manifest file"});
   sub->add_flag("--finite", req->check.finite, "Scan every floating-point tensor for NaN and Inf (any is a problem)");
   sub->add_option("--expect-world-size", req->check.expect_world_size,
                   "The world size the checkpoint must have been written at (single files count as 1)");
@@ -31,8 +33,9 @@ void register_validate(CLI::App& app) {
                   "unexpected key is a problem");
   sub->add_option("--write-manifest", req->check.write_manifest,
                   "Write a checksum of every file and tensor to this JSON file (only when the checkpoint is valid)");
-  sub->add_option("--manifest", req->check.manifest,
-                  "Verify against a manifest written by --write-manifest; names every file or tensor changed, missing or new");
+  sub->add_option(
+      "--manifest", req->check.manifest,
+      "Verify against a manifest written by --write-manifest; names every file or tensor changed, missing or new");
   sub->add_flag("--sha256", req->check.sha256, "--write-manifest with SHA-256 instead of XXH3-64");
   sub->add_flag("--json", req->json, "Print the report as JSON (docs/json-schema.md)");
   add_runner(sub, [req] { return jobs::run_validate(*req, std::cout).exit_code; });

@@ -35,9 +35,15 @@ struct Alias {
   DType dtype;
 };
 constexpr std::array<Alias, 9> kAliases = {{
-    {"double", DType::kFloat64}, {"float", DType::kFloat32}, {"half", DType::kFloat16},
-    {"short", DType::kInt16}, {"int", DType::kInt32}, {"long", DType::kInt64},
-    {"cfloat", DType::kComplex64}, {"cdouble", DType::kComplex128}, {"chalf", DType::kComplex32},
+    {"double", DType::kFloat64},
+    {"float", DType::kFloat32},
+    {"half", DType::kFloat16},
+    {"short", DType::kInt16},
+    {"int", DType::kInt32},
+    {"long", DType::kInt64},
+    {"cfloat", DType::kComplex64},
+    {"cdouble", DType::kComplex128},
+    {"chalf", DType::kComplex32},
 }};
 
 }  // namespace

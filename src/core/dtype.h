@@ -10,12 +10,27 @@
 namespace ckpt {
 
 enum class DType {
-  kFloat64, kFloat32, kFloat16, kBFloat16,
-  kFloat8E4M3FN, kFloat8E4M3FNUZ, kFloat8E5M2, kFloat8E5M2FNUZ, kFloat8E8M0FNU,
-  kInt8, kInt16, kInt32, kInt64,
-  kUInt8, kUInt16, kUInt32, kUInt64,
+  kFloat64,
+  kFloat32,
+  kFloat16,
+  kBFloat16,
+  kFloat8E4M3FN,
+  kFloat8E4M3FNUZ,
+  kFloat8E5M2,
+  kFloat8E5M2FNUZ,
+  kFloat8E8M0FNU,
+  kInt8,
+  kInt16,
+  kInt32,
+  kInt64,
+  kUInt8,
+  kUInt16,
+  kUInt32,
+  kUInt64,
   kBool,
-  kComplex32, kComplex64, kComplex128,
+  kComplex32,
+  kComplex64,
+  kComplex128,
 };
 
 struct DTypeInfo {

@@ -30,9 +30,7 @@ int exit_code_for(ErrorCode code) {
   return 5;
 }
 
-Error::Error(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {
-  rebuild_what();
-}
+Error::Error(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) { rebuild_what(); }
 
 Error& Error::add_context(std::string item) {
   context_.insert(context_.begin(), std::move(item));

@@ -17,7 +17,8 @@ inline constexpr uint64_t kMinBytesPerThread = 4u << 20;
 // Threads worth starting for `bytes` of work given at most `threads`.
 inline int useful_threads(uint64_t bytes, int threads) {
   uint64_t by_size = std::max<uint64_t>(1, bytes / kMinBytesPerThread);
-  return static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(by_size, static_cast<uint64_t>(std::max(1, threads)))));
+  return static_cast<int>(
+      std::max<uint64_t>(1, std::min<uint64_t>(by_size, static_cast<uint64_t>(std::max(1, threads)))));
 }
 
 // Calls fn(part, begin, end) for `parts` contiguous pieces of [0, n) on

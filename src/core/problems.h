@@ -31,8 +31,8 @@ class ProblemSink {
   // from the reporting layer's arguments.
   void report(const Error& error, std::string file = "", int rank = -1, std::string tensor = "") {
     const Place& at = error.place();
-    report(Problem{error.code(), error.what(), at.file.empty() ? std::move(file) : at.file, at.rank >= 0 ? at.rank : rank,
-                   at.tensor.empty() ? std::move(tensor) : at.tensor});
+    report(Problem{error.code(), error.what(), at.file.empty() ? std::move(file) : at.file,
+                   at.rank >= 0 ? at.rank : rank, at.tensor.empty() ? std::move(tensor) : at.tensor});
   }
   const std::vector<Problem>& problems() const { return problems_; }
 

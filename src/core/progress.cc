@@ -147,8 +147,8 @@ std::string format_duration(double seconds) {
 }
 
 std::string format_progress_line(const std::string& label, uint64_t done, uint64_t total, double elapsed_s) {
-  std::string line = label + "  " + human_bytes(static_cast<double>(done)) + " / " +
-                     human_bytes(static_cast<double>(total));
+  std::string line =
+      label + "  " + human_bytes(static_cast<double>(done)) + " / " + human_bytes(static_cast<double>(total));
   int percent = total == 0 ? 100 : static_cast<int>(static_cast<double>(done) * 100.0 / static_cast<double>(total));
   line += "  " + std::to_string(percent) + "%";
   bool have_rate = elapsed_s >= kMinSecondsForRate && done > 0;

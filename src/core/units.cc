@@ -18,14 +18,21 @@ uint64_t parse_size(const std::string& text) {
   std::string suffix = text.substr(i);
   for (auto& ch : suffix) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   int shift = 0;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  else if (suffix[0] == 'K') shift = 10;
-  else if (suffix[0] == 'M') shift = 20;
-  else if (suffix[0] == 'G') shift = 30;
-  else if (suffix[0] == 'T') shift = 40;
-  else fail_invalid("size '" + text + "' has an unknown unit (use K, M, G or T)");
+  if (suffix.empty() || suffix == "B")
+    shift = 0;
+  else if (suffix[0] == 'K')
+    shift = 10;
+  else if (suffix[0] == 'M')
+    shift = 20;
+  else if (suffix[0] == 'G')
+    shift = 30;
+  else if (suffix[0] == 'T')
+    shift = 40;
+  else
+    fail_invalid("size '" + text + "' has an unknown unit (use K, M, G or T)");
   std::string rest = suffix.size() > 1 ? suffix.substr(1) : "";
-  if (!(rest.empty() || rest == "B" || rest == "I" || rest == "IB")) fail_invalid("size '" + text + "' has an unknown unit");
+  if (!(rest.empty() || rest == "B" || rest == "I" || rest == "IB"))
+    fail_invalid("size '" + text + "' has an unknown unit");
   if (shift && value > (UINT64_MAX >> shift)) fail_invalid("size '" + text + "' is too large");
   return value << shift;
 }

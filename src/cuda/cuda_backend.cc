@@ -22,11 +22,11 @@
 #include <string>
 #include <utility>
 
+#include "core/parallel_ranges.h"
 #include "cuda/cast_probe.h"
 #include "cuda/cuda_api.h"
 #include "cuda/device_buffers.h"
 #include "cuda/kernels.h"
-#include "core/parallel_ranges.h"
 #include "torch_plugin/torch_cast.h"
 
 namespace ckpt::cuda {
@@ -56,9 +56,9 @@ struct Lane {
 // How one slab's pieces are processed, decided once per slab.
 struct SlabPlan {
   std::size_t in_size, out_size;  // bytes per element
-  bool cast;                       // in_dtype != out_dtype
-  bool device_cast;                // ... by a device kernel (else on the host)
-  bool scan;                       // a device scan (no kernel: a dtype without NaN/Inf)
+  bool cast;                      // in_dtype != out_dtype
+  bool device_cast;               // ... by a device kernel (else on the host)
+  bool scan;                      // a device scan (no kernel: a dtype without NaN/Inf)
 };
 
 class Engine {
@@ -74,8 +74,7 @@ class Engine {
   void gather(const CkptSlabJob& job, int64_t r0, int64_t r1, std::byte* dst);
   void finish(Lane& lane, int from, int to, CkptSlabResult& result);
   void assemble_on_host(const CkptSlabJob& job, std::byte* out);
-  void submit_piece(Lane& lane, const CkptSlabJob& job, const SlabPlan& plan, int64_t r0, int64_t r1,
-                    std::byte* out);
+  void submit_piece(Lane& lane, const CkptSlabJob& job, const SlabPlan& plan, int64_t r0, int64_t r1, std::byte* out);
 
   int device_;
   int host_threads_;
@@ -240,7 +239,8 @@ void Engine::submit_piece(Lane& lane, const CkptSlabJob& job, const SlabPlan& pl
   }
   lane.dev_in.reserve(dev_bytes);
   check_cuda(cudaMemsetAsync(lane.dev_counts, 0, sizeof(PieceCounts), lane.stream), "cudaMemsetAsync");
-  check_cuda(cudaMemcpyAsync(lane.dev_in.data(), host_src, dev_bytes, cudaMemcpyHostToDevice, lane.stream), "copy to device");
+  check_cuda(cudaMemcpyAsync(lane.dev_in.data(), host_src, dev_bytes, cudaMemcpyHostToDevice, lane.stream),
+             "copy to device");
   if (plan.device_cast) {
     lane.dev_out.reserve(n * plan.out_size);
     check_cuda(cast_and_count_async(lane.dev_in.data(), job.in_dtype, lane.dev_out.data(), job.out_dtype, n, plan.scan,
@@ -250,10 +250,12 @@ void Engine::submit_piece(Lane& lane, const CkptSlabJob& job, const SlabPlan& pl
       check_cuda(cudaMemcpyAsync(out, lane.dev_out.data(), n * plan.out_size, cudaMemcpyDeviceToHost, lane.stream),
                  "copy from device");
   } else {
-    check_cuda(count_nonfinite_async(lane.dev_in.data(), job.out_dtype, n, lane.dev_counts, lane.stream), "scan kernel");
+    check_cuda(count_nonfinite_async(lane.dev_in.data(), job.out_dtype, n, lane.dev_counts, lane.stream),
+               "scan kernel");
   }
-  check_cuda(cudaMemcpyAsync(lane.host_counts, lane.dev_counts, sizeof(PieceCounts), cudaMemcpyDeviceToHost, lane.stream),
-             "copy counters");
+  check_cuda(
+      cudaMemcpyAsync(lane.host_counts, lane.dev_counts, sizeof(PieceCounts), cudaMemcpyDeviceToHost, lane.stream),
+      "copy counters");
   check_cuda(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord");
   lane.busy = true;
 }

@@ -30,8 +30,10 @@ class CudaBuffer {
     if (bytes <= size_) return;
     release();
     void* p = nullptr;
-    if constexpr (kPinned) check_cuda(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc (pinned staging)");
-    else check_cuda(cudaMalloc(&p, bytes), "cudaMalloc (device buffer)");
+    if constexpr (kPinned)
+      check_cuda(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc (pinned staging)");
+    else
+      check_cuda(cudaMalloc(&p, bytes), "cudaMalloc (device buffer)");
     data_ = static_cast<std::byte*>(p);
     size_ = bytes;
   }
@@ -41,8 +43,10 @@ class CudaBuffer {
  private:
   void release() {
     if (!data_) return;
-    if constexpr (kPinned) cudaFreeHost(data_);
-    else cudaFree(data_);
+    if constexpr (kPinned)
+      cudaFreeHost(data_);
+    else
+      cudaFree(data_);
     data_ = nullptr;
     size_ = 0;
   }

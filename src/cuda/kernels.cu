@@ -35,8 +35,8 @@ using F32 = Ieee<uint32_t, 0x7F800000u, 0x007FFFFFu>;
 using F16 = Ieee<uint16_t, 0x7C00u, 0x03FFu>;
 using BF16 = Ieee<uint16_t, 0x7F80u, 0x007Fu>;
 using E5M2 = Ieee<uint8_t, 0x7C, 0x03>;
-using E4M3FN = NanPattern<0x7F, 0x7F>;   // S.1111.111
-using FNUZ = NanPattern<0xFF, 0x80>;     // the negative-zero pattern
+using E4M3FN = NanPattern<0x7F, 0x7F>;  // S.1111.111
+using FNUZ = NanPattern<0xFF, 0x80>;    // the negative-zero pattern
 using E8M0 = NanPattern<0xFF, 0xFF>;
 
 __device__ void add_counts(PieceCounts* counts, unsigned long long in_nan, unsigned long long nan,
@@ -57,7 +57,8 @@ __device__ void add_counts(PieceCounts* counts, unsigned long long in_nan, unsig
 template <class Rule, int Parts>
 __global__ void scan_kernel(const typename Rule::Bits* data, std::size_t n, PieceCounts* counts) {
   unsigned long long nan = 0, inf = 0;
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
     int worst = 0;
     for (int k = 0; k < Parts; ++k) worst = max(worst, Rule::classify(data[i * Parts + k]));
     nan += worst == 2;
@@ -99,7 +100,8 @@ template <class Conv>
 __global__ void convert_kernel(const typename Conv::In* in, typename Conv::Out* out, std::size_t n, bool scan,
                                PieceCounts* counts) {
   unsigned long long in_nan = 0, nan = 0, inf = 0;
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
     typename Conv::In x = in[i];
     typename Conv::Out y = Conv::convert(x);
     out[i] = y;
@@ -119,15 +121,17 @@ unsigned blocks_for(std::size_t n) {
 }
 
 template <class Conv>
-cudaError_t launch_convert(const void* in, void* out, std::size_t n, bool scan, PieceCounts* counts, cudaStream_t stream) {
+cudaError_t launch_convert(const void* in, void* out, std::size_t n, bool scan, PieceCounts* counts,
+                           cudaStream_t stream) {
   convert_kernel<Conv><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const typename Conv::In*>(in),
-                                                              static_cast<typename Conv::Out*>(out), n, scan, counts);
+                                                               static_cast<typename Conv::Out*>(out), n, scan, counts);
   return cudaGetLastError();
 }
 
 template <class Rule, int Parts = 1>
 cudaError_t launch_scan(const void* data, std::size_t n, PieceCounts* counts, cudaStream_t stream) {
-  scan_kernel<Rule, Parts><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const typename Rule::Bits*>(data), n, counts);
+  scan_kernel<Rule, Parts>
+      <<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const typename Rule::Bits*>(data), n, counts);
   return cudaGetLastError();
 }
 
@@ -143,18 +147,24 @@ bool has_cast_kernel(int from, int to) {
 
 bool has_scan_kernel(int dtype) {
   switch (as_dtype(dtype)) {
-    case DType::kFloat64: case DType::kFloat32: case DType::kFloat16: case DType::kBFloat16:
-    case DType::kComplex32: case DType::kComplex64: case DType::kComplex128:
-    case DType::kFloat8E4M3FN: case DType::kFloat8E4M3FNUZ: case DType::kFloat8E5M2FNUZ:
-    case DType::kFloat8E8M0FNU: case DType::kFloat8E5M2:
-      return true;
-    default:
-      return false;
+    case DType::kFloat64:
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kComplex32:
+    case DType::kComplex64:
+    case DType::kComplex128:
+    case DType::kFloat8E4M3FN:
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2FNUZ:
+    case DType::kFloat8E8M0FNU:
+    case DType::kFloat8E5M2: return true;
+    default: return false;
   }
 }
 
-cudaError_t cast_and_count_async(const void* in, int from, void* out, int to, std::size_t n, bool scan, PieceCounts* counts,
-                    cudaStream_t stream) {
+cudaError_t cast_and_count_async(const void* in, int from, void* out, int to, std::size_t n, bool scan,
+                                 PieceCounts* counts, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   DType f = as_dtype(from), t = as_dtype(to);
   if (f == DType::kFloat32 && t == DType::kBFloat16) return launch_convert<F32ToBF16>(in, out, n, scan, counts, stream);
@@ -164,7 +174,8 @@ cudaError_t cast_and_count_async(const void* in, int from, void* out, int to, st
   return cudaErrorInvalidValue;
 }
 
-cudaError_t count_nonfinite_async(const void* data, int dtype, std::size_t n, PieceCounts* counts, cudaStream_t stream) {
+cudaError_t count_nonfinite_async(const void* data, int dtype, std::size_t n, PieceCounts* counts,
+                                  cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   switch (as_dtype(dtype)) {
     case DType::kFloat64: return launch_scan<F64>(data, n, counts, stream);

@@ -72,7 +72,9 @@ void print_paths(const char* title, const std::vector<std::string>& paths, std::
 
 json sample_json(const TensorDiff& t, const ElementSample& s) {
   bool c = any_complex(t);
-  auto value = [&](double re, double im) { return c ? json::array({number_json(re), number_json(im)}) : number_json(re); };
+  auto value = [&](double re, double im) {
+    return c ? json::array({number_json(re), number_json(im)}) : number_json(re);
+  };
   return {{"index", unravel(s.index, t.shape_a)}, {"a", value(s.a_re, s.a_im)}, {"b", value(s.b_re, s.b_im)}};
 }
 
@@ -110,8 +112,8 @@ void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) 
   const DiffOptions& o = r.options;
   out << "A: " << r.a.source << " (" << r.a.format << ")\n"
       << "B: " << r.b.source << " (" << r.b.format << ")\n"
-      << "close: |a - b| <= " << num(o.tolerance.atol) << " + " << num(o.tolerance.rtol)
-      << " * |b|, NaN equals NaN" << (o.ignore_dtype ? "; dtype differences ignored" : "") << "\n";
+      << "close: |a - b| <= " << num(o.tolerance.atol) << " + " << num(o.tolerance.rtol) << " * |b|, NaN equals NaN"
+      << (o.ignore_dtype ? "; dtype differences ignored" : "") << "\n";
   print_paths("only in A", r.only_in_a, out);
   print_paths("only in B", r.only_in_b, out);
   std::size_t differing = r.tensors_differing();
@@ -136,25 +138,26 @@ json diff_to_json(const DiffReport& r) {
   }
   json values = json::array();
   for (const auto& v : r.values) values.push_back({{"path", v.path}, {"a", v.a}, {"b", v.b}});
-  return {{"schema_version", kDiffSchemaVersion},
-          {"a", {{"source", r.a.source}, {"format", r.a.format}}},
-          {"b", {{"source", r.b.source}, {"format", r.b.format}}},
-          {"tolerance",
-           {{"rtol", o.tolerance.rtol}, {"atol", o.tolerance.atol}, {"equal_nan", true}, {"ignore_dtype", o.ignore_dtype}}},
-          {"equal", r.equal()},
-          {"summary",
-           {{"only_in_a", r.only_in_a.size()},
-            {"only_in_b", r.only_in_b.size()},
-            {"tensors_compared", r.tensors.size()},
-            {"tensors_differing", r.tensors_differing()},
-            {"values_compared", r.values_compared},
-            {"values_differing", r.values.size()},
-            {"elements_compared", elements},
-            {"elements_mismatched", mismatched}}},
-          {"only_in_a", r.only_in_a},
-          {"only_in_b", r.only_in_b},
-          {"tensors", tensors},
-          {"values", values}};
+  return {
+      {"schema_version", kDiffSchemaVersion},
+      {"a", {{"source", r.a.source}, {"format", r.a.format}}},
+      {"b", {{"source", r.b.source}, {"format", r.b.format}}},
+      {"tolerance",
+       {{"rtol", o.tolerance.rtol}, {"atol", o.tolerance.atol}, {"equal_nan", true}, {"ignore_dtype", o.ignore_dtype}}},
+      {"equal", r.equal()},
+      {"summary",
+       {{"only_in_a", r.only_in_a.size()},
+        {"only_in_b", r.only_in_b.size()},
+        {"tensors_compared", r.tensors.size()},
+        {"tensors_differing", r.tensors_differing()},
+        {"values_compared", r.values_compared},
+        {"values_differing", r.values.size()},
+        {"elements_compared", elements},
+        {"elements_mismatched", mismatched}}},
+      {"only_in_a", r.only_in_a},
+      {"only_in_b", r.only_in_b},
+      {"tensors", tensors},
+      {"values", values}};
 }
 
 }  // namespace ckpt

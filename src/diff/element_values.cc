@@ -21,8 +21,9 @@ double minifloat(uint32_t bits, int exp_bits, int mant_bits, int bias) {
   uint32_t mant = bits & ((1u << mant_bits) - 1);
   uint32_t exp = (bits >> mant_bits) & ((1u << exp_bits) - 1);
   bool negative = (bits >> (mant_bits + exp_bits)) & 1u;
-  double v = exp == 0 ? std::ldexp(static_cast<double>(mant), 1 - bias - mant_bits)
-                      : std::ldexp(static_cast<double>(mant | (1u << mant_bits)), static_cast<int>(exp) - bias - mant_bits);
+  double v = exp == 0
+                 ? std::ldexp(static_cast<double>(mant), 1 - bias - mant_bits)
+                 : std::ldexp(static_cast<double>(mant | (1u << mant_bits)), static_cast<int>(exp) - bias - mant_bits);
   return negative ? -v : v;
 }
 
@@ -100,8 +101,14 @@ void decode_half(const std::byte* src, std::size_t count, double* out) {
 
 bool is_integer_dtype(DType dtype) {
   switch (dtype) {
-    case DType::kInt8: case DType::kInt16: case DType::kInt32: case DType::kInt64:
-    case DType::kUInt8: case DType::kUInt16: case DType::kUInt32: case DType::kUInt64:
+    case DType::kInt8:
+    case DType::kInt16:
+    case DType::kInt32:
+    case DType::kInt64:
+    case DType::kUInt8:
+    case DType::kUInt16:
+    case DType::kUInt32:
+    case DType::kUInt64:
     case DType::kBool: return true;
     default: return false;
   }
@@ -129,8 +136,11 @@ void decode_to_double(const std::byte* src, DType dtype, std::size_t n, double* 
     case DType::kBFloat16:
       for (std::size_t i = 0; i < n; ++i) out[i] = bfloat16_to_double(load<uint16_t>(src + 2 * i));
       return;
-    case DType::kFloat8E4M3FN: case DType::kFloat8E4M3FNUZ: case DType::kFloat8E5M2:
-    case DType::kFloat8E5M2FNUZ: case DType::kFloat8E8M0FNU: {
+    case DType::kFloat8E4M3FN:
+    case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2:
+    case DType::kFloat8E5M2FNUZ:
+    case DType::kFloat8E8M0FNU: {
       const Table256& table = float8_table(dtype);
       for (std::size_t i = 0; i < n; ++i) out[i] = table[static_cast<uint8_t>(src[i])];
       return;

@@ -177,7 +177,8 @@ void ValueStats::merge(const ValueStats& later) {
 
 void compare_elements(const std::byte* a, DType da, const std::byte* b, DType db, std::size_t n, uint64_t index_base,
                       const Tolerance& tol, ValueStats& stats, int threads) {
-  std::size_t workers = threads > 0 ? static_cast<std::size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  std::size_t workers =
+      threads > 0 ? static_cast<std::size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
   workers = std::max<std::size_t>(1, std::min(workers, n / kMinElementsPerThread));
   if (workers == 1) {
     compare_range(a, da, b, db, n, index_base, tol, stats);

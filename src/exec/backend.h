@@ -42,8 +42,8 @@ struct SlabJob {
   // (boxes, strides, sources); the backend decides how the rows are split
   // into pieces and threads, so it is called concurrently for disjoint ranges.
   std::function<void(int64_t r0, int64_t r1, std::byte* dst)> gather;
-  bool scan = false;         // count NaN/Inf in the output
-  bool keep_output = true;   // false: only the counts are wanted
+  bool scan = false;        // count NaN/Inf in the output
+  bool keep_output = true;  // false: only the counts are wanted
 };
 
 struct SlabResult {

@@ -40,7 +40,8 @@ Hasher::Hasher(ChecksumAlgorithm algorithm) : state_(std::make_unique<State>()) 
   state_->algorithm = algorithm;
   if (algorithm == ChecksumAlgorithm::kXxh3_64) {
     state_->xxh = XXH3_createState();
-    if (!state_->xxh || XXH3_64bits_reset(state_->xxh) != XXH_OK) fail(ErrorCode::kInternal, "XXH3: cannot start a hash");
+    if (!state_->xxh || XXH3_64bits_reset(state_->xxh) != XXH_OK)
+      fail(ErrorCode::kInternal, "XXH3: cannot start a hash");
   } else {
     state_->sha = EVP_MD_CTX_new();
     if (!state_->sha || EVP_DigestInit_ex(state_->sha, EVP_sha256(), nullptr) != 1)

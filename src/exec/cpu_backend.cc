@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parallel_ranges.h"
 #include "exec/backend.h"
 #include "exec/finite_scan.h"
-#include "core/parallel_ranges.h"
 #include "exec/torch_plugin.h"
 
 namespace ckpt {

@@ -2,8 +2,8 @@
 // CUDA plugin's backend (src/cuda) through the C table of torch_plugin_api.h.
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 

@@ -68,8 +68,10 @@ FiniteCounts scan_e5m2(const std::byte* data, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     auto b = static_cast<uint8_t>(data[i]);
     if ((b & 0x7C) != 0x7C) continue;
-    if (b & 0x03) ++c.nan;
-    else ++c.inf;
+    if (b & 0x03)
+      ++c.nan;
+    else
+      ++c.inf;
   }
   return c;
 }

@@ -82,8 +82,7 @@ std::vector<const TensorChunk*> nonempty_chunks(const TensorEntry& t) {
   return out;
 }
 
-void append_slabs_direct(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks,
-                         Destination& out) {
+void append_slabs_direct(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks, Destination& out) {
   std::size_t isz = dtype_size(t.dtype);
   for (const TensorChunk* c : chunks) {
     uint64_t n = c->numel() * isz;
@@ -148,7 +147,8 @@ FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<cons
   uint64_t row_elems = t.shape.empty() ? 1 : shape_numel(Shape(t.shape.begin() + 1, t.shape.end()));
   // Two slabs in flight, each with its cast copy.
   uint64_t per_row = 2 * row_elems * (dtype_size(t.dtype) + dtype_size(t.output_dtype()));
-  int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(per_row, 1)));
+  int64_t rows_per_slab =
+      std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(per_row, 1)));
   FiniteCounts finite;
   std::future<void> writing;  // the previous slab's append; its destructor waits
   for (int64_t r0 = 0; r0 < rows; r0 += rows_per_slab) {
@@ -158,7 +158,9 @@ FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<cons
     job.rows = std::min(rows, r0 + rows_per_slab) - r0;
     job.row_elems = row_elems;
     job.scan = scan;
-    job.gather = [&t, &chunks, r0](int64_t a, int64_t b, std::byte* dst) { gather_rows(t, chunks, r0 + a, r0 + b, dst); };
+    job.gather = [&t, &chunks, r0](int64_t a, int64_t b, std::byte* dst) {
+      gather_rows(t, chunks, r0 + a, r0 + b, dst);
+    };
     SlabResult slab = backend.assemble(job);
     finite += slab.finite;
     if (writing.valid()) writing.get();  // rethrows a failed append
@@ -218,8 +220,8 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
       if (options.on_finite) options.on_finite(t, FiniteCounts{});
       return;
     }
-    bool direct = std::all_of(chunks.begin(), chunks.end(),
-                              [&](const TensorChunk* c) { return is_contiguous_row_slab(t, *c); });
+    bool direct =
+        std::all_of(chunks.begin(), chunks.end(), [&](const TensorChunk* c) { return is_contiguous_row_slab(t, *c); });
     bool cast = t.out_dtype && *t.out_dtype != t.dtype;
     bool scan = static_cast<bool>(options.on_finite);
     if ((direct || t.shape.empty()) && !cast && !scan) {

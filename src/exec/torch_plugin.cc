@@ -8,8 +8,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "exec/torch_plugin.h"
 #include "exec/runtime_info.h"
+#include "exec/torch_plugin.h"
 #include "exec/torch_plugin_api.h"
 
 namespace ckpt {

@@ -40,10 +40,10 @@ struct CkptSlabResult {
 struct CkptCudaBackend; /* opaque: one device, its streams and buffers */
 
 struct CkptTorchApi {
-  int api_version;                 /* CKPT_TORCH_API_VERSION */
-  const char* libtorch_version;    /* TORCH_VERSION the plugin was built with */
-  int cuda_compiled;               /* built with CKPT_WITH_CUDA */
-  int (*cuda_device_count)(void);  /* devices visible now; 0 when none */
+  int api_version;                /* CKPT_TORCH_API_VERSION */
+  const char* libtorch_version;   /* TORCH_VERSION the plugin was built with */
+  int cuda_compiled;              /* built with CKPT_WITH_CUDA */
+  int (*cuda_device_count)(void); /* devices visible now; 0 when none */
   /* Converts n elements (dtypes are ckpt::DType values) as torch's
    * Tensor.to does. Returns NULL, or an error message valid until the next
    * call on this thread. */

@@ -59,7 +59,8 @@ void flatten(const CheckpointModel& model, const ValuePtr& value, std::vector<Va
     return;
   }
   std::string key;
-  for (const auto& element : path) key += (key.empty() ? "" : ".") + (element->is(Kind::kStr) ? element->text : std::to_string(element->int_value));
+  for (const auto& element : path)
+    key += (key.empty() ? "" : ".") + (element->is(Kind::kStr) ? element->text : std::to_string(element->int_value));
   dcp::ItemMeta item;
   item.fqn = key;
   if (auto idx = tensor_ref_index(*v)) {
@@ -68,8 +69,9 @@ void flatten(const CheckpointModel& model, const ValuePtr& value, std::vector<Va
     item.dtype = t.output_dtype();
     item.size = t.shape;
   } else if (contains_tensor(*v)) {
-    fail(ErrorCode::kUnimplemented, model.source + ": '" + key + "' holds tensors inside a tuple; dcp.save would pickle them "
-                                    "as one bytes item, which reshard does not write (--layout fsdp-* keeps them)");
+    fail(ErrorCode::kUnimplemented, model.source + ": '" + key +
+                                        "' holds tensors inside a tuple; dcp.save would pickle them "
+                                        "as one bytes item, which reshard does not write (--layout fsdp-* keeps them)");
   }
   out.items.push_back(std::move(item));
   out.planner_data[key] = path;
@@ -90,8 +92,8 @@ namespace {
 
 using EntryOf = std::function<const TensorEntry&(std::size_t)>;
 // Appends one item (a torch.save archive of `root`) to rank `rank`'s file.
-using AppendItem = std::function<dcp::StorageInfo(int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
-                                                  const EntryOf& entry_of)>;
+using AppendItem = std::function<dcp::StorageInfo(
+    int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf& entry_of)>;
 
 // Walks the source items in order, appending each output item through
 // `append`; returns the output metadata.
@@ -135,7 +137,8 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
         const OutputItem& oi = plan.ranks.at(static_cast<std::size_t>(rank)).at(item_index);
         TensorEntry local = item_tensor(t, oi);
         std::vector<torch_pt::OutputTensor> one = {{t.output_dtype(), oi.sizes, false, false}};
-        out.storage[{item.fqn, oi.offsets}] = append(rank, *root, one, [&](std::size_t) -> const TensorEntry& { return local; });
+        out.storage[{item.fqn, oi.offsets}] =
+            append(rank, *root, one, [&](std::size_t) -> const TensorEntry& { return local; });
         item.chunks.push_back({oi.offsets, oi.sizes});
       }
       out.items.push_back(std::move(item));
@@ -149,19 +152,20 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
 DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                                 const std::string& dir) {
   std::vector<CountingSink> sinks(static_cast<std::size_t>(plan.world_size));
-  dcp::DcpMetadata out = emit_items(model, source, plan, [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
-                                                          const EntryOf&) {
-    CountingSink& sink = sinks.at(static_cast<std::size_t>(rank));
-    dcp::StorageInfo info;
-    info.relative_path = dcp::DcpDirWriter::file_name(rank);
-    info.offset = sink.position();
-    torch_pt::write_pt(sink, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
-      uint64_t n = shape_numel(tensors[i].shape) * dtype_size(tensors[i].dtype);
-      zip.append_from(ZeroSource(n), 0, n, 0u);
-    });
-    info.length = sink.position() - info.offset;
-    return info;
-  });
+  dcp::DcpMetadata out =
+      emit_items(model, source, plan,
+                 [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf&) {
+                   CountingSink& sink = sinks.at(static_cast<std::size_t>(rank));
+                   dcp::StorageInfo info;
+                   info.relative_path = dcp::DcpDirWriter::file_name(rank);
+                   info.offset = sink.position();
+                   torch_pt::write_pt(sink, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
+                     uint64_t n = shape_numel(tensors[i].shape) * dtype_size(tensors[i].dtype);
+                     zip.append_from(ZeroSource(n), 0, n, 0u);
+                   });
+                   info.length = sink.position() - info.offset;
+                   return info;
+                 });
   DcpOutputSizes sizes;
   for (const auto& s : sinks) sizes.files.push_back(s.position());
   std::string trimmed = dir;
@@ -173,12 +177,13 @@ DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMeta
 void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                        const DcpOutputOptions& options) {
   dcp::DcpDirWriter writer(options.dir, plan.world_size, options.force);
-  dcp::DcpMetadata out = emit_items(model, source, plan, [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
-                                                          const EntryOf& entry_of) {
-    return writer.append_item(rank, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
-      append_tensor(entry_of(i), zip, options.copy);
-    });
-  });
+  dcp::DcpMetadata out = emit_items(
+      model, source, plan,
+      [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf& entry_of) {
+        return writer.append_item(rank, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
+          append_tensor(entry_of(i), zip, options.copy);
+        });
+      });
   writer.finish(out);
 }
 

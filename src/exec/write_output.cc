@@ -37,15 +37,15 @@ void write_safetensors_output(const CheckpointModel& model, const OutputOptions&
   if (!options.force) {
     // Refuse before writing anything when any planned file exists.
     for (const auto& f : plan.files)
-      if (fs::exists(place(f.file_name))) fail_invalid(place(f.file_name) + ": output exists (use --force to overwrite)");
+      if (fs::exists(place(f.file_name)))
+        fail_invalid(place(f.file_name) + ": output exists (use --force to overwrite)");
   }
   for (const auto& f : plan.files) {
     std::string path = place(f.file_name);
     auto sink = AtomicFileSink::create(path, options.force, options.durable);
     with_context(path, [&] {
-      safetensors::write_safetensors_file(*sink, f, [&](std::size_t index, ByteSink& s) {
-        append_tensor(model.tensors[index], s, options.copy);
-      });
+      safetensors::write_safetensors_file(
+          *sink, f, [&](std::size_t index, ByteSink& s) { append_tensor(model.tensors[index], s, options.copy); });
     });
     sink->finish();
   }

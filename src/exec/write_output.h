@@ -12,8 +12,8 @@ namespace ckpt {
 
 struct OutputOptions {
   std::string path;
-  bool force = false;    // overwrite an existing output
-  bool durable = true;   // fsync before the rename that publishes the output (--no-fsync: false)
+  bool force = false;   // overwrite an existing output
+  bool durable = true;  // fsync before the rename that publishes the output (--no-fsync: false)
   CopyOptions copy;
   uint64_t max_shard_size = 0;  // safetensors: split into shards of at most this many bytes (0: one file)
   bool gzip = false;            // HDF5: shuffle + deflate

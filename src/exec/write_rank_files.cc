@@ -22,7 +22,7 @@ using pickle::ValuePtr;
 struct RankFileContent {
   ValuePtr root;
   std::vector<torch_pt::OutputTensor> tensors;
-  std::vector<TensorEntry> sources;  // per tensor: its piece of the model's tensor
+  std::vector<TensorEntry> sources;       // per tensor: its piece of the model's tensor
   std::optional<std::size_t> mesh_index;  // the DeviceMesh's rank map, filled from `mesh_bytes`
   std::string mesh_bytes;
 };
@@ -75,7 +75,8 @@ class RankFileBuilder {
     const OutputItem& item = plan_.ranks.at(static_cast<std::size_t>(rank)).at(item_index);
     ValuePtr local = make_tensor_ref(add_tensor(t.output_dtype(), item.sizes, item_tensor(t, item)));
     if (plan_.replicated.at(index)) return local;
-    if (layout_.values == RankLayout::kShardedTensor) return torch_pt::make_sharded_tensor(t.output_dtype(), t.shape, rank_, plan_.world_size, local);
+    if (layout_.values == RankLayout::kShardedTensor)
+      return torch_pt::make_sharded_tensor(t.output_dtype(), t.shape, rank_, plan_.world_size, local);
     return torch_pt::make_dtensor(t.output_dtype(), t.shape, mesh(), local);
   }
 
@@ -85,7 +86,8 @@ class RankFileBuilder {
     int n = plan_.world_size;
     content_.mesh_index = add_tensor(DType::kInt32, {n}, TensorEntry{});
     for (int32_t r = 0; r < n; ++r)
-      for (int b = 0; b < 4; ++b) content_.mesh_bytes += static_cast<char>((static_cast<uint32_t>(r) >> (8 * b)) & 0xff);
+      for (int b = 0; b < 4; ++b)
+        content_.mesh_bytes += static_cast<char>((static_cast<uint32_t>(r) >> (8 * b)) & 0xff);
     mesh_ = torch_pt::make_device_mesh(rank_, n, make_tensor_ref(*content_.mesh_index), layout_.mesh);
     return mesh_;
   }
@@ -103,8 +105,8 @@ class RankFileBuilder {
 using FillFrom = std::function<void(const RankFileContent&, std::size_t, archive::ZipWriter&)>;
 using WriteFile = std::function<void(int rank, const std::string& name, const RankFileContent& content)>;
 
-void emit_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
-                     const ReshardPlan& plan, const WriteFile& write) {
+void emit_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
+                     const RankFilesLayout& layout, const ReshardPlan& plan, const WriteFile& write) {
   for (int r = 0; r < plan.world_size; ++r) {
     for (const RankFamily& family : families) {
       fsdp_ranks::RankFileName name = family.name;
@@ -129,8 +131,8 @@ const char* rank_layout_name(RankLayout layout) {
   return layout == RankLayout::kShardedTensor ? "fsdp-sharded-tensor" : "fsdp-dtensor";
 }
 
-void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
-                      const ReshardPlan& plan, const RankFilesOptions& options) {
+void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
+                      const RankFilesLayout& layout, const ReshardPlan& plan, const RankFilesOptions& options) {
   AtomicDirectory dir(options.dir, options.force);
   emit_rank_files(model, families, layout, plan, [&](int, const std::string& name, const RankFileContent& content) {
     auto sink = AtomicFileSink::create(dir.path_of(name), false);
@@ -149,14 +151,15 @@ void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily
 std::vector<RankFilesOut> rank_files_sizes(const CheckpointModel& model, const std::vector<RankFamily>& families,
                                            const RankFilesLayout& layout, const ReshardPlan& plan) {
   std::vector<RankFilesOut> out(static_cast<std::size_t>(plan.world_size));
-  emit_rank_files(model, families, layout, plan, [&](int rank, const std::string& name, const RankFileContent& content) {
-    CountingSink sink;
-    write_content(sink, content, [](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
-      uint64_t n = shape_numel(c.tensors.at(i).shape) * dtype_size(c.tensors.at(i).dtype);
-      zip.append_from(ZeroSource(n), 0, n, 0u);
-    });
-    out.at(static_cast<std::size_t>(rank)).files.emplace_back(name, sink.position());
-  });
+  emit_rank_files(model, families, layout, plan,
+                  [&](int rank, const std::string& name, const RankFileContent& content) {
+                    CountingSink sink;
+                    write_content(sink, content, [](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
+                      uint64_t n = shape_numel(c.tensors.at(i).shape) * dtype_size(c.tensors.at(i).dtype);
+                      zip.append_from(ZeroSource(n), 0, n, 0u);
+                    });
+                    out.at(static_cast<std::size_t>(rank)).files.emplace_back(name, sink.position());
+                  });
   return out;
 }
 

@@ -44,8 +44,8 @@ struct RankFilesOptions {
 
 // The plan must come from plan_rank_files for these tensors; its world size
 // is N. The model must have passed require_valid().
-void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
-                      const ReshardPlan& plan, const RankFilesOptions& options);
+void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
+                      const RankFilesLayout& layout, const ReshardPlan& plan, const RankFilesOptions& options);
 
 // The files each rank will write and their exact sizes, from the writer run
 // against counting sinks (no tensor data is read).

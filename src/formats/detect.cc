@@ -27,7 +27,8 @@ SourceKind detect_source(const std::string& src) {
   if (fs::is_directory(status)) {
     // A DCP directory has a global .metadata, or per-rank __<rank>.metadata
     // files when it was saved without rank coordination.
-    if (fs::exists(fs::path(src) / ".metadata") || fs::exists(fs::path(src) / "__0.metadata")) return SourceKind::kDcpDir;
+    if (fs::exists(fs::path(src) / ".metadata") || fs::exists(fs::path(src) / "__0.metadata"))
+      return SourceKind::kDcpDir;
     if (!fsdp_ranks::list_rank_files(src).empty()) return SourceKind::kFsdpRanks;
     fail(ErrorCode::kUnimplemented,
          src + ": directory is not a recognised checkpoint (no DCP .metadata, no per-rank *rank{r}*.pt files)");
@@ -38,7 +39,9 @@ SourceKind detect_source(const std::string& src) {
   static const char kHdf5Signature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
   if (source->size() >= 8 && source->read_string(0, 8) == std::string(kHdf5Signature, 8)) return SourceKind::kHdf5;
   if (safetensors::looks_like_safetensors(*source)) return SourceKind::kSafetensors;
-  fail_data_loss(src + ": not a recognised checkpoint file (expected a torch.save zip, safetensors, a .safetensors.index.json or HDF5)");
+  fail_data_loss(
+      src +
+      ": not a recognised checkpoint file (expected a torch.save zip, safetensors, a .safetensors.index.json or HDF5)");
 }
 
 namespace {
@@ -46,9 +49,9 @@ namespace {
 CheckpointModel read_by_kind(const std::string& src, SourceKind kind, const ReadOptions& options) {
   if (!options.files.empty()) {
     if (!src.empty()) fail_invalid("give either SRC or --files, not both");
-    return fsdp_ranks::read_fsdp_rank_files(options.files, options.files.front() + " (and " +
-                                            std::to_string(options.files.size() - 1) + " more files)", options.only,
-                                            options.problems);
+    return fsdp_ranks::read_fsdp_rank_files(
+        options.files, options.files.front() + " (and " + std::to_string(options.files.size() - 1) + " more files)",
+        options.only, options.problems);
   }
   switch (kind) {
     case SourceKind::kTorchPt: return torch_pt::read_pt_file(src, options.problems);

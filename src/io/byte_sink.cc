@@ -20,8 +20,7 @@ constexpr std::size_t kWriteBuffer = 1u << 20;  // coalesces small writes (heade
 
 void ByteSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
   if (const std::byte* p = src.data()) {
-    if (pos > src.size() || n > src.size() - pos)
-      fail_data_loss(src.describe() + ": copy range past the end");
+    if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
     write(p + pos, n);
     return;
   }
@@ -48,8 +47,7 @@ void MemorySink::write(const void* data, std::size_t n) { bytes_.append(static_c
 
 std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, bool overwrite, bool durable) {
   struct stat st {};
-  if (!overwrite && ::lstat(dest.c_str(), &st) == 0)
-    fail_invalid(dest + ": output exists (use --force to overwrite)");
+  if (!overwrite && ::lstat(dest.c_str(), &st) == 0) fail_invalid(dest + ": output exists (use --force to overwrite)");
   std::string pattern = dest + ".tmp-XXXXXX";
   std::vector<char> name(pattern.begin(), pattern.end());
   name.push_back('\0');

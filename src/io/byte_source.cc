@@ -65,15 +65,14 @@ std::shared_ptr<FileDescriptor> open_readonly(const std::string& path, uint64_t*
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int err = errno;
-    fail(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kDataLoss,
-         path + ": cannot open: " + std::strerror(err));
+    fail(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kDataLoss, path + ": cannot open: " + std::strerror(err));
   }
   auto holder = std::make_shared<FileDescriptor>(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail_data_loss(path + ": cannot stat: " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) {
-    fail(ErrorCode::kUnimplemented,
-         path + ": is " + std::string(file_type_name(st.st_mode)) + ", not a regular file; checkpoints are read only from regular files");
+    fail(ErrorCode::kUnimplemented, path + ": is " + std::string(file_type_name(st.st_mode)) +
+                                        ", not a regular file; checkpoints are read only from regular files");
   }
   if (int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   *size = static_cast<uint64_t>(st.st_size);
@@ -94,8 +93,9 @@ class FileSource final : public ByteSource {
     while (n > 0) {
       ssize_t got = ::pread(fd_->get(), out, n, static_cast<off_t>(pos));
       if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) fail_data_loss(path_ + ": read failed at offset " + std::to_string(pos) +
-                                   (got < 0 ? std::string(": ") + std::strerror(errno) : ": file shrank"));
+      if (got <= 0)
+        fail_data_loss(path_ + ": read failed at offset " + std::to_string(pos) +
+                       (got < 0 ? std::string(": ") + std::strerror(errno) : ": file shrank"));
       out += got;
       pos += static_cast<uint64_t>(got);
       n -= static_cast<std::size_t>(got);

@@ -37,7 +37,8 @@ double JobClock::seconds() const {
 void JobClock::finish(JobReport& report) const {
   report.seconds = seconds();
   if (report.dry_run) return;
-  spdlog::info("{}: {} tensors, {} in {:.2f} s", report.summary, report.tensors, human_bytes(report.bytes), report.seconds);
+  spdlog::info("{}: {} tensors, {} in {:.2f} s", report.summary, report.tensors, human_bytes(report.bytes),
+               report.seconds);
 }
 
 }  // namespace ckpt::jobs

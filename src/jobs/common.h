@@ -47,7 +47,7 @@ std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, 
 struct JobReport {
   std::string summary;  // "wrote out.pt", "wrote dst (dcp): 4 ranks"
   uint64_t tensors = 0;
-  uint64_t bytes = 0;   // tensor bytes written (or read, for diff)
+  uint64_t bytes = 0;  // tensor bytes written (or read, for diff)
   double seconds = 0;
   bool dry_run = false;
   int exit_code = 0;

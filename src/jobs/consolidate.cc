@@ -17,7 +17,8 @@ OutputFormat resolve_output_format(const ConsolidateRequest& req) {
                                    : *output_format_from_name(req.format);
   if (!req.max_shard_size.empty() && format != OutputFormat::kSafetensors)
     fail_invalid("--max-shard-size applies to safetensors output only");
-  if (req.compression != "none" && format != OutputFormat::kHdf5) fail_invalid("--compression applies to HDF5 output only");
+  if (req.compression != "none" && format != OutputFormat::kHdf5)
+    fail_invalid("--compression applies to HDF5 output only");
   return format;
 }
 

@@ -18,7 +18,8 @@ namespace {
 // selected is an empty checkpoint (its selection error kept in
 // `unselected`): the other side's keys are then "only in" it, a difference
 // rather than an error.
-CheckpointModel read_side(const char* side, const std::string& src, const DiffRequest& req, std::optional<Error>& unselected) {
+CheckpointModel read_side(const char* side, const std::string& src, const DiffRequest& req,
+                          std::optional<Error>& unselected) {
   CommonOptions opt = req.common;
   opt.source = src;
   opt.files.clear();

@@ -122,7 +122,8 @@ RankFilesLayout rank_files_layout(const ReshardRequest& req, const CheckpointMod
   if (!req.mesh_device.empty()) out.mesh.device_type = req.mesh_device;
   if (!req.mesh_dim_names.empty()) out.mesh.dim_names = req.mesh_dim_names;
   if (out.mesh.dim_names.size() > 1)
-    fail_invalid("--mesh-dim-names: the output mesh has one dimension (got " + std::to_string(out.mesh.dim_names.size()) + " names)");
+    fail_invalid("--mesh-dim-names: the output mesh has one dimension (got " +
+                 std::to_string(out.mesh.dim_names.size()) + " names)");
   return out;
 }
 
@@ -139,8 +140,8 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
   RankFilesLayout rank_layout = rank_files_layout(req, model, layout);
   report.bytes = plan_output_bytes(model, plan);
   if (req.common.dry_run) {
-    describe_reshard(model, plan, count_values(*model.root), true, rank_files_sizes(model, families, rank_layout, plan), {},
-                     out);
+    describe_reshard(model, plan, count_values(*model.root), true, rank_files_sizes(model, families, rank_layout, plan),
+                     {}, out);
     return;
   }
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written

@@ -13,7 +13,8 @@ JobReport run_validate(const ValidateRequest& req, std::ostream& out) {
   options.threads = req.common.threads;
   options.memory_limit = parse_size(req.common.memory_limit);
   options.force = req.common.force;
-  if (req.common.source.empty() && options.files.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
+  if (req.common.source.empty() && options.files.empty())
+    fail_invalid("no checkpoint given: SRC or --files is required");
   if (options.sha256 && options.write_manifest.empty()) fail_invalid("--sha256 applies to --write-manifest");
   check::ValidateReport result = check::validate_checkpoint(req.common.source, options);
   if (req.json)

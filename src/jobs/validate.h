@@ -10,7 +10,7 @@
 namespace ckpt::jobs {
 
 struct ValidateRequest {
-  CommonOptions common;  // source, files, only, device, threads, memory_limit, force
+  CommonOptions common;          // source, files, only, device, threads, memory_limit, force
   check::ValidateOptions check;  // the check-specific options (files/only/device/... are taken from `common`)
   bool json = false;
 };

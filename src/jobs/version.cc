@@ -9,10 +9,11 @@ namespace ckpt::jobs {
 
 std::string version_text() {
   RuntimeInfo info = runtime_info();
-  std::string cuda = info.cuda_compiled
-                         ? (info.cuda_available ? "compiled in, " + std::to_string(info.cuda_devices) + " device(s) visible"
-                                                : "compiled in, no device visible")
-                         : "not compiled in";
+  std::string cuda =
+      info.cuda_compiled
+          ? (info.cuda_available ? "compiled in, " + std::to_string(info.cuda_devices) + " device(s) visible"
+                                 : "compiled in, no device visible")
+          : "not compiled in";
   std::string backend;
   try {
     backend = describe_auto_backend();

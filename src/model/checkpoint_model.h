@@ -46,13 +46,13 @@ struct TensorChunk {
 struct TensorEntry {
   std::string name;  // dotted path, for messages and --keys
   DType dtype = DType::kFloat32;
-  Shape shape;       // global
+  Shape shape;  // global
   std::vector<TensorChunk> chunks;
   bool requires_grad = false;
   StorageKind storage = StorageKind::kTensor;
-  std::optional<DType> out_dtype;     // set by --dtype: the dtype to write
-  std::string sharding;               // how a sharded value described itself, for inspect
-  int world_size = -1;                // sharded values: ranks in the process group / device mesh that wrote it
+  std::optional<DType> out_dtype;  // set by --dtype: the dtype to write
+  std::string sharding;            // how a sharded value described itself, for inspect
+  int world_size = -1;             // sharded values: ranks in the process group / device mesh that wrote it
 
   uint64_t numel() const { return shape_numel(shape); }
   // A ShardedTensor or DTensor value: each rank held a piece.
@@ -63,9 +63,9 @@ struct TensorEntry {
 };
 
 struct CheckpointModel {
-  SourceInfo info;                       // what the reader learned about the source itself
-  std::string source;                    // the path given by the user
-  pickle::ValuePtr root;                 // structure; tensors are tensor references
+  SourceInfo info;        // what the reader learned about the source itself
+  std::string source;     // the path given by the user
+  pickle::ValuePtr root;  // structure; tensors are tensor references
   std::vector<TensorEntry> tensors;
   std::map<std::string, std::string> facts;  // for display only (inspect): e.g. "dcp_metadata_version" -> "1.0.0"
 

@@ -22,7 +22,8 @@ std::string ranks_of(const TensorEntry& t) {
   for (const auto& c : t.chunks) {
     if (c.rank < 0) continue;
     if (!s.empty()) s += ",";
-    s += std::to_string(c.rank) + ":" + (c.sizes.empty() ? "-" : std::to_string(c.offsets[0]) + "+" + std::to_string(c.sizes[0]));
+    s += std::to_string(c.rank) + ":" +
+         (c.sizes.empty() ? "-" : std::to_string(c.offsets[0]) + "+" + std::to_string(c.sizes[0]));
   }
   return s;
 }
@@ -39,10 +40,12 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
     out << std::left << std::setw(static_cast<int>(width)) << (leaf.path.empty() ? "<root>" : leaf.path) << "  ";
     if (leaf.tensor) {
       const TensorEntry& t = model.tensors[*leaf.tensor];
-      out << std::setw(9) << dtype_name(t.dtype) << " " << std::setw(14) << shape_str(t.shape) << " "
-          << std::setw(10) << human_bytes(t.nbytes());
-      if (!t.sharding.empty()) out << " " << t.sharding;
-      else if (t.storage != StorageKind::kTensor) out << " " << storage_kind_name(t.storage);
+      out << std::setw(9) << dtype_name(t.dtype) << " " << std::setw(14) << shape_str(t.shape) << " " << std::setw(10)
+          << human_bytes(t.nbytes());
+      if (!t.sharding.empty())
+        out << " " << t.sharding;
+      else if (t.storage != StorageKind::kTensor)
+        out << " " << storage_kind_name(t.storage);
       if (t.chunks.size() > 1 || ranks_of(t).size()) out << " chunks=" << t.chunks.size();
       std::string r = ranks_of(t);
       if (!r.empty()) out << " rows[" << r << "]";
@@ -93,8 +96,12 @@ nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
     nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
     for (const auto& c : t.chunks)
       chunks.push_back({{"offsets", c.offsets}, {"sizes", c.sizes}, {"file", c.file}, {"rank", c.rank}});
-    tensors.push_back({{"path", leaf.path}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
-                       {"bytes", t.nbytes()}, {"stored_as", storage_kind_name(t.storage)}, {"chunks", chunks}});
+    tensors.push_back({{"path", leaf.path},
+                       {"dtype", dtype_name(t.dtype)},
+                       {"shape", t.shape},
+                       {"bytes", t.nbytes()},
+                       {"stored_as", storage_kind_name(t.storage)},
+                       {"chunks", chunks}});
     if (!t.sharding.empty()) tensors.back()["sharding"] = t.sharding;
   });
   j["tensors"] = tensors;

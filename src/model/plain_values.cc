@@ -1,7 +1,7 @@
 #include "model/plain_values.h"
 
-#include <string>
 #include <algorithm>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -30,8 +30,9 @@ std::string objection(const Value& v) {
       return "the global " + v.text + "." + v.name;
     case Kind::kCall:
       if (tensor_ref_index(v) || is_scalar_object(v)) return "";
-      return "an object made by " + (v.callable && v.callable->is(Kind::kGlobal) ? v.callable->text + "." + v.callable->name
-                                                                                 : std::string("a call"));
+      return "an object made by " + (v.callable && v.callable->is(Kind::kGlobal)
+                                         ? v.callable->text + "." + v.callable->name
+                                         : std::string("a call"));
     case Kind::kBuilt:
       if (v.object && v.object->is(Kind::kDict) && v.object->ordered && v.state && v.state->is(Kind::kDict)) return "";
       return "an object with state set by BUILD";
@@ -56,12 +57,14 @@ void require_plain_values(const Value& root) {
     if (!seen.insert(cur.value).second) continue;
     const Value& v = *cur.value;
     if (std::string why = objection(v); !why.empty()) {
-      fail(ErrorCode::kUnsafe, "the value at '" + (cur.path.empty() ? std::string("<root>") : cur.path) + "' is " + why +
+      fail(ErrorCode::kUnsafe, "the value at '" + (cur.path.empty() ? std::string("<root>") : cur.path) + "' is " +
+                                   why +
                                    ", not plain data; ckptconv copies only tensors and plain values (numbers, strings, "
                                    "bytes, lists, dicts) into its outputs");
     }
     if (tensor_ref_index(v) || is_scalar_object(v)) continue;
-    for (std::size_t i = 0; i < v.items.size(); ++i) pending.push_back({v.items[i].get(), join_path(cur.path, std::to_string(i))});
+    for (std::size_t i = 0; i < v.items.size(); ++i)
+      pending.push_back({v.items[i].get(), join_path(cur.path, std::to_string(i))});
     for (const auto& [key, value] : v.entries) {
       pending.push_back({key.get(), join_path(cur.path, "<key>")});
       pending.push_back({value.get(), join_path(cur.path, path_component(*key))});
@@ -108,7 +111,8 @@ void require_bounded_expansion(const Value& root, uint64_t limit) {
     uint64_t total = 1;
     for_each_child(*node, [&](const Value* child) {
       auto it = size.find(child);
-      if (it == size.end()) fail_data_loss("the value tree has a cycle");  // the unpickler refuses cycles; belt and braces
+      if (it == size.end())
+        fail_data_loss("the value tree has a cycle");  // the unpickler refuses cycles; belt and braces
       total = std::min(limit + 1, total + it->second);
     });
     size.emplace(node, total);

@@ -58,11 +58,11 @@ struct FlatLayout {
 
 struct SourceInfo {
   SourceKind kind = SourceKind::kTorchPt;
-  std::vector<std::string> files;        // the files read, sorted (per-rank sources; else SRC itself)
-  std::vector<RankFamilyInfo> families;  // per-rank sources: the families read (after --only)
-  std::vector<int> world_sizes;          // distinct world sizes the source was written at; {1} for single files
-  std::optional<DeviceMeshInfo> mesh;    // per-rank DTensor files: the mesh of the first one that has one
-  std::optional<FlatLayout> flat_layout; // DCP directories
+  std::vector<std::string> files;         // the files read, sorted (per-rank sources; else SRC itself)
+  std::vector<RankFamilyInfo> families;   // per-rank sources: the families read (after --only)
+  std::vector<int> world_sizes;           // distinct world sizes the source was written at; {1} for single files
+  std::optional<DeviceMeshInfo> mesh;     // per-rank DTensor files: the mesh of the first one that has one
+  std::optional<FlatLayout> flat_layout;  // DCP directories
 
   bool is_sharded_source() const { return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks; }
 };

@@ -58,11 +58,15 @@ pickle::ValuePtr mapping_of(const pickle::ValuePtr& v) {
 void require_state_dict(const CheckpointModel& model, const std::string& layout) {
   pickle::ValuePtr root = mapping_of(model.root);
   if (root && root->is(Kind::kDict)) return;
-  std::string what = !root ? "nothing" : tensor_ref_index(*root) ? "a tensor" : "a " + std::string(pickle::kind_name(root->kind));
-  fail(ErrorCode::kUnimplemented, model.source + ": " + layout + " holds a state dict (a dict); this file holds " + what);
+  std::string what = !root                     ? "nothing"
+                     : tensor_ref_index(*root) ? "a tensor"
+                                               : "a " + std::string(pickle::kind_name(root->kind));
+  fail(ErrorCode::kUnimplemented,
+       model.source + ": " + layout + " holds a state dict (a dict); this file holds " + what);
 }
 
-pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path, const std::string& key) {
+pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path,
+                               const std::string& key) {
   pickle::ValuePtr cur = root;
   for (const pickle::ValuePtr& element : path) {
     cur = mapping_of(cur);
@@ -79,7 +83,6 @@ pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<p
   }
   return cur;
 }
-
 
 void walk_leaves(const Value& root, const std::function<void(const Leaf&)>& visit) { walk(root, "", visit); }
 

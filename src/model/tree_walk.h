@@ -13,8 +13,8 @@ namespace ckpt {
 
 struct Leaf {
   std::string path;
-  const pickle::Value* value;          // the leaf itself
-  std::optional<std::size_t> tensor;   // index into CheckpointModel::tensors when a tensor
+  const pickle::Value* value;         // the leaf itself
+  std::optional<std::size_t> tensor;  // index into CheckpointModel::tensors when a tensor
 };
 
 // Visits leaves in tree order (dict insertion order). Containers are dicts,
@@ -36,6 +36,7 @@ void require_state_dict(const CheckpointModel& model, const std::string& layout)
 
 // The value a flat DCP key stands for: `path` (planner_data) followed from
 // the model's root. DataLoss naming the key when it leads nowhere.
-pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path, const std::string& key);
+pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<pickle::ValuePtr>& path,
+                               const std::string& key);
 
 }  // namespace ckpt

@@ -77,8 +77,8 @@ void visit_tensor_problems(const TensorEntry& t, const TensorProblemVisitor& vis
       }
   }
   if (!overlaps && covered != t.numel())
-    report("tensor '" + t.name + "' of shape " + shape_str(t.shape) + " has chunks covering " + std::to_string(covered) +
-               " of its " + std::to_string(t.numel()) + " elements (a gap)",
+    report("tensor '" + t.name + "' of shape " + shape_str(t.shape) + " has chunks covering " +
+               std::to_string(covered) + " of its " + std::to_string(t.numel()) + " elements (a gap)",
            nullptr);
 }
 

@@ -208,7 +208,9 @@ std::string escape_decode(std::string_view body) {
     c = body[i];
     switch (c) {
       case '\n': break;  // line continuation
-      case '\\': case '\'': case '"': out.push_back(c); break;
+      case '\\':
+      case '\'':
+      case '"': out.push_back(c); break;
       case 'a': out.push_back('\a'); break;
       case 'b': out.push_back('\b'); break;
       case 'f': out.push_back('\f'); break;

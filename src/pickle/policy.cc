@@ -102,8 +102,8 @@ bool rebuild_wrapper_subclass_args(const std::vector<ValuePtr>& a) {
 bool rebuild_from_type_args(const std::vector<ValuePtr>& a) {
   if (a.size() != 4 || !a[0]->is(Kind::kGlobal) || !is_tensor_class(*a[1]) || !a[2]->is(Kind::kTuple)) return false;
   if (a[0]->is_global("torch._utils", "_rebuild_wrapper_subclass")) return rebuild_wrapper_subclass_args(a[2]->items);
-  bool tensor_rebuild = a[0]->is_global("torch._utils", "_rebuild_tensor_v2") ||
-                        a[0]->is_global("torch._utils", "_rebuild_tensor_v3");
+  bool tensor_rebuild =
+      a[0]->is_global("torch._utils", "_rebuild_tensor_v2") || a[0]->is_global("torch._utils", "_rebuild_tensor_v3");
   return tensor_rebuild && call_accepted(*a[0], a[2]->items);
 }
 
@@ -125,7 +125,8 @@ constexpr Entry kAllowed[] = {
     // ---- torch.save tensors (torch/_utils.py, torch/_tensor.py) ----
     {"torch._utils", "_rebuild_tensor", Use::kCall, &rebuild_tensor_args},  // files of torch 0.4-1.x
     {"torch._utils", "_rebuild_tensor_v2", Use::kCall, &rebuild_tensor_v2_args},
-    {"torch._utils", "_rebuild_tensor_v3", Use::kCall, &rebuild_tensor_v3_args},  // float8, uint16/32/64 with UntypedStorage
+    // float8, uint16/32/64 with UntypedStorage
+    {"torch._utils", "_rebuild_tensor_v3", Use::kCall, &rebuild_tensor_v3_args},
     {"torch._utils", "_rebuild_parameter", Use::kCall, &rebuild_parameter_args},
     {"torch._utils", "_rebuild_parameter_with_state", Use::kCall, &rebuild_parameter_with_state_args},
     {"torch._utils", "_rebuild_wrapper_subclass", Use::kValue},  // ShardedTensor, DTensor
@@ -166,7 +167,6 @@ constexpr Entry kAllowed[] = {
     {"torch", "UntypedStorage", Use::kValue},
     {"torch.storage", "UntypedStorage", Use::kValue},  // as torch 2.x pickles it
     {"torch.storage", "TypedStorage", Use::kValue},
-
 
     // ---- ShardedTensor (torch/distributed/_shard; per-rank FSDP files) ----
     {"torch.distributed._shard.sharded_tensor.api", "ShardedTensor", Use::kValue},
@@ -223,6 +223,7 @@ constexpr Entry kAllowed[] = {
 };
 
 // Every torch.dtype by its str() name in torch 2.15 (torch.<name>): values.
+// clang-format off
 constexpr std::string_view kTorchDtypes[] = {
     "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
     "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "complex128", "complex64", "complex32", "bcomplex32",
@@ -232,6 +233,7 @@ constexpr std::string_view kTorchDtypes[] = {
     "bool", "quint8", "qint8", "qint32", "quint4x2", "quint2x4",
     "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2",
 };
+// clang-format on
 
 class Table {
  public:
@@ -291,7 +293,8 @@ bool new_accepted(const Value& cls) {
 std::string describe_call(const Value& callable, const Value& args, CallOp op) {
   std::string rendered = args.repr(3, 6);
   if (args.is(Kind::kTuple) && rendered.size() >= 2) rendered = rendered.substr(1, rendered.size() - 2);
-  if (args.is(Kind::kTuple) && args.items.size() == 1 && !rendered.empty() && rendered.back() == ',') rendered.pop_back();
+  if (args.is(Kind::kTuple) && args.items.size() == 1 && !rendered.empty() && rendered.back() == ',')
+    rendered.pop_back();
   if (rendered.size() > 160) rendered = rendered.substr(0, 157) + "...";
   std::string fn = callable.is(Kind::kGlobal) ? callable.text + "." + callable.name : callable.repr(2, 4);
   return (op == CallOp::kNew ? fn + ".__new__(" : fn + "(") + rendered + ")";
@@ -324,7 +327,8 @@ class CheckpointPolicy final : public GlobalPolicy {
     bool attributes_of_dict = target.is(Kind::kDict) && target.ordered && state.is(Kind::kDict);
     bool allowed_instance = target.is(Kind::kCall) && target.newobj && new_accepted(*target.callable);
     if (!attributes_of_dict && !allowed_instance) {
-      std::string what = target.is(Kind::kCall) ? describe_call(*target.callable, *target.args, target.newobj ? CallOp::kNew : CallOp::kCall)
+      std::string what = target.is(Kind::kCall) ? describe_call(*target.callable, *target.args,
+                                                                target.newobj ? CallOp::kNew : CallOp::kCall)
                                                 : target.repr(2, 4);
       fail(ErrorCode::kUnsafe, "the pickle sets the state of " + what +
                                    " (BUILD), which is not something a checkpoint does; refusing to load it");

@@ -12,8 +12,10 @@ namespace {
 // Python 2 module names that CPython maps for protocol < 3 (fix_imports;
 // Lib/_compat_pickle.py IMPORT_MAPPING, the entries a checkpoint can hit).
 void fix_import(std::string& module) {
-  if (module == "__builtin__") module = "builtins";
-  else if (module == "copy_reg") module = "copyreg";
+  if (module == "__builtin__")
+    module = "builtins";
+  else if (module == "copy_reg")
+    module = "copyreg";
 }
 
 bool is_latin1_codec(const ValuePtr& v) {
@@ -28,8 +30,8 @@ bool is_empty_tuple(const ValuePtr& v) { return v && v->kind == Kind::kTuple && 
 
 void PickleMachine::check_global(const std::string& module, const std::string& name) const {
   if (!policy_.allows(module, name)) {
-    fail(ErrorCode::kUnsafe, "global '" + module + "." + name +
-                                 "' is not one a checkpoint needs; refusing to load a pickle that names it");
+    fail(ErrorCode::kUnsafe,
+         "global '" + module + "." + name + "' is not one a checkpoint needs; refusing to load a pickle that names it");
   }
 }
 
@@ -90,7 +92,8 @@ ValuePtr PickleMachine::fold_call(const ValuePtr& callable, const ValuePtr& args
   if (is_set || g.is_global("builtins", "frozenset")) {
     auto out = std::make_shared<Value>(is_set ? Kind::kSet : Kind::kFrozenSet);
     Kind from = a.empty() ? Kind::kNone : a[0]->kind;
-    if (a.size() == 1 && (from == Kind::kList || from == Kind::kTuple || from == Kind::kSet || from == Kind::kFrozenSet)) {
+    if (a.size() == 1 &&
+        (from == Kind::kList || from == Kind::kTuple || from == Kind::kSet || from == Kind::kFrozenSet)) {
       out->items = a[0]->items;
     } else if (!a.empty()) {
       return nullptr;

@@ -19,20 +19,20 @@ namespace ckpt::pickle {
 enum class Kind {
   kNone,
   kBool,
-  kInt,       // fits in int64
-  kBigInt,    // LONG1/LONG4 beyond int64: `text` holds two's complement little-endian bytes
+  kInt,     // fits in int64
+  kBigInt,  // LONG1/LONG4 beyond int64: `text` holds two's complement little-endian bytes
   kFloat,
-  kStr,       // UTF-8 in `text`
-  kBytes,     // raw bytes in `text` (BINBYTES, SHORT_BINBYTES, BYTEARRAY8: `bytearray` flag)
+  kStr,    // UTF-8 in `text`
+  kBytes,  // raw bytes in `text` (BINBYTES, SHORT_BINBYTES, BYTEARRAY8: `bytearray` flag)
   kTuple,
   kList,
-  kDict,      // `entries`, insertion order kept, any key kind; `ordered` for collections.OrderedDict()
+  kDict,  // `entries`, insertion order kept, any key kind; `ordered` for collections.OrderedDict()
   kSet,
   kFrozenSet,
-  kGlobal,    // `text` = module, `name` = qualified name
-  kCall,      // REDUCE / NEWOBJ / NEWOBJ_EX / INST / OBJ: `callable(*args, **kwargs)`
-  kBuilt,     // BUILD: `object` with `state` applied
-  kPersId,    // BINPERSID / PERSID: `pid`
+  kGlobal,  // `text` = module, `name` = qualified name
+  kCall,    // REDUCE / NEWOBJ / NEWOBJ_EX / INST / OBJ: `callable(*args, **kwargs)`
+  kBuilt,   // BUILD: `object` with `state` applied
+  kPersId,  // BINPERSID / PERSID: `pid`
 };
 
 const char* kind_name(Kind kind);
@@ -53,11 +53,11 @@ class Value {
   bool newobj = false;     // kCall came from NEWOBJ/NEWOBJ_EX (cls.__new__), not REDUCE
   std::string text;
   std::string name;
-  std::vector<ValuePtr> items;                          // tuple/list/set elements; APPENDS onto a kCall/kBuilt
-  std::vector<std::pair<ValuePtr, ValuePtr>> entries;   // dict entries; SETITEMS onto a kCall/kBuilt
-  ValuePtr callable, args, kwargs;                      // kCall (kwargs may be null)
-  ValuePtr object, state;                               // kBuilt
-  ValuePtr pid;                                         // kPersId
+  std::vector<ValuePtr> items;                         // tuple/list/set elements; APPENDS onto a kCall/kBuilt
+  std::vector<std::pair<ValuePtr, ValuePtr>> entries;  // dict entries; SETITEMS onto a kCall/kBuilt
+  ValuePtr callable, args, kwargs;                     // kCall (kwargs may be null)
+  ValuePtr object, state;                              // kBuilt
+  ValuePtr pid;                                        // kPersId
 
   // ---- construction ----
   static ValuePtr none();

@@ -161,9 +161,7 @@ void ReprWriter::value(const Value* v, int depth) {
       quoted(v->text, '\'', true);
       if (v->bytearray) out_ += ')';
       break;
-    case Kind::kTuple:
-      sequence(v->items, depth, "(", v->items.size() == 1 ? ",)" : ")");
-      break;
+    case Kind::kTuple: sequence(v->items, depth, "(", v->items.size() == 1 ? ",)" : ")"); break;
     case Kind::kList: sequence(v->items, depth, "[", "]"); break;
     case Kind::kDict:
       if (v->ordered) out_ += "OrderedDict(";

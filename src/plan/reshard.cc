@@ -72,8 +72,8 @@ void add_item(ReshardPlan& plan, std::size_t tensor, int rank, OutputItem item) 
 
 }  // namespace
 
-void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items, bool per_rank_values,
-                      const std::vector<RankFilesOut>& rank_files,
+void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items,
+                      bool per_rank_values, const std::vector<RankFilesOut>& rank_files,
                       const std::vector<std::pair<std::string, uint64_t>>& shared, std::ostream& out) {
   uint64_t total = 0;
   std::size_t files = 0;
@@ -94,14 +94,16 @@ void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std
     out << ", " << data << " bytes of tensor data\n";
     for (const OutputItem& item : plan.ranks[r]) {
       const TensorEntry& t = model.tensors[item.tensor];
-      out << "  " << t.name << " " << box_str(item.offsets, item.sizes) << (plan.replicated[item.tensor] ? " (replicated)" : "")
-          << " <-";
+      out << "  " << t.name << " " << box_str(item.offsets, item.sizes)
+          << (plan.replicated[item.tensor] ? " (replicated)" : "") << " <-";
       if (item.pieces.empty()) out << " (empty)";
       for (std::size_t p = 0; p < item.pieces.size(); ++p) {
         const SourcePiece& piece = item.pieces[p];
         const TensorChunk& c = t.chunks[piece.chunk];
-        out << (p ? ", " : " ") << (c.rank >= 0 ? "source rank " + std::to_string(c.rank) : "source " + std::filesystem::path(c.file).filename().string()) << " "
-            << box_str(piece.offsets, piece.sizes);
+        out << (p ? ", " : " ")
+            << (c.rank >= 0 ? "source rank " + std::to_string(c.rank)
+                            : "source " + std::filesystem::path(c.file).filename().string())
+            << " " << box_str(piece.offsets, piece.sizes);
       }
       out << "\n";
     }
@@ -183,7 +185,8 @@ TensorEntry item_tensor(const TensorEntry& t, const OutputItem& item) {
   for (const SourcePiece& piece : item.pieces) {
     TensorChunk c = t.chunks.at(piece.chunk);
     int64_t storage_offset = c.storage_offset;
-    for (std::size_t d = 0; d < piece.offsets.size(); ++d) storage_offset += (piece.offsets[d] - c.offsets[d]) * c.strides[d];
+    for (std::size_t d = 0; d < piece.offsets.size(); ++d)
+      storage_offset += (piece.offsets[d] - c.offsets[d]) * c.strides[d];
     Shape offsets(piece.offsets.size());
     for (std::size_t d = 0; d < offsets.size(); ++d) offsets[d] = piece.offsets[d] - item.offsets[d];
     c.storage_offset = storage_offset;

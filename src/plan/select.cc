@@ -48,9 +48,7 @@ class Selector {
   }
 
  private:
-  bool matches(const std::string& path) const {
-    return !keys_ || std::regex_search(path, *keys_);
-  }
+  bool matches(const std::string& path) const { return !keys_ || std::regex_search(path, *keys_); }
 
   // Copies a kept subtree, moving its tensors to the output model.
   ValuePtr copy_with_tensors(const ValuePtr& v) {

@@ -10,8 +10,8 @@
 namespace ckpt {
 
 struct SelectOptions {
-  std::string only;   // "", "model" or "optim": the top-level key to keep
-  std::string keys;   // ECMAScript regex searched in each leaf's dotted path; "" keeps all
+  std::string only;              // "", "model" or "optim": the top-level key to keep
+  std::string keys;              // ECMAScript regex searched in each leaf's dotted path; "" keeps all
   std::optional<DType> cast_to;  // floating-point tensors become this dtype
 };
 

@@ -369,7 +369,7 @@ TEST_CASE("zip reader reads plain zips without ZIP64 records or descriptors", "[
 }
 
 TEST_CASE("zip entry names that escape the archive are refused, the rest kept", "[archive]") {
-  const std::vector<std::string> unsafe = {"../x", "a/../x", "a/..", "/x", "a\\b",
+  const std::vector<std::string> unsafe = {"../x", "a/../x", "a/..", "/x",    "a\\b",
                                            "a//b", "a/",     "./a",  "a/./b", std::string("a\0b", 3)};
   for (const std::string& bad : unsafe) {
     INFO(bad);
@@ -435,8 +435,7 @@ TEST_CASE("zip entry data may end exactly at the central directory, not one byte
   put_le(bytes, cd + 24, 6, 4);
   Error e = error_of([&] { read_bytes(bytes); });
   CHECK(e.code() == ErrorCode::kDataLoss);
-  CHECK(std::string(e.what()) ==
-        "test.pt: entry 'pkg/a': 6 bytes at offset 35 run past the records (which end at 40)");
+  CHECK(std::string(e.what()) == "test.pt: entry 'pkg/a': 6 bytes at offset 35 run past the records (which end at 40)");
 }
 
 TEST_CASE("zip hostile: end of central directory with an absurd entry count", "[archive]") {

@@ -33,7 +33,8 @@ TEST_CASE("JSON that is not a manifest of this version is refused", "[check]") {
   auto j = manifest_to_json(sample());
   j["schema_version"] = 2;
   CHECK_THROWS_WITH(manifest_from_json(j, "m.json"), Catch::Contains("schema_version 2"));
-  CHECK_THROWS_WITH(manifest_from_json(nlohmann::ordered_json::object(), "m.json"), Catch::Contains("not a ckptconv manifest"));
+  CHECK_THROWS_WITH(manifest_from_json(nlohmann::ordered_json::object(), "m.json"),
+                    Catch::Contains("not a ckptconv manifest"));
 }
 
 TEST_CASE("comparison names every changed, missing and new file and tensor", "[check]") {

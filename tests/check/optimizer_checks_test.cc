@@ -21,10 +21,12 @@ struct Fixture {
     ValuePtr m = Value::dict({{Value::str("w"), tensor({4, 2})}, {Value::str("b"), tensor({4})}});
     std::vector<std::pair<ValuePtr, ValuePtr>> st;
     for (auto& [name, shape] : state)
-      st.emplace_back(Value::str(name), Value::dict({{Value::str("step"), tensor({})}, {Value::str("exp_avg"), tensor(shape)}}));
+      st.emplace_back(Value::str(name),
+                      Value::dict({{Value::str("step"), tensor({})}, {Value::str("exp_avg"), tensor(shape)}}));
     std::vector<ValuePtr> ps;
     for (auto& p : params) ps.push_back(Value::str(p));
-    ValuePtr groups = Value::list({Value::dict({{Value::str("lr"), Value::floating(0.1)}, {Value::str("params"), Value::list(ps)}})});
+    ValuePtr groups =
+        Value::list({Value::dict({{Value::str("lr"), Value::floating(0.1)}, {Value::str("params"), Value::list(ps)}})});
     ValuePtr optim = Value::dict({{Value::str("state"), Value::dict(st)}, {Value::str("param_groups"), groups}});
     model.root = Value::dict({{Value::str("model"), m}, {Value::str("optim"), optim}});
   }
@@ -54,7 +56,8 @@ TEST_CASE("state for an unlisted parameter, a wrong shape and an unknown paramet
   REQUIRE(m.size() == 3);
   CHECK(m[0] == "'optim.param_groups.0.params' lists parameter 'nope', which the model does not hold");
   CHECK(m[1] == "optimizer state 'optim.state.w.exp_avg' has shape (2, 4), its parameter 'w' has shape (4, 2)");
-  CHECK(m[2] == "optimizer state 'optim.state.ghost' is for parameter 'ghost', which no param_groups entry of 'optim' lists");
+  CHECK(m[2] ==
+        "optimizer state 'optim.state.ghost' is for parameter 'ghost', which no param_groups entry of 'optim' lists");
   CHECK(sink.problems()[2].tensor == "optim.state.ghost");
 }
 

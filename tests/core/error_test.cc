@@ -8,9 +8,7 @@ using namespace ckpt;
 
 TEST_CASE("error context is prepended outermost first", "[core]") {
   try {
-    with_context("file a.distcp", [] {
-      with_context("tensor model.w", [] { fail_data_loss("truncated"); });
-    });
+    with_context("file a.distcp", [] { with_context("tensor model.w", [] { fail_data_loss("truncated"); }); });
     FAIL("no throw");
   } catch (const Error& e) {
     CHECK(std::string(e.what()) == "file a.distcp: tensor model.w: truncated");
@@ -52,7 +50,8 @@ TEST_CASE("each place is printed once, at its most precise", "[core]") {
   e.add_context("d/__5_0.distcp[8827:+2605]");
   e.add_context("d/__5_0.distcp[8827:+2605]");
   e.add_context("key 'x'");
-  CHECK(std::string(e.what()) == "key 'x': data.pkl: d/__5_0.distcp[8827:+2605][64:+1371]: pickle opcode REDUCE at byte 47: bad");
+  CHECK(std::string(e.what()) ==
+        "key 'x': data.pkl: d/__5_0.distcp[8827:+2605][64:+1371]: pickle opcode REDUCE at byte 47: bad");
   // a message that starts with its file drops the same file as context
   Error f(ErrorCode::kNotFound, "ckpt/x.pt: cannot open: No such file or directory");
   f.add_context("ckpt/x.pt");

@@ -34,7 +34,8 @@ TEST_CASE("the progress line gives bytes, percent, average throughput and the ET
   CHECK(format_progress_line("diff", uint64_t(12 * MiB), uint64_t(48 * MiB), 2.0) ==
         "diff  12.0 MiB / 48.0 MiB  25%  6.0 MiB/s  ETA 0:06");
   // All done: nothing left.
-  CHECK(format_progress_line("consolidate", 2048, 2048, 1.0) == "consolidate  2.0 KiB / 2.0 KiB  100%  2.0 KiB/s  ETA 0:00");
+  CHECK(format_progress_line("consolidate", 2048, 2048, 1.0) ==
+        "consolidate  2.0 KiB / 2.0 KiB  100%  2.0 KiB/s  ETA 0:00");
 }
 
 TEST_CASE("throughput and ETA wait for time to pass and bytes to be done", "[core][progress]") {

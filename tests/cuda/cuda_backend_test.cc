@@ -28,10 +28,10 @@ std::unique_ptr<Backend> cuda_or_skip() {
 // infinities, zeros, subnormals, halfway cases of bfloat16 and half, values
 // that overflow half, then a pseudo-random spread.
 std::vector<uint32_t> float32_patterns(std::size_t n) {
-  std::vector<uint32_t> v = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FA00000u, 0xFFFFFFFFu, 0x7F800000u, 0xFF800000u,
-                             0x00000000u, 0x80000000u, 0x00000001u, 0x807FFFFFu, 0x3F808000u, 0x3F818000u, 0x3F801000u,
-                             0x3F803000u, 0x477FF000u, 0x477FEFFFu, 0x477FE000u, 0x33000000u, 0x33000001u, 0x38800000u,
-                             0x387FF000u, 0x7F7FFFFFu, 0xFF7FFFFFu};
+  std::vector<uint32_t> v = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FA00000u, 0xFFFFFFFFu, 0x7F800000u,
+                             0xFF800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x807FFFFFu, 0x3F808000u,
+                             0x3F818000u, 0x3F801000u, 0x3F803000u, 0x477FF000u, 0x477FEFFFu, 0x477FE000u,
+                             0x33000000u, 0x33000001u, 0x38800000u, 0x387FF000u, 0x7F7FFFFFu, 0xFF7FFFFFu};
   uint64_t x = 88172645463325252ull;
   while (v.size() < n) {
     x ^= x << 13;

@@ -25,7 +25,7 @@ CheckpointModel model(std::vector<float> w, double lr, const std::string& extra 
     return make_tensor_ref(m.tensors.size() - 1);
   };
   std::vector<std::pair<pickle::ValuePtr, pickle::ValuePtr>> entries = {{Value::str("w"), add("w", w)},
-                                                                         {Value::str("lr"), Value::floating(lr)}};
+                                                                        {Value::str("lr"), Value::floating(lr)}};
   if (!extra.empty()) entries.push_back({Value::str(extra), add(extra, {1})});
   m.root = Value::dict(entries);
   return m;

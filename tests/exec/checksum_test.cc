@@ -17,7 +17,8 @@ std::string digest(ChecksumAlgorithm a, const std::string& text) {
 TEST_CASE("XXH3-64 and SHA-256 give the published digests", "[check]") {
   // xxhsum -H3 of an empty input; SHA-256 of "abc" (FIPS 180-2, appendix B.1).
   CHECK(digest(ChecksumAlgorithm::kXxh3_64, "") == "2d06800538d394c2");
-  CHECK(digest(ChecksumAlgorithm::kSha256, "abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(digest(ChecksumAlgorithm::kSha256, "abc") ==
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
 TEST_CASE("a digest does not depend on how the bytes are split into updates", "[check]") {
@@ -25,7 +26,8 @@ TEST_CASE("a digest does not depend on how the bytes are split into updates", "[
   for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(i * 31 + 7);
   for (auto a : {ChecksumAlgorithm::kXxh3_64, ChecksumAlgorithm::kSha256}) {
     Hasher h(a);
-    for (std::size_t pos = 0; pos < text.size(); pos += 997) h.update(text.data() + pos, std::min<std::size_t>(997, text.size() - pos));
+    for (std::size_t pos = 0; pos < text.size(); pos += 997)
+      h.update(text.data() + pos, std::min<std::size_t>(997, text.size() - pos));
     CHECK(h.hex_digest() == digest(a, text));
     CHECK(checksum_source(*make_memory_source(text), a) == digest(a, text));
   }

@@ -26,7 +26,8 @@ dcp::DcpMetadata sample() {
   lr.fqn = "optim.param_groups.0.lr";
   md.items = {w, step, lr};
   md.planner_data["model.w"] = {Value::str("model"), Value::str("w")};
-  md.planner_data["optim.param_groups.0.lr"] = {Value::str("optim"), Value::str("param_groups"), Value::integer(0), Value::str("lr")};
+  md.planner_data["optim.param_groups.0.lr"] = {Value::str("optim"), Value::str("param_groups"), Value::integer(0),
+                                                Value::str("lr")};
   md.planner_order = {"model.w", "optim.param_groups.0.lr"};
   md.storage[{"model.w", {0, 0}}] = {"__0_0.distcp", 0, 100, {}};
   md.storage[{"model.w", {4, 0}}] = {"__1_0.distcp", 0, 90, {}};

@@ -61,20 +61,21 @@ std::string written(OutputFormat format, const std::string& file) {
 std::vector<Case> cases() {
   std::vector<Case> out = {
       {"torch.save file", testdata("pt/dtypes.pt"), "", testdata("pt/dtypes.pt"), SourceKind::kTorchPt, 1},
-      {"DCP directory", testdata("dcp/fsdp2_adamw_ws3"), "", testdata("dcp/fsdp2_adamw_ws3.ref.pt"), SourceKind::kDcpDir, 3},
-      {"DCP, per-rank metadata", testdata("dcp/fsdp2_adamw_ws3_rankmeta"), "", testdata("dcp/fsdp2_adamw_ws3_rankmeta.ref.pt"),
+      {"DCP directory", testdata("dcp/fsdp2_adamw_ws3"), "", testdata("dcp/fsdp2_adamw_ws3.ref.pt"),
        SourceKind::kDcpDir, 3},
+      {"DCP, per-rank metadata", testdata("dcp/fsdp2_adamw_ws3_rankmeta"), "",
+       testdata("dcp/fsdp2_adamw_ws3_rankmeta.ref.pt"), SourceKind::kDcpDir, 3},
       {"DCP, zstd items", testdata("dcp/zstd_ws1"), "", testdata("dcp/zstd_ws1.ref.pt"), SourceKind::kDcpDir, 1},
-      {"ShardedTensor rank files (model)", testdata("fsdp_st/adamw_ws3"), "model", testdata("fsdp_st/adamw_ws3/model_full.pt"),
-       SourceKind::kFsdpRanks, 3},
-      {"ShardedTensor rank files (optim)", testdata("fsdp_st/adamw_ws2"), "optim", testdata("fsdp_st/adamw_ws2/optim_full.pt"),
-       SourceKind::kFsdpRanks, 2},
-      {"DTensor rank files (model)", testdata("fsdp_dt/adamw_ws3"), "model", testdata("fsdp_dt/adamw_ws3/model_full.pt"),
-       SourceKind::kFsdpRanks, 3},
-      {"DTensor rank files (optim)", testdata("fsdp_dt/adamw_ws2"), "optim", testdata("fsdp_dt/adamw_ws2/optim_full.pt"),
-       SourceKind::kFsdpRanks, 2},
-      {"safetensors file", written(OutputFormat::kSafetensors, "ref.safetensors"), "", testdata("dcp/fsdp2_adamw_ws2.ref.pt"),
-       SourceKind::kSafetensors, 1},
+      {"ShardedTensor rank files (model)", testdata("fsdp_st/adamw_ws3"), "model",
+       testdata("fsdp_st/adamw_ws3/model_full.pt"), SourceKind::kFsdpRanks, 3},
+      {"ShardedTensor rank files (optim)", testdata("fsdp_st/adamw_ws2"), "optim",
+       testdata("fsdp_st/adamw_ws2/optim_full.pt"), SourceKind::kFsdpRanks, 2},
+      {"DTensor rank files (model)", testdata("fsdp_dt/adamw_ws3"), "model",
+       testdata("fsdp_dt/adamw_ws3/model_full.pt"), SourceKind::kFsdpRanks, 3},
+      {"DTensor rank files (optim)", testdata("fsdp_dt/adamw_ws2"), "optim",
+       testdata("fsdp_dt/adamw_ws2/optim_full.pt"), SourceKind::kFsdpRanks, 2},
+      {"safetensors file", written(OutputFormat::kSafetensors, "ref.safetensors"), "",
+       testdata("dcp/fsdp2_adamw_ws2.ref.pt"), SourceKind::kSafetensors, 1},
   };
 #ifdef CKPT_HAVE_HDF5
   out.push_back({"HDF5 file", written(OutputFormat::kHdf5, "ref.h5"), "", testdata("dcp/fsdp2_adamw_ws2.ref.pt"),
@@ -83,7 +84,9 @@ std::vector<Case> cases() {
   return out;
 }
 
-bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
 
 // A copy of the case's files with `victim` cut in half; the path to read.
 std::string with_truncated(const Case& c, const std::string& victim) {

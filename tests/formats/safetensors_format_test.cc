@@ -26,13 +26,15 @@ std::string file_with_header(const std::string& header, const std::string& data,
   return out + header + data;
 }
 
-const char* kTwo = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"I8","shape":[2,2],"data_offsets":[8,12]}})";
+const char* kTwo =
+    R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"I8","shape":[2,2],"data_offsets":[8,12]}})";
 
 }  // namespace
 
 TEST_CASE("a valid header parses with dtypes, shapes, offsets and metadata", "[formats][safetensors]") {
-  std::string json = R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                     R"("s":{"dtype":"BF16","shape":[],"data_offsets":[8,10]},"e":{"dtype":"U8","shape":[0,3],"data_offsets":[10,10]}})";
+  std::string json =
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("s":{"dtype":"BF16","shape":[],"data_offsets":[8,10]},"e":{"dtype":"U8","shape":[0,3],"data_offsets":[10,10]}})";
   Header h = parse_header(json, 10);
   REQUIRE(h.tensors.size() == 3);
   CHECK(h.metadata.at("format") == "pt");
@@ -45,14 +47,18 @@ TEST_CASE("a valid header parses with dtypes, shapes, offsets and metadata", "[f
 
 TEST_CASE("corrupt headers are refused with a message naming the fault", "[formats][safetensors]") {
   SECTION("hole between tensors") {
-    auto msg = refusal(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12);
+    auto msg = refusal(
+        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+        12);
     CHECK_THAT(msg, Catch::Contains("'b': hole in the data buffer before offset 8"));
   }
   SECTION("hole at the end of the buffer") {
     CHECK_THAT(refusal(kTwo, 16), Catch::Contains("4 bytes no tensor covers"));
   }
   SECTION("overlapping offsets") {
-    auto msg = refusal(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+    auto msg = refusal(
+        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+        8);
     CHECK_THAT(msg, Catch::Contains("overlap"));
   }
   SECTION("offsets past the end of the data") {
@@ -66,17 +72,20 @@ TEST_CASE("corrupt headers are refused with a message naming the fault", "[forma
     CHECK_THAT(refusal(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}})", 4), Catch::Contains("end before"));
   }
   SECTION("unknown dtype") {
-    CHECK_THAT(refusal(R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", 16), Catch::Contains("unknown dtype 'F128'"));
+    CHECK_THAT(refusal(R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", 16),
+               Catch::Contains("unknown dtype 'F128'"));
   }
   SECTION("negative dimension") {
-    CHECK_THAT(refusal(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0), Catch::Contains("non-negative"));
+    CHECK_THAT(refusal(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0),
+               Catch::Contains("non-negative"));
   }
   SECTION("shape whose byte count overflows") {
     auto msg = refusal(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0);
     CHECK_THAT(msg, Catch::Contains("overflows"));
   }
   SECTION("non-string metadata value") {
-    CHECK_THAT(refusal(R"({"__metadata__":{"step":3}})", 0), Catch::Contains("__metadata__ value 'step' is not a string"));
+    CHECK_THAT(refusal(R"({"__metadata__":{"step":3}})", 0),
+               Catch::Contains("__metadata__ value 'step' is not a string"));
   }
   SECTION("not JSON") { CHECK_THAT(refusal("{\"a\":", 0), Catch::Contains("not valid JSON")); }
   SECTION("JSON but not an object") { CHECK_THAT(refusal("[1,2]", 0), Catch::Contains("not a JSON object")); }

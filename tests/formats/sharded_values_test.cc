@@ -41,7 +41,8 @@ TensorEntry round_trip(const ValuePtr& value, const Shape& local_shape, bool wit
 
 TEST_CASE("a written ShardedTensor decodes to this rank's torch.chunk rows", "[formats][sharded_values]") {
   // 7 rows over 3 ranks: 3, 3, 1.
-  TensorEntry t = round_trip(torch_pt::make_sharded_tensor(DType::kFloat32, {7, 8}, 2, 3, make_tensor_ref(0)), {1, 8}, false, 3);
+  TensorEntry t =
+      round_trip(torch_pt::make_sharded_tensor(DType::kFloat32, {7, 8}, 2, 3, make_tensor_ref(0)), {1, 8}, false, 3);
   CHECK(t.storage == StorageKind::kShardedTensor);
   CHECK(t.shape == Shape{7, 8});
   CHECK(t.world_size == 3);
@@ -54,7 +55,8 @@ TEST_CASE("a written ShardedTensor decodes to this rank's torch.chunk rows", "[f
 
 TEST_CASE("a ShardedTensor rank past the last torch.chunk piece has no local shard", "[formats][sharded_values]") {
   // 2 rows over 3 ranks: torch.chunk gives 2 pieces, so 2 shards in all and none on rank 2.
-  TensorEntry t = round_trip(torch_pt::make_sharded_tensor(DType::kFloat32, {2}, 2, 3, make_tensor_ref(0)), {0}, false, 3);
+  TensorEntry t =
+      round_trip(torch_pt::make_sharded_tensor(DType::kFloat32, {2}, 2, 3, make_tensor_ref(0)), {0}, false, 3);
   CHECK(t.shape == Shape{2});
   CHECK(t.chunks.empty());
   CHECK(t.sharding == "ShardedTensor: 2 shards in all");
@@ -62,7 +64,8 @@ TEST_CASE("a ShardedTensor rank past the last torch.chunk piece has no local sha
 
 TEST_CASE("a written DTensor decodes with its mesh size and coordinate", "[formats][sharded_values]") {
   ValuePtr mesh = torch_pt::make_device_mesh(1, 4, make_tensor_ref(1), {});
-  TensorEntry t = round_trip(torch_pt::make_dtensor(DType::kFloat32, {10, 4}, mesh, make_tensor_ref(0)), {3, 4}, true, 4);
+  TensorEntry t =
+      round_trip(torch_pt::make_dtensor(DType::kFloat32, {10, 4}, mesh, make_tensor_ref(0)), {3, 4}, true, 4);
   CHECK(t.storage == StorageKind::kDTensor);
   CHECK(t.shape == Shape{10, 4});
   CHECK(t.world_size == 4);

@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <filesystem>
 #include <fstream>
-#include <sys/stat.h>
 
 #include "core/error.h"
 #include "io/byte_sink.h"

@@ -18,7 +18,9 @@ namespace {
 
 std::string testdata(const std::string& rel) { return std::string(CKPT_SOURCE_DIR) + "/testdata/" + rel; }
 
-bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
 
 }  // namespace
 
@@ -32,7 +34,8 @@ TEST_CASE("per-rank DTensor files: the reader names both families, the world siz
   for (const auto& f : m.info.families) {
     CHECK(f.world_size == 2);
     CHECK(f.files.size() == 2);
-    CHECK((f.name_template == "model_world_size_{N}_rank_{r}.pt" || f.name_template == "optim_world_size_{N}_rank_{r}.pt"));
+    CHECK((f.name_template == "model_world_size_{N}_rank_{r}.pt" ||
+           f.name_template == "optim_world_size_{N}_rank_{r}.pt"));
   }
   REQUIRE(m.info.mesh);
   CHECK(m.info.mesh->device_type == "cpu");
@@ -65,7 +68,8 @@ TEST_CASE("reshard dry run: per output rank its files, exact sizes and source ch
   std::string plan = out.str();
   // The report's bytes are the tensor data of every output rank, as the plan prints them.
   uint64_t printed = 0;
-  for (std::size_t at = plan.find(" bytes of tensor data"); at != std::string::npos; at = plan.find(" bytes of tensor data", at + 1))
+  for (std::size_t at = plan.find(" bytes of tensor data"); at != std::string::npos;
+       at = plan.find(" bytes of tensor data", at + 1))
     printed += std::stoull(plan.substr(plan.rfind(", ", at) + 2, at - plan.rfind(", ", at) - 2));
   CHECK(report.bytes == printed);
   CHECK(printed > 980);  // rank 0 alone holds 980

@@ -30,11 +30,12 @@ TEST_CASE("plain values, tensors, torch.Size and dtypes pass the output gate", "
   ValuePtr size = Value::call(Value::global("torch", "Size"), Value::tuple({Value::tuple({Value::integer(2)})}));
   ValuePtr od = Value::dict({{Value::str("a"), Value::integer(1)}}, true);
   ValuePtr with_attrs = Value::built(od, entry("_metadata", Value::dict()));
-  ValuePtr root = Value::dict({{Value::str("t"), make_tensor_ref(0)},
-                               {Value::str("size"), size},
-                               {Value::str("dt"), Value::global("torch", "float16")},
-                               {Value::str("sd"), with_attrs},
-                               {Value::str("l"), Value::list({Value::none(), Value::bytes("x"), Value::floating(0.5)})}});
+  ValuePtr root =
+      Value::dict({{Value::str("t"), make_tensor_ref(0)},
+                   {Value::str("size"), size},
+                   {Value::str("dt"), Value::global("torch", "float16")},
+                   {Value::str("sd"), with_attrs},
+                   {Value::str("l"), Value::list({Value::none(), Value::bytes("x"), Value::floating(0.5)})}});
   CHECK(objection(root).empty());
 }
 

@@ -13,7 +13,10 @@ using pickle::Value;
 using Json = nlohmann::ordered_json;
 
 namespace {
-pickle::ValuePtr no_tensors(const Json&) { FAIL("no tensor expected"); return nullptr; }
+pickle::ValuePtr no_tensors(const Json&) {
+  FAIL("no tensor expected");
+  return nullptr;
+}
 }  // namespace
 
 TEST_CASE("value_from_json inverts value_to_json for state-dict values", "[model]") {

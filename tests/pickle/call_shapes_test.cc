@@ -55,31 +55,53 @@ TEST_CASE("the getattr chain to eval is refused naming the call", "[pickle][host
 
 TEST_CASE("getattr is accepted only as getattr(ShardedTensor, 'ProcessGroupState')", "[pickle]") {
   const std::string st = "ctorch.distributed._shard.sharded_tensor.api\nShardedTensor\n";
-  const std::string getattr = "\x80\x02" "c__builtin__\ngetattr\n" + st;
+  const std::string getattr =
+      "\x80\x02"
+      "c__builtin__\ngetattr\n" +
+      st;
   std::string ok = getattr + bytes_of("X\x11\x00\x00\x00ProcessGroupState\x86R.");
   CHECK(unpickle(ok, checkpoint_policy())->is(Kind::kCall));
   std::string other_attr = getattr + bytes_of("X\x08\x00\x00\x00__init__\x86R.");
   CHECK(contains(refusal(other_attr), "getattr("));
   // and its result may be instantiated (NEWOBJ) and built, as ShardedTensor state does
-  std::string newobj = getattr + bytes_of("X\x11\x00\x00\x00ProcessGroupState\x86R" "K\x01\x85\x81.");
+  std::string newobj = getattr + bytes_of(
+                                     "X\x11\x00\x00\x00ProcessGroupState\x86R"
+                                     "K\x01\x85\x81.");
   CHECK(unpickle(newobj, checkpoint_policy())->newobj);
 }
 
 TEST_CASE("values-only globals cannot be called", "[pickle]") {
-  CHECK(contains(refusal("\x80\x02" "ctorch\nfloat32\n)R."), "torch.float32()"));
-  CHECK(contains(refusal("\x80\x02" "ctorch\nFloatStorage\nK\x03\x85R."), "torch.FloatStorage(3)"));
+  CHECK(contains(refusal("\x80\x02"
+                         "ctorch\nfloat32\n)R."),
+                 "torch.float32()"));
+  CHECK(contains(refusal("\x80\x02"
+                         "ctorch\nFloatStorage\nK\x03\x85R."),
+                 "torch.FloatStorage(3)"));
   // a record class is built with NEWOBJ, never called (that would run __init__)
-  CHECK(contains(refusal("\x80\x02" "ctorch.distributed.checkpoint.metadata\nMetadata\n)R."), "Metadata()"));
+  CHECK(contains(refusal("\x80\x02"
+                         "ctorch.distributed.checkpoint.metadata\nMetadata\n)R."),
+                 "Metadata()"));
 }
 
 TEST_CASE("the call shapes torch writes are accepted", "[pickle]") {
   // torch.Size, torch.device, OrderedDict, bytes/set folds, complex
-  CHECK(unpickle(std::string("\x80\x02" "ctorch\nSize\nK\x02K\x03\x86\x85R."), checkpoint_policy())->is(Kind::kCall));
-  CHECK(unpickle(bytes_of("\x80\x02" "ctorch\ndevice\nX\x03\x00\x00\x00" "cpu\x85R."), checkpoint_policy())->is(Kind::kCall));
-  CHECK(unpickle(bytes_of("\x80\x02" "c__builtin__\ncomplex\nG?\xf0\x00\x00\x00\x00\x00\x00G@\x00\x00\x00\x00\x00\x00\x00\x86R."),
-                 checkpoint_policy())->is(Kind::kCall));
+  CHECK(unpickle(std::string("\x80\x02"
+                             "ctorch\nSize\nK\x02K\x03\x86\x85R."),
+                 checkpoint_policy())
+            ->is(Kind::kCall));
+  CHECK(unpickle(bytes_of("\x80\x02"
+                          "ctorch\ndevice\nX\x03\x00\x00\x00"
+                          "cpu\x85R."),
+                 checkpoint_policy())
+            ->is(Kind::kCall));
+  CHECK(unpickle(bytes_of("\x80\x02"
+                          "c__builtin__\ncomplex\nG?\xf0\x00\x00\x00\x00\x00\x00G@\x00\x00\x00\x00\x00\x00\x00\x86R."),
+                 checkpoint_policy())
+            ->is(Kind::kCall));
   CHECK(unpickle(kCommonProtocol2, checkpoint_policy())->is(Kind::kDict));
   // an OrderedDict with attributes (state_dict()._metadata) is BUILD over the dict
-  std::string od_attrs = bytes_of("\x80\x02" "ccollections\nOrderedDict\n)R}X\x09\x00\x00\x00_metadata}sb.");
+  std::string od_attrs = bytes_of(
+      "\x80\x02"
+      "ccollections\nOrderedDict\n)R}X\x09\x00\x00\x00_metadata}sb.");
   CHECK(unpickle(od_attrs, checkpoint_policy())->is(Kind::kBuilt));
 }

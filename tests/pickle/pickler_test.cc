@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "allow_all_policy.h"
 #include "core/error.h"
 #include "cpython_samples.h"
 #include "pickle/encodings.h"
@@ -11,7 +12,6 @@
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
 #include "pickle/value.h"
-#include "allow_all_policy.h"
 
 using namespace ckpt;
 using namespace ckpt::pickle;
@@ -72,8 +72,8 @@ TEST_CASE("pickler matches CPython byte for byte on hand-built plain values", "[
   ints->items.push_back(Value::integer(-129));
   ints->items.push_back(Value::integer(128));
   CHECK(pickle_protocol2(*ints) == kExactInts);
-  ValuePtr floats = Value::list({Value::floating(1.5), Value::floating(-0.0),
-                                 Value::floating(std::numeric_limits<double>::infinity())});
+  ValuePtr floats = Value::list(
+      {Value::floating(1.5), Value::floating(-0.0), Value::floating(std::numeric_limits<double>::infinity())});
   CHECK(pickle_protocol2(*floats) == kExactFloat);
   CHECK(pickle_protocol2(*Value::str("h\xc3\xa9llo \xe4\xb8\x96\xf0\x9f\x98\x80")) == kExactStr);
   ValuePtr bytes = Value::list({Value::bytes(std::string("\x00\xff", 2)), Value::bytes("ab")});
@@ -91,9 +91,9 @@ TEST_CASE("pickler matches CPython byte for byte on hand-built plain values", "[
 }
 
 TEST_CASE("unpickling CPython protocol-2 output and pickling it again gives the same bytes", "[pickle]") {
-  for (const std::string* sample : {&kExactNone, &kExactTrue, &kExactInts, &kExactFloat, &kExactStr, &kExactBytes,
-                                    &kExactDict, &kExactTuples, &kExactOrderedDict, &kExactSet, &kExactByteArray,
-                                    &kSharedListProtocol2, &kBigIntsProtocol2}) {
+  for (const std::string* sample :
+       {&kExactNone, &kExactTrue, &kExactInts, &kExactFloat, &kExactStr, &kExactBytes, &kExactDict, &kExactTuples,
+        &kExactOrderedDict, &kExactSet, &kExactByteArray, &kSharedListProtocol2, &kBigIntsProtocol2}) {
     ValuePtr v = unpickle(*sample, checkpoint_policy());
     INFO(v->repr());
     CHECK(pickle_protocol2(*v) == *sample);
@@ -128,8 +128,8 @@ TEST_CASE("pickle then unpickle gives the same tree for every kind", "[pickle]")
        {Value::str("empty bytes"), Value::bytes("")},
        {Value::str("bytearray"), bytearray},
        {Value::str("frozen"), frozen},
-       {Value::str("tuple5"), Value::tuple({Value::integer(1), Value::integer(2), Value::integer(3),
-                                            Value::integer(4), Value::integer(5)})},
+       {Value::str("tuple5"),
+        Value::tuple({Value::integer(1), Value::integer(2), Value::integer(3), Value::integer(4), Value::integer(5)})},
        {Value::integer(7), Value::boolean(false)},
        {Value::str("call"), call},
        {Value::str("built"), Value::built(newobj, Value::dict({{Value::str("version"), Value::str("1.0.0")}}))},
@@ -141,9 +141,8 @@ TEST_CASE("pickle then unpickle gives the same tree for every kind", "[pickle]")
 }
 
 TEST_CASE("a persistent id shared twice stays one object after a round trip", "[pickle]") {
-  ValuePtr storage = Value::persistent_id(
-      Value::tuple({Value::str("storage"), Value::global("torch", "FloatStorage"), Value::str("0"), Value::str("cpu"),
-                    Value::integer(6)}));
+  ValuePtr storage = Value::persistent_id(Value::tuple({Value::str("storage"), Value::global("torch", "FloatStorage"),
+                                                        Value::str("0"), Value::str("cpu"), Value::integer(6)}));
   auto tensor = [&](int64_t offset) {
     return Value::call(Value::global("torch._utils", "_rebuild_tensor_v2"),
                        Value::tuple({storage, Value::integer(offset), Value::tuple({Value::integer(2)}),

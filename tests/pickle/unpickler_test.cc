@@ -3,13 +3,13 @@
 #include <limits>
 #include <string>
 
+#include "allow_all_policy.h"
 #include "core/error.h"
 #include "cpython_samples.h"
 #include "pickle/encodings.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
 #include "pickle/value.h"
-#include "allow_all_policy.h"
 
 using namespace ckpt;
 using namespace ckpt::pickle;
@@ -225,7 +225,9 @@ TEST_CASE("refuses builtins.eval named through STACK_GLOBAL", "[pickle]") {
 }
 
 TEST_CASE("refuses subprocess.Popen", "[pickle]") {
-  Error e = error_of(bytes_of("\x80\x02" "csubprocess\nPopen\n]X\x02\x00\x00\x00ls\x85R."), checkpoint_policy());
+  Error e = error_of(bytes_of("\x80\x02"
+                              "csubprocess\nPopen\n]X\x02\x00\x00\x00ls\x85R."),
+                     checkpoint_policy());
   CHECK(e.code() == ErrorCode::kUnsafe);
   CHECK(contains(e.message(), "'subprocess.Popen'"));
   // CPython itself writes Python 2's module name at protocol 2 (commands.Popen).
@@ -263,7 +265,10 @@ TEST_CASE("the allow-list matches exact module and name pairs only", "[pickle]")
   CHECK_FALSE(p.allows("builtins", "eval"));
   CHECK_FALSE(p.allows("__builtin__", "getattr"));  // the unpickler maps it to builtins first
   // protocol 2 ShardedTensor pickles name __builtin__.getattr
-  CHECK(unpickle(std::string("\x80\x02" "c__builtin__\ngetattr\n."), p)->is_global("builtins", "getattr"));
+  CHECK(unpickle(std::string("\x80\x02"
+                             "c__builtin__\ngetattr\n."),
+                 p)
+            ->is_global("builtins", "getattr"));
 }
 
 // ---- limits and corrupt input ----
@@ -335,7 +340,7 @@ TEST_CASE("memo index far beyond the memo is refused, not allocated", "[pickle]"
 
 TEST_CASE("length prefixes beyond the data are DataLoss before any allocation", "[pickle]") {
   const std::string huge("\x00\x00\x00\x00\x00\x00\x00\x40", 8);  // 2^62
-  for (char op : {'\x8d', '\x8e', '\x96'}) {  // BINUNICODE8, BINBYTES8, BYTEARRAY8
+  for (char op : {'\x8d', '\x8e', '\x96'}) {                      // BINUNICODE8, BINBYTES8, BYTEARRAY8
     Error e = error_of(std::string("\x80\x05", 2) + op + huge + "abc.");
     CHECK(e.code() == ErrorCode::kDataLoss);
     CHECK(contains(e.message(), "length prefix 4611686018427387904 exceeds"));

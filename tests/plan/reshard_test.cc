@@ -131,7 +131,8 @@ TEST_CASE("source world size counts the distinct ranks of the chunks", "[plan][r
 
 TEST_CASE("per-rank files: sharded tensors get every rank's torch.chunk box, plain ones go whole to every rank",
           "[plan][reshard]") {
-  std::vector<TensorEntry> tensors = {sharded("optim.state.scale.exp_avg", {2}, {0, 1}), scalar("optim.state.scale.step")};
+  std::vector<TensorEntry> tensors = {sharded("optim.state.scale.exp_avg", {2}, {0, 1}),
+                                      scalar("optim.state.scale.step")};
   ReshardPlan plan = plan_rank_files(tensors, {true, false}, 3);
   REQUIRE(plan.ranks.size() == 3);
   CHECK_FALSE(plan.replicated[0]);

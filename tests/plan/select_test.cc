@@ -38,7 +38,8 @@ TEST_CASE("only option keeps one top-level entry and renumbers its tensors", "[p
 TEST_CASE("keys option keeps matching leaves and whole lists", "[plan]") {
   auto m = select_entries(two_part_model(), {"", "exp_avg|lr", std::nullopt});
   REQUIRE(m.tensors.size() == 1);
-  CHECK(m.root->repr(6, 10) == "{'optim': {'state': {'w': {'exp_avg': ckptconv.tensor(0)}}, 'param_groups': [{'lr': 0.1}]}}");
+  CHECK(m.root->repr(6, 10) ==
+        "{'optim': {'state': {'w': {'exp_avg': ckptconv.tensor(0)}}, 'param_groups': [{'lr': 0.1}]}}");
 }
 
 TEST_CASE("selection errors are usage errors", "[plan]") {

@@ -59,7 +59,8 @@ constexpr std::size_t kMaxPlannerPath = 512;
 }  // namespace
 
 DcpMetadata parse_metadata(const Value& root) {
-  if (!pyobj::is_class(root, "Metadata")) fail_data_loss("not a DCP Metadata object (class '" + pyobj::class_name(root) + "')");
+  if (!pyobj::is_class(root, "Metadata"))
+    fail_data_loss("not a DCP Metadata object (class '" + pyobj::class_name(root) + "')");
   DcpMetadata md;
   // Entries are taken by pair, not structured bindings: clang 14 (fuzz
   // builds) cannot capture those in lambdas.
@@ -74,9 +75,9 @@ DcpMetadata parse_metadata(const Value& root) {
       // Each element is one level of the rebuilt state dict, which later
       // walks descend: bounded like any other nesting a file can ask for.
       if (value->items.size() > kMaxPlannerPath) {
-        fail(ErrorCode::kUnsafe, "key '" + key->text + "': its planner_data path has " + std::to_string(value->items.size()) +
-                       " elements; a state dict nested more than " + std::to_string(kMaxPlannerPath) +
-                       " levels deep is not one ckptconv reads");
+        fail(ErrorCode::kUnsafe, "key '" + key->text + "': its planner_data path has " +
+                                     std::to_string(value->items.size()) + " elements; a state dict nested more than " +
+                                     std::to_string(kMaxPlannerPath) + " levels deep is not one ckptconv reads");
       }
       if (md.planner_data.emplace(key->text, value->items).second) md.planner_order.push_back(key->text);
     }
@@ -142,7 +143,8 @@ DcpMetadata merge_rank_metadata(std::vector<DcpMetadata> ranks, ProblemSink* sin
   for (std::size_t i = 0; i < out.planner_order.size(); ++i) rank_of_key.emplace(out.planner_order[i], i);
   std::stable_sort(out.items.begin(), out.items.end(), [&](const ItemMeta& a, const ItemMeta& b) {
     auto ia = rank_of_key.find(a.fqn), ib = rank_of_key.find(b.fqn);
-    std::size_t pa = ia == rank_of_key.end() ? SIZE_MAX : ia->second, pb = ib == rank_of_key.end() ? SIZE_MAX : ib->second;
+    std::size_t pa = ia == rank_of_key.end() ? SIZE_MAX : ia->second,
+                pb = ib == rank_of_key.end() ? SIZE_MAX : ib->second;
     return pa < pb;
   });
   return out;

@@ -3,8 +3,8 @@
 //
 //   Metadata(state_dict_metadata: {fqn: TensorStorageMetadata | BytesStorageMetadata},
 //            planner_data: {fqn: (path elements...)},
-//            storage_data: {MetadataIndex(fqn, offset, index): _StorageInfo(relative_path, offset, length[, transform_descriptors])},
-//            storage_meta: StorageMeta (>= 2.4), version: "1.0.0" (newest))
+//            storage_data: {MetadataIndex(fqn, offset, index): _StorageInfo(relative_path, offset, length[,
+//            transform_descriptors])}, storage_meta: StorageMeta (>= 2.4), version: "1.0.0" (newest))
 //
 //   TensorStorageMetadata(properties: TensorProperties, size: torch.Size,
 //                         chunks: [ChunkStorageMetadata(offsets: Size, sizes: Size)])
@@ -44,12 +44,12 @@ struct StorageInfo {
 };
 
 struct DcpMetadata {
-  std::vector<ItemMeta> items;                                   // state_dict_metadata order
+  std::vector<ItemMeta> items;                                        // state_dict_metadata order
   std::map<std::string, std::vector<pickle::ValuePtr>> planner_data;  // fqn -> path elements (str or int)
   std::vector<std::string> planner_order;  // planner_data keys in file order: the saved state dict's order
   // (fqn, chunk offsets) -> storage; bytes items use empty offsets.
   std::map<std::pair<std::string, Shape>, StorageInfo> storage;
-  std::string version;          // "" before torch 2.4
+  std::string version;  // "" before torch 2.4
   bool has_storage_meta = false;
 };
 

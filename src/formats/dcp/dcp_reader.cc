@@ -2,8 +2,8 @@
 
 #include <zstd.h>
 
-#include <filesystem>
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
@@ -28,7 +28,7 @@ void check_relative_path(const std::string& path) {
   if (path.empty() || path[0] == '/' || path.find('\\') != std::string::npos)
     fail(ErrorCode::kUnsafe, "storage path '" + path + "' is not a relative path inside the checkpoint");
   for (const auto& part : fs::path(path))
-    if (part == ".." ) fail(ErrorCode::kUnsafe, "storage path '" + path + "' escapes the checkpoint directory");
+    if (part == "..") fail(ErrorCode::kUnsafe, "storage path '" + path + "' escapes the checkpoint directory");
 }
 
 int rank_of_file(const std::string& name) {
@@ -67,7 +67,8 @@ std::vector<std::string> list_dcp_files(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), kDcpFile)) out.push_back(e.path().string());
+    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), kDcpFile))
+      out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -82,9 +83,11 @@ class DcpDirReader {
     model.source = dir_;
     model.facts["dcp_metadata_version"] = md.version.empty() ? "none (torch < 2.4)" : md.version;
     model.facts["storage_meta"] = md.has_storage_meta ? "yes" : "no";
-    model.facts["metadata_files"] = std::to_string(metadata_files_) + (metadata_files_ == 1 ? " (.metadata)" : " (__<rank>.metadata, no global one)");
+    model.facts["metadata_files"] = std::to_string(metadata_files_) +
+                                    (metadata_files_ == 1 ? " (.metadata)" : " (__<rank>.metadata, no global one)");
     int max_rank = -1;
-    for (const auto& [key, info] : md.storage) max_rank = std::max(max_rank, rank_of_file(fs::path(info.relative_path).filename().string()));
+    for (const auto& [key, info] : md.storage)
+      max_rank = std::max(max_rank, rank_of_file(fs::path(info.relative_path).filename().string()));
     if (max_rank >= 0) {
       model.facts["world_size"] = std::to_string(max_rank + 1);
       model.info.world_sizes = {max_rank + 1};
@@ -125,22 +128,24 @@ class DcpDirReader {
         std::string keys;
         for (std::size_t i = 0; i < items.size() && i < 6; ++i) keys += (i ? ", " : "") + items[i].second;
         if (items.size() > 6) keys += " and " + std::to_string(items.size() - 6) + " more";
-        sink_->report(Problem{e.code(), std::string(e.what()) + " (rank " + std::to_string(rank) + "; it holds " +
-                                            std::to_string(items.size()) + " items of the metadata: " + keys + ")",
+        sink_->report(Problem{e.code(),
+                              std::string(e.what()) + " (rank " + std::to_string(rank) + "; it holds " +
+                                  std::to_string(items.size()) + " items of the metadata: " + keys + ")",
                               path, rank, items.front().second});
         unreadable_.insert(relative);
         continue;
       }
-      std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
+      std::sort(items.begin(), items.end(),
+                [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
       for (std::size_t i = 1; i < items.size(); ++i) {
         const StorageInfo& prev = *items[i - 1].first;
         const StorageInfo& cur = *items[i].first;
         if (cur.offset < prev.offset + prev.length)
           sink_->report(Problem{ErrorCode::kDataLoss,
-                                path + ": the bytes of '" + items[i].second + "' [" + std::to_string(cur.offset) + ", +" +
-                                    std::to_string(cur.length) + ") overlap those of '" + items[i - 1].second + "' [" +
-                                    std::to_string(prev.offset) + ", +" + std::to_string(prev.length) + ") (rank " +
-                                    std::to_string(rank) + ")",
+                                path + ": the bytes of '" + items[i].second + "' [" + std::to_string(cur.offset) +
+                                    ", +" + std::to_string(cur.length) + ") overlap those of '" + items[i - 1].second +
+                                    "' [" + std::to_string(prev.offset) + ", +" + std::to_string(prev.length) +
+                                    ") (rank " + std::to_string(rank) + ")",
                                 path, rank, items[i].second});
       }
     }
@@ -185,7 +190,9 @@ class DcpDirReader {
       run_reporting(sink_, p.string(), r, "", [&] { ranks.push_back(parse_file(p.string())); });
     }
     if (metadata_files_ == 0) fail(ErrorCode::kNotFound, dir_ + ": no .metadata and no __0.metadata");
-    if (ranks.empty()) fail_data_loss(dir_ + ": none of the " + std::to_string(metadata_files_) + " __<rank>.metadata files could be read");
+    if (ranks.empty())
+      fail_data_loss(dir_ + ": none of the " + std::to_string(metadata_files_) +
+                     " __<rank>.metadata files could be read");
     return merge_rank_metadata(std::move(ranks), sink_);
   }
 
@@ -222,23 +229,26 @@ class DcpDirReader {
       Place place{chunk_file(item.fqn, cm.offsets, md), chunk_rank(item.fqn, cm.offsets, md), item.fqn};
       all_read &= run_reporting(sink_, place.file, place.rank, item.fqn, [&] {
         with_place(place, [&] {
-        with_context("key '" + item.fqn + "'", [&] {
-          int rank = -1;
-          SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank);
-          std::vector<TensorEntry> local;
-          ValuePtr shard = with_context(src->describe(), [&] { return torch_pt::decode_archive(src, local, item.fqn, rank, sink_); });
-          auto idx = tensor_ref_index(*shard);
-          if (!idx || local.size() != 1) fail_data_loss(src->describe() + ": tensor item does not hold exactly one tensor");
-          TensorEntry& piece = local[*idx];
-          if (piece.dtype != item.dtype)
-            fail_data_loss(src->describe() + ": chunk dtype " + std::string(dtype_name(piece.dtype)) + " differs from metadata " +
-                           std::string(dtype_name(item.dtype)));
-          if (piece.shape != cm.sizes)
-            fail_data_loss(src->describe() + ": chunk shape " + shape_str(piece.shape) + " differs from metadata " + shape_str(cm.sizes));
-          TensorChunk chunk = std::move(piece.chunks.at(0));
-          chunk.offsets = cm.offsets;
-          t.chunks.push_back(std::move(chunk));
-        });
+          with_context("key '" + item.fqn + "'", [&] {
+            int rank = -1;
+            SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank);
+            std::vector<TensorEntry> local;
+            ValuePtr shard = with_context(src->describe(),
+                                          [&] { return torch_pt::decode_archive(src, local, item.fqn, rank, sink_); });
+            auto idx = tensor_ref_index(*shard);
+            if (!idx || local.size() != 1)
+              fail_data_loss(src->describe() + ": tensor item does not hold exactly one tensor");
+            TensorEntry& piece = local[*idx];
+            if (piece.dtype != item.dtype)
+              fail_data_loss(src->describe() + ": chunk dtype " + std::string(dtype_name(piece.dtype)) +
+                             " differs from metadata " + std::string(dtype_name(item.dtype)));
+            if (piece.shape != cm.sizes)
+              fail_data_loss(src->describe() + ": chunk shape " + shape_str(piece.shape) + " differs from metadata " +
+                             shape_str(cm.sizes));
+            TensorChunk chunk = std::move(piece.chunks.at(0));
+            chunk.offsets = cm.offsets;
+            t.chunks.push_back(std::move(chunk));
+          });
         });
       });
     }
@@ -253,7 +263,8 @@ class DcpDirReader {
       with_context("key '" + item.fqn + "'", [&] {
         int rank = -1;
         SourcePtr src = item_source(item.fqn, {}, md, &rank);
-        value = with_context(src->describe(), [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank, sink_); });
+        value = with_context(src->describe(),
+                             [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank, sink_); });
       });
     });
     return value;
@@ -285,6 +296,5 @@ class DcpDirReader {
 }  // namespace
 
 CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink) { return DcpDirReader(dir, sink).read(); }
-
 
 }  // namespace ckpt::dcp

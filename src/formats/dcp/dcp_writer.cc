@@ -40,7 +40,8 @@ class MetadataBuilder {
       }
       for (std::size_t c = 0; c < item.chunks.size(); ++c) {
         const Shape& offsets = item.chunks[c].offsets;
-        storage.emplace_back(index(item.fqn, offsets, static_cast<int64_t>(c)), storage_info(lookup(md, item.fqn, offsets)));
+        storage.emplace_back(index(item.fqn, offsets, static_cast<int64_t>(c)),
+                             storage_info(lookup(md, item.fqn, offsets)));
       }
     }
     ValuePtr meta = object(kMetadataModule, "StorageMeta",
@@ -70,7 +71,8 @@ class MetadataBuilder {
     return Value::built(obj, std::move(state));
   }
 
-  ValuePtr object(const std::string& module, const std::string& cls, std::vector<std::pair<std::string, ValuePtr>> fields) {
+  ValuePtr object(const std::string& module, const std::string& cls,
+                  std::vector<std::pair<std::string, ValuePtr>> fields) {
     std::vector<std::pair<ValuePtr, ValuePtr>> entries;
     for (auto& [k, v] : fields) entries.emplace_back(Value::str(k), std::move(v));
     return object_with_state(module, cls, Value::dict(std::move(entries)));
@@ -89,10 +91,12 @@ class MetadataBuilder {
   }
 
   ValuePtr properties(DType dtype, const Shape& shape) {
-    ValuePtr layout = Value::call(global("torch.serialization", "_get_layout"), Value::tuple({Value::str("torch.strided")}));
-    ValuePtr mem_format = Value::call(global(kMetadataModule, "_MEM_FORMAT_ENCODING"), Value::tuple({Value::integer(0)}));
-    ValuePtr state = Value::tuple({global("torch", std::string(dtype_name(dtype))), layout, Value::boolean(false), mem_format,
-                                   Value::boolean(false), int_tuple(contiguous_strides(shape))});
+    ValuePtr layout =
+        Value::call(global("torch.serialization", "_get_layout"), Value::tuple({Value::str("torch.strided")}));
+    ValuePtr mem_format =
+        Value::call(global(kMetadataModule, "_MEM_FORMAT_ENCODING"), Value::tuple({Value::integer(0)}));
+    ValuePtr state = Value::tuple({global("torch", std::string(dtype_name(dtype))), layout, Value::boolean(false),
+                                   mem_format, Value::boolean(false), int_tuple(contiguous_strides(shape))});
     return object_with_state(kMetadataModule, "TensorProperties", state);
   }
 
@@ -104,9 +108,12 @@ class MetadataBuilder {
     }
     std::vector<ValuePtr> chunks;
     for (const ChunkMeta& c : item.chunks)
-      chunks.push_back(object(kMetadataModule, "ChunkStorageMetadata", {{"offsets", size(c.offsets)}, {"sizes", size(c.sizes)}}));
+      chunks.push_back(
+          object(kMetadataModule, "ChunkStorageMetadata", {{"offsets", size(c.offsets)}, {"sizes", size(c.sizes)}}));
     return object(kMetadataModule, "TensorStorageMetadata",
-                  {{"properties", properties(item.dtype, item.size)}, {"size", size(item.size)}, {"chunks", Value::list(std::move(chunks))}});
+                  {{"properties", properties(item.dtype, item.size)},
+                   {"size", size(item.size)},
+                   {"chunks", Value::list(std::move(chunks))}});
   }
 
   ValuePtr index(const std::string& fqn, const std::optional<Shape>& offsets, std::optional<int64_t> hint) {
@@ -118,7 +125,8 @@ class MetadataBuilder {
 
   static const StorageInfo& lookup(const DcpMetadata& md, const std::string& fqn, const Shape& offsets) {
     auto it = md.storage.find({fqn, offsets});
-    if (it == md.storage.end()) fail(ErrorCode::kInternal, "no storage entry for '" + fqn + "' at " + shape_str(offsets));
+    if (it == md.storage.end())
+      fail(ErrorCode::kInternal, "no storage entry for '" + fqn + "' at " + shape_str(offsets));
     return it->second;
   }
 
@@ -167,7 +175,8 @@ DcpDirWriter::~DcpDirWriter() {
   files_.clear();  // unfinished sinks remove their own temp files before dir_ removes the folder
 }
 
-StorageInfo DcpDirWriter::append_item(int rank, const pickle::Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
+StorageInfo DcpDirWriter::append_item(int rank, const pickle::Value& root,
+                                      const std::vector<torch_pt::OutputTensor>& tensors,
                                       const torch_pt::FillTensor& fill) {
   AtomicFileSink& sink = *files_.at(static_cast<std::size_t>(rank));
   StorageInfo info;

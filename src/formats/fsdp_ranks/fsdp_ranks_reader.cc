@@ -38,7 +38,6 @@ struct Family {
   std::vector<std::pair<std::string, RankFileName>> files;
 };
 
-
 std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
@@ -50,12 +49,9 @@ RankFile read_rank_file(const std::string& path, const RankFileName& name, Probl
   // Its errors name the file; with a sink, a file that cannot be read is
   // reported and left out of the merge, and its CRC problems get its rank.
   ProblemSink file_problems;
-  f.unreadable = !run_reporting(sink ? &file_problems : nullptr, path, name.rank, "",
-                                [&] {
-                                  with_place({path, name.rank, ""}, [&] {
-                                    f.model = torch_pt::read_pt_file(path, sink ? &file_problems : nullptr);
-                                  });
-                                });
+  f.unreadable = !run_reporting(sink ? &file_problems : nullptr, path, name.rank, "", [&] {
+    with_place({path, name.rank, ""}, [&] { f.model = torch_pt::read_pt_file(path, sink ? &file_problems : nullptr); });
+  });
   for (Problem p : file_problems.problems()) {
     if (p.rank < 0) {
       p.rank = name.rank;
@@ -77,11 +73,13 @@ RankFile read_rank_file(const std::string& path, const RankFileName& name, Probl
     return join(v);
   };
   if (ranks.size() > 1)
-    report_or_fail(sink, {ErrorCode::kDataLoss, path + ": holds the shards of ranks " + list(ranks) + "; a per-rank file holds one rank's",
+    report_or_fail(sink, {ErrorCode::kDataLoss,
+                          path + ": holds the shards of ranks " + list(ranks) + "; a per-rank file holds one rank's",
                           path, name.rank});
   if (sizes.size() > 1)
-    report_or_fail(sink, {ErrorCode::kDataLoss, path + ": its sharded values were written by process groups of sizes " + list(sizes),
-                          path, name.rank});
+    report_or_fail(
+        sink, {ErrorCode::kDataLoss,
+               path + ": its sharded values were written by process groups of sizes " + list(sizes), path, name.rank});
   if (!ranks.empty()) f.content_rank = *ranks.begin();
   if (!sizes.empty()) f.content_world_size = *sizes.begin();
   return f;
@@ -98,14 +96,16 @@ int check_ranks(std::vector<RankFile>& files, ProblemSink* sink) {
                                 " (from its ShardedTensor/DTensor placements), but its name says rank " +
                                 std::to_string(f.name.rank) + " (was it copied or renamed?)",
                             f.path, f.name.rank});
-  std::stable_sort(files.begin(), files.end(), [](const RankFile& a, const RankFile& b) { return a.name.rank < b.name.rank; });
+  std::stable_sort(files.begin(), files.end(),
+                   [](const RankFile& a, const RankFile& b) { return a.name.rank < b.name.rank; });
   for (std::size_t i = 1; i < files.size();) {
     if (files[i].name.rank != files[i - 1].name.rank) {
       ++i;
       continue;
     }
     report_or_fail(sink, {ErrorCode::kDataLoss,
-                          "two files claim rank " + std::to_string(files[i].name.rank) + ": " + files[i - 1].path + " and " + files[i].path,
+                          "two files claim rank " + std::to_string(files[i].name.rank) + ": " + files[i - 1].path +
+                              " and " + files[i].path,
                           files[i].path, files[i].name.rank});
     files.erase(files.begin() + static_cast<std::ptrdiff_t>(i));
   }
@@ -119,8 +119,8 @@ int check_ranks(std::vector<RankFile>& files, ProblemSink* sink) {
       world_size = ws;
       said_by = who;
     } else if (ws != world_size) {
-      report_or_fail(sink, {ErrorCode::kDataLoss, "files from different world sizes: " + said_by + " and " + who, f.path,
-                            f.name.rank});
+      report_or_fail(sink, {ErrorCode::kDataLoss, "files from different world sizes: " + said_by + " and " + who,
+                            f.path, f.name.rank});
     }
   };
   for (const auto& f : files) {
@@ -217,7 +217,8 @@ void merge_info(SourceInfo& into, const SourceInfo& other) {
   into.files.insert(into.files.end(), other.files.begin(), other.files.end());
   std::sort(into.files.begin(), into.files.end());
   for (int ws : other.world_sizes)
-    if (std::find(into.world_sizes.begin(), into.world_sizes.end(), ws) == into.world_sizes.end()) into.world_sizes.push_back(ws);
+    if (std::find(into.world_sizes.begin(), into.world_sizes.end(), ws) == into.world_sizes.end())
+      into.world_sizes.push_back(ws);
   if (!into.mesh) into.mesh = other.mesh;
 }
 
@@ -285,11 +286,12 @@ const Family* resolve_several(std::vector<const Family*> same_kind, ProblemSink*
       if (fresh) continue;
       claimed_twice = true;
       report_or_fail(sink, {ErrorCode::kDataLoss,
-                            "two files claim rank " + std::to_string(name.rank) + ": " + it->second + " and " + path, path,
-                            name.rank});
+                            "two files claim rank " + std::to_string(name.rank) + ": " + it->second + " and " + path,
+                            path, name.rank});
     }
   if (!claimed_twice)
-    fail_invalid("several families of per-rank files: " + family_list(same_kind) + "; choose one with a glob or --files");
+    fail_invalid("several families of per-rank files: " + family_list(same_kind) +
+                 "; choose one with a glob or --files");
   return same_kind.front();
 }
 
@@ -309,8 +311,10 @@ std::vector<const Family*> choose_families(const std::vector<Family>& families, 
     return by_kind[only];
   }
   if (all.size() == 1) return all;
-  if (all.size() == 2 && by_kind.count("model") && by_kind.count("optim")) return {by_kind["model"][0], by_kind["optim"][0]};
-  fail_invalid("cannot tell model from optimizer files among " + family_list(all) + "; choose one family with a glob or --files");
+  if (all.size() == 2 && by_kind.count("model") && by_kind.count("optim"))
+    return {by_kind["model"][0], by_kind["optim"][0]};
+  fail_invalid("cannot tell model from optimizer files among " + family_list(all) +
+               "; choose one family with a glob or --files");
 }
 
 void prefix_names(CheckpointModel& model, const std::string& prefix) {

@@ -34,7 +34,8 @@ int parse_int(const std::string& digits) {
 std::string RankFileName::name_for(int r) const {
   std::string out = tmpl;
   if (auto at = out.find("{r}"); at != std::string::npos) out.replace(at, 3, std::to_string(r));
-  if (auto at = out.find("{N}"); at != std::string::npos && world_size >= 0) out.replace(at, 3, std::to_string(world_size));
+  if (auto at = out.find("{N}"); at != std::string::npos && world_size >= 0)
+    out.replace(at, 3, std::to_string(world_size));
   return out;
 }
 
@@ -82,7 +83,8 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
   if (rc == 0)
     for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
-  if (rc == GLOB_NOMATCH || (rc == 0 && out.empty())) fail(ErrorCode::kNotFound, pattern + ": no file matches this pattern");
+  if (rc == GLOB_NOMATCH || (rc == 0 && out.empty()))
+    fail(ErrorCode::kNotFound, pattern + ": no file matches this pattern");
   if (rc != 0) fail(ErrorCode::kNotFound, pattern + ": cannot expand this pattern");
   std::sort(out.begin(), out.end());
   return out;

@@ -19,10 +19,10 @@ namespace ckpt::fsdp_ranks {
 
 struct RankFileName {
   int rank = -1;
-  int world_size = -1;    // from the name (veRL), -1 when the name does not say
-  std::string tmpl;       // the name with the rank (and world size) replaced: "model_world_size_{N}_rank_{r}.pt"
-  std::string kind;       // "model", "optim" or ""
-  bool auxiliary = false; // a per-rank file that is no state dict (veRL extra_state)
+  int world_size = -1;     // from the name (veRL), -1 when the name does not say
+  std::string tmpl;        // the name with the rank (and world size) replaced: "model_world_size_{N}_rank_{r}.pt"
+  std::string kind;        // "model", "optim" or ""
+  bool auxiliary = false;  // a per-rank file that is no state dict (veRL extra_state)
 
   // The file name this family would give `rank` (for naming a missing file).
   std::string name_for(int rank) const;

@@ -19,7 +19,6 @@ using pickle::Value;
 constexpr int kMaxDepth = 512;
 constexpr std::size_t kCompareBlock = std::size_t{1} << 20;
 
-
 std::string describe_tensor(const TensorEntry& t) {
   return std::string(storage_kind_name(t.storage)) + " " + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape);
 }
@@ -36,12 +35,18 @@ class RankTreeMerger {
  public:
   RankTreeMerger(CheckpointModel& base, const std::string& base_file, const CheckpointModel& other,
                  const std::string& other_file, int other_rank, ProblemSink* sink)
-      : base_(base), other_(other), base_file_(base_file), other_file_(other_file), other_rank_(other_rank), sink_(sink) {}
+      : base_(base),
+        other_(other),
+        base_file_(base_file),
+        other_file_(other_file),
+        other_rank_(other_rank),
+        sink_(sink) {}
 
   // Each difference is reported (or thrown without a sink); the subtree
   // where it is found is not merged further.
   void merge(const Value& a, const Value& b, const std::string& path, int depth) {
-    if (depth > kMaxDepth) fail_data_loss("'" + path + "' is nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    if (depth > kMaxDepth)
+      fail_data_loss("'" + path + "' is nested deeper than " + std::to_string(kMaxDepth) + " levels");
     auto ia = tensor_ref_index(a), ib = tensor_ref_index(b);
     if (ia || ib) {
       if (!ia || !ib) return differ(path, ia ? "a tensor" : a.repr(2), ib ? "a tensor" : b.repr(2));
@@ -51,7 +56,8 @@ class RankTreeMerger {
     if (!same_scalar(a, b)) return differ(path, a.repr(2), b.repr(2));
     if (a.items.size() != b.items.size())
       return differ(path, std::to_string(a.items.size()) + " elements", std::to_string(b.items.size()) + " elements");
-    for (std::size_t i = 0; i < a.items.size(); ++i) merge(*a.items[i], *b.items[i], join_path(path, std::to_string(i)), depth + 1);
+    for (std::size_t i = 0; i < a.items.size(); ++i)
+      merge(*a.items[i], *b.items[i], join_path(path, std::to_string(i)), depth + 1);
     if (!same_keys(a, b, path)) return;
     merge_entries(a, b, path, depth);
     merge_child(a.callable, b.callable, path, depth);
@@ -80,7 +86,8 @@ class RankTreeMerger {
 
   void merge_entries(const Value& a, const Value& b, const std::string& path, int depth) {
     for (std::size_t i = 0; i < a.entries.size(); ++i)
-      merge(*a.entries[i].second, *b.entries[i].second, join_path(path, path_component(*a.entries[i].first)), depth + 1);
+      merge(*a.entries[i].second, *b.entries[i].second, join_path(path, path_component(*a.entries[i].first)),
+            depth + 1);
   }
 
   // False after naming each key one side has and the other lacks (or the
@@ -123,7 +130,8 @@ class RankTreeMerger {
     if (a.is_sharded()) {
       a.chunks.insert(a.chunks.end(), b.chunks.begin(), b.chunks.end());
     } else if (!same_tensor_bytes(a, b)) {
-      problem(path, "'" + path + "' is a plain (unsharded) tensor that every rank should hold alike, but its bytes in " +
+      problem(path, "'" + path +
+                        "' is a plain (unsharded) tensor that every rank should hold alike, but its bytes in " +
                         base_file_ + " and " + other_file_ + " differ");
     }
   }
@@ -203,7 +211,8 @@ std::size_t drop_replica_chunks(CheckpointModel& model) {
     std::set<std::pair<Shape, Shape>> seen;
     std::vector<TensorChunk> kept;
     // Lowest rank first: the first replica group is kept.
-    std::stable_sort(t.chunks.begin(), t.chunks.end(), [](const TensorChunk& x, const TensorChunk& y) { return x.rank < y.rank; });
+    std::stable_sort(t.chunks.begin(), t.chunks.end(),
+                     [](const TensorChunk& x, const TensorChunk& y) { return x.rank < y.rank; });
     for (auto& c : t.chunks) {
       if (c.numel() != 0 && !seen.insert({c.offsets, c.sizes}).second) {
         ++dropped;

@@ -52,9 +52,12 @@ std::string escape_name(const std::string& key) {
   if (key.empty()) return "%00";
   std::string out;
   for (char c : key) {
-    if (c == '%') out += "%25";
-    else if (c == '/') out += "%2F";
-    else out += c;
+    if (c == '%')
+      out += "%25";
+    else if (c == '/')
+      out += "%2F";
+    else
+      out += c;
   }
   return out;
 }

@@ -82,14 +82,16 @@ class Hdf5Reader {
       if (!keys.is_array()) fail_data_loss("group '" + where + "': ckptconv.keys is not a JSON array");
       std::vector<std::pair<ValuePtr, ValuePtr>> entries;
       for (const auto& k : keys) {
-        if (!k.is_string() && !k.is_number_integer()) fail_data_loss("group '" + where + "': a key is neither str nor int");
+        if (!k.is_string() && !k.is_number_integer())
+          fail_data_loss("group '" + where + "': a key is neither str nor int");
         ValuePtr key = k.is_string() ? Value::str(k.get<std::string>()) : Value::integer(k.get<int64_t>());
         std::string component = path_component(*key);
         entries.emplace_back(key, read_child(group, component, join_path(path, component), depth));
       }
       return Value::dict(std::move(entries));
     }
-    if (*kind != "list" && *kind != "tuple") fail_data_loss("group '" + where + "': unknown ckptconv.kind '" + *kind + "'");
+    if (*kind != "list" && *kind != "tuple")
+      fail_data_loss("group '" + where + "': unknown ckptconv.kind '" + *kind + "'");
     auto length = read_int_attribute(group, "ckptconv.length");
     if (!length || *length < 0) fail_data_loss("group '" + where + "' has no ckptconv.length attribute");
     std::vector<ValuePtr> items;
@@ -105,7 +107,8 @@ class Hdf5Reader {
       H5O_info_t info;
       check(H5Oget_info_by_name(group, name.c_str(), &info, H5P_DEFAULT), ErrorCode::kDataLoss, "'" + path + "'");
       if (info.type == H5O_TYPE_GROUP) {
-        Handle g = checked_handle(H5Gopen2(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, "group '" + path + "'");
+        Handle g =
+            checked_handle(H5Gopen2(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, "group '" + path + "'");
         return read_group(g, path, depth + 1);
       }
       if (info.type != H5O_TYPE_DATASET) fail_data_loss("'" + path + "' is neither a group nor a dataset");
@@ -160,8 +163,8 @@ class Hdf5Reader {
 CheckpointModel read_hdf5_file(const std::string& path) {
   return with_context(path, [&] {
     silence_hdf5_errors();
-    Handle file = checked_handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), ErrorCode::kDataLoss,
-                                 "cannot open as HDF5");
+    Handle file =
+        checked_handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), ErrorCode::kDataLoss, "cannot open as HDF5");
     Handle root = checked_handle(H5Gopen2(file, "/", H5P_DEFAULT), ErrorCode::kDataLoss, "root group");
     auto version = read_int_attribute(root, "ckptconv.layout_version");
     if (!version)

@@ -20,8 +20,8 @@ namespace {
 using pickle::Kind;
 using pickle::Value;
 
-constexpr uint64_t kChunkBytes = 1u << 20;   // target size of one HDF5 chunk
-constexpr uint64_t kCopyBuffer = 8u << 20;   // bytes read per step by DatasetSink::copy_from
+constexpr uint64_t kChunkBytes = 1u << 20;  // target size of one HDF5 chunk
+constexpr uint64_t kCopyBuffer = 8u << 20;  // bytes read per step by DatasetSink::copy_from
 
 void pread_fully(const FileSpan& span, char* out, std::size_t n, const ByteSource& src) {
   uint64_t at = span.offset;
@@ -79,8 +79,10 @@ class DatasetSink final : public ByteSink {
     std::vector<char> buf(static_cast<std::size_t>(std::min(n, kCopyBuffer)));
     while (n > 0) {
       std::size_t step = static_cast<std::size_t>(std::min<uint64_t>(n, buf.size()));
-      if (auto span = src.file_span(pos)) pread_fully(*span, buf.data(), step, src);
-      else src.read(pos, buf.data(), step);
+      if (auto span = src.file_span(pos))
+        pread_fully(*span, buf.data(), step, src);
+      else
+        src.read(pos, buf.data(), step);
       write(buf.data(), step);
       pos += step;
       n -= step;
@@ -94,7 +96,8 @@ class DatasetSink final : public ByteSink {
 
  private:
   void write_rows(const void* data, uint64_t count) {
-    if (written_ + count > static_cast<uint64_t>(rows_)) fail(ErrorCode::kInternal, what_ + ": more rows than the dataset has");
+    if (written_ + count > static_cast<uint64_t>(rows_))
+      fail(ErrorCode::kInternal, what_ + ": more rows than the dataset has");
     if (shape_.empty()) {
       check(H5Dwrite(dataset_, type_, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), ErrorCode::kOutputFailed, what_);
       written_ = 1;
@@ -147,16 +150,20 @@ class Hdf5Writer {
     write_string_attribute(group, "ckptconv.kind", c.is(Kind::kDict) ? "dict" : c.is(Kind::kList) ? "list" : "tuple");
     if (c.is(Kind::kDict)) {
       for (const auto& [k, child] : c.entries) {
-        if (k->is(Kind::kInt)) keys.push_back(k->int_value);
-        else keys.push_back(path_component(*k));
+        if (k->is(Kind::kInt))
+          keys.push_back(k->int_value);
+        else
+          keys.push_back(path_component(*k));
         write_child(group, path_component(*k), *child, join_path(path, path_component(*k)));
       }
     } else {
       for (std::size_t i = 0; i < c.items.size(); ++i)
         write_child(group, std::to_string(i), *c.items[i], join_path(path, std::to_string(i)));
     }
-    if (c.is(Kind::kDict)) write_string_attribute(group, "ckptconv.keys", keys.dump());
-    else write_int_attribute(group, "ckptconv.length", static_cast<int64_t>(c.items.size()));
+    if (c.is(Kind::kDict))
+      write_string_attribute(group, "ckptconv.keys", keys.dump());
+    else
+      write_int_attribute(group, "ckptconv.length", static_cast<int64_t>(c.items.size()));
   }
 
  private:
@@ -186,9 +193,9 @@ class Hdf5Writer {
     DType d = t.output_dtype();
     Handle type = hdf5_type_for(d);
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-    Handle space = checked_handle(t.shape.empty() ? H5Screate(H5S_SCALAR)
-                                                  : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                                  ErrorCode::kOutputFailed, ds_what);
+    Handle space = checked_handle(
+        t.shape.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+        ErrorCode::kOutputFailed, ds_what);
     Handle dcpl = checked_handle(H5Pcreate(H5P_DATASET_CREATE), ErrorCode::kInternal, ds_what);
     if (!t.shape.empty() && t.numel() > 0) {
       // Chunks of whole rows (at least one), about kChunkBytes each.

@@ -17,12 +17,23 @@ struct CodeEntry {
 
 // In safetensors' Dtype enum order (the writer sorts by it, descending).
 constexpr std::array<CodeEntry, 17> kCodes{{
-    {DType::kBool, "BOOL"},        {DType::kUInt8, "U8"},        {DType::kInt8, "I8"},
-    {DType::kFloat8E5M2, "F8_E5M2"}, {DType::kFloat8E4M3FN, "F8_E4M3"}, {DType::kFloat8E8M0FNU, "F8_E8M0"},
-    {DType::kInt16, "I16"},        {DType::kUInt16, "U16"},      {DType::kFloat16, "F16"},
-    {DType::kBFloat16, "BF16"},    {DType::kInt32, "I32"},       {DType::kUInt32, "U32"},
-    {DType::kFloat32, "F32"},      {DType::kComplex64, "C64"},   {DType::kFloat64, "F64"},
-    {DType::kInt64, "I64"},        {DType::kUInt64, "U64"},
+    {DType::kBool, "BOOL"},
+    {DType::kUInt8, "U8"},
+    {DType::kInt8, "I8"},
+    {DType::kFloat8E5M2, "F8_E5M2"},
+    {DType::kFloat8E4M3FN, "F8_E4M3"},
+    {DType::kFloat8E8M0FNU, "F8_E8M0"},
+    {DType::kInt16, "I16"},
+    {DType::kUInt16, "U16"},
+    {DType::kFloat16, "F16"},
+    {DType::kBFloat16, "BF16"},
+    {DType::kInt32, "I32"},
+    {DType::kUInt32, "U32"},
+    {DType::kFloat32, "F32"},
+    {DType::kComplex64, "C64"},
+    {DType::kFloat64, "F64"},
+    {DType::kInt64, "I64"},
+    {DType::kUInt64, "U64"},
 }};
 
 uint64_t read_u64_le(const unsigned char* p) {
@@ -32,7 +43,9 @@ uint64_t read_u64_le(const unsigned char* p) {
 }
 
 HeaderTensor parse_tensor(const std::string& name, const nlohmann::ordered_json& info) {
-  auto bad = [&](const std::string& why) -> HeaderTensor { fail_data_loss("safetensors tensor '" + name + "': " + why); };
+  auto bad = [&](const std::string& why) -> HeaderTensor {
+    fail_data_loss("safetensors tensor '" + name + "': " + why);
+  };
   if (!info.is_object()) return bad("entry is not an object");
   HeaderTensor t;
   t.name = name;
@@ -44,7 +57,8 @@ HeaderTensor parse_tensor(const std::string& name, const nlohmann::ordered_json&
   auto sh = info.find("shape");
   if (sh == info.end() || !sh->is_array()) return bad("no shape");
   for (const auto& dim : *sh) {
-    if (!dim.is_number_unsigned() && !(dim.is_number_integer() && dim.get<int64_t>() >= 0)) return bad("shape is not a list of non-negative integers");
+    if (!dim.is_number_unsigned() && !(dim.is_number_integer() && dim.get<int64_t>() >= 0))
+      return bad("shape is not a list of non-negative integers");
     uint64_t v = dim.get<uint64_t>();
     if (v > static_cast<uint64_t>(INT64_MAX)) return bad("dimension too large");
     t.shape.push_back(static_cast<int64_t>(v));
@@ -138,8 +152,7 @@ Header read_header(const ByteSource& file, uint64_t& data_start) {
     fail_data_loss(file.describe() + ": safetensors header length " + std::to_string(n) + " exceeds the " +
                    std::to_string(kMaxHeaderSize) + "-byte limit");
   if (n > file.size() - 8)
-    fail_data_loss(file.describe() + ": safetensors header length " + std::to_string(n) +
-                   " is larger than the file");
+    fail_data_loss(file.describe() + ": safetensors header length " + std::to_string(n) + " is larger than the file");
   data_start = 8 + n;
   std::string text = file.read_string(8, static_cast<std::size_t>(n));
   return with_context(file.describe(), [&] { return parse_header(text, file.size() - data_start); });

@@ -2,9 +2,9 @@
 
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/problems.h"
@@ -40,9 +40,7 @@ bool all_tensors_present(const Json& j, const std::map<std::string, std::size_t>
 // and builds the model's tree once all are in.
 class ModelBuilder {
  public:
-  ModelBuilder(const std::string& source, ProblemSink* sink) : sink_(sink) {
-    model_.source = source;
-  }
+  ModelBuilder(const std::string& source, ProblemSink* sink) : sink_(sink) { model_.source = source; }
 
   void add_file(const std::string& path) {
     with_context(path, [&] {
@@ -51,8 +49,10 @@ class ModelBuilder {
       Header header = read_header(*file, data_start);
       for (const auto& h : header.tensors) add_tensor(h, file, data_start, path);
       for (const auto& [k, v] : header.metadata) {
-        if (k == "ckptconv.tree") tree_ = v;
-        else if (k != "ckptconv.values") model_.facts["metadata." + k] = v;
+        if (k == "ckptconv.tree")
+          tree_ = v;
+        else if (k != "ckptconv.values")
+          model_.facts["metadata." + k] = v;
       }
     });
   }
@@ -64,10 +64,13 @@ class ModelBuilder {
       if (j.is_discarded()) fail_data_loss("__metadata__ ckptconv.tree is not valid JSON");
     }
     if (tree_ && all_tensors_present(j, by_name_, 0)) {
-      model_.root = value_from_json(j, [&](const Json& ref) {
-        if (!ref.is_string()) fail_data_loss("ckptconv.tree: __tensor__ is not a tensor name");
-        return make_tensor_ref(by_name_.at(ref.get<std::string>()));
-      }, kMaxDepth);
+      model_.root = value_from_json(
+          j,
+          [&](const Json& ref) {
+            if (!ref.is_string()) fail_data_loss("ckptconv.tree: __tensor__ is not a tensor name");
+            return make_tensor_ref(by_name_.at(ref.get<std::string>()));
+          },
+          kMaxDepth);
       prune_unreferenced(model_.root, model_.tensors);
     } else {
       model_.root = Value::dict(std::move(flat_));
@@ -78,8 +81,9 @@ class ModelBuilder {
  private:
   void add_tensor(const HeaderTensor& h, const SourcePtr& file, uint64_t data_start, const std::string& path) {
     if (by_name_.count(h.name))
-      return report_or_fail(sink_, {ErrorCode::kDataLoss, "tensor '" + h.name + "' is in two shards (" +
-                                                              model_.tensors[by_name_[h.name]].chunks[0].file + " and " + path + ")",
+      return report_or_fail(sink_, {ErrorCode::kDataLoss,
+                                    "tensor '" + h.name + "' is in two shards (" +
+                                        model_.tensors[by_name_[h.name]].chunks[0].file + " and " + path + ")",
                                     path, -1, h.name});
     TensorEntry t;
     t.name = h.name;
@@ -145,8 +149,9 @@ CheckpointModel read_safetensors_index(const std::string& path, ProblemSink* sin
     for (const auto& t : model.tensors) present.insert(t.name);
     for (auto it = map->begin(); it != map->end(); ++it)
       if (!present.count(it.key()) && !unreadable.count(it->get<std::string>()))
-        report_or_fail(sink, {ErrorCode::kDataLoss, "weight_map lists tensor '" + it.key() + "' that no shard holds (" +
-                                                        it->get<std::string>() + " does not)",
+        report_or_fail(sink, {ErrorCode::kDataLoss,
+                              "weight_map lists tensor '" + it.key() + "' that no shard holds (" +
+                                  it->get<std::string>() + " does not)",
                               (dir / it->get<std::string>()).string(), -1, it.key()});
     return model;
   });

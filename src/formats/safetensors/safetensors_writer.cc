@@ -162,8 +162,9 @@ void write_safetensors_file(ByteSink& sink, const FilePlan& file, const FillTens
   for (const auto& t : file.tensors) {
     fill(t.index, sink);
     if (sink.position() - data_start != t.end)
-      fail(ErrorCode::kInternal, "tensor '" + t.name + "': wrote " + std::to_string(sink.position() - data_start - t.begin) +
-                                     " bytes, expected " + std::to_string(t.end - t.begin));
+      fail(ErrorCode::kInternal, "tensor '" + t.name + "': wrote " +
+                                     std::to_string(sink.position() - data_start - t.begin) + " bytes, expected " +
+                                     std::to_string(t.end - t.begin));
   }
 }
 

@@ -83,11 +83,14 @@ ValuePtr ArchiveDecoder::transform_uncached(const ValuePtr& v, const std::string
     }
   }
   switch (v->kind) {
-    case Kind::kTuple: case Kind::kList: case Kind::kDict: case Kind::kSet: case Kind::kFrozenSet:
-    case Kind::kCall: case Kind::kBuilt:
-      return copy_container(v, path);
-    default:
-      return v;
+    case Kind::kTuple:
+    case Kind::kList:
+    case Kind::kDict:
+    case Kind::kSet:
+    case Kind::kFrozenSet:
+    case Kind::kCall:
+    case Kind::kBuilt: return copy_container(v, path);
+    default: return v;
   }
 }
 
@@ -103,7 +106,8 @@ ValuePtr ArchiveDecoder::decode_from_type(const ValuePtr& call, const std::strin
   if (type.is_global("torch", "Tensor") || type.is_global("torch.nn.parameter", "Parameter")) {
     // A fresh call object: decoded directly, never through the pointer-keyed cache.
     ValuePtr inner = transform_uncached(Value::call(a[0], a[2]), path);
-    if (auto idx = tensor_ref_index(*inner); idx && type.name == "Parameter") tensors_[*idx].storage = StorageKind::kParameter;
+    if (auto idx = tensor_ref_index(*inner); idx && type.name == "Parameter")
+      tensors_[*idx].storage = StorageKind::kParameter;
     return inner;
   }
   ValuePtr decoded = copy_container(call, path);
@@ -120,10 +124,12 @@ ValuePtr ArchiveDecoder::decode_from_type(const ValuePtr& call, const std::strin
 ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& path, bool v3) {
   return with_context("tensor '" + path + "'", [&]() -> ValuePtr {
     const auto& args = call.args->as_sequence();
-    if (args.size() < (v3 ? 7u : 5u)) fail_data_loss("tensor rebuild call has " + std::to_string(args.size()) + " arguments");
+    if (args.size() < (v3 ? 7u : 5u))
+      fail_data_loss("tensor rebuild call has " + std::to_string(args.size()) + " arguments");
     if (!args[0]->is(Kind::kPersId) || !args[0]->pid) fail_data_loss("tensor storage is not a persistent id");
     const auto& pid = args[0]->pid->as_sequence();
-    if (pid.size() < 5 || pid[0]->as_str() != "storage") fail_data_loss("storage id is not ('storage', class, key, location, numel)");
+    if (pid.size() < 5 || pid[0]->as_str() != "storage")
+      fail_data_loss("storage id is not ('storage', class, key, location, numel)");
     const Value& cls = *pid[1];
     if (!cls.is(Kind::kGlobal)) fail_data_loss("storage class is not a global");
     std::optional<DType> dtype;
@@ -132,7 +138,8 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
     } else {
       dtype = dtype_from_storage_class(cls.name);
     }
-    if (!dtype) fail(ErrorCode::kUnimplemented, "unsupported tensor element type (storage " + cls.text + "." + cls.name + ")");
+    if (!dtype)
+      fail(ErrorCode::kUnimplemented, "unsupported tensor element type (storage " + cls.text + "." + cls.name + ")");
     const std::string& key = pid[2]->as_str();
     const archive::ZipEntry& record = zip_.record("data/" + key);
 
@@ -166,7 +173,8 @@ void verify_records(const archive::ZipReader& zip, const std::vector<TensorEntry
   std::unordered_map<std::string, std::vector<std::string>> holders;  // record name -> tensor names
   for (const auto& t : tensors)
     for (const auto& c : t.chunks)
-      if (auto it = storage_records.find(c.storage.get()); it != storage_records.end()) holders[it->second].push_back(t.name);
+      if (auto it = storage_records.find(c.storage.get()); it != storage_records.end())
+        holders[it->second].push_back(t.name);
   for (const auto& entry : zip.entries()) {
     try {
       zip.verify_crc(entry);
@@ -224,8 +232,9 @@ CheckpointModel read_pt_file(const std::string& path, ProblemSink* verify) {
   SourcePtr source = open_mapped_source(path);
   if (!is_torch_zip(*source)) {
     if (is_legacy_torch_save(*source))
-      fail(ErrorCode::kUnimplemented, path + ": legacy torch.save format (torch < 1.6) is not supported; "
-                                             "load and re-save it with a current torch");
+      fail(ErrorCode::kUnimplemented, path +
+                                          ": legacy torch.save format (torch < 1.6) is not supported; "
+                                          "load and re-save it with a current torch");
     fail_data_loss(path + ": not a torch.save zip archive");
   }
   CheckpointModel model;

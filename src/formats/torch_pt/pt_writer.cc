@@ -58,8 +58,9 @@ class RebuildBuilder {
     int64_t numel = static_cast<int64_t>(shape_numel(t.shape));
     ValuePtr pid = Value::tuple({str_storage_, v3 ? untyped_storage_ : global("torch", std::string(info.storage_class)),
                                  Value::str(key), cpu_, Value::integer(v3 ? numel * int64_t(info.itemsize) : numel)});
-    std::vector<ValuePtr> args = {Value::persistent_id(pid), Value::integer(0), int_tuple(t.shape),
-                                  int_tuple(contiguous_strides(t.shape)), Value::boolean(false), empty_hooks()};
+    std::vector<ValuePtr> args = {Value::persistent_id(pid), Value::integer(0),
+                                  int_tuple(t.shape),        int_tuple(contiguous_strides(t.shape)),
+                                  Value::boolean(false),     empty_hooks()};
     if (v3) args.push_back(global("torch", std::string(info.name)));
     ValuePtr tensor = Value::call(v3 ? rebuild_v3_ : rebuild_v2_, Value::tuple(std::move(args)));
     if (!t.parameter) return tensor;

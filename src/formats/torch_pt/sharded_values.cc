@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include "core/error.h"
 #include "archive/zip_reader.h"
+#include "core/error.h"
 #include "formats/pyobj.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
@@ -126,9 +126,11 @@ TensorEntry decode_dtensor(const Value& state_value, const std::string& path, co
     desc += i + 1 < placements.size() ? ", " : ")";
   }
   if (sizes != c.sizes)
-    fail_data_loss("DTensor local tensor has shape " + shape_str(c.sizes) + ", its placement gives " + shape_str(sizes));
+    fail_data_loss("DTensor local tensor has shape " + shape_str(c.sizes) + ", its placement gives " +
+                   shape_str(sizes));
   c.offsets = offsets;
-  if (ValuePtr rank = pyobj::field(mesh, "_rank"); rank && rank->is(Kind::kInt)) c.rank = static_cast<int>(rank->int_value);
+  if (ValuePtr rank = pyobj::field(mesh, "_rank"); rank && rank->is(Kind::kInt))
+    c.rank = static_cast<int>(rank->int_value);
   t.world_size = static_cast<int>(shape_numel(dims));
   t.chunks.push_back(std::move(c));
   t.sharding = desc;
@@ -138,7 +140,8 @@ TensorEntry decode_dtensor(const Value& state_value, const std::string& path, co
 }  // namespace
 
 std::pair<int64_t, int64_t> chunk_piece(int64_t size, int64_t n, int64_t coord) {
-  if (n <= 0 || coord < 0 || coord >= n) fail_data_loss("mesh coordinate " + std::to_string(coord) + " outside 0.." + std::to_string(n - 1));
+  if (n <= 0 || coord < 0 || coord >= n)
+    fail_data_loss("mesh coordinate " + std::to_string(coord) + " outside 0.." + std::to_string(n - 1));
   int64_t piece = (size + n - 1) / n;
   int64_t off = std::min(size, coord * piece);
   return {off, std::min(piece, size - off)};
@@ -203,8 +206,8 @@ ValuePtr torch_size(const Shape& s) { return torch_call("torch", "Size", {ints(s
 // _rebuild_from_type_v2(_rebuild_wrapper_subclass, cls, (cls, dtype, size,
 // stride, storage_offset, layout, device, requires_grad), state).
 ValuePtr wrapper_subclass(const ValuePtr& cls, DType dtype, const Shape& shape, const ValuePtr& state) {
-  ValuePtr args = Value::tuple({cls, dtype_global(dtype), ints(shape), ints(contiguous_strides(shape)), Value::integer(0),
-                                strided_layout(), cpu_device(), Value::boolean(false)});
+  ValuePtr args = Value::tuple({cls, dtype_global(dtype), ints(shape), ints(contiguous_strides(shape)),
+                                Value::integer(0), strided_layout(), cpu_device(), Value::boolean(false)});
   return torch_call("torch._tensor", "_rebuild_from_type_v2",
                     {Value::global("torch._utils", "_rebuild_wrapper_subclass"), cls, args, state});
 }
@@ -225,8 +228,9 @@ ValuePtr remote_device(int r) {
 }
 
 ValuePtr shard_metadata(const Shape& offsets, const Shape& sizes, const ValuePtr& placement) {
-  return object("torch.distributed._shard.metadata", "ShardMetadata",
-                slots({{"shard_offsets", ints(offsets, true)}, {"shard_sizes", ints(sizes, true)}, {"placement", placement}}));
+  return object(
+      "torch.distributed._shard.metadata", "ShardMetadata",
+      slots({{"shard_offsets", ints(offsets, true)}, {"shard_sizes", ints(sizes, true)}, {"placement", placement}}));
 }
 
 }  // namespace
@@ -243,8 +247,9 @@ ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, int worl
     placements.push_back(placement);
     shards.push_back(shard_metadata(offsets, sizes, placement));
     if (r == rank)
-      local_shards.push_back(object(st + "shard", "Shard",
-                                    slots({{"tensor", local}, {"metadata", shard_metadata(offsets, sizes, remote_device(r))}})));
+      local_shards.push_back(
+          object(st + "shard", "Shard",
+                 slots({{"tensor", local}, {"metadata", shard_metadata(offsets, sizes, remote_device(r))}})));
   }
   // TensorProperties.__getstate__: (dtype, layout, requires_grad, MEM_FORMAT_ENCODING, pin_memory, strides)
   ValuePtr properties = object(st + "metadata", "TensorProperties",
@@ -257,7 +262,8 @@ ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, int worl
                                        {"tensor_properties", properties}}));
   ValuePtr cls = Value::global(st + "api", "ShardedTensor");
   // ShardedTensor.ProcessGroupState, a nested class: getattr(ShardedTensor, "ProcessGroupState").
-  ValuePtr pg_class = Value::call(Value::global("builtins", "getattr"), Value::tuple({cls, Value::str("ProcessGroupState")}));
+  ValuePtr pg_class =
+      Value::call(Value::global("builtins", "getattr"), Value::tuple({cls, Value::str("ProcessGroupState")}));
   ValuePtr pg_new = Value::call(pg_class, Value::tuple({}));
   pg_new->newobj = true;
   ValuePtr pg_state = Value::built(pg_new, str_dict({{"local_rank", Value::integer(rank)},
@@ -266,14 +272,16 @@ ValuePtr make_sharded_tensor(DType dtype, const Shape& shape, int rank, int worl
                                                      {"global_world_size", Value::integer(world_size)}}));
   ValuePtr spec = object("torch.distributed._shard.sharding_spec.chunk_sharding_spec", "ChunkShardingSpec",
                          str_dict({{"dim", Value::integer(0)}, {"placements", Value::list(std::move(placements))}}));
-  ValuePtr state = Value::tuple({Value::list(std::move(local_shards)), metadata, pg_state, spec, Value::boolean(false)});
+  ValuePtr state =
+      Value::tuple({Value::list(std::move(local_shards)), metadata, pg_state, spec, Value::boolean(false)});
   return wrapper_subclass(cls, dtype, shape, state);
 }
 
 std::optional<MeshInfo> find_device_mesh(const SourcePtr& source) {
   archive::ZipReader zip(source);
   ValuePtr root = with_context(source->describe(), [&] {
-    return with_context("data.pkl", [&] { return pickle::unpickle(*zip.open(zip.record("data.pkl")), pickle::checkpoint_policy()); });
+    return with_context(
+        "data.pkl", [&] { return pickle::unpickle(*zip.open(zip.record("data.pkl")), pickle::checkpoint_policy()); });
   });
   // Depth-first over the value graph (shared values visited once).
   std::vector<const Value*> pending = {root.get()};
@@ -285,7 +293,8 @@ std::optional<MeshInfo> find_device_mesh(const SourcePtr& source) {
     if (v->is(Kind::kBuilt) && pyobj::is_class(*v, "DeviceMesh")) {
       MeshInfo info;
       if (ValuePtr type = pyobj::field(*v, "_device_type"); type && type->is(Kind::kStr)) info.device_type = type->text;
-      if (ValuePtr names = pyobj::field(*v, "_mesh_dim_names"); names && (names->is(Kind::kTuple) || names->is(Kind::kList)))
+      if (ValuePtr names = pyobj::field(*v, "_mesh_dim_names");
+          names && (names->is(Kind::kTuple) || names->is(Kind::kList)))
         for (const auto& n : names->items) info.dim_names.push_back(n->as_str());
       return info;
     }

@@ -64,6 +64,7 @@ pickle::ValuePtr make_device_mesh(int rank, int world_size, const pickle::ValueP
 
 // DTensor with placements (Shard(0),) on `mesh`; every rank has a local
 // tensor, empty on ranks past the last torch.chunk piece.
-pickle::ValuePtr make_dtensor(DType dtype, const Shape& shape, const pickle::ValuePtr& mesh, const pickle::ValuePtr& local);
+pickle::ValuePtr make_dtensor(DType dtype, const Shape& shape, const pickle::ValuePtr& mesh,
+                              const pickle::ValuePtr& local);
 
 }  // namespace ckpt::torch_pt
