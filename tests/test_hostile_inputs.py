@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -109,3 +110,46 @@ def test_device_and_directory_in_place_of_a_file_are_exit_3(tmp_path, run_ckptco
     r = run_ckptconv("inspect", "/dev/zero", timeout=HANG_GUARD_S)
     assert r.returncode == 3, r.stderr
     assert "is a character device" in r.stderr
+
+
+def _zstd_bomb(gib: int = 1) -> bytes:
+    """A zstd frame that declares no content size and inflates to `gib` GiB of zeros (about 32 KB)."""
+    zstandard = pytest.importorskip("zstandard")
+    c = zstandard.ZstdCompressor(level=19, write_content_size=False).compressobj()
+    zeros = bytes(1 << 20)
+    parts = [c.compress(zeros) for _ in range(gib << 10)]
+    return b"".join(parts) + c.flush()
+
+
+@pytest.mark.parametrize("item", ["model.w", "optim.param_groups.0.lr"])
+def test_zstd_item_without_content_size_is_bounded(item, tmp_path, ckptconv, testdata):
+    """Row 5: a zstd item is inflated only up to what it declares (its chunk's
+    bytes plus the zip around them; 256 MiB for bytes items, whose size DCP does
+    not record). Measured peak RSS stays far below the bomb's size."""
+    src = tmp_path / "zstd"
+    shutil.copytree(testdata / "dcp" / "zstd_ws1", src)
+    md_path = src / ".metadata"
+    with open(md_path, "rb") as f:
+        md = pickle.load(f)
+    bomb = _zstd_bomb(1)
+    assert len(bomb) < 1 << 20
+    index = next(i for i in md.storage_data if i.fqn.startswith(item))
+    info = md.storage_data[index]
+    assert info.transform_descriptors, "the fixture's items are zstd streams"
+    distcp = src / info.relative_path
+    offset = distcp.stat().st_size
+    with open(distcp, "ab") as f:
+        f.write(bomb)
+    info.offset, info.length = offset, len(bomb)
+    md_path.write_bytes(pickle.dumps(md))
+    out = tmp_path / "out"
+    out.mkdir()
+    for args in (["validate", src], ["consolidate", src, "-o", out / "full.pt"]):
+        res = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", str(ckptconv), *map(str, args)],
+                             capture_output=True, text=True, timeout=HANG_GUARD_S)
+        text = res.stdout + res.stderr
+        assert res.returncode == 3, text
+        assert "decompresses to more than" in text, text
+        rss_kb = int(text.rsplit("maxrss_kb=", 1)[1].split()[0])
+        assert rss_kb < 400 * 1024, f"{args[0]}: peak RSS {rss_kb} KB"
+    assert _only(out) == []

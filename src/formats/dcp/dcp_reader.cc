@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/problems.h"
 #include "formats/dcp/dcp_metadata.h"
@@ -38,7 +39,20 @@ int rank_of_file(const std::string& name) {
   return -1;
 }
 
-std::string zstd_decompress(const ByteSource& src) {
+// Bytes items (param_groups, a dataloader's state) declare no size: their
+// decompressed bytes are bounded by this budget instead (the default
+// --memory-limit; real ones hold kilobytes).
+constexpr uint64_t kMaxBytesItem = uint64_t{256} << 20;
+// A tensor item is a torch.save zip of one chunk: its records besides the
+// chunk's bytes (data.pkl, version, byteorder, alignment padding) stay well
+// below this.
+constexpr uint64_t kTensorItemOverhead = uint64_t{1} << 20;
+
+// A zstd frame need not declare its content size, so the stream is
+// decompressed piece by piece and stopped as soon as it exceeds `limit`: a
+// small hostile item cannot make the reader allocate more than the item
+// itself declares it holds.
+std::string zstd_decompress(const ByteSource& src, uint64_t limit) {
   std::string in = src.read_string(0, static_cast<std::size_t>(src.size()));
   std::string out;
   ZSTD_DStream* ds = ZSTD_createDStream();
@@ -52,6 +66,11 @@ std::string zstd_decompress(const ByteSource& src) {
     if (ZSTD_isError(ret)) {
       ZSTD_freeDStream(ds);
       fail_data_loss(src.describe() + ": zstd: " + ZSTD_getErrorName(ret));
+    }
+    if (output.pos > limit - out.size()) {
+      ZSTD_freeDStream(ds);
+      fail(ErrorCode::kUnsafe, src.describe() + ": zstd item decompresses to more than " + std::to_string(limit) +
+                                   " bytes, more than the item declares it holds; refusing to inflate it");
     }
     out.append(buf.data(), output.pos);
   }
@@ -198,7 +217,10 @@ class DcpDirReader {
 
  private:
   // The item's bytes: a slice of its .distcp file, decompressed when needed.
-  SourcePtr item_source(const std::string& fqn, const Shape& offsets, const DcpMetadata& md, int* rank) {
+  // `max_bytes`: what the item may decompress to (its declared tensor bytes
+  // plus the zip around them, or the bytes-item budget).
+  SourcePtr item_source(const std::string& fqn, const Shape& offsets, const DcpMetadata& md, int* rank,
+                        uint64_t max_bytes) {
     auto it = md.storage.find({fqn, offsets});
     if (it == md.storage.end())
       fail_data_loss("no storage entry for chunk at offsets " + shape_str(offsets) + " in .metadata");
@@ -209,7 +231,7 @@ class DcpDirReader {
     SourcePtr slice = make_sub_source(file, info.offset, info.length);
     for (const auto& t : info.transforms) {
       if (t.rfind("stream.zstd", 0) == 0) {
-        slice = make_memory_source(zstd_decompress(*slice), slice->describe() + " (zstd)");
+        slice = make_memory_source(zstd_decompress(*slice, max_bytes), slice->describe() + " (zstd)");
       } else {
         fail(ErrorCode::kUnimplemented, "item transform '" + t + "' is not supported");
       }
@@ -231,7 +253,8 @@ class DcpDirReader {
         with_place(place, [&] {
           with_context("key '" + item.fqn + "'", [&] {
             int rank = -1;
-            SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank);
+            uint64_t chunk_bytes = checked_mul(shape_numel(cm.sizes), dtype_size(item.dtype));
+            SourcePtr src = item_source(item.fqn, cm.offsets, md, &rank, checked_add(chunk_bytes, kTensorItemOverhead));
             std::vector<TensorEntry> local;
             ValuePtr shard = with_context(src->describe(),
                                           [&] { return torch_pt::decode_archive(src, local, item.fqn, rank, sink_); });
@@ -262,7 +285,7 @@ class DcpDirReader {
     run_reporting(sink_, chunk_file(item.fqn, {}, md), chunk_rank(item.fqn, {}, md), item.fqn, [&] {
       with_context("key '" + item.fqn + "'", [&] {
         int rank = -1;
-        SourcePtr src = item_source(item.fqn, {}, md, &rank);
+        SourcePtr src = item_source(item.fqn, {}, md, &rank, kMaxBytesItem);
         value = with_context(src->describe(),
                              [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank, sink_); });
       });
