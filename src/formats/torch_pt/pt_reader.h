@@ -22,7 +22,7 @@ namespace ckpt::torch_pt {
 pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
                                 const std::string& name_prefix = "", int rank = -1, ProblemSink* verify = nullptr);
 
-// A whole .pt file as a model (format "pt"). Detects the legacy (pre-1.6)
+// A whole .pt file as a model (its SourceInfo: a torch.save file). Detects the legacy (pre-1.6)
 // format and refuses it clearly (Unimplemented).
 CheckpointModel read_pt_file(const std::string& path, ProblemSink* verify = nullptr);
 
