@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/checkpoint_model.h"
+#include "model/ordered_json.h"
 
 namespace ckpt {
 
@@ -32,7 +33,8 @@ nlohmann::ordered_json value_to_json(const pickle::Value& v) {
       for (const auto& [k, _] : v.entries) string_keys = string_keys && k->is(Kind::kStr);
       if (string_keys) {
         nlohmann::ordered_json out = nlohmann::ordered_json::object();
-        for (const auto& [k, val] : v.entries) out[k->text] = value_to_json(*val);
+        for (const auto& [k, val] : v.entries)
+          append_member(out, k->text, value_to_json(*val));  // str keys are distinct
         return out;
       }
       nlohmann::ordered_json pairs = nlohmann::ordered_json::array();

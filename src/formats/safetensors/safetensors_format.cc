@@ -6,6 +6,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "model/ordered_json.h"
 
 namespace ckpt::safetensors {
 namespace {
@@ -100,8 +101,7 @@ int dtype_sort_rank(DType d) {
 }
 
 Header parse_header(std::string_view text, uint64_t data_size) {
-  nlohmann::ordered_json json = nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr, false);
-  if (json.is_discarded()) fail_data_loss("safetensors header is not valid JSON");
+  nlohmann::ordered_json json = parse_ordered_json(text, 64, "safetensors header");
   if (!json.is_object()) fail_data_loss("safetensors header is not a JSON object");
   Header h;
   for (auto it = json.begin(); it != json.end(); ++it) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/problems.h"
 #include "formats/safetensors/safetensors_format.h"
+#include "model/ordered_json.h"
 #include "model/value_json.h"
 
 namespace ckpt::safetensors {
@@ -60,8 +61,7 @@ class ModelBuilder {
   CheckpointModel finish() && {
     Json j;
     if (tree_) {
-      j = Json::parse(*tree_, nullptr, false);
-      if (j.is_discarded()) fail_data_loss("__metadata__ ckptconv.tree is not valid JSON");
+      j = parse_ordered_json(*tree_, kMaxDepth + 1, "__metadata__ ckptconv.tree");
     }
     if (tree_ && all_tensors_present(j, by_name_, 0)) {
       model_.root = value_from_json(
@@ -80,11 +80,12 @@ class ModelBuilder {
 
  private:
   void add_tensor(const HeaderTensor& h, const SourcePtr& file, uint64_t data_start, const std::string& path) {
-    if (by_name_.count(h.name))
-      return report_or_fail(sink_, {ErrorCode::kDataLoss,
-                                    "tensor '" + h.name + "' is in two shards (" +
-                                        model_.tensors[by_name_[h.name]].chunks[0].file + " and " + path + ")",
-                                    path, -1, h.name});
+    if (by_name_.count(h.name)) {
+      const std::string& first = model_.tensors[by_name_[h.name]].chunks[0].file;
+      std::string where =
+          first == path ? "is named twice in the header" : "is in two shards (" + first + " and " + path + ")";
+      return report_or_fail(sink_, {ErrorCode::kDataLoss, "tensor '" + h.name + "' " + where, path, -1, h.name});
+    }
     TensorEntry t;
     t.name = h.name;
     t.dtype = h.dtype;

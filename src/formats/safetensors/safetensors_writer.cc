@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "formats/safetensors/safetensors_format.h"
+#include "model/ordered_json.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
 
@@ -53,15 +54,15 @@ void name_tensor_refs(Json& j, const std::vector<std::string>& names) {
 std::map<std::string, std::string> values_metadata(const CheckpointModel& model, const std::vector<Named>& named) {
   std::vector<std::string> names(model.tensors.size());
   for (const auto& n : named) names[n.index] = n.name;
-  Json values = Json::object();
+  OrderedObjectBuilder values;
   walk_leaves(*model.root, [&](const Leaf& leaf) {
-    if (!leaf.tensor) values[leaf.path] = value_to_json(*leaf.value);
+    if (!leaf.tensor) values.set(leaf.path, value_to_json(*leaf.value));
   });
   Json tree = value_to_json(*model.root);
   name_tensor_refs(tree, names);
   return {{"format", "pt"},
           {"ckptconv.version", CKPT_VERSION},
-          {"ckptconv.values", values.dump()},
+          {"ckptconv.values", values.get().dump()},
           {"ckptconv.tree", tree.dump()}};
 }
 
@@ -73,24 +74,24 @@ FilePlan layout_file(const CheckpointModel& model, std::vector<Named> members,
     return ra != rb ? ra > rb : a.name < b.name;
   });
   FilePlan file;
-  Json header = Json::object();
+  OrderedObjectBuilder header;
   if (!metadata.empty()) {
     Json md = Json::object();
     for (const auto& [k, v] : metadata) md[k] = v;
-    header["__metadata__"] = md;
+    header.set("__metadata__", md);
   }
   uint64_t offset = 0;
   for (const auto& m : members) {
     const TensorEntry& t = model.tensors[m.index];
     uint64_t n = t.output_nbytes();
-    header[m.name] = Json{{"dtype", std::string(*dtype_code(t.output_dtype()))},
-                          {"shape", t.shape},
-                          {"data_offsets", {offset, offset + n}}};
+    header.set(m.name, Json{{"dtype", std::string(*dtype_code(t.output_dtype()))},
+                            {"shape", t.shape},
+                            {"data_offsets", {offset, offset + n}}});
     file.tensors.push_back({m.index, m.name, offset, offset + n});
     offset += n;
   }
   file.data_size = offset;
-  file.header = header.dump();
+  file.header = header.get().dump();
   file.header.append((8 - file.header.size() % 8) % 8, ' ');
   return file;
 }
@@ -146,7 +147,8 @@ Plan plan_safetensors(const CheckpointModel& model, const std::string& output_na
     total += plan.files.back().data_size;
   }
   Json index{{"metadata", {{"total_size", total}}}, {"weight_map", Json::object()}};
-  for (const auto& [k, v] : weight_map) index["weight_map"][k] = v;
+  Json& map = index["weight_map"];
+  for (const auto& [k, v] : weight_map) append_member(map, k, v);  // std::map keys: distinct and sorted
   plan.index_json = index.dump(2) + "\n";
   return plan;
 }
