@@ -194,3 +194,33 @@ def test_duplicate_tensor_name_in_a_safetensors_header_is_refused(tmp_path, run_
     r = run_ckptconv("inspect", src, timeout=HANG_GUARD_S)
     assert r.returncode == 3, r.stderr
     assert "'w'" in r.stderr
+
+
+def test_stride_zero_view_of_4_tb_is_refused_before_writing(tmp_path, run_ckptconv):
+    """Row 6: torch.save of torch.zeros(1).expand(2**40) is 1.6 KB and a valid
+    checkpoint of a 4 TiB tensor. consolidate and reshard check the planned
+    output against the free space where it goes (and --max-output-size) and
+    refuse with exit 4 before writing anything."""
+    src = tmp_path / "expanded.pt"
+    torch.save({"w": torch.zeros(1).expand(2**40)}, src)
+    assert src.stat().st_size < 4096
+    r = run_ckptconv("validate", src, timeout=HANG_GUARD_S)
+    assert r.returncode == 0, r.stdout  # a stride-0 view is a valid checkpoint
+    out = tmp_path / "out"
+    out.mkdir()
+    for args in (["consolidate", src, "-o", out / "full.pt"], ["consolidate", src, "-o", out / "full.safetensors"],
+                 ["reshard", src, "-o", out / "r", "--world-size", "2", "--layout", "dcp"]):
+        r = run_ckptconv(*args, timeout=HANG_GUARD_S)
+        assert r.returncode == 4, f"{args[0]}: exit {r.returncode}\n{r.stderr}"
+        assert "4.0 TiB" in r.stderr and "free; nothing was written" in r.stderr, r.stderr
+    assert _only(out) == []
+
+
+def test_max_output_size_refuses_a_larger_output(tmp_path, run_ckptconv, testdata):
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", out, "--max-output-size", "1K")
+    assert r.returncode == 4, r.stderr
+    assert "more than --max-output-size 1K" in r.stderr
+    assert not out.exists()
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", out, "--max-output-size", "1M")
+    assert r.returncode == 0, r.stderr

@@ -30,7 +30,7 @@ void register_write_command(CLI::App& app, const char* name, const char* descrip
       "--finite", req->finite,
       "Also count NaN/Inf in every tensor written; name each tensor that has any, exit 1 if any (the output is "
       "still written)");
-  bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kNoFsync,
+  bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize,
               {.dry_run = "Print the plan (tensors, sources, output size); write nothing"});
   add_runner(sub, [req] { return jobs::run_consolidate(*req, std::cout).exit_code; });
 }

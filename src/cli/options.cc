@@ -21,6 +21,11 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
     sub->add_option("--memory-limit", opt.memory_limit, help.memory_limit)->capture_default_str();
   if (which & kDryRun) sub->add_flag("--dry-run", opt.dry_run, help.dry_run);
   if (which & kForce) sub->add_flag("--force", opt.force, help.force);
+  if (which & kMaxOutputSize)
+    sub->add_option(
+        "--max-output-size", opt.max_output_size,
+        "Refuse (exit 4, before writing) an output of more tensor data than SIZE, e.g. 100G; the free space "
+        "where the output goes is always checked");
   if (which & kNoFsync)
     sub->add_flag(
         "--no-fsync", opt.no_fsync,

@@ -10,17 +10,18 @@
 namespace ckpt::cli {
 
 enum CommonOption : unsigned {
-  kSource = 1u << 0,       // SRC
-  kFiles = 1u << 1,        // --files
-  kOnly = 1u << 2,         // --only model|optim
-  kKeys = 1u << 3,         // --keys
-  kDtype = 1u << 4,        // --dtype
-  kDevice = 1u << 5,       // --device auto|cpu|cuda
-  kThreads = 1u << 6,      // --threads
-  kMemoryLimit = 1u << 7,  // --memory-limit
-  kDryRun = 1u << 8,       // --dry-run
-  kForce = 1u << 9,        // --force
-  kNoFsync = 1u << 10,     // --no-fsync
+  kSource = 1u << 0,          // SRC
+  kFiles = 1u << 1,           // --files
+  kOnly = 1u << 2,            // --only model|optim
+  kKeys = 1u << 3,            // --keys
+  kDtype = 1u << 4,           // --dtype
+  kDevice = 1u << 5,          // --device auto|cpu|cuda
+  kThreads = 1u << 6,         // --threads
+  kMemoryLimit = 1u << 7,     // --memory-limit
+  kDryRun = 1u << 8,          // --dry-run
+  kForce = 1u << 9,           // --force
+  kNoFsync = 1u << 10,        // --no-fsync
+  kMaxOutputSize = 1u << 11,  // --max-output-size
 };
 
 struct CommonHelp {

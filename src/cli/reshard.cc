@@ -36,7 +36,7 @@ void register_reshard(CLI::App& app) {
       "fsdp-dtensor: device type of the DeviceMesh the files name (cpu, cuda); default: the source's, else cpu");
   sub->add_option("--mesh-dim-names", req->mesh_dim_names,
                   "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none");
-  bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce, help);
+  bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kMaxOutputSize, help);
   add_runner(sub, [req] { return jobs::run_reshard(*req, std::cout).exit_code; });
 }
 

@@ -2,8 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/error.h"
 #include "core/units.h"
 #include "formats/detect.h"
+#include "io/disk_space.h"
 #include "model/validate.h"
 #include "plan/select.h"
 
@@ -32,6 +34,20 @@ std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, 
 
 double JobClock::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void check_output_size(uint64_t bytes, const std::string& output, const CommonOptions& opt) {
+  if (!opt.max_output_size.empty()) {
+    uint64_t limit = parse_size(opt.max_output_size);
+    if (bytes > limit)
+      fail(ErrorCode::kResourceExhausted, output + ": the output would hold " + human_bytes(bytes) +
+                                              " of tensor data, more than --max-output-size " + opt.max_output_size +
+                                              "; nothing was written");
+  }
+  if (auto free = free_bytes_at(output); free && bytes > *free)
+    fail(ErrorCode::kResourceExhausted, output + ": the output needs " + human_bytes(bytes) +
+                                            " of tensor data, the filesystem there has " + human_bytes(*free) +
+                                            " free; nothing was written");
 }
 
 void JobClock::finish(JobReport& report) const {

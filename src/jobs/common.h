@@ -27,6 +27,7 @@ struct CommonOptions {
   bool dry_run = false;
   bool force = false;
   bool no_fsync = false;
+  std::string max_output_size;  // --max-output-size SIZE; empty: no limit but the free space
 };
 
 // SRC (or --files) read; per-rank sources read only the --only family.
@@ -42,6 +43,12 @@ CheckpointModel read_selected(const CommonOptions& opt);
 // loaded only when a cast needs it. --device cuda is honoured (or refused
 // when there is none) even without arithmetic, so a wrong request is an error.
 std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, bool arithmetic);
+
+// Before anything is written: ResourceExhausted (exit 4) when the output's
+// tensor bytes exceed --max-output-size or the free space where `output`
+// goes. The plan knows the size; a full disk mid-write would leave nothing
+// useful and take time to find out.
+void check_output_size(uint64_t bytes, const std::string& output, const CommonOptions& opt);
 
 // What a job did, for the CLI to print and for tests to assert on.
 struct JobReport {

@@ -39,6 +39,7 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
     report.dry_run = true;
     return report;
   }
+  check_output_size(report.bytes, req.output, opt);
   bool arithmetic = parse_dtype_option(opt.dtype) || req.finite;
   auto backend = choose_backend(opt.device, opt.threads, arithmetic);
   if (arithmetic) spdlog::info("backend: {}", backend->name());

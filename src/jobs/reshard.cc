@@ -107,6 +107,7 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, out);
     return;
   }
+  check_output_size(report.bytes, req.output, req.common);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
   write_dcp_reshard(model, source_md, plan, {req.output, req.common.force, copy});
 }
@@ -144,6 +145,7 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
                      {}, out);
     return;
   }
+  check_output_size(report.bytes, req.output, req.common);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
   write_rank_files(model, families, rank_layout, plan, {req.output, req.common.force, copy});
 }
