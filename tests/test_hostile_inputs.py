@@ -224,3 +224,47 @@ def test_max_output_size_refuses_a_larger_output(tmp_path, run_ckptconv, testdat
     assert not out.exists()
     r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", out, "--max-output-size", "1M")
     assert r.returncode == 0, r.stderr
+
+
+def _hdf5_dag(path: Path, depth: int, cycle: bool = False) -> None:
+    """A file in ckptconv's HDF5 layout whose group at each level is hard-linked
+    twice from the level above: `depth` groups that expand to 2**depth paths."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "w") as f:
+        f.attrs["ckptconv.layout_version"] = 1
+        f.attrs["ckptconv.kind"] = "dict"
+        f.attrs["ckptconv.keys"] = '["x"]'
+        parent = f.create_group("x")
+        top = parent
+        for _ in range(depth):
+            parent.attrs["ckptconv.kind"] = "dict"
+            parent.attrs["ckptconv.keys"] = '["a", "b"]'
+            child = parent.create_group("a")
+            parent["b"] = child  # a second hard link to the same group
+            parent = child
+        parent.attrs["ckptconv.kind"] = "dict"
+        parent.attrs["ckptconv.keys"] = '["v"]' if not cycle else '["up"]'
+        if cycle:
+            parent["up"] = top
+        else:
+            parent.attrs["v"] = "1"
+
+
+def test_hdf5_groups_linked_twice_per_level_are_bounded(tmp_path, run_ckptconv):
+    """Row 8: 40 levels of groups, each hard-linked twice (a few KB): read
+    once per group, then refused by the expansion bound (exit 3) instead of
+    2^40 traversals; a group that links to its ancestor is a cycle (exit 3)."""
+    src = tmp_path / "dag.h5"
+    _hdf5_dag(src, 40)
+    for args in (["inspect", src], ["validate", src], ["consolidate", src, "-o", tmp_path / "o.pt"]):
+        r = run_ckptconv(*args, timeout=HANG_GUARD_S)
+        assert r.returncode == 3, f"{args[0]}: exit {r.returncode}\n{r.stderr}"
+        assert "expands to more than" in r.stdout + r.stderr
+    small = tmp_path / "small.h5"
+    _hdf5_dag(small, 4)
+    r = run_ckptconv("inspect", small, "--json", timeout=HANG_GUARD_S)
+    assert r.returncode == 0, r.stderr
+    cyc = tmp_path / "cycle.h5"
+    _hdf5_dag(cyc, 3, cycle=True)
+    r = run_ckptconv("inspect", cyc, timeout=HANG_GUARD_S)
+    assert r.returncode == 3 and "a cycle" in r.stderr, r.stderr

@@ -107,9 +107,20 @@ class Hdf5Reader {
       H5O_info_t info;
       check(H5Oget_info_by_name(group, name.c_str(), &info, H5P_DEFAULT), ErrorCode::kDataLoss, "'" + path + "'");
       if (info.type == H5O_TYPE_GROUP) {
+        // Hard links to one group are one value, read once: a file whose
+        // groups link twice to the next level, 40 levels deep, is 40 groups,
+        // not 2^40 (read_checkpoint then bounds the tree they expand to).
+        if (auto done = groups_.find(info.addr); done != groups_.end()) {
+          if (!done->second)
+            fail_data_loss("group '" + path + "' is a hard link to a group that contains it (a cycle)");
+          return done->second;
+        }
+        groups_.emplace(info.addr, nullptr);  // in progress
         Handle g =
             checked_handle(H5Gopen2(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, "group '" + path + "'");
-        return read_group(g, path, depth + 1);
+        ValuePtr value = read_group(g, path, depth + 1);
+        groups_[info.addr] = value;
+        return value;
       }
       if (info.type != H5O_TYPE_DATASET) fail_data_loss("'" + path + "' is neither a group nor a dataset");
       // Hard links to one dataset are one tensor.
@@ -156,6 +167,7 @@ class Hdf5Reader {
   std::string path_;
   CheckpointModel& model_;
   std::map<haddr_t, std::size_t> by_address_;
+  std::map<haddr_t, ValuePtr> groups_;  // nullptr while the group is being read
 };
 
 }  // namespace
