@@ -268,3 +268,31 @@ def test_hdf5_groups_linked_twice_per_level_are_bounded(tmp_path, run_ckptconv):
     _hdf5_dag(cyc, 3, cycle=True)
     r = run_ckptconv("inspect", cyc, timeout=HANG_GUARD_S)
     assert r.returncode == 3 and "a cycle" in r.stderr, r.stderr
+
+
+def test_hdf5_fixed_string_attribute_claiming_more_than_the_file_is_refused(tmp_path, run_ckptconv, ckptconv):
+    """Row 9 (the attribute-size case): a fixed-length string attribute whose
+    datatype claims 2 GiB in a 1 KB file is refused (exit 3) without
+    allocating for it. Here libhdf5 already refuses the patched object
+    header; read_string_attribute also checks the size against the file."""
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+    import struct
+    src = tmp_path / "fixed.h5"
+    with h5py.File(src, "w") as f:
+        f.attrs["ckptconv.layout_version"] = 1
+        f.attrs.create("ckptconv.kind", np.bytes_("dict"), dtype="S4")
+        f.attrs.create("ckptconv.keys", np.bytes_('["zz"]'), dtype="S6")
+        f.attrs.create("zz", np.bytes_("12345"), dtype="S5")
+    r = run_ckptconv("inspect", src)
+    assert r.returncode == 0 and "12345" in r.stdout, r.stderr
+    data = bytearray(src.read_bytes())
+    # The string datatype message of 'zz': class 3 version 1 (0x13), flags, then the size.
+    at = data.index(bytes.fromhex("13010000") + struct.pack("<I", 5))
+    data[at + 4:at + 8] = struct.pack("<I", 2**31 - 1)
+    src.write_bytes(bytes(data))
+    r = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", str(ckptconv), "inspect", str(src)],
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert r.returncode == 3, r.stderr
+    assert "fixed.h5" in r.stderr
+    assert int(r.stderr.rsplit("maxrss_kb=", 1)[1].split()[0]) < 256 * 1024

@@ -50,7 +50,15 @@ std::optional<std::string> read_string_attribute(hid_t object, const std::string
     H5free_memory(p);
     return out;
   }
+  // A fixed-size string's length comes from the file: a flipped bit can claim
+  // gigabytes. No attribute can hold more than the file's own bytes.
   std::size_t n = H5Tget_size(ftype);
+  Handle file = checked_handle(H5Iget_file_id(attr), ErrorCode::kDataLoss, what);
+  hsize_t file_size = 0;
+  check(H5Fget_filesize(file, &file_size), ErrorCode::kDataLoss, what);
+  if (n > file_size)
+    fail_data_loss(what + " claims a string of " + std::to_string(n) + " bytes, more than the " +
+                   std::to_string(file_size) + " bytes of its file");
   std::vector<char> buf(n + 1, '\0');
   check(H5Aread(attr, ftype, buf.data()), ErrorCode::kDataLoss, what);
   return std::string(buf.data());
