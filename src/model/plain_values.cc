@@ -41,38 +41,59 @@ std::string objection(const Value& v) {
   }
 }
 
-struct Pending {
+// How the walk reached a node: enough to name its dotted path when (and only
+// when) it must be refused, so a clean tree costs no string building.
+struct Step {
   const Value* value;
-  std::string path;
+  std::size_t parent;  // index into the steps taken; the root is its own parent
+  enum { kRoot, kItem, kKey, kValue, kObject, kState } how;
+  std::size_t item = 0;        // kItem: its index
+  const Value* key = nullptr;  // kValue: its dict key
 };
+
+std::string path_of(const std::vector<Step>& steps, std::size_t at) {
+  std::vector<std::string> parts;
+  for (; steps[at].how != Step::kRoot; at = steps[at].parent) {
+    const Step& s = steps[at];
+    switch (s.how) {
+      case Step::kItem: parts.push_back(std::to_string(s.item)); break;
+      case Step::kKey: parts.push_back("<key>"); break;
+      case Step::kValue: parts.push_back(path_component(*s.key)); break;
+      case Step::kState: parts.push_back("<attributes>"); break;
+      default: break;  // a BUILD's object stands where the BUILD does
+    }
+  }
+  std::string path;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) path = join_path(path, *it);
+  return path.empty() ? "<root>" : path;
+}
 
 }  // namespace
 
 void require_plain_values(const Value& root) {
   std::unordered_set<const Value*> seen;
-  std::vector<Pending> pending{{&root, ""}};
+  std::vector<Step> steps;
+  std::vector<Step> pending{{&root, 0, Step::kRoot}};
   while (!pending.empty()) {
-    Pending cur = std::move(pending.back());
+    Step cur = pending.back();
     pending.pop_back();
     if (!seen.insert(cur.value).second) continue;
+    std::size_t at = steps.size();
+    steps.push_back(cur);
     const Value& v = *cur.value;
     if (std::string why = objection(v); !why.empty()) {
-      fail(ErrorCode::kUnsafe, "the value at '" + (cur.path.empty() ? std::string("<root>") : cur.path) + "' is " +
-                                   why +
+      fail(ErrorCode::kUnsafe, "the value at '" + path_of(steps, at) + "' is " + why +
                                    ", not plain data; ckptconv copies only tensors and plain values (numbers, strings, "
                                    "bytes, lists, dicts) into its outputs");
     }
     if (tensor_ref_index(v) || is_scalar_object(v)) continue;
-    for (std::size_t i = 0; i < v.items.size(); ++i)
-      pending.push_back({v.items[i].get(), join_path(cur.path, std::to_string(i))});
+    for (std::size_t i = 0; i < v.items.size(); ++i) pending.push_back({v.items[i].get(), at, Step::kItem, i});
     for (const auto& [key, value] : v.entries) {
-      pending.push_back({key.get(), join_path(cur.path, "<key>")});
-      pending.push_back({value.get(), join_path(cur.path, path_component(*key))});
+      pending.push_back({key.get(), at, Step::kKey});
+      pending.push_back({value.get(), at, Step::kValue, 0, key.get()});
     }
-    if (v.is(Kind::kBuilt)) {
-      pending.push_back({v.object.get(), cur.path});
-      pending.push_back({v.state.get(), join_path(cur.path, "<attributes>")});
-    }
+    if (v.object) pending.push_back({v.object.get(), at, Step::kObject});
+    if (v.state) pending.push_back({v.state.get(), at, Step::kState});
   }
 }
 
