@@ -296,3 +296,100 @@ def test_hdf5_fixed_string_attribute_claiming_more_than_the_file_is_refused(tmp_
     assert r.returncode == 3, r.stderr
     assert "fixed.h5" in r.stderr
     assert int(r.stderr.rsplit("maxrss_kb=", 1)[1].split()[0]) < 256 * 1024
+
+
+def _pt_with_pickle(path: Path, data_pkl: bytes) -> None:
+    """A real torch.save zip whose data.pkl is replaced by `data_pkl`."""
+    import zipfile
+    torch.save({"x": 1}, path)
+    with zipfile.ZipFile(path) as z:
+        records = [(info.filename, z.read(info.filename)) for info in z.infolist()]
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in records:
+            z.writestr(name, data_pkl if name.endswith("/data.pkl") else data)
+
+
+def _peak_rss(ckptconv: Path, *args) -> tuple[int, str, int]:
+    res = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", str(ckptconv), *map(str, args)],
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+    text = res.stdout + res.stderr
+    return res.returncode, text, int(text.rsplit("maxrss_kb=", 1)[1].split()[0])
+
+
+ROW4 = {
+    # name: (pickle body between PROTO 2 and STOP, budget named in the refusal)
+    "2MB_of_None": (b"N" * 2_000_000, "pickle-stack"),
+    "2MB_of_empty_dict": (b"}" * 2_000_000, "pickle-stack"),
+    "20MB_of_None": (b"N" * 20_000_000, "pickle-stack"),
+    "50MB_of_DUP": (b"N" + b"2" * 50_000_000, "pickle-stack"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROW4))
+def test_pickle_of_cheap_opcodes_is_refused_naming_the_budget(case, tmp_path, ckptconv):
+    """Row 4: each opcode used to cost a heap value (None too), and the
+    2^28-value cap admitted about 100 GB. None, bools and small ints are now
+    shared constants, the stack has its own budget and everything else counts
+    against a memory budget scaled by the pickle's size (64 MiB + 128x)."""
+    body, budget = ROW4[case]
+    src = tmp_path / "cheap.pt"
+    _pt_with_pickle(src, b"\x80\x02" + body + b".")
+    out = tmp_path / "out"
+    out.mkdir()
+    for args in (["inspect", src, "--json"], ["validate", src], ["consolidate", src, "-o", out / "o.pt"]):
+        code, text, rss_kb = _peak_rss(ckptconv, *args)
+        assert code == 3, f"{args[0]}: exit {code}\n{text}"
+        assert f"the {budget} budget" in text and f"--limit {budget}=" in text, text
+        assert "data.pkl" in text and "cheap.pt" in text, text
+        # the bound: 2x the input + 64 MiB (a stack refusal) or the memory budget itself
+        # bounded: 1M stack values, each at most a heap value (about 300 B)
+        bound_kb = 400 * 1024
+        assert rss_kb < bound_kb, f"{args[0]}: peak RSS {rss_kb} KB, bound {bound_kb} KB"
+    assert _only(out) == []
+
+
+def test_memory_budget_refuses_values_that_fit_on_no_stack(tmp_path, run_ckptconv, ckptconv):
+    """A list of 10^6 empty dicts (2 MB) decodes to about 300 MB, under its
+    default budget (64 MiB + 128 x 2 MB) and so read; a lower budget refuses
+    it naming pickle-memory, at bounded RSS."""
+    src = tmp_path / "dicts.pt"
+    _pt_with_pickle(src, b"\x80\x02]" + b"}a" * 1_000_000 + b".")
+    code, text, rss_kb = _peak_rss(ckptconv, "validate", src)
+    assert code == 0, text
+    assert rss_kb < 800 * 1024, f"peak RSS {rss_kb} KB"  # decoded ~300 MB, plus the walks
+    code, text, rss_kb = _peak_rss(ckptconv, "validate", src, "--limit", "pickle-memory=32M")
+    assert code == 3 and "the pickle-memory budget" in text, text
+    assert rss_kb < 100 * 1024, f"peak RSS {rss_kb} KB"
+
+
+def test_list_of_ten_million_nones_costs_slots_not_values(tmp_path, ckptconv):
+    """Appending None to a list costs one pointer: 10^7 of them (20 MB of
+    pickle) read, where a heap value each used to cost 2.6 GB."""
+    src = tmp_path / "nones.pt"
+    _pt_with_pickle(src, b"\x80\x02]" + b"Na" * 10_000_000 + b".")
+    code, text, rss_kb = _peak_rss(ckptconv, "validate", src)
+    assert code == 0, text
+    assert rss_kb < 1200 * 1024, f"peak RSS {rss_kb} KB"
+
+
+def test_limit_raises_a_budget_for_trusted_input(tmp_path, run_ckptconv):
+    src = tmp_path / "stack.pt"
+    _pt_with_pickle(src, b"\x80\x02" + b"N" * 1_100_000 + b".")
+    assert run_ckptconv("inspect", src).returncode == 3
+    r = run_ckptconv("inspect", src, "--limit", "pickle-stack=2M")
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("inspect", src, "--limit", "pickle-stak=2M")
+    assert r.returncode == 2 and "pickle-memory, pickle-stack, tree-values" in r.stderr
+
+
+def test_real_100k_tensor_pickle_is_within_the_default_budgets(tmp_path, run_ckptconv):
+    """The budgets' defaults against the largest real pickle we make: a
+    100,000-tensor torch.save (9.6 MB of pickle, about 330 MB decoded)."""
+    src = tmp_path / "big.pt"
+    torch.save({f"layer{i}.w": torch.zeros(1) for i in range(100_000)}, src)
+    r = run_ckptconv("inspect", src)
+    assert r.returncode == 0, r.stderr
+    assert "100000 tensors" in r.stdout
+    # and the measured cost is within a factor ~2 of the default: half the budget refuses it
+    r = run_ckptconv("inspect", src, "--limit", "pickle-memory=300M")
+    assert r.returncode == 3 and "pickle-memory" in r.stderr

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "core/budgets.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "core/progress.h"
@@ -27,6 +28,13 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "Only print errors on stderr");
   app.add_flag("-v,--verbose", verbose, "Print debug messages on stderr");
   app.set_version_flag("--version", ckpt::jobs::version_text);
+  std::vector<std::string> limits;
+  app.add_option("--limit", limits,
+                 "Raise a budget on what an input may make the tool spend, for trusted input: NAME=VALUE with "
+                 "NAME pickle-memory (default 64M + 128 x the pickle's size), pickle-stack (1048576 values) or "
+                 "tree-values (16777216); repeatable (docs/limits.md)")
+      ->type_name("NAME=VALUE")
+      ->take_all();
 
   ckpt::cli::register_commands(app);
 
@@ -45,6 +53,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    ckpt::InputBudgets budgets;
+    for (const auto& limit : limits) ckpt::apply_limit(budgets, limit);
+    ckpt::set_input_budgets(budgets);
     return ckpt::cli::run_selected(app);
   } catch (const ckpt::Error& e) {
     spdlog::error("{}", e.what());

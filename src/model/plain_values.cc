@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/budgets.h"
 #include "core/error.h"
 #include "model/checkpoint_model.h"
 #include "model/tree_walk.h"
@@ -115,6 +116,7 @@ void for_each_child(const Value& v, Fn&& fn) {
 }  // namespace
 
 void require_bounded_expansion(const Value& root, uint64_t limit) {
+  if (!limit) limit = input_budgets().tree_values;
   // Post-order over the graph; sizes saturate just above the limit.
   std::unordered_map<const Value*, uint64_t> size;
   std::vector<std::pair<const Value*, bool>> stack{{&root, false}};
@@ -141,7 +143,8 @@ void require_bounded_expansion(const Value& root, uint64_t limit) {
   if (size.at(&root) > limit) {
     fail(ErrorCode::kUnsafe, "the checkpoint's value tree expands to more than " + std::to_string(limit) +
                                  " values when each shared part is counted where it appears (a pickle that "
-                                 "references one subtree from many places); refusing to walk it");
+                                 "references one subtree from many places): the tree-values budget; " +
+                                 budget_hint("tree-values"));
   }
 }
 

@@ -23,10 +23,10 @@ void require_plain_values(const pickle::Value& root);
 // the tree as a tree: a subtree the pickle references from k places is walked
 // k times, so 40 levels of `a = [a, a]` (1.9 KB) would be 2^40 visits. The
 // expanded size (each node counted once per path that reaches it) is computed
-// here in time linear in the graph; more than kMaxExpandedValues is Unsafe
-// (exit 3) naming the budget. Real state dicts are far below it: a
-// 100,000-tensor model with Adam state expands to about 10^6 values.
-inline constexpr uint64_t kMaxExpandedValues = uint64_t{1} << 24;
-void require_bounded_expansion(const pickle::Value& root, uint64_t limit = kMaxExpandedValues);
+// here in time linear in the graph; more than the tree-values budget
+// (core/budgets.h, 2^24 unless --limit raises it) is Unsafe (exit 3) naming
+// it. Real state dicts are far below it: a 100,000-tensor model with Adam
+// state expands to about 10^6 values. limit 0: the budget in force.
+void require_bounded_expansion(const pickle::Value& root, uint64_t limit = 0);
 
 }  // namespace ckpt

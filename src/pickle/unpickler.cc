@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/budgets.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "pickle/encodings.h"
 #include "pickle/opcodes.h"
 #include "pickle/unpickler.h"
@@ -14,7 +16,10 @@
 namespace ckpt::pickle {
 
 PickleMachine::PickleMachine(std::string_view bytes, const GlobalPolicy& policy, const UnpickleLimits& limits)
-    : bytes_(bytes), policy_(policy), limits_(limits) {}
+    : bytes_(bytes), policy_(policy), limits_(limits) {
+  if (!limits_.max_bytes) limits_.max_bytes = pickle_memory_budget(bytes.size());
+  if (!limits_.max_stack) limits_.max_stack = input_budgets().pickle_stack;
+}
 
 PickleMachine::~PickleMachine() {
   if (!finished_) cut_children({});
@@ -75,11 +80,34 @@ ValuePtr PickleMachine::make(ValuePtr v) {
   if (++values_ > limits_.max_total_values) {
     fail_data_loss("pickle creates more than " + std::to_string(limits_.max_total_values) + " values");
   }
+  // None, bools and small ints are shared constants: they cost a stack or
+  // container slot, nothing more.
+  if (!Value::is_constant(*v)) {
+    charge(kValueCost + v->text.size() + v->items.size() * kSlotCost + v->entries.size() * 2 * kSlotCost);
+  }
   if (holds_values(v->kind)) arena_.push_back(v);
   return v;
 }
 
-void PickleMachine::push(ValuePtr v) { stack_.push_back(std::move(v)); }
+// The decoded values, containers and memo count against the pickle-memory
+// budget, the stack against its own (real stacks stay in the thousands);
+// either exceeded is Unsafe naming it, before the allocation it would cost.
+void PickleMachine::charge(uint64_t bytes) {
+  charged_ += bytes;
+  if (charged_ + stack_.size() * kSlotCost > limits_.max_bytes) {
+    fail(ErrorCode::kUnsafe, "decoding the pickle takes more than " + human_bytes(double(limits_.max_bytes)) +
+                                 " (the pickle-memory budget for " + human_bytes(double(bytes_.size())) +
+                                 " of pickle; " + budget_hint("pickle-memory") + ")");
+  }
+}
+
+void PickleMachine::push(ValuePtr v) {
+  if (stack_.size() >= limits_.max_stack) {
+    fail(ErrorCode::kUnsafe, "the pickle stack holds more than " + std::to_string(limits_.max_stack) +
+                                 " values (the pickle-stack budget; " + budget_hint("pickle-stack") + ")");
+  }
+  stack_.push_back(std::move(v));
+}
 
 ValuePtr PickleMachine::pop() {
   if (stack_.size() <= frame_base()) fail_data_loss("stack underflow");
@@ -114,7 +142,9 @@ void PickleMachine::memo_put(uint64_t index) {
     fail_data_loss("memo index " + std::to_string(index) + " is beyond the memo limit of " +
                    std::to_string(limits_.max_memo));
   }
-  memo_[index] = top();
+  auto [it, fresh] = memo_.try_emplace(index);
+  if (fresh) charge(kMemoCost);
+  it->second = top();
 }
 
 void PickleMachine::memo_get(uint64_t index) {

@@ -1,6 +1,7 @@
 // Safe unpickler: every opcode of protocols 0-5 into a Value tree, bounded,
 // executing nothing. Corrupt or truncated input is DataLoss, a refused global
-// is Unsafe naming "module.name", limits exceeded are DataLoss.
+// is Unsafe naming "module.name", structural limits exceeded are DataLoss,
+// and a memory or stack budget exceeded is Unsafe naming the budget.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +19,10 @@ struct UnpickleLimits {
   std::size_t max_memo = 1u << 22;         // memo entries
   std::size_t max_container = 1u << 26;    // elements in one container
   uint64_t max_total_values = 1ull << 28;  // values created in one stream
+  // 0: the process-wide budgets (core/budgets.h), the memory one scaled by
+  // the pickle's size.
+  uint64_t max_bytes = 0;  // decoded values, containers, memo and stack, as counted
+  uint64_t max_stack = 0;  // values on the stack at once
 };
 
 ValuePtr unpickle(std::string_view bytes, const GlobalPolicy& policy, const UnpickleLimits& limits = {});

@@ -57,6 +57,13 @@ class PickleMachine {
   void memo_put(uint64_t index);
   void memo_get(uint64_t index);
   void check_container_size(uint64_t n) const;
+  // Counts `bytes` of decoded memory against limits.max_bytes.
+  void charge(uint64_t bytes);
+  // What the count charges: one heap value (Value + shared_ptr control
+  // block), one slot in a container or on the stack, one memo entry.
+  static constexpr uint64_t kValueCost = sizeof(Value) + 16;
+  static constexpr uint64_t kSlotCost = sizeof(ValuePtr);
+  static constexpr uint64_t kMemoCost = 64;
 
   bool step(uint8_t op);  // false at STOP
   void op_pop();
@@ -119,6 +126,7 @@ class PickleMachine {
   std::unordered_map<uint64_t, ValuePtr> memo_;
   std::vector<ValuePtr> arena_;
   uint64_t values_ = 0;
+  uint64_t charged_ = 0;  // bytes counted by charge()
   bool finished_ = false;
 };
 

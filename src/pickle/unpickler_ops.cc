@@ -158,6 +158,11 @@ void PickleMachine::op_newobj_ex() {
 void PickleMachine::op_build() {
   ValuePtr state = pop();
   const ValuePtr& target = top();
+  // Python cannot BUILD a scalar either (no __dict__, no __setstate__); and
+  // None, bools and small ints are shared constants here, never rewritten.
+  if (!holds_values(target->kind) && target->kind != Kind::kGlobal) {
+    fail_data_loss(std::string("BUILD on a ") + kind_name(target->kind));
+  }
   policy_.check_build(*target, *state);
   bool registered = holds_values(target->kind);
   ValuePtr object = make(std::make_shared<Value>(std::move(*target)));
@@ -174,6 +179,7 @@ void PickleMachine::add_items(Value& target, std::vector<ValuePtr> values) {
     fail_data_loss(std::string("cannot append to a ") + kind_name(target.kind));
   }
   check_container_size(uint64_t{target.items.size()} + values.size());
+  charge(values.size() * kSlotCost);
   for (auto& v : values) target.items.push_back(std::move(v));
 }
 
@@ -185,6 +191,7 @@ void PickleMachine::add_entries(Value& target, std::vector<ValuePtr> flat) {
   }
   if (flat.size() % 2 != 0) fail_data_loss("odd number of items for key/value pairs");
   check_container_size(uint64_t{target.entries.size()} + flat.size() / 2);
+  charge(flat.size() * kSlotCost);
   for (std::size_t i = 0; i < flat.size(); i += 2) {
     target.entries.emplace_back(std::move(flat[i]), std::move(flat[i + 1]));
   }
@@ -216,6 +223,7 @@ void PickleMachine::op_additems() {
   Value& target = *top();
   if (target.kind != Kind::kSet) fail_data_loss(std::string("cannot add items to a ") + kind_name(target.kind));
   check_container_size(uint64_t{target.items.size()} + values.size());
+  charge(values.size() * kSlotCost);
   for (auto& v : values) target.items.push_back(std::move(v));
 }
 

@@ -32,18 +32,60 @@ const char* kind_name(Kind kind) {
 
 // ---- construction ----
 
-ValuePtr Value::none() { return std::make_shared<Value>(Kind::kNone); }
+namespace {
 
-ValuePtr Value::boolean(bool v) {
+ValuePtr make_bool(bool v) {
   auto p = std::make_shared<Value>(Kind::kBool);
   p->bool_value = v;
   return p;
 }
 
-ValuePtr Value::integer(int64_t v) {
+ValuePtr make_int(int64_t v) {
   auto p = std::make_shared<Value>(Kind::kInt);
   p->int_value = v;
   return p;
+}
+
+// Built on first use; C++ initialises function statics once, thread-safely.
+const std::vector<ValuePtr>& small_ints() {
+  static const std::vector<ValuePtr> ints = [] {
+    std::vector<ValuePtr> out;
+    for (int64_t i = Value::kMinConstantInt; i <= Value::kMaxConstantInt; ++i) out.push_back(make_int(i));
+    return out;
+  }();
+  return ints;
+}
+
+const ValuePtr& none_constant() {
+  static const ValuePtr none = std::make_shared<Value>(Kind::kNone);
+  return none;
+}
+
+const ValuePtr& bool_constant(bool v) {
+  static const ValuePtr t = make_bool(true), f = make_bool(false);
+  return v ? t : f;
+}
+
+}  // namespace
+
+bool Value::is_constant(const Value& v) {
+  switch (v.kind) {
+    case Kind::kNone: return &v == none_constant().get();
+    case Kind::kBool: return &v == bool_constant(v.bool_value).get();
+    case Kind::kInt:
+      return v.int_value >= kMinConstantInt && v.int_value <= kMaxConstantInt &&
+             &v == small_ints()[static_cast<std::size_t>(v.int_value - kMinConstantInt)].get();
+    default: return false;
+  }
+}
+
+ValuePtr Value::none() { return none_constant(); }
+
+ValuePtr Value::boolean(bool v) { return bool_constant(v); }
+
+ValuePtr Value::integer(int64_t v) {
+  if (v >= kMinConstantInt && v <= kMaxConstantInt) return small_ints()[static_cast<std::size_t>(v - kMinConstantInt)];
+  return make_int(v);
 }
 
 ValuePtr Value::big_integer(std::string le_twos_complement) {

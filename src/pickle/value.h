@@ -75,6 +75,13 @@ class Value {
   static ValuePtr built(ValuePtr object, ValuePtr state);
   static ValuePtr persistent_id(ValuePtr pid);
 
+  // None, True, False and the ints in [kMinConstantInt, kMaxConstantInt] are
+  // shared constants: the constructors return one node for each, so a
+  // pickle of millions of them allocates nothing per value. Never mutated.
+  static constexpr int64_t kMinConstantInt = -256;
+  static constexpr int64_t kMaxConstantInt = 1023;
+  static bool is_constant(const Value& v);
+
   // ---- inspection (throw DataLoss naming the expected kind on mismatch) ----
   bool is(Kind k) const { return kind == k; }
   bool is_global(std::string_view module, std::string_view qualname) const;
