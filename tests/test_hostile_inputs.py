@@ -8,6 +8,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -393,3 +394,106 @@ def test_real_100k_tensor_pickle_is_within_the_default_budgets(tmp_path, run_ckp
     # and the measured cost is within a factor ~2 of the default: half the budget refuses it
     r = run_ckptconv("inspect", src, "--limit", "pickle-memory=300M")
     assert r.returncode == 3 and "pickle-memory" in r.stderr
+
+
+REGRESSIONS = Path(__file__).resolve().parent / "regressions"
+
+
+@pytest.mark.parametrize("name", ["libhdf5-segv-H5HG_read.h5", "dims-overflow-bad_alloc.h5"])
+def test_hdf5_mutant_that_crashed_is_a_clean_exit_3(name, tmp_path, run_ckptconv):
+    """Row 9: single-bit mutants of a ckptconv .h5 that killed the tool
+    (SIGSEGV inside libhdf5's H5HG_read) or made it exit 5 (a flipped
+    dimension asked for a 2^60-byte row). The structure is now read first in
+    a child process, and declared sizes are checked against the file."""
+    src = REGRESSIONS / "hdf5_reader_fuzz" / name
+    before = src.read_bytes()
+    for args in (["inspect", src], ["validate", src], ["convert", src, "-o", tmp_path / "o.pt"]):
+        r = run_ckptconv(*args, timeout=HANG_GUARD_S)
+        # validate lists a corrupt file as a problem (exit 1); the others refuse it
+        assert r.returncode == (1 if args[0] == "validate" else 3), f"{args[0]}: exit {r.returncode}\n{r.stderr}"
+        assert name in r.stdout + r.stderr, r.stderr
+    assert src.read_bytes() == before
+    assert not any(tmp_path.iterdir())
+
+
+def test_hdf5_mutants_never_kill_the_tool(repo, ckptconv):
+    """Row 9 in small: 150 single-bit mutants, each inspected and converted;
+    no signal death, no hang, no internal error (the full campaign is
+    tools/hdf5_mutants.py --count 10000)."""
+    r = subprocess.run([sys.executable, str(repo / "tools" / "hdf5_mutants.py"),
+                        "--count", "150", "--seed", "3", "--binary", str(ckptconv)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "150 single-bit mutants" in r.stdout
+
+
+def test_hdf5_sparse_dataset_declaring_4_tb_is_refused(tmp_path, run_ckptconv):
+    """Row 6 for HDF5: a chunked dataset of 2^40 bytes with no chunk written
+    (a 10 KB file) would read as terabytes of fill values."""
+    h5py = pytest.importorskip("h5py")
+    src = tmp_path / "sparse.h5"
+    with h5py.File(src, "w") as f:
+        f.attrs["ckptconv.layout_version"] = 1
+        f.attrs["ckptconv.kind"] = "dict"
+        f.attrs["ckptconv.keys"] = '["w"]'
+        d = f.create_dataset("w", shape=(2**28, 1024), dtype="<f4", chunks=(1, 1024))
+        d.attrs["dtype"] = "float32"
+    assert src.stat().st_size < 65536
+    r = run_ckptconv("convert", src, "-o", tmp_path / "o.pt", timeout=HANG_GUARD_S)
+    assert r.returncode == 3, r.stderr
+    assert "declares 1099511627776 bytes" in r.stderr and "dataset 'w'" in r.stderr, r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_hdf5_external_link_is_refused_unless_follow_links(tmp_path, run_ckptconv):
+    """Item 4: an external link reads another file, wherever it names."""
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+    other = tmp_path / "elsewhere.h5"
+    with h5py.File(other, "w") as f:
+        d = f.create_dataset("secret", data=np.arange(4, dtype="<f4"))
+        d.attrs["dtype"] = "float32"
+    src = tmp_path / "linked.h5"
+    with h5py.File(src, "w") as f:
+        f.attrs["ckptconv.layout_version"] = 1
+        f.attrs["ckptconv.kind"] = "dict"
+        f.attrs["ckptconv.keys"] = '["w"]'
+        f["w"] = h5py.ExternalLink(str(other), "/secret")
+    r = run_ckptconv("inspect", src)
+    assert r.returncode == 3, r.stderr
+    assert "external link" in r.stderr and "--follow-links" in r.stderr
+    r = run_ckptconv("inspect", src, "--follow-links")
+    assert r.returncode == 0, r.stderr
+    assert "float32" in r.stdout
+
+
+@pytest.mark.parametrize("which", ["distcp", "metadata", "rank_file"])
+def test_symlink_leaving_the_checkpoint_directory_is_refused(which, tmp_path, run_ckptconv, testdata):
+    """Item 4: a file of a checkpoint directory that is a symlink to a file
+    outside it reads something the user did not give: exit 3 unless
+    --follow-links. A symlink inside the directory is fine."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if which == "rank_file":
+        src = tmp_path / "ranks"
+        shutil.copytree(testdata / "fsdp_st" / "adamw_ws2", src)
+        victim = src / "model_rank1.pt"
+    else:
+        src = tmp_path / "dcp"
+        shutil.copytree(testdata / "dcp" / "fsdp2_adamw_ws2", src)
+        victim = src / (".metadata" if which == "metadata" else "__1_0.distcp")
+    shutil.move(victim, outside / victim.name)
+    victim.symlink_to(outside / victim.name)
+    args = ["consolidate", src, "-o", tmp_path / "o.pt"] + (["--only", "model"] if which == "rank_file" else [])
+    r = run_ckptconv(*args)
+    assert r.returncode == 3, r.stderr
+    assert "outside the checkpoint directory" in r.stderr and victim.name in r.stderr, r.stderr
+    assert not (tmp_path / "o.pt").exists()
+    r = run_ckptconv(*args, "--follow-links")
+    assert r.returncode == 0, r.stderr
+    # a symlink that stays inside is read without the flag
+    (tmp_path / "o.pt").unlink()
+    shutil.move(outside / victim.name, src / ("real_" + victim.name if which != "rank_file" else "copy.bin"))
+    victim.unlink()
+    victim.symlink_to(src / ("real_" + victim.name if which != "rank_file" else "copy.bin"))
+    assert run_ckptconv(*args).returncode == 0

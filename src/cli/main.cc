@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <new>
 
 #include "cli/commands.h"
 #include "core/budgets.h"
@@ -35,6 +36,10 @@ int main(int argc, char** argv) {
                  "tree-values (16777216); repeatable (docs/limits.md)")
       ->type_name("NAME=VALUE")
       ->take_all();
+  bool follow_links = false;
+  app.add_flag("--follow-links", follow_links,
+               "Read symlinks that leave the checkpoint's directory and HDF5 external links (refused by default: "
+               "they read files outside the input)");
 
   ckpt::cli::register_commands(app);
 
@@ -55,11 +60,15 @@ int main(int argc, char** argv) {
   try {
     ckpt::InputBudgets budgets;
     for (const auto& limit : limits) ckpt::apply_limit(budgets, limit);
+    budgets.follow_links = follow_links;
     ckpt::set_input_budgets(budgets);
     return ckpt::cli::run_selected(app);
   } catch (const ckpt::Error& e) {
     spdlog::error("{}", e.what());
     return ckpt::exit_code_for(e.code());
+  } catch (const std::bad_alloc&) {
+    spdlog::error("out of memory (lower --memory-limit or --threads, or free memory)");
+    return ckpt::exit_code_for(ckpt::ErrorCode::kResourceExhausted);
   } catch (const std::exception& e) {
     spdlog::error("internal error: {}", e.what());
     return 5;

@@ -22,6 +22,9 @@ struct InputBudgets {
   // Values in a decoded tree counted once per path that reaches them (what a
   // walk over the tree visits); a subtree shared k times counts k times.
   uint64_t tree_values = uint64_t{1} << 24;
+  // --follow-links: read symlinks that leave the checkpoint's directory and
+  // HDF5 external links (refused by default: they read outside the input).
+  bool follow_links = false;
 };
 
 // Measured on the largest real pickles we make: a torch.save of 100,000

@@ -13,6 +13,7 @@
 #include "core/problems.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "io/containment.h"
 #include "model/unflatten.h"
 #include "pickle/unpickler.h"
 
@@ -188,6 +189,7 @@ class DcpDirReader {
   }
 
   static DcpMetadata parse_file(const std::string& path) {
+    require_inside(path, fs::path(path).parent_path().string());
     SourcePtr src = open_file_source(path);
     ValuePtr raw = pickle::unpickle(*src, pickle::checkpoint_policy());
     return with_context(src->describe(), [&] { return parse_metadata(*raw); });
@@ -305,7 +307,11 @@ class DcpDirReader {
 
   SourcePtr open(const std::string& relative) {
     auto& slot = files_[relative];
-    if (!slot) slot = open_mapped_source((fs::path(dir_) / relative).string());
+    if (!slot) {
+      std::string path = (fs::path(dir_) / relative).string();
+      require_inside(path, dir_);
+      slot = open_mapped_source(path);
+    }
     return slot;
   }
 

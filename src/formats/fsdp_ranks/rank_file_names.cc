@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "io/containment.h"
 
 namespace ckpt::fsdp_ranks {
 namespace {
@@ -69,7 +70,10 @@ std::vector<std::string> list_rank_files(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (!entry.is_regular_file(ec)) continue;
     auto name = parse_rank_file_name(entry.path().filename().string());
-    if (name && !name->auxiliary) out.push_back(entry.path().string());
+    if (name && !name->auxiliary) {
+      require_inside(entry.path().string(), dir);
+      out.push_back(entry.path().string());
+    }
   }
   if (ec) fail(ErrorCode::kNotFound, dir + ": cannot list directory: " + ec.message());
   std::sort(out.begin(), out.end());

@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "core/budgets.h"
+#include "core/checked.h"
 #include "formats/hdf5/hdf5_attributes.h"
 #include "formats/hdf5/hdf5_handle.h"
+#include "io/isolate.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
 
@@ -19,6 +23,14 @@ using pickle::Value;
 using pickle::ValuePtr;
 
 constexpr int kMaxDepth = 200;
+// The structure of a file ckptconv wrote reads in milliseconds; a child still
+// busy after this long is looping on a corrupt one.
+constexpr double kStructureTimeoutS = 60;
+// deflate's largest expansion is about 1032:1; a chunked dataset that
+// declares more bytes than that from its stored chunks is not one ckptconv
+// wrote (it never leaves chunks unallocated), and reading it would make up
+// terabytes of fill values.
+constexpr uint64_t kMaxInflation = 1100;
 
 // A dataset's bytes in row-major order, read through HDF5 a range of dim-0
 // rows at a time (HDF5 decompresses and converts nothing: the memory type is
@@ -69,7 +81,8 @@ class DatasetSource final : public ByteSource {
 
 class Hdf5Reader {
  public:
-  Hdf5Reader(std::string path, CheckpointModel& model) : path_(std::move(path)), model_(model) {}
+  Hdf5Reader(std::string path, CheckpointModel& model, uint64_t file_size)
+      : path_(std::move(path)), model_(model), file_size_(file_size) {}
 
   ValuePtr read_group(hid_t group, const std::string& path, int depth) {
     if (depth > kMaxDepth) fail_data_loss("groups nest too deeply");
@@ -104,6 +117,7 @@ class Hdf5Reader {
   ValuePtr read_child(hid_t group, const std::string& key, const std::string& path, int depth) {
     std::string name = escape_name(key);
     if (check(H5Lexists(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, "'" + path + "'") > 0) {
+      refuse_external_link(group, name, path);
       H5O_info_t info;
       check(H5Oget_info_by_name(group, name.c_str(), &info, H5P_DEFAULT), ErrorCode::kDataLoss, "'" + path + "'");
       if (info.type == H5O_TYPE_GROUP) {
@@ -135,6 +149,41 @@ class Hdf5Reader {
     return value_from_json(j, [&](const Json&) -> ValuePtr { fail_data_loss("value '" + path + "' names a tensor"); });
   }
 
+  // An external link opens another file, wherever it names: ckptconv never
+  // writes one, and following it would read outside the input.
+  static void refuse_external_link(hid_t group, const std::string& name, const std::string& path) {
+    H5L_info_t link;
+    check(H5Lget_info(group, name.c_str(), &link, H5P_DEFAULT), ErrorCode::kDataLoss, "'" + path + "'");
+    if (link.type == H5L_TYPE_EXTERNAL && !input_budgets().follow_links) {
+      fail(ErrorCode::kUnsafe, "'" + path +
+                                   "' is an HDF5 external link to another file; refused (--follow-links reads it "
+                                   "for trusted input)");
+    }
+  }
+
+  // The bytes a dataset declares must be ones the file holds: a contiguous
+  // dataset's extent lies inside the file, a chunked one's stored chunks
+  // inflate to at most kMaxInflation times their size. H5Dget_storage_size
+  // walks the chunk index, so the isolated pass checks that index too.
+  void check_declared_size(hid_t ds, const std::string& what, uint64_t declared) const {
+    if (declared == 0) return;
+    Handle dcpl = checked_handle(H5Dget_create_plist(ds), ErrorCode::kDataLoss, what);
+    H5D_layout_t layout = H5Pget_layout(dcpl);
+    hsize_t stored = H5Dget_storage_size(ds);
+    if (layout == H5D_CONTIGUOUS) {
+      haddr_t offset = H5Dget_offset(ds);
+      if (offset == HADDR_UNDEF || offset > file_size_ || declared > file_size_ - offset)
+        fail_data_loss(what + " declares " + std::to_string(declared) + " bytes that the file (" +
+                       std::to_string(file_size_) + " bytes) does not hold");
+    } else if (layout == H5D_CHUNKED) {
+      if (stored == 0 || declared / kMaxInflation > stored)
+        fail_data_loss(what + " declares " + std::to_string(declared) + " bytes from " + std::to_string(stored) +
+                       " stored (unallocated or corrupt chunks)");
+    } else if (layout != H5D_COMPACT) {
+      fail_data_loss(what + " has a storage layout ckptconv does not write (virtual or unknown)");
+    }
+  }
+
   void read_dataset(hid_t group, const std::string& name, const std::string& path) {
     std::string what = "dataset '" + path + "'";
     Handle ds = checked_handle(H5Dopen2(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, what);
@@ -153,6 +202,7 @@ class Hdf5Reader {
     t.name = path;
     t.dtype = *dtype;
     for (hsize_t d : dims) t.shape.push_back(static_cast<int64_t>(d));
+    check_declared_size(ds, what, checked_mul(shape_numel(t.shape), dtype_size(*dtype), "dataset size"));
     TensorChunk c;
     c.offsets.assign(t.shape.size(), 0);
     c.sizes = t.shape;
@@ -166,13 +216,14 @@ class Hdf5Reader {
 
   std::string path_;
   CheckpointModel& model_;
+  uint64_t file_size_;
   std::map<haddr_t, std::size_t> by_address_;
   std::map<haddr_t, ValuePtr> groups_;  // nullptr while the group is being read
 };
 
 }  // namespace
 
-CheckpointModel read_hdf5_file(const std::string& path) {
+CheckpointModel read_hdf5_in_process(const std::string& path) {
   return with_context(path, [&] {
     silence_hdf5_errors();
     Handle file =
@@ -188,10 +239,25 @@ CheckpointModel read_hdf5_file(const std::string& path) {
     CheckpointModel model;
     model.source = path;
     if (auto src = read_string_attribute(root, "ckptconv.source_format")) model.facts["source_format"] = *src;
-    Hdf5Reader reader(path, model);
+    std::error_code ec;
+    uint64_t file_size = std::filesystem::file_size(path, ec);
+    if (ec) fail_data_loss("cannot stat: " + ec.message());
+    Hdf5Reader reader(path, model, file_size);
     model.root = reader.read_group(root, "", 0);
     return model;
   });
+}
+
+CheckpointModel read_hdf5_file(const std::string& path) {
+  // libhdf5 trusts the structures it reads: single bit flips in a file
+  // ckptconv wrote made it crash (SIGSEGV in H5HG_read) or loop. So the
+  // structure (superblock, groups, attributes, datatypes, dataspaces, layouts
+  // and chunk indexes: what read_hdf5_in_process touches) is read first in a
+  // child process, where a crash or a hang is only a refusal (exit 3); then
+  // again here, where it is known to finish. Tensor bytes are read once, here,
+  // through the chunk indexes the child already walked.
+  run_isolated("reading " + path + " with libhdf5", kStructureTimeoutS, [&] { read_hdf5_in_process(path); });
+  return read_hdf5_in_process(path);
 }
 
 }  // namespace ckpt::hdf5

@@ -1,0 +1,147 @@
+#include "io/isolate.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "core/error.h"
+
+namespace ckpt {
+namespace {
+
+// The child's outcome on the pipe: a code byte ('0' ok, else 'E'), then for
+// an error the code number and the strings of ckpt::Error, each as
+// "<length>:<bytes>".
+void put(std::string& out, const std::string& s) { out += std::to_string(s.size()) + ":" + s; }
+
+bool take(const std::string& in, std::size_t& pos, std::string& s) {
+  std::size_t colon = in.find(':', pos);
+  if (colon == std::string::npos) return false;
+  std::size_t n = std::stoul(in.substr(pos, colon - pos));
+  if (colon + 1 + n > in.size()) return false;
+  s = in.substr(colon + 1, n);
+  pos = colon + 1 + n;
+  return true;
+}
+
+std::string encode(const Error& e) {
+  std::string out = "E";
+  put(out, std::to_string(static_cast<int>(e.code())));
+  put(out, e.message());
+  put(out, e.place().file);
+  put(out, std::to_string(e.place().rank));
+  put(out, e.place().tensor);
+  put(out, std::to_string(e.context().size()));
+  for (const auto& c : e.context()) put(out, c);
+  return out;
+}
+
+[[noreturn]] void rethrow(const std::string& in, const std::string& what) {
+  std::size_t pos = 1;
+  std::string code, message, file, rank, tensor, n;
+  if (!take(in, pos, code) || !take(in, pos, message) || !take(in, pos, file) || !take(in, pos, rank) ||
+      !take(in, pos, tensor) || !take(in, pos, n)) {
+    fail(ErrorCode::kInternal, what + ": the isolated reader sent an unreadable outcome");
+  }
+  Error e(static_cast<ErrorCode>(std::stoi(code)), message);
+  std::vector<std::string> context(std::stoul(n));
+  for (auto& c : context) {
+    if (!take(in, pos, c)) fail(ErrorCode::kInternal, what + ": the isolated reader sent an unreadable outcome");
+  }
+  for (auto it = context.rbegin(); it != context.rend(); ++it) e.add_context(*it);  // innermost first
+  e.note_place({file, std::stoi(rank), tensor});
+  throw e;
+}
+
+void write_all(int fd, const std::string& s) {
+  std::size_t done = 0;
+  while (done < s.size()) {
+    ssize_t w = ::write(fd, s.data() + done, s.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    done += static_cast<std::size_t>(w);
+  }
+}
+
+}  // namespace
+
+void run_isolated(const std::string& what, double timeout_s, const std::function<void()>& work) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) fail(ErrorCode::kInternal, what + ": pipe: " + std::strerror(errno));
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    fail(ErrorCode::kResourceExhausted, what + ": fork: " + std::strerror(errno));
+  }
+  if (pid == 0) {
+    // The child: only the work, then _exit (no atexit handlers, no stdio
+    // flush of buffers the parent owns).
+    ::close(fds[0]);
+    std::string outcome = "0";
+    try {
+      work();
+    } catch (const Error& e) {
+      outcome = encode(e);
+    } catch (const std::bad_alloc&) {
+      outcome = encode(Error(ErrorCode::kDataLoss,
+                             what + " failed to allocate what the file asks for: a size in it is corrupt"));
+    } catch (const std::exception& e) {
+      outcome = encode(Error(ErrorCode::kInternal, e.what()));
+    } catch (...) {
+      outcome = encode(Error(ErrorCode::kInternal, "unknown exception"));
+    }
+    write_all(fds[1], outcome);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string outcome;
+  bool timed_out = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  char buf[4096];
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    ssize_t got = ::read(fds[0], buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;  // EOF: the child exited (or closed the pipe by dying)
+    outcome.append(buf, static_cast<std::size_t>(got));
+  }
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    fail_data_loss(what + " did not finish within " + std::to_string(static_cast<long long>(timeout_s)) +
+                   " s (a corrupt file can make the library loop); the file is refused");
+  }
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    fail_data_loss(what + " crashed the library (signal " + std::to_string(sig) + ", " + ::sigdescr_np(sig) +
+                   "): the file is corrupt; nothing was written");
+  }
+  if (outcome == "0") return;
+  if (!outcome.empty() && outcome[0] == 'E') rethrow(outcome, what);
+  fail(ErrorCode::kInternal, what + ": the isolated reader exited with status " +
+                                 std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + " and no outcome");
+}
+
+}  // namespace ckpt
