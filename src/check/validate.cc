@@ -94,7 +94,7 @@ class Validator {
     }
     report_.format = source_format_name(kind_);
     try {
-      return read_checkpoint(src_, {opt_.files, opt_.only, &sink_});
+      return read_checkpoint(src_, {opt_.files, opt_.only, &sink_, opt_.tag});
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kInvalidArgument) throw;  // usage: several families, a bad glob, ...
       sink_.report(e, report_.source);

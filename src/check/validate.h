@@ -30,6 +30,7 @@ inline constexpr int kValidateSchemaVersion = 1;
 struct ValidateOptions {
   std::vector<std::string> files;  // --files instead of SRC
   std::string only;                // per-rank families: read only "model" or "optim" files
+  std::string tag;                 // DeepSpeed: the tag directory (default: `latest`)
   bool finite = false;
   int expect_world_size = -1;
   std::string expect_keys_file;   // one key per line; "" for none

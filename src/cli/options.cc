@@ -3,7 +3,11 @@
 namespace ckpt::cli {
 
 void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const CommonHelp& help) {
-  if (which & kSource) sub->add_option("SRC", opt.source, help.source);
+  if (which & kSource) {
+    sub->add_option("SRC", opt.source, help.source);
+    sub->add_option("--tag", opt.tag,
+                    "DeepSpeed checkpoint: the tag directory under SRC to read (default: the one `latest` names)");
+  }
   if (which & kFiles)
     sub->add_option("--files", opt.files, "Per-rank files listed one by one (instead of SRC)")->expected(1, -1);
   if (which & kOnly) sub->add_option("--only", opt.only, help.only)->check(CLI::IsMember({"model", "optim"}));

@@ -14,6 +14,7 @@
 #include "formats/safetensors/safetensors_format.h"
 #include "formats/safetensors/safetensors_reader.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "formats/zero/zero_reader.h"
 #include "model/plain_values.h"
 
 namespace ckpt {
@@ -29,9 +30,11 @@ SourceKind detect_source(const std::string& src) {
     // files when it was saved without rank coordination.
     if (fs::exists(fs::path(src) / ".metadata") || fs::exists(fs::path(src) / "__0.metadata"))
       return SourceKind::kDcpDir;
+    if (zero::is_zero_checkpoint(src)) return SourceKind::kZero;
     if (!fsdp_ranks::list_rank_files(src).empty()) return SourceKind::kFsdpRanks;
-    fail(ErrorCode::kUnimplemented,
-         src + ": directory is not a recognised checkpoint (no DCP .metadata, no per-rank *rank{r}*.pt files)");
+    fail(ErrorCode::kUnimplemented, src +
+                                        ": directory is not a recognised checkpoint (no DCP .metadata, no DeepSpeed "
+                                        "`latest` or *_model_states.pt, no per-rank *rank{r}*.pt files)");
   }
   SourcePtr source = open_file_source(src);
   if (torch_pt::is_torch_zip(*source) || torch_pt::is_legacy_torch_save(*source)) return SourceKind::kTorchPt;
@@ -59,6 +62,7 @@ CheckpointModel read_by_kind(const std::string& src, SourceKind kind, const Read
     case SourceKind::kFsdpRanks: return fsdp_ranks::read_fsdp_ranks(src, options.only, options.problems);
     case SourceKind::kSafetensors: return safetensors::read_safetensors_file(src);
     case SourceKind::kSafetensorsIndex: return safetensors::read_safetensors_index(src, options.problems);
+    case SourceKind::kZero: return zero::read_zero(src, options.tag, options.only, options.problems);
     case SourceKind::kHdf5:
 #ifdef CKPT_HAVE_HDF5
       return hdf5::read_hdf5_file(src);

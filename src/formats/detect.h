@@ -20,6 +20,9 @@ struct ReadOptions {
   // problem they can read past here instead of failing on the first (see
   // core/problems.h); nullptr reads fail-fast, as consolidate needs.
   ProblemSink* problems = nullptr;
+  // --tag: a DeepSpeed checkpoint's tag directory under SRC (default: the
+  // one `latest` names).
+  std::string tag = {};
 };
 
 // InvalidArgument/NotFound/DataLoss with a message naming SRC when it is none

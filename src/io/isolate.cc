@@ -94,8 +94,8 @@ void run_isolated(const std::string& what, double timeout_s, const std::function
     } catch (const Error& e) {
       outcome = encode(e);
     } catch (const std::bad_alloc&) {
-      outcome = encode(Error(ErrorCode::kDataLoss,
-                             what + " failed to allocate what the file asks for: a size in it is corrupt"));
+      outcome = encode(
+          Error(ErrorCode::kDataLoss, what + " failed to allocate what the file asks for: a size in it is corrupt"));
     } catch (const std::exception& e) {
       outcome = encode(Error(ErrorCode::kInternal, e.what()));
     } catch (...) {

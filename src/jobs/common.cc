@@ -13,14 +13,17 @@ namespace ckpt::jobs {
 
 CheckpointModel read_source(const CommonOptions& opt) {
   parse_dtype_option(opt.dtype);  // a bad --dtype is a usage error before anything is read
-  return read_checkpoint(opt.source, {opt.files, opt.only});
+  return read_checkpoint(opt.source, {opt.files, opt.only, nullptr, opt.tag});
 }
 
 CheckpointModel read_selected(const CommonOptions& opt) { return select_source(read_source(opt), opt); }
 
 CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt) {
   auto cast_to = parse_dtype_option(opt.dtype);
-  std::string only = model.info.kind == SourceKind::kFsdpRanks ? "" : opt.only;
+  // Per-rank families and ZeRO keep model and optimizer in separate files:
+  // their readers applied --only already.
+  bool read_only = model.info.kind == SourceKind::kFsdpRanks || model.info.kind == SourceKind::kZero;
+  std::string only = read_only ? "" : opt.only;
   if (!only.empty() || !opt.keys.empty() || cast_to) model = select_entries(model, {only, opt.keys, cast_to});
   if (cast_to) apply_cast(model, *cast_to);
   require_valid(model);

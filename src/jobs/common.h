@@ -18,6 +18,7 @@ namespace ckpt::jobs {
 struct CommonOptions {
   std::string source;              // SRC
   std::vector<std::string> files;  // --files: per-rank files listed one by one, instead of SRC
+  std::string tag;                 // --tag: DeepSpeed tag directory (default: `latest`)
   std::string only;                // --only model|optim
   std::string keys;                // --keys REGEX
   std::string dtype = "keep";      // --dtype keep|fp32|bf16|fp16

@@ -8,6 +8,7 @@ namespace ckpt::jobs {
 JobReport run_validate(const ValidateRequest& req, std::ostream& out) {
   check::ValidateOptions options = req.check;
   options.files = req.common.files;
+  options.tag = req.common.tag;
   options.only = req.common.only;
   options.device = parse_device(req.common.device);
   options.threads = req.common.threads;

@@ -10,6 +10,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kSafetensors: return "safetensors file";
     case SourceKind::kSafetensorsIndex: return "sharded safetensors (index)";
     case SourceKind::kHdf5: return "HDF5 file";
+    case SourceKind::kZero: return "DeepSpeed ZeRO checkpoint";
   }
   return "?";
 }
@@ -22,6 +23,7 @@ const char* source_format_name(SourceKind kind) {
     case SourceKind::kSafetensors:
     case SourceKind::kSafetensorsIndex: return "safetensors";
     case SourceKind::kHdf5: return "hdf5";
+    case SourceKind::kZero: return "deepspeed-zero";
   }
   return "?";
 }

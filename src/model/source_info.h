@@ -17,12 +17,12 @@ namespace ckpt {
 
 // kFsdpRanks: a directory without `.metadata` holding per-rank files, a glob
 // pattern, or files listed with --files.
-enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kSafetensorsIndex, kHdf5 };
+enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kSafetensorsIndex, kHdf5, kZero };
 
 // For messages: "DCP directory", "per-rank files", ...
 const char* source_kind_name(SourceKind kind);
 // The format name in reports, JSON and manifests: "pt", "dcp", "fsdp-ranks",
-// "safetensors" (one file or an index), "hdf5".
+// "safetensors" (one file or an index), "hdf5", "deepspeed-zero".
 const char* source_format_name(SourceKind kind);
 
 // How a tensor was stored in its source.
@@ -64,7 +64,9 @@ struct SourceInfo {
   std::optional<DeviceMeshInfo> mesh;     // per-rank DTensor files: the mesh of the first one that has one
   std::optional<FlatLayout> flat_layout;  // DCP directories
 
-  bool is_sharded_source() const { return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks; }
+  bool is_sharded_source() const {
+    return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks || kind == SourceKind::kZero;
+  }
 };
 
 }  // namespace ckpt

@@ -220,6 +220,15 @@ constexpr Entry kAllowed[] = {
     {"pathlib", "WindowsPath", Use::kCall, &all_str},
     {"pathlib._local", "PosixPath", Use::kCall, &all_str},
     {"pathlib._local", "WindowsPath", Use::kCall, &all_str},
+
+    // ---- DeepSpeed ZeRO optimizer files (deepspeed 0.19; docs/deepspeed.md) ----
+    // Read as data: the enum's value, the records' state dicts. Nothing from
+    // DeepSpeed is ever imported where ckptconv's outputs are loaded: the
+    // torch_pt decoder turns each into its plain value.
+    {"deepspeed.runtime.zero.config", "ZeroStageEnum", Use::kCall, &one_int},
+    {"deepspeed.runtime.fp16.loss_scaler", "LossScaler", Use::kNew},
+    {"deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler", Use::kNew},
+    {"deepspeed.utils.tensor_fragment", "fragment_address", Use::kNew},
 };
 
 // Every torch.dtype by its str() name in torch 2.15 (torch.<name>): values.

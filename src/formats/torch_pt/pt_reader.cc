@@ -64,7 +64,26 @@ ValuePtr ArchiveDecoder::copy_container(const ValuePtr& v, const std::string& pa
   return out;
 }
 
+// DeepSpeed's records in ZeRO optimizer files, as plain data: the enum
+// ZeroStageEnum(n) as n, a LossScaler / DynamicLossScaler / fragment_address
+// (NEWOBJ then BUILD with a dict) as that dict. The policy admitted exactly
+// these shapes; readers (formats/zero) and outputs see only plain values.
+ValuePtr deepspeed_record_as_data(const Value& v) {
+  if (v.is(Kind::kCall) && v.callable && v.callable->is_global("deepspeed.runtime.zero.config", "ZeroStageEnum"))
+    return v.args->as_sequence().at(0);
+  if (v.is(Kind::kBuilt) && v.object && v.object->is(Kind::kCall) && v.object->callable &&
+      v.object->callable->is(Kind::kGlobal) && v.state && v.state->is(Kind::kDict)) {
+    const Value& cls = *v.object->callable;
+    if (cls.is_global("deepspeed.runtime.fp16.loss_scaler", "LossScaler") ||
+        cls.is_global("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler") ||
+        cls.is_global("deepspeed.utils.tensor_fragment", "fragment_address"))
+      return v.state;
+  }
+  return nullptr;
+}
+
 ValuePtr ArchiveDecoder::transform_uncached(const ValuePtr& v, const std::string& path) {
+  if (ValuePtr data = deepspeed_record_as_data(*v)) return transform(data, path);
   if (v->is(Kind::kCall) && v->callable && v->callable->is(Kind::kGlobal)) {
     const Value& fn = *v->callable;
     if (fn.is_global("torch._utils", "_rebuild_tensor_v2")) return decode_tensor(*v, path, false);

@@ -1,0 +1,654 @@
+#include "formats/zero/zero_reader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "core/checked.h"
+#include "core/error.h"
+#include "formats/pyobj.h"
+#include "formats/torch_pt/pt_reader.h"
+#include "io/containment.h"
+
+namespace ckpt::zero {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// ---- the files of one tag directory ----
+
+struct RankFile {
+  int rank = -1;
+  std::string path;
+};
+
+struct TagFiles {
+  std::string dir;
+  std::vector<RankFile> optim;  // by rank
+  std::vector<RankFile> model;  // ZeRO-3: by rank; ZeRO-1/2: the one mp_rank_00 file
+  bool per_rank_model = false;
+};
+
+std::string read_latest(const fs::path& root) {
+  std::ifstream in(root / "latest");
+  std::string tag((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
+  return tag;
+}
+
+bool has_model_states(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    static const std::string kSuffix = "_model_states.pt";
+    if (name.size() > kSuffix.size() && name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0)
+      return true;
+  }
+  return false;
+}
+
+// The tag directory SRC names: SRC itself, or SRC/<tag> (default: `latest`).
+std::string tag_dir(const std::string& src, const std::string& tag) {
+  fs::path root(src);
+  if (!tag.empty()) {
+    if (tag.find('/') != std::string::npos || tag == ".." || tag == ".")
+      fail_invalid("--tag '" + tag + "' must name a directory inside " + src);
+    fs::path dir = root / tag;
+    if (!fs::is_directory(dir)) fail(ErrorCode::kNotFound, src + ": no tag directory '" + tag + "'");
+    return dir.string();
+  }
+  if (has_model_states(root)) return root.string();
+  std::string latest = read_latest(root);
+  if (latest.empty() || latest.find('/') != std::string::npos || latest == "..")
+    fail_data_loss(src + "/latest does not name a tag directory ('" + latest + "')");
+  fs::path dir = root / latest;
+  if (!fs::is_directory(dir))
+    fail(ErrorCode::kNotFound, src + ": `latest` names tag '" + latest + "', which is not a directory here");
+  return dir.string();
+}
+
+TagFiles list_files(const std::string& dir) {
+  static const std::regex optim_re(R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$)");
+  static const std::regex rank_model_re(R"(^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$)");
+  static const std::regex model_re(R"(^mp_rank_(\d+)_model_states\.pt$)");
+  TagFiles out;
+  out.dir = dir;
+  std::map<int, std::string> optim, rank_model;
+  std::set<std::string> mp_ranks;
+  std::string single_model;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, optim_re)) {
+      mp_ranks.insert(m[3]);
+      if (m[3] == "00") optim[std::stoi(m[2])] = e.path().string();
+    } else if (std::regex_match(name, m, rank_model_re)) {
+      mp_ranks.insert(m[2]);
+      if (m[2] == "00") rank_model[std::stoi(m[1])] = e.path().string();
+    } else if (std::regex_match(name, m, model_re)) {
+      mp_ranks.insert(m[1]);
+      if (m[1] == "00") single_model = e.path().string();
+    } else {
+      continue;
+    }
+    require_inside(e.path().string(), dir);
+  }
+  if (ec) fail(ErrorCode::kNotFound, dir + ": cannot list directory: " + ec.message());
+  if (mp_ranks.size() > 1 || (mp_ranks.size() == 1 && *mp_ranks.begin() != "00")) {
+    std::string found;
+    for (const auto& r : mp_ranks) found += (found.empty() ? "mp_rank_" : ", mp_rank_") + r;
+    fail(ErrorCode::kUnimplemented, dir + ": tensor-parallel DeepSpeed checkpoints (" + found +
+                                        ") are not supported; ckptconv reads data-parallel ZeRO (mp_rank_00 only)");
+  }
+  if (optim.empty()) fail(ErrorCode::kNotFound, dir + ": no *_optim_states.pt files (a ZeRO checkpoint has one per rank)");
+  int ws = optim.rbegin()->first + 1;
+  for (int r = 0; r < ws; ++r) {
+    auto it = optim.find(r);
+    if (it == optim.end())
+      fail(ErrorCode::kNotFound, dir + ": the optimizer file of rank " + std::to_string(r) + " of " +
+                                     std::to_string(ws) + " is missing (*zero_pp_rank_" + std::to_string(r) +
+                                     "_mp_rank_00_optim_states.pt)");
+    out.optim.push_back({r, it->second});
+  }
+  if (!rank_model.empty()) {
+    out.per_rank_model = true;
+    for (int r = 0; r < ws; ++r) {
+      auto it = rank_model.find(r);
+      if (it == rank_model.end())
+        fail(ErrorCode::kNotFound, dir + ": the model-states file of rank " + std::to_string(r) +
+                                       " is missing (zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_model_states.pt)");
+      out.model.push_back({r, it->second});
+    }
+    if (rank_model.rbegin()->first >= ws)
+      fail_data_loss(dir + ": model-states files for " + std::to_string(rank_model.rbegin()->first + 1) +
+                     " ranks but optimizer files for " + std::to_string(ws) + " (files of two world sizes mixed)");
+  } else if (!single_model.empty()) {
+    out.model.push_back({0, single_model});
+  } else {
+    fail(ErrorCode::kNotFound, dir + ": no mp_rank_00_model_states.pt (ZeRO-1/2) or zero_pp_rank_0_mp_rank_00_model_states.pt (ZeRO-3)");
+  }
+  return out;
+}
+
+// ---- decoded files ----
+
+// One decoded .pt: its tree and the tensors it references.
+struct Decoded {
+  std::string path;
+  int rank = -1;
+  ValuePtr root;
+  std::vector<TensorEntry> tensors;
+
+  const TensorEntry& tensor(const Value& ref, const std::string& what) const {
+    auto idx = tensor_ref_index(ref);
+    if (!idx) fail_data_loss(what + " is not a tensor");
+    return tensors.at(*idx);
+  }
+};
+
+Decoded decode(const RankFile& f, ProblemSink* problems) {
+  Decoded d;
+  d.path = f.path;
+  d.rank = f.rank;
+  d.root = torch_pt::decode_archive(open_mapped_source(f.path), d.tensors, "", f.rank, problems);
+  if (!d.root || !d.root->is(Kind::kDict)) fail_data_loss(f.path + ": not a DeepSpeed state dict");
+  return d;
+}
+
+// An OrderedDict with attributes (a module state_dict's _metadata) is BUILD
+// on the dict: its entries are the object's.
+const Value& as_dict(const Value& v) { return v.is(Kind::kBuilt) && v.object ? *v.object : v; }
+
+ValuePtr at(const Value& v0, std::string_view key, const std::string& file) {
+  const Value& v = as_dict(v0);
+  ValuePtr out = v.is(Kind::kDict) ? v.get(key) : nullptr;
+  if (!out) fail_data_loss(file + ": no '" + std::string(key) + "' entry (not a DeepSpeed ZeRO file?)");
+  return out;
+}
+
+// A flat 1-D partition record: one contiguous chunk.
+const TensorChunk& flat_chunk(const TensorEntry& t, const std::string& what) {
+  if (t.shape.size() != 1 || t.chunks.size() != 1 || t.chunks[0].strides != Shape{1})
+    fail_data_loss(what + " is not a flat 1-D partition");
+  return t.chunks[0];
+}
+
+// ---- element ranges into boxes ----
+
+// Adds to `out` the chunks holding its flattened elements [begin, begin+n),
+// read from `src` (a flat partition) starting at its element `src_elem`. A
+// range of a row-major tensor is at most 2 x ndim boxes: a partial first
+// row, whole rows, a partial last row, recursively.
+void add_range(TensorEntry& out, const TensorEntry& src, uint64_t src_elem, uint64_t begin, uint64_t n, int rank,
+               const std::string& what) {
+  if (n == 0) return;
+  const TensorChunk& sc = flat_chunk(src, what);
+  if (src_elem > uint64_t(src.shape[0]) || n > uint64_t(src.shape[0]) - src_elem)
+    fail_data_loss(what + ": needs elements [" + std::to_string(src_elem) + ", " + std::to_string(src_elem + n) +
+                   ") of a partition of " + std::to_string(src.shape[0]));
+  const Shape strides = contiguous_strides(out.shape);
+  const int64_t base = sc.storage_offset + int64_t(src_elem) - int64_t(begin);
+  auto emit = [&](const Shape& offsets, const Shape& sizes) {
+    TensorChunk c;
+    c.offsets = offsets;
+    c.sizes = sizes;
+    c.storage = sc.storage;
+    c.strides = strides;
+    int64_t flat = 0;
+    for (std::size_t d = 0; d < offsets.size(); ++d) flat += offsets[d] * strides[d];
+    c.storage_offset = base + flat;
+    c.storage_crc = sc.storage_crc;
+    c.file = sc.file;
+    c.rank = rank;
+    out.chunks.push_back(std::move(c));
+  };
+  // Recursive over dimensions: [lo, hi) within the sub-tensor at dim `d`
+  // whose leading indices are `prefix`.
+  std::function<void(std::size_t, Shape, uint64_t, uint64_t)> split = [&](std::size_t d, Shape prefix, uint64_t lo,
+                                                                          uint64_t hi) {
+    if (lo >= hi) return;
+    const Shape& shape = out.shape;
+    if (d == shape.size()) {  // a scalar (0-d tensor)
+      emit(prefix, {});
+      return;
+    }
+    uint64_t inner = 1;
+    for (std::size_t k = d + 1; k < shape.size(); ++k) inner *= uint64_t(shape[k]);
+    Shape rest(shape.begin() + long(d) + 1, shape.end());
+    auto box = [&](uint64_t r0, uint64_t r1) {
+      Shape offsets = prefix, sizes(d, 1);
+      offsets.push_back(int64_t(r0));
+      offsets.resize(shape.size(), 0);
+      sizes.push_back(int64_t(r1 - r0));
+      sizes.insert(sizes.end(), rest.begin(), rest.end());
+      emit(offsets, sizes);
+    };
+    uint64_t r_lo = lo / inner, r_hi = hi / inner;
+    auto within = [&](uint64_t row, uint64_t a, uint64_t b) {
+      Shape p = prefix;
+      p.push_back(int64_t(row));
+      split(d + 1, p, a, b);
+    };
+    if (r_lo == r_hi) {
+      within(r_lo, lo % inner, hi % inner);
+      return;
+    }
+    if (lo % inner) within(r_lo++, lo % inner, inner);
+    if (r_hi > r_lo) box(r_lo, r_hi);
+    if (hi % inner) within(r_hi, 0, hi % inner);
+  };
+  split(0, {}, begin, begin + n);
+}
+
+// ---- the checkpoint ----
+
+struct ParamSlot {
+  std::string name;
+  Shape shape;
+  std::size_t group = 0;
+};
+
+class ZeroReader {
+ public:
+  ZeroReader(TagFiles files, ProblemSink* problems) : files_(std::move(files)), problems_(problems) {}
+
+  CheckpointModel read() {
+    for (const auto& f : files_.model) models_.push_back(decode(f, problems_));
+    for (const auto& f : files_.optim) optims_.push_back(decode(f, problems_));
+    ws_ = int(optims_.size());
+    read_layout();
+    CheckpointModel model;
+    model.source = files_.dir;
+    build(model);
+    model.info.kind = SourceKind::kZero;
+    for (const auto& f : files_.model) model.info.files.push_back(f.path);
+    for (const auto& f : files_.optim) model.info.files.push_back(f.path);
+    std::sort(model.info.files.begin(), model.info.files.end());
+    model.info.world_sizes = {ws_};
+    model.facts["zero_stage"] = bf16_optimizer_ ? "1 (BF16_Optimizer)" : std::to_string(stage_);
+    if (ValuePtr v = models_[0].root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
+    model.facts["tag"] = fs::path(files_.dir).filename().string();
+    return model;
+  }
+
+ private:
+  const Value& osd(int r) const { return *at(*optims_[r].root, "optimizer_state_dict", optims_[r].path); }
+
+  void read_layout() {
+    const Decoded& m0 = models_[0];
+    const Value& o0 = osd(0);
+    if (ValuePtr stage = o0.get("zero_stage")) {
+      stage_ = int(stage->as_int());
+    } else if (o0.get("single_partition_of_fp32_groups") && o0.get("base_optimizer_state")) {
+      stage_ = 1;  // BF16_Optimizer: stage-1 layout, fp32 partitions kept padded, no zero_stage key
+      bf16_optimizer_ = true;
+    } else {
+      fail(ErrorCode::kUnimplemented, optims_[0].path + ": an optimizer layout ckptconv does not know (no zero_stage, "
+                                                        "no single_partition_of_fp32_groups)");
+    }
+    if (stage_ < 1 || stage_ > 3) fail_data_loss(optims_[0].path + ": zero_stage " + std::to_string(stage_));
+    if ((stage_ == 3) != files_.per_rank_model)
+      fail_data_loss(files_.dir + ": ZeRO stage " + std::to_string(stage_) + " with " +
+                     (files_.per_rank_model ? "per-rank" : "one") + " model-states file(s)");
+    if (ValuePtr pc = o0.get("partition_count")) {
+      int64_t count = pc->is(Kind::kInt) ? pc->int_value : 0;
+      if (pc->is(Kind::kList))
+        for (const auto& c : pc->items) count = std::max(count, c->as_int());
+      if (count != ws_)
+        fail_data_loss(optims_[0].path + ": partition_count " + std::to_string(count) + " but " +
+                       std::to_string(ws_) + " optimizer files (files of two world sizes mixed?)");
+    }
+    if (ValuePtr dp = m0.root->get("dp_world_size"); dp && dp->is(Kind::kInt) && dp->int_value != ws_)
+      fail_data_loss(m0.path + ": dp_world_size " + std::to_string(dp->int_value) + " but " + std::to_string(ws_) +
+                     " optimizer files");
+    const Value& shapes = *at(*m0.root, "param_shapes", m0.path);
+    for (std::size_t g = 0; g < shapes.as_sequence().size(); ++g) {
+      const Value& group = *shapes.as_sequence()[g];
+      if (!group.is(Kind::kDict)) fail_data_loss(m0.path + ": param_shapes[" + std::to_string(g) + "] is not a dict");
+      groups_.emplace_back();
+      for (const auto& [k, v] : group.entries) {
+        groups_.back().push_back(params_.size());
+        params_.push_back({k->as_str(), pyobj::int_sequence(*v, "param shape"), g});
+      }
+    }
+    if (ValuePtr frozen = m0.root->get("frozen_param_shapes"); frozen && frozen->is(Kind::kDict))
+      for (const auto& [k, v] : frozen->entries) frozen_names_.insert(k->as_str());
+    if (ValuePtr shared = m0.root->get("shared_params"); shared && shared->is(Kind::kDict))
+      for (const auto& [k, v] : shared->entries) shared_[k->as_str()] = v->as_str();
+  }
+
+  // The base optimizer's state_dict(): {'state': {i: {...}}, 'param_groups': [...]}.
+  const Value& base_state(int r) const {
+    const Value& o = osd(r);
+    return stage_ == 3 ? *at(o, "optimizer_state_dict", optims_[r].path) : *at(o, "base_optimizer_state", optims_[r].path);
+  }
+  // The rank's flat fp32 partitions, one per (sub-)group.
+  std::vector<const TensorEntry*> fp32_parts(int r) const {
+    const Decoded& d = optims_[r];
+    const Value& list = *at(osd(r), stage_ == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups", d.path);
+    std::vector<const TensorEntry*> out;
+    for (const auto& t : list.as_sequence()) out.push_back(&d.tensor(*t, d.path + ": fp32 partition"));
+    return out;
+  }
+  // state[i] of the base optimizer, per (sub-)group i.
+  std::vector<const Value*> state_of_groups(int r, std::size_t count) const {
+    const Value& state = *at(base_state(r), "state", optims_[r].path);
+    std::vector<const Value*> out(count, nullptr);
+    for (const auto& [k, v] : state.entries)
+      if (k->is(Kind::kInt) && k->int_value >= 0 && std::size_t(k->int_value) < count) out[k->int_value] = v.get();
+    return out;
+  }
+
+  std::size_t new_tensor(CheckpointModel& model, std::string name, const Shape& shape, DType dtype) {
+    TensorEntry t;
+    t.name = std::move(name);
+    t.shape = shape;
+    t.dtype = dtype;
+    t.world_size = ws_;
+    t.sharding = "ZeRO-" + std::to_string(stage_) + " flat partitions of " + std::to_string(ws_) + " ranks";
+    model.tensors.push_back(std::move(t));
+    return model.tensors.size() - 1;
+  }
+
+  // One tensor gathered from the ranks' flat partitions of one state key
+  // (fp32 master, exp_avg, ...): `parts[r][k]` is rank r's partition of
+  // (sub-)group k. Returns the tensor index per parameter.
+  std::vector<std::size_t> gather(CheckpointModel& model, const std::vector<std::vector<const TensorEntry*>>& parts,
+                                  const std::string& prefix, const std::string& suffix) {
+    std::vector<std::size_t> out(params_.size());
+    DType dtype = parts.at(0).at(0)->dtype;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      out[i] = new_tensor(model, prefix + params_[i].name + suffix, params_[i].shape, dtype);
+    if (stage_ == 3) {
+      // Every parameter: ceil(numel/ws) elements per rank, at one running
+      // offset in each rank's concatenated (sub-)group partitions.
+      std::vector<uint64_t> group_start;
+      uint64_t total = 0;
+      for (const auto* t : parts[0]) {
+        group_start.push_back(total);
+        total += uint64_t(t->shape.at(0));
+      }
+      uint64_t off = 0;
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        uint64_t numel = shape_numel(params_[i].shape), part = (numel + ws_ - 1) / ws_;
+        std::size_t k = std::upper_bound(group_start.begin(), group_start.end(), off) - group_start.begin() - 1;
+        for (int r = 0; r < ws_; ++r) {
+          uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
+          if (k >= parts[r].size())
+            fail_data_loss(optims_[r].path + ": fewer flat groups than param_shapes needs ('" + params_[i].name + "')");
+          add_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, r,
+                    optims_[r].path + ": '" + params_[i].name + "'");
+        }
+        off += part;
+      }
+      return out;
+    }
+    // ZeRO-1/2: per group, the ranks' partitions are consecutive pieces of
+    // P elements of one flat buffer; parameters sit in param_shapes order,
+    // each followed by its alignment padding.
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      uint64_t p = partition_size(g);
+      std::vector<int64_t> pads = alignment_paddings(g);
+      uint64_t off = 0;
+      for (std::size_t j = 0; j < groups_[g].size(); ++j) {
+        const ParamSlot& slot = params_[groups_[g][j]];
+        uint64_t numel = shape_numel(slot.shape);
+        for (int r = 0; r < ws_; ++r) {
+          uint64_t lo = std::max(off, uint64_t(r) * p), hi = std::min(off + numel, uint64_t(r + 1) * p);
+          if (lo >= hi) continue;
+          if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
+          add_range(model.tensors[out[groups_[g][j]]], *parts[r][g], lo - uint64_t(r) * p, lo - off, hi - lo, r,
+                    optims_[r].path + ": '" + slot.name + "'");
+        }
+        off += numel + uint64_t(j < pads.size() ? pads[j] : 0);
+      }
+      if (off > p * uint64_t(ws_))
+        fail_data_loss(files_.dir + ": param group " + std::to_string(g) + " needs " + std::to_string(off) +
+                       " elements but its " + std::to_string(ws_) + " partitions hold " +
+                       std::to_string(p * uint64_t(ws_)));
+    }
+    return out;
+  }
+
+  // ZeRO-1/2: the partition size of group g (with padding): the size of the
+  // padded optimizer state, or the fp32 partition plus this rank's padding.
+  uint64_t partition_size(std::size_t g) const {
+    const Value& o = osd(0);
+    uint64_t pad = 0;
+    if (ValuePtr pads = o.get("group_paddings"); pads && g < pads->as_sequence().size())
+      pad = uint64_t(pads->as_sequence()[g]->as_int());
+    uint64_t fp32 = uint64_t(fp32_parts(0).at(g)->shape.at(0));
+    return bf16_optimizer_ ? fp32 : fp32 + pad;
+  }
+
+  std::vector<int64_t> alignment_paddings(std::size_t g) const {
+    std::vector<int64_t> out;
+    if (ValuePtr all = osd(0).get("param_alignment_paddings"); all && g < all->as_sequence().size())
+      for (const auto& v : all->as_sequence()[g]->as_sequence()) out.push_back(v->as_int());
+    return out;
+  }
+
+  void build(CheckpointModel& model) {
+    // fp32 master weights and the per-parameter optimizer state.
+    std::vector<std::vector<const TensorEntry*>> fp32(ws_);
+    for (int r = 0; r < ws_; ++r) fp32[r] = fp32_parts(r);
+    std::size_t ngroups = fp32[0].size();
+    std::vector<std::size_t> master = gather(model, fp32, "model.", "");
+
+    std::vector<std::vector<const Value*>> states(ws_);
+    for (int r = 0; r < ws_; ++r) states[r] = state_of_groups(r, ngroups);
+    std::vector<std::string> state_keys;  // flat keys (exp_avg, ...) and scalar ones (step), in file order
+    if (states[0][0])
+      for (const auto& [k, v] : states[0][0]->entries) state_keys.push_back(k->as_str());
+    std::map<std::string, std::vector<std::size_t>> flat_state;
+    std::set<std::string> scalar_keys;
+    for (const auto& key : state_keys) {
+      const TensorEntry& first = optims_[0].tensor(*at(*states[0][0], key, optims_[0].path), optims_[0].path + ": " + key);
+      if (first.shape.empty()) {
+        scalar_keys.insert(key);
+        continue;
+      }
+      std::vector<std::vector<const TensorEntry*>> parts(ws_);
+      for (int r = 0; r < ws_; ++r)
+        for (std::size_t k = 0; k < ngroups; ++k) {
+          if (!states[r][k]) fail_data_loss(optims_[r].path + ": no optimizer state for group " + std::to_string(k));
+          parts[r].push_back(&optims_[r].tensor(*at(*states[r][k], key, optims_[r].path), optims_[r].path + ": " + key));
+        }
+      flat_state[key] = gather(model, parts, "optim.state.", "." + key);
+    }
+
+    // model: the module's entries in order; trainable ones are the fp32 masters.
+    const Decoded& m0 = models_[0];
+    const Value& module = as_dict(*at(*m0.root, "module", m0.path));
+    std::map<std::string, std::size_t> trainable;
+    for (std::size_t i = 0; i < params_.size(); ++i) trainable[params_[i].name] = master[i];
+    auto model_dict = Value::dict({}, true);
+    std::map<std::string, ValuePtr> refs;
+    for (const auto& [k, v] : module.entries) {
+      const std::string& name = k->as_str();
+      if (shared_.count(name)) continue;  // tied aliases: added below, as their owner
+      std::size_t idx;
+      if (auto it = trainable.find(name); it != trainable.end()) {
+        idx = it->second;
+      } else if (is_frozen(name)) {
+        idx = frozen(model, name);
+      } else {
+        idx = copy_tensor(model, m0, *v, "model." + name);
+      }
+      refs[name] = make_tensor_ref(idx);
+    }
+    for (const auto& [k, v] : module.entries) {
+      const std::string& name = k->as_str();
+      ValuePtr ref;
+      if (auto alias = shared_.find(name); alias != shared_.end()) {
+        auto owner = refs.find(alias->second);
+        if (owner == refs.end())
+          fail_data_loss(m0.path + ": shared parameter '" + name + "' names '" + alias->second + "', which is not in module");
+        ref = owner->second;
+      } else {
+        ref = refs.at(name);
+      }
+      model_dict->entries.emplace_back(Value::str(name), ref);
+    }
+
+    // optim: torch's full optimizer state dict, keyed by FQN.
+    auto state = Value::dict();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto per_param = Value::dict();
+      std::size_t k = sub_group_of(i);
+      for (const auto& key : state_keys) {
+        std::size_t idx;
+        if (scalar_keys.count(key)) {
+          // Per-group scalars (step) go to every parameter of the group, as
+          // torch optimizers keep them: one tensor each, never shared.
+          const TensorEntry& src =
+              optims_[0].tensor(*at(*states[0][k], key, optims_[0].path), optims_[0].path + ": " + key);
+          TensorEntry t = src;
+          t.name = "optim.state." + params_[i].name + "." + key;
+          model.tensors.push_back(std::move(t));
+          idx = model.tensors.size() - 1;
+        } else {
+          idx = flat_state.at(key)[i];
+        }
+        per_param->entries.emplace_back(Value::str(key), make_tensor_ref(idx));
+      }
+      state->entries.emplace_back(Value::str(params_[i].name), per_param);
+    }
+    const Value& base_groups = *at(base_state(0), "param_groups", optims_[0].path);
+    if (base_groups.as_sequence().size() != groups_.size())
+      fail(ErrorCode::kUnimplemented, optims_[0].path + ": " + std::to_string(base_groups.as_sequence().size()) +
+                                          " optimizer param groups for " + std::to_string(groups_.size()) +
+                                          " param_shapes groups (ZeRO-3 sub-groups are not supported yet)");
+    auto param_groups = Value::list({});
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      auto group = Value::dict();
+      for (const auto& [k, v] : base_groups.as_sequence()[g]->entries) {
+        if (k->is(Kind::kStr) && k->text == "params") continue;
+        group->entries.emplace_back(k, v);
+      }
+      // The module's order (the optimizer's own), not the flat buffer's: with
+      // round_robin_gradients param_shapes is reordered.
+      std::vector<std::size_t> members = groups_[g];
+      std::stable_sort(members.begin(), members.end(), [&](std::size_t a, std::size_t b) {
+        return module_pos(params_[a].name) < module_pos(params_[b].name);
+      });
+      auto names = Value::list({});
+      for (std::size_t i : members) names->items.push_back(Value::str(params_[i].name));
+      group->entries.emplace_back(Value::str("params"), names);
+      param_groups->items.push_back(group);
+    }
+    auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups}});
+    model.root = Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
+  }
+
+  std::size_t module_pos(const std::string& name) {
+    if (module_pos_.empty()) {
+      const Value& module = as_dict(*at(*models_[0].root, "module", models_[0].path));
+      for (std::size_t i = 0; i < module.entries.size(); ++i)
+        if (module.entries[i].first->is(Kind::kStr)) module_pos_.emplace(module.entries[i].first->text, i);
+    }
+    auto it = module_pos_.find(name);
+    return it == module_pos_.end() ? module_pos_.size() : it->second;
+  }
+
+  // The (sub-)group holding parameter i: its param_shapes group (ZeRO-3
+  // sub-groups refused above).
+  std::size_t sub_group_of(std::size_t i) const { return params_[i].group; }
+
+  // d.root[dict_key][name], through an index built once per (file, dict):
+  // a model's thousands of names are found in log time, not by scanning.
+  const Value& lookup(const Decoded& d, const std::string& dict_key, const std::string& name) {
+    auto& index = indexes_[{&d, dict_key}];
+    if (index.empty())
+      for (const auto& [k, v] : as_dict(*at(*d.root, dict_key, d.path)).entries)
+        if (k->is(Kind::kStr)) index.emplace(k->text, v);
+    auto it = index.find(name);
+    if (it == index.end()) fail_data_loss(d.path + ": no '" + name + "' in " + dict_key);
+    return *it->second;
+  }
+
+  bool is_frozen(const std::string& name) const { return frozen_names_.count(name) > 0; }
+
+  // A frozen parameter as saved (low precision): whole in the ZeRO-1/2 model
+  // file, ceil(numel/ws) per rank in ZeRO-3's.
+  std::size_t frozen(CheckpointModel& model, const std::string& name) {
+    const Decoded& m0 = models_[0];
+    Shape shape = pyobj::int_sequence(lookup(m0, "frozen_param_shapes", name), "frozen shape");
+    if (stage_ != 3) {
+      ValuePtr frags = m0.root->get("frozen_param_fragments");
+      const char* where = frags && frags->is(Kind::kDict) ? "frozen_param_fragments" : "module";
+      return copy_tensor(model, m0, lookup(m0, where, name), "model." + name);
+    }
+    uint64_t numel = shape_numel(shape), part = (numel + ws_ - 1) / ws_;
+    const TensorEntry& first = m0.tensor(lookup(m0, "frozen_param_fragments", name), m0.path);
+    std::size_t idx = new_tensor(model, "model." + name, shape, first.dtype);
+    for (int r = 0; r < ws_; ++r) {
+      const Decoded& m = models_[r];
+      const TensorEntry& frag = m.tensor(lookup(m, "frozen_param_fragments", name), m.path);
+      uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
+      add_range(model.tensors[idx], frag, 0, lo, hi - lo, r, m.path + ": frozen '" + name + "'");
+    }
+    return idx;
+  }
+
+  std::size_t copy_tensor(CheckpointModel& model, const Decoded& d, const Value& ref, const std::string& name) {
+    TensorEntry t = d.tensor(ref, d.path + ": '" + name + "'");
+    t.name = name;
+    model.tensors.push_back(std::move(t));
+    return model.tensors.size() - 1;
+  }
+
+  TagFiles files_;
+  ProblemSink* problems_;
+  std::vector<Decoded> models_, optims_;
+  int ws_ = 0;
+  int stage_ = 0;
+  bool bf16_optimizer_ = false;
+  std::vector<ParamSlot> params_;                 // param_shapes order, groups concatenated
+  std::vector<std::vector<std::size_t>> groups_;  // param indices per group
+  std::map<std::string, std::string> shared_;     // alias -> owner
+  std::map<std::string, std::size_t> module_pos_;  // module entry -> its position
+  std::set<std::string> frozen_names_;             // frozen_param_shapes (ZeRO-2/3)
+  std::map<std::pair<const Decoded*, std::string>, std::map<std::string, ValuePtr>> indexes_;
+};
+
+}  // namespace
+
+bool is_zero_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  fs::path root(dir);
+  if (has_model_states(root)) return true;
+  if (!fs::is_regular_file(root / "latest", ec)) return false;
+  std::string tag = read_latest(root);
+  return !tag.empty() && tag.find('/') == std::string::npos && fs::is_directory(root / tag, ec) &&
+         has_model_states(root / tag);
+}
+
+CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
+                          ProblemSink* problems) {
+  std::string dir = tag_dir(src, tag);
+  CheckpointModel model = ZeroReader(list_files(dir), problems).read();
+  if (!only.empty()) {
+    ValuePtr entry = model.root->get(only);
+    if (!entry) fail_invalid("--only " + only + ": a ZeRO checkpoint has 'model' and 'optim'");
+    model.root = entry;
+    prune_unreferenced(model.root, model.tensors);
+    for (auto& t : model.tensors)  // names follow the new root
+      if (t.name.rfind(only + ".", 0) == 0) t.name = t.name.substr(only.size() + 1);
+  }
+  return model;
+}
+
+}  // namespace ckpt::zero

@@ -1,0 +1,30 @@
+// Reader of DeepSpeed ZeRO checkpoints (stages 1, 2, 3 and the
+// BF16_Optimizer; docs/deepspeed.md) into a CheckpointModel shaped like
+// torch's FULL_STATE_DICT: {"model": {fqn: tensor}, "optim": {"state": {fqn:
+// {step, exp_avg, ...}}, "param_groups": [{..., "params": [fqn, ...]}]}}.
+// Trainable weights are the fp32 master copies, gathered from every rank's
+// flat partitions by element ranges: each output tensor's chunks point into
+// the ranks' partition records, so nothing is loaded here and a job streams
+// them like any other sharded source. Frozen parameters and buffers are as
+// saved (their low-precision dtype), tied aliases reference their owner.
+#pragma once
+
+#include <string>
+
+#include "core/problems.h"
+#include "model/checkpoint_model.h"
+
+namespace ckpt::zero {
+
+// True for a checkpoint root (a `latest` file naming a tag directory) or a
+// tag directory holding DeepSpeed's *_model_states.pt files.
+bool is_zero_checkpoint(const std::string& dir);
+
+// `tag`: the tag directory to read under a root; empty: the one `latest` names.
+// `only` "model" or "optim": that entry's state dict alone (what
+// zero_to_fp32 writes, for "model"); the fp32 masters come from the optimizer
+// files either way.
+CheckpointModel read_zero(const std::string& src, const std::string& tag = "", const std::string& only = "",
+                          ProblemSink* problems = nullptr);
+
+}  // namespace ckpt::zero

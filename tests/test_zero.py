@@ -1,0 +1,181 @@
+"""DeepSpeed ZeRO checkpoints (testdata/zero, written by real DeepSpeed
+0.19.8 through tools/make_zero_checkpoints.py): consolidate, --only model,
+every output format, reshard, diff, inspect, validate and bad input, against
+the live engine's fp32 masters and optimizer state (reference_live.pt) and
+DeepSpeed's own zero_to_fp32 output (reference_fp32.pt)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ZERO = Path(__file__).resolve().parent.parent / "testdata" / "zero"
+CASES = sorted(p.name for p in ZERO.iterdir() if (p / "latest").exists())
+
+
+def _equal(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_consolidate_equals_the_live_engine(case, tmp_path, run_ckptconv):
+    """Trainable weights are the engine's fp32 masters, the AdamW state
+    (step, exp_avg, exp_avg_sq) is the engine's, per parameter by FQN, and
+    param_groups hold the hyper-parameters and FQNs in module order, bit for
+    bit: stages 1-3, bf16/fp16/fp32, world sizes 2 and 3, BF16_Optimizer,
+    round-robin gradients, alignment padding, two param groups."""
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", ZERO / case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    live = torch.load(ZERO / case / "reference_live.pt", weights_only=True)
+    assert set(full) == {"model", "optim"}
+    for name, want in live["model"].items():
+        assert _equal(full["model"][name], want), name
+    assert set(full["optim"]["state"]) == set(live["optim"])
+    for name, state in live["optim"].items():
+        got = full["optim"]["state"][name]
+        assert list(got) == ["step", "exp_avg", "exp_avg_sq"], name  # torch AdamW's own order
+        for key, want in state.items():
+            assert _equal(got[key], want), (name, key)
+    groups = [{**g, "betas": list(g["betas"])} for g in full["optim"]["param_groups"]]
+    assert groups == live["param_groups"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if (ZERO / c / "reference_fp32.pt").exists()])
+def test_only_model_is_zero_to_fp32_bit_for_bit(case, tmp_path, run_ckptconv):
+    """--only model writes what zero_to_fp32 writes on every key it writes
+    (frozen parameters in their saved dtype, buffers, tied aliases), plus the
+    frozen parameters zero_to_fp32 omits at ZeRO-1 (taken from `module`)."""
+    out = tmp_path / "model.pt"
+    r = run_ckptconv("consolidate", ZERO / case, "--only", "model", "-o", out)
+    assert r.returncode == 0, r.stderr
+    got = torch.load(out, weights_only=True)
+    ref = torch.load(ZERO / case / "reference_fp32.pt", weights_only=True)
+    for name, want in ref.items():
+        assert _equal(got[name], want), name
+    extra = set(got) - set(ref)
+    assert extra == ({"frozen.weight"} if case.startswith("z1_") else set())
+    # the tied alias is one tensor with its owner, as in the module
+    assert got["head_tied.weight"].data_ptr() == got["head.weight"].data_ptr()
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "h5"])
+def test_every_output_format(fmt, tmp_path, run_ckptconv):
+    case = ZERO / "z3_bf16_ws2"
+    ref = torch.load(case / "reference_live.pt", weights_only=True)["model"]
+    out = tmp_path / f"model.{fmt}"
+    r = run_ckptconv("consolidate", case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    if fmt == "safetensors":
+        from safetensors.torch import load_file
+        got = load_file(out)
+        names = {k.removeprefix("model."): v for k, v in got.items() if k.startswith("model.")}
+        # safetensors holds a tensor once: the tied alias is the owner's entry
+        names.setdefault("head_tied.weight", names["head.weight"])
+    else:
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(out, "r") as f:
+            names = {k: torch.from_numpy(f["model"][k][()]) for k in ref if k in f["model"]}
+    for name, want in ref.items():
+        assert torch.equal(names[name], want), name
+
+
+def test_bf16_dtype_cast_and_keys(tmp_path, run_ckptconv):
+    case = ZERO / "z2_fp32_ws3"
+    out = tmp_path / "w.pt"
+    r = run_ckptconv("consolidate", case, "--only", "model", "--keys", r"^l1\.", "--dtype", "bf16", "-o", out)
+    if r.returncode != 0 and "plugin" in r.stderr:
+        pytest.skip("LibTorch plugin not built")
+    assert r.returncode == 0, r.stderr
+    got = torch.load(out, weights_only=True)
+    ref = torch.load(case / "reference_live.pt", weights_only=True)["model"]
+    assert sorted(got) == ["l1.bias", "l1.weight"]
+    for k in got:
+        assert torch.equal(got[k], ref[k].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("layout", ["dcp", "fsdp-dtensor"])
+def test_reshard_to_fsdp_layouts_round_trips(layout, tmp_path, run_ckptconv):
+    """A ZeRO run migrated to FSDP layouts at another world size holds the
+    same values (diff against the ZeRO source is equal)."""
+    case = ZERO / "z3_fp16_ws3"
+    dst = tmp_path / "dst"
+    r = run_ckptconv("reshard", case, "-o", dst, "--world-size", "2", "--layout", layout)
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("diff", case, dst)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 differ" in r.stdout
+
+
+def test_inspect_and_validate_name_the_source(run_ckptconv):
+    r = run_ckptconv("inspect", ZERO / "z3_bf16_ws2")
+    assert r.returncode == 0, r.stderr
+    assert "deepspeed-zero" in r.stdout and "zero_stage: 3" in r.stdout
+    r = run_ckptconv("validate", ZERO / "z2_bf16_ws3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "world size 3" in r.stdout and "VALID" in r.stdout
+
+
+def _copy(case: str, tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / case
+    shutil.copytree(ZERO / case, root)
+    return root, root / "global_step3"
+
+
+def test_missing_rank_file_is_named(tmp_path, run_ckptconv):
+    root, tag = _copy("z2_bf16_ws3", tmp_path)
+    (tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    r = run_ckptconv("consolidate", root, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3, r.stderr
+    assert "rank 1 of 3 is missing" in r.stderr and "zero_pp_rank_1" in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_truncated_partition_is_named_and_nothing_written(tmp_path, run_ckptconv):
+    root, tag = _copy("z3_bf16_ws2", tmp_path)
+    victim = tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    r = run_ckptconv("consolidate", root, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3, r.stderr
+    assert victim.name in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+    r = run_ckptconv("validate", root)
+    assert r.returncode in (1, 3) and victim.name in r.stdout + r.stderr
+
+
+def test_files_of_two_world_sizes_are_refused(tmp_path, run_ckptconv):
+    root, tag = _copy("z2_bf16_ws2", tmp_path)
+    other = ZERO / "z2_bf16_ws3" / "global_step3" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt"
+    shutil.copy(other, tag)
+    r = run_ckptconv("consolidate", root, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3, r.stderr
+    assert "partition_count 2 but 3 optimizer files" in r.stderr
+
+
+def test_tensor_parallel_ranks_are_refused(tmp_path, run_ckptconv):
+    root, tag = _copy("z2_bf16_ws2", tmp_path)
+    shutil.copy(tag / "mp_rank_00_model_states.pt", tag / "mp_rank_01_model_states.pt")
+    r = run_ckptconv("inspect", root)
+    assert r.returncode == 3, r.stderr
+    assert "tensor-parallel" in r.stderr and "mp_rank_01" in r.stderr
+
+
+def test_tag_directory_latest_and_tag_option(tmp_path, run_ckptconv):
+    """SRC may be the root (the tag `latest` names, or --tag's) or the tag directory."""
+    a = run_ckptconv("inspect", ZERO / "z1_bf16_ws2")
+    b = run_ckptconv("inspect", ZERO / "z1_bf16_ws2" / "global_step3")
+    assert a.returncode == b.returncode == 0
+    assert a.stdout.splitlines()[1:] == b.stdout.splitlines()[1:]
+    root, tag = _copy("z1_bf16_ws2", tmp_path)
+    shutil.copytree(tag, root / "global_step9")
+    (root / "global_step9" / "mp_rank_00_model_states.pt").unlink()
+    assert run_ckptconv("inspect", root).returncode == 0
+    r = run_ckptconv("inspect", root, "--tag", "global_step9")
+    assert r.returncode == 3 and "global_step9" in r.stderr, r.stderr
+    r = run_ckptconv("inspect", root, "--tag", "global_step7")
+    assert r.returncode == 3 and "no tag directory 'global_step7'" in r.stderr, r.stderr
