@@ -112,7 +112,8 @@ TagFiles list_files(const std::string& dir) {
     fail(ErrorCode::kUnimplemented, dir + ": tensor-parallel DeepSpeed checkpoints (" + found +
                                         ") are not supported; ckptconv reads data-parallel ZeRO (mp_rank_00 only)");
   }
-  if (optim.empty()) fail(ErrorCode::kNotFound, dir + ": no *_optim_states.pt files (a ZeRO checkpoint has one per rank)");
+  if (optim.empty())
+    fail(ErrorCode::kNotFound, dir + ": no *_optim_states.pt files (a ZeRO checkpoint has one per rank)");
   int ws = optim.rbegin()->first + 1;
   for (int r = 0; r < ws; ++r) {
     auto it = optim.find(r);
@@ -128,7 +129,8 @@ TagFiles list_files(const std::string& dir) {
       auto it = rank_model.find(r);
       if (it == rank_model.end())
         fail(ErrorCode::kNotFound, dir + ": the model-states file of rank " + std::to_string(r) +
-                                       " is missing (zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_model_states.pt)");
+                                       " is missing (zero_pp_rank_" + std::to_string(r) +
+                                       "_mp_rank_00_model_states.pt)");
       out.model.push_back({r, it->second});
     }
     if (rank_model.rbegin()->first >= ws)
@@ -137,7 +139,8 @@ TagFiles list_files(const std::string& dir) {
   } else if (!single_model.empty()) {
     out.model.push_back({0, single_model});
   } else {
-    fail(ErrorCode::kNotFound, dir + ": no mp_rank_00_model_states.pt (ZeRO-1/2) or zero_pp_rank_0_mp_rank_00_model_states.pt (ZeRO-3)");
+    fail(ErrorCode::kNotFound,
+         dir + ": no mp_rank_00_model_states.pt (ZeRO-1/2) or zero_pp_rank_0_mp_rank_00_model_states.pt (ZeRO-3)");
   }
   return out;
 }
@@ -295,8 +298,9 @@ class ZeroReader {
       stage_ = 1;  // BF16_Optimizer: stage-1 layout, fp32 partitions kept padded, no zero_stage key
       bf16_optimizer_ = true;
     } else {
-      fail(ErrorCode::kUnimplemented, optims_[0].path + ": an optimizer layout ckptconv does not know (no zero_stage, "
-                                                        "no single_partition_of_fp32_groups)");
+      fail(ErrorCode::kUnimplemented, optims_[0].path +
+                                          ": an optimizer layout ckptconv does not know (no zero_stage, "
+                                          "no single_partition_of_fp32_groups)");
     }
     if (stage_ < 1 || stage_ > 3) fail_data_loss(optims_[0].path + ": zero_stage " + std::to_string(stage_));
     if ((stage_ == 3) != files_.per_rank_model)
@@ -307,8 +311,8 @@ class ZeroReader {
       if (pc->is(Kind::kList))
         for (const auto& c : pc->items) count = std::max(count, c->as_int());
       if (count != ws_)
-        fail_data_loss(optims_[0].path + ": partition_count " + std::to_string(count) + " but " +
-                       std::to_string(ws_) + " optimizer files (files of two world sizes mixed?)");
+        fail_data_loss(optims_[0].path + ": partition_count " + std::to_string(count) + " but " + std::to_string(ws_) +
+                       " optimizer files (files of two world sizes mixed?)");
     }
     if (ValuePtr dp = m0.root->get("dp_world_size"); dp && dp->is(Kind::kInt) && dp->int_value != ws_)
       fail_data_loss(m0.path + ": dp_world_size " + std::to_string(dp->int_value) + " but " + std::to_string(ws_) +
@@ -332,7 +336,8 @@ class ZeroReader {
   // The base optimizer's state_dict(): {'state': {i: {...}}, 'param_groups': [...]}.
   const Value& base_state(int r) const {
     const Value& o = osd(r);
-    return stage_ == 3 ? *at(o, "optimizer_state_dict", optims_[r].path) : *at(o, "base_optimizer_state", optims_[r].path);
+    return stage_ == 3 ? *at(o, "optimizer_state_dict", optims_[r].path)
+                       : *at(o, "base_optimizer_state", optims_[r].path);
   }
   // The rank's flat fp32 partitions, one per (sub-)group.
   std::vector<const TensorEntry*> fp32_parts(int r) const {
@@ -455,7 +460,8 @@ class ZeroReader {
     std::map<std::string, std::vector<std::size_t>> flat_state;
     std::set<std::string> scalar_keys;
     for (const auto& key : state_keys) {
-      const TensorEntry& first = optims_[0].tensor(*at(*states[0][0], key, optims_[0].path), optims_[0].path + ": " + key);
+      const TensorEntry& first =
+          optims_[0].tensor(*at(*states[0][0], key, optims_[0].path), optims_[0].path + ": " + key);
       if (first.shape.empty()) {
         scalar_keys.insert(key);
         continue;
@@ -464,7 +470,8 @@ class ZeroReader {
       for (int r = 0; r < ws_; ++r)
         for (std::size_t k = 0; k < ngroups; ++k) {
           if (!states[r][k]) fail_data_loss(optims_[r].path + ": no optimizer state for group " + std::to_string(k));
-          parts[r].push_back(&optims_[r].tensor(*at(*states[r][k], key, optims_[r].path), optims_[r].path + ": " + key));
+          parts[r].push_back(
+              &optims_[r].tensor(*at(*states[r][k], key, optims_[r].path), optims_[r].path + ": " + key));
         }
       flat_state[key] = gather(model, parts, "optim.state.", "." + key);
     }
@@ -495,7 +502,8 @@ class ZeroReader {
       if (auto alias = shared_.find(name); alias != shared_.end()) {
         auto owner = refs.find(alias->second);
         if (owner == refs.end())
-          fail_data_loss(m0.path + ": shared parameter '" + name + "' names '" + alias->second + "', which is not in module");
+          fail_data_loss(m0.path + ": shared parameter '" + name + "' names '" + alias->second +
+                         "', which is not in module");
         ref = owner->second;
       } else {
         ref = refs.at(name);
@@ -616,9 +624,9 @@ class ZeroReader {
   int ws_ = 0;
   int stage_ = 0;
   bool bf16_optimizer_ = false;
-  std::vector<ParamSlot> params_;                 // param_shapes order, groups concatenated
-  std::vector<std::vector<std::size_t>> groups_;  // param indices per group
-  std::map<std::string, std::string> shared_;     // alias -> owner
+  std::vector<ParamSlot> params_;                  // param_shapes order, groups concatenated
+  std::vector<std::vector<std::size_t>> groups_;   // param indices per group
+  std::map<std::string, std::string> shared_;      // alias -> owner
   std::map<std::string, std::size_t> module_pos_;  // module entry -> its position
   std::set<std::string> frozen_names_;             // frozen_param_shapes (ZeRO-2/3)
   std::map<std::pair<const Decoded*, std::string>, std::map<std::string, ValuePtr>> indexes_;
