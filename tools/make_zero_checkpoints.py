@@ -88,11 +88,11 @@ TAG = f"global_step{STEPS}"
 
 
 class Net(nn.Module):
-    """The model of /work/shared/DEEPSPEED.md.
+    """The model of docs/deepspeed.md.
 
     out_bias          5      Parameter registered first (flat offset 0)
     l1.weight  7x6, l1.bias 7
-    l2.weight 11x7           (no bias, as in DEEPSPEED.md's shapes)
+    l2.weight 11x7           (no bias, as in docs/deepspeed.md)
     frozen.weight 5x11       requires_grad=False
     head.weight   5x11
     head_tied.weight         the same Parameter as head.weight
@@ -455,7 +455,7 @@ def load(p: Path):
 
 def derive_from_files(c, tagdir: Path, cls: str):
     """Rebuild per-param fp32 / exp_avg / exp_avg_sq / step from the files alone,
-    the way DEEPSPEED.md sections 4 and 5 describe (param_shapes + paddings)."""
+    the way docs/deepspeed.md describes (param_shapes + paddings)."""
     ws, stage = c["world_size"], c["stage"]
     pfx = "bf16_" if c["dtype"] == "bf16" else ""
     optims = [load(tagdir / f"{pfx}zero_pp_rank_{r}_mp_rank_00_optim_states.pt")["optimizer_state_dict"]
@@ -542,7 +542,7 @@ def finish_case(name, c, d: Path, ws, cls, ref_live, source, notes):
     fp16_patched = not _mkldnn_fp16()
     stage = c["stage"]
     lp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[c["dtype"]]
-    # ---- layout (DEEPSPEED.md section 1) ----
+    # ---- layout (docs/deepspeed.md, SRC) ----
     assert (d / "latest").read_text() == TAG, (d / "latest").read_text()
     top = sorted(p.name for p in d.iterdir())
     assert {"zero_to_fp32.py", "latest", TAG} <= set(top), top
@@ -591,7 +591,7 @@ def finish_case(name, c, d: Path, ws, cls, ref_live, source, notes):
             assert "frozen.weight" not in sd, sorted(sd)
         else:
             assert sd["frozen.weight"].dtype == lp_dtype and torch.equal(sd["frozen.weight"], ref_live["lp"]["frozen.weight"])
-    # ---- the files alone, per DEEPSPEED.md 4/5, against the live values ----
+    # ---- the files alone, per docs/deepspeed.md, against the live values ----
     for n in TRAINABLE:
         want = {"fp32": ref_live["model"][n], **ref_live["optim"][n]}
         for k, v in want.items():
