@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "core/budgets.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/logging.h"
 #include "core/progress.h"
 #include "jobs/version.h"
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
     std::cout << app.help();
     return 2;
   }
+  ckpt::install_interrupt_handlers();
+  std::string command = app.get_subcommands().front()->get_name();
   try {
     ckpt::InputBudgets budgets;
     for (const auto& limit : limits) ckpt::apply_limit(budgets, limit);
@@ -64,6 +67,12 @@ int main(int argc, char** argv) {
     ckpt::set_input_budgets(budgets);
     return ckpt::cli::run_selected(app);
   } catch (const ckpt::Error& e) {
+    if (e.code() == ckpt::ErrorCode::kInterrupted) {
+      int sig = ckpt::interrupted_signal();
+      spdlog::error("{} interrupted by {}: nothing was written (the temporary output was removed)", command,
+                    ckpt::signal_name(sig));
+      return 128 + sig;
+    }
     spdlog::error("{}", e.what());
     return ckpt::exit_code_for(e.code());
   } catch (const std::bad_alloc&) {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/interrupt.h"
 #include "core/units.h"
 
 namespace ckpt {
@@ -87,6 +88,7 @@ void set_progress_enabled(bool enabled) { reporter().enabled = enabled; }
 bool progress_enabled() { return reporter().enabled; }
 
 void progress_add(uint64_t bytes) {
+  check_interrupted();  // every byte a job moves passes here: the place to stop
   Reporter& r = reporter();
   if (r.active.load(std::memory_order_relaxed)) r.done.fetch_add(bytes, std::memory_order_relaxed);
 }

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/interrupt.h"
+#include "io/temp_output.h"
 
 namespace ckpt {
 namespace {
@@ -27,24 +29,37 @@ bool path_exists(const std::string& path) {
 AtomicDirectory::AtomicDirectory(std::string dir, bool force) : dir_(std::move(dir)), force_(force) {
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   if (!force_ && path_exists(dir_)) fail_invalid(dir_ + ": output exists (use --force to overwrite)");
+  remove_stale_temps(dir_);
   std::string pattern = dir_ + ".tmp-XXXXXX";
-  std::vector<char> name(pattern.begin(), pattern.end());
-  name.push_back('\0');
-  if (::mkdtemp(name.data()) == nullptr)
-    fail(ErrorCode::kOutputFailed, dir_ + ": cannot create temporary directory: " + std::strerror(errno));
-  temp_ = name.data();
+  for (int attempt = 0; lock_fd_ < 0; ++attempt) {
+    std::vector<char> name(pattern.begin(), pattern.end());
+    name.push_back('\0');
+    if (::mkdtemp(name.data()) == nullptr)
+      fail(ErrorCode::kOutputFailed, dir_ + ": cannot create temporary directory: " + std::strerror(errno));
+    temp_ = name.data();
+    lock_fd_ = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lock_fd_ >= 0 && !lock_new_temp(lock_fd_, temp_)) {  // removed by a concurrent cleaner
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+    }
+    if (lock_fd_ < 0 && attempt == 8)
+      fail(ErrorCode::kOutputFailed, dir_ + ": cannot keep a temporary directory (removed as made)");
+  }
   ::chmod(temp_.c_str(), 0755);  // mkdtemp makes 0700
 }
 
 AtomicDirectory::~AtomicDirectory() {
-  if (committed_) return;
-  std::error_code ec;
-  fs::remove_all(temp_, ec);
+  if (!committed_) {
+    std::error_code ec;
+    fs::remove_all(temp_, ec);
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 std::string AtomicDirectory::path_of(const std::string& name) const { return (fs::path(temp_) / name).string(); }
 
 void AtomicDirectory::commit() {
+  check_interrupted();  // an interrupted job leaves nothing, even when its files are done
   if (int dfd = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);

@@ -33,6 +33,7 @@ class AtomicDirectory {
   std::string temp_;
   bool force_;
   bool committed_ = false;
+  int lock_fd_ = -1;  // the temporary directory, flock'ed while this run lives (io/temp_output.h)
 };
 
 }  // namespace ckpt

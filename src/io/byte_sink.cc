@@ -11,6 +11,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/interrupt.h"
+#include "io/temp_output.h"
 
 namespace ckpt {
 namespace {
@@ -48,11 +50,21 @@ void MemorySink::write(const void* data, std::size_t n) { bytes_.append(static_c
 std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, bool overwrite, bool durable) {
   struct stat st {};
   if (!overwrite && ::lstat(dest.c_str(), &st) == 0) fail_invalid(dest + ": output exists (use --force to overwrite)");
+  remove_stale_temps(dest);
   std::string pattern = dest + ".tmp-XXXXXX";
-  std::vector<char> name(pattern.begin(), pattern.end());
-  name.push_back('\0');
-  int fd = ::mkostemp(name.data(), O_CLOEXEC);
-  if (fd < 0) fail(ErrorCode::kOutputFailed, dest + ": cannot create temporary file: " + std::strerror(errno));
+  std::vector<char> name;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    name.assign(pattern.begin(), pattern.end());
+    name.push_back('\0');
+    fd = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd < 0) fail(ErrorCode::kOutputFailed, dest + ": cannot create temporary file: " + std::strerror(errno));
+    if (!lock_new_temp(fd, name.data())) {  // removed by a concurrent cleaner: make another
+      ::close(fd);
+      fd = -1;
+      if (attempt == 8) fail(ErrorCode::kOutputFailed, dest + ": cannot keep a temporary file (removed as made)");
+    }
+  }
   ::fchmod(fd, 0644);  // mkostemp makes 0600; outputs should look like any other file
   return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(dest, name.data(), fd, overwrite, durable));
 }
@@ -136,6 +148,7 @@ void AtomicFileSink::finish() {
     fail_io("close failed", errno);
   }
   fd_ = -1;
+  check_interrupted();  // an interrupted job leaves nothing, even when this file is done
   // RENAME_NOREPLACE keeps a file that appeared meanwhile unless --force was given.
   unsigned flags = overwrite_ ? 0 : RENAME_NOREPLACE;
   if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, dest_.c_str(), flags) != 0) {

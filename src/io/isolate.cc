@@ -15,6 +15,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace ckpt {
 namespace {
@@ -129,6 +130,7 @@ void run_isolated(const std::string& what, double timeout_s, const std::function
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  check_interrupted();  // Ctrl-C reaches the child too: that is no crash of the library
   if (timed_out) {
     fail_data_loss(what + " did not finish within " + std::to_string(static_cast<long long>(timeout_s)) +
                    " s (a corrupt file can make the library loop); the file is refused");

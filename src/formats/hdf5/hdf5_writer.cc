@@ -254,8 +254,12 @@ void write_hdf5(const std::string& path, const CheckpointModel& model, const Wri
                 const FillTensor& fill) {
   silence_hdf5_errors();
   if (!is_group(*model.root)) fail_invalid("HDF5 output needs a dict or list at the top of the checkpoint");
-  Handle file = checked_handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-                               ErrorCode::kOutputFailed, "cannot create HDF5 file");
+  // The file is our temporary output, already flock'ed by its sink for this
+  // run (io/temp_output.h): libhdf5's own lock on it would conflict.
+  Handle fapl = checked_handle(H5Pcreate(H5P_FILE_ACCESS), ErrorCode::kOutputFailed, "file access list");
+  check(H5Pset_file_locking(fapl, false, true), ErrorCode::kOutputFailed, "file locking");
+  Handle file = checked_handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), ErrorCode::kOutputFailed,
+                               "cannot create HDF5 file");
   Handle root = checked_handle(H5Gopen2(file, "/", H5P_DEFAULT), ErrorCode::kOutputFailed, "root group");
   write_root_attributes(root, model);
   Hdf5Writer writer(model, options, fill);

@@ -1,0 +1,46 @@
+#include "core/interrupt.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+
+#include "core/error.h"
+
+namespace ckpt {
+namespace {
+
+std::atomic<int> g_signal{0};
+
+extern "C" void on_signal(int sig) {
+  int expected = 0;
+  if (!g_signal.compare_exchange_strong(expected, sig)) ::_exit(128 + sig);  // the second one: stop now
+}
+
+}  // namespace
+
+void install_interrupt_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // I/O loops go on to the next check instead of failing with EINTR
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
+int interrupted_signal() { return g_signal.load(std::memory_order_relaxed); }
+
+void check_interrupted() {
+  if (int sig = interrupted_signal()) fail(ErrorCode::kInterrupted, std::string("interrupted by ") + signal_name(sig));
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+  }
+}
+
+}  // namespace ckpt

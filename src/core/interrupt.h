@@ -1,0 +1,20 @@
+// SIGINT (Ctrl-C), SIGTERM (what Slurm and Kubernetes send on preemption)
+// and SIGHUP (a closed terminal) stop a job cleanly: the handler only records
+// the signal; the work checks for it where it counts bytes (progress_add)
+// and before an output is renamed into place, and unwinds with an
+// Interrupted error, so every temporary output is removed by its owner on
+// the way out. main prints one line and exits 128 + the signal. A second
+// signal while that happens exits at once.
+#pragma once
+
+namespace ckpt {
+
+void install_interrupt_handlers();
+// The signal received, or 0.
+int interrupted_signal();
+// Throws Interrupted ("interrupted by SIGTERM") once a signal was received.
+void check_interrupted();
+// "SIGINT", "SIGTERM", "SIGHUP".
+const char* signal_name(int sig);
+
+}  // namespace ckpt

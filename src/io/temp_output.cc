@@ -1,0 +1,53 @@
+#include "io/temp_output.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "core/log.h"
+
+namespace ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::size_t kRandomChars = 6;  // mkstemp's XXXXXX
+
+bool same_file(int fd, const std::string& path) {
+  struct stat a {}, b {};
+  return ::fstat(fd, &a) == 0 && ::lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+}  // namespace
+
+bool lock_new_temp(int fd, const std::string& path) {
+  // Non-blocking: a cleaner holding the lock is about to remove the entry.
+  // After the lock, the name must still be this file (not removed and made
+  // again by someone else in between).
+  return ::flock(fd, LOCK_EX | LOCK_NB) == 0 && same_file(fd, path);
+}
+
+void remove_stale_temps(const std::string& dest) {
+  fs::path d(dest);
+  fs::path parent = d.has_parent_path() ? d.parent_path() : fs::path(".");
+  std::string prefix = d.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.size() != prefix.size() + kRandomChars || name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string path = entry.path().string();
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && same_file(fd, path)) {
+      std::error_code rm;
+      fs::remove_all(path, rm);
+      if (!rm) log::info("removed " + path + ", the temporary output of an earlier run that was killed");
+    }
+    ::close(fd);
+  }
+}
+
+}  // namespace ckpt

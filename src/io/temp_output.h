@@ -1,0 +1,20 @@
+// Temporary outputs ("<dest>.tmp-XXXXXX", a file or a directory) carry an
+// flock held by the process writing them, for as long as it lives. A run
+// killed by SIGKILL (which no process can catch) leaves its temporary output
+// behind, unlocked: the next run writing the same destination removes it.
+// A temporary output whose writer still runs is locked, and left alone.
+#pragma once
+
+#include <string>
+
+namespace ckpt {
+
+// Removes "<dest>.tmp-??????" entries beside `dest` that no live process
+// holds, saying so on the log.
+void remove_stale_temps(const std::string& dest);
+
+// Locks the just-created temporary `path` (open as `fd`) for this process.
+// False when another run removed it in between (the caller makes a new one).
+bool lock_new_temp(int fd, const std::string& path);
+
+}  // namespace ckpt
