@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 constexpr std::size_t kRandomChars = 6;  // mkstemp's XXXXXX
 
 bool same_file(int fd, const std::string& path) {
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   return ::fstat(fd, &a) == 0 && ::lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
