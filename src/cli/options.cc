@@ -14,7 +14,7 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
   if (which & kKeys) sub->add_option("--keys", opt.keys, help.keys);
   if (which & kDtype)
     sub->add_option("--dtype", opt.dtype, "Cast floating-point tensors (optimizer step counters excepted)")
-        ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16"}))
+        ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16", "float32", "float", "bfloat16", "float16", "half"}))
         ->capture_default_str();
   if (which & kThreads) sub->add_option("--threads", opt.threads, help.threads);
   if (which & kDevice)

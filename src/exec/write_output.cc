@@ -1,5 +1,6 @@
 #include "exec/write_output.h"
 
+#include <cctype>
 #include <filesystem>
 
 #include "core/error.h"
@@ -86,6 +87,7 @@ std::optional<OutputFormat> output_format_from_name(const std::string& name) {
 
 std::optional<OutputFormat> output_format_from_path(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (ext == ".pt" || ext == ".pth" || ext == ".bin") return OutputFormat::kPt;
   if (ext == ".safetensors") return OutputFormat::kSafetensors;
   if (ext == ".h5" || ext == ".hdf5") return OutputFormat::kHdf5;

@@ -32,10 +32,18 @@ SourceKind detect_source(const std::string& src) {
       return SourceKind::kDcpDir;
     if (zero::is_zero_checkpoint(src)) return SourceKind::kZero;
     if (!fsdp_ranks::list_rank_files(src).empty()) return SourceKind::kFsdpRanks;
+    if (fs::is_empty(src, ec)) fail(ErrorCode::kNotFound, "no checkpoint found in " + src + ": the directory is empty");
     fail(ErrorCode::kUnimplemented, src +
                                         ": directory is not a recognised checkpoint (no DCP .metadata, no DeepSpeed "
                                         "`latest` or *_model_states.pt, no per-rank *rank{r}*.pt files)");
   }
+  // One file of a DCP directory read alone is no checkpoint: its .distcp
+  // holds bytes without their tensors' shapes, its .metadata no bytes.
+  fs::path file(src);
+  fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  bool dcp_member = file.filename() == ".metadata" || file.extension() == ".distcp";
+  if (dcp_member && (fs::exists(dir / ".metadata", ec) || fs::exists(dir / "__0.metadata", ec)))
+    fail_invalid(src + " is one file of the DCP checkpoint " + dir.string() + ": pass the directory");
   SourcePtr source = open_file_source(src);
   if (torch_pt::is_torch_zip(*source) || torch_pt::is_legacy_torch_save(*source)) return SourceKind::kTorchPt;
   if (safetensors::is_safetensors_index(src)) return SourceKind::kSafetensorsIndex;

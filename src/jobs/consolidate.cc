@@ -12,9 +12,25 @@
 namespace ckpt::jobs {
 namespace {
 
+// The format by --format, else by OUT's extension (case-insensitive). A typo
+// (`.safetensor`) or an extension that names another format than --format is
+// a usage error: writing a torch zip under a name that says otherwise would
+// look right and load wrong.
 OutputFormat resolve_output_format(const ConsolidateRequest& req) {
-  auto format = req.format.empty() ? output_format_from_path(req.output).value_or(OutputFormat::kPt)
-                                   : *output_format_from_name(req.format);
+  static const char* kKnown = ".pt, .pth, .bin (torch.save), .safetensors, .h5, .hdf5";
+  auto by_path = output_format_from_path(req.output);
+  OutputFormat format;
+  if (req.format.empty()) {
+    if (!by_path)
+      fail_invalid(req.output + ": the extension names no output format; use one of " + kKnown +
+                   ", or give --format pt|safetensors|hdf5");
+    format = *by_path;
+  } else {
+    format = *output_format_from_name(req.format);
+    if (by_path && *by_path != format)
+      fail_invalid(req.output + ": the extension says " + output_format_name(*by_path) + " but --format is " +
+                   output_format_name(format) + " (extensions: " + kKnown + ")");
+  }
   if (!req.max_shard_size.empty() && format != OutputFormat::kSafetensors)
     fail_invalid("--max-shard-size applies to safetensors output only");
   if (req.compression != "none" && format != OutputFormat::kHdf5)

@@ -104,10 +104,12 @@ void apply_cast(CheckpointModel& model, DType to) {
 
 std::optional<DType> parse_dtype_option(const std::string& text) {
   if (text == "keep" || text.empty()) return std::nullopt;
-  if (text == "fp32" || text == "float32") return DType::kFloat32;
+  // ckptconv's short names and torch's own (as inspect prints them).
+  if (text == "fp32" || text == "float32" || text == "float") return DType::kFloat32;
   if (text == "bf16" || text == "bfloat16") return DType::kBFloat16;
-  if (text == "fp16" || text == "float16") return DType::kFloat16;
-  fail_invalid("--dtype must be keep, fp32, bf16 or fp16, not '" + text + "'");
+  if (text == "fp16" || text == "float16" || text == "half") return DType::kFloat16;
+  fail_invalid("--dtype must be keep, fp32 (float32, float), bf16 (bfloat16) or fp16 (float16, half), not '" + text +
+               "'");
 }
 
 }  // namespace ckpt

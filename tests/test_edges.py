@@ -1,0 +1,66 @@
+"""Mistakes a user makes that used to give a wrong result with exit 0 (issue
+#16): each is now a usage error (exit 2) that says what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("name", ["model.safetensor", "model.pt.tmp", "model", "model.ckpt"])
+def test_output_extension_naming_no_format_is_a_usage_error(name, tmp_path, run_ckptconv, testdata):
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", tmp_path / name)
+    assert r.returncode == 2, r.stderr
+    assert "names no output format" in r.stderr and ".safetensors" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_extension_case_does_not_matter(tmp_path, run_ckptconv, testdata):
+    out = tmp_path / "model.SAFETENSORS"
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", out)
+    assert r.returncode == 0, r.stderr
+    from safetensors import safe_open
+    with safe_open(str(out), "pt") as f:
+        assert len(list(f.keys())) > 0
+
+
+def test_format_disagreeing_with_the_extension_is_a_usage_error(tmp_path, run_ckptconv, testdata):
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", tmp_path / "y.safetensors",
+                     "--format", "hdf5")
+    assert r.returncode == 2, r.stderr
+    assert "the extension says safetensors but --format is hdf5" in r.stderr
+    # --format gives the format of a name without a known extension
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", tmp_path / "y.ckpt", "--format", "pt")
+    assert r.returncode == 0, r.stderr
+    assert "model" in torch.load(tmp_path / "y.ckpt", weights_only=True)
+
+
+@pytest.mark.parametrize("alias,dtype", [("bfloat16", torch.bfloat16), ("half", torch.float16),
+                                         ("float16", torch.float16), ("float", torch.float32)])
+def test_dtype_accepts_torch_names(alias, dtype, tmp_path, run_ckptconv, testdata):
+    out = tmp_path / "o.pt"
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", out, "--only", "model",
+                     "--dtype", alias)
+    if r.returncode != 0 and "plugin" in r.stderr:
+        pytest.skip("LibTorch plugin not built")
+    assert r.returncode == 0, r.stderr
+    sd = torch.load(out, weights_only=True)
+    assert {t.dtype for t in sd["model"].values()} == {dtype}
+
+
+@pytest.mark.parametrize("member", ["__0_0.distcp", "__1_0.distcp", ".metadata"])
+def test_one_file_of_a_dcp_directory_given_alone(member, tmp_path, run_ckptconv, testdata):
+    src = testdata / "dcp" / "fsdp2_adamw_ws2" / member
+    for args in (["validate", src], ["inspect", src], ["consolidate", src, "-o", tmp_path / "o.pt"]):
+        r = run_ckptconv(*args)
+        assert r.returncode == 2, f"{args[0]}: {r.returncode} {r.stderr}"
+        assert "is one file of the DCP checkpoint" in r.stderr and "pass the directory" in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_empty_directory_says_no_checkpoint_found(tmp_path, run_ckptconv):
+    (tmp_path / "empty").mkdir()
+    r = run_ckptconv("inspect", tmp_path / "empty")
+    assert r.returncode == 3
+    assert "no checkpoint found in" in r.stderr and "empty" in r.stderr
