@@ -5,12 +5,43 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "core/error.h"
+#include "formats/detect.h"
+#include "model/validate.h"
+
 namespace ckpt::fuzz {
+
+// The inputs of the multi-file targets are records: a length (4 bytes,
+// little-endian), then that many bytes, cut short at the input's end.
+// Returns false when fewer than 4 bytes remain; else the record's bytes.
+inline bool next_record(const uint8_t* data, std::size_t size, std::size_t& pos, const uint8_t*& bytes,
+                        std::size_t& n) {
+  if (size - pos < 4) return false;
+  uint32_t len = uint32_t{data[pos]} | uint32_t{data[pos + 1]} << 8 | uint32_t{data[pos + 2]} << 16 |
+                 uint32_t{data[pos + 3]} << 24;
+  pos += 4;
+  n = std::min<std::size_t>(len, size - pos);
+  bytes = data + pos;
+  pos += n;
+  return true;
+}
+
+// What a directory target does with the files it wrote: read them as one
+// checkpoint and run the coverage checks; a ckpt::Error is a refusal.
+inline void read_as_checkpoint(const std::string& dir) {
+  try {
+    ckpt::CheckpointModel model = ckpt::read_checkpoint(dir);
+    ckpt::ProblemSink sink;
+    ckpt::check_model(model, sink);
+  } catch (const ckpt::Error&) {
+  }
+}
 
 class TempDir {
  public:

@@ -14,22 +14,11 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ckpt::fuzz::TempDir dir;
-  std::size_t pos = 0;
+  std::size_t pos = 0, n = 0;
+  const uint8_t* bytes = nullptr;
   int rank = 0;
-  while (rank < 4 && size - pos >= 4) {
-    uint32_t n = uint32_t{data[pos]} | uint32_t{data[pos + 1]} << 8 | uint32_t{data[pos + 2]} << 16 |
-                 uint32_t{data[pos + 3]} << 24;
-    pos += 4;
-    if (n > size - pos) n = static_cast<uint32_t>(size - pos);
-    dir.write("model_rank" + std::to_string(rank++) + ".pt", data + pos, n);
-    pos += n;
-  }
-  if (rank == 0) return 0;
-  try {
-    ckpt::CheckpointModel model = ckpt::read_checkpoint(dir.path());
-    ckpt::ProblemSink sink;
-    ckpt::check_model(model, sink);
-  } catch (const ckpt::Error&) {
-  }
+  while (rank < 4 && ckpt::fuzz::next_record(data, size, pos, bytes, n))
+    dir.write("model_rank" + std::to_string(rank++) + ".pt", bytes, n);
+  if (rank > 0) ckpt::fuzz::read_as_checkpoint(dir.path());
   return 0;
 }
