@@ -75,22 +75,27 @@ def _same(a, b, path=""):
         assert a == b, path
 
 
+MIGRATIONS = {"fsdp2": "dcp", "fsdp1-st": "fsdp-sharded-tensor", "fsdp1-dt": "fsdp-dtensor"}
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("case", ["z2_fp32_ws3", "z3_bf16_ws2"])
-def test_fsdp2_resumes_from_the_dcp_migration(case, n, tmp_path, run_ckptconv):
-    """reshard ZERO --layout dcp --world-size N: an FSDP2 job at N that
-    dcp.load()s it trains exactly like one that loaded the consolidated full
-    state dict (the frozen bf16 weight is cast to the model's fp32 by both)."""
+@pytest.mark.parametrize("case,mode", [("z2_fp32_ws3", "fsdp2"), ("z3_bf16_ws2", "fsdp2"),
+                                       ("z2_fp32_ws3", "fsdp1-st"), ("z3_bf16_ws2", "fsdp1-dt")])
+def test_fsdp_resumes_from_the_migration(case, mode, n, tmp_path, run_ckptconv):
+    """reshard ZERO --world-size N --layout dcp (FSDP2) or per-rank files
+    (FSDP1): an FSDP job at N that loads it trains exactly like one that
+    loaded the consolidated full state dict (the frozen bf16 weight is cast
+    to the model's fp32 by both)."""
     import subprocess
     src = ZERO / case
     migrated, full, out = tmp_path / "migrated", tmp_path / "full.pt", tmp_path / "out"
     out.mkdir()
-    r = run_ckptconv("reshard", src, "-o", migrated, "--world-size", str(n), "--layout", "dcp")
+    r = run_ckptconv("reshard", src, "-o", migrated, "--world-size", str(n), "--layout", MIGRATIONS[mode])
     assert r.returncode == 0, r.stderr
     r = run_ckptconv("consolidate", src, "-o", full)
     assert r.returncode == 0, r.stderr
     r = subprocess.run([sys.executable, str(REPO / "tests" / "zero_fsdp_resume.py"), str(migrated), str(full), str(n),
-                        str(out), str(src / "reference_resume.pt")], capture_output=True, text=True, timeout=600)
+                        str(out), str(src / "reference_resume.pt"), mode], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     res = torch.load(out / "result.pt", weights_only=True)
     _same(res["loaded"], res["ref_loaded"])

@@ -133,10 +133,12 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
   std::vector<RankFamily> families = output_families(model, layout);
   // Per-rank sources say which tensors were sharded; in a full state dict
   // every tensor with a dimension is (FSDP1 shards parameters and their
-  // optimizer states, never the 0-dim `step`).
+  // optimizer states, never the 0-dim `step`), except the buffers a reader
+  // knows (FSDP1 keeps them whole on every rank).
   bool per_rank = model.info.kind == SourceKind::kFsdpRanks;
   std::vector<bool> sharded;
-  for (const auto& t : model.tensors) sharded.push_back(per_rank ? t.is_sharded() : !t.shape.empty());
+  for (const auto& t : model.tensors)
+    sharded.push_back(per_rank ? t.is_sharded() : !t.shape.empty() && t.storage != StorageKind::kBuffer);
   ReshardPlan plan = plan_rank_files(model.tensors, sharded, req.world_size);
   RankFilesLayout rank_layout = rank_files_layout(req, model, layout);
   report.bytes = plan_output_bytes(model, plan);

@@ -34,6 +34,7 @@ const char* storage_kind_name(StorageKind kind) {
     case StorageKind::kParameter: return "Parameter";
     case StorageKind::kShardedTensor: return "ShardedTensor";
     case StorageKind::kDTensor: return "DTensor";
+    case StorageKind::kBuffer: return "buffer";
   }
   return "?";
 }

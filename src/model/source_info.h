@@ -26,8 +26,10 @@ const char* source_kind_name(SourceKind kind);
 const char* source_format_name(SourceKind kind);
 
 // How a tensor was stored in its source.
-enum class StorageKind { kTensor, kParameter, kShardedTensor, kDTensor };
-// "tensor", "Parameter", "ShardedTensor", "DTensor" (inspect, JSON).
+// kBuffer: a module buffer, where the source says so (DeepSpeed's
+// buffer_names): FSDP keeps buffers whole on every rank, never sharded.
+enum class StorageKind { kTensor, kParameter, kShardedTensor, kDTensor, kBuffer };
+// "tensor", "Parameter", "ShardedTensor", "DTensor", "buffer" (inspect, JSON).
 const char* storage_kind_name(StorageKind kind);
 
 // A DTensor's DeviceMesh as the files name it: what a job needs to write

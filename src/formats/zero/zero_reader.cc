@@ -327,6 +327,8 @@ class ZeroReader {
         params_.push_back({k->as_str(), pyobj::int_sequence(*v, "param shape"), g});
       }
     }
+    if (ValuePtr buffers = m0.root->get("buffer_names"); buffers && buffers->is(Kind::kList))
+      for (const auto& b : buffers->items) buffer_names_.insert(b->as_str());
     if (ValuePtr frozen = m0.root->get("frozen_param_shapes"); frozen && frozen->is(Kind::kDict))
       for (const auto& [k, v] : frozen->entries) frozen_names_.insert(k->as_str());
     if (ValuePtr shared = m0.root->get("shared_params"); shared && shared->is(Kind::kDict))
@@ -493,6 +495,7 @@ class ZeroReader {
         idx = frozen(model, name);
       } else {
         idx = copy_tensor(model, m0, *v, "model." + name);
+        if (buffer_names_.count(name)) model.tensors[idx].storage = StorageKind::kBuffer;
       }
       refs[name] = make_tensor_ref(idx);
     }
@@ -629,6 +632,7 @@ class ZeroReader {
   std::map<std::string, std::string> shared_;      // alias -> owner
   std::map<std::string, std::size_t> module_pos_;  // module entry -> its position
   std::set<std::string> frozen_names_;             // frozen_param_shapes (ZeRO-2/3)
+  std::set<std::string> buffer_names_;             // module buffers (persistent)
   std::map<std::pair<const Decoded*, std::string>, std::map<std::string, ValuePtr>> indexes_;
 };
 
