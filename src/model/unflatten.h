@@ -4,6 +4,8 @@
 // (extended with None up to the index).
 #pragma once
 
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "pickle/value.h"
@@ -19,7 +21,12 @@ class Unflattener {
   pickle::ValuePtr root() const { return root_; }
 
  private:
+  pickle::ValuePtr& slot_for(pickle::Value& container, const pickle::Value& key);
+
   pickle::ValuePtr root_;
+  // Each dict this built: key -> its entry's position (entries are only appended).
+  std::unordered_map<const pickle::Value*, std::unordered_map<std::string, std::size_t>> keys_;
+  std::vector<pickle::ValuePtr> made_;  // the containers set() made, kept alive so their addresses stay theirs
 };
 
 }  // namespace ckpt
