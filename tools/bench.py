@@ -5,6 +5,9 @@ in one report comes from the same run on the same warm page cache.
 
     python tools/bench.py consolidate --ckpt DIR --work DIR --ckptconv BIN
     python tools/bench.py validate    --ckpt DIR --work DIR --ckptconv BIN   (the validate rows alone)
+    python tools/bench.py zero --ckpt ZERO2_DIR --ckpt ZERO3_DIR --work DIR --ckptconv BIN --ds-python PY
+        (ckptconv consolidate --only model against DeepSpeed's zero_to_fp32, run by PY,
+        a Python with DeepSpeed installed; checkpoints by tools/make_zero_bench.py)
 """
 from __future__ import annotations
 
@@ -153,6 +156,106 @@ def consolidate(args) -> None:
     print_validate_ratios(results)
 
 
+def tree_files(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file())
+
+
+def bits_equal(a, b) -> bool:
+    import torch
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+
+
+def compare_outputs(ours: Path, theirs: Path) -> str:
+    """Every key of zero_to_fp32's state dict, bit for bit (dtype, shape, bytes), in ckptconv's."""
+    import torch
+    a = torch.load(ours, map_location="cpu", mmap=True, weights_only=True)
+    b = torch.load(theirs, map_location="cpu", mmap=True, weights_only=True)
+    missing = [k for k in b if k not in a]
+    differ = [k for k in b if k in a and not bits_equal(a[k], b[k])]
+    extra = [k for k in a if k not in b]
+    n = sum(t.numel() for t in b.values())
+    if missing or differ:
+        return (f"DIFFER: {len(differ)} of {len(b)} keys differ {differ[:5]}, {len(missing)} missing from "
+                f"ckptconv's {missing[:5]}, {len(extra)} extra")
+    return (f"agree: all {len(b)} keys of zero_to_fp32's output ({n / 1e6:.1f}M elements, "
+            f"{', '.join(sorted({str(t.dtype) for t in b.values()}))}) bit-equal in ckptconv's"
+            + (f"; ckptconv has {len(extra)} more keys {extra[:5]}" if extra else "; no other keys"))
+
+
+# zero_to_fp32's own entry point, minus the sharding: its CLI always passes
+# --max_shard_size (default "5GB"), which needs huggingface_hub, and writes a
+# sharded layout when over it; max_shard_size=None writes one torch.save'd
+# pytorch_model.bin (pickle, not safetensors), the file ckptconv's --only model
+# output corresponds to.
+ZERO_TO_FP32 = ("import sys; from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict as c; "
+                "c(sys.argv[1], sys.argv[2], max_shard_size=None, safe_serialization=False)")
+
+
+def zero(args) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    ds_env = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1"}
+    ours_out, ds_dir = work / "zero-ckptconv.pt", work / "zero-ds-out"
+    ds_out = ds_dir / "pytorch_model.bin"
+    reports = []
+    for ckpt in map(Path, args.ckpt):
+        files = [p for p in tree_files(ckpt) if p.name != "bench.json"]  # bench.json: the generator's notes
+        size = sum(p.stat().st_size for p in files)
+        names = " ".join(str(p) for p in files)
+        results = {}
+        for last in (False, True):  # first pass warms the cache and the binaries; the second is reported
+            ours_out.unlink(missing_ok=True)
+            shutil.rmtree(ds_dir, ignore_errors=True)
+            for p in files:
+                with open(p, "rb") as f:
+                    while f.read(1 << 24):
+                        pass
+            # (a) raw I/O floor: every file of the checkpoint read once.
+            results["raw read (cat>/dev/null)"] = run_measured(["sh", "-c", f"cat {names} > /dev/null"])
+            # (b) ckptconv, with its default fsync and without (torch.save does not fsync).
+            results["ckptconv --only model"] = run_measured(
+                [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "-o", str(ours_out)])
+            ours_out.unlink()
+            results["  ... --no-fsync"] = run_measured(
+                [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "-o", str(ours_out), "--no-fsync"])
+            # (c) DeepSpeed's zero_to_fp32, and the cost of importing it alone.
+            results["ds import only"] = run_measured([args.ds_python, "-c", "import deepspeed.utils.zero_to_fp32"],
+                                                     env=ds_env)
+            results["ds zero_to_fp32"] = run_measured([args.ds_python, "-c", ZERO_TO_FP32, str(ckpt), str(ds_dir)],
+                                                      env=ds_env)
+            if not last:
+                ours_out.unlink()
+                shutil.rmtree(ds_dir)
+        out_size = ds_out.stat().st_size
+        agree = compare_outputs(ours_out, ds_out)
+        ours_size = ours_out.stat().st_size
+        ours_out.unlink()
+        shutil.rmtree(ds_dir)
+        reports.append((ckpt, size, len(files), out_size, ours_size, results, agree))
+    for ckpt, size, nfiles, out_size, ours_size, results, agree in reports:
+        info = {}
+        if (ckpt / "bench.json").is_file():
+            import json
+            info = json.loads((ckpt / "bench.json").read_text())
+        print(f"checkpoint: {ckpt} (ZeRO-{info.get('stage', '?')} {info.get('dtype', '')} ws "
+              f"{info.get('world_size', '?')}, {info.get('model', '')}; {size / 1e9:.2f} GB, {nfiles} files); "
+              f"output: {out_size / 1e9:.2f} GB (zero_to_fp32), {ours_size / 1e9:.2f} GB (ckptconv)")
+        print(f"{'command':<26} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12} {'RSS/ckpt':>9}")
+        for name, (wall, rss) in results.items():
+            print(f"{name:<26} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f} {rss / size:9.1%}")
+        (ct, cr), (nt, _), (dt, dr) = (results[k] for k in ("ckptconv --only model", "  ... --no-fsync",
+                                                             "ds zero_to_fp32"))
+        raw = results["raw read (cat>/dev/null)"][0]
+        print(f"ratios: zero_to_fp32/ckptconv = {dt / ct:.2f} (target >= 3; {dt / nt:.2f} against --no-fsync, "
+              f"as torch.save does not fsync), ckptconv/raw read = {ct / raw:.2f}")
+        print(f"peak RSS: ckptconv {cr / 1e6:.1f} MB (target <= 256 MB), zero_to_fp32 {dr / 1e6:.1f} MB "
+              f"= {dr / size:.0%} of the checkpoint")
+        print(f"outputs: {agree}")
+        print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -161,8 +264,13 @@ def main() -> None:
         c.add_argument("--ckpt", required=True)
         c.add_argument("--work", required=True)
         c.add_argument("--ckptconv", required=True)
+    z = sub.add_parser("zero")
+    z.add_argument("--ckpt", required=True, action="append", help="a ZeRO checkpoint folder (repeatable)")
+    z.add_argument("--work", required=True)
+    z.add_argument("--ckptconv", required=True)
+    z.add_argument("--ds-python", required=True, help="a Python that can import deepspeed")
     args = ap.parse_args()
-    {"consolidate": consolidate, "validate": validate}[args.cmd](args)
+    {"consolidate": consolidate, "validate": validate, "zero": zero}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ torch.multiprocessing, joined in a gloo process group
 trained for 3 steps with torch's AdamW (``"torch_adam": true``, so no C++ op is
 built) and saved. Nothing is written by hand.
 
-    /work/dsenv/bin/python tools/make_zero_checkpoints.py [--out testdata/zero] [--only CASE ...]
+    .venv-deepspeed/bin/python tools/make_zero_checkpoints.py [--out testdata/zero] [--only CASE ...]
 
 Each case folder ``<out>/<case>/`` holds the DeepSpeed checkpoint (``latest``
 and ``global_step3/``; the ``zero_to_fp32.py`` / ``zero_to_torch.py`` recovery
@@ -43,12 +43,12 @@ values; zero_to_fp32's frozen/tied handling.
 Side environment (DeepSpeed must not go into the project venv; it reuses the
 project venv's torch through a .pth file)::
 
-    /work/main/.venv/bin/python -m venv /work/dsenv
-    echo /work/main/.venv/lib/python3.11/site-packages \\
-        > /work/dsenv/lib/python3.11/site-packages/ckptconv_torch.pth
-    /work/dsenv/bin/pip install -r tools/requirements-deepspeed.txt   # pure-Python deps + wheel
-    /work/dsenv/bin/pip download --no-deps --no-binary :all: deepspeed==0.19.8 -d /tmp/dsdl
-    DS_BUILD_OPS=0 /work/dsenv/bin/pip install --no-build-isolation --no-deps \\
+    .venv/bin/python -m venv .venv-deepspeed          # in the checkout (git-ignored)
+    echo $PWD/.venv/lib/python3.11/site-packages \\
+        > .venv-deepspeed/lib/python3.11/site-packages/ckptconv_torch.pth
+    .venv-deepspeed/bin/pip install -r tools/requirements-deepspeed.txt   # pure-Python deps + wheel
+    .venv-deepspeed/bin/pip download --no-deps --no-binary :all: deepspeed==0.19.8 -d /tmp/dsdl
+    DS_BUILD_OPS=0 .venv-deepspeed/bin/pip install --no-build-isolation --no-deps \\
         /tmp/dsdl/deepspeed-0.19.8.tar.gz
 
 (``wheel`` must be installed first: with --no-build-isolation, DeepSpeed's

@@ -42,7 +42,7 @@ format ({"model": {fqn: t}, "optim": {"state": {fqn: {...}}, "param_groups":
 and records the max abs differences in ``plain_torch_check``; fp32 cases must
 match to 1e-6 (they are asserted), the others are recorded only.
 
-    /work/dsenv/bin/python tools/make_zero_resume_refs.py [--out testdata/zero] [--only CASE ...]
+    .venv-deepspeed/bin/python tools/make_zero_resume_refs.py [--out testdata/zero] [--only CASE ...]
 
 Needs the cases already written by make_zero_checkpoints.py (same DeepSpeed
 0.19.8 side venv, CPU only, gloo). ``plain_torch_resume`` only needs torch and
