@@ -64,3 +64,28 @@ def test_empty_directory_says_no_checkpoint_found(tmp_path, run_ckptconv):
     r = run_ckptconv("inspect", tmp_path / "empty")
     assert r.returncode == 3
     assert "no checkpoint found in" in r.stderr and "empty" in r.stderr
+
+
+def test_usage_errors_start_with_error_and_suggest(tmp_path, run_ckptconv, testdata):
+    r = run_ckptconv("consolidte", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", tmp_path / "y.pt")
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and "did you mean 'consolidate'?" in r.stderr
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", tmp_path / "y.pt", "--dtyp", "bf16")
+    assert r.returncode == 2 and "did you mean '--dtype' for '--dtyp'?" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shell_expanded_glob_is_explained(run_ckptconv, testdata):
+    files = sorted((testdata / "fsdp_st" / "adamw_ws2").glob("*rank*.pt"))
+    r = run_ckptconv("inspect", *files)
+    assert r.returncode == 2
+    assert "quote it" in r.stderr and "--files" in r.stderr
+
+
+def test_help_command(run_ckptconv):
+    r = run_ckptconv("help")
+    assert r.returncode == 0 and "consolidate" in r.stdout and "reshard" in r.stdout
+    r = run_ckptconv("help", "consolidate")
+    assert r.returncode == 0 and r.stdout == run_ckptconv("consolidate", "--help").stdout
+    r = run_ckptconv("help", "consolidat")
+    assert r.returncode == 2 and "did you mean 'consolidate'?" in r.stderr

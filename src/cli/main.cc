@@ -7,6 +7,7 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "cli/usage_errors.h"
 #include "core/budgets.h"
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -44,13 +45,40 @@ int main(int argc, char** argv) {
 
   ckpt::cli::register_commands(app);
 
+  // `ckptconv help [CMD]`: the same text as --help.
+  CLI::App* help =
+      app.add_subcommand("help", "Show the help of ckptconv or of one command (ckptconv help consolidate)");
+  std::string help_topic;
+  help->add_option("CMD", help_topic, "A command");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // 0 for --help/--version; every usage error is 2 (README "Exit codes"),
     // although CLI11 has its own codes for some (105 for a value outside
-    // IsMember).
-    return app.exit(e) == 0 ? 0 : 2;
+    // IsMember), and starts with "error:" and a hint when one helps.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "error: " << e.what() << "\n";
+    std::string hint = ckpt::cli::usage_hint(app, std::vector<std::string>(argv + 1, argv + argc));
+    if (!hint.empty()) std::cerr << hint << "\n";
+    std::cerr << "Run with --help for more information.\n";
+    return 2;
+  }
+  if (help->parsed()) {
+    if (help_topic.empty()) {  // app.help() would describe the selected `help` itself
+      std::cout << app.get_formatter()->make_help(&app, app.get_name(), CLI::AppFormatMode::Normal);
+      return 0;
+    }
+    try {
+      CLI::App* topic = app.get_subcommand(help_topic);
+      std::cout << app.get_formatter()->make_help(topic, app.get_name() + " " + topic->get_name(),
+                                                  CLI::AppFormatMode::Normal);
+      return 0;
+    } catch (const CLI::OptionNotFound&) {
+      std::cerr << "error: no command '" << help_topic << "'\n";
+      std::string hint = ckpt::cli::usage_hint(app, {help_topic});
+      if (!hint.empty()) std::cerr << hint << "\n";
+      return 2;
+    }
   }
   ckpt::setup_logging(quiet ? ckpt::Verbosity::kQuiet : verbose ? ckpt::Verbosity::kVerbose : ckpt::Verbosity::kNormal);
   ckpt::configure_progress(quiet);
