@@ -41,17 +41,11 @@ param_alignment_paddings, or ceil(numel/ws) in stage 3) bit-equal the live
 values; zero_to_fp32's frozen/tied handling.
 
 Side environment (DeepSpeed must not go into the project venv; it reuses the
-project venv's torch through a .pth file)::
+project venv's torch through a .pth file): ``scripts/setup-deepspeed`` makes
+``.venv-deepspeed`` (DeepSpeed 0.19.8 from its source package, DS_BUILD_OPS=0,
+the pure-Python requirements of tools/requirements-deepspeed.txt).
 
-    .venv/bin/python -m venv .venv-deepspeed          # in the checkout (git-ignored)
-    echo $PWD/.venv/lib/python3.11/site-packages \\
-        > .venv-deepspeed/lib/python3.11/site-packages/ckptconv_torch.pth
-    .venv-deepspeed/bin/pip install -r tools/requirements-deepspeed.txt   # pure-Python deps + wheel
-    .venv-deepspeed/bin/pip download --no-deps --no-binary :all: deepspeed==0.19.8 -d /tmp/dsdl
-    DS_BUILD_OPS=0 .venv-deepspeed/bin/pip install --no-build-isolation --no-deps \\
-        /tmp/dsdl/deepspeed-0.19.8.tar.gz
-
-(``wheel`` must be installed first: with --no-build-isolation, DeepSpeed's
+(``wheel`` is in those requirements: with --no-build-isolation, DeepSpeed's
 setup.py fails with "invalid command 'bdist_wheel'" without it.)
 
 CPU only; needs no GPU. About 15-30 s per case on 2 cores.
