@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
@@ -357,6 +358,53 @@ class CheckpointPolicy final : public GlobalPolicy {
 const GlobalPolicy& checkpoint_policy() {
   static const CheckpointPolicy policy;
   return policy;
+}
+
+// A quarantined global, or an object made by calling one.
+bool QuarantinePolicy::quarantined(const Value& v) const {
+  const Value* target = &v;
+  if (target->is(Kind::kCall) && target->callable) target = target->callable.get();
+  return target->is(Kind::kGlobal) && !base_.allows(target->text, target->name);
+}
+
+void QuarantinePolicy::check_call(const Value& callable, const Value& args, const Value* kwargs, CallOp op) const {
+  // Calling the result of a quarantined call is refused like any other call.
+  if (callable.is(Kind::kGlobal) && quarantined(callable)) return;
+  base_.check_call(callable, args, kwargs, op);
+}
+
+void QuarantinePolicy::check_build(const Value& target, const Value& state) const {
+  if (!quarantined(target)) base_.check_build(target, state);
+}
+
+void QuarantinePolicy::check_fill(const Value& target) const {
+  if (!quarantined(target)) base_.check_fill(target);
+}
+
+std::string first_quarantined_global(const Value& root,
+                                     const std::function<bool(std::string_view, std::string_view)>& known) {
+  std::unordered_set<const Value*> seen;
+  std::vector<const Value*> todo{&root};
+  auto push = [&](const ValuePtr& v) {
+    if (v && seen.insert(v.get()).second) todo.push_back(v.get());
+  };
+  while (!todo.empty()) {
+    const Value* v = todo.back();
+    todo.pop_back();
+    if (v->is(Kind::kGlobal) && !known(v->text, v->name)) return v->text + "." + v->name;
+    for (const auto& item : v->items) push(item);
+    for (const auto& [key, value] : v->entries) {
+      push(key);
+      push(value);
+    }
+    push(v->callable);
+    push(v->args);
+    push(v->kwargs);
+    push(v->object);
+    push(v->state);
+    push(v->pid);
+  }
+  return {};
 }
 
 }  // namespace ckpt::pickle

@@ -7,6 +7,8 @@
 // being decoded as if it were a checkpoint and passed on.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <string_view>
 
 #include "pickle/value.h"
@@ -39,5 +41,33 @@ class GlobalPolicy {
 // DCP metadata classes, pathlib paths, and the one getattr torch emits
 // (ShardedTensor.ProcessGroupState).
 const GlobalPolicy& checkpoint_policy();
+
+// For files whose entries a reader may drop (DeepSpeed's client_state, which
+// a training script fills with its own objects: an argparse.Namespace, a
+// config class). A global `base` does not allow is not refused at once: it
+// becomes an inert (module, name) record, and so do calls, BUILDs and fills
+// whose target is such a record. Nothing is ever called either way. Every
+// other use is checked by `base`, so the getattr chains and rebuild shapes
+// it refuses stay refused. The reader must then refuse or drop every entry
+// that holds one (first_quarantined_global) before using the tree.
+class QuarantinePolicy final : public GlobalPolicy {
+ public:
+  explicit QuarantinePolicy(const GlobalPolicy& base) : base_(base) {}
+  bool allows(std::string_view, std::string_view) const override { return true; }
+  void check_call(const Value& callable, const Value& args, const Value* kwargs, CallOp op) const override;
+  void check_build(const Value& target, const Value& state) const override;
+  void check_fill(const Value& target) const override;
+
+ private:
+  bool quarantined(const Value& v) const;
+  const GlobalPolicy& base_;
+};
+
+// "module.name" of the first global under `root` (in any part of any node:
+// items, keys, values, callables, arguments, states) that `known` refuses;
+// empty when there is none. Iterative and memoised by node, so a shared or
+// deep subtree costs its size once.
+std::string first_quarantined_global(const Value& root,
+                                     const std::function<bool(std::string_view, std::string_view)>& known);
 
 }  // namespace ckpt::pickle

@@ -105,3 +105,28 @@ TEST_CASE("the call shapes torch writes are accepted", "[pickle]") {
       "ccollections\nOrderedDict\n)R}X\x09\x00\x00\x00_metadata}sb.");
   CHECK(unpickle(od_attrs, checkpoint_policy())->is(Kind::kBuilt));
 }
+
+TEST_CASE("the quarantine policy records unknown globals and still refuses bad call shapes", "[pickle][hostile]") {
+  const QuarantinePolicy quarantine(checkpoint_policy());
+  auto known = [](std::string_view m, std::string_view n) { return checkpoint_policy().allows(m, n); };
+  // {'args': argparse.Namespace() with state {'lr': 1}}: NEWOBJ then BUILD
+  std::string ns = bytes_of(
+      "\x80\x02}X\x04\x00\x00\x00"
+      "args"
+      "cargparse\nNamespace\n)\x81}X\x02\x00\x00\x00lrK\x01sbs.");
+  ValuePtr root = unpickle(ns, quarantine);
+  CHECK(first_quarantined_global(*root, known) == "argparse.Namespace");
+  CHECK(first_quarantined_global(*root->at("args")->state, known).empty());
+  CHECK(contains(refusal(ns), "argparse.Namespace"));
+  // calling what a quarantined call made is refused like any call
+  std::string twice = bytes_of(
+      "\x80\x02"
+      "cbuiltins\neval\nX\x01\x00\x00\x00"
+      "1\x85R)R.");
+  CHECK_THROWS_AS(unpickle(twice, quarantine), Error);
+  // the getattr chain goes through allowed globals: still refused
+  for (const auto& [name, b] : hostile_samples::kAll) {
+    if (name != "getattr_chain") continue;
+    CHECK_THROWS_AS(unpickle(b, quarantine), Error);
+  }
+}

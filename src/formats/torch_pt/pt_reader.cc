@@ -221,7 +221,8 @@ bool is_legacy_torch_save(const ByteSource& source) {
 }
 
 pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
-                                const std::string& name_prefix, int rank, ProblemSink* verify) {
+                                const std::string& name_prefix, int rank, ProblemSink* verify,
+                                const pickle::GlobalPolicy& policy) {
   archive::ZipReader zip(source);
   std::vector<TensorEntry> found;
   ArchiveDecoder decoder(zip, found, rank);
@@ -231,7 +232,7 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
   try {
     const archive::ZipEntry& pkl = zip.record("data.pkl");
     ValuePtr raw = with_context(source->describe(), [&] {
-      return with_context("data.pkl", [&] { return pickle::unpickle(*zip.open(pkl), pickle::checkpoint_policy()); });
+      return with_context("data.pkl", [&] { return pickle::unpickle(*zip.open(pkl), policy); });
     });
     root = with_context(source->describe(), [&] { return decoder.transform(raw, prefix); });
   } catch (const Error&) {

@@ -10,6 +10,7 @@
 #include "core/problems.h"
 #include "io/byte_source.h"
 #include "model/checkpoint_model.h"
+#include "pickle/policy.h"
 
 namespace ckpt::torch_pt {
 
@@ -19,8 +20,11 @@ namespace ckpt::torch_pt {
 // `rank` is recorded in each chunk for messages (-1 when unknown).
 // `verify` (validate): the CRC-32 of every record is checked, each mismatch
 // reported there naming the file, record, rank and the tensors it holds.
+// `policy`: what data.pkl may name and do (a QuarantinePolicy for files
+// whose unknown entries the caller drops).
 pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
-                                const std::string& name_prefix = "", int rank = -1, ProblemSink* verify = nullptr);
+                                const std::string& name_prefix = "", int rank = -1, ProblemSink* verify = nullptr,
+                                const pickle::GlobalPolicy& policy = pickle::checkpoint_policy());
 
 // A whole .pt file as a model (its SourceInfo: a torch.save file). Detects the legacy (pre-1.6)
 // format and refuses it clearly (Unimplemented).

@@ -14,9 +14,11 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "formats/pyobj.h"
 #include "formats/torch_pt/pt_reader.h"
 #include "io/containment.h"
+#include "pickle/policy.h"
 
 namespace ckpt::zero {
 namespace {
@@ -161,12 +163,71 @@ struct Decoded {
   }
 };
 
-Decoded decode(const RankFile& f, ProblemSink* problems) {
+// The top-level entries of model and optimizer files that this reader uses.
+// Every other entry is client_state (DeepSpeed merges the script's
+// `client_state` dict into the model file) or engine bookkeeping it does
+// not need.
+bool is_read_entry(const std::string& key) {
+  static const std::set<std::string> kRead = {
+      "module",        "buffer_names",  "param_shapes", "frozen_param_shapes", "frozen_param_fragments",
+      "shared_params", "dp_world_size", "ds_version",   "optimizer_state_dict"};
+  return kRead.count(key) > 0;
+}
+
+// A global of the decoded tree the checkpoint policy allows, or the tensor
+// references the decoder put in place of tensor rebuilds.
+bool known_global(std::string_view module, std::string_view name) {
+  static const ValuePtr ref = make_tensor_ref(0);
+  if (module == ref->callable->text && name == ref->callable->name) return true;
+  return pickle::checkpoint_policy().allows(module, name);
+}
+
+std::string unknown_global_in(const Value& v) { return pickle::first_quarantined_global(v, known_global); }
+
+// An entry holding a global the checkpoint policy does not know (a
+// script's own object in client_state) is refused naming it, or, when
+// `--only` selects an output that does not need it, dropped with a warning.
+// Entries this reader uses are always refused.
+void screen_unknown_globals(Value& root, const std::string& path, const std::string& only) {
+  auto& entries = root.entries;
+  for (auto it = entries.begin(); it != entries.end();) {
+    std::string global = unknown_global_in(*it->second);
+    if (global.empty()) global = unknown_global_in(*it->first);
+    if (global.empty()) {
+      ++it;
+      continue;
+    }
+    std::string key = it->first->is(Kind::kStr) ? it->first->text : it->first->repr(1);
+    std::string what =
+        path + ": entry '" + key + "' names global '" + global + "', which is not one a checkpoint needs";
+    if (is_read_entry(key) || only.empty())
+      fail(ErrorCode::kUnsafe,
+           what + "; refusing to load it" +
+               (is_read_entry(key) ? std::string()
+                                   : " (it is client_state the training script saved: with --only model or "
+                                     "--only optim, which never need it, consolidate, reshard, validate and diff "
+                                     "skip it)"));
+    log::warn(what + ": skipped, --only " + only + " does not need it");
+    it = entries.erase(it);
+  }
+}
+
+Decoded decode(const RankFile& f, ProblemSink* problems, const std::string& only) {
   Decoded d;
   d.path = f.path;
   d.rank = f.rank;
-  d.root = torch_pt::decode_archive(open_mapped_source(f.path), d.tensors, "", f.rank, problems);
-  if (!d.root || !d.root->is(Kind::kDict)) fail_data_loss(f.path + ": not a DeepSpeed state dict");
+  // Unknown globals are recorded, never called, and screened below before
+  // anything reads the tree.
+  pickle::QuarantinePolicy quarantine(pickle::checkpoint_policy());
+  d.root = torch_pt::decode_archive(open_mapped_source(f.path), d.tensors, "", f.rank, problems, quarantine);
+  if (!d.root || !d.root->is(Kind::kDict)) {
+    std::string global = d.root ? unknown_global_in(*d.root) : "";
+    if (!global.empty())
+      fail(ErrorCode::kUnsafe,
+           f.path + ": global '" + global + "' is not one a checkpoint needs; refusing to load a pickle that names it");
+    fail_data_loss(f.path + ": not a DeepSpeed state dict");
+  }
+  screen_unknown_globals(*d.root, f.path, only);
   return d;
 }
 
@@ -265,11 +326,12 @@ struct ParamSlot {
 
 class ZeroReader {
  public:
-  ZeroReader(TagFiles files, ProblemSink* problems) : files_(std::move(files)), problems_(problems) {}
+  ZeroReader(TagFiles files, ProblemSink* problems, std::string only)
+      : files_(std::move(files)), problems_(problems), only_(std::move(only)) {}
 
   CheckpointModel read() {
-    for (const auto& f : files_.model) models_.push_back(decode(f, problems_));
-    for (const auto& f : files_.optim) optims_.push_back(decode(f, problems_));
+    for (const auto& f : files_.model) models_.push_back(decode(f, problems_, only_));
+    for (const auto& f : files_.optim) optims_.push_back(decode(f, problems_, only_));
     ws_ = int(optims_.size());
     read_layout();
     CheckpointModel model;
@@ -623,6 +685,7 @@ class ZeroReader {
 
   TagFiles files_;
   ProblemSink* problems_;
+  std::string only_;  // --only: client_state entries with unknown globals are dropped
   std::vector<Decoded> models_, optims_;
   int ws_ = 0;
   int stage_ = 0;
@@ -651,7 +714,7 @@ bool is_zero_checkpoint(const std::string& dir) {
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
                           ProblemSink* problems) {
   std::string dir = tag_dir(src, tag);
-  CheckpointModel model = ZeroReader(list_files(dir), problems).read();
+  CheckpointModel model = ZeroReader(list_files(dir), problems, only).read();
   if (!only.empty()) {
     ValuePtr entry = model.root->get(only);
     if (!entry) fail_invalid("--only " + only + ": a ZeRO checkpoint has 'model' and 'optim'");

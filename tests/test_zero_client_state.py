@@ -1,0 +1,132 @@
+"""DeepSpeed client_state: `engine.save_checkpoint(dir, client_state={...})`
+merges the script's own dict into the model-states file, so a ZeRO checkpoint
+may hold objects of classes ckptconv's pickle allow-list does not know (an
+argparse.Namespace of the run's arguments is the common one). Such an entry is
+refused naming the global, unless --only model or --only optim, which never
+need it, is given: then it is skipped with a warning naming it. Nothing in it
+is ever called, and nothing of it reaches an output.
+
+The files are the committed real DeepSpeed fixtures with one entry added to the
+model-states pickle exactly where DeepSpeed puts client_state (a key of the
+top-level dict), pickled by CPython's own pickler at torch.save's protocol 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import pickletools
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parent.parent
+ZERO = REPO / "testdata" / "zero"
+sys.path.insert(0, str(REPO / "tools"))
+
+import hostile_pickles  # noqa: E402
+
+CASE = "z2_bf16_ws2"
+
+
+def _ops(obj) -> bytes:
+    """`obj` as protocol-2 opcodes that push it: no PROTO header, no STOP, no
+    unused memo writes."""
+    return pickletools.optimize(pickle.dumps(obj, protocol=2))[2:-1]
+
+
+def _add_entry(pt: Path, key: str, obj) -> None:
+    """Sets root[key] = obj in the torch.save file `pt` (SETITEM on the root
+    dict, which is on top of the stack before STOP)."""
+    with zipfile.ZipFile(pt) as z:
+        records = [(info.filename, z.read(info)) for info in z.infolist()]
+    with zipfile.ZipFile(pt, "w", compression=zipfile.ZIP_STORED) as out:
+        for name, data in records:
+            if name.endswith("/data.pkl"):
+                assert data.endswith(b".")
+                data = data[:-1] + _ops(key) + _ops(obj) + b"s."
+            out.writestr(name, data)
+
+
+def _with_entry(tmp_path: Path, key: str, obj, file: str = "mp_rank_00_model_states.pt") -> Path:
+    root = tmp_path / CASE
+    shutil.copytree(ZERO / CASE, root)
+    _add_entry(root / "global_step3" / file, key, obj)
+    return root
+
+
+def test_an_added_plain_entry_changes_nothing(tmp_path, run_ckptconv):
+    """The splice itself is sound: a plain client_state entry reads as before."""
+    root = _with_entry(tmp_path, "epoch", {"step": 3, "note": "ok"})
+    r = run_ckptconv("consolidate", root, "--only", "model", "-o", tmp_path / "m.pt")
+    assert r.returncode == 0, r.stderr
+    got = torch.load(tmp_path / "m.pt", weights_only=True)
+    ref = torch.load(ZERO / CASE / "reference_fp32.pt", weights_only=True)
+    assert all(torch.equal(got[k], v) for k, v in ref.items())
+
+
+def test_unknown_client_state_object_is_refused_naming_it(tmp_path, run_ckptconv):
+    root = _with_entry(tmp_path, "args", argparse.Namespace(lr=0.1, seed=7))
+    for cmd in (["consolidate", root, "-o", tmp_path / "o.pt"], ["validate", root], ["inspect", root]):
+        r = run_ckptconv(*cmd)
+        assert r.returncode == 3, (cmd, r.stdout, r.stderr)
+        said = r.stdout + r.stderr  # validate reports on stdout
+        assert "'args'" in said and "argparse.Namespace" in said, said
+        assert "--only model" in said
+    assert not (tmp_path / "o.pt").exists()
+
+
+@pytest.mark.parametrize("only", ["model", "optim"])
+def test_only_skips_an_unknown_client_state_object_with_a_warning(only, tmp_path, run_ckptconv):
+    root = _with_entry(tmp_path, "args", argparse.Namespace(lr=0.1, seed=7))
+    out = tmp_path / "o.pt"
+    r = run_ckptconv("consolidate", root, "--only", only, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "'args'" in r.stderr and "argparse.Namespace" in r.stderr and "skipped" in r.stderr
+    got = torch.load(out, weights_only=True)
+    if only == "model":
+        ref = torch.load(ZERO / CASE / "reference_fp32.pt", weights_only=True)
+        assert all(torch.equal(got[k], v) for k, v in ref.items())
+    else:
+        live = torch.load(ZERO / CASE / "reference_live.pt", weights_only=True)
+        assert set(got["state"]) == set(live["optim"])
+    r = run_ckptconv("validate", root, "--only", only)
+    assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
+
+
+def test_unknown_global_in_an_entry_the_reader_uses_is_refused_even_with_only(tmp_path, run_ckptconv):
+    root = _with_entry(tmp_path, "optimizer_state_dict", argparse.Namespace(lr=0.1),
+                       file="bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    r = run_ckptconv("consolidate", root, "--only", "model", "-o", tmp_path / "o.pt")
+    assert r.returncode == 3, r.stderr
+    assert "optimizer_state_dict" in r.stderr and "argparse.Namespace" in r.stderr
+    assert "rank_1" in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+@pytest.mark.parametrize("attack", sorted(hostile_pickles.OBJECT_ATTACKS))
+def test_hostile_client_state_never_runs_and_never_reaches_an_output(attack, tmp_path, run_ckptconv):
+    """Without --only: exit 3. With --only model: a call shape the allow-list
+    refuses (the getattr chain) is still exit 3; an unknown global (eval,
+    functools.partial) is skipped with a warning naming it. Either way the
+    payload never runs and the output holds none of it."""
+    marker = tmp_path / "ran"
+    root = _with_entry(tmp_path, "client", hostile_pickles.OBJECT_ATTACKS[attack](str(marker)))
+    r = run_ckptconv("consolidate", root, "-o", tmp_path / "a.pt")
+    assert r.returncode == 3, r.stderr
+    assert not (tmp_path / "a.pt").exists()
+    out = tmp_path / "b.pt"
+    r = run_ckptconv("consolidate", root, "--only", "model", "-o", out)
+    assert r.returncode in (0, 3), r.stderr
+    if r.returncode == 0:
+        assert "'client'" in r.stderr and "skipped" in r.stderr
+        assert b"open(" not in out.read_bytes()
+        torch.load(out, weights_only=True)
+    else:
+        assert not out.exists()
+    assert not marker.exists()
