@@ -89,3 +89,36 @@ def test_help_command(run_ckptconv):
     assert r.returncode == 0 and r.stdout == run_ckptconv("consolidate", "--help").stdout
     r = run_ckptconv("help", "consolidat")
     assert r.returncode == 2 and "did you mean 'consolidate'?" in r.stderr
+
+
+@pytest.mark.parametrize("form", ["dir/", "dir"])
+def test_output_that_is_a_directory_names_a_file_to_give(form, tmp_path, run_ckptconv, testdata):
+    (tmp_path / "dir").mkdir()
+    for extra in ([], ["--force"]):
+        r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", f"{tmp_path}/{form}", *extra)
+        assert r.returncode == 2, r.stderr
+        assert "is a directory; give the file to write" in r.stderr and "dir/model.safetensors" in r.stderr
+    assert list((tmp_path / "dir").iterdir()) == []
+
+
+@pytest.mark.parametrize("cmd", [["consolidate", "-o", "{t}/nope/x.pt"],
+                                 ["consolidate", "-o", "{t}/nope/x.safetensors", "--max-shard-size", "1K"],
+                                 ["reshard", "-o", "{t}/nope/dst", "--world-size", "2"]])
+def test_missing_parent_directory_is_named(cmd, tmp_path, run_ckptconv, testdata):
+    """The directory to create, not a shard name the user never typed."""
+    args = [a.format(t=tmp_path) for a in cmd]
+    r = run_ckptconv(args[0], testdata / "dcp" / "fsdp2_adamw_ws2", *args[1:])
+    assert r.returncode == 4, r.stderr
+    assert f"the directory {tmp_path}/nope does not exist; create it first (mkdir -p {tmp_path}/nope)" in r.stderr
+    assert "-00001-of-" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", [["{t}/zz/*.pt"], ["{t}/zz*.pt"], ["--files", "{t}/zz*.pt"]])
+@pytest.mark.parametrize("command", ["consolidate", "validate", "inspect"])
+def test_glob_matching_nothing_is_a_usage_error(command, how, tmp_path, run_ckptconv):
+    args = [a.format(t=tmp_path) for a in how]
+    out = ["-o", str(tmp_path / "x.pt")] if command == "consolidate" else []
+    r = run_ckptconv(command, *args, *out)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no file matches this pattern" in r.stderr

@@ -188,7 +188,7 @@ def test_output_under_a_file_fails_with_exit_4_and_leaves_nothing(tmp_path, run_
     blocker.write_text("not a directory")
     r = run_ckptconv("reshard", str(WS2), "-o", str(blocker / "out"), "--world-size", "2")
     assert r.returncode == 4, r.stderr
-    assert "cannot create temporary directory" in r.stderr
+    assert "file is a file, not a directory" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 

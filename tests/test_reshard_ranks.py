@@ -293,7 +293,7 @@ def test_unwritable_output_fails_with_exit_4_and_leaves_nothing(tmp_path, run_ck
     blocker.write_text("not a directory")
     r = run_ckptconv("reshard", str(ST[2]), "-o", str(blocker / "out"), "--world-size", "2")
     assert r.returncode == 4, r.stderr
-    assert "cannot create temporary directory" in r.stderr
+    assert "is a file, not a directory" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 

@@ -1,5 +1,7 @@
 #include "jobs/common.h"
 
+#include <filesystem>
+
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
@@ -51,6 +53,23 @@ void check_output_size(uint64_t bytes, const std::string& output, const CommonOp
     fail(ErrorCode::kResourceExhausted, output + ": the output needs " + human_bytes(bytes) +
                                             " of tensor data, the filesystem there has " + human_bytes(*free) +
                                             " free; nothing was written");
+}
+
+void check_output_place(const std::string& output, bool directory) {
+  namespace fs = std::filesystem;
+  if (output.empty()) fail_invalid("no output given (-o OUT)");
+  std::error_code ec;
+  if (!directory && (output.back() == '/' || fs::is_directory(output, ec))) {
+    std::string dir = output.back() == '/' ? output : output + "/";
+    fail_invalid(output + ": is a directory; give the file to write, e.g. -o " + dir +
+                 "model.safetensors (the extension picks the format: .pt, .safetensors, .h5)");
+  }
+  fs::path parent = fs::path(output.back() == '/' ? output.substr(0, output.size() - 1) : output).parent_path();
+  if (parent.empty() || fs::is_directory(parent, ec)) return;
+  if (fs::exists(parent, ec))
+    fail(ErrorCode::kOutputFailed, output + ": " + parent.string() + " is a file, not a directory");
+  fail(ErrorCode::kOutputFailed, output + ": the directory " + parent.string() +
+                                     " does not exist; create it first (mkdir -p " + parent.string() + ")");
 }
 
 void JobClock::finish(JobReport& report) const {

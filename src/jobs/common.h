@@ -51,6 +51,13 @@ std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, 
 // useful and take time to find out.
 void check_output_size(uint64_t bytes, const std::string& output, const CommonOptions& opt);
 
+// Before reading the source: the mistakes a user makes with OUT, each
+// answered with what to do. A file output (`directory` false) that is an
+// existing directory or ends in '/' is a usage error naming a file to give;
+// a missing parent directory is OutputFailed (exit 4) naming that directory,
+// for both kinds of output.
+void check_output_place(const std::string& output, bool directory);
+
 // What a job did, for the CLI to print and for tests to assert on.
 struct JobReport {
   std::string summary;  // "wrote out.pt", "wrote dst (dcp): 4 ranks"

@@ -44,6 +44,7 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
   JobClock clock;
   const CommonOptions& opt = req.common;
   uint64_t memory_limit = parse_size(opt.memory_limit);
+  check_output_place(req.output, false);
   OutputFormat format = resolve_output_format(req);
   CheckpointModel model = read_selected(opt);
   JobReport report;

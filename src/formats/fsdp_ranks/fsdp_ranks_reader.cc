@@ -252,6 +252,13 @@ CheckpointModel read_family(const Family& family, ProblemSink* sink) {
 std::vector<Family> group_families(const std::vector<std::string>& paths) {
   std::vector<Family> families;
   for (const auto& path : paths) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      // A quoted pattern given to --files is the user's mistake (exit 2), a
+      // listed file that is gone is missing input (exit 3), as for SRC.
+      if (path.find_first_of("*?[") != std::string::npos) fail_invalid(path + ": no file matches this pattern");
+      fail(ErrorCode::kNotFound, path + ": no such file or directory");
+    }
     auto name = parse_rank_file_name(fs::path(path).filename().string());
     if (!name)
       fail_invalid(path + ": no rank in its file name (expected *rank{r}*.pt/.bin or *_world_size_{N}_rank_{r}.pt)");

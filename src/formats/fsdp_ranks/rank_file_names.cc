@@ -82,13 +82,14 @@ std::vector<std::string> list_rank_files(const std::string& dir) {
 
 std::vector<std::string> expand_glob(const std::string& pattern) {
   glob_t g{};
-  int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  // No GLOB_ERR: a directory in the pattern that does not exist is a
+  // pattern matching nothing, the user's mistake, not a read error.
+  int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
   std::vector<std::string> out;
   if (rc == 0)
     for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
-  if (rc == GLOB_NOMATCH || (rc == 0 && out.empty()))
-    fail(ErrorCode::kNotFound, pattern + ": no file matches this pattern");
+  if (rc == GLOB_NOMATCH || (rc == 0 && out.empty())) fail_invalid(pattern + ": no file matches this pattern");
   if (rc != 0) fail(ErrorCode::kNotFound, pattern + ": cannot expand this pattern");
   std::sort(out.begin(), out.end());
   return out;
