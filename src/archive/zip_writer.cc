@@ -227,6 +227,7 @@ void ZipWriter::append_from(const ByteSource& source, uint64_t pos, uint64_t n, 
   for (uint64_t done = 0; done < n;) {
     const auto chunk = static_cast<std::size_t>(std::min<uint64_t>(n - done, buffer.size()));
     source.read(pos + done, buffer.data(), chunk);
+    source.release(pos + done, chunk);  // read once: a mapping's pages need not stay in our RSS
     sink_.write(buffer.data(), chunk);
     crc_ = crc32_update(crc_, buffer.data(), chunk);
     done += chunk;

@@ -132,6 +132,28 @@ void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& ch
   }
 }
 
+// Releases the source bytes rows [r0, r1) of `chunks` were gathered from
+// (whole pages only, see ByteSource::release): a tensor larger than the
+// memory budget is read through its mapping slab by slab, and without this
+// every page of it would stay in our RSS until the tensor ends.
+void release_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks, int64_t r0, int64_t r1) {
+  if (t.shape.empty()) return;
+  std::size_t isz = dtype_size(t.dtype);
+  for (const TensorChunk* c : chunks) {
+    int64_t lo = std::max(r0, c->offsets[0]), hi = std::min(r1, c->offsets[0] + c->sizes[0]);
+    if (lo >= hi) continue;
+    int64_t first = c->storage_offset + (lo - c->offsets[0]) * c->strides[0];
+    int64_t span = 1 + (hi - lo - 1) * c->strides[0];
+    for (std::size_t d = 1; d < c->sizes.size(); ++d) span += (c->sizes[d] - 1) * c->strides[d];
+    c->storage->release(static_cast<uint64_t>(first) * isz, static_cast<uint64_t>(span) * isz);
+  }
+}
+
+// The most bytes the slabs of one tensor hold at once, whatever
+// --memory-limit allows: larger slabs do not read or write faster, and the
+// process's peak RSS is these plus the pages being read.
+constexpr uint64_t kMaxSlabBudget = 64ull << 20;
+
 // Below this many output bytes a slab is appended on the calling thread: a
 // thread per slab would cost more than the overlap saves.
 constexpr std::size_t kMinOverlapBytes = 4u << 20;
@@ -147,8 +169,8 @@ FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<cons
   uint64_t row_elems = t.shape.empty() ? 1 : shape_numel(Shape(t.shape.begin() + 1, t.shape.end()));
   // Two slabs in flight, each with its cast copy.
   uint64_t per_row = 2 * row_elems * (dtype_size(t.dtype) + dtype_size(t.output_dtype()));
-  int64_t rows_per_slab =
-      std::max<int64_t>(1, static_cast<int64_t>(options.memory_limit / std::max<uint64_t>(per_row, 1)));
+  uint64_t budget = std::min(options.memory_limit, kMaxSlabBudget);
+  int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(budget / std::max<uint64_t>(per_row, 1)));
   FiniteCounts finite;
   std::future<void> writing;  // the previous slab's append; its destructor waits
   for (int64_t r0 = 0; r0 < rows; r0 += rows_per_slab) {
@@ -162,6 +184,7 @@ FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<cons
       gather_rows(t, chunks, r0 + a, r0 + b, dst);
     };
     SlabResult slab = backend.assemble(job);
+    release_rows(t, chunks, r0, r0 + job.rows);
     finite += slab.finite;
     if (writing.valid()) writing.get();  // rethrows a failed append
     if (slab.bytes.size() < kMinOverlapBytes) {

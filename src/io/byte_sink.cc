@@ -23,7 +23,15 @@ constexpr std::size_t kWriteBuffer = 1u << 20;  // coalesces small writes (heade
 void ByteSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
   if (const std::byte* p = src.data()) {
     if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
-    write(p + pos, n);
+    // In steps, each released once written: pages read through a mapping
+    // count in our RSS, and a tensor of gigabytes must not hold them all.
+    while (n > 0) {
+      std::size_t step = static_cast<std::size_t>(std::min<uint64_t>(n, kCopyChunk));
+      write(p + pos, step);
+      src.release(pos, step);
+      pos += step;
+      n -= step;
+    }
     return;
   }
   std::vector<char> buf(static_cast<std::size_t>(std::min<uint64_t>(n, kCopyChunk)));
