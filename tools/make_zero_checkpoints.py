@@ -170,6 +170,10 @@ CASES = {
                            exercises="two param groups (lr/weight_decay differ): one flat partition and "
                                      "one AdamW state per group"),
     "z3_2groups_ws2": case(3, "bf16", 2, groups2=True, exercises="ZeRO-3 with two param groups"),
+    "z3_subgroups_ws2": case(3, "bf16", 2, groups2=True, zero_extra={"sub_group_size": 60},
+                             exercises="ZeRO-3 sub-groups (sub_group_size 60 elements, as a model of "
+                                       "billions of parameters gets at the default 1e9): several flat "
+                                       "partitions and AdamW states per param group"),
 }
 
 
@@ -316,14 +320,17 @@ def _safe_get_would_raise(p, key: str):
     return None
 
 
-def step_of(engine, cls: str, group_idx: int):
+def step_of(engine, cls: str, group_idx: int, param):
     opt = engine.optimizer
     base = opt.optimizer
     if cls == "DeepSpeedZeroOptimizer_Stage3":
         # Stage 3 swaps each sub-group's flat fp32 partition into the base
-        # optimizer's param_groups only while it steps; the state stays keyed by it.
-        subs = [i for i, g in opt.sub_group_to_group_id.items() if g == group_idx]
-        assert len(subs) == 1, subs  # one sub-group per param group in this tiny model
+        # optimizer's param_groups only while it steps; the state stays keyed
+        # by it. A param group has several sub-groups when it holds more than
+        # sub_group_size elements: the param's own sub-group says its step.
+        subs = [i for i, g in opt.sub_group_to_group_id.items()
+                if g == group_idx and any(q is param for q in opt.fp16_groups[i])]
+        assert len(subs) == 1, subs
         return base.state[opt.fp32_partitioned_groups_flat[subs[0]]]["step"].clone()
     return base.state[base.param_groups[group_idx]["params"][0]]["step"].clone()
 
@@ -404,7 +411,7 @@ def job(rank: int, ws: int, out: str, name: str) -> None:
                 raise AssertionError(f"{name}: no live value for {n}:{k} ({err})")
         model_ref[n] = vals["fp32"]
         optim_ref[n] = {"exp_avg": vals["exp_avg"], "exp_avg_sq": vals["exp_avg_sq"],
-                        "step": step_of(engine, cls, group_of[n])}
+                        "step": step_of(engine, cls, group_of[n], p)}
     # live lp weights (ZeRO-3 params are partitioned: gather them)
     params = list(named.values())
     if c["stage"] == 3:

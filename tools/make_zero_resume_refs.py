@@ -240,7 +240,7 @@ def gather_trainable(engine, c, cls: str, group_names) -> dict:
         for k in ("exp_avg", "exp_avg_sq"):
             v[k] = safe_get_full_optimizer_state(p, k)
         out[n] = {k: t.detach().clone().float().view(p.ds_shape) for k, t in v.items()}
-        out[n]["step"] = gen.step_of(engine, cls, group_of[n])
+        out[n]["step"] = gen.step_of(engine, cls, group_of[n], p)
     return out
 
 

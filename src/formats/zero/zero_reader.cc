@@ -600,12 +600,9 @@ class ZeroReader {
       state->entries.emplace_back(Value::str(params_[i].name), per_param);
     }
     const Value& base_groups = *at(base_state(0), "param_groups", optims_[0].path);
-    if (base_groups.as_sequence().size() != groups_.size())
-      fail(ErrorCode::kUnimplemented, optims_[0].path + ": " + std::to_string(base_groups.as_sequence().size()) +
-                                          " optimizer param groups for " + std::to_string(groups_.size()) +
-                                          " param_shapes groups (ZeRO-3 sub-groups are not supported yet)");
+    std::vector<std::vector<std::size_t>> subs = sub_groups_of(base_groups);
     auto param_groups = Value::list({});
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t g = 0; g < subs.size(); ++g) {
       auto group = Value::dict();
       for (const auto& [k, v] : base_groups.as_sequence()[g]->entries) {
         if (k->is(Kind::kStr) && k->text == "params") continue;
@@ -613,7 +610,8 @@ class ZeroReader {
       }
       // The module's order (the optimizer's own), not the flat buffer's: with
       // round_robin_gradients param_shapes is reordered.
-      std::vector<std::size_t> members = groups_[g];
+      std::vector<std::size_t> members;
+      for (std::size_t sub : subs[g]) members.insert(members.end(), groups_[sub].begin(), groups_[sub].end());
       std::stable_sort(members.begin(), members.end(), [&](std::size_t a, std::size_t b) {
         return module_pos(params_[a].name) < module_pos(params_[b].name);
       });
@@ -636,9 +634,45 @@ class ZeroReader {
     return it == module_pos_.end() ? module_pos_.size() : it->second;
   }
 
-  // The (sub-)group holding parameter i: its param_shapes group (ZeRO-3
-  // sub-groups refused above).
+  // The (sub-)group holding parameter i: its param_shapes group, which is
+  // also the key of its base-optimizer state.
   std::size_t sub_group_of(std::size_t i) const { return params_[i].group; }
+
+  // The param_shapes groups each base-optimizer param group holds. ZeRO-3
+  // splits a param group holding more than sub_group_size elements (1e9 by
+  // default) into sub-groups, each with its own flat partition, param_shapes
+  // entry and optimizer state; the base optimizer's param_groups then list
+  // their ids as `params`. Otherwise group g is param_shapes group g.
+  std::vector<std::vector<std::size_t>> sub_groups_of(const Value& base_groups) const {
+    const auto& groups = base_groups.as_sequence();
+    std::vector<std::vector<std::size_t>> out(groups.size());
+    if (groups.size() == groups_.size()) {
+      for (std::size_t g = 0; g < out.size(); ++g) out[g] = {g};
+      return out;
+    }
+    const std::string& path = optims_[0].path;
+    if (stage_ != 3)
+      fail_data_loss(path + ": " + std::to_string(groups.size()) + " optimizer param groups for " +
+                     std::to_string(groups_.size()) + " param_shapes groups");
+    std::vector<int> owner(groups_.size(), -1);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      ValuePtr ids = groups[g]->get("params");
+      if (!ids) fail_data_loss(path + ": optimizer param group " + std::to_string(g) + " has no 'params'");
+      for (const auto& id : ids->as_sequence()) {
+        int64_t sub = id->as_int();
+        if (sub < 0 || std::size_t(sub) >= groups_.size() || owner[sub] != -1)
+          fail_data_loss(path + ": optimizer param group " + std::to_string(g) + " lists sub-group " +
+                         std::to_string(sub) + ", which is not one of the " + std::to_string(groups_.size()) +
+                         " param_shapes groups or is listed twice");
+        owner[sub] = int(g);
+        out[g].push_back(std::size_t(sub));
+      }
+    }
+    for (std::size_t sub = 0; sub < owner.size(); ++sub)
+      if (owner[sub] == -1)
+        fail_data_loss(path + ": sub-group " + std::to_string(sub) + " belongs to no optimizer param group");
+    return out;
+  }
 
   // d.root[dict_key][name], through an index built once per (file, dict):
   // a model's thousands of names are found in log time, not by scanning.
