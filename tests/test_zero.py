@@ -157,6 +157,30 @@ def test_files_of_two_world_sizes_are_refused(tmp_path, run_ckptconv):
     assert "partition_count 2 but 3 optimizer files" in r.stderr
 
 
+def test_files_of_two_tags_are_refused(tmp_path, run_ckptconv):
+    """Rank 1's optimizer file as a later tag would have it: the same shapes,
+    AdamW's step 5 instead of 3 (the 4-byte fp32 record data/0, rewritten
+    with its CRC, as torch.save would write it)."""
+    import struct
+    import zipfile
+    root, tag = _copy("z2_bf16_ws2", tmp_path)
+    victim = tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    with zipfile.ZipFile(victim) as z:
+        records = [(i.filename, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(victim, "w", compression=zipfile.ZIP_STORED) as out:
+        for name, data in records:
+            if name.endswith("/data/0"):
+                assert data == struct.pack("<f", 3.0)
+                data = struct.pack("<f", 5.0)
+            out.writestr(name, data)
+    r = run_ckptconv("consolidate", root, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3, r.stderr
+    assert victim.name in r.stderr and "'step' of group 0 differs from rank 0's" in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+    r = run_ckptconv("validate", root)
+    assert r.returncode == 1 and "two tags" in r.stdout, r.stdout + r.stderr
+
+
 def test_tensor_parallel_ranks_are_refused(tmp_path, run_ckptconv):
     root, tag = _copy("z2_bf16_ws2", tmp_path)
     shutil.copy(tag / "mp_rank_00_model_states.pt", tag / "mp_rank_01_model_states.pt")

@@ -528,6 +528,7 @@ class ZeroReader {
           optims_[0].tensor(*at(*states[0][0], key, optims_[0].path), optims_[0].path + ": " + key);
       if (first.shape.empty()) {
         scalar_keys.insert(key);
+        check_same_on_every_rank(states, key);
         continue;
       }
       std::vector<std::vector<const TensorEntry*>> parts(ws_);
@@ -622,6 +623,33 @@ class ZeroReader {
     }
     auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups}});
     model.root = Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
+  }
+
+  // A per-group scalar (the optimizer's `step`) is the same on every rank of
+  // one checkpoint; a rank file from another tag or run has another. A few
+  // bytes per group are read for this, nothing else.
+  void check_same_on_every_rank(const std::vector<std::vector<const Value*>>& states, const std::string& key) {
+    for (std::size_t k = 0; k < states[0].size(); ++k) {
+      auto bytes = [&](int r) -> std::string {
+        const Decoded& d = optims_[r];
+        if (!states[r][k]) return {};
+        ValuePtr ref = as_dict(*states[r][k]).get(key);
+        if (!ref || !tensor_ref_index(*ref)) return {};
+        const TensorEntry& t = d.tensor(*ref, d.path + ": " + key);
+        if (!t.shape.empty() || t.chunks.size() != 1) return {};
+        const TensorChunk& c = t.chunks[0];
+        std::size_t n = dtype_size(t.dtype);
+        return c.storage->read_string(uint64_t(c.storage_offset) * n, n);
+      };
+      std::string want = bytes(0);
+      for (int r = 1; r < ws_; ++r)
+        if (std::string got = bytes(r); !want.empty() && !got.empty() && got != want)
+          report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
+                                            optims_[r].path + ": optimizer '" + key + "' of group " +
+                                                std::to_string(k) + " differs from rank 0's (files of two tags or "
+                                                "two runs mixed?)",
+                                            optims_[r].path, r, "optim.state." + key});
+    }
   }
 
   std::size_t module_pos(const std::string& name) {
