@@ -644,11 +644,12 @@ class ZeroReader {
       std::string want = bytes(0);
       for (int r = 1; r < ws_; ++r)
         if (std::string got = bytes(r); !want.empty() && !got.empty() && got != want)
-          report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
-                                            optims_[r].path + ": optimizer '" + key + "' of group " +
-                                                std::to_string(k) + " differs from rank 0's (files of two tags or "
-                                                "two runs mixed?)",
-                                            optims_[r].path, r, "optim.state." + key});
+          report_or_fail(problems_,
+                         Problem{ErrorCode::kDataLoss,
+                                 optims_[r].path + ": optimizer '" + key + "' of group " + std::to_string(k) +
+                                     " differs from rank 0's (files of two tags or "
+                                     "two runs mixed?)",
+                                 optims_[r].path, r, "optim.state." + key});
     }
   }
 
