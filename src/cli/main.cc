@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   app.footer(
       "Exit codes: 0 success (valid, equal); 1 validate found problems or diff found differences; 2 usage error;\n"
       "3 input unreadable, corrupt, unsupported or unsafe; 4 output could not be written or a resource limit was hit;\n"
-      "5 internal error. Results go to stdout; logs, errors and progress (only on a terminal) to stderr.");
+      "5 installation problem (a plugin or LibTorch missing) or internal error. Results go to stdout; logs, errors\n"
+      "and progress (only on a terminal) to stderr.");
   bool quiet = false, verbose = false;
   app.add_flag("-q,--quiet", quiet, "Only print errors on stderr");
   app.add_flag("-v,--verbose", verbose, "Print debug messages on stderr");

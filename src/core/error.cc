@@ -12,6 +12,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kOutputFailed: return "OutputFailed";
     case ErrorCode::kResourceExhausted: return "ResourceExhausted";
     case ErrorCode::kInternal: return "Internal";
+    case ErrorCode::kInstallation: return "Installation";
     case ErrorCode::kInterrupted: return "Interrupted";
   }
   return "Unknown";
@@ -26,7 +27,8 @@ int exit_code_for(ErrorCode code) {
     case ErrorCode::kUnimplemented: return 3;
     case ErrorCode::kOutputFailed:
     case ErrorCode::kResourceExhausted: return 4;
-    case ErrorCode::kInternal: return 5;
+    case ErrorCode::kInternal:
+    case ErrorCode::kInstallation: return 5;
     case ErrorCode::kInterrupted: return 130;  // main uses 128 + the signal's number
   }
   return 5;

@@ -18,6 +18,7 @@ enum class ErrorCode {
   kOutputFailed,       // the output could not be written              -> exit 4
   kResourceExhausted,  // a memory or size limit stops the work        -> exit 4
   kInternal,           // a bug in ckptconv                            -> exit 5
+  kInstallation,       // a plugin or LibTorch is missing or unusable  -> exit 5
   kInterrupted,        // SIGINT / SIGTERM / SIGHUP stopped the work   -> exit 128 + signal
 };
 

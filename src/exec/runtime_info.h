@@ -7,9 +7,11 @@
 namespace ckpt {
 
 struct RuntimeInfo {
-  std::string libtorch_version;  // e.g. "2.15.0"
-  bool cuda_compiled = false;    // built with CKPT_WITH_CUDA
-  bool cuda_available = false;   // a CUDA device is visible now
+  std::string libtorch_version;   // e.g. "2.15.0"
+  std::string libtorch_dir;       // the lib folder it was loaded from
+  std::string libtorch_found_by;  // how that folder was found (libtorch_locate.h)
+  bool cuda_compiled = false;     // built with CKPT_WITH_CUDA
+  bool cuda_available = false;    // a CUDA device is visible now
   int cuda_devices = 0;
 };
 

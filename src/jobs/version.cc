@@ -20,7 +20,9 @@ std::string version_text() {
   } catch (const std::exception& e) {
     backend = std::string("cpu (the CUDA backend failed to start: ") + e.what() + ")";
   }
-  return std::string("ckptconv ") + CKPT_VERSION + "\nLibTorch " + info.libtorch_version + "\nCUDA " + cuda +
+  std::string libtorch = info.libtorch_version;
+  if (!info.libtorch_dir.empty()) libtorch += " (" + info.libtorch_dir + ", found by " + info.libtorch_found_by + ")";
+  return std::string("ckptconv ") + CKPT_VERSION + "\nLibTorch " + libtorch + "\nCUDA " + cuda +
          "\n--device auto: " + backend;
 }
 

@@ -22,6 +22,7 @@ TEST_CASE("exit codes follow the README table", "[core]") {
   CHECK(exit_code_for(ErrorCode::kUnsafe) == 3);
   CHECK(exit_code_for(ErrorCode::kOutputFailed) == 4);
   CHECK(exit_code_for(ErrorCode::kInternal) == 5);
+  CHECK(exit_code_for(ErrorCode::kInstallation) == 5);
 }
 
 TEST_CASE("checked arithmetic rejects overflow", "[core]") {
