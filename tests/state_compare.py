@@ -38,7 +38,7 @@ def assert_same(actual, expected, path="<root>", key_order=True):
 
 
 def select(sd, only=None, keys=None):
-    """The torch-side meaning of --only and --keys (README): dicts keep
+    """The torch-side meaning of --only and --keys (docs/usage.md): dicts keep
     matching entries, a list is kept whole when any leaf under it matches."""
     import re
 
