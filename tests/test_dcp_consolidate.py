@@ -1,4 +1,5 @@
 """consolidate of DCP directories against torch's own dcp_to_torch_save."""
+import re
 import pickle
 import shutil
 from pathlib import Path
@@ -86,7 +87,15 @@ def test_dry_run_writes_nothing_and_lists_chunks(tmp_path, run_ckptconv):
     r = run_ckptconv("consolidate", str(d), "-o", str(out), "--dry-run")
     assert r.returncode == 0, r.stderr
     assert not out.exists()
-    assert "model." in r.stdout and "rank 1" in r.stdout and "total:" in r.stdout
+    # a summary by default: counts, the largest tensors, the totals
+    assert "tensors from" in r.stdout and "largest:" in r.stdout and "total:" in r.stdout
+    assert "rank 1" not in r.stdout and "(-v lists every tensor" in r.stdout
+    # every chunk with -v, in the slice notation reshard's plan uses
+    r = run_ckptconv("-v", "consolidate", str(d), "-o", str(out), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "model." in r.stdout and "<- rank 1 " in r.stdout and "total:" in r.stdout
+    assert re.search(r"^      \[\d+:\d+(, \d+:\d+)*\] <- rank \d ", r.stdout, re.M), r.stdout
+    assert not out.exists()
 
 
 def test_existing_output_is_kept_without_force(tmp_path, run_ckptconv):

@@ -122,3 +122,41 @@ def test_glob_matching_nothing_is_a_usage_error(command, how, tmp_path, run_ckpt
     r = run_ckptconv(command, *args, *out)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no file matches this pattern" in r.stderr
+
+
+EXIT_CODES = {  # the codes each command can return, as its help's footer lists them
+    "inspect": {0, 2, 3, 5},
+    "consolidate": {0, 1, 2, 3, 4, 5},
+    "convert": {0, 1, 2, 3, 4, 5},
+    "reshard": {0, 2, 3, 4, 5},
+    "validate": {0, 1, 2, 3, 4, 5},
+    "diff": {0, 1, 2, 3, 5},
+}
+
+
+@pytest.mark.parametrize("command", sorted(EXIT_CODES))
+def test_help_has_examples_groups_and_its_own_exit_codes(command, run_ckptconv):
+    import re
+    r = run_ckptconv(command, "--help")
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    examples = text.split("Examples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert 2 <= len(examples) <= 3 and all(e.startswith(f"  ckptconv {command} ") for e in examples), examples
+    groups = re.findall(r"^([A-Z][a-z]+):$", text, re.M)
+    assert len(set(groups) - {"Positionals", "Options", "Examples"}) >= 2, groups
+    footer = text.split("Exit codes: ", 1)[1].replace("\n", " ")
+    listed = {int(c) for c in re.findall(r"(?:^|; )(\d)\b", footer)}
+    assert listed == EXIT_CODES[command], footer
+    if command in ("consolidate", "convert", "reshard"):
+        assert "130/143/129" in footer
+
+
+def test_inspect_help_names_every_source_kind(run_ckptconv):
+    text = run_ckptconv("inspect", "--help").stdout
+    for kind in ("DCP directory", "per-rank FSDP files", "DeepSpeed ZeRO", "--tag", ".pt", ".safetensors",
+                 ".safetensors.index.json", ".h5"):
+        assert kind in text, kind
+
+
+def test_convert_is_documented_as_the_same_job_as_consolidate(run_ckptconv):
+    assert "the same job as consolidate" in run_ckptconv("convert", "--help").stdout

@@ -121,6 +121,9 @@ def test_dry_run_lists_sources_per_rank_and_exact_sizes_and_writes_nothing(tmp_p
     dst = tmp_path / "out"
     r = run_ckptconv("reshard", str(WS2), "-o", str(dst), "--world-size", "3", "--dry-run")
     assert r.returncode == 0, r.stderr
+    assert "<-" not in r.stdout and "(-v lists every tensor item" in r.stdout  # a summary by default
+    r = run_ckptconv("reshard", str(WS2), "-o", str(dst), "--world-size", "3", "--dry-run", "-v")
+    assert r.returncode == 0, r.stderr
     assert not dst.exists() and not list(tmp_path.iterdir())
     # fc2.weight 7x8: ws2 rows [0:4) [4:7); ws3 rank 1 rows [3:6) comes from both source ranks.
     assert "model.fc2.weight [3:6, 0:8] <- source rank 0 [3:4, 0:8], source rank 1 [4:6, 0:8]" in r.stdout

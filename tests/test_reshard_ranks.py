@@ -233,7 +233,7 @@ def test_full_state_dict_needs_layout(tmp_path, run_ckptconv):
 
 def test_dry_run_lists_rank_files_with_exact_sizes_and_writes_nothing(tmp_path, run_ckptconv):
     dst = tmp_path / "out"
-    r = run_ckptconv("reshard", str(DT[2]), "-o", str(dst), "--world-size", "3", "--dry-run")
+    r = run_ckptconv("reshard", str(DT[2]), "-o", str(dst), "--world-size", "3", "--dry-run", "-v")
     assert r.returncode == 0, r.stderr
     assert not list(tmp_path.iterdir())
     # fc2.weight 7x8: ws2 rows [0:4) [4:7); ws3 rank 1 rows [3:6) comes from both source ranks.

@@ -12,8 +12,15 @@ void register_inspect(CLI::App& app) {
   CLI::App* sub =
       app.add_subcommand("inspect", "Show the tensors (dtype, global shape, chunks) and values of a checkpoint");
   bind_common(sub, req->common, kSource | kFiles,
-              {.source = "Checkpoint: a DCP directory, a .pt file, or per-rank files (a directory or a quoted glob)"});
-  sub->add_flag("--json", req->json, "Print JSON (schema in docs/inspect-json.md)");
+              {.source = "Checkpoint: a DCP directory, per-rank FSDP files (a directory or a quoted glob), a DeepSpeed "
+                         "ZeRO checkpoint, or a .pt/.safetensors/.h5 file"});
+  sub->add_flag("--json", req->json, "Print JSON (schema in docs/inspect-json.md)")->group(kOutputGroup);
+  set_footer(sub,
+             {"ckptconv inspect ckpt/step-1000", "ckptconv inspect 'ckpt/optim_rank*.pt'",
+              "ckptconv inspect ds_ckpt --tag global_step500 --json | jq '.totals'"},
+             "0 printed; 2 usage error; 3 input unreadable, corrupt, unsupported or unsafe; 5 installation problem or\n"
+             "internal error.",
+             kSourceKinds);
   add_runner(sub, [req] { return jobs::run_inspect(*req, std::cout).exit_code; });
 }
 

@@ -18,7 +18,7 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "ckptconv: inspect, validate, diff, consolidate and reshard sharded PyTorch checkpoints (DCP directories, "
-      "per-rank FSDP files)",
+      "per-rank FSDP files, DeepSpeed ZeRO checkpoints)",
       "ckptconv"};
   app.require_subcommand(0, 1);
   // -q/-v also after the subcommand (`ckptconv diff A B -q` in a CI script).

@@ -2,39 +2,58 @@
 
 namespace ckpt::cli {
 
+void set_footer(CLI::App* sub, std::initializer_list<const char*> examples, const char* exit_codes, const char* notes) {
+  std::string text;
+  if (*notes) text += std::string(notes) + "\n\n";
+  text += "Examples:\n";
+  for (const char* e : examples) text += std::string("  ") + e + "\n";
+  text += std::string("\nExit codes: ") + exit_codes;
+  sub->footer(text);
+}
+
 void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const CommonHelp& help) {
   if (which & kSource) {
     sub->add_option("SRC", opt.source, help.source);
     sub->add_option("--tag", opt.tag,
-                    "DeepSpeed checkpoint: the tag directory under SRC to read (default: the one `latest` names)");
+                    "DeepSpeed checkpoint: the tag directory under SRC to read (default: the one `latest` names)")
+        ->group(kInputGroup);
   }
   if (which & kFiles)
-    sub->add_option("--files", opt.files, "Per-rank files listed one by one (instead of SRC)")->expected(1, -1);
-  if (which & kOnly) sub->add_option("--only", opt.only, help.only)->check(CLI::IsMember({"model", "optim"}));
-  if (which & kKeys) sub->add_option("--keys", opt.keys, help.keys);
+    sub->add_option("--files", opt.files, "Per-rank files listed one by one (instead of SRC)")
+        ->expected(1, -1)
+        ->group(kInputGroup);
+  if (which & kOnly)
+    sub->add_option("--only", opt.only, help.only)->check(CLI::IsMember({"model", "optim"}))->group(kSelectionGroup);
+  if (which & kKeys) sub->add_option("--keys", opt.keys, help.keys)->group(kSelectionGroup);
   if (which & kDtype)
     sub->add_option("--dtype", opt.dtype, "Cast floating-point tensors (optimizer step counters excepted)")
         ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16", "float32", "float", "bfloat16", "float16", "half"}))
-        ->capture_default_str();
-  if (which & kThreads) sub->add_option("--threads", opt.threads, help.threads);
+        ->capture_default_str()
+        ->group(kConversionGroup);
+  if (which & kThreads) sub->add_option("--threads", opt.threads, help.threads)->group(kPerformanceGroup);
   if (which & kDevice)
     sub->add_option("--device", opt.device, help.device)
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-        ->capture_default_str();
+        ->capture_default_str()
+        ->group(kPerformanceGroup);
   if (which & kMemoryLimit)
-    sub->add_option("--memory-limit", opt.memory_limit, help.memory_limit)->capture_default_str();
-  if (which & kDryRun) sub->add_flag("--dry-run", opt.dry_run, help.dry_run);
-  if (which & kForce) sub->add_flag("--force", opt.force, help.force);
+    sub->add_option("--memory-limit", opt.memory_limit, help.memory_limit)
+        ->capture_default_str()
+        ->group(kPerformanceGroup);
+  if (which & kDryRun) sub->add_flag("--dry-run", opt.dry_run, help.dry_run)->group(kOutputGroup);
+  if (which & kForce) sub->add_flag("--force", opt.force, help.force)->group(kOutputGroup);
   if (which & kMaxOutputSize)
     sub->add_option(
-        "--max-output-size", opt.max_output_size,
-        "Refuse (exit 4, before writing) an output of more tensor data than SIZE, e.g. 100G; the free space "
-        "where the output goes is always checked");
+           "--max-output-size", opt.max_output_size,
+           "Refuse (exit 4, before writing) an output of more tensor data than SIZE, e.g. 100G; the free space "
+           "where the output goes is always checked")
+        ->group(kOutputGroup);
   if (which & kNoFsync)
     sub->add_flag(
-        "--no-fsync", opt.no_fsync,
-        "Skip the fsync before the output is renamed into place (faster; the output is still whole or absent, "
-        "but not guaranteed to survive a power loss)");
+           "--no-fsync", opt.no_fsync,
+           "Skip the fsync before the output is renamed into place (faster; the output is still whole or absent, "
+           "but not guaranteed to survive a power loss)")
+        ->group(kOutputGroup);
 }
 
 }  // namespace ckpt::cli

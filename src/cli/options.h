@@ -24,6 +24,25 @@ enum CommonOption : unsigned {
   kMaxOutputSize = 1u << 11,  // --max-output-size
 };
 
+// Help sections, in the order a user decides: what to read, what to keep,
+// how to convert it, where to write, how fast.
+inline constexpr const char* kInputGroup = "Input";
+inline constexpr const char* kSelectionGroup = "Selection";
+inline constexpr const char* kConversionGroup = "Conversion";
+inline constexpr const char* kOutputGroup = "Output";
+inline constexpr const char* kPerformanceGroup = "Performance";
+
+// Every kind of SRC the readers detect, for help texts.
+inline constexpr const char* kSourceKinds =
+    "SRC is detected: a DCP directory (.metadata); per-rank FSDP files (a directory, a quoted glob, or --files);\n"
+    "a DeepSpeed ZeRO checkpoint (the folder holding `latest`, or a tag folder; --tag picks another tag);\n"
+    "a .pt/.pth/.bin torch.save file; a .safetensors file or its .safetensors.index.json; an .h5/.hdf5 file.";
+
+// The help's footer: examples, the exit codes this command can return, and
+// any notes.
+void set_footer(CLI::App* sub, std::initializer_list<const char*> examples, const char* exit_codes,
+                const char* notes = "");
+
 struct CommonHelp {
   const char* source =
       "Checkpoint: a DCP directory, a .pt/.safetensors/.h5 file, or per-rank files (a directory or a quoted glob)";

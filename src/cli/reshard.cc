@@ -20,23 +20,35 @@ void register_reshard(CLI::App& app) {
           "other sources: keep only this top-level entry",
       .device = "Where casts run: auto, cpu, cuda",
       .threads = "Threads for casts (0: all)",
-      .dry_run = "Print which source chunks feed each output rank and the bytes per file; write nothing",
+      .dry_run = "Print a summary of the plan (with -v, which source chunks feed each output rank); write nothing",
       .force = "Replace an existing output directory"};
   bind_common(sub, req->common, kSource | kFiles, help);
-  sub->add_option("-o,--output", req->output, "Output directory")->required();
-  sub->add_option("--world-size", req->world_size, "Number of ranks to write")->required();
+  sub->add_option("-o,--output", req->output, "Output directory")->required()->group(kOutputGroup);
+  sub->add_option("--world-size", req->world_size, "Number of ranks to write")->required()->group(kOutputGroup);
   sub->add_option("--layout", req->layout,
                   "dcp (one __<r>_0.distcp per rank + .metadata), fsdp-sharded-tensor or fsdp-dtensor (one torch.save "
                   "file per rank and family, as FSDP1 SHARDED_STATE_DICT); default: the source's own, required for a "
                   "full state dict")
-      ->check(CLI::IsMember({"dcp", "fsdp-sharded-tensor", "fsdp-dtensor"}));
+      ->check(CLI::IsMember({"dcp", "fsdp-sharded-tensor", "fsdp-dtensor"}))
+      ->group(kOutputGroup);
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
   sub->add_option(
-      "--mesh-device", req->mesh_device,
-      "fsdp-dtensor: device type of the DeviceMesh the files name (cpu, cuda); default: the source's, else cpu");
+         "--mesh-device", req->mesh_device,
+         "fsdp-dtensor: device type of the DeviceMesh the files name (cpu, cuda); default: the source's, else cpu")
+      ->group(kOutputGroup);
   sub->add_option("--mesh-dim-names", req->mesh_dim_names,
-                  "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none");
+                  "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none")
+      ->group(kOutputGroup);
   bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kMaxOutputSize, help);
+  set_footer(
+      sub,
+      {"ckptconv reshard ckpt/step-1000 -o ckpt-ws4 --world-size 4",
+       "ckptconv reshard full.pt -o ckpt-ws8 --world-size 8 --layout dcp",
+       "ckptconv reshard ds_ckpt -o fsdp-ws2 --world-size 2 --layout fsdp-dtensor --dry-run"},
+      "0 written; 2 usage error; 3 input unreadable, corrupt, unsupported or unsafe; 4 output not written, or a\n"
+      "size or memory limit hit; 5 installation problem or internal error; 130/143/129 stopped by\n"
+      "SIGINT/SIGTERM/SIGHUP (nothing written).",
+      kSourceKinds);
   add_runner(sub, [req] { return jobs::run_reshard(*req, std::cout).exit_code; });
 }
 

@@ -25,19 +25,31 @@ void register_validate(CLI::App& app) {
        .threads = "Threads for the finite scan (0: all cores)",
        .memory_limit = "Budget for reassembling a tensor's rows, e.g. 512M",
        .force = "Overwrite an existing --write-manifest file"});
-  sub->add_flag("--finite", req->check.finite, "Scan every floating-point tensor for NaN and Inf (any is a problem)");
+  const char* checks = "Checks";
+  sub->add_flag("--finite", req->check.finite, "Scan every floating-point tensor for NaN and Inf (any is a problem)")
+      ->group(checks);
   sub->add_option("--expect-world-size", req->check.expect_world_size,
-                  "The world size the checkpoint must have been written at (single files count as 1)");
+                  "The world size the checkpoint must have been written at (single files count as 1)")
+      ->group(checks);
   sub->add_option("--expect-keys", req->check.expect_keys_file,
                   "File with one key per line (dotted paths as inspect prints them; # comments): a missing or an "
-                  "unexpected key is a problem");
+                  "unexpected key is a problem")
+      ->group(checks);
   sub->add_option("--write-manifest", req->check.write_manifest,
-                  "Write a checksum of every file and tensor to this JSON file (only when the checkpoint is valid)");
+                  "Write a checksum of every file and tensor to this JSON file (only when the checkpoint is valid)")
+      ->group(kOutputGroup);
   sub->add_option(
-      "--manifest", req->check.manifest,
-      "Verify against a manifest written by --write-manifest; names every file or tensor changed, missing or new");
-  sub->add_flag("--sha256", req->check.sha256, "--write-manifest with SHA-256 instead of XXH3-64");
-  sub->add_flag("--json", req->json, "Print the report as JSON (docs/json-schema.md)");
+         "--manifest", req->check.manifest,
+         "Verify against a manifest written by --write-manifest; names every file or tensor changed, missing or new")
+      ->group(checks);
+  sub->add_flag("--sha256", req->check.sha256, "--write-manifest with SHA-256 instead of XXH3-64")->group(kOutputGroup);
+  sub->add_flag("--json", req->json, "Print the report as JSON (docs/json-schema.md)")->group(kOutputGroup);
+  set_footer(sub,
+             {"ckptconv validate ckpt/step-1000", "ckptconv validate ckpt/step-1000 --finite --expect-world-size 8",
+              "ckptconv validate ckpt/step-1000 --write-manifest m.json   # later: --manifest m.json"},
+             "0 valid; 1 problems found (each listed); 2 usage error; 3 input unreadable or unsafe; 4 the manifest\n"
+             "could not be written; 5 installation problem or internal error.",
+             kSourceKinds);
   add_runner(sub, [req] { return jobs::run_validate(*req, std::cout).exit_code; });
 }
 

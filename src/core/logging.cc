@@ -62,4 +62,5 @@ namespace ckpt::log {
 void debug(const std::string& message) { spdlog::debug("{}", message); }
 void info(const std::string& message) { spdlog::info("{}", message); }
 void warn(const std::string& message) { spdlog::warn("{}", message); }
+bool verbose() { return spdlog::should_log(spdlog::level::debug); }
 }  // namespace ckpt::log

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/progress.h"
 #include "core/units.h"
 #include "exec/write_output.h"
@@ -52,7 +53,7 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
   report.tensors = model.tensors.size();
   for (const auto& t : model.tensors) report.bytes += t.output_nbytes();
   if (opt.dry_run) {
-    describe_plan(model, req.output, out);
+    describe_plan(model, req.output, log::verbose(), out);
     report.dry_run = true;
     return report;
   }

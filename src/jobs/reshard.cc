@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/progress.h"
 #include "core/units.h"
 #include "exec/write_dcp.h"
@@ -104,7 +105,7 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
     std::vector<RankFilesOut> files(sizes.files.size());
     for (std::size_t r = 0; r < files.size(); ++r)
       files[r].files.emplace_back(dcp::DcpDirWriter::file_name(static_cast<int>(r)), sizes.files[r]);
-    describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, out);
+    describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, log::verbose(), out);
     return;
   }
   check_output_size(report.bytes, req.output, req.common);
@@ -144,7 +145,7 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
   report.bytes = plan_output_bytes(model, plan);
   if (req.common.dry_run) {
     describe_reshard(model, plan, count_values(*model.root), true, rank_files_sizes(model, families, rank_layout, plan),
-                     {}, out);
+                     {}, log::verbose(), out);
     return;
   }
   check_output_size(report.bytes, req.output, req.common);

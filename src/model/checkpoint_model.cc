@@ -18,6 +18,15 @@ uint64_t shape_numel(const Shape& shape) {
   return n;
 }
 
+std::string box_str(const Shape& offsets, const Shape& sizes) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < offsets.size() && d < sizes.size(); ++d) {
+    if (d) s += ", ";
+    s += std::to_string(offsets[d]) + ":" + std::to_string(offsets[d] + sizes[d]);
+  }
+  return s + "]";
+}
+
 std::string shape_str(const Shape& shape) {
   std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) {

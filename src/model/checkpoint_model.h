@@ -22,6 +22,9 @@ using Shape = std::vector<int64_t>;
 // Number of elements; DataLoss on negative extents or overflow.
 uint64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "(7, 8)"
+// The one notation for a box of a tensor, as Python slices: "[3:6, 0:8]";
+// "[]" for a 0-dim tensor.
+std::string box_str(const Shape& offsets, const Shape& sizes);
 // Row-major strides of a contiguous tensor of this shape.
 Shape contiguous_strides(const Shape& shape);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iomanip>
+#include <set>
+#include <vector>
 
 #include "core/units.h"
 #include "model/tree_walk.h"
@@ -56,26 +58,49 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
   });
 }
 
-void describe_plan(const CheckpointModel& model, const std::string& output, std::ostream& out) {
-  uint64_t read = 0, written = 0;
+void describe_plan(const CheckpointModel& model, const std::string& output, bool detailed, std::ostream& out) {
+  uint64_t read = 0, written = 0, casts = 0;
+  std::size_t chunks = 0;
+  std::set<std::string> files;
+  std::vector<std::pair<uint64_t, std::string>> sizes;  // output bytes, line, for the largest
   out << "plan: " << model.source << " -> " << output << "\n";
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor) return;
     const TensorEntry& t = model.tensors[*leaf.tensor];
-    out << "  " << leaf.path << "  " << dtype_name(t.dtype);
-    if (t.output_dtype() != t.dtype) out << "->" << dtype_name(t.output_dtype());
-    out << " " << shape_str(t.shape) << " " << human_bytes(t.output_nbytes()) << " from " << t.chunks.size()
-        << " chunk(s)\n";
+    std::string line = leaf.path + "  " + std::string(dtype_name(t.dtype));
+    if (t.output_dtype() != t.dtype) line += "->" + std::string(dtype_name(t.output_dtype()));
+    line += " " + shape_str(t.shape) + " " + human_bytes(t.output_nbytes());
+    std::size_t used = 0;
     for (const auto& c : t.chunks) {
       if (c.numel() == 0) continue;
-      out << "      " << (c.rank >= 0 ? "rank " + std::to_string(c.rank) + " " : "") << c.file << " offsets "
-          << shape_str(c.offsets) << " sizes " << shape_str(c.sizes) << "\n";
+      ++used;
+      files.insert(c.file.substr(0, c.file.find('[')));  // "FILE[off:+len]" for a slice of a file
     }
+    if (detailed) {
+      out << "  " << line << " from " << used << " chunk(s)\n";
+      for (const auto& c : t.chunks)
+        if (c.numel() > 0)
+          out << "      " << box_str(c.offsets, c.sizes) << " <- "
+              << (c.rank >= 0 ? "rank " + std::to_string(c.rank) + " " : "") << c.file << "\n";
+    }
+    sizes.emplace_back(t.output_nbytes(), line);
+    chunks += used;
+    casts += t.output_dtype() != t.dtype ? 1 : 0;
     read += t.nbytes();
     written += t.output_nbytes();
   });
+  if (!detailed) {
+    out << "  " << sizes.size() << " tensors from " << chunks << " chunks in " << files.size() << " file(s)";
+    if (casts) out << ", " << casts << " cast";
+    out << "\n";
+    std::stable_sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::size_t shown = std::min<std::size_t>(sizes.size(), 5);
+    if (shown) out << "  largest:\n";
+    for (std::size_t i = 0; i < shown; ++i) out << "    " << sizes[i].second << "\n";
+  }
   out << "total: " << model.tensors.size() << " tensors, read " << human_bytes(read) << ", write "
       << human_bytes(written) << " of tensor data\n";
+  if (!detailed) out << "(-v lists every tensor and the source chunks it is read from)\n";
 }
 
 nlohmann::ordered_json model_to_json(const CheckpointModel& model) {

@@ -11,8 +11,10 @@ namespace ckpt {
 
 void describe_model(const CheckpointModel& model, std::ostream& out);
 nlohmann::ordered_json model_to_json(const CheckpointModel& model);
-// --dry-run: every output tensor with its dtype change and source chunks,
-// and the totals, for writing `output`.
-void describe_plan(const CheckpointModel& model, const std::string& output, std::ostream& out);
+// --dry-run of consolidate/convert, for writing `output`: a summary that
+// fits a screen (counts, sources, the largest tensors, the totals), or with
+// `detailed` (-v) every output tensor with its dtype change and the source
+// chunks it is read from.
+void describe_plan(const CheckpointModel& model, const std::string& output, bool detailed, std::ostream& out);
 
 }  // namespace ckpt

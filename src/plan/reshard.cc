@@ -42,16 +42,6 @@ OutputItem make_item(const TensorEntry& t, std::size_t index, Shape offsets, Sha
   return item;
 }
 
-// "[3:6, 0:8]"; "[]" for a 0-dim box.
-std::string box_str(const Shape& offsets, const Shape& sizes) {
-  std::string s = "[";
-  for (std::size_t d = 0; d < offsets.size(); ++d) {
-    if (d) s += ", ";
-    s += std::to_string(offsets[d]) + ":" + std::to_string(offsets[d] + sizes[d]);
-  }
-  return s + "]";
-}
-
 // A plan with no items yet; InvalidArgument when world_size < 1.
 ReshardPlan empty_plan(std::size_t tensors, int world_size) {
   if (world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(world_size) + ")");
@@ -74,7 +64,7 @@ void add_item(ReshardPlan& plan, std::size_t tensor, int rank, OutputItem item) 
 
 void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items,
                       bool per_rank_values, const std::vector<RankFilesOut>& rank_files,
-                      const std::vector<std::pair<std::string, uint64_t>>& shared, std::ostream& out) {
+                      const std::vector<std::pair<std::string, uint64_t>>& shared, bool detailed, std::ostream& out) {
   uint64_t total = 0;
   std::size_t files = 0;
   for (std::size_t r = 0; r < plan.ranks.size(); ++r) {
@@ -92,6 +82,7 @@ void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std
     out << ", " << plan.ranks[r].size() << " tensor items";
     if (per_rank_values || r == 0) out << ", " << bytes_items << (per_rank_values ? " other values" : " bytes items");
     out << ", " << data << " bytes of tensor data\n";
+    if (!detailed) continue;
     for (const OutputItem& item : plan.ranks[r]) {
       const TensorEntry& t = model.tensors[item.tensor];
       out << "  " << t.name << " " << box_str(item.offsets, item.sizes)
@@ -115,6 +106,7 @@ void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std
     shared_names += " and " + name;
   }
   out << "total: " << files << " files" << shared_names << ", " << total << " bytes (" << human_bytes(total) << ")\n";
+  if (!detailed) out << "(-v lists every tensor item and the source chunks that feed it)\n";
 }
 
 bool is_replicated(const TensorEntry& t, int source_world_size) {

@@ -84,9 +84,10 @@ struct RankFilesOut {
 // the source chunks (rank and box) that feed it; `bytes_items` non-tensor
 // items are written once by rank 0 (DCP) or by every rank (per-rank files:
 // `per_rank_values`); `shared` are files outside the ranks (.metadata).
+// Without `detailed` (-v), only the per-rank and total lines.
 void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std::size_t bytes_items,
                       bool per_rank_values, const std::vector<RankFilesOut>& rank_files,
-                      const std::vector<std::pair<std::string, uint64_t>>& shared, std::ostream& out);
+                      const std::vector<std::pair<std::string, uint64_t>>& shared, bool detailed, std::ostream& out);
 
 // Distinct ranks that wrote the model's chunks (TensorChunk::rank; at least 1).
 int source_world_size(const CheckpointModel& model);
