@@ -160,3 +160,30 @@ def test_inspect_help_names_every_source_kind(run_ckptconv):
 
 def test_convert_is_documented_as_the_same_job_as_consolidate(run_ckptconv):
     assert "the same job as consolidate" in run_ckptconv("convert", "--help").stdout
+
+
+def test_verbose_says_what_was_found_skipped_planned_and_chosen(tmp_path, run_ckptconv, testdata):
+    import shutil
+    src = tmp_path / "ranks"
+    shutil.copytree(testdata / "fsdp_st" / "adamw_ws2", src)
+    (src / "notes.txt").write_text("not a rank file")
+    r = run_ckptconv("-v", "consolidate", src, "--dtype", "bf16", "-o", tmp_path / "o.safetensors")
+    assert r.returncode == 0, r.stderr
+    err = r.stderr
+    assert f"ignoring {src}/notes.txt: no rank in its file name" in err
+    assert f"source {src}: per-rank files (fsdp-ranks)" in err and "world size 2" in err
+    assert "plan: " in err and "-> " + str(tmp_path / "o.safetensors") + " (safetensors)" in err
+    assert "backend: cpu for casts and scans (--device auto)" in err
+    r = run_ckptconv("-v", "reshard", testdata / "zero" / "z2_bf16_ws2", "-o", tmp_path / "dst", "--world-size", "3",
+                     "--layout", "dcp")
+    assert r.returncode == 0, r.stderr
+    assert "DeepSpeed ZeRO checkpoint (deepspeed-zero)" in r.stderr and "zero_stage: 2" in r.stderr
+    assert "over 3 ranks" in r.stderr and "bytes are copied unchanged" in r.stderr
+
+
+def test_quiet_prints_only_errors(tmp_path, run_ckptconv, testdata):
+    r = run_ckptconv("-q", "consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "--dtype", "bf16",
+                     "-o", tmp_path / "o.pt")
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == "", r.stderr
+    r = run_ckptconv("-q", "consolidate", tmp_path / "missing", "-o", tmp_path / "p.pt")
+    assert r.returncode == 3 and r.stderr.startswith("error: ")

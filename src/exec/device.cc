@@ -156,6 +156,7 @@ std::unique_ptr<Backend> make_backend(Device device, int threads) {
     }
   }
   if (device == Device::kCuda) fail_invalid("--device cuda: " + why);
+  spdlog::debug("--device auto: cpu, no CUDA backend: {}", why);
   return make_cpu_backend(threads);
 }
 

@@ -15,7 +15,19 @@ namespace ckpt::jobs {
 
 CheckpointModel read_source(const CommonOptions& opt) {
   parse_dtype_option(opt.dtype);  // a bad --dtype is a usage error before anything is read
-  return read_checkpoint(opt.source, {opt.files, opt.only, nullptr, opt.tag});
+  CheckpointModel model = read_checkpoint(opt.source, {opt.files, opt.only, nullptr, opt.tag});
+  if (spdlog::should_log(spdlog::level::debug)) {  // -v: what SRC was found to be
+    std::string ws;
+    for (int w : model.info.world_sizes) ws += (ws.empty() ? "" : ", ") + std::to_string(w);
+    spdlog::debug("source {}: {} ({}), {} file(s), world size {}, {} tensors", model.source,
+                  source_kind_name(model.info.kind), source_format_name(model.info.kind), model.info.files.size(),
+                  ws.empty() ? "?" : ws, model.tensors.size());
+    for (const auto& family : model.info.families)
+      spdlog::debug("  family {}: {} x {}", family.kind.empty() ? "(unnamed)" : family.kind, family.files.size(),
+                    family.name_template);
+    for (const auto& [key, value] : model.facts) spdlog::debug("  {}: {}", key, value);
+  }
+  return model;
 }
 
 CheckpointModel read_selected(const CommonOptions& opt) { return select_source(read_source(opt), opt); }
@@ -34,7 +46,12 @@ CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt) {
 
 std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, bool arithmetic) {
   Device d = parse_device(device);
-  return make_backend(arithmetic || d == Device::kCuda ? d : Device::kCpu, threads);
+  if (!arithmetic && d != Device::kCuda)
+    spdlog::debug("backend: cpu threads only: no cast or scan, bytes are copied unchanged (--device {} not needed)",
+                  device);
+  auto backend = make_backend(arithmetic || d == Device::kCuda ? d : Device::kCpu, threads);
+  if (arithmetic) spdlog::debug("backend: {} for casts and scans (--device {})", backend->name(), device);
+  return backend;
 }
 
 double JobClock::seconds() const {

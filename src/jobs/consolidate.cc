@@ -57,6 +57,15 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
     report.dry_run = true;
     return report;
   }
+  if (spdlog::should_log(spdlog::level::debug)) {
+    std::size_t chunks = 0, casts = 0;
+    for (const auto& t : model.tensors) {
+      chunks += t.chunks.size();
+      casts += t.output_dtype() != t.dtype ? 1 : 0;
+    }
+    spdlog::debug("plan: {} tensors from {} chunks, {} cast, {} of tensor data -> {} ({})", report.tensors, chunks,
+                  casts, human_bytes(report.bytes), req.output, output_format_name(format));
+  }
   check_output_size(report.bytes, req.output, opt);
   bool arithmetic = parse_dtype_option(opt.dtype) || req.finite;
   auto backend = choose_backend(opt.device, opt.threads, arithmetic);

@@ -90,6 +90,15 @@ uint64_t plan_output_bytes(const CheckpointModel& model, const ReshardPlan& plan
   return total;
 }
 
+// -v: the plan in one line.
+void log_plan(const ReshardPlan& plan, uint64_t bytes, const std::string& output, const std::string& layout) {
+  if (!log::verbose()) return;
+  std::size_t items = 0;
+  for (const auto& rank : plan.ranks) items += rank.size();
+  log::debug("plan: " + std::to_string(items) + " tensor items over " + std::to_string(plan.ranks.size()) + " ranks, " +
+             human_bytes(bytes) + " of tensor data -> " + output + " (" + layout + ")");
+}
+
 void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy, JobReport& report,
                     std::ostream& out) {
   // A DCP source keeps its own items and planner_data; anything else (or a
@@ -98,6 +107,7 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
   dcp::DcpMetadata source_md = own_layout ? dcp::metadata_of(*model.info.flat_layout) : flattened_layout(model);
   ReshardPlan plan = plan_reshard(model.tensors, req.world_size, source_world_size(model));
   report.bytes = plan_output_bytes(model, plan);
+  log_plan(plan, report.bytes, req.output, "dcp");
   if (req.common.dry_run) {
     std::size_t bytes_items = 0;
     for (const auto& item : source_md.items) bytes_items += item.is_tensor ? 0 : 1;
@@ -143,6 +153,7 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
   ReshardPlan plan = plan_rank_files(model.tensors, sharded, req.world_size);
   RankFilesLayout rank_layout = rank_files_layout(req, model, layout);
   report.bytes = plan_output_bytes(model, plan);
+  log_plan(plan, report.bytes, req.output, layout);
   if (req.common.dry_run) {
     describe_reshard(model, plan, count_values(*model.root), true, rank_files_sizes(model, families, rank_layout, plan),
                      {}, log::verbose(), out);

@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/containment.h"
 
 namespace ckpt::fsdp_ranks {
@@ -73,6 +74,9 @@ std::vector<std::string> list_rank_files(const std::string& dir) {
     if (name && !name->auxiliary) {
       require_inside(entry.path().string(), dir);
       out.push_back(entry.path().string());
+    } else {
+      log::debug("ignoring " + entry.path().string() +
+                 (name ? ": not a state dict (veRL extra state)" : ": no rank in its file name"));
     }
   }
   if (ec) fail(ErrorCode::kNotFound, dir + ": cannot list directory: " + ec.message());

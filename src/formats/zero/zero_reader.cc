@@ -103,6 +103,7 @@ TagFiles list_files(const std::string& dir) {
       mp_ranks.insert(m[1]);
       if (m[1] == "00") single_model = e.path().string();
     } else {
+      log::debug("ignoring " + e.path().string() + ": not a ZeRO model or optimizer states file");
       continue;
     }
     require_inside(e.path().string(), dir);
