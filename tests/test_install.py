@@ -46,6 +46,9 @@ def _run(binary: Path, *args, env=None) -> subprocess.CompletedProcess:
 def test_install_layout(moved_prefix):
     assert (moved_prefix / "bin" / "ckptconv").is_file()
     assert (moved_prefix / "lib" / "ckptconv" / "libckpt_torch.so").is_file()
+    assert (moved_prefix / "share" / "bash-completion" / "completions" / "ckptconv").is_file()
+    assert (moved_prefix / "share" / "zsh" / "site-functions" / "_ckptconv").is_file()
+    assert (moved_prefix / "share" / "man" / "man1" / "ckptconv.1").is_file()
 
 
 def test_moved_prefix_runs_a_bf16_consolidate(moved_prefix, tmp_path, testdata, run_ckptconv):

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "cli/completion.h"
 #include "cli/usage_errors.h"
 #include "core/budgets.h"
 #include "core/error.h"
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
       app.add_subcommand("help", "Show the help of ckptconv or of one command (ckptconv help consolidate)");
   std::string help_topic;
   help->add_option("CMD", help_topic, "A command");
+  ckpt::cli::register_completion(app);  // last: it describes every command above
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

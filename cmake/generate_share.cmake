@@ -1,0 +1,15 @@
+# Writes the shell completions and the man page from the built binary's own
+# CLI definition (src/cli/completion.h): cmake -DBIN=... -DOUT=... -P this.
+cmake_minimum_required(VERSION 3.25)
+function(generate path)
+  get_filename_component(dir "${OUT}/${path}" DIRECTORY)
+  file(MAKE_DIRECTORY "${dir}")
+  execute_process(COMMAND "${BIN}" ${ARGN} OUTPUT_FILE "${OUT}/${path}.tmp" RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${BIN} ${ARGN} failed (${rc})")
+  endif()
+  file(RENAME "${OUT}/${path}.tmp" "${OUT}/${path}")
+endfunction()
+generate(bash-completion/completions/ckptconv completion bash)
+generate(zsh/site-functions/_ckptconv completion zsh)
+generate(man/man1/ckptconv.1 man)
