@@ -59,6 +59,24 @@ def test_one_file_of_a_dcp_directory_given_alone(member, tmp_path, run_ckptconv,
     assert not (tmp_path / "o.pt").exists()
 
 
+@pytest.mark.parametrize("member, says", [
+    ("fsdp_st/adamw_ws2/model_rank0.pt", "is rank 0 of the per-rank checkpoint"),
+    ("fsdp_dt/adamw_ws3/optim_world_size_3_rank_2.pt", "is rank 2 of the per-rank checkpoint"),
+    ("zero/z2_bf16_ws2/global_step3/mp_rank_00_model_states.pt", "is one file of the DeepSpeed ZeRO checkpoint"),
+    ("zero/z3_bf16_ws2/global_step3/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+     "is one file of the DeepSpeed ZeRO checkpoint"),
+])
+def test_one_rank_file_given_alone(member, says, tmp_path, run_ckptconv, testdata):
+    """Read alone, one rank's file used to consolidate into a wrong whole
+    (a ZeRO model-states file: its bf16 weights, exit 0)."""
+    src = testdata / member
+    for args in (["validate", src], ["inspect", src], ["consolidate", src, "-o", tmp_path / "o.pt"]):
+        r = run_ckptconv(*args)
+        assert r.returncode == 2, f"{args[0]}: {r.returncode} {r.stderr}"
+        assert says in r.stderr and str(src.parent) in r.stderr and "pass the directory" in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
 def test_empty_directory_says_no_checkpoint_found(tmp_path, run_ckptconv):
     (tmp_path / "empty").mkdir()
     r = run_ckptconv("inspect", tmp_path / "empty")

@@ -44,6 +44,26 @@ SourceKind detect_source(const std::string& src) {
   bool dcp_member = file.filename() == ".metadata" || file.extension() == ".distcp";
   if (dcp_member && (fs::exists(dir / ".metadata", ec) || fs::exists(dir / "__0.metadata", ec)))
     fail_invalid(src + " is one file of the DCP checkpoint " + dir.string() + ": pass the directory");
+  // Likewise one rank's file of a DeepSpeed tag or of a per-rank family:
+  // read alone it is a part, and would consolidate to a wrong whole.
+  const std::string name = file.filename().string();
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if ((ends_with("_model_states.pt") || ends_with("_optim_states.pt")) && zero::is_zero_checkpoint(dir.string()))
+    fail_invalid(src + " is one file of the DeepSpeed ZeRO checkpoint " + dir.string() +
+                 ": pass the directory (or the folder holding `latest`)");
+  if (auto rank_name = fsdp_ranks::parse_rank_file_name(name); rank_name && !rank_name->auxiliary) {
+    std::size_t family = 0;
+    for (const auto& sibling : fsdp_ranks::list_rank_files(dir.string())) {
+      auto other = fsdp_ranks::parse_rank_file_name(fs::path(sibling).filename().string());
+      if (other && other->tmpl == rank_name->tmpl) ++family;
+    }
+    if (family > 1)
+      fail_invalid(src + " is rank " + std::to_string(rank_name->rank) + " of the per-rank checkpoint " + dir.string() +
+                   " (" + std::to_string(family) + " files " + rank_name->tmpl +
+                   "): pass the directory, or --files to choose the files to read");
+  }
   SourcePtr source = open_file_source(src);
   if (torch_pt::is_torch_zip(*source) || torch_pt::is_legacy_torch_save(*source)) return SourceKind::kTorchPt;
   if (safetensors::is_safetensors_index(src)) return SourceKind::kSafetensorsIndex;

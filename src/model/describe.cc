@@ -19,13 +19,14 @@ uint64_t total_bytes(const CheckpointModel& model) {
   return total;
 }
 
+// The rows each rank holds, in the slice notation of --dry-run:
+// "r0[0:4] r1[4:8]" ("r0[]" for a 0-dim tensor).
 std::string ranks_of(const TensorEntry& t) {
   std::string s;
   for (const auto& c : t.chunks) {
     if (c.rank < 0) continue;
-    if (!s.empty()) s += ",";
-    s += std::to_string(c.rank) + ":" +
-         (c.sizes.empty() ? "-" : std::to_string(c.offsets[0]) + "+" + std::to_string(c.sizes[0]));
+    if (!s.empty()) s += " ";
+    s += "r" + std::to_string(c.rank) + (c.sizes.empty() ? "[]" : box_str({c.offsets[0]}, {c.sizes[0]}));
   }
   return s;
 }
@@ -50,7 +51,7 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
         out << " " << storage_kind_name(t.storage);
       if (t.chunks.size() > 1 || ranks_of(t).size()) out << " chunks=" << t.chunks.size();
       std::string r = ranks_of(t);
-      if (!r.empty()) out << " rows[" << r << "]";
+      if (!r.empty()) out << " rows " << r;
     } else {
       out << "= " << leaf.value->repr(3, 8);
     }
