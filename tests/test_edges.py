@@ -205,3 +205,20 @@ def test_quiet_prints_only_errors(tmp_path, run_ckptconv, testdata):
     assert r.returncode == 0 and r.stderr == "" and r.stdout == "", r.stderr
     r = run_ckptconv("-q", "consolidate", tmp_path / "missing", "-o", tmp_path / "p.pt")
     assert r.returncode == 3 and r.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize("name, extra, says", [
+    ("m.pt", [], r"wrote {d}/m\.pt \(pt\)"),
+    ("m.h5", [], r"wrote {d}/m\.h5 \(hdf5\)"),
+    ("m.safetensors", ["--max-shard-size", "1K"],
+     r"wrote {d}/m\.safetensors\.index\.json and 2 shards \({d}/m-00001-of-00002\.safetensors, \.\.\.\) \(safetensors\)"),
+])
+def test_success_line_names_format_files_size_time_and_throughput(name, extra, says, tmp_path, run_ckptconv,
+                                                                  testdata):
+    import re
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", tmp_path / name, *extra)
+    assert r.returncode == 0, r.stderr
+    pattern = says.format(d=re.escape(str(tmp_path))) + r": 25 tensors, [\d.]+ KiB in [\d.]+ s \([\d.]+ [KMG]?i?B/s\)"
+    assert re.search(pattern, r.stderr), r.stderr
+    if extra:
+        assert not (tmp_path / name).exists()  # the line never names a file that is not there

@@ -103,6 +103,17 @@ const char* output_format_name(OutputFormat format) {
   return "?";
 }
 
+std::vector<std::string> output_files(const CheckpointModel& model, OutputFormat format, const OutputOptions& options) {
+  namespace fs = std::filesystem;
+  if (format != OutputFormat::kSafetensors || options.max_shard_size == 0) return {options.path};
+  fs::path out(options.path);
+  auto plan = safetensors::plan_safetensors(model, out.filename().string(), options.max_shard_size);
+  std::vector<std::string> files;
+  for (const auto& f : plan.files) files.push_back((out.parent_path() / f.file_name).string());
+  if (!plan.index_json.empty()) files.push_back(options.path + ".index.json");
+  return files;
+}
+
 void write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options) {
   switch (format) {
     case OutputFormat::kPt: return write_pt_output(model, options);

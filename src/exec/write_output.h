@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "exec/tensor_copy.h"
 #include "model/checkpoint_model.h"
@@ -26,6 +27,10 @@ std::optional<OutputFormat> output_format_from_name(const std::string& name);
 // By the path's extension: .pt/.pth/.bin, .safetensors, .h5/.hdf5; nullopt otherwise.
 std::optional<OutputFormat> output_format_from_path(const std::string& path);
 const char* output_format_name(OutputFormat format);
+
+// The files write_output writes, in order: OUT itself, or for a sharded
+// safetensors output its shards then OUT.index.json.
+std::vector<std::string> output_files(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);
 
 // Writes the model in `format` (dispatches to the functions below).
 void write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);

@@ -1,5 +1,6 @@
 #include "jobs/common.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -92,8 +93,9 @@ void check_output_place(const std::string& output, bool directory) {
 void JobClock::finish(JobReport& report) const {
   report.seconds = seconds();
   if (report.dry_run) return;
-  spdlog::info("{}: {} tensors, {} in {:.2f} s", report.summary, report.tensors, human_bytes(report.bytes),
-               report.seconds);
+  spdlog::info("{}: {} tensors, {} in {:.2f} s ({}/s)", report.summary, report.tensors, human_bytes(report.bytes),
+               report.seconds,
+               human_bytes(static_cast<uint64_t>(double(report.bytes) / std::max(report.seconds, 1e-3))));
 }
 
 }  // namespace ckpt::jobs

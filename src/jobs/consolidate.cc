@@ -91,6 +91,13 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
     ProgressScope progress("write " + req.output, report.bytes);  // tensor_copy counts every slab written
     write_output(model, format, output);
   }
+  // What exists now: a sharded safetensors output is its index and shards.
+  std::vector<std::string> files = output_files(model, format, output);
+  if (files.size() > 1)
+    report.summary = "wrote " + files.back() + " and " + std::to_string(files.size() - 1) + " shards (" +
+                     files.front() + ", ...) (" + output_format_name(format) + ")";
+  else
+    report.summary = "wrote " + files.front() + " (" + output_format_name(format) + ")";
   clock.finish(report);
   if (req.finite) {
     if (nonfinite_tensors == 0) {
