@@ -7,6 +7,8 @@
 #include <sstream>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "core/error.h"
 #include "formats/detect.h"
 #include "jobs/consolidate.h"
@@ -54,7 +56,16 @@ TEST_CASE("single files and DCP directories say their kind, files and world size
   CHECK_FALSE(dcp.info.mesh);
 }
 
+namespace {
+// -v: a --dry-run plan lists every chunk (core/log.h verbose()).
+struct VerboseScope {
+  VerboseScope() { spdlog::set_level(spdlog::level::debug); }
+  ~VerboseScope() { spdlog::set_level(spdlog::level::info); }
+};
+}  // namespace
+
 TEST_CASE("reshard dry run: per output rank its files, exact sizes and source chunks, nothing written", "[jobs]") {
+  VerboseScope verbose;
   jobs::ReshardRequest req;
   req.common.source = testdata("fsdp_st/adamw_ws3");
   req.common.dry_run = true;
@@ -101,11 +112,16 @@ TEST_CASE("consolidate dry run lists every tensor with its source chunks", "[job
   req.common.dry_run = true;
   req.common.only = "model";
   req.output = "x.pt";
-  std::ostringstream out;
-  jobs::JobReport report = jobs::run_consolidate(req, out);
+  std::ostringstream summary;
+  jobs::JobReport report = jobs::run_consolidate(req, summary);
   CHECK(report.dry_run);
   CHECK(report.tensors == 7);  // the model: emb, fc1 (2), fc2 (2), scale, frozen
   CHECK(report.bytes == 4 * (40 + 32 + 8 + 56 + 7 + 2 + 16));
+  CHECK(contains(summary.str(), "7 tensors from"));
+  CHECK_FALSE(contains(summary.str(), "chunk(s)"));
+  VerboseScope verbose;
+  std::ostringstream out;
+  jobs::run_consolidate(req, out);
   CHECK(contains(out.str(), "model.emb.weight  float32 (10, 4) 160 B from 3 chunk(s)"));
   CHECK_FALSE(contains(out.str(), "optim."));
 }
