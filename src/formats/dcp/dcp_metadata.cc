@@ -94,6 +94,10 @@ DcpMetadata parse_metadata(const Value& root) {
   }
   if (ValuePtr sm = pyobj::field(root, "storage_meta"); sm && !sm->is(Kind::kNone)) md.has_storage_meta = true;
   if (ValuePtr v = pyobj::field(root, "version"); v && v->is(Kind::kStr)) md.version = v->text;
+  // torch writes "1.0.0" (_version._derived_version); another major version
+  // is a layout this reader does not know.
+  if (!md.version.empty() && md.version.substr(0, md.version.find('.')) != "1")
+    fail(ErrorCode::kUnimplemented, "DCP metadata version '" + md.version + "' is not one this reader knows (1.x)");
   return md;
 }
 

@@ -194,6 +194,12 @@ class Hdf5Reader {
     Handle type = checked_handle(H5Dget_type(ds), ErrorCode::kDataLoss, what);
     if (H5Tget_size(type) != dtype_size(*dtype))
       fail_data_loss(what + ": HDF5 type of " + std::to_string(H5Tget_size(type)) + " bytes for " + *dtype_attr);
+    // Bytes are read as stored: a big-endian type would come out swapped.
+    H5T_class_t cls = H5Tget_class(type);
+    if ((cls == H5T_INTEGER || cls == H5T_FLOAT) && H5Tget_size(type) > 1 && H5Tget_order(type) == H5T_ORDER_BE)
+      fail(ErrorCode::kUnimplemented, what + ": big-endian " + *dtype_attr +
+                                          " data is not supported (ckptconv reads little-endian datasets, as it "
+                                          "writes them); convert it with h5py first");
     Handle space = checked_handle(H5Dget_space(ds), ErrorCode::kDataLoss, what);
     int rank = check(H5Sget_simple_extent_ndims(space), ErrorCode::kDataLoss, what);
     std::vector<hsize_t> dims(static_cast<std::size_t>(rank));

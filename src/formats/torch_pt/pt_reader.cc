@@ -1,5 +1,7 @@
 #include "formats/torch_pt/pt_reader.h"
 
+#include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "archive/zip_reader.h"
@@ -220,6 +222,37 @@ bool is_legacy_torch_save(const ByteSource& source) {
   return source.size() >= 4 && source.read_string(0, 4) == std::string("\x80\x02\x8a\x0a", 4);
 }
 
+// The records that say how to read the rest, checked as torch checks them:
+// a value it would refuse, or read differently (big-endian data, which
+// torch byte-swaps on load), is refused here instead of read as if it were
+// the usual one.
+void check_format_records(const archive::ZipReader& zip) {
+  auto text = [&](const char* name) -> std::optional<std::string> {
+    const archive::ZipEntry* e = zip.find_record(name);
+    if (!e) return std::nullopt;
+    if (e->size > 64) fail_data_loss(std::string("record '") + name + "' is " + std::to_string(e->size) + " bytes");
+    std::string v = zip.open(*e)->read_string(0, static_cast<std::size_t>(e->size));
+    while (!v.empty() && (v.back() == '\n' || v.back() == '\r' || v.back() == ' ')) v.pop_back();
+    return v;
+  };
+  if (auto order = text("byteorder"); order && *order != "little") {
+    if (*order == "big")
+      fail(ErrorCode::kUnimplemented,
+           "byteorder 'big': big-endian torch.save data is not supported yet (torch byte-swaps it on load); load "
+           "and re-save it with torch on a little-endian machine");
+    fail(ErrorCode::kUnimplemented, "byteorder '" + *order + "' is neither 'little' nor 'big'");
+  }
+  if (auto fv = text(".format_version"); fv && *fv != "1")
+    fail(ErrorCode::kUnimplemented, ".format_version '" + *fv + "' is not one torch.save writes (1)");
+  // caffe2/serialize: kMinSupportedFileFormatVersion 1 .. kMaxSupportedFileFormatVersion 10.
+  if (auto v = text("version")) {
+    bool digits = !v->empty() && v->size() <= 4 && v->find_first_not_of("0123456789") == std::string::npos;
+    int n = digits ? std::stoi(*v) : -1;
+    if (n < 1 || n > 10)
+      fail(ErrorCode::kUnimplemented, "archive version '" + *v + "' is outside the versions torch reads (1 to 10)");
+  }
+}
+
 pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
                                 const std::string& name_prefix, int rank, ProblemSink* verify,
                                 const pickle::GlobalPolicy& policy) {
@@ -230,6 +263,7 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
   if (!prefix.empty() && prefix.back() == '.') prefix.pop_back();
   ValuePtr root;
   try {
+    with_context(source->describe(), [&] { check_format_records(zip); });
     const archive::ZipEntry& pkl = zip.record("data.pkl");
     ValuePtr raw = with_context(source->describe(), [&] {
       return with_context("data.pkl", [&] { return pickle::unpickle(*zip.open(pkl), policy); });

@@ -1,0 +1,93 @@
+"""Integrity (#18): inputs whose format records say "read me differently" are
+refused instead of read as the usual case, so no command returns exit 0 with
+wrong values; and an output may never be, contain or lie inside an input."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+COMMANDS = ("inspect", "validate", "consolidate")
+
+
+def _run_all(run_ckptconv, src: Path, tmp_path: Path) -> list:
+    out = []
+    for cmd in COMMANDS:
+        args = [cmd, src] + (["-o", tmp_path / "out.pt"] if cmd == "consolidate" else [])
+        out.append(run_ckptconv(*args))
+    assert not (tmp_path / "out.pt").exists()
+    return out
+
+
+def _rewrite_record(pt: Path, suffix: str, data: bytes) -> None:
+    with zipfile.ZipFile(pt) as z:
+        records = [(i.filename, z.read(i)) for i in z.infolist()]
+    assert any(n.endswith("/" + suffix) for n, _ in records), suffix
+    with zipfile.ZipFile(pt, "w", compression=zipfile.ZIP_STORED) as out:
+        for name, body in records:
+            out.writestr(name, data if name.endswith("/" + suffix) else body)
+
+
+@pytest.mark.parametrize("record, value, says", [
+    ("byteorder", b"big", "byteorder 'big': big-endian torch.save data is not supported"),
+    ("byteorder", b"middle", "byteorder 'middle' is neither 'little' nor 'big'"),
+    (".format_version", b"999", ".format_version '999'"),
+    ("version", b"999\n", "archive version '999'"),
+])
+def test_format_records_torch_would_read_differently_are_refused(record, value, says, tmp_path, run_ckptconv):
+    pt = tmp_path / "in.pt"
+    torch.save({"w": torch.arange(6.0).reshape(2, 3)}, pt)
+    _rewrite_record(pt, record, value)
+    for r in _run_all(run_ckptconv, pt, tmp_path):
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert says in r.stdout + r.stderr and str(pt) in r.stdout + r.stderr
+
+
+def test_big_byteorder_is_what_torch_byte_swaps(tmp_path):
+    """The control: torch reads a file marked big-endian by swapping, so
+    reading its bytes as little-endian would give other values."""
+    pt = tmp_path / "in.pt"
+    torch.save({"w": torch.tensor([1.0, 2.0])}, pt)
+    _rewrite_record(pt, "byteorder", b"big")
+    got = torch.load(pt, weights_only=True)["w"]
+    assert not torch.equal(got, torch.tensor([1.0, 2.0]))
+
+
+def test_dcp_metadata_of_an_unknown_version_is_refused(tmp_path, run_ckptconv):
+    d = tmp_path / "ck"
+    dcp.save({"w": torch.arange(4.0)}, checkpoint_id=str(d), no_dist=True)
+    md = pickle.loads((d / ".metadata").read_bytes())
+    md.version = "999"
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    for r in _run_all(run_ckptconv, d, tmp_path):
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "DCP metadata version '999'" in r.stdout + r.stderr
+
+
+def test_big_endian_hdf5_dataset_is_refused(tmp_path, run_ckptconv, testdata):
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+    h5 = tmp_path / "le.h5"
+    assert run_ckptconv("convert", testdata / "pt" / "dtypes.pt", "-o", h5).returncode == 0
+    be = tmp_path / "be.h5"
+    shutil.copy(h5, be)
+    with h5py.File(be, "r+") as f:
+        names = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and o.dtype == np.float32 else None)
+        name = names[0]
+        data, attrs = f[name][()], dict(f[name].attrs)
+        del f[name]
+        f.create_dataset(name, data=data.astype(">f4"))
+        for k, v in attrs.items():
+            f[name].attrs[k] = v
+        assert f[name].dtype.byteorder == ">"
+    for r in _run_all(run_ckptconv, be, tmp_path):
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "big-endian float32 data is not supported" in r.stdout + r.stderr
