@@ -91,3 +91,36 @@ def test_big_endian_hdf5_dataset_is_refused(tmp_path, run_ckptconv, testdata):
     for r in _run_all(run_ckptconv, be, tmp_path):
         assert r.returncode == 3, r.stdout + r.stderr
         assert "big-endian float32 data is not supported" in r.stdout + r.stderr
+
+
+def _tree_digest(root: Path) -> dict:
+    import hashlib
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", ["metadata", "parent", "itself", "via_symlink", "same_file", "rank_dir"])
+def test_output_that_is_contains_or_lies_inside_an_input_is_refused(case, tmp_path, run_ckptconv, testdata):
+    """Row 8: `consolidate ck -o ck/.metadata --force` overwrote the input's
+    .metadata, `reshard ck/step -o ck --force` deleted the source."""
+    ck = tmp_path / "ck"
+    step = ck / "step"
+    shutil.copytree(testdata / "dcp" / "fsdp2_adamw_ws2", step)
+    shutil.copytree(testdata / "fsdp_st" / "adamw_ws2", tmp_path / "ranks")
+    shutil.copy(testdata / "pt" / "dtypes.pt", tmp_path / "d.pt")
+    (tmp_path / "link").symlink_to(ck)
+    args = {
+        "metadata": ["consolidate", step, "-o", step / ".metadata", "--format", "pt"],
+        "parent": ["reshard", step, "-o", ck, "--world-size", "2"],
+        "itself": ["reshard", step, "-o", step, "--world-size", "3"],
+        "via_symlink": ["consolidate", tmp_path / "link" / "step", "-o", step / "full.pt"],
+        "same_file": ["convert", tmp_path / "d.pt", "-o", tmp_path / "d.pt"],
+        "rank_dir": ["reshard", tmp_path / "ranks", "-o", tmp_path, "--world-size", "2"],
+    }[case]
+    before = _tree_digest(tmp_path)
+    for extra in ([], ["--force"]):
+        r = run_ckptconv(*args, *extra)
+        assert r.returncode == 2, r.stderr
+        if extra or "output exists" not in r.stderr:  # without --force an existing directory stops it first
+            assert "the input" in r.stderr and "write it elsewhere" in r.stderr, r.stderr
+    assert _tree_digest(tmp_path) == before

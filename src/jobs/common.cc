@@ -73,6 +73,35 @@ void check_output_size(uint64_t bytes, const std::string& output, const CommonOp
                                             " free; nothing was written");
 }
 
+namespace {
+// `inner` is `outer` or lies below it (both canonical).
+bool is_within(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
+    if (i == inner.end() || *i != *o) return false;
+  return true;
+}
+}  // namespace
+
+void check_output_is_not_input(const std::string& output, const CheckpointModel& model) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path out = fs::weakly_canonical(fs::absolute(output, ec), ec);
+  std::vector<std::string> inputs = model.info.files;
+  inputs.push_back(model.source);
+  for (const auto& input : inputs) {
+    if (input.empty() || !fs::exists(input, ec)) continue;  // a glob or listed files: each is in `files`
+    fs::path in = fs::weakly_canonical(fs::absolute(input, ec), ec);
+    bool in_dir = fs::is_directory(in, ec);
+    if (out == in || (in_dir && is_within(out, in)))
+      fail_invalid(output + ": the output would be " + (out == in ? "" : "inside ") + "the input " + input +
+                   "; write it elsewhere (--force does not change this)");
+    if (is_within(in, out))
+      fail_invalid(output + ": the output directory holds the input " + input +
+                   ", which writing it would replace; write it elsewhere (--force does not change this)");
+  }
+}
+
 void check_output_place(const std::string& output, bool directory) {
   namespace fs = std::filesystem;
   if (output.empty()) fail_invalid("no output given (-o OUT)");

@@ -58,6 +58,12 @@ void check_output_size(uint64_t bytes, const std::string& output, const CommonOp
 // for both kinds of output.
 void check_output_place(const std::string& output, bool directory);
 
+// After reading: InvalidArgument (exit 2) when OUT is an input file, lies
+// inside the input's directory, or (a directory output) contains an input
+// file, after resolving symlinks, --force or not: writing there would
+// overwrite or delete the checkpoint being read.
+void check_output_is_not_input(const std::string& output, const CheckpointModel& model);
+
 // What a job did, for the CLI to print and for tests to assert on.
 struct JobReport {
   std::string summary;  // "wrote out.pt", "wrote dst (dcp): 4 ranks"

@@ -48,6 +48,7 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
   check_output_place(req.output, false);
   OutputFormat format = resolve_output_format(req);
   CheckpointModel model = read_selected(opt);
+  check_output_is_not_input(req.output, model);
   JobReport report;
   report.summary = "wrote " + req.output;
   report.tensors = model.tensors.size();
