@@ -124,3 +124,21 @@ def test_output_that_is_contains_or_lies_inside_an_input_is_refused(case, tmp_pa
         if extra or "output exists" not in r.stderr:  # without --force an existing directory stops it first
             assert "the input" in r.stderr and "write it elsewhere" in r.stderr, r.stderr
     assert _tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["pt", "safetensors", "h5", "reshard"])
+def test_legal_249_character_output_name(kind, tmp_path, run_ckptconv, testdata):
+    """Row 11: OUT.tmp-XXXXXX exceeded NAME_MAX (exit 4) for names over 244 bytes."""
+    src = testdata / "dcp" / "fsdp2_adamw_ws2"
+    if kind == "reshard":
+        out = tmp_path / ("d" * 249)
+        r = run_ckptconv("reshard", src, "-o", out, "--world-size", "2")
+        assert r.returncode == 0, r.stderr
+        assert (out / ".metadata").is_file()
+    else:
+        out = tmp_path / ("m" * (249 - len(kind) - 1) + "." + kind)
+        assert len(out.name) == 249
+        r = run_ckptconv("consolidate", src, "-o", out)
+        assert r.returncode == 0, r.stderr
+        assert out.stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temp left

@@ -30,7 +30,7 @@ AtomicDirectory::AtomicDirectory(std::string dir, bool force) : dir_(std::move(d
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   if (!force_ && path_exists(dir_)) fail_invalid(dir_ + ": output exists (use --force to overwrite)");
   remove_stale_temps(dir_);
-  std::string pattern = dir_ + ".tmp-XXXXXX";
+  std::string pattern = temp_prefix(dir_) + "XXXXXX";
   for (int attempt = 0; lock_fd_ < 0; ++attempt) {
     std::vector<char> name(pattern.begin(), pattern.end());
     name.push_back('\0');

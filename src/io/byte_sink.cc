@@ -59,7 +59,7 @@ std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, 
   struct stat st {};
   if (!overwrite && ::lstat(dest.c_str(), &st) == 0) fail_invalid(dest + ": output exists (use --force to overwrite)");
   remove_stale_temps(dest);
-  std::string pattern = dest + ".tmp-XXXXXX";
+  std::string pattern = temp_prefix(dest) + "XXXXXX";
   std::vector<char> name;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 
 #include "core/log.h"
@@ -22,7 +24,28 @@ bool same_file(int fd, const std::string& path) {
   return ::fstat(fd, &a) == 0 && ::lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+constexpr std::size_t kNameMax = 255;  // NAME_MAX of Linux file systems
+
+// FNV-1a 64: stable across runs and builds, unlike std::hash.
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
 }  // namespace
+
+std::string temp_prefix(const std::string& dest) {
+  fs::path d(dest);
+  std::string name = d.filename().string();
+  static const std::string kSuffix = ".tmp-";
+  if (name.size() + kSuffix.size() + kRandomChars > kNameMax) {
+    char hash[20];
+    std::snprintf(hash, sizeof hash, "~%016llx", static_cast<unsigned long long>(fnv1a(name)));
+    name = name.substr(0, kNameMax - kSuffix.size() - kRandomChars - 17) + hash;
+  }
+  return (d.has_parent_path() ? (d.parent_path() / name).string() : name) + kSuffix;
+}
 
 bool lock_new_temp(int fd, const std::string& path) {
   // Non-blocking: a cleaner holding the lock is about to remove the entry.
@@ -34,7 +57,7 @@ bool lock_new_temp(int fd, const std::string& path) {
 void remove_stale_temps(const std::string& dest) {
   fs::path d(dest);
   fs::path parent = d.has_parent_path() ? d.parent_path() : fs::path(".");
-  std::string prefix = d.filename().string() + ".tmp-";
+  std::string prefix = fs::path(temp_prefix(dest)).filename().string();
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     std::string name = entry.path().filename().string();

@@ -9,7 +9,13 @@
 
 namespace ckpt {
 
-// Removes "<dest>.tmp-??????" entries beside `dest` that no live process
+// "<dest>.tmp-": the path a temporary output's name starts with, six
+// random characters following. When the destination's name is too long for
+// that to fit in NAME_MAX (255 bytes), its name is cut and a hash of the
+// whole name appended ("<cut>~<16 hex>.tmp-"), the same for every run.
+std::string temp_prefix(const std::string& dest);
+
+// Removes "<temp_prefix(dest)>??????" entries beside `dest` that no live process
 // holds, saying so on the log.
 void remove_stale_temps(const std::string& dest);
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "io/atomic_dir.h"
+#include "io/temp_output.h"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
@@ -71,4 +72,17 @@ TEST_CASE("an existing output is refused without force and replaced with it", "[
   CHECK(names_in(base) == std::vector<std::string>{"out"});  // the old output is gone, no temporary left
   CHECK(names_in(dst) == std::vector<std::string>{"new"});
   fs::remove_all(base);
+}
+
+TEST_CASE("temporary names fit NAME_MAX however long the destination's name", "[io]") {
+  const std::string dir = "/some/dir/";
+  CHECK(temp_prefix(dir + "model.pt") == dir + "model.pt.tmp-");
+  CHECK(temp_prefix("model.pt") == "model.pt.tmp-");
+  std::string long_a(249, 'a'), long_b = std::string(240, 'a') + "bbbbbbbbb";
+  std::string pa = temp_prefix(dir + long_a), pb = temp_prefix(dir + long_b);
+  CHECK(pa.size() - dir.size() + 6 == 255);  // the cut name, "~" + 16 hex, ".tmp-", XXXXXX
+  CHECK(pa != pb);                           // same cut, different names: different hashes
+  CHECK(pa == temp_prefix(dir + long_a));    // and the same name always gives the same prefix
+  std::string fits(244, 'c');                // 244 + ".tmp-" + 6 = 255: kept as is
+  CHECK(temp_prefix(fits) == fits + ".tmp-");
 }
