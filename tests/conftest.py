@@ -10,10 +10,15 @@
     run_ckptconv  run_ckptconv(*args, input=None, cwd=None) ->
                   subprocess.CompletedProcess with text stdout/stderr; never
                   raises on a non-zero exit code (tests assert returncode).
+
+Inputs untouched: every file under testdata/ is hashed when the session
+starts and again when it ends; any file changed, removed or added fails the
+run, naming it (no command may write into or beside the checkpoints it reads).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -22,6 +27,26 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+_TESTDATA_DIGESTS: dict[str, str] = {}
+
+
+def _testdata_digests() -> dict[str, str]:
+    root = REPO / "testdata"
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def pytest_sessionstart(session):
+    _TESTDATA_DIGESTS.update(_testdata_digests())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    after = _testdata_digests()
+    changed = sorted(k for k in _TESTDATA_DIGESTS.keys() | after.keys() if _TESTDATA_DIGESTS.get(k) != after.get(k))
+    if changed:
+        print(f"\ninputs untouched: FAILED, {len(changed)} file(s) under testdata/ changed, removed or added during "
+              f"the tests: {', '.join(changed[:20])}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
