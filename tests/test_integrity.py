@@ -142,3 +142,30 @@ def test_legal_249_character_output_name(kind, tmp_path, run_ckptconv, testdata)
         assert r.returncode == 0, r.stderr
         assert out.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temp left
+
+
+def _pt_with_data_pkl(path: Path, data_pkl: bytes) -> None:
+    import io
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(4.0)}, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as out:
+        for info in src.infolist():
+            out.writestr(info.filename, data_pkl if info.filename.endswith("/data.pkl") else src.read(info))
+
+
+def test_failures_the_input_causes_are_exit_3(tmp_path, run_ckptconv):
+    """Row 12: 3 for anything the input caused, 4 only for output failures,
+    5 only for bugs (these were 5 and 2)."""
+    # collections.OrderedDict.__new__ with kwargs (NEWOBJ_EX, protocol 4)
+    odict = tmp_path / "newobj_ex.pt"
+    _pt_with_data_pkl(odict, b"\x80\x04\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93)}\x8c\x01a\x94K\x01s\x92.")
+    bare = tmp_path / "bare.pt"
+    torch.save(torch.arange(6.0), bare)
+    cases = [(["inspect", odict], "OrderedDict.__new__"),
+             (["consolidate", odict, "-o", tmp_path / "a.pt"], "OrderedDict.__new__"),
+             (["convert", bare, "-o", tmp_path / "b.h5"], "HDF5 output needs a dict or list")]
+    for args, says in cases:
+        r = run_ckptconv(*args)
+        assert r.returncode == 3 and says in r.stderr, (args, r.returncode, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bare.pt", "newobj_ex.pt"]

@@ -253,7 +253,13 @@ void write_root_attributes(hid_t root, const CheckpointModel& model) {
 void write_hdf5(const std::string& path, const CheckpointModel& model, const WriteOptions& options,
                 const FillTensor& fill) {
   silence_hdf5_errors();
-  if (!is_group(*model.root)) fail_invalid("HDF5 output needs a dict or list at the top of the checkpoint");
+  // What the input holds, not how it was asked for: exit 3, as for any input the output cannot take.
+  if (!is_group(*model.root))
+    fail(ErrorCode::kUnimplemented,
+         "HDF5 output needs a dict or list at the top of the checkpoint (this one holds " +
+             (tensor_ref_index(*model.root) ? std::string("a tensor")
+                                            : "a " + std::string(pickle::kind_name(model.root->kind))) +
+             "); write .pt or .safetensors instead");
   // The file is our temporary output, already flock'ed by its sink for this
   // run (io/temp_output.h): libhdf5's own lock on it would conflict.
   Handle fapl = checked_handle(H5Pcreate(H5P_FILE_ACCESS), ErrorCode::kOutputFailed, "file access list");
