@@ -169,3 +169,26 @@ def test_failures_the_input_causes_are_exit_3(tmp_path, run_ckptconv):
         r = run_ckptconv(*args)
         assert r.returncode == 3 and says in r.stderr, (args, r.returncode, r.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare.pt", "newobj_ex.pt"]
+
+
+def test_sharded_safetensors_output_appears_whole_or_not_at_all(tmp_path, ckptconv):
+    """Row 9: a small first shard and a large second one under a file-size
+    limit (SIGXFSZ ignored: writes fail with EFBIG, as on a full disk). The
+    first shard used to stay in place; now no file of the output does."""
+    import subprocess
+    src = tmp_path / "in.pt"
+    torch.save({"a": torch.arange(8.0), "b": torch.zeros(64 * 1024)}, src)  # b: 256 KiB
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "m.safetensors"
+    r = subprocess.run(["bash", "-c", f"trap '' XFSZ; ulimit -f 64; exec '{ckptconv}' convert '{src}' -o '{out}' "
+                        "--max-shard-size 1K"], capture_output=True, text=True)
+    assert r.returncode == 4, r.stderr
+    assert "m-00002-of-00002.safetensors" in r.stderr
+    assert list(out_dir.iterdir()) == []
+    # without the limit the same command writes both shards and the index
+    r = subprocess.run([str(ckptconv), "convert", str(src), "-o", str(out), "--max-shard-size", "1K"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == ["m-00001-of-00002.safetensors",
+                                                         "m-00002-of-00002.safetensors", "m.safetensors.index.json"]

@@ -1,9 +1,13 @@
 #include "exec/write_output.h"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <filesystem>
+#include <memory>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "formats/safetensors/safetensors_writer.h"
 #ifdef CKPT_HAVE_HDF5
 #include "formats/hdf5/hdf5_writer.h"
@@ -41,19 +45,36 @@ void write_safetensors_output(const CheckpointModel& model, const OutputOptions&
       if (fs::exists(place(f.file_name)))
         fail_invalid(place(f.file_name) + ": output exists (use --force to overwrite)");
   }
+  // Shards and index are all written and synced under temporary names first,
+  // then renamed, the index last: a failure or an interrupt on the way
+  // leaves none of them (each unpublished temporary removes itself).
+  std::vector<std::unique_ptr<AtomicFileSink>> sinks;
   for (const auto& f : plan.files) {
     std::string path = place(f.file_name);
-    auto sink = AtomicFileSink::create(path, options.force, options.durable);
+    sinks.push_back(AtomicFileSink::create(path, options.force, options.durable));
     with_context(path, [&] {
-      safetensors::write_safetensors_file(
-          *sink, f, [&](std::size_t index, ByteSink& s) { append_tensor(model.tensors[index], s, options.copy); });
+      safetensors::write_safetensors_file(*sinks.back(), f, [&](std::size_t index, ByteSink& s) {
+        append_tensor(model.tensors[index], s, options.copy);
+      });
     });
-    sink->finish();
+    sinks.back()->complete();
   }
   if (!plan.index_json.empty()) {
-    auto sink = AtomicFileSink::create(place(out.filename().string() + ".index.json"), options.force, options.durable);
-    sink->write(plan.index_json);
-    sink->finish();
+    sinks.push_back(
+        AtomicFileSink::create(place(out.filename().string() + ".index.json"), options.force, options.durable));
+    sinks.back()->write(plan.index_json);
+    sinks.back()->complete();
+  }
+  check_interrupted();
+  std::vector<std::string> published;
+  try {
+    for (auto& sink : sinks) {
+      sink->publish();
+      published.push_back(sink->destination());
+    }
+  } catch (const Error&) {
+    for (const auto& path : published) ::unlink(path.c_str());  // this run's files: all or none
+    throw;
   }
 }
 

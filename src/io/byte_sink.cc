@@ -149,14 +149,26 @@ void AtomicFileSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) 
 
 void AtomicFileSink::finish() {
   if (finished_) return;
+  complete();
+  check_interrupted();  // an interrupted job leaves nothing, even when this file is done
+  publish();
+}
+
+void AtomicFileSink::complete() {
+  if (completed_) return;
   flush_buffer();
   if (durable_ && ::fsync(fd_) != 0) fail_io("fsync failed", errno);
+  completed_ = true;
+}
+
+void AtomicFileSink::publish() {
+  if (finished_) return;
+  complete();
   if (::close(fd_) != 0) {
     fd_ = -1;
     fail_io("close failed", errno);
   }
   fd_ = -1;
-  check_interrupted();  // an interrupted job leaves nothing, even when this file is done
   // RENAME_NOREPLACE keeps a file that appeared meanwhile unless --force was given.
   unsigned flags = overwrite_ ? 0 : RENAME_NOREPLACE;
   if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, dest_.c_str(), flags) != 0) {

@@ -55,7 +55,15 @@ class AtomicFileSink final : public ByteSink {
   void write(const void* data, std::size_t n) override;
   uint64_t position() const override { return position_; }
   void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override;
+  // complete() + publish(), stopping between them when the job was
+  // interrupted: the output appears whole or not at all.
   void finish();
+  // The data written and synced (with `durable`); the temporary file stays
+  // open and locked, and unpublished. For outputs of several files, which
+  // are all completed before any is published.
+  void complete();
+  // Renames the completed temporary file into place.
+  void publish();
 
   const std::string& destination() const { return dest_; }
   const std::string& temp_path() const { return temp_; }
@@ -71,6 +79,7 @@ class AtomicFileSink final : public ByteSink {
   int fd_;
   bool overwrite_;
   bool durable_;
+  bool completed_ = false;
   bool finished_ = false;
   uint64_t position_ = 0;
   std::vector<char> buffer_;
