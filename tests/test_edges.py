@@ -68,13 +68,18 @@ def test_one_file_of_a_dcp_directory_given_alone(member, tmp_path, run_ckptconv,
 ])
 def test_one_rank_file_given_alone(member, says, tmp_path, run_ckptconv, testdata):
     """Read alone, one rank's file used to consolidate into a wrong whole
-    (a ZeRO model-states file: its bf16 weights, exit 0)."""
+    (a ZeRO model-states file: its bf16 weights, exit 0). inspect still shows
+    the file as what it is, with the same words as a warning."""
     src = testdata / member
-    for args in (["validate", src], ["inspect", src], ["consolidate", src, "-o", tmp_path / "o.pt"]):
+    for args in (["validate", src], ["consolidate", src, "-o", tmp_path / "o.pt"], ["diff", src, src],
+                 ["reshard", src, "-o", tmp_path / "d", "--world-size", "2", "--layout", "dcp"]):
         r = run_ckptconv(*args)
         assert r.returncode == 2, f"{args[0]}: {r.returncode} {r.stderr}"
         assert says in r.stderr and str(src.parent) in r.stderr and "pass the directory" in r.stderr
-    assert not (tmp_path / "o.pt").exists()
+    assert list(tmp_path.iterdir()) == []
+    r = run_ckptconv("inspect", src)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("warning: ") and says in r.stderr and "showing this file alone" in r.stderr
 
 
 def test_empty_directory_says_no_checkpoint_found(tmp_path, run_ckptconv):

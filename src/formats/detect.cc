@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "formats/dcp/dcp_reader.h"
 #include "formats/fsdp_ranks/fsdp_ranks_reader.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
@@ -19,6 +20,43 @@
 
 namespace ckpt {
 namespace fs = std::filesystem;
+
+namespace {
+
+// One rank's file of a DeepSpeed tag or of a per-rank family: read alone it
+// is a part, and would consolidate to a wrong whole (a ZeRO model-states
+// file: its bf16 weights, exit 0). Refused, except for inspect, which shows
+// the file as what it is, with a warning.
+void check_not_one_rank_alone(const std::string& src, bool allowed) {
+  std::error_code ec;
+  if (fs::is_directory(src, ec) || !fs::exists(src, ec)) return;
+  fs::path file(src);
+  fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  std::string part_of;
+  const std::string name = file.filename().string();
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if ((ends_with("_model_states.pt") || ends_with("_optim_states.pt")) && zero::is_zero_checkpoint(dir.string()))
+    part_of = " is one file of the DeepSpeed ZeRO checkpoint " + dir.string() +
+              ": pass the directory (or the folder holding `latest`)";
+  if (auto rank_name = fsdp_ranks::parse_rank_file_name(name); part_of.empty() && rank_name && !rank_name->auxiliary) {
+    std::size_t family = 0;
+    for (const auto& sibling : fsdp_ranks::list_rank_files(dir.string())) {
+      auto other = fsdp_ranks::parse_rank_file_name(fs::path(sibling).filename().string());
+      if (other && other->tmpl == rank_name->tmpl) ++family;
+    }
+    if (family > 1)
+      part_of = " is rank " + std::to_string(rank_name->rank) + " of the per-rank checkpoint " + dir.string() + " (" +
+                std::to_string(family) + " files " + rank_name->tmpl +
+                "): pass the directory, or --files to choose the files to read";
+  }
+  if (part_of.empty()) return;
+  if (!allowed) fail_invalid(src + part_of);
+  log::warn(src + part_of + "; showing this file alone");
+}
+
+}  // namespace
 
 SourceKind detect_source(const std::string& src) {
   std::error_code ec;
@@ -44,26 +82,6 @@ SourceKind detect_source(const std::string& src) {
   bool dcp_member = file.filename() == ".metadata" || file.extension() == ".distcp";
   if (dcp_member && (fs::exists(dir / ".metadata", ec) || fs::exists(dir / "__0.metadata", ec)))
     fail_invalid(src + " is one file of the DCP checkpoint " + dir.string() + ": pass the directory");
-  // Likewise one rank's file of a DeepSpeed tag or of a per-rank family:
-  // read alone it is a part, and would consolidate to a wrong whole.
-  const std::string name = file.filename().string();
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if ((ends_with("_model_states.pt") || ends_with("_optim_states.pt")) && zero::is_zero_checkpoint(dir.string()))
-    fail_invalid(src + " is one file of the DeepSpeed ZeRO checkpoint " + dir.string() +
-                 ": pass the directory (or the folder holding `latest`)");
-  if (auto rank_name = fsdp_ranks::parse_rank_file_name(name); rank_name && !rank_name->auxiliary) {
-    std::size_t family = 0;
-    for (const auto& sibling : fsdp_ranks::list_rank_files(dir.string())) {
-      auto other = fsdp_ranks::parse_rank_file_name(fs::path(sibling).filename().string());
-      if (other && other->tmpl == rank_name->tmpl) ++family;
-    }
-    if (family > 1)
-      fail_invalid(src + " is rank " + std::to_string(rank_name->rank) + " of the per-rank checkpoint " + dir.string() +
-                   " (" + std::to_string(family) + " files " + rank_name->tmpl +
-                   "): pass the directory, or --files to choose the files to read");
-  }
   SourcePtr source = open_file_source(src);
   if (torch_pt::is_torch_zip(*source) || torch_pt::is_legacy_torch_save(*source)) return SourceKind::kTorchPt;
   if (safetensors::is_safetensors_index(src)) return SourceKind::kSafetensorsIndex;
@@ -125,6 +143,7 @@ void complete_info(CheckpointModel& model, const std::string& src, SourceKind ki
 SourceKind source_kind_of(const std::string& src, const ReadOptions& options) {
   if (!options.files.empty()) return SourceKind::kFsdpRanks;
   if (src.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
+  check_not_one_rank_alone(src, options.one_rank_alone);
   return detect_source(src);
 }
 

@@ -23,6 +23,10 @@ struct ReadOptions {
   // --tag: a DeepSpeed checkpoint's tag directory under SRC (default: the
   // one `latest` names).
   std::string tag = {};
+  // inspect: one rank's file of a per-rank family or DeepSpeed tag may be
+  // read alone, as the file it is (with a warning); other commands refuse
+  // it (exit 2), as its content alone would make a wrong whole.
+  bool one_rank_alone = false;
 };
 
 // InvalidArgument/NotFound/DataLoss with a message naming SRC when it is none

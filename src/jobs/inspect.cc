@@ -6,7 +6,7 @@
 namespace ckpt::jobs {
 
 JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
-  CheckpointModel model = read_checkpoint(req.common.source, {req.common.files, "", nullptr, req.common.tag});
+  CheckpointModel model = read_checkpoint(req.common.source, {req.common.files, "", nullptr, req.common.tag, true});
   if (req.json)
     out << model_to_json(model).dump(2) << "\n";
   else
