@@ -287,5 +287,52 @@ def test_help_documents_exit_codes(run_ckptconv):
     top = run_ckptconv("--help")
     assert top.returncode == 0 and "Exit codes: 0 success" in top.stdout and "diff found differences" in top.stdout
     sub = run_ckptconv("diff", "--help")
-    assert sub.returncode == 0 and "Exit codes: 0 equal, 1 different, 2 usage error, 3" in sub.stdout
+    assert sub.returncode == 0 and "Exit codes: 0 equal; 1 different; 2 usage error; 3" in sub.stdout
     assert "atol + rtol * |b|" in sub.stdout
+
+
+@pytest.mark.parametrize("a, b", [
+    ({"a.b": 1}, {"a": {"b": 1}}),
+    ({"a": [1]}, {"a": {"0": 1}}),
+    ({"a": {"0": 1}}, {"a": {0: 1}}),
+], ids=["dotted_key_vs_nested", "list_vs_str_keys", "str_vs_int_keys"])
+def test_structure_is_compared_not_dotted_strings(a, b, tmp_path, run_ckptconv):
+    """#18 row 7: these pairs have the same dotted paths and used to be
+    "equal"; they are different state dicts (torch's load_state_dict and
+    optimizer state lookups would not accept one for the other)."""
+    import json
+    t = torch.arange(4.0)
+
+    def with_tensor(d):
+        return {k: with_tensor(v) if isinstance(v, dict) else ([t] if isinstance(v, list) else t)
+                for k, v in d.items()}
+    pa, pb = tmp_path / "a.pt", tmp_path / "b.pt"
+    torch.save(with_tensor(a), pa)
+    torch.save(with_tensor(b), pb)
+    r = run_ckptconv("diff", pa, pb)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "structure: 1 path(s) reached through other containers or key types" in r.stdout
+    r = run_ckptconv("diff", pa, pb, "--json")
+    j = json.loads(r.stdout)
+    assert not j["equal"] and j["summary"]["structure_differing"] == 1 and j["structure"][0]["a"] != j["structure"][0]["b"]
+    assert run_ckptconv("diff", pa, pa).returncode == 0
+
+
+def test_flat_keyed_safetensors_compares_by_path(tmp_path, run_ckptconv, testdata):
+    """A safetensors file without ckptconv's tree metadata names tensors by
+    flat keys: its nesting is unknown, so it equals a nested source with the
+    same paths (a Hugging Face export against its DCP source)."""
+    from safetensors.torch import save_file
+    src = testdata / "dcp" / "fsdp2_adamw_ws2"
+    full = tmp_path / "full.pt"
+    assert run_ckptconv("consolidate", src, "--only", "model", "-o", full).returncode == 0
+    flat = tmp_path / "flat.safetensors"
+    def flatten(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flatten(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v.contiguous()
+    save_file(dict(flatten(torch.load(full, weights_only=True))), str(flat))
+    r = run_ckptconv("diff", full, flat)
+    assert r.returncode == 0, r.stdout + r.stderr

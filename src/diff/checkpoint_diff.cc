@@ -11,13 +11,14 @@ namespace {
 
 struct LeafRef {
   std::string path;
+  std::string structure;
   const pickle::Value* value;
   std::optional<std::size_t> tensor;
 };
 
 std::vector<LeafRef> leaves_of(const CheckpointModel& m) {
   std::vector<LeafRef> out;
-  if (m.root) walk_leaves(*m.root, [&](const Leaf& l) { out.push_back({l.path, l.value, l.tensor}); });
+  if (m.root) walk_leaves(*m.root, [&](const Leaf& l) { out.push_back({l.path, l.structure, l.value, l.tensor}); });
   return out;
 }
 
@@ -74,7 +75,7 @@ std::size_t DiffReport::tensors_differing() const {
 }
 
 bool DiffReport::equal() const {
-  return only_in_a.empty() && only_in_b.empty() && values.empty() && tensors_differing() == 0;
+  return only_in_a.empty() && only_in_b.empty() && values.empty() && structure.empty() && tensors_differing() == 0;
 }
 
 uint64_t diff_read_bytes(const CheckpointModel& a, const CheckpointModel& b) {
@@ -97,9 +98,12 @@ DiffReport diff_models(const CheckpointModel& a, const CheckpointModel& b, const
   Matching m = match_leaves(a, b);
   for (std::size_t i : m.only_a) report.only_in_a.push_back(m.a[i].path);
   for (std::size_t j : m.only_b) report.only_in_b.push_back(m.b[j].path);
+  bool nesting_known = !a.info.flat_keys && !b.info.flat_keys;
   for (auto [i, j] : m.both) {
     const LeafRef& la = m.a[i];
     const LeafRef& lb = m.b[j];
+    if (nesting_known && la.structure != lb.structure)
+      report.structure.push_back({la.path, la.structure, lb.structure});
     if (la.tensor && lb.tensor) {
       const TensorEntry& ta = a.tensors.at(*la.tensor);
       const TensorEntry& tb = b.tensors.at(*lb.tensor);

@@ -44,6 +44,14 @@ struct ValueDiff {
   nlohmann::ordered_json a, b;
 };
 
+// One dotted path reached through different containers or key types on
+// the two sides ({'a.b': t} vs {'a': {'b': t}}, [t] vs {'0': t}, {'0': t}
+// vs {0: t}).
+struct StructureDiff {
+  std::string path;
+  std::string a, b;  // Leaf::structure
+};
+
 struct Side {
   std::string source;  // the path given
   std::string format;  // CheckpointModel::format
@@ -55,6 +63,7 @@ struct DiffReport {
   std::vector<std::string> only_in_a, only_in_b;  // dotted paths, in tree order
   std::vector<TensorDiff> tensors;                // every tensor on both sides, in A's order
   std::vector<ValueDiff> values;                  // differing value leaves only
+  std::vector<StructureDiff> structure;           // paths whose containers or key types differ
   uint64_t values_compared = 0;                   // value leaves on both sides
 
   std::size_t tensors_differing() const;

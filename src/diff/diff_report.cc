@@ -116,6 +116,12 @@ void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) 
       << (o.ignore_dtype ? "; dtype differences ignored" : "") << "\n";
   print_paths("only in A", r.only_in_a, out);
   print_paths("only in B", r.only_in_b, out);
+  if (!r.structure.empty()) {
+    out << "structure: " << r.structure.size() << " path(s) reached through other containers or key types\n";
+    for (const auto& s : r.structure)
+      out << "  ! " << s.path << "  A: " << (s.a.empty() ? "(root)" : s.a) << "  B: " << (s.b.empty() ? "(root)" : s.b)
+          << "\n";
+  }
   std::size_t differing = r.tensors_differing();
   out << "tensors: " << r.tensors.size() << " compared, " << differing << " differ\n";
   for (const auto& t : r.tensors)
@@ -138,6 +144,8 @@ json diff_to_json(const DiffReport& r) {
   }
   json values = json::array();
   for (const auto& v : r.values) values.push_back({{"path", v.path}, {"a", v.a}, {"b", v.b}});
+  json structure = json::array();
+  for (const auto& s : r.structure) structure.push_back({{"path", s.path}, {"a", s.a}, {"b", s.b}});
   return {
       {"schema_version", kDiffSchemaVersion},
       {"a", {{"source", r.a.source}, {"format", r.a.format}}},
@@ -152,12 +160,14 @@ json diff_to_json(const DiffReport& r) {
         {"tensors_differing", r.tensors_differing()},
         {"values_compared", r.values_compared},
         {"values_differing", r.values.size()},
+        {"structure_differing", r.structure.size()},
         {"elements_compared", elements},
         {"elements_mismatched", mismatched}}},
       {"only_in_a", r.only_in_a},
       {"only_in_b", r.only_in_b},
       {"tensors", tensors},
-      {"values", values}};
+      {"values", values},
+      {"structure", structure}};
 }
 
 }  // namespace ckpt

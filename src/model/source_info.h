@@ -65,6 +65,9 @@ struct SourceInfo {
   std::vector<int> world_sizes;           // distinct world sizes the source was written at; {1} for single files
   std::optional<DeviceMeshInfo> mesh;     // per-rank DTensor files: the mesh of the first one that has one
   std::optional<FlatLayout> flat_layout;  // DCP directories
+  // The source names tensors by flat dotted keys only (safetensors without
+  // ckptconv.tree): how they nest is unknown, so diff compares paths only.
+  bool flat_keys = false;
 
   bool is_sharded_source() const {
     return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks || kind == SourceKind::kZero;

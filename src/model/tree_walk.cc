@@ -7,19 +7,29 @@ namespace {
 using pickle::Kind;
 using pickle::Value;
 
-void walk(const Value& v, const std::string& path, const std::function<void(const Leaf&)>& visit) {
+std::string key_type(const Value& key) {
+  return key.is(Kind::kStr) ? "str" : key.is(Kind::kInt) ? "int" : kind_name(key.kind);
+}
+
+std::string deeper(const std::string& structure, const std::string& container) {
+  return structure.empty() ? container : structure + " > " + container;
+}
+
+void walk(const Value& v, const std::string& path, const std::string& structure,
+          const std::function<void(const Leaf&)>& visit) {
   if (auto idx = tensor_ref_index(v)) {
-    visit(Leaf{path, &v, idx});
+    visit(Leaf{path, structure, &v, idx});
     return;
   }
   // An OrderedDict with attributes (torch's state_dict `_metadata`) is BUILD over a dict.
   if (v.is(Kind::kBuilt) && v.object && v.object->is(Kind::kDict)) {
-    walk(*v.object, path, visit);
+    walk(*v.object, path, structure, visit);
     return;
   }
   if (v.is(Kind::kDict)) {
-    for (const auto& [key, value] : v.entries) walk(*value, join_path(path, path_component(*key)), visit);
-    if (v.entries.empty()) visit(Leaf{path, &v, std::nullopt});
+    for (const auto& [key, value] : v.entries)
+      walk(*value, join_path(path, path_component(*key)), deeper(structure, "dict[" + key_type(*key) + "]"), visit);
+    if (v.entries.empty()) visit(Leaf{path, structure, &v, std::nullopt});
     return;
   }
   if (v.is(Kind::kList) || v.is(Kind::kTuple)) {
@@ -29,13 +39,14 @@ void walk(const Value& v, const std::string& path, const std::function<void(cons
         has_container = true;
     // A list of plain values (param_groups' params, betas) is one leaf.
     if (!has_container) {
-      visit(Leaf{path, &v, std::nullopt});
+      visit(Leaf{path, structure, &v, std::nullopt});
       return;
     }
-    for (std::size_t i = 0; i < v.items.size(); ++i) walk(*v.items[i], join_path(path, std::to_string(i)), visit);
+    for (std::size_t i = 0; i < v.items.size(); ++i)
+      walk(*v.items[i], join_path(path, std::to_string(i)), deeper(structure, "list"), visit);
     return;
   }
-  visit(Leaf{path, &v, std::nullopt});
+  visit(Leaf{path, structure, &v, std::nullopt});
 }
 }  // namespace
 
@@ -84,6 +95,6 @@ pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<p
   return cur;
 }
 
-void walk_leaves(const Value& root, const std::function<void(const Leaf&)>& visit) { walk(root, "", visit); }
+void walk_leaves(const Value& root, const std::function<void(const Leaf&)>& visit) { walk(root, "", "", visit); }
 
 }  // namespace ckpt

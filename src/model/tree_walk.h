@@ -13,6 +13,10 @@ namespace ckpt {
 
 struct Leaf {
   std::string path;
+  // The containers the path goes through, outermost first, with their key
+  // types: "dict[str] > list > dict[int]". Two leaves with one dotted path
+  // may differ here ({'a.b': t} vs {'a': {'b': t}}): diff compares both.
+  std::string structure;
   const pickle::Value* value;         // the leaf itself
   std::optional<std::size_t> tensor;  // index into CheckpointModel::tensors when a tensor
 };

@@ -74,6 +74,7 @@ class ModelBuilder {
       prune_unreferenced(model_.root, model_.tensors);
     } else {
       model_.root = Value::dict(std::move(flat_));
+      model_.info.flat_keys = true;
     }
     return std::move(model_);
   }
