@@ -192,3 +192,67 @@ def test_sharded_safetensors_output_appears_whole_or_not_at_all(tmp_path, ckptco
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in out_dir.iterdir()) == ["m-00001-of-00002.safetensors",
                                                          "m-00002-of-00002.safetensors", "m.safetensors.index.json"]
+
+
+def _flip_inside(path: Path, pattern: bytes) -> None:
+    data = bytearray(path.read_bytes())
+    at = data.find(pattern)
+    assert at >= 0 and data.find(pattern, at + 1) < 0, "pattern not found once"
+    data[at + len(pattern) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+MARK = torch.arange(64.0) + 1234.5  # its first 32 bytes occur once in a file, inside the tensor's record
+
+
+@pytest.mark.parametrize("kind", ["pt", "dcp", "ranks"])
+def test_a_flipped_byte_in_a_tensor_is_caught_by_consolidate_and_reshard(kind, tmp_path, run_ckptconv, testdata):
+    """Rows 4-5: consolidate, convert and reshard check the CRC-32 of every
+    source record they read (validate did, they copied the corruption and its
+    stale CRC into the output with exit 0); --no-verify skips the check."""
+    pattern = MARK.numpy().tobytes()[:32]
+    if kind == "pt":
+        src = tmp_path / "in.pt"
+        torch.save({"w": MARK, "v": torch.arange(3.0)}, src)
+        victim = src
+    elif kind == "dcp":
+        src = tmp_path / "ck"
+        dcp.save({"w": MARK, "v": torch.arange(3.0)}, checkpoint_id=str(src), no_dist=True)
+        victim = next(src.glob("*.distcp"))
+    else:
+        src = tmp_path / "ranks"
+        shutil.copytree(testdata / "fsdp_st" / "adamw_ws2", src)
+        victim = src / "model_rank1.pt"
+        pattern = None
+    if pattern is None:  # the rank file: flip inside its first storage record
+        with zipfile.ZipFile(victim) as z:
+            info = next(i for i in z.infolist() if "/data/" in i.filename)
+        data = bytearray(victim.read_bytes())
+        h = info.header_offset  # the local header's own name and extra lengths (torch pads the extra field)
+        start = h + 30 + int.from_bytes(data[h + 26:h + 28], "little") + int.from_bytes(data[h + 28:h + 30], "little")
+        data[start] ^= 0x01
+        victim.write_bytes(bytes(data))
+    else:
+        _flip_inside(victim, pattern)
+    out = tmp_path / "out"
+    out.mkdir()
+    for args in (["consolidate", src, "-o", out / "a.pt"], ["consolidate", src, "-o", out / "a.safetensors"],
+                 ["reshard", src, "-o", out / "d", "--world-size", "2", "--layout", "dcp"]):
+        r = run_ckptconv(*args)
+        assert r.returncode == 3, (args, r.stderr)
+        assert "fails its CRC-32" in r.stderr and victim.name in r.stderr, r.stderr
+        if kind == "ranks":
+            assert "(rank 1)" in r.stderr
+    assert list(out.iterdir()) == []
+    r = run_ckptconv("consolidate", src, "-o", out / "b.pt", "--no-verify")
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_corrupt_data_pkl_is_exit_3_not_laundered(tmp_path, run_ckptconv):
+    """Row 5: a data.pkl failing its CRC was decoded and its output validated clean."""
+    src = tmp_path / "in.pt"
+    torch.save({"w": torch.arange(3.0), "note": "abcdefgh"}, src)
+    _flip_inside(src, b"abcdefgh")
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3 and "data.pkl" in r.stderr, r.stderr
+    assert not (tmp_path / "o.pt").exists()

@@ -40,7 +40,8 @@ CLI::App* register_write_command(CLI::App& app, const char* name, const char* de
       ->check(CLI::IsMember({"none", "gzip"}))
       ->capture_default_str()
       ->group(kOutputGroup);
-  bind_common(sub, req->common, kThreads | kDevice | kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize,
+  bind_common(sub, req->common,
+              kThreads | kDevice | kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize | kNoVerify,
               {.dry_run = "Print a summary of the plan (with -v, every chunk); write nothing"});
   add_runner(sub, [req] { return jobs::run_consolidate(*req, std::cout).exit_code; });
   return sub;

@@ -48,6 +48,11 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
            "Refuse (exit 4, before writing) an output of more tensor data than SIZE, e.g. 100G; the free space "
            "where the output goes is always checked")
         ->group(kOutputGroup);
+  if (which & kNoVerify)
+    sub->add_flag("--no-verify", opt.no_verify,
+                  "Skip the CRC-32 check of every source record read (trusted input only: a corrupt byte is then "
+                  "copied into the output)")
+        ->group(kPerformanceGroup);
   if (which & kNoFsync)
     sub->add_flag(
            "--no-fsync", opt.no_fsync,

@@ -22,6 +22,7 @@ enum CommonOption : unsigned {
   kForce = 1u << 9,           // --force
   kNoFsync = 1u << 10,        // --no-fsync
   kMaxOutputSize = 1u << 11,  // --max-output-size
+  kNoVerify = 1u << 12,       // --no-verify
 };
 
 // Help sections, in the order a user decides: what to read, what to keep,

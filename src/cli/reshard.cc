@@ -39,7 +39,7 @@ void register_reshard(CLI::App& app) {
   sub->add_option("--mesh-dim-names", req->mesh_dim_names,
                   "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none")
       ->group(kOutputGroup);
-  bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kMaxOutputSize, help);
+  bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kMaxOutputSize | kNoVerify, help);
   set_footer(
       sub,
       {"ckptconv reshard ckpt/step-1000 -o ckpt-ws4 --world-size 4",

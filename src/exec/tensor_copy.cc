@@ -1,11 +1,13 @@
 #include "exec/tensor_copy.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <vector>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/progress.h"
 
 namespace ckpt {
@@ -239,6 +241,8 @@ namespace {
 void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions& options) {
   with_context("tensor '" + t.name + "'", [&] {
     auto chunks = nonempty_chunks(t);
+    if (options.verify)
+      for (const TensorChunk* c : chunks) options.verify->verify(*c, t.name);
     if (t.numel() == 0) {
       if (options.on_finite) options.on_finite(t, FiniteCounts{});
       return;
@@ -266,6 +270,45 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
 }
 
 }  // namespace
+
+void RecordVerifier::verify(const TensorChunk& c, const std::string& tensor) {
+  if (!c.storage_crc || !c.storage) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (checked_.count(c.storage.get())) return;
+  }
+  // In steps, each released once read: a record of gigabytes is checked in
+  // bounded memory, and the copy that follows reads it again from the
+  // page cache.
+  const ByteSource& src = *c.storage;
+  constexpr uint64_t kStep = 8ull << 20;
+  std::vector<std::byte> buffer;
+  uint32_t crc = 0;
+  for (uint64_t pos = 0; pos < src.size(); pos += kStep) {
+    std::size_t n = static_cast<std::size_t>(std::min<uint64_t>(kStep, src.size() - pos));
+    if (const std::byte* p = src.data()) {
+      crc = archive::crc32_update(crc, p + pos, n);
+    } else {
+      buffer.resize(n);
+      src.read(pos, buffer.data(), n);
+      crc = archive::crc32_update(crc, buffer.data(), n);
+    }
+    src.release(pos, n);
+    check_interrupted();
+  }
+  if (crc != *c.storage_crc) {
+    char got[16], want[16];
+    std::snprintf(got, sizeof got, "%08x", crc);
+    std::snprintf(want, sizeof want, "%08x", *c.storage_crc);
+    fail(ErrorCode::kDataLoss, c.file + (c.rank >= 0 ? " (rank " + std::to_string(c.rank) + ")" : std::string()) +
+                                   ": the record holding tensor '" + tensor + "' fails its CRC-32 (stored " + want +
+                                   ", computed " + got +
+                                   "): its bytes are corrupt; nothing was written (--no-verify skips this check for "
+                                   "trusted input)");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  checked_.insert(c.storage.get());
+}
 
 void assemble_rows(const TensorEntry& t, int64_t r0, int64_t r1, std::byte* dst) {
   with_context("tensor '" + t.name + "'", [&] {

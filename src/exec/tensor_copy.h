@@ -10,6 +10,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
 
 #include "archive/zip_writer.h"
 #include "exec/backend.h"
@@ -18,6 +21,20 @@
 
 namespace ckpt {
 
+// The source records whose CRC-32 a job has checked, shared by every
+// tensor it writes: a record is read and checked once, whatever number of
+// tensors it feeds (a ZeRO flat partition feeds hundreds).
+class RecordVerifier {
+ public:
+  // DataLoss naming the file, rank and tensor when a record `c` reads from
+  // does not match its recorded CRC-32. Thread-safe.
+  void verify(const TensorChunk& c, const std::string& tensor);
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<const ByteSource*> checked_;
+};
+
 struct CopyOptions {
   uint64_t memory_limit = 256ull << 20;  // bytes of slab buffers in flight
   Backend* backend = nullptr;            // null: a CPU backend made for the call
@@ -25,6 +42,11 @@ struct CopyOptions {
   // the counts reported here once per tensor (this sends every tensor
   // through the backend: the file-to-file copy never sees the bytes).
   std::function<void(const TensorEntry&, const FiniteCounts&)> on_finite;
+  // Checks the CRC-32 of every source record a tensor is read from before
+  // its bytes are used (consolidate, convert and reshard, unless
+  // --no-verify): a flipped byte is exit 3, not a silently wrong output with
+  // the stale CRC copied into it. Null: no check.
+  std::shared_ptr<RecordVerifier> verify;
 };
 
 // Appends t.output_nbytes() bytes (cast to t.out_dtype when set). The model

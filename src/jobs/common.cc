@@ -55,6 +55,14 @@ std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, 
   return backend;
 }
 
+std::shared_ptr<RecordVerifier> record_verifier(const CommonOptions& opt) {
+  if (opt.no_verify) {
+    spdlog::debug("--no-verify: source records are not checked against their CRC-32");
+    return nullptr;
+  }
+  return std::make_shared<RecordVerifier>();
+}
+
 double JobClock::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }

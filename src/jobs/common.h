@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "exec/backend.h"
+#include "exec/tensor_copy.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::jobs {
@@ -28,6 +29,7 @@ struct CommonOptions {
   bool dry_run = false;
   bool force = false;
   bool no_fsync = false;
+  bool no_verify = false;       // --no-verify: skip the CRC-32 check of the source records a job reads
   std::string max_output_size;  // --max-output-size SIZE; empty: no limit but the free space
 };
 
@@ -44,6 +46,10 @@ CheckpointModel read_selected(const CommonOptions& opt);
 // loaded only when a cast needs it. --device cuda is honoured (or refused
 // when there is none) even without arithmetic, so a wrong request is an error.
 std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, bool arithmetic);
+
+// The record verifier a writing job shares across its tensors (CopyOptions
+// verify), or null under --no-verify.
+std::shared_ptr<RecordVerifier> record_verifier(const CommonOptions& opt);
 
 // Before anything is written: ResourceExhausted (exit 4) when the output's
 // tensor bytes exceed --max-output-size or the free space where `output`

@@ -77,6 +77,7 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
   output.durable = !opt.no_fsync;
   output.copy.memory_limit = memory_limit;
   output.copy.backend = backend.get();
+  output.copy.verify = record_verifier(opt);
   FiniteCounts nonfinite;
   uint64_t nonfinite_tensors = 0;
   if (req.finite)

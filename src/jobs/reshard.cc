@@ -185,6 +185,7 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   CopyOptions copy;
   copy.memory_limit = memory_limit;
   copy.backend = backend.get();
+  copy.verify = record_verifier(opt);
   JobReport report;
   report.summary = "wrote " + req.output + " (" + layout + "): " + std::to_string(req.world_size) + " ranks";
   report.tensors = model.tensors.size();

@@ -265,6 +265,10 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
   try {
     with_context(source->describe(), [&] { check_format_records(zip); });
     const archive::ZipEntry& pkl = zip.record("data.pkl");
+    // The structure every tensor is read through: a corrupt one must not be
+    // decoded into a plausible wrong tree (validate reports it below, with
+    // the other records).
+    if (!verify) with_context(source->describe(), [&] { zip.verify_crc(pkl); });
     ValuePtr raw = with_context(source->describe(), [&] {
       return with_context("data.pkl", [&] { return pickle::unpickle(*zip.open(pkl), policy); });
     });
