@@ -256,3 +256,79 @@ def test_a_corrupt_data_pkl_is_exit_3_not_laundered(tmp_path, run_ckptconv):
     r = run_ckptconv("consolidate", src, "-o", tmp_path / "o.pt")
     assert r.returncode == 3 and "data.pkl" in r.stderr, r.stderr
     assert not (tmp_path / "o.pt").exists()
+
+
+def _stored_zip(records: list[tuple[str, bytes]], overlap: tuple[str, str] | None = None) -> bytes:
+    """A stored (uncompressed) zip of `records`, written by hand. With
+    overlap=(outer, inner), record `inner` (local header and data) is laid
+    out inside the data of record `outer`, so the two share bytes."""
+    import struct
+    import zlib
+
+    def local(name: bytes, data: bytes) -> bytes:
+        return struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0, zlib.crc32(data), len(data), len(data),
+                           len(name), 0) + name + data
+
+    body, central, offsets = b"", [], {}
+    inner = dict(records)[overlap[1]] if overlap else None
+    for name, data in records:
+        if overlap and name == overlap[1]:
+            continue
+        n = name.encode()
+        if overlap and name == overlap[0]:
+            data = local(overlap[1].encode(), inner)  # the inner record is this record's data
+            offsets[overlap[1]] = len(body) + 30 + len(n)
+        offsets[name] = len(body)
+        body += local(n, data)
+        central.append((n, data if not (overlap and name == overlap[0]) else data))
+    if overlap:
+        central.append((overlap[1].encode(), inner))
+    cd = b""
+    for n, data in central:
+        cd += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, 0, zlib.crc32(data), len(data),
+                          len(data), len(n), 0, 0, 0, 0, 0, offsets[n.decode()]) + n
+    eocd = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(central), len(central), len(cd), len(body), 0)
+    return body + cd + eocd
+
+
+def test_dcp_items_sharing_bytes_and_zip_records_sharing_bytes_are_refused(tmp_path, run_ckptconv):
+    """Row 6: two DCP items pointing at the same stored bytes (consolidate wrote
+    the rows twice with exit 0), and a .pt whose records share bytes: every
+    command refuses them (exit 3), validate reports them (exit 1 or 3)."""
+    d = tmp_path / "ck"
+    dcp.save({"a": torch.arange(4.0), "b": torch.arange(4.0) + 10}, checkpoint_id=str(d), no_dist=True)
+    md = pickle.loads((d / ".metadata").read_bytes())
+    keys = sorted(md.storage_data, key=lambda k: k.fqn)
+    md.storage_data[keys[1]] = md.storage_data[keys[0]]  # b's item now reads a's bytes
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    pt = tmp_path / "overlap.pt"
+    import io
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(4.0)}, buf)
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as z:
+        records = [(i.filename, z.read(i)) for i in z.infolist()]
+    data_pkl = next(n for n, _ in records if n.endswith("/data.pkl"))
+    data_0 = next(n for n, _ in records if n.endswith("/data/0"))
+    pt.write_bytes(_stored_zip(records, overlap=(data_pkl, data_0)))
+    for src, says in ((d, "overlap those of"), (pt, "shares bytes with record")):
+        for cmd in ("consolidate", "inspect", "validate"):
+            args = [cmd, src] + (["-o", tmp_path / "o.pt"] if cmd == "consolidate" else [])
+            r = run_ckptconv(*args)
+            assert r.returncode in ((1, 3) if cmd == "validate" else (3,)), (cmd, src, r.stdout, r.stderr)
+            assert says in r.stdout + r.stderr, (cmd, src, r.stdout + r.stderr)
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_planner_data_path_naming_another_key_is_refused(tmp_path, run_ckptconv):
+    """Row 6: a planner_data path that does not match its key (torch's own
+    loader refuses it) was read, the value placed where the path said."""
+    d = tmp_path / "ck"
+    dcp.save({"model": {"w": torch.arange(4.0), "v": torch.arange(2.0)}}, checkpoint_id=str(d), no_dist=True)
+    md = pickle.loads((d / ".metadata").read_bytes())
+    md.planner_data["model.w"] = ("model", "x")
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    r = run_ckptconv("consolidate", d, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3 and "the planner_data path of 'model.w' names 'model.x'" in r.stderr, r.stderr
+    r = run_ckptconv("validate", d)
+    assert r.returncode == 1 and "names 'model.x', another key" in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / "o.pt").exists()

@@ -364,10 +364,29 @@ ZipReader::ZipReader(SourcePtr source) : source_(std::move(source)) {
     entries_.push_back(std::move(c.entry));
   }
   index_names();
+  check_no_overlap();
   if (!entries_.empty()) {
     const std::string& first = entries_.front().name;
     const std::size_t slash = first.find('/');
     if (slash != std::string::npos) prefix_ = first.substr(0, slash);
+  }
+}
+
+void ZipReader::check_no_overlap() const {
+  // Two records sharing bytes would read as two copies of one data (a
+  // crafted archive; torch.save never writes it).
+  std::vector<const ZipEntry*> by_offset;
+  for (const auto& e : entries_)
+    if (e.size > 0) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const ZipEntry* a, const ZipEntry* b) { return a->data_offset < b->data_offset; });
+  for (std::size_t i = 1; i < by_offset.size(); ++i) {
+    const ZipEntry& prev = *by_offset[i - 1];
+    const ZipEntry& cur = *by_offset[i];
+    if (cur.data_offset < prev.data_offset + prev.size)
+      fail_entry(ErrorCode::kDataLoss, *source_, cur.name,
+                 "shares bytes with record '" + prev.name + "' (data at " + std::to_string(cur.data_offset) +
+                     " inside [" + std::to_string(prev.data_offset) + ", +" + std::to_string(prev.size) + "))");
   }
 }
 

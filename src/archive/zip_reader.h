@@ -51,6 +51,8 @@ class ZipReader {
  private:
   // Sorts by_name_ for find(); DataLoss on a duplicate name.
   void index_names();
+  // DataLoss when two records' data overlap.
+  void check_no_overlap() const;
 
   SourcePtr source_;
   std::vector<ZipEntry> entries_;

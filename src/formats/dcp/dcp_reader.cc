@@ -14,6 +14,7 @@
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/torch_pt/pt_reader.h"
 #include "io/containment.h"
+#include "model/tree_walk.h"
 #include "model/unflatten.h"
 #include "pickle/unpickler.h"
 
@@ -115,16 +116,31 @@ class DcpDirReader {
     model.info.kind = SourceKind::kDcpDir;
     model.info.files = list_dcp_files(dir_);
     model.info.flat_layout = flat_layout_of(md);
-    if (sink_) check_storage_files(md);
+    if (sink_)
+      check_storage_files(md);
+    else
+      check_item_overlaps(md);
     Unflattener tree;
     for (const ItemMeta& item : md.items) {
       if (sink_ && in_unreadable_file(item, md)) continue;  // reported once for its file
       ValuePtr value = item.is_tensor ? read_tensor(item, md, model) : read_bytes(item, md, model);
       if (!value) continue;  // reported to the sink
       auto pd = md.planner_data.find(item.fqn);
-      if (pd != md.planner_data.end())
+      if (pd != md.planner_data.end()) {
+        // dcp.save names a key by its path joined with dots; a path that
+        // names another key would put the value elsewhere (torch's loader
+        // refuses it).
+        std::string joined;
+        for (const auto& part : pd->second) joined = join_path(joined, path_component(*part));
+        if (joined != item.fqn) {
+          report_or_fail(sink_, Problem{ErrorCode::kDataLoss,
+                                        dir_ + "/.metadata: the planner_data path of '" + item.fqn + "' names '" +
+                                            joined + "', another key",
+                                        dir_ + "/.metadata", -1, item.fqn});
+          continue;
+        }
         tree.set(pd->second, value);
-      else
+      } else
         tree.set({Value::str(item.fqn)}, value);
     }
     model.root = tree.root();
@@ -155,19 +171,7 @@ class DcpDirReader {
         unreadable_.insert(relative);
         continue;
       }
-      std::sort(items.begin(), items.end(),
-                [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
-      for (std::size_t i = 1; i < items.size(); ++i) {
-        const StorageInfo& prev = *items[i - 1].first;
-        const StorageInfo& cur = *items[i].first;
-        if (cur.offset < prev.offset + prev.length)
-          sink_->report(Problem{ErrorCode::kDataLoss,
-                                path + ": the bytes of '" + items[i].second + "' [" + std::to_string(cur.offset) +
-                                    ", +" + std::to_string(cur.length) + ") overlap those of '" + items[i - 1].second +
-                                    "' [" + std::to_string(prev.offset) + ", +" + std::to_string(prev.length) +
-                                    ") (rank " + std::to_string(rank) + ")",
-                                path, rank, items[i].second});
-      }
+      report_overlaps(path, rank, items);
     }
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir_, ec)) {
@@ -178,6 +182,34 @@ class DcpDirReader {
                             entry.path().string() + ": not referenced by the metadata (a file of another save?)",
                             entry.path().string(), rank, ""});
     }
+  }
+
+  // Two items whose bytes overlap in one file (two chunks pointing at the
+  // same stored item, say) would copy the same bytes into two places: every
+  // command refuses it, validate reports each.
+  void report_overlaps(const std::string& path, int rank,
+                       std::vector<std::pair<const StorageInfo*, std::string>>& items) {
+    std::sort(items.begin(), items.end(),
+              [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
+    for (std::size_t i = 1; i < items.size(); ++i) {
+      const StorageInfo& prev = *items[i - 1].first;
+      const StorageInfo& cur = *items[i].first;
+      if (cur.offset < prev.offset + prev.length)
+        report_or_fail(sink_, Problem{ErrorCode::kDataLoss,
+                                      path + ": the bytes of '" + items[i].second + "' [" + std::to_string(cur.offset) +
+                                          ", +" + std::to_string(cur.length) + ") overlap those of '" +
+                                          items[i - 1].second + "' [" + std::to_string(prev.offset) + ", +" +
+                                          std::to_string(prev.length) + ") (rank " + std::to_string(rank) + ")",
+                                      path, rank, items[i].second});
+    }
+  }
+
+  void check_item_overlaps(const DcpMetadata& md) {
+    std::map<std::string, std::vector<std::pair<const StorageInfo*, std::string>>> by_file;
+    for (const auto& [key, info] : md.storage) by_file[info.relative_path].emplace_back(&info, key.first);
+    for (auto& [relative, items] : by_file)
+      report_overlaps((fs::path(dir_) / relative).string(), rank_of_file(fs::path(relative).filename().string()),
+                      items);
   }
 
   bool in_unreadable_file(const ItemMeta& item, const DcpMetadata& md) const {
