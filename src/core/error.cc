@@ -1,5 +1,7 @@
 #include "core/error.h"
 
+#include <cstdio>
+
 namespace ckpt {
 
 const char* error_code_name(ErrorCode code) {
@@ -34,10 +36,53 @@ int exit_code_for(ErrorCode code) {
   return 5;
 }
 
-Error::Error(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) { rebuild_what(); }
+std::string printable_text(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char c) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += hex;
+  };
+  for (std::size_t i = 0; i < text.size();) {
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c < 0x20 && c != '\n' && c != '\t')
+        escape(c);
+      else if (c == 0x7f)
+        escape(c);
+      else
+        out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A whole valid multi-byte sequence (no overlong forms, no surrogates) is kept.
+    std::size_t len = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
+    bool ok = len > 0 && i + len <= text.size();
+    for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+    if (ok && len == 3) {
+      auto c1 = static_cast<unsigned char>(text[i + 1]);
+      ok = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0);
+    }
+    if (ok && len == 4) {
+      auto c1 = static_cast<unsigned char>(text[i + 1]);
+      ok = !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);
+    }
+    if (ok) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      escape(c);
+      ++i;
+    }
+  }
+  return out;
+}
+
+Error::Error(ErrorCode code, std::string message) : code_(code), message_(printable_text(message)) { rebuild_what(); }
 
 Error& Error::add_context(std::string item) {
-  context_.insert(context_.begin(), std::move(item));
+  context_.insert(context_.begin(), printable_text(item));
   rebuild_what();
   return *this;
 }

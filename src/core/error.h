@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,12 @@ struct Place {
   int rank = -1;
   std::string tensor;
 };
+
+// `text` as valid UTF-8 without control characters (newline and tab kept):
+// every other byte is written as \xNN. Messages quote names and values read
+// from untrusted files; what the tool prints (and JSON, which must be UTF-8)
+// stays readable whatever the file held.
+std::string printable_text(std::string_view text);
 
 class Error : public std::exception {
  public:

@@ -25,7 +25,12 @@ struct Problem {
 
 class ProblemSink {
  public:
-  void report(Problem problem) { problems_.push_back(std::move(problem)); }
+  void report(Problem problem) {
+    problem.message = printable_text(problem.message);  // names read from files: see printable_text
+    problem.file = printable_text(problem.file);
+    problem.tensor = printable_text(problem.tensor);
+    problems_.push_back(std::move(problem));
+  }
   // An error caught while reading: its code, its whole text (context
   // included) and its place; what the error's place does not know is taken
   // from the reporting layer's arguments.

@@ -80,3 +80,15 @@ TEST_CASE("an error's place is filled by the innermost layer that knows each par
     CHECK(std::string(e.what()) == "truncated");  // a place adds no text
   }
 }
+
+TEST_CASE("messages are printable UTF-8 whatever the input held", "[core]") {
+  CHECK(printable_text("plain text\tand\nlines") == "plain text\tand\nlines");
+  CHECK(printable_text("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") == "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  CHECK(printable_text(std::string("li\xf4tle", 6)) == "li\\xf4tle");
+  CHECK(printable_text(std::string("a\0b\x1b[31m", 8)) == "a\\x00b\\x1b[31m");
+  CHECK(printable_text("\xc0\xaf") == "\\xc0\\xaf");           // overlong
+  CHECK(printable_text("\xed\xa0\x80") == "\\xed\\xa0\\x80");  // a surrogate
+  CHECK(printable_text("\xe2\x82") == "\\xe2\\x82");           // cut short
+  Error e(ErrorCode::kDataLoss, std::string("name '\xff'"));
+  CHECK(std::string(e.what()) == "name '\\xff'");
+}
