@@ -55,7 +55,13 @@ def job(rank: int, ws: int, port: int, out: str) -> None:
     if rank == 0:
         torch.save(mfull, f"{out}/model_full.pt")
         torch.save(ofull, f"{out}/optim_full.pt")
-    dist.destroy_process_group()
+    # gloo sometimes aborts in process-group teardown under load ("terminate
+    # called without an active exception", SIGABRT) after all the work is
+    # done: once every rank has written its files, leave without it.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
