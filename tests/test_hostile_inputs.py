@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pt_files import pt_with_data_pkl
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -299,17 +300,6 @@ def test_hdf5_fixed_string_attribute_claiming_more_than_the_file_is_refused(tmp_
     assert int(r.stderr.rsplit("maxrss_kb=", 1)[1].split()[0]) < 256 * 1024
 
 
-def _pt_with_pickle(path: Path, data_pkl: bytes) -> None:
-    """A real torch.save zip whose data.pkl is replaced by `data_pkl`."""
-    import zipfile
-    torch.save({"x": 1}, path)
-    with zipfile.ZipFile(path) as z:
-        records = [(info.filename, z.read(info.filename)) for info in z.infolist()]
-    with zipfile.ZipFile(path, "w") as z:
-        for name, data in records:
-            z.writestr(name, data_pkl if name.endswith("/data.pkl") else data)
-
-
 def _peak_rss(ckptconv: Path, *args) -> tuple[int, str, int]:
     res = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", str(ckptconv), *map(str, args)],
                          capture_output=True, text=True, timeout=HANG_GUARD_S)
@@ -334,7 +324,7 @@ def test_pickle_of_cheap_opcodes_is_refused_naming_the_budget(case, tmp_path, ck
     against a memory budget scaled by the pickle's size (64 MiB + 128x)."""
     body, budget = ROW4[case]
     src = tmp_path / "cheap.pt"
-    _pt_with_pickle(src, b"\x80\x02" + body + b".")
+    pt_with_data_pkl(src, b"\x80\x02" + body + b".")
     out = tmp_path / "out"
     out.mkdir()
     for args in (["inspect", src, "--json"], ["validate", src], ["consolidate", src, "-o", out / "o.pt"]):
@@ -354,7 +344,7 @@ def test_memory_budget_refuses_values_that_fit_on_no_stack(tmp_path, run_ckptcon
     default budget (64 MiB + 128 x 2 MB) and so read; a lower budget refuses
     it naming pickle-memory, at bounded RSS."""
     src = tmp_path / "dicts.pt"
-    _pt_with_pickle(src, b"\x80\x02]" + b"}a" * 1_000_000 + b".")
+    pt_with_data_pkl(src, b"\x80\x02]" + b"}a" * 1_000_000 + b".")
     code, text, rss_kb = _peak_rss(ckptconv, "validate", src)
     assert code == 0, text
     assert rss_kb < 800 * 1024, f"peak RSS {rss_kb} KB"  # decoded ~300 MB, plus the walks
@@ -367,7 +357,7 @@ def test_list_of_ten_million_nones_costs_slots_not_values(tmp_path, ckptconv):
     """Appending None to a list costs one pointer: 10^7 of them (20 MB of
     pickle) read, where a heap value each used to cost 2.6 GB."""
     src = tmp_path / "nones.pt"
-    _pt_with_pickle(src, b"\x80\x02]" + b"Na" * 10_000_000 + b".")
+    pt_with_data_pkl(src, b"\x80\x02]" + b"Na" * 10_000_000 + b".")
     code, text, rss_kb = _peak_rss(ckptconv, "validate", src)
     assert code == 0, text
     assert rss_kb < 1200 * 1024, f"peak RSS {rss_kb} KB"
@@ -375,7 +365,7 @@ def test_list_of_ten_million_nones_costs_slots_not_values(tmp_path, ckptconv):
 
 def test_limit_raises_a_budget_for_trusted_input(tmp_path, run_ckptconv):
     src = tmp_path / "stack.pt"
-    _pt_with_pickle(src, b"\x80\x02" + b"N" * 1_100_000 + b".")
+    pt_with_data_pkl(src, b"\x80\x02" + b"N" * 1_100_000 + b".")
     assert run_ckptconv("inspect", src).returncode == 3
     r = run_ckptconv("inspect", src, "--limit", "pickle-stack=2M")
     assert r.returncode == 0, r.stderr

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
 import hostile_pickles  # noqa: E402
+from pt_files import pt_with_data_pkl  # noqa: E402
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -34,17 +35,6 @@ OPCODE_ATTACKS = sorted(hostile_pickles.opcode_attacks("/unused"))
 
 def _write_pt(path: Path, marker: Path, attack: str) -> None:
     torch.save({"w": torch.arange(4.0), "x": hostile_pickles.OBJECT_ATTACKS[attack](str(marker))}, path)
-
-
-def _write_pt_with_data_pkl(path: Path, data_pkl: bytes) -> None:
-    """A real torch.save zip whose data.pkl is replaced by `data_pkl`."""
-    buf = io.BytesIO()
-    torch.save({"w": torch.arange(4.0)}, buf)
-    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as out:
-        for info in src.infolist():
-            data = data_pkl if info.filename.endswith("/data.pkl") else src.read(info)
-            out.writestr(info.filename, data)
 
 
 def _write_dcp_bytes_item(path: Path, marker: Path, attack: str) -> None:
@@ -113,7 +103,7 @@ def test_pt_attack_refused_by_every_subcommand(attack, tmp_path, run_ckptconv):
 def test_pt_opcode_attack_refused(attack, tmp_path, run_ckptconv):
     marker = tmp_path / "pwned"
     src = tmp_path / "hostile.pt"
-    _write_pt_with_data_pkl(src, hostile_pickles.opcode_attacks(str(marker))[attack])
+    pt_with_data_pkl(src, hostile_pickles.opcode_attacks(str(marker))[attack])
     for args in (["validate", src], ["consolidate", src, "-o", tmp_path / "o.pt"], ["inspect", src]):
         r = run_ckptconv(*args)
         assert r.returncode == 3, f"{args[0]}: exit {r.returncode}\n{r.stderr}"

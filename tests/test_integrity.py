@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from pt_files import pt_with_data_pkl, replace_record
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -26,15 +27,6 @@ def _run_all(run_ckptconv, src: Path, tmp_path: Path) -> list:
     return out
 
 
-def _rewrite_record(pt: Path, suffix: str, data: bytes) -> None:
-    with zipfile.ZipFile(pt) as z:
-        records = [(i.filename, z.read(i)) for i in z.infolist()]
-    assert any(n.endswith("/" + suffix) for n, _ in records), suffix
-    with zipfile.ZipFile(pt, "w", compression=zipfile.ZIP_STORED) as out:
-        for name, body in records:
-            out.writestr(name, data if name.endswith("/" + suffix) else body)
-
-
 @pytest.mark.parametrize("record, value, says", [
     ("byteorder", b"big", "byteorder 'big': big-endian torch.save data is not supported"),
     ("byteorder", b"middle", "byteorder 'middle' is neither 'little' nor 'big'"),
@@ -44,7 +36,7 @@ def _rewrite_record(pt: Path, suffix: str, data: bytes) -> None:
 def test_format_records_torch_would_read_differently_are_refused(record, value, says, tmp_path, run_ckptconv):
     pt = tmp_path / "in.pt"
     torch.save({"w": torch.arange(6.0).reshape(2, 3)}, pt)
-    _rewrite_record(pt, record, value)
+    replace_record(pt, record, value)
     for r in _run_all(run_ckptconv, pt, tmp_path):
         assert r.returncode == 3, r.stdout + r.stderr
         assert says in r.stdout + r.stderr and str(pt) in r.stdout + r.stderr
@@ -55,7 +47,7 @@ def test_big_byteorder_is_what_torch_byte_swaps(tmp_path):
     reading its bytes as little-endian would give other values."""
     pt = tmp_path / "in.pt"
     torch.save({"w": torch.tensor([1.0, 2.0])}, pt)
-    _rewrite_record(pt, "byteorder", b"big")
+    replace_record(pt, "byteorder", b"big")
     got = torch.load(pt, weights_only=True)["w"]
     assert not torch.equal(got, torch.tensor([1.0, 2.0]))
 
@@ -144,22 +136,12 @@ def test_legal_249_character_output_name(kind, tmp_path, run_ckptconv, testdata)
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temp left
 
 
-def _pt_with_data_pkl(path: Path, data_pkl: bytes) -> None:
-    import io
-    buf = io.BytesIO()
-    torch.save({"w": torch.arange(4.0)}, buf)
-    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as out:
-        for info in src.infolist():
-            out.writestr(info.filename, data_pkl if info.filename.endswith("/data.pkl") else src.read(info))
-
-
 def test_failures_the_input_causes_are_exit_3(tmp_path, run_ckptconv):
     """Row 12: 3 for anything the input caused, 4 only for output failures,
     5 only for bugs (these were 5 and 2)."""
     # collections.OrderedDict.__new__ with kwargs (NEWOBJ_EX, protocol 4)
     odict = tmp_path / "newobj_ex.pt"
-    _pt_with_data_pkl(odict, b"\x80\x04\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93)}\x8c\x01a\x94K\x01s\x92.")
+    pt_with_data_pkl(odict, b"\x80\x04\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93)}\x8c\x01a\x94K\x01s\x92.")
     bare = tmp_path / "bare.pt"
     torch.save(torch.arange(6.0), bare)
     cases = [(["inspect", odict], "OrderedDict.__new__"),

@@ -162,17 +162,11 @@ def test_files_of_two_tags_are_refused(tmp_path, run_ckptconv):
     AdamW's step 5 instead of 3 (the 4-byte fp32 record data/0, rewritten
     with its CRC, as torch.save would write it)."""
     import struct
-    import zipfile
+
+    from pt_files import replace_record
     root, tag = _copy("z2_bf16_ws2", tmp_path)
     victim = tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    with zipfile.ZipFile(victim) as z:
-        records = [(i.filename, z.read(i)) for i in z.infolist()]
-    with zipfile.ZipFile(victim, "w", compression=zipfile.ZIP_STORED) as out:
-        for name, data in records:
-            if name.endswith("/data/0"):
-                assert data == struct.pack("<f", 3.0)
-                data = struct.pack("<f", 5.0)
-            out.writestr(name, data)
+    replace_record(victim, "data/0", struct.pack("<f", 5.0))
     r = run_ckptconv("consolidate", root, "-o", tmp_path / "o.pt")
     assert r.returncode == 3, r.stderr
     assert victim.name in r.stderr and "'step' of group 0 differs from rank 0's" in r.stderr
