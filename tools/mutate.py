@@ -164,7 +164,7 @@ def agrees(family: str, damaged: Path, out: Path) -> bool:
     ours = load_file(str(out))
     import numpy as np
     for name, want in ref.items():
-        key = name.replace("/", ".")
+        key = name.replace("/", ".") if family == "hdf5" else name  # h5py names groups with '/'
         if key not in ours:
             return False
         got = ours[key]
