@@ -314,3 +314,22 @@ def test_planner_data_path_naming_another_key_is_refused(tmp_path, run_ckptconv)
     r = run_ckptconv("validate", d)
     assert r.returncode == 1 and "names 'model.x', another key" in r.stdout, r.stdout + r.stderr
     assert not (tmp_path / "o.pt").exists()
+
+
+@pytest.mark.parametrize("at, bit, says", [(22554, 6, "coordinate off the chunk grid"),
+                                           (25168, 4, "chunk index holds 1 chunks where its extent needs 4")])
+def test_hdf5_corrupt_chunk_index_is_refused(at, bit, says, tmp_path, run_ckptconv, ckptconv):
+    """Found by tools/mutate.py: Debian's libhdf5 1.10 read these damaged chunk
+    indexes into other values with exit 0 (h5py's newer libhdf5 refuses them:
+    'bad coordinate offset'). The offsets are in the file ckptconv writes from
+    the fixture the mutation tool uses."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import mutate
+    h5 = mutate.make_source("hdf5", tmp_path, ckptconv)
+    data = bytearray(h5.read_bytes())
+    data[at] ^= 1 << bit
+    h5.write_bytes(bytes(data))
+    r = run_ckptconv("consolidate", h5, "-o", tmp_path / "o.safetensors")
+    assert r.returncode == 3 and says in r.stderr, r.stderr
+    assert not (tmp_path / "o.safetensors").exists()

@@ -149,7 +149,9 @@ def agrees_with_torch_dcp(src: Path, out: Path, ckptconv: Path) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dcp_to_torch_save(str(src), str(ref))
-    except Exception:  # noqa: BLE001 -- torch refuses what we accepted
+    except (Exception, BaseException) as e:  # noqa: BLE001 -- torch refuses what we accepted (CheckpointException is a BaseException)
+        if isinstance(e, KeyboardInterrupt):
+            raise
         return False
     r = subprocess.run([str(ckptconv), "diff", str(ref), str(out), "-q"], capture_output=True)
     ref.unlink(missing_ok=True)

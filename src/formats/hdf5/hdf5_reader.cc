@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/budgets.h"
 #include "core/checked.h"
@@ -184,6 +185,48 @@ class Hdf5Reader {
     }
   }
 
+  // A chunked dataset's index names every chunk once, at a coordinate on
+  // the chunk grid inside the extent, with bytes inside the file: the way
+  // ckptconv writes it (every chunk written). Debian's libhdf5 1.10 reads a
+  // chunk whose coordinate was corrupted into another place instead of
+  // refusing it as newer versions do ("bad coordinate offset"), which would
+  // give wrong values with exit 0 (found by tools/mutate.py).
+  void check_chunk_index(hid_t ds, const std::vector<hsize_t>& dims, const std::string& what) const {
+    Handle dcpl = checked_handle(H5Dget_create_plist(ds), ErrorCode::kDataLoss, what);
+    if (H5Pget_layout(dcpl) != H5D_CHUNKED) return;
+    std::vector<hsize_t> chunk(dims.size());
+    if (H5Pget_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()) != static_cast<int>(chunk.size()))
+      fail_data_loss(what + ": its chunk shape does not match its rank");
+    uint64_t expected = 1;
+    for (std::size_t d = 0; d < dims.size(); ++d) {
+      if (chunk[d] == 0) fail_data_loss(what + ": a chunk dimension of 0");
+      if (dims[d] == 0) return;  // empty: no chunks
+      expected = checked_mul(expected, (dims[d] + chunk[d] - 1) / chunk[d], "chunk count");
+    }
+    hsize_t n = 0;
+    Handle space = checked_handle(H5Dget_space(ds), ErrorCode::kDataLoss, what);  // 1.10 takes no H5S_ALL here
+    check(H5Dget_num_chunks(ds, space, &n), ErrorCode::kDataLoss, what);
+    if (n != expected)
+      fail_data_loss(what + ": its chunk index holds " + std::to_string(n) + " chunks where its extent needs " +
+                     std::to_string(expected));
+    std::set<std::vector<hsize_t>> seen;
+    std::vector<hsize_t> offset(dims.size());
+    for (hsize_t i = 0; i < n; ++i) {
+      unsigned filter_mask = 0;
+      haddr_t addr = 0;
+      hsize_t size = 0;
+      check(H5Dget_chunk_info(ds, space, i, offset.data(), &filter_mask, &addr, &size), ErrorCode::kDataLoss, what);
+      for (std::size_t d = 0; d < dims.size(); ++d)
+        if (offset[d] >= dims[d] || offset[d] % chunk[d] != 0)
+          fail_data_loss(what + ": chunk " + std::to_string(i) +
+                         " has a coordinate off the chunk grid or outside "
+                         "the dataset (a corrupt chunk index)");
+      if (addr == HADDR_UNDEF || addr > file_size_ || size > file_size_ - addr)
+        fail_data_loss(what + ": chunk " + std::to_string(i) + " lies outside the file");
+      if (!seen.insert(offset).second) fail_data_loss(what + ": two chunks at one coordinate (a corrupt chunk index)");
+    }
+  }
+
   void read_dataset(hid_t group, const std::string& name, const std::string& path) {
     std::string what = "dataset '" + path + "'";
     Handle ds = checked_handle(H5Dopen2(group, name.c_str(), H5P_DEFAULT), ErrorCode::kDataLoss, what);
@@ -204,6 +247,7 @@ class Hdf5Reader {
     int rank = check(H5Sget_simple_extent_ndims(space), ErrorCode::kDataLoss, what);
     std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
     check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), ErrorCode::kDataLoss, what);
+    check_chunk_index(ds, dims, what);
     TensorEntry t;
     t.name = path;
     t.dtype = *dtype;
