@@ -247,12 +247,12 @@ class Hdf5Reader {
     int rank = check(H5Sget_simple_extent_ndims(space), ErrorCode::kDataLoss, what);
     std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
     check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), ErrorCode::kDataLoss, what);
-    check_chunk_index(ds, dims, what);
     TensorEntry t;
     t.name = path;
     t.dtype = *dtype;
     for (hsize_t d : dims) t.shape.push_back(static_cast<int64_t>(d));
     check_declared_size(ds, what, checked_mul(shape_numel(t.shape), dtype_size(*dtype), "dataset size"));
+    check_chunk_index(ds, dims, what);  // after the size check, which bounds the chunk count
     TensorChunk c;
     c.offsets.assign(t.shape.size(), 0);
     c.sizes = t.shape;
