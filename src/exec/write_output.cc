@@ -33,7 +33,7 @@ void write_pt_output(const CheckpointModel& model, const OutputOptions& options)
   sink->finish();
 }
 
-void write_safetensors_output(const CheckpointModel& model, const OutputOptions& options) {
+std::vector<std::string> write_safetensors_output(const CheckpointModel& model, const OutputOptions& options) {
   namespace fs = std::filesystem;
   require_valid(model);
   fs::path out(options.path);
@@ -76,6 +76,7 @@ void write_safetensors_output(const CheckpointModel& model, const OutputOptions&
     for (const auto& path : published) ::unlink(path.c_str());  // this run's files: all or none
     throw;
   }
+  return published;
 }
 
 void write_hdf5_output(const CheckpointModel& model, const OutputOptions& options) {
@@ -124,23 +125,13 @@ const char* output_format_name(OutputFormat format) {
   return "?";
 }
 
-std::vector<std::string> output_files(const CheckpointModel& model, OutputFormat format, const OutputOptions& options) {
-  namespace fs = std::filesystem;
-  if (format != OutputFormat::kSafetensors || options.max_shard_size == 0) return {options.path};
-  fs::path out(options.path);
-  auto plan = safetensors::plan_safetensors(model, out.filename().string(), options.max_shard_size);
-  std::vector<std::string> files;
-  for (const auto& f : plan.files) files.push_back((out.parent_path() / f.file_name).string());
-  if (!plan.index_json.empty()) files.push_back(options.path + ".index.json");
-  return files;
-}
-
-void write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options) {
+std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options) {
   switch (format) {
-    case OutputFormat::kPt: return write_pt_output(model, options);
+    case OutputFormat::kPt: write_pt_output(model, options); break;
     case OutputFormat::kSafetensors: return write_safetensors_output(model, options);
-    case OutputFormat::kHdf5: return write_hdf5_output(model, options);
+    case OutputFormat::kHdf5: write_hdf5_output(model, options); break;
   }
+  return {options.path};
 }
 
 }  // namespace ckpt

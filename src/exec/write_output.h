@@ -28,12 +28,10 @@ std::optional<OutputFormat> output_format_from_name(const std::string& name);
 std::optional<OutputFormat> output_format_from_path(const std::string& path);
 const char* output_format_name(OutputFormat format);
 
-// The files write_output writes, in order: OUT itself, or for a sharded
+// Writes the model in `format` (dispatches to the functions below) and
+// returns the files written, in order: OUT itself, or for a sharded
 // safetensors output its shards then OUT.index.json.
-std::vector<std::string> output_files(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);
-
-// Writes the model in `format` (dispatches to the functions below).
-void write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);
+std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);
 
 // A torch.save archive of the model's structure with every tensor
 // consolidated (contiguous). Validates the model first.
@@ -43,7 +41,7 @@ void write_pt_output(const CheckpointModel& model, const OutputOptions& options)
 // max_shard_size the shards "<stem>-0000i-of-0000N.safetensors" beside
 // options.path and "<name>.index.json" (when more than one shard is needed).
 // Each file is atomic; the index is written last.
-void write_safetensors_output(const CheckpointModel& model, const OutputOptions& options);
+std::vector<std::string> write_safetensors_output(const CheckpointModel& model, const OutputOptions& options);
 
 // An HDF5 file (formats/hdf5/hdf5_writer.h, docs/hdf5-layout.md), created
 // at "<path>.tmp-XXXXXX", fsynced and renamed onto path after it is closed.

@@ -34,10 +34,8 @@ void check_not_one_rank_alone(const std::string& src, bool allowed) {
   fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
   std::string part_of;
   const std::string name = file.filename().string();
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if ((ends_with("_model_states.pt") || ends_with("_optim_states.pt")) && zero::is_zero_checkpoint(dir.string()))
+  if ((name.ends_with("_model_states.pt") || name.ends_with("_optim_states.pt")) &&
+      zero::is_zero_checkpoint(dir.string()))
     part_of = " is one file of the DeepSpeed ZeRO checkpoint " + dir.string() +
               ": pass the directory (or the folder holding `latest`)";
   if (auto rank_name = fsdp_ranks::parse_rank_file_name(name); part_of.empty() && rank_name && !rank_name->auxiliary) {

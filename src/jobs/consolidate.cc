@@ -89,12 +89,11 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
     };
   output.max_shard_size = req.max_shard_size.empty() ? 0 : parse_size(req.max_shard_size);
   output.gzip = req.compression == "gzip";
+  std::vector<std::string> files;  // a sharded safetensors output is its shards and index
   {
     ProgressScope progress("write " + req.output, report.bytes);  // tensor_copy counts every slab written
-    write_output(model, format, output);
+    files = write_output(model, format, output);
   }
-  // What exists now: a sharded safetensors output is its index and shards.
-  std::vector<std::string> files = output_files(model, format, output);
   if (files.size() > 1)
     report.summary = "wrote " + files.back() + " and " + std::to_string(files.size() - 1) + " shards (" +
                      files.front() + ", ...) (" + output_format_name(format) + ")";

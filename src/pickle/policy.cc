@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
@@ -383,28 +382,8 @@ void QuarantinePolicy::check_fill(const Value& target) const {
 
 std::string first_quarantined_global(const Value& root,
                                      const std::function<bool(std::string_view, std::string_view)>& known) {
-  std::unordered_set<const Value*> seen;
-  std::vector<const Value*> todo{&root};
-  auto push = [&](const ValuePtr& v) {
-    if (v && seen.insert(v.get()).second) todo.push_back(v.get());
-  };
-  while (!todo.empty()) {
-    const Value* v = todo.back();
-    todo.pop_back();
-    if (v->is(Kind::kGlobal) && !known(v->text, v->name)) return v->text + "." + v->name;
-    for (const auto& item : v->items) push(item);
-    for (const auto& [key, value] : v->entries) {
-      push(key);
-      push(value);
-    }
-    push(v->callable);
-    push(v->args);
-    push(v->kwargs);
-    push(v->object);
-    push(v->state);
-    push(v->pid);
-  }
-  return {};
+  const Value* g = find_node(root, [&](const Value& v) { return v.is(Kind::kGlobal) && !known(v.text, v.name); });
+  return g ? g->text + "." + g->name : std::string();
 }
 
 }  // namespace ckpt::pickle

@@ -63,10 +63,8 @@ class QuarantinePolicy final : public GlobalPolicy {
   const GlobalPolicy& base_;
 };
 
-// "module.name" of the first global under `root` (in any part of any node:
-// items, keys, values, callables, arguments, states) that `known` refuses;
-// empty when there is none. Iterative and memoised by node, so a shared or
-// deep subtree costs its size once.
+// "module.name" of the first global under `root` (find_node: every part of
+// every node, each node once) that `known` refuses; empty when there is none.
 std::string first_quarantined_global(const Value& root,
                                      const std::function<bool(std::string_view, std::string_view)>& known);
 

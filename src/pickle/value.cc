@@ -2,6 +2,8 @@
 
 #include <charconv>
 #include <cmath>
+#include <unordered_set>
+#include <vector>
 
 #include "core/error.h"
 #include "pickle/encodings.h"
@@ -216,6 +218,26 @@ ValuePtr Value::at(std::string_view key) const {
   ValuePtr v = get(key);
   if (!v) fail_data_loss("dict in pickle has no key '" + std::string(key) + "'");
   return v;
+}
+
+const Value* find_node(const Value& root, const std::function<bool(const Value&)>& match) {
+  std::unordered_set<const Value*> seen{&root};
+  std::vector<const Value*> todo{&root};
+  auto push = [&](const ValuePtr& v) {
+    if (v && seen.insert(v.get()).second) todo.push_back(v.get());
+  };
+  while (!todo.empty()) {
+    const Value* v = todo.back();
+    todo.pop_back();
+    if (match(*v)) return v;
+    for (const auto& item : v->items) push(item);
+    for (const auto& [key, value] : v->entries) {
+      push(key);
+      push(value);
+    }
+    for (const ValuePtr* p : {&v->callable, &v->args, &v->kwargs, &v->object, &v->state, &v->pid}) push(*p);
+  }
+  return nullptr;
 }
 
 }  // namespace ckpt::pickle

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -101,5 +102,11 @@ class Value {
   // and length: "{'lr': 0.01, 'params': [...]}".
   std::string repr(int max_depth = 3, std::size_t max_items = 8) const;
 };
+
+// The first node under `root` (root included, in any part of any node:
+// items, keys, values, callables, arguments, states, persistent ids) for
+// which `match` is true, or null. Iterative and memoised by node, so a
+// shared or deep subtree costs its size once, whatever the pickle made.
+const Value* find_node(const Value& root, const std::function<bool(const Value&)>& match);
 
 }  // namespace ckpt::pickle

@@ -85,3 +85,20 @@ TEST_CASE("UTF-8 check allows surrogates but not overlong or truncated forms", "
   CHECK(utf8_to_latin1(latin1_to_utf8("\x01\xff")) == "\x01\xff");
   CHECK_THROWS_AS(utf8_to_latin1("\xe4\xb8\x96"), Error);
 }
+
+TEST_CASE("find_node looks in every part of every node, each node once", "[pickle]") {
+  ValuePtr shared = Value::list({Value::str("x")});
+  ValuePtr deep = shared;
+  for (int i = 0; i < 60; ++i) deep = Value::list({deep, deep});  // 2^60 paths, 62 nodes
+  ValuePtr target = Value::global("m", "n");
+  ValuePtr call = Value::call(Value::global("a", "b"), Value::tuple({}), Value::dict({{Value::str("k"), target}}));
+  ValuePtr root = Value::dict({{Value::str("deep"), deep}, {Value::str("call"), call}});
+  std::size_t visits = 0;
+  const Value* found = find_node(*root, [&](const Value& v) {
+    ++visits;
+    return v.is_global("m", "n");
+  });
+  CHECK(found == target.get());
+  CHECK(visits < 100);
+  CHECK(find_node(*root, [](const Value& v) { return v.is_global("z", "z"); }) == nullptr);
+}

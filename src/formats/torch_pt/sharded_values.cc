@@ -1,7 +1,6 @@
 #include "formats/torch_pt/sharded_values.h"
 
 #include <algorithm>
-#include <unordered_set>
 
 #include "archive/zip_reader.h"
 #include "core/error.h"
@@ -283,24 +282,16 @@ std::optional<MeshInfo> find_device_mesh(const SourcePtr& source) {
     return with_context(
         "data.pkl", [&] { return pickle::unpickle(*zip.open(zip.record("data.pkl")), pickle::checkpoint_policy()); });
   });
-  // Depth-first over the value graph (shared values visited once).
-  std::vector<const Value*> pending = {root.get()};
-  std::unordered_set<const Value*> seen;
-  while (!pending.empty()) {
-    const Value* v = pending.back();
-    pending.pop_back();
-    if (!v || !seen.insert(v).second) continue;
-    if (v->is(Kind::kBuilt) && pyobj::is_class(*v, "DeviceMesh")) {
-      MeshInfo info;
-      if (ValuePtr type = pyobj::field(*v, "_device_type"); type && type->is(Kind::kStr)) info.device_type = type->text;
-      if (ValuePtr names = pyobj::field(*v, "_mesh_dim_names");
-          names && (names->is(Kind::kTuple) || names->is(Kind::kList)))
-        for (const auto& n : names->items) info.dim_names.push_back(n->as_str());
-      return info;
-    }
-    for (const auto& item : v->items) pending.push_back(item.get());
-    for (const auto& [k, value] : v->entries) pending.push_back(value.get());
-    for (const ValuePtr* p : {&v->args, &v->state, &v->object, &v->callable}) pending.push_back(p->get());
+  const Value* mesh =
+      pickle::find_node(*root, [](const Value& v) { return v.is(Kind::kBuilt) && pyobj::is_class(v, "DeviceMesh"); });
+  if (mesh) {
+    MeshInfo info;
+    if (ValuePtr type = pyobj::field(*mesh, "_device_type"); type && type->is(Kind::kStr))
+      info.device_type = type->text;
+    if (ValuePtr names = pyobj::field(*mesh, "_mesh_dim_names");
+        names && (names->is(Kind::kTuple) || names->is(Kind::kList)))
+      for (const auto& n : names->items) info.dim_names.push_back(n->as_str());
+    return info;
   }
   return std::nullopt;
 }

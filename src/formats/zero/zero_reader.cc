@@ -18,6 +18,7 @@
 #include "formats/pyobj.h"
 #include "formats/torch_pt/pt_reader.h"
 #include "io/containment.h"
+#include "model/tree_walk.h"
 #include "pickle/policy.h"
 
 namespace ckpt::zero {
@@ -198,7 +199,7 @@ void screen_unknown_globals(Value& root, const std::string& path, const std::str
       ++it;
       continue;
     }
-    std::string key = it->first->is(Kind::kStr) ? it->first->text : it->first->repr(1);
+    std::string key = path_component(*it->first);
     std::string what =
         path + ": entry '" + key + "' names global '" + global + "', which is not one a checkpoint needs";
     if (is_read_entry(key) || only.empty())
