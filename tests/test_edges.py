@@ -122,6 +122,8 @@ def test_output_that_is_a_directory_names_a_file_to_give(form, tmp_path, run_ckp
         assert r.returncode == 2, r.stderr
         assert "is a directory; give the file to write" in r.stderr and "dir/model.safetensors" in r.stderr
     assert list((tmp_path / "dir").iterdir()) == []
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", f"{tmp_path}/nodir/")
+    assert r.returncode == 2 and "names a directory (it ends in '/'); give the file to write" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("cmd", [["consolidate", "-o", "{t}/nope/x.pt"],

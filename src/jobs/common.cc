@@ -116,7 +116,8 @@ void check_output_place(const std::string& output, bool directory) {
   std::error_code ec;
   if (!directory && (output.back() == '/' || fs::is_directory(output, ec))) {
     std::string dir = output.back() == '/' ? output : output + "/";
-    fail_invalid(output + ": is a directory; give the file to write, e.g. -o " + dir +
+    fail_invalid(output + (fs::is_directory(output, ec) ? ": is a directory" : ": names a directory (it ends in '/')") +
+                 "; give the file to write, e.g. -o " + dir +
                  "model.safetensors (the extension picks the format: .pt, .safetensors, .h5)");
   }
   fs::path parent = fs::path(output.back() == '/' ? output.substr(0, output.size() - 1) : output).parent_path();
