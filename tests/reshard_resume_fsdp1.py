@@ -119,6 +119,14 @@ def worker(rank: int, ws: int, out: str, cases) -> None:
                         "losses": torch.stack([g[0] for g in gathered]),
                         "ref_losses": torch.stack([g[1] for g in gathered])},
                        Path(out) / f"case{i}.pt")
+    # FSDP1 under gloo sometimes aborts in process-group teardown under load
+    # ("terminate called without an active exception") after all the work is
+    # done; once every rank is here, leave without it (as zero_fsdp_resume.py).
+    import os
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
