@@ -38,9 +38,15 @@ def assert_same(actual, expected, path="<root>", key_order=True):
 
 
 def select(sd, only=None, keys=None):
-    """The torch-side meaning of --only and --keys (docs/usage.md): dicts keep
-    matching entries, a list is kept whole when any leaf under it matches."""
+    """The torch-side meaning of --only and --keys (docs/usage.md): --only
+    NAME makes the top-level entry NAME (for optim also "optimizer") the
+    root; then dicts keep entries with a leaf --keys matches below it, and a
+    list is kept whole when any leaf under it matches."""
     import re
+
+    if only:
+        name = only if only in sd or only != "optim" else "optimizer"
+        sd = sd[name]
 
     pattern = re.compile(keys) if keys else None
 
@@ -59,8 +65,6 @@ def select(sd, only=None, keys=None):
             out = {}
             for k, c in v.items():
                 p = f"{path}.{k}" if path else str(k)
-                if not path and only and k != only:
-                    continue
                 kept = keep(c, p)
                 if kept is not None:
                     out[k] = kept

@@ -31,15 +31,18 @@ CheckpointModel read_source(const CommonOptions& opt) {
   return model;
 }
 
-CheckpointModel read_selected(const CommonOptions& opt) { return select_source(read_source(opt), opt); }
+CheckpointModel read_selected(const CommonOptions& opt, bool keep_nesting) {
+  return select_source(read_source(opt), opt, keep_nesting);
+}
 
-CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt) {
+CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, bool keep_nesting) {
   auto cast_to = parse_dtype_option(opt.dtype);
   // Per-rank families and ZeRO keep model and optimizer in separate files:
   // their readers applied --only already.
   bool read_only = model.info.kind == SourceKind::kFsdpRanks || model.info.kind == SourceKind::kZero;
   std::string only = read_only ? "" : opt.only;
-  if (!only.empty() || !opt.keys.empty() || cast_to) model = select_entries(model, {only, opt.keys, cast_to});
+  if (!only.empty() || !opt.keys.empty() || cast_to)
+    model = select_entries(model, {only, opt.keys, cast_to, keep_nesting});
   if (cast_to) apply_cast(model, *cast_to);
   require_valid(model);
   return model;

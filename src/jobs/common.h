@@ -35,11 +35,12 @@ struct CommonOptions {
 
 // SRC (or --files) read; per-rank sources read only the --only family.
 CheckpointModel read_source(const CommonOptions& opt);
-// --only for the other sources (that top-level entry), then --keys and
-// --dtype; require_valid'ed. InvalidArgument when nothing is selected.
-CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt);
+// --only for the other sources (that top-level entry becomes the root, or
+// stays under its key with keep_nesting: reshard), then --keys and --dtype;
+// require_valid'ed. InvalidArgument when nothing is selected.
+CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, bool keep_nesting = false);
 // Both: the one place a source is read and selected.
-CheckpointModel read_selected(const CommonOptions& opt);
+CheckpointModel read_selected(const CommonOptions& opt, bool keep_nesting = false);
 
 // The one backend policy: only arithmetic (casts, NaN/Inf scans) goes to a
 // device; bytes that pass unchanged are copied file to file, and LibTorch is

@@ -178,7 +178,7 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(req.output.c_str(), &st) == 0)
     fail_invalid(req.output + ": output exists (use --force to overwrite)");
-  CheckpointModel model = read_selected(opt);
+  CheckpointModel model = read_selected(opt, /*keep_nesting=*/true);
   check_output_is_not_input(req.output, model);
   std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
   auto backend = choose_backend(opt.device, opt.threads, parse_dtype_option(opt.dtype).has_value());

@@ -1,5 +1,6 @@
 #include "plan/select.h"
 
+#include <optional>
 #include <regex>
 
 #include "core/error.h"
@@ -14,13 +15,12 @@ using pickle::ValuePtr;
 
 class Selector {
  public:
-  Selector(const CheckpointModel& in, CheckpointModel& out, const SelectOptions& options)
-      : in_(in), out_(out), only_(options.only) {
-    if (!options.keys.empty()) {
+  Selector(const CheckpointModel& in, CheckpointModel& out, const std::string& keys) : in_(in), out_(out) {
+    if (!keys.empty()) {
       try {
-        keys_ = std::regex(options.keys, std::regex::ECMAScript);
+        keys_ = std::regex(keys, std::regex::ECMAScript);
       } catch (const std::regex_error& e) {
-        fail_invalid("--keys '" + options.keys + "' is not a valid regular expression: " + e.what());
+        fail_invalid("--keys '" + keys + "' is not a valid regular expression: " + e.what());
       }
     }
   }
@@ -35,7 +35,6 @@ class Selector {
       auto out = Value::dict({}, v->ordered);
       for (const auto& [key, child] : v->entries) {
         std::string component = path_component(*key);
-        if (top && !only_.empty() && component != only_) continue;
         if (ValuePtr kept = filter(child, join_path(path, component), false)) out->entries.emplace_back(key, kept);
       }
       if (out->entries.empty() && !(top && v->entries.empty())) return nullptr;
@@ -69,7 +68,6 @@ class Selector {
 
   const CheckpointModel& in_;
   CheckpointModel& out_;
-  std::string only_;
   std::optional<std::regex> keys_;
   std::map<std::size_t, ValuePtr> renumbered_;
 };
@@ -80,20 +78,68 @@ bool is_step_counter(const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+// The top-level keys --only NAME selects: DCP saves name the optimizer
+// "optim" (torch's examples) or "optimizer" (torchtitan, Accelerate).
+bool names_part(const std::string& key, const std::string& only) {
+  return key == only || (only == "optim" && key == "optimizer");
+}
+
+// --only NAME: the subtree under the top-level key NAME becomes the root,
+// as model.state_dict() / optimizer.state_dict() name their keys (the rank
+// file and ZeRO readers return it so already).
+CheckpointModel reroot(const CheckpointModel& model, const std::string& only, std::string& key_name) {
+  ValuePtr root = mapping_of(model.root);
+  std::string keys;
+  if (root->is(Kind::kDict))
+    for (const auto& [key, child] : root->entries) {
+      std::string name = path_component(*key);
+      if (names_part(name, only)) {
+        CheckpointModel part;
+        part.info = model.info;
+        part.source = model.source;
+        part.facts = model.facts;
+        part.tensors = model.tensors;
+        part.root = child;
+        key_name = name;
+        // Tensor names are paths: they lose the prefix the keys lost.
+        std::string prefix = name + ".";
+        for (auto& t : part.tensors)
+          if (t.name.rfind(prefix, 0) == 0) t.name.erase(0, prefix.size());
+        return part;  // its unreferenced tensors go when it is selected
+      }
+      keys += (keys.empty() ? "" : ", ") + name;
+    }
+  fail_invalid(model.source + ": --only " + only + ": the checkpoint has no top-level '" + only + "'" +
+               (only == "optim" ? " or 'optimizer'" : "") + " entry" +
+               (keys.empty() ? "" : " (its top-level keys: " + keys + ")"));
+}
+
+}  // namespace
+
 CheckpointModel select_entries(const CheckpointModel& model, const SelectOptions& options) {
   if (!options.only.empty() && options.only != "model" && options.only != "optim")
     fail_invalid("--only must be 'model' or 'optim', not '" + options.only + "'");
   if (options.only.empty() && options.keys.empty()) return model;
+  std::optional<CheckpointModel> part;
+  std::string key;
+  if (!options.only.empty()) part = reroot(model, options.only, key);
+  const CheckpointModel& in = part ? *part : model;
   CheckpointModel out;
-  out.info = model.info;
-  out.source = model.source;
-  out.facts = model.facts;
-  Selector selector(model, out, options);
-  out.root = selector.filter(model.root, "", true);
+  out.info = in.info;
+  out.source = in.source;
+  out.facts = in.facts;
+  Selector selector(in, out, options.keys);
+  out.root = selector.filter(in.root, "", true);
   if (!out.root || (out.root->is(Kind::kDict) && out.root->entries.empty()))
     fail_invalid(model.source + ": no entries match the selection" +
                  (options.only.empty() ? "" : " --only " + options.only) +
                  (options.keys.empty() ? "" : " --keys '" + options.keys + "'"));
+  if (part && options.keep_nesting) {  // back under its key, as the job saved it
+    out.root = Value::dict({{Value::str(key), out.root}});
+    for (auto& t : out.tensors) t.name = key + "." + t.name;
+  }
   return out;
 }
 

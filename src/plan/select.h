@@ -10,12 +10,18 @@
 namespace ckpt {
 
 struct SelectOptions {
-  std::string only;              // "", "model" or "optim": the top-level key to keep
+  std::string only;              // "", "model" or "optim": the top-level entry that becomes the root
   std::string keys;              // ECMAScript regex searched in each leaf's dotted path; "" keeps all
   std::optional<DType> cast_to;  // floating-point tensors become this dtype
+  // --only keeps the entry under its top-level key ({"model": {...}}), as a
+  // resharded DCP checkpoint must for the job that loads it.
+  bool keep_nesting = false;
 };
 
-// A model holding only the selected leaves. Dicts keep the selected entries
+// A model holding only the selected leaves. --only NAME makes the top-level
+// entry NAME the root (for optim also "optimizer"), so keys are named as
+// model.state_dict() / optimizer.state_dict() name them; --keys then
+// matches paths below it. Dicts keep the selected entries
 // (dicts left empty are dropped); a list is kept whole when any leaf under it
 // is selected, so indices never shift. Tensors are renumbered; unselected
 // ones are gone. InvalidArgument when nothing is selected or the regex is bad.

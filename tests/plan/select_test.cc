@@ -27,12 +27,33 @@ CheckpointModel two_part_model() {
 }
 }  // namespace
 
-TEST_CASE("only option keeps one top-level entry and renumbers its tensors", "[plan]") {
+TEST_CASE("only option makes one top-level entry the root and renumbers its tensors", "[plan]") {
   auto m = select_entries(two_part_model(), {"optim", "", std::nullopt});
   REQUIRE(m.tensors.size() == 2);
-  CHECK(m.tensors[0].name == "optim.state.w.exp_avg");
-  CHECK(m.root->entries.size() == 1);
-  CHECK(m.root->entries[0].first->text == "optim");
+  CHECK(m.tensors[0].name == "state.w.exp_avg");
+  CHECK(m.root->repr(6, 10) ==
+        "{'state': {'w': {'exp_avg': ckptconv.tensor(0), 'step': ckptconv.tensor(1)}}, 'param_groups': [{'lr': 0.1}]}");
+  auto model = select_entries(two_part_model(), {"model", "", std::nullopt});
+  REQUIRE(model.tensors.size() == 1);
+  CHECK(model.tensors[0].name == "w");
+  CHECK(model.root->repr() == "{'w': ckptconv.tensor(0)}");
+}
+
+TEST_CASE("only optim also selects a top-level 'optimizer' (torchtitan, Accelerate)", "[plan]") {
+  CheckpointModel m;
+  m.source = "src";
+  Unflattener u;
+  u.set({Value::str("model"), Value::str("w")}, Value::integer(1));
+  u.set({Value::str("optimizer"), Value::str("param_groups.w.lr")}, Value::floating(0.1));
+  m.root = u.root();
+  CHECK(select_entries(m, {"optim", "", std::nullopt}).root->repr() == "{'param_groups.w.lr': 0.1}");
+}
+
+TEST_CASE("only and keys together match paths below the new root", "[plan]") {
+  auto m = select_entries(two_part_model(), {"optim", "^state\\.w\\.step$", std::nullopt});
+  REQUIRE(m.tensors.size() == 1);
+  CHECK(m.tensors[0].name == "state.w.step");
+  CHECK_THROWS_AS(select_entries(two_part_model(), {"optim", "^optim\\.", std::nullopt}), Error);
 }
 
 TEST_CASE("keys option keeps matching leaves and whole lists", "[plan]") {
@@ -46,6 +67,14 @@ TEST_CASE("selection errors are usage errors", "[plan]") {
   CHECK_THROWS_AS(select_entries(two_part_model(), {"", "nomatch", std::nullopt}), Error);
   CHECK_THROWS_AS(select_entries(two_part_model(), {"", "(", std::nullopt}), Error);
   CHECK_THROWS_AS(select_entries(two_part_model(), {"weights", "", std::nullopt}), Error);
+  try {
+    CheckpointModel m = two_part_model();
+    m.root = Value::dict({{Value::str("module"), Value::integer(1)}});
+    select_entries(m, {"model", "", std::nullopt});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("no top-level 'model' entry (its top-level keys: module)") != std::string::npos);
+  }
 }
 
 TEST_CASE("dtype option casts floating tensors but not step counters", "[plan]") {
@@ -56,4 +85,11 @@ TEST_CASE("dtype option casts floating tensors but not step counters", "[plan]")
   CHECK(m.tensors[2].output_dtype() == DType::kFloat32);
   CHECK(parse_dtype_option("keep") == std::nullopt);
   CHECK_THROWS_AS(parse_dtype_option("int8"), Error);
+}
+
+TEST_CASE("only with keep_nesting keeps the entry under its key (reshard)", "[plan]") {
+  auto m = select_entries(two_part_model(), {"model", "", std::nullopt, true});
+  REQUIRE(m.tensors.size() == 1);
+  CHECK(m.tensors[0].name == "model.w");
+  CHECK(m.root->repr() == "{'model': {'w': ckptconv.tensor(0)}}");
 }
