@@ -361,11 +361,97 @@ def assert_same(a, b, where: str) -> None:
         assert a == b, (where, a, b)
 
 
+def job_titan(rank: int, ws: int, out: Path, rel: str) -> None:
+    """torchtitan's checkpoint layout, made with the torch calls torchtitan's
+    CheckpointManager makes (torchtitan itself needs CUDA): a training output
+    folder with one DCP directory per save, ``<rel>/step-<N>/``, each saving
+    ``{"model", "optimizer", "lr_scheduler", "dataloader", "train_state"}``
+    with ``dcp.save(states, checkpoint_id=...)``:
+
+    - model: FSDP2 ``get_model_state_dict`` (ModelWrapper);
+    - optimizer: ``get_optimizer_state_dict(..., flatten_optimizer_state_dict=True)``
+      (OptimizersContainer): keys ``state.<fqn>.<name>`` and ``param_groups.<fqn>.<key>``;
+    - lr_scheduler: a LambdaLR's ``state_dict()`` (LRSchedulersContainer);
+    - dataloader: ``{"dp_rank_<r>": pickle.dumps(loader state), "world_size": ws}``
+      (ParallelAwareDataloader): one bytes item per rank;
+    - train_state: ``{"step": int32 0-dim tensor, "global_avg_losses",
+      "global_max_losses", "log_steps": io.BytesIO holding torch.save of a list}``.
+
+    Saves once, at step 3 (each save is ~210 KB: every flattened
+    param_groups value is its own torch.save'd item); tests make roots with
+    several saves from copies. Reference: torch's
+    ``dcp_to_torch_save``, beside ``rel`` (``step-<N>.ref.pt``; its BytesIO values are pickled
+    ``_io.BytesIO`` objects, which ``torch.load(weights_only=True)`` refuses).
+    """
+    import io
+    import pickle
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    model = fsdp2_wrap(fresh_model(), cpu_mesh(ws))
+    optim = param_groups(model, "adamw")
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda=lambda s: min(1.0, (s + 1) / 10))
+    losses, max_losses, log_steps = [], [], []
+    for step in range(STEPS):
+        optim.zero_grad(set_to_none=True)
+        loss = model(batch(step, rank))
+        loss.backward()
+        optim.step()
+        sched.step()
+        # As torchtitan logs them: reduced over ranks, so every rank saves
+        # the same lists (DCP writes a replicated item from one rank only).
+        avg, top = loss.detach().clone(), loss.detach().clone()
+        dist.all_reduce(avg)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        losses.append(round(float(avg) / ws, 4))
+        max_losses.append(round(float(top), 4))
+        log_steps.append(step + 1)
+        if step + 1 < STEPS:
+            continue
+
+        def saved(values):
+            buf = io.BytesIO()
+            torch.save(values, buf)
+            return buf
+
+        loader_state = {"_num_yielded": step + 1, "_sampler_iter_yielded": step + 1,
+                        "_iterator_finished": False, "_snapshot_step": step + 1, "rank": rank}
+        states = {
+            "model": get_model_state_dict(model),
+            "optimizer": get_optimizer_state_dict(
+                model, optim, options=StateDictOptions(flatten_optimizer_state_dict=True)),
+            "lr_scheduler": sched.state_dict(),
+            "dataloader": {f"dp_rank_{rank}": pickle.dumps(loader_state), "world_size": ws},
+            "train_state": {"step": torch.tensor(step + 1, dtype=torch.int32),
+                            "global_avg_losses": saved(losses), "global_max_losses": saved(max_losses),
+                            "log_steps": saved(log_steps)},
+        }
+        cid = f"{rel}/step-{step + 1}"
+        ref_path = out / Path(rel).parent / f"step-{step + 1}.ref.pt"
+        if rank == 0:
+            reset_dir(out / cid)
+        dist.barrier()
+        dcp.save(states, checkpoint_id=cid)
+        dist.barrier()
+        if rank == 0:
+            dcp_to_torch_save(cid, ref_path)
+            ref = torch.load(ref_path, weights_only=False)
+            assert isinstance(ref["train_state"]["global_avg_losses"], io.BytesIO)
+            assert torch.load(io.BytesIO(ref["train_state"]["global_avg_losses"].getvalue())) == losses
+            assert ref["dataloader"]["dp_rank_1"] != ref["dataloader"]["dp_rank_0"]
+            full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            assert_same(ref["model"], get_model_state_dict(model, options=full), cid)
+        else:
+            get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        dist.barrier()
+
+
 def corpus_worker(rank: int, ws: int, out: str, jobs) -> None:
     out = Path(out)
     for job in jobs:
         name, *args = job
-        {"dcp": job_dcp, "fsdp1": job_fsdp1}[name](rank, ws, out, *args)
+        {"dcp": job_dcp, "fsdp1": job_fsdp1, "titan": job_titan}[name](rank, ws, out, *args)
         dist.barrier()
 
 
@@ -509,6 +595,16 @@ def corpus_plan():
                 optim_files=[f"{rel}/optim_world_size_{ws}_rank_{r}.pt" for r in range(ws)],
                 reference={"model_full": rel + "/model_full.pt", "optim_full": rel + "/optim_full.pt"}))
         if ws == 2:
+            rel = "titan/checkpoint"
+            jobs.append(("titan", rel))
+            entries.append(dict(
+                path=rel, family="torchtitan", world_size=ws, optimizer="adamw",
+                exercises=("a training output folder holding a DCP save (step-3) in torchtitan's layout: "
+                           "flattened optimizer keys, lr_scheduler and dataloader byte items, an int32 step "
+                           "tensor and io.BytesIO items in train_state"),
+                writer=("FSDP2 fully_shard + dcp.save({model, optimizer (flatten_optimizer_state_dict=True), "
+                        "lr_scheduler, dataloader, train_state}) as torchtitan's CheckpointManager"),
+                reference={"dcp_to_torch_save": "titan/step-3.ref.pt"}))
             rel = "fsdp_dt/verl_flat_ws2"
             jobs.append(("fsdp1", rel, "flat"))
             entries.append(dict(
@@ -540,7 +636,12 @@ def cmd_corpus(args) -> None:
     t0 = time.time()
     os.chdir(out)  # DCP checkpoint ids are relative to the corpus root
     fixtures = []
+    selected = lambda path: not args.only or any(path.startswith(o) for o in args.only)  # noqa: E731
     for ws, jobs, entries in corpus_plan():
+        jobs = [j for j in jobs if selected(j[1])]
+        entries = [e for e in entries if selected(e["path"])]
+        if not jobs:
+            continue
         for e in entries:  # delete and rewrite each fixture
             for p in [out / e["path"], *(out / r for r in e["reference"].values())]:
                 if p.is_dir():
@@ -551,19 +652,25 @@ def cmd_corpus(args) -> None:
         spawn(ws, corpus_worker, str(out), jobs)
         print(f"world size {ws}: {[j[1] for j in jobs]} in {time.time() - t:.1f}s", flush=True)
         fixtures += entries
-    write_dtypes(out / "pt" / "dtypes.pt")
-    fixtures.append(dict(path="pt/dtypes.pt", family="pt", world_size=1, optimizer=None,
-                         exercises=("every dtype torch.save writes (v2 and v3 rebuilds), transposed view, "
-                                    "two views of one storage with offset, 0-dim, empty, nested containers"),
-                         writer="torch.save", reference={}))
-    write_zstd_dcp(out, "dcp/zstd_ws1")
-    fixtures.append(dict(path="dcp/zstd_ws1", family="dcp_zstd", world_size=1, optimizer="adamw",
-                         exercises="items compressed with the stream.zstd/1 transform (FileSystemWriter _extensions=[ZStandard()])",
-                         writer="dcp.save(no_dist=True, storage_writer=FileSystemWriter(_extensions=[ZStandard()]))",
-                         reference={"dcp_to_torch_save": "dcp/zstd_ws1.ref.pt"}))
+    if selected("pt/dtypes.pt"):
+        write_dtypes(out / "pt" / "dtypes.pt")
+        fixtures.append(dict(path="pt/dtypes.pt", family="pt", world_size=1, optimizer=None,
+                             exercises=("every dtype torch.save writes (v2 and v3 rebuilds), transposed view, "
+                                        "two views of one storage with offset, 0-dim, empty, nested containers"),
+                             writer="torch.save", reference={}))
+    if selected("dcp/zstd_ws1"):
+        write_zstd_dcp(out, "dcp/zstd_ws1")
+        fixtures.append(dict(path="dcp/zstd_ws1", family="dcp_zstd", world_size=1, optimizer="adamw",
+                             exercises="items compressed with the stream.zstd/1 transform (FileSystemWriter _extensions=[ZStandard()])",
+                             writer="dcp.save(no_dist=True, storage_writer=FileSystemWriter(_extensions=[ZStandard()]))",
+                             reference={"dcp_to_torch_save": "dcp/zstd_ws1.ref.pt"}))
     for e in fixtures:
         e["files"] = list_files(out, e["path"])
-        if e["family"] not in ("pt", "dcp_zstd"):
+        if e["family"] == "torchtitan":
+            e["model"] = MODEL_DESC
+            e["tensors"] = TENSOR_SHAPES
+            e["steps"] = STEPS
+        elif e["family"] not in ("pt", "dcp_zstd"):
             e["model"] = MODEL_DESC
             e["tensors"] = TENSOR_SHAPES
             ref = e["reference"]
@@ -574,6 +681,10 @@ def cmd_corpus(args) -> None:
                                  for g in optim["param_groups"]]
             e["optim_state"] = {fqn: sorted(st) for fqn, st in optim["state"].items()}
             e["steps"] = STEPS
+    if args.only:  # keep the other fixtures' entries, in their order
+        old = json.loads((out / "manifest.json").read_text())["fixtures"]
+        new = {e["path"]: e for e in fixtures}
+        fixtures = [new.pop(e["path"], e) for e in old] + list(new.values())
     manifest = {
         "torch_version": torch.__version__,
         "python_version": sys.version.split()[0],
@@ -681,6 +792,9 @@ def main(argv=None) -> None:
     sub = ap.add_subparsers(dest="cmd")
     c = sub.add_parser("corpus", help="regenerate the test corpus (default)")
     c.add_argument("--out", default="testdata")
+    c.add_argument("--only", nargs="+", metavar="PATH",
+                   help="rewrite only the fixtures whose path starts with one of these (e.g. titan/); "
+                        "the other manifest entries are kept")
     b = sub.add_parser("bench", help="one large checkpoint for benchmarks")
     b.add_argument("--out", required=True)
     b.add_argument("--bytes", type=float, required=True, help="approximate total size, e.g. 2e9")

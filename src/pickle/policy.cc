@@ -119,6 +119,9 @@ constexpr Entry kAllowed[] = {
     {"builtins", "bytearray", Use::kCall, nullptr},
     {"builtins", "bytes", Use::kCall, nullptr},
     {"builtins", "complex", Use::kCall, &complex_args},
+    // io.BytesIO: a DCP item saved from a BytesIO value (torchtitan's
+    // train_state); folded into its bytes when BUILD gives its state.
+    {"_io", "BytesIO", Use::kNew},
     // getattr(ShardedTensor, 'ProcessGroupState') in ShardedTensor state.
     {"builtins", "getattr", Use::kCall, &process_group_state_lookup},
 

@@ -92,6 +92,7 @@ class PickleMachine {
   void op_tuple_n(std::size_t n);
   void op_collection(Kind kind);  // LIST / TUPLE / FROZENSET from the top mark
   ValuePtr fold_call(const ValuePtr& callable, const ValuePtr& args) const;
+  void fold_bytes_io(Value& target, const Value& state);
   void add_items(Value& target, std::vector<ValuePtr> values);
   void add_entries(Value& target, std::vector<ValuePtr> flat);
 

@@ -158,6 +158,10 @@ void PickleMachine::op_newobj_ex() {
 void PickleMachine::op_build() {
   ValuePtr state = pop();
   const ValuePtr& target = top();
+  if (target->is(Kind::kCall) && target->newobj && target->callable->is_global("_io", "BytesIO")) {
+    fold_bytes_io(*target, *state);
+    return;
+  }
   // Python cannot BUILD a scalar either (no __dict__, no __setstate__); and
   // None, bools and small ints are shared constants here, never rewritten.
   if (!holds_values(target->kind) && target->kind != Kind::kGlobal) {
@@ -170,6 +174,28 @@ void PickleMachine::op_build() {
   target->object = std::move(object);
   target->state = std::move(state);
   if (!registered) arena_.push_back(target);
+}
+
+// An io.BytesIO is data (DCP stores a job's BytesIO state this way: torch.save
+// of the object): io.BytesIO.__reduce_ex__(2) is NEWOBJ(BytesIO, ()) and
+// BUILD (getvalue(), tell(), __dict__ or None). The node becomes those bytes,
+// flagged, in place (the memo may hold it already). Any other shape is
+// refused: a BytesIO with attributes or arguments is not a checkpoint's.
+void PickleMachine::fold_bytes_io(Value& target, const Value& state) {
+  const auto* s = state.is(Kind::kTuple) ? &state.items : nullptr;
+  bool plain = target.args && target.args->is(Kind::kTuple) && target.args->items.empty() && !target.kwargs &&
+               target.items.empty() && target.entries.empty();
+  bool shape = s && s->size() == 3 && (*s)[0]->is(Kind::kBytes) && (*s)[1]->is(Kind::kInt) && (*s)[1]->int_value >= 0 &&
+               ((*s)[2]->is(Kind::kNone) || ((*s)[2]->is(Kind::kDict) && (*s)[2]->entries.empty()));
+  if (!plain || !shape)
+    fail(ErrorCode::kUnsafe, "the pickle builds an io.BytesIO from " + state.repr(2, 4) +
+                                 ", not the (bytes, position, None) a saved BytesIO holds; refusing to load it");
+  std::string bytes = (*s)[0]->text;
+  int64_t position = (*s)[1]->int_value;
+  target = Value(Kind::kBytes);
+  target.text = std::move(bytes);
+  target.bytes_io = true;
+  target.int_value = position;
 }
 
 void PickleMachine::add_items(Value& target, std::vector<ValuePtr> values) {

@@ -220,6 +220,24 @@ ValuePtr Value::at(std::string_view key) const {
   return v;
 }
 
+ValuePtr bytes_io_object(const Value& bytes) {
+  ValuePtr object = Value::call(Value::global("_io", "BytesIO"), Value::tuple({}));
+  object->newobj = true;
+  ValuePtr data = Value::bytes(bytes.text);
+  return Value::built(std::move(object), Value::tuple({data, Value::integer(bytes.int_value), Value::none()}));
+}
+
+ValuePtr with_bytes_io_objects(const ValuePtr& value) {
+  if (!value) return value;
+  if (value->is(Kind::kBytes)) return value->bytes_io ? bytes_io_object(*value) : value;
+  if (!find_node(*value, [](const Value& v) { return v.is(Kind::kBytes) && v.bytes_io; })) return value;
+  auto copy = std::make_shared<Value>(*value);
+  for (auto& item : copy->items) item = with_bytes_io_objects(item);
+  for (auto& [key, child] : copy->entries) child = with_bytes_io_objects(child);
+  for (ValuePtr* p : {&copy->object, &copy->state, &copy->args}) *p = with_bytes_io_objects(*p);
+  return copy;
+}
+
 const Value* find_node(const Value& root, const std::function<bool(const Value&)>& match) {
   std::unordered_set<const Value*> seen{&root};
   std::vector<const Value*> todo{&root};

@@ -50,8 +50,12 @@ class Value {
   int64_t int_value = 0;
   double float_value = 0.0;
   bool bytearray = false;  // kBytes came from BYTEARRAY8 / bytearray()
-  bool ordered = false;    // kDict is a collections.OrderedDict
-  bool newobj = false;     // kCall came from NEWOBJ/NEWOBJ_EX (cls.__new__), not REDUCE
+  // kBytes was an io.BytesIO (NEWOBJ + BUILD (bytes, position, None)); its
+  // position is in int_value. Outputs torch.load(weights_only=True) reads
+  // hold the bytes; DCP outputs make it a BytesIO again (bytes_io_object).
+  bool bytes_io = false;
+  bool ordered = false;  // kDict is a collections.OrderedDict
+  bool newobj = false;   // kCall came from NEWOBJ/NEWOBJ_EX (cls.__new__), not REDUCE
   std::string text;
   std::string name;
   std::vector<ValuePtr> items;                         // tuple/list/set elements; APPENDS onto a kCall/kBuilt
@@ -102,6 +106,14 @@ class Value {
   // and length: "{'lr': 0.01, 'params': [...]}".
   std::string repr(int max_depth = 3, std::size_t max_items = 8) const;
 };
+
+// The io.BytesIO a kBytes with `bytes_io` was, as torch.save pickles one
+// (_io.BytesIO NEWOBJ, then BUILD with (bytes, position, None)); DCP
+// loaders hand it back to the job's load_state_dict, which may seek it.
+ValuePtr bytes_io_object(const Value& bytes);
+// `value` with every `bytes_io` kBytes under it made a BytesIO object again
+// (the same node when there is none).
+ValuePtr with_bytes_io_objects(const ValuePtr& value);
 
 // The first node under `root` (root included, in any part of any node:
 // items, keys, values, callables, arguments, states, persistent ids) for

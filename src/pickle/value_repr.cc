@@ -157,9 +157,9 @@ void ReprWriter::value(const Value* v, int depth) {
     case Kind::kFloat: floating(v->float_value); break;
     case Kind::kStr: quoted(v->text, '\'', false); break;
     case Kind::kBytes:
-      out_ += v->bytearray ? "bytearray(b" : "b";
+      out_ += v->bytearray ? "bytearray(b" : v->bytes_io ? "BytesIO(b" : "b";
       quoted(v->text, '\'', true);
-      if (v->bytearray) out_ += ')';
+      if (v->bytearray || v->bytes_io) out_ += ')';
       break;
     case Kind::kTuple: sequence(v->items, depth, "(", v->items.size() == 1 ? ",)" : ")"); break;
     case Kind::kList: sequence(v->items, depth, "[", "]"); break;

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "cpython_samples.h"
 #include "pickle/encodings.h"
+#include "pickle/pickler.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
 #include "pickle/value.h"
@@ -420,4 +421,63 @@ TEST_CASE("protocol 0 text opcodes: escapes, floats, bools, persistent ids, memo
   CHECK(p->pid->as_str() == "abc");
   ValuePtr m = load("(I3\np0\ng0\nl.");
   CHECK(m->items[0] == m->items[1]);
+}
+
+// pickle.dumps(b, protocol=2) for b = io.BytesIO(b'ab\0') read to its end
+// (CPython 3.11): NEWOBJ(_io.BytesIO, ()) then BUILD (bytes, position, None),
+// as torch.save writes a BytesIO that DCP stores (torchtitan's train_state).
+const std::string kBytesIoProtocol2(
+    "\x80\x02"
+    "c_io\nBytesIO\nq\x00)\x81q\x01"
+    "c_codecs\nencode\nq\x02X\x03\x00\x00\x00"
+    "ab\x00q\x03"
+    "X\x06\x00\x00\x00latin1q\x04\x86q\x05Rq\x06K\x03N\x87q\x07"
+    "b.",
+    76);
+
+TEST_CASE("an io.BytesIO is read as its bytes, flagged, with its position", "[pickle]") {
+  ValuePtr v = unpickle(kBytesIoProtocol2, checkpoint_policy());
+  REQUIRE(v->kind == Kind::kBytes);
+  CHECK(v->text == std::string("ab\0", 3));
+  CHECK(v->bytes_io);
+  CHECK(v->int_value == 3);
+  CHECK(v->repr() == "BytesIO(b'ab\\x00')");
+}
+
+TEST_CASE("a BytesIO turned back into an object pickles as a BytesIO again", "[pickle]") {
+  ValuePtr v = unpickle(kBytesIoProtocol2, checkpoint_policy());
+  // CPython's opcodes, except that the built object is memoized once more.
+  std::string again = pickle_protocol2(*bytes_io_object(*v));
+  CHECK(again.substr(0, 72) == kBytesIoProtocol2.substr(0, 72));
+  ValuePtr back = unpickle(again, checkpoint_policy());
+  CHECK((back->bytes_io && back->text == v->text && back->int_value == 3));
+  ValuePtr list = Value::list({v, Value::integer(1)});
+  ValuePtr restored = with_bytes_io_objects(list);
+  CHECK(restored != list);
+  CHECK(restored->items[0]->is(Kind::kBuilt));
+  CHECK(with_bytes_io_objects(Value::list({Value::bytes("x")}))->items[0]->is(Kind::kBytes));
+}
+
+TEST_CASE("a BytesIO with attributes or constructor arguments is refused", "[pickle][hostile]") {
+  // io.BytesIO(b'x') with b.foo = 1: its state's dict is not empty.
+  const std::string with_attribute(
+      "\x80\x02"
+      "c_io\nBytesIO\nq\x00)\x81q\x01"
+      "c_codecs\nencode\nq\x02X\x01\x00\x00\x00xq\x03"
+      "X\x06\x00\x00\x00latin1q\x04\x86q\x05Rq\x06K\x00}q\x07X\x03\x00\x00\x00"
+      "fooq\x08K\x01s\x87q\tb.",
+      89);
+  Error e = error_of(with_attribute, checkpoint_policy());
+  CHECK(e.code() == ErrorCode::kUnsafe);
+  CHECK(contains(e.what(), "io.BytesIO"));
+  // BUILD with a plain dict (setting attributes), and NEWOBJ with arguments.
+  CHECK(error_of("\x80\x02"
+                 "c_io\nBytesIO\n)\x81}U\x01"
+                 "aK\x01sb.",
+                 checkpoint_policy())
+            .code() == ErrorCode::kUnsafe);
+  CHECK(error_of("\x80\x03"
+                 "c_io\nBytesIO\nK\x01\x85\x81(C\x01xK\x02Ntb.",
+                 checkpoint_policy())
+            .code() == ErrorCode::kUnsafe);
 }
