@@ -10,6 +10,7 @@
 #include "check/optimizer_checks.h"
 #include "check/tensor_scan.h"
 #include "core/progress.h"
+#include "formats/checkpoint_root.h"
 #include "formats/detect.h"
 #include "model/tree_walk.h"
 #include "model/validate.h"
@@ -85,7 +86,7 @@ class Validator {
   std::optional<CheckpointModel> read() {
     check("reading");
     try {
-      kind_ = opt_.files.empty() ? detect_source(src_) : SourceKind::kFsdpRanks;
+      kind_ = opt_.files.empty() ? detect_source(resolve_checkpoint(src_, opt_.tag)) : SourceKind::kFsdpRanks;
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kInvalidArgument) throw;
       sink_.report(e, report_.source);

@@ -15,7 +15,8 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
   if (which & kSource) {
     sub->add_option("SRC", opt.source, help.source);
     sub->add_option("--tag", opt.tag,
-                    "DeepSpeed checkpoint: the tag directory under SRC to read (default: the one `latest` names)")
+                    "SRC holds several checkpoints (step-100/, checkpoint_3/, DeepSpeed tags): read this one; "
+                    "'latest' = the one the file `latest` names, else the highest-numbered complete one")
         ->group(kInputGroup);
   }
   if (which & kFiles)

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "formats/checkpoint_root.h"
 #include "formats/dcp/dcp_reader.h"
 #include "formats/fsdp_ranks/fsdp_ranks_reader.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
@@ -56,22 +57,30 @@ void check_not_one_rank_alone(const std::string& src, bool allowed) {
 
 }  // namespace
 
+std::optional<SourceKind> directory_kind(const std::string& dir) {
+  // A DCP directory has a global .metadata, or per-rank __<rank>.metadata
+  // files when it was saved without rank coordination.
+  auto is_dcp = [](const fs::path& d) { return fs::exists(d / ".metadata") || fs::exists(d / "__0.metadata"); };
+  if (is_dcp(dir)) return SourceKind::kDcpDir;
+  if (zero::is_zero_checkpoint(dir)) return SourceKind::kZero;
+  if (!fsdp_ranks::list_rank_files(dir).empty()) return SourceKind::kFsdpRanks;
+  if (is_dcp(fs::path(dir) / dcp_pair_model_dir)) return SourceKind::kDcpPair;
+  return std::nullopt;
+}
+
 SourceKind detect_source(const std::string& src) {
   std::error_code ec;
   auto status = fs::status(src, ec);
   if ((ec || !fs::exists(status)) && fsdp_ranks::is_glob_pattern(src)) return SourceKind::kFsdpRanks;
   if (ec || !fs::exists(status)) fail(ErrorCode::kNotFound, src + ": no such file or directory");
   if (fs::is_directory(status)) {
-    // A DCP directory has a global .metadata, or per-rank __<rank>.metadata
-    // files when it was saved without rank coordination.
-    if (fs::exists(fs::path(src) / ".metadata") || fs::exists(fs::path(src) / "__0.metadata"))
-      return SourceKind::kDcpDir;
-    if (zero::is_zero_checkpoint(src)) return SourceKind::kZero;
-    if (!fsdp_ranks::list_rank_files(src).empty()) return SourceKind::kFsdpRanks;
+    if (auto kind = directory_kind(src)) return *kind;
     if (fs::is_empty(src, ec)) fail(ErrorCode::kNotFound, "no checkpoint found in " + src + ": the directory is empty");
-    fail(ErrorCode::kUnimplemented, src +
-                                        ": directory is not a recognised checkpoint (no DCP .metadata, no DeepSpeed "
-                                        "`latest` or *_model_states.pt, no per-rank *rank{r}*.pt files)");
+    fail(ErrorCode::kUnimplemented,
+         src +
+             ": directory is not a recognised checkpoint (no DCP .metadata, no DeepSpeed `latest` or "
+             "*_model_states.pt, no per-rank *rank{r}*.pt files, no Accelerate pytorch_model_fsdp_0/) "
+             "and holds no checkpoint directories");
   }
   // One file of a DCP directory read alone is no checkpoint: its .distcp
   // holds bytes without their tensors' shapes, its .metadata no bytes.
@@ -103,6 +112,7 @@ CheckpointModel read_by_kind(const std::string& src, SourceKind kind, const Read
   switch (kind) {
     case SourceKind::kTorchPt: return torch_pt::read_pt_file(src, options.problems);
     case SourceKind::kDcpDir: return dcp::read_dcp_dir(src, options.problems);
+    case SourceKind::kDcpPair: return dcp::read_dcp_pair(src, options.problems);
     case SourceKind::kFsdpRanks: return fsdp_ranks::read_fsdp_ranks(src, options.only, options.problems);
     case SourceKind::kSafetensors: return safetensors::read_safetensors_file(src);
     case SourceKind::kSafetensorsIndex: return safetensors::read_safetensors_index(src, options.problems);
@@ -142,11 +152,14 @@ SourceKind source_kind_of(const std::string& src, const ReadOptions& options) {
   if (!options.files.empty()) return SourceKind::kFsdpRanks;
   if (src.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
   check_not_one_rank_alone(src, options.one_rank_alone);
-  return detect_source(src);
+  return detect_source(resolve_checkpoint(src, options.tag));
 }
 
-CheckpointModel read_checkpoint(const std::string& src, const ReadOptions& options) {
-  SourceKind kind = source_kind_of(src, options);
+CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& options) {
+  SourceKind kind = source_kind_of(given, options);
+  // A folder of checkpoints: the one --tag chose.
+  const std::string src = options.files.empty() ? resolve_checkpoint(given, options.tag) : given;
+  if (src != given) log::info("reading " + src + " (of the checkpoints in " + given + ")");
   CheckpointModel model = read_by_kind(src, kind, options);
   complete_info(model, src, kind);
   if (model.root) {

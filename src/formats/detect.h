@@ -2,6 +2,7 @@
 // reads it into a CheckpointModel with the matching reader.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,13 +22,22 @@ struct ReadOptions {
   // core/problems.h); nullptr reads fail-fast, as consolidate needs.
   ProblemSink* problems = nullptr;
   // --tag: a DeepSpeed checkpoint's tag directory under SRC (default: the
-  // one `latest` names).
+  // one `latest` names), or the checkpoint to read in a folder of them
+  // (formats/checkpoint_root.h).
   std::string tag = {};
   // inspect: one rank's file of a per-rank family or DeepSpeed tag may be
   // read alone, as the file it is (with a warning); other commands refuse
   // it (exit 2), as its content alone would make a wrong whole.
   bool one_rank_alone = false;
 };
+
+// The model directory inside a kDcpPair folder (Accelerate names its i-th
+// model pytorch_model_fsdp_<i> and optimizer optimizer_<i>).
+inline constexpr const char* dcp_pair_model_dir = "pytorch_model_fsdp_0";
+
+// The kind of checkpoint the directory `dir` is, or nullopt when it is none
+// (it may still be a folder of checkpoints: formats/checkpoint_root.h).
+std::optional<SourceKind> directory_kind(const std::string& dir);
 
 // InvalidArgument/NotFound/DataLoss with a message naming SRC when it is none
 // of the known kinds.

@@ -1,11 +1,46 @@
 #include "jobs/inspect.h"
 
+#include <nlohmann/json.hpp>
+
+#include "formats/checkpoint_root.h"
 #include "formats/detect.h"
 #include "model/describe.h"
 
 namespace ckpt::jobs {
 
+namespace {
+
+// A folder of checkpoints with no --tag: what is in it, to choose from.
+JobReport list_root(const InspectRequest& req, std::ostream& out) {
+  std::vector<RootEntry> entries = list_checkpoints(req.common.source);
+  if (req.json) {
+    nlohmann::ordered_json j;
+    j["root"] = req.common.source;
+    j["checkpoints"] = nlohmann::ordered_json::array();
+    for (const auto& e : entries)
+      j["checkpoints"].push_back(
+          {{"name", e.name},
+           {"path", e.path},
+           {"step", e.step ? nlohmann::ordered_json(*e.step) : nlohmann::ordered_json()},
+           {"format", e.kind},
+           {"world_size", e.world_size > 0 ? nlohmann::ordered_json(e.world_size) : nlohmann::ordered_json()},
+           {"bytes", e.bytes},
+           {"complete", e.complete}});
+    out << j.dump(2) << "\n";
+  } else {
+    out << describe_root(req.common.source, entries);
+  }
+  JobReport report;
+  report.summary = "listed the " + std::to_string(entries.size()) + " checkpoints in " + req.common.source;
+  report.dry_run = true;
+  return report;
+}
+
+}  // namespace
+
 JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
+  if (req.common.files.empty() && req.common.tag.empty() && is_checkpoint_root(req.common.source))
+    return list_root(req, out);
   CheckpointModel model = read_checkpoint(req.common.source, {req.common.files, "", nullptr, req.common.tag, true});
   if (req.json)
     out << model_to_json(model).dump(2) << "\n";

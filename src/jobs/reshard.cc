@@ -28,14 +28,17 @@ using pickle::ValuePtr;
 
 // A full state dict (.pt, safetensors, HDF5) has no sharded layout of its own.
 void require_layout_for_full_state_dict(const ReshardRequest& req, SourceKind kind) {
-  if (!req.layout.empty() || kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks) return;
+  if (!req.layout.empty() || kind == SourceKind::kDcpDir || kind == SourceKind::kDcpPair ||
+      kind == SourceKind::kFsdpRanks)
+    return;
   fail_invalid(req.common.source + ": a full state dict (" + source_kind_name(kind) +
                ") has no sharded layout of its own; choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor");
 }
 
-// The layout written when --layout is not given: the source's own.
+// The layout written when --layout is not given: the source's own (one DCP
+// directory of {"model", "optim"} for Accelerate's two).
 std::string default_layout(const CheckpointModel& model) {
-  if (model.info.kind == SourceKind::kDcpDir) return "dcp";
+  if (model.info.kind == SourceKind::kDcpDir || model.info.kind == SourceKind::kDcpPair) return "dcp";
   for (const auto& t : model.tensors)
     if (t.storage == StorageKind::kDTensor) return "fsdp-dtensor";
   return "fsdp-sharded-tensor";

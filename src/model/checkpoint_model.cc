@@ -115,3 +115,14 @@ std::optional<std::size_t> tensor_ref_index(const pickle::Value& value) {
 }
 
 }  // namespace ckpt
+
+namespace ckpt {
+
+pickle::ValuePtr adopt(CheckpointModel& into, CheckpointModel part) {
+  if (!part.root) return part.root;
+  prune_unreferenced(part.root, part.tensors, into.tensors.size());
+  for (auto& t : part.tensors) into.tensors.push_back(std::move(t));
+  return part.root;
+}
+
+}  // namespace ckpt

@@ -85,5 +85,10 @@ pickle::ValuePtr make_tensor_ref(std::size_t index);
 // the first kept tensor becoming index `first_index`.
 void prune_unreferenced(const pickle::ValuePtr& root, std::vector<TensorEntry>& tensors, std::size_t first_index = 0);
 std::optional<std::size_t> tensor_ref_index(const pickle::Value& value);
+// Moves `part`'s tensors to the end of `into`'s and returns `part`'s root,
+// its references renumbered to match: how one model is built from the
+// models of several files (Accelerate's two DCP directories, Lightning's
+// meta.pt beside its DCP items).
+pickle::ValuePtr adopt(CheckpointModel& into, CheckpointModel part);
 
 }  // namespace ckpt

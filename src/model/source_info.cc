@@ -11,6 +11,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kSafetensorsIndex: return "sharded safetensors (index)";
     case SourceKind::kHdf5: return "HDF5 file";
     case SourceKind::kZero: return "DeepSpeed ZeRO checkpoint";
+    case SourceKind::kDcpPair: return "DCP model and optimizer directories (Accelerate)";
   }
   return "?";
 }
@@ -24,6 +25,7 @@ const char* source_format_name(SourceKind kind) {
     case SourceKind::kSafetensorsIndex: return "safetensors";
     case SourceKind::kHdf5: return "hdf5";
     case SourceKind::kZero: return "deepspeed-zero";
+    case SourceKind::kDcpPair: return "dcp-pair";
   }
   return "?";
 }

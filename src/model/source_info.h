@@ -17,7 +17,9 @@ namespace ckpt {
 
 // kFsdpRanks: a directory without `.metadata` holding per-rank files, a glob
 // pattern, or files listed with --files.
-enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kSafetensorsIndex, kHdf5, kZero };
+// kDcpPair: a checkpoint folder whose model and optimizer are two DCP
+// directories (Accelerate's save_state: pytorch_model_fsdp_0/, optimizer_0/).
+enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kSafetensorsIndex, kHdf5, kZero, kDcpPair };
 
 // For messages: "DCP directory", "per-rank files", ...
 const char* source_kind_name(SourceKind kind);
@@ -70,7 +72,8 @@ struct SourceInfo {
   bool flat_keys = false;
 
   bool is_sharded_source() const {
-    return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks || kind == SourceKind::kZero;
+    return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks || kind == SourceKind::kZero ||
+           kind == SourceKind::kDcpPair;
   }
 };
 

@@ -81,9 +81,10 @@ bool is_step_counter(const std::string& name) {
 namespace {
 
 // The top-level keys --only NAME selects: DCP saves name the optimizer
-// "optim" (torch's examples) or "optimizer" (torchtitan, Accelerate).
-bool names_part(const std::string& key, const std::string& only) {
-  return key == only || (only == "optim" && key == "optimizer");
+// "optim" (torch's examples), "optimizer" (torchtitan, Accelerate) or
+// "optimizer_0" (Lightning, numbering its optimizers: only when it has one).
+bool names_part(const std::string& key, const std::string& only, bool several_optimizers) {
+  return key == only || (only == "optim" && (key == "optimizer" || (key == "optimizer_0" && !several_optimizers)));
 }
 
 // --only NAME: the subtree under the top-level key NAME becomes the root,
@@ -92,10 +93,11 @@ bool names_part(const std::string& key, const std::string& only) {
 CheckpointModel reroot(const CheckpointModel& model, const std::string& only, std::string& key_name) {
   ValuePtr root = mapping_of(model.root);
   std::string keys;
+  bool several = root->is(Kind::kDict) && root->get("optimizer_1") != nullptr;
   if (root->is(Kind::kDict))
     for (const auto& [key, child] : root->entries) {
       std::string name = path_component(*key);
-      if (names_part(name, only)) {
+      if (names_part(name, only, several)) {
         CheckpointModel part;
         part.info = model.info;
         part.source = model.source;
@@ -112,7 +114,7 @@ CheckpointModel reroot(const CheckpointModel& model, const std::string& only, st
       keys += (keys.empty() ? "" : ", ") + name;
     }
   fail_invalid(model.source + ": --only " + only + ": the checkpoint has no top-level '" + only + "'" +
-               (only == "optim" ? " or 'optimizer'" : "") + " entry" +
+               (only == "optim" ? ", 'optimizer' or (one) 'optimizer_0'" : "") + " entry" +
                (keys.empty() ? "" : " (its top-level keys: " + keys + ")"));
 }
 

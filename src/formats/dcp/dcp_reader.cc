@@ -144,7 +144,33 @@ class DcpDirReader {
         tree.set({Value::str(item.fqn)}, value);
     }
     model.root = tree.root();
+    merge_meta_file(model);
     return model;
+  }
+
+  // Lightning's FSDP/ModelParallel strategies save the user's other state
+  // (epoch, global_step, loops, callbacks) as meta.pt beside the DCP items;
+  // its consolidate_checkpoint loads the items, then update()s the dict with
+  // meta.pt's entries. Read the same way, through the safe unpickler.
+  void merge_meta_file(CheckpointModel& model) {
+    fs::path meta = fs::path(dir_) / "meta.pt";
+    std::error_code ec;
+    if (!fs::is_regular_file(meta, ec)) return;
+    CheckpointModel extra = torch_pt::read_pt_file(meta.string(), sink_);
+    model.info.files.push_back(meta.string());
+    std::sort(model.info.files.begin(), model.info.files.end());
+    ValuePtr entries = adopt(model, std::move(extra));
+    if (!entries || !mapping_of(entries)->is(Kind::kDict) || !model.root->is(Kind::kDict))
+      fail_data_loss(meta.string() + ": not a dict of entries to add to the checkpoint (as Lightning saves it)");
+    for (const auto& [key, value] : mapping_of(entries)->entries) {
+      auto same = std::find_if(model.root->entries.begin(), model.root->entries.end(),
+                               [&](const auto& e) { return path_component(*e.first) == path_component(*key); });
+      if (same != model.root->entries.end())
+        same->second = value;
+      else
+        model.root->entries.emplace_back(key, value);
+    }
+    model.facts["meta_pt"] = "yes (Lightning: its entries are added to the top level)";
   }
 
  private:
@@ -357,5 +383,58 @@ class DcpDirReader {
 }  // namespace
 
 CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink) { return DcpDirReader(dir, sink).read(); }
+
+namespace {
+
+// The entry `key` of a DCP directory's top level (Accelerate saves
+// {"model": ...} and {"optimizer": ...}), or the whole tree when it has no such key.
+ValuePtr entry_or_root(const ValuePtr& root, const std::string& key) {
+  ValuePtr dict = mapping_of(root);
+  if (dict->is(Kind::kDict) && dict->entries.size() == 1 && path_component(*dict->entries[0].first) == key)
+    return dict->entries[0].second;
+  return root;
+}
+
+}  // namespace
+
+CheckpointModel read_dcp_pair(const std::string& dir, ProblemSink* sink) {
+  static const std::regex kPart(R"((pytorch_model_fsdp|optimizer)_(\d+))");
+  std::vector<std::pair<std::string, fs::path>> parts;  // output key, directory
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    std::string name = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(name, m, kPart)) continue;
+    bool model = m[1].str() == "pytorch_model_fsdp";
+    std::string index = m[2].str();
+    parts.emplace_back(std::string(model ? "model" : "optim") + (index == "0" ? "" : "_" + index), e.path());
+  }
+  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::stable_partition(parts.begin(), parts.end(), [](const auto& p) { return p.first.rfind("model", 0) == 0; });
+  CheckpointModel model;
+  model.source = dir;
+  model.info.kind = SourceKind::kDcpPair;
+  auto root = Value::dict();
+  for (auto& [key, path] : parts) {
+    CheckpointModel part = read_dcp_dir(path.string(), sink);
+    for (int ws : part.info.world_sizes)
+      if (std::find(model.info.world_sizes.begin(), model.info.world_sizes.end(), ws) == model.info.world_sizes.end())
+        model.info.world_sizes.push_back(ws);
+    model.info.files.insert(model.info.files.end(), part.info.files.begin(), part.info.files.end());
+    for (const auto& [fact, value] : part.facts) model.facts[path.filename().string() + " " + fact] = value;
+    // Tensor names are paths: under the output key now.
+    std::string inner = key.rfind("model", 0) == 0 ? "model" : "optimizer";
+    for (auto& t : part.tensors)
+      if (t.name.rfind(inner + ".", 0) == 0) t.name = key + t.name.substr(inner.size());
+    ValuePtr tree = entry_or_root(part.root, inner);
+    CheckpointModel holder;
+    holder.root = tree;
+    holder.tensors = std::move(part.tensors);
+    root->entries.emplace_back(Value::str(key), adopt(model, std::move(holder)));
+  }
+  if (root->entries.empty()) fail(ErrorCode::kNotFound, dir + ": no pytorch_model_fsdp_<i>/ or optimizer_<i>/ inside");
+  model.root = root;
+  return model;
+}
 
 }  // namespace ckpt::dcp

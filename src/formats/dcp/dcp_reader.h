@@ -20,4 +20,11 @@ namespace ckpt::dcp {
 // thrown; the model holds the items that could be read.
 CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink = nullptr);
 
+// A folder holding the model and the optimizer as separate DCP directories,
+// as Accelerate's save_state writes them (pytorch_model_fsdp_<i>/ and
+// optimizer_<i>/; sampler.bin and random_states_*.pkl beside them are not
+// read): {"model": the model's state dict, "optim": the optimizer's}, keys
+// model_<i>/optim_<i> for i > 0.
+CheckpointModel read_dcp_pair(const std::string& dir, ProblemSink* sink = nullptr);
+
 }  // namespace ckpt::dcp

@@ -1,0 +1,166 @@
+#include "formats/checkpoint_root.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "formats/detect.h"
+#include "formats/zero/zero_reader.h"
+
+namespace ckpt {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::optional<int64_t> last_number(const std::string& name) {
+  static const std::regex kNumber(R"((\d+))");
+  std::optional<int64_t> out;
+  for (auto it = std::sregex_iterator(name.begin(), name.end(), kNumber); it != std::sregex_iterator(); ++it) {
+    const std::string digits = (*it)[1].str();
+    if (digits.size() < 19) out = std::stoll(digits);
+  }
+  return out;
+}
+
+// The largest rank + 1 named by `__<rank>_0.distcp` files in `dir`.
+int distcp_world_size(const fs::path& dir) {
+  static const std::regex kDistcp(R"(__(\d+)_\d+\.distcp)");
+  int ws = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, kDistcp) && m[1].str().size() < 6) ws = std::max(ws, std::stoi(m[1].str()) + 1);
+  }
+  return ws;
+}
+
+bool holds_distcp(const fs::path& dir) { return distcp_world_size(dir) > 0; }
+
+uint64_t tree_bytes(const fs::path& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  return total;
+}
+
+// One subdirectory as a root entry; nullopt when it is no checkpoint, not
+// even an unfinished one.
+std::optional<RootEntry> entry_of(const fs::path& dir) {
+  RootEntry e;
+  e.name = dir.filename().string();
+  e.path = dir.string();
+  e.step = last_number(e.name);
+  if (auto kind = directory_kind(e.path)) {
+    e.kind = source_format_name(*kind);
+    e.complete = true;
+    e.world_size = distcp_world_size(*kind == SourceKind::kDcpPair ? dir / dcp_pair_model_dir : dir);
+  } else if (holds_distcp(dir)) {  // a DCP save that never wrote .metadata
+    e.kind = "dcp";
+    e.world_size = distcp_world_size(dir);
+  } else if (fs::is_directory(dir / dcp_pair_model_dir)) {  // Accelerate, its model save unfinished
+    e.kind = source_format_name(SourceKind::kDcpPair);
+    e.world_size = distcp_world_size(dir / dcp_pair_model_dir);
+  } else {
+    return std::nullopt;
+  }
+  e.bytes = tree_bytes(dir);
+  return e;
+}
+
+std::string read_latest(const fs::path& file) {
+  std::ifstream in(file);
+  std::string tag;
+  std::getline(in, tag);
+  while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
+  return tag;
+}
+
+std::string listing(const std::string& dir, const std::vector<RootEntry>& entries) {
+  std::string names;
+  for (const auto& e : entries) names += (names.empty() ? "" : ", ") + e.name + (e.complete ? "" : " (incomplete)");
+  return dir + " holds " + std::to_string(entries.size()) + " checkpoints: " + names;
+}
+
+}  // namespace
+
+std::vector<RootEntry> list_checkpoints(const std::string& dir) {
+  std::vector<RootEntry> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& sub : fs::directory_iterator(dir, ec))
+    if (sub.is_directory(ec))
+      if (auto e = entry_of(sub.path())) out.push_back(std::move(*e));
+  std::sort(out.begin(), out.end(), [](const RootEntry& a, const RootEntry& b) {
+    return a.step != b.step ? a.step.value_or(-1) < b.step.value_or(-1) : a.name < b.name;
+  });
+  return out;
+}
+
+bool is_checkpoint_root(const std::string& src) {
+  std::error_code ec;
+  if (!fs::is_directory(src, ec) || directory_kind(src)) return false;
+  return !list_checkpoints(src).empty();
+}
+
+std::string resolve_checkpoint(const std::string& src, const std::string& tag) {
+  std::error_code ec;
+  if (!fs::is_directory(src, ec) || zero::is_zero_checkpoint(src)) return src;  // ZeRO reads --tag itself
+  if (directory_kind(src)) {
+    if (!tag.empty())
+      fail_invalid("--tag " + tag + ": " + src + " is one checkpoint, not a folder of checkpoints; drop --tag");
+    return src;
+  }
+  std::vector<RootEntry> entries = list_checkpoints(src);
+  if (entries.empty()) return src;  // detect_source names what is missing
+  if (tag.empty()) {
+    if (entries.size() == 1 && entries[0].complete) return entries[0].path;
+    fail_invalid(listing(src, entries) + "; choose one with --tag NAME, or --tag latest for " +
+                 (fs::exists(fs::path(src) / "latest") ? "the one the file `latest` names"
+                                                       : "the highest-numbered complete one"));
+  }
+  std::string name = tag;
+  if (tag == "latest") {
+    if (fs::is_regular_file(fs::path(src) / "latest")) {
+      name = read_latest(fs::path(src) / "latest");
+    } else {
+      const RootEntry* best = nullptr;
+      for (const auto& e : entries)
+        if (e.complete && e.step) best = &e;  // sorted by step: the last one wins
+      if (!best) fail(ErrorCode::kNotFound, listing(src, entries) + "; none is complete and numbered: give --tag NAME");
+      return best->path;
+    }
+  }
+  if (name.find('/') != std::string::npos || name == "." || name == "..")
+    fail_invalid("--tag '" + name + "' must name a checkpoint directly inside " + src);
+  for (const auto& e : entries)
+    if (e.name == name) {
+      if (!e.complete)
+        fail_data_loss(e.path + ": this checkpoint is incomplete (its save never wrote its metadata); " +
+                       "choose another with --tag");
+      return e.path;
+    }
+  fail(ErrorCode::kNotFound, "--tag " + name + ": no such checkpoint; " + listing(src, entries));
+}
+
+std::string describe_root(const std::string& dir, const std::vector<RootEntry>& entries) {
+  std::string out = dir + ": a folder of " + std::to_string(entries.size()) +
+                    " checkpoints (read one with --tag NAME or --tag latest)\n";
+  std::size_t width = 4;
+  for (const auto& e : entries) width = std::max(width, e.name.size());
+  for (const auto& e : entries) {
+    std::string line = "  " + e.name + std::string(width - e.name.size() + 2, ' ');
+    line += "step " + (e.step ? std::to_string(*e.step) : std::string("?")) + "  " + e.kind + "  world size " +
+            (e.world_size > 0 ? std::to_string(e.world_size) : std::string("?")) + "  " + human_bytes(e.bytes) + "  " +
+            (e.complete ? "complete" : "INCOMPLETE (no metadata)");
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,44 @@
+// Training output folders that hold many checkpoints ("checkpoint roots"):
+// torchtitan's `checkpoint/step-<N>/`, Accelerate's
+// `checkpoints/checkpoint_<N>/`, Lightning's `epoch=E-step=S.ckpt/`, or any
+// folder of DCP directories. (A DeepSpeed folder with `latest` and tag
+// directories is read by the ZeRO reader itself.)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+struct RootEntry {
+  std::string name;             // the subdirectory's name
+  std::string path;             // root/name
+  std::string kind;             // "dcp", "dcp-pair", "fsdp-ranks"
+  bool complete = false;        // its metadata is present (a save that finished)
+  std::optional<int64_t> step;  // the last number in its name
+  int world_size = -1;          // from its .distcp / rank file names, -1 when unknown
+  uint64_t bytes = 0;           // all files under it
+};
+
+// The checkpoints directly inside `dir`, ordered by step then name; empty
+// when `dir` is no folder or holds none.
+std::vector<RootEntry> list_checkpoints(const std::string& dir);
+
+// The checkpoint to read for SRC and --tag:
+// - SRC is itself a checkpoint (or a DeepSpeed folder, whose reader takes
+//   the tag): SRC;
+// - SRC holds checkpoints: the one --tag names; `--tag latest` is the one the
+//   file `latest` names when present, else the highest-numbered complete one;
+//   with no --tag, the only one, or InvalidArgument (exit 2) listing them;
+// - a --tag naming none of them: NotFound listing them.
+std::string resolve_checkpoint(const std::string& src, const std::string& tag);
+
+// True when SRC is a folder of checkpoints rather than one (inspect lists it).
+bool is_checkpoint_root(const std::string& src);
+
+// One line per entry: name, step, kind, world size, size, complete or not.
+std::string describe_root(const std::string& dir, const std::vector<RootEntry>& entries);
+
+}  // namespace ckpt
