@@ -150,3 +150,38 @@ def test_accelerate_folder_reshards_to_one_dcp_dir(tmp_path, run_ckptconv):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     dcp_to_torch_save(dst, tmp_path / "torch.pt")
     assert_same(load(tmp_path / "torch.pt"), accelerate_ref(1))
+
+
+def test_lightning_reshard_keeps_meta_pt(tmp_path, run_ckptconv):
+    dst = tmp_path / "epoch=0-step=2.ckpt"
+    run_ok(run_ckptconv, "reshard", LIT_CKPT, "-o", dst, "--world-size", "3")
+    assert (dst / "meta.pt").read_bytes() == (LIT_CKPT / "meta.pt").read_bytes()
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    dcp_to_torch_save(dst, tmp_path / "torch.pt")
+    got = load(tmp_path / "torch.pt")
+    got.update(load(dst / "meta.pt"))  # as Lightning's consolidate_checkpoint
+    assert_same(got, lightning_ref())
+
+
+def test_model_export_from_a_run_folder_in_safetensors_shards(tmp_path, run_ckptconv):
+    """The most common after-training job: the latest checkpoint's model, bf16,
+    safetensors shards with an index; every shard loads alone with
+    safetensors.torch.load_file, together exactly the model's state_dict()."""
+    from safetensors.torch import load_file
+    root = titan_root(tmp_path)
+    out = tmp_path / "export" / "model.safetensors"
+    out.parent.mkdir()
+    run_ok(run_ckptconv, "consolidate", root, "--tag", "latest", "--only", "model", "--dtype", "bf16",
+           "-o", out, "--max-shard-size", "200")
+    index = json.loads((out.parent / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1
+    got = {}
+    for shard in shards:
+        part = load_file(out.parent / shard)
+        assert not set(part) & set(got)
+        got.update(part)
+    want = torch.load(REPO / "testdata" / "titan" / "step-3.ref.pt", weights_only=False)["model"]
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == torch.bfloat16 and torch.equal(got[k], v.to(torch.bfloat16)), k

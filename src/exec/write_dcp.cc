@@ -1,6 +1,7 @@
 #include "exec/write_dcp.h"
 
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 
@@ -184,6 +185,12 @@ void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& sou
           append_tensor(entry_of(i), zip, options.copy);
         });
       });
+  for (const auto& file : options.side_files) {
+    std::error_code ec;
+    std::filesystem::path to = std::filesystem::path(writer.temp_dir()) / std::filesystem::path(file).filename();
+    std::filesystem::copy_file(file, to, ec);
+    if (ec) fail(ErrorCode::kOutputFailed, to.string() + ": cannot copy " + file + ": " + ec.message());
+  }
   writer.finish(out);
 }
 

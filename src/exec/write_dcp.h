@@ -20,6 +20,9 @@ struct DcpOutputOptions {
   std::string dir;
   bool force = false;
   CopyOptions copy;
+  // Files copied unchanged into the output directory under their own names
+  // (Lightning's meta.pt, which its loader reads beside the DCP items).
+  std::vector<std::string> side_files = {};
 };
 
 // `source` is the metadata the model was read from, or flattened_layout()

@@ -123,7 +123,12 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
   }
   check_output_size(report.bytes, req.output, req.common);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  write_dcp_reshard(model, source_md, plan, {req.output, req.common.force, copy});
+  // A DCP source's own side files go with its own layout (Lightning's meta.pt).
+  std::vector<std::string> side_files;
+  if (own_layout)
+    for (const auto& f : model.info.files)
+      if (fs::path(f).filename() == "meta.pt") side_files.push_back(f);
+  write_dcp_reshard(model, source_md, plan, {req.output, req.common.force, copy, side_files});
 }
 
 // ShardedTensor or DTensor values; a DTensor mesh like the source's (per-rank
