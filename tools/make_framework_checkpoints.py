@@ -178,6 +178,15 @@ def dataset():
     return torch.utils.data.TensorDataset(torch.randn(32, 2, generator=g))
 
 
+def save_live_references(case_dir, refs) -> None:
+    """references/<checkpoint>/{model,optim}_full.pt: the live full state dicts."""
+    for name, (msd, osd) in refs.items():
+        d = case_dir / "references" / name
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save(msd, d / "model_full.pt")
+        torch.save(osd, d / "optim_full.pt")
+
+
 def full_refs(model, optim):
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
@@ -278,11 +287,7 @@ def accelerate_job(rank: int, case_dir: Path, info: dict) -> None:
             refs[f"checkpoint_{step - 1}"] = full_refs(model, optim)
     acc.wait_for_everyone()
     if rank == 0:
-        for name, (msd, osd) in refs.items():
-            d = case_dir / "references" / name
-            d.mkdir(parents=True, exist_ok=True)
-            torch.save(msd, d / "model_full.pt")
-            torch.save(osd, d / "optim_full.pt")
+        save_live_references(case_dir, refs)
         info["calls"] = [
             "Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1, "
             "state_dict_type='SHARDED_STATE_DICT', auto_wrap_policy=ModuleWrapPolicy({Linear}), "
@@ -351,11 +356,7 @@ def lightning_job(rank: int, case_dir: Path, info: dict) -> None:
     module = Module()
     trainer.fit(module, loader)
     if rank == 0:
-        for name, (msd, osd) in refs.items():
-            d = case_dir / "references" / name
-            d.mkdir(parents=True, exist_ok=True)
-            torch.save(msd, d / "model_full.pt")
-            torch.save(osd, d / "optim_full.pt")
+        save_live_references(case_dir, refs)
         m = module.net  # the FSDP root (manual wrapping); trainer.strategy.model is the LightningModule
         info["calls"] = [
             "Trainer(accelerator='cpu', devices=2, strategy=FSDPStrategy(state_dict_type='sharded', "
