@@ -44,7 +44,7 @@ ErrorCode code_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("a root lists its checkpoints by step, incomplete ones marked", "[formats][root]") {
+TEST_CASE("a root lists its checkpoints by step with incomplete ones marked", "[formats][root]") {
   Root root;
   auto entries = list_checkpoints(root.path());
   REQUIRE(entries.size() == 3);
@@ -59,7 +59,7 @@ TEST_CASE("a root lists its checkpoints by step, incomplete ones marked", "[form
   CHECK_FALSE(is_checkpoint_root(root.path("step-20")));
 }
 
-TEST_CASE("--tag chooses a checkpoint; latest is the highest complete one or the file's", "[formats][root]") {
+TEST_CASE("a tag chooses a checkpoint and latest is the highest complete one or the one the file names", "[formats][root]") {
   Root root;
   CHECK(resolve_checkpoint(root.path(), "latest") == root.path("step-100"));
   CHECK(resolve_checkpoint(root.path(), "step-20") == root.path("step-20"));
