@@ -59,7 +59,8 @@ TEST_CASE("a root lists its checkpoints by step with incomplete ones marked", "[
   CHECK_FALSE(is_checkpoint_root(root.path("step-20")));
 }
 
-TEST_CASE("a tag chooses a checkpoint and latest is the highest complete one or the one the file names", "[formats][root]") {
+TEST_CASE("a tag chooses a checkpoint and latest is the highest complete one or the one the file names",
+          "[formats][root]") {
   Root root;
   CHECK(resolve_checkpoint(root.path(), "latest") == root.path("step-100"));
   CHECK(resolve_checkpoint(root.path(), "step-20") == root.path("step-20"));
