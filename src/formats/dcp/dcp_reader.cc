@@ -162,13 +162,14 @@ class DcpDirReader {
     ValuePtr entries = adopt(model, std::move(extra));
     if (!entries || !mapping_of(entries)->is(Kind::kDict) || !model.root->is(Kind::kDict))
       fail_data_loss(meta.string() + ": not a dict of entries to add to the checkpoint (as Lightning saves it)");
-    for (const auto& [key, value] : mapping_of(entries)->entries) {
+    for (const auto& entry : mapping_of(entries)->entries) {
+      const std::string name = path_component(*entry.first);
       auto same = std::find_if(model.root->entries.begin(), model.root->entries.end(),
-                               [&](const auto& e) { return path_component(*e.first) == path_component(*key); });
+                               [&](const auto& e) { return path_component(*e.first) == name; });
       if (same != model.root->entries.end())
-        same->second = value;
+        same->second = entry.second;
       else
-        model.root->entries.emplace_back(key, value);
+        model.root->entries.push_back(entry);
     }
     model.facts["meta_pt"] = "yes (Lightning: its entries are added to the top level)";
   }
