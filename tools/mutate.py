@@ -68,7 +68,7 @@ def make_source(family: str, work: Path, ckptconv: Path) -> Path:
         return dst
     if family == "hdf5":
         dst = work / "model.h5"
-        subprocess.run([str(ckptconv), "convert", str(SIMPLE_PT), "--only", "model", "-o", str(dst), "-q"], check=True)
+        subprocess.run([str(ckptconv), "convert", str(SIMPLE_PT), "--keys", r"^model\.", "-o", str(dst), "-q"], check=True)
         return dst
     raise SystemExit(f"unknown family {family}")
 
