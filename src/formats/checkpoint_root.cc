@@ -40,15 +40,6 @@ int distcp_world_size(const fs::path& dir) {
 
 bool holds_distcp(const fs::path& dir) { return distcp_world_size(dir) > 0; }
 
-uint64_t tree_bytes(const fs::path& dir) {
-  uint64_t total = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec))
-    if (it->is_regular_file(ec)) total += it->file_size(ec);
-  return total;
-}
-
 // One subdirectory as a root entry; nullopt when it is no checkpoint, not
 // even an unfinished one.
 std::optional<RootEntry> entry_of(const fs::path& dir) {
@@ -69,7 +60,6 @@ std::optional<RootEntry> entry_of(const fs::path& dir) {
   } else {
     return std::nullopt;
   }
-  e.bytes = tree_bytes(dir);
   return e;
 }
 
@@ -148,6 +138,15 @@ std::string resolve_checkpoint(const std::string& src, const std::string& tag) {
   fail(ErrorCode::kNotFound, "--tag " + name + ": no such checkpoint; " + listing(src, entries));
 }
 
+uint64_t directory_bytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  return total;
+}
+
 std::string describe_root(const std::string& dir, const std::vector<RootEntry>& entries) {
   std::string out = dir + ": a folder of " + std::to_string(entries.size()) +
                     " checkpoints (read one with --tag NAME or --tag latest)\n";
@@ -156,7 +155,8 @@ std::string describe_root(const std::string& dir, const std::vector<RootEntry>& 
   for (const auto& e : entries) {
     std::string line = "  " + e.name + std::string(width - e.name.size() + 2, ' ');
     line += "step " + (e.step ? std::to_string(*e.step) : std::string("?")) + "  " + e.kind + "  world size " +
-            (e.world_size > 0 ? std::to_string(e.world_size) : std::string("?")) + "  " + human_bytes(e.bytes) + "  " +
+            (e.world_size > 0 ? std::to_string(e.world_size) : std::string("?")) + "  " +
+            human_bytes(static_cast<double>(directory_bytes(e.path))) + "  " +
             (e.complete ? "complete" : "INCOMPLETE (no metadata)");
     out += line + "\n";
   }

@@ -19,7 +19,6 @@ struct RootEntry {
   bool complete = false;        // its metadata is present (a save that finished)
   std::optional<int64_t> step;  // the last number in its name
   int world_size = -1;          // from its .distcp / rank file names, -1 when unknown
-  uint64_t bytes = 0;           // all files under it
 };
 
 // The checkpoints directly inside `dir`, ordered by step then name; empty
@@ -37,6 +36,9 @@ std::string resolve_checkpoint(const std::string& src, const std::string& tag);
 
 // True when SRC is a folder of checkpoints rather than one (inspect lists it).
 bool is_checkpoint_root(const std::string& src);
+
+// The size of all files under `dir` (listing only: resolving never needs it).
+uint64_t directory_bytes(const std::string& dir);
 
 // One line per entry: name, step, kind, world size, size, complete or not.
 std::string describe_root(const std::string& dir, const std::vector<RootEntry>& entries);

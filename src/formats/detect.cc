@@ -148,18 +148,27 @@ void complete_info(CheckpointModel& model, const std::string& src, SourceKind ki
 
 }  // namespace
 
-SourceKind source_kind_of(const std::string& src, const ReadOptions& options) {
+namespace {
+
+// The kind of `src` once a folder of checkpoints is resolved to one.
+SourceKind kind_of_resolved(const std::string& src, const ReadOptions& options) {
   if (!options.files.empty()) return SourceKind::kFsdpRanks;
   if (src.empty()) fail_invalid("no checkpoint given: SRC or --files is required");
   check_not_one_rank_alone(src, options.one_rank_alone);
-  return detect_source(resolve_checkpoint(src, options.tag));
+  return detect_source(src);
+}
+
+}  // namespace
+
+SourceKind source_kind_of(const std::string& src, const ReadOptions& options) {
+  return kind_of_resolved(options.files.empty() ? resolve_checkpoint(src, options.tag) : src, options);
 }
 
 CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& options) {
-  SourceKind kind = source_kind_of(given, options);
-  // A folder of checkpoints: the one --tag chose.
+  // A folder of checkpoints: the one --tag chose, resolved once.
   const std::string src = options.files.empty() ? resolve_checkpoint(given, options.tag) : given;
   if (src != given) log::info("reading " + src + " (of the checkpoints in " + given + ")");
+  SourceKind kind = kind_of_resolved(src, options);
   CheckpointModel model = read_by_kind(src, kind, options);
   complete_info(model, src, kind);
   if (model.root) {

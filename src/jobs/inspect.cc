@@ -24,7 +24,7 @@ JobReport list_root(const InspectRequest& req, std::ostream& out) {
            {"step", e.step ? nlohmann::ordered_json(*e.step) : nlohmann::ordered_json()},
            {"format", e.kind},
            {"world_size", e.world_size > 0 ? nlohmann::ordered_json(e.world_size) : nlohmann::ordered_json()},
-           {"bytes", e.bytes},
+           {"bytes", directory_bytes(e.path)},
            {"complete", e.complete}});
     out << j.dump(2) << "\n";
   } else {

@@ -76,23 +76,11 @@ pickle::ValuePtr make_tensor_ref(std::size_t index) {
 
 void prune_unreferenced(const pickle::ValuePtr& root, std::vector<TensorEntry>& tensors, std::size_t first_index) {
   std::vector<pickle::Value*> refs;
-  std::unordered_set<const pickle::Value*> seen;
-  std::vector<pickle::Value*> stack{root.get()};
-  while (!stack.empty()) {
-    pickle::Value* v = stack.back();
-    stack.pop_back();
-    if (!v || !seen.insert(v).second) continue;
-    if (tensor_ref_index(*v)) {
-      refs.push_back(v);
-      continue;
-    }
-    for (auto& item : v->items) stack.push_back(item.get());
-    for (auto& [k, val] : v->entries) {
-      stack.push_back(k.get());
-      stack.push_back(val.get());
-    }
-    for (auto* p : {&v->callable, &v->args, &v->kwargs, &v->object, &v->state, &v->pid}) stack.push_back(p->get());
-  }
+  if (root)
+    pickle::find_node(*root, [&](pickle::Value& v) {
+      if (tensor_ref_index(v)) refs.push_back(&v);
+      return false;  // visit every node
+    });
   std::vector<TensorEntry> kept;
   std::unordered_map<std::size_t, std::size_t> renumber;
   std::sort(refs.begin(), refs.end(), [](const pickle::Value* a, const pickle::Value* b) {

@@ -239,13 +239,18 @@ ValuePtr with_bytes_io_objects(const ValuePtr& value) {
 }
 
 const Value* find_node(const Value& root, const std::function<bool(const Value&)>& match) {
+  // The walk only reads: the const_cast lets both forms share it.
+  return find_node(const_cast<Value&>(root), [&](Value& v) { return match(v); });
+}
+
+Value* find_node(Value& root, const std::function<bool(Value&)>& match) {
   std::unordered_set<const Value*> seen{&root};
-  std::vector<const Value*> todo{&root};
+  std::vector<Value*> todo{&root};
   auto push = [&](const ValuePtr& v) {
     if (v && seen.insert(v.get()).second) todo.push_back(v.get());
   };
   while (!todo.empty()) {
-    const Value* v = todo.back();
+    Value* v = todo.back();
     todo.pop_back();
     if (match(*v)) return v;
     for (const auto& item : v->items) push(item);

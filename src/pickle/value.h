@@ -119,6 +119,9 @@ ValuePtr with_bytes_io_objects(const ValuePtr& value);
 // items, keys, values, callables, arguments, states, persistent ids) for
 // which `match` is true, or null. Iterative and memoised by node, so a
 // shared or deep subtree costs its size once, whatever the pickle made.
+// The non-const form lets a caller that visits every node (match returning
+// false) change what it finds: the one walk of a tree, for both.
 const Value* find_node(const Value& root, const std::function<bool(const Value&)>& match);
+Value* find_node(Value& root, const std::function<bool(Value&)>& match);
 
 }  // namespace ckpt::pickle

@@ -427,11 +427,8 @@ CheckpointModel read_dcp_pair(const std::string& dir, ProblemSink* sink) {
     std::string inner = key.rfind("model", 0) == 0 ? "model" : "optimizer";
     for (auto& t : part.tensors)
       if (t.name.rfind(inner + ".", 0) == 0) t.name = key + t.name.substr(inner.size());
-    ValuePtr tree = entry_or_root(part.root, inner);
-    CheckpointModel holder;
-    holder.root = tree;
-    holder.tensors = std::move(part.tensors);
-    root->entries.emplace_back(Value::str(key), adopt(model, std::move(holder)));
+    part.root = entry_or_root(part.root, inner);
+    root->entries.emplace_back(Value::str(key), adopt(model, std::move(part)));
   }
   if (root->entries.empty()) fail(ErrorCode::kNotFound, dir + ": no pytorch_model_fsdp_<i>/ or optimizer_<i>/ inside");
   model.root = root;
