@@ -121,3 +121,16 @@ def test_validate_diff_and_hdf5(tmp_path, run_ckptconv):
     run_ok(run_ckptconv, "consolidate", SRC, "-o", tmp_path / "full.h5")
     with h5py.File(tmp_path / "full.h5", "r") as f:
         assert f["model/emb.weight"].shape == (10, 4)
+
+
+def test_validate_checks_the_flattened_optimizer(tmp_path, run_ckptconv):
+    """torchtitan's optimizer keys are flat (state.<fqn>.<name>,
+    param_groups.<fqn>.<key>): a checkpoint whose param_groups lost one
+    parameter is a problem naming it."""
+    cut = tmp_path / "cut.pt"
+    run_ok(run_ckptconv, "consolidate", SRC, "-o", cut, "--keys", r"^(?!optimizer\.param_groups\.scale\.)")
+    assert "param_groups.scale.lr" not in torch.load(cut, weights_only=True)["optimizer"]
+    r = run_ckptconv("validate", cut)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "'optimizer.state.scale.exp_avg' is for parameter 'scale', which no param_groups entry" in r.stdout
+    run_ok(run_ckptconv, "validate", SRC)

@@ -1,6 +1,7 @@
 #include "check/optimizer_checks.h"
 
 #include <map>
+#include <optional>
 #include <set>
 
 #include "model/tree_walk.h"
@@ -27,6 +28,28 @@ bool is_optimizer_dict(const Value& d) {
   const Value* state = as_dict(d.get("state"));
   auto groups = d.get("param_groups");
   return state && groups && groups->is(Kind::kList);
+}
+
+// get_optimizer_state_dict(..., flatten_optimizer_state_dict=True), as
+// torchtitan saves it: {"state.<fqn>.<name>": value, "param_groups.<fqn>.<key>": value}.
+bool is_flat_optimizer_dict(const Value& d) {
+  bool any_state = false;
+  for (const auto& [key, value] : d.entries) {
+    if (!key->is(Kind::kStr)) return false;
+    if (key->text.rfind("state.", 0) == 0)
+      any_state = true;
+    else if (key->text.rfind("param_groups.", 0) != 0)
+      return false;
+  }
+  return any_state;
+}
+
+// "<prefix><fqn>.<last>" -> {fqn, last}; nullopt without both parts.
+std::optional<std::pair<std::string, std::string>> split_flat_key(const std::string& key, const std::string& prefix) {
+  if (key.rfind(prefix, 0) != 0) return std::nullopt;
+  std::size_t dot = key.rfind('.');
+  if (dot == std::string::npos || dot <= prefix.size()) return std::nullopt;
+  return std::make_pair(key.substr(prefix.size(), dot - prefix.size()), key.substr(dot + 1));
 }
 
 // A model tensor by FQN: a flat key ("fc1.weight"), or nested dicts.
@@ -80,24 +103,55 @@ class OptimizerChecker {
         continue;
       }
       if (!params_model || !key->is(Kind::kStr)) continue;
-      auto param = find_param(*params_model, name);
-      const Value* entries = as_dict(per_param);
-      if (!param || !entries) continue;
-      const TensorEntry& p = model_.tensors.at(*param);
-      for (const auto& [skey, svalue] : entries->entries) {
-        auto idx = tensor_ref_index(*svalue);
-        std::string sname = path_component(*skey);
-        if (!idx || kFactoredState.count(sname)) continue;
-        const TensorEntry& s = model_.tensors.at(*idx);
-        if (s.shape.empty() || s.shape == p.shape) continue;  // 0-dim: step counters
-        problem(join_path(where, sname), "optimizer state '" + join_path(where, sname) + "' has shape " +
-                                             shape_str(s.shape) + ", its parameter '" + name + "' has shape " +
-                                             shape_str(p.shape));
+      if (const Value* entries = as_dict(per_param))
+        for (const auto& [skey, svalue] : entries->entries)
+          check_shape(join_path(where, path_component(*skey)), name, path_component(*skey), *svalue, *params_model);
+    }
+  }
+
+  // The flattened form: every state entry's parameter has param_groups
+  // entries, every parameter those name is a model tensor, and per-element
+  // state has its parameter's shape.
+  void check_flat(const Value& optim, const std::string& path, const Value* params_model) {
+    std::set<std::string> grouped;
+    for (const auto& [key, value] : optim.entries)
+      if (auto parts = split_flat_key(key->text, "param_groups.")) grouped.insert(parts->first);
+    for (const std::string& name : grouped)
+      if (params_model && !find_param(*params_model, name))
+        problem(join_path(path, "param_groups." + name), "'" + join_path(path, "param_groups." + name) +
+                                                             "' is for parameter '" + name +
+                                                             "', which the model does not hold");
+    std::set<std::string> reported;
+    for (const auto& [key, value] : optim.entries) {
+      auto parts = split_flat_key(key->text, "state.");
+      if (!parts) continue;
+      const auto& [name, sname] = *parts;
+      std::string where = join_path(path, key->text);
+      if (!grouped.count(name)) {
+        if (reported.insert(name).second)
+          problem(where, "optimizer state '" + where + "' is for parameter '" + name +
+                             "', which no param_groups entry of '" + path + "' names");
+        continue;
       }
+      if (params_model) check_shape(where, name, sname, *value, *params_model);
     }
   }
 
  private:
+  // A per-element state tensor has its parameter's shape (0-dim: step
+  // counters; Adafactor's factored moments excepted).
+  void check_shape(const std::string& where, const std::string& name, const std::string& state_name, const Value& state,
+                   const Value& params_model) {
+    auto idx = tensor_ref_index(state);
+    auto param = find_param(params_model, name);
+    if (!idx || !param || kFactoredState.count(state_name)) return;
+    const TensorEntry& s = model_.tensors.at(*idx);
+    const TensorEntry& p = model_.tensors.at(*param);
+    if (s.shape.empty() || s.shape == p.shape) return;
+    problem(where, "optimizer state '" + where + "' has shape " + shape_str(s.shape) + ", its parameter '" + name +
+                       "' has shape " + shape_str(p.shape));
+  }
+
   void problem(const std::string& key, std::string message) {
     sink_.report(Problem{ErrorCode::kDataLoss, std::move(message), "", -1, key});
   }
@@ -123,8 +177,13 @@ int check_optimizer_state(const CheckpointModel& model, bool complete, ProblemSi
   int found = 0;
   for (const auto& [key, value] : root->entries) {
     const Value* d = as_dict(value);
-    if (!d || !is_optimizer_dict(*d)) continue;
-    checker.check(*d, path_component(*key), params_model);
+    if (!d) continue;
+    if (is_optimizer_dict(*d))
+      checker.check(*d, path_component(*key), params_model);
+    else if (is_flat_optimizer_dict(*d))
+      checker.check_flat(*d, path_component(*key), params_model);
+    else
+      continue;
     ++found;
   }
   return found;

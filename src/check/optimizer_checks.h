@@ -13,7 +13,8 @@ namespace ckpt::check {
 
 // An optimizer state dict is a dict with a "state" dict and a
 // "param_groups" list of dicts holding "params"; found at the root or under
-// a top-level key ("optim", "optimizer", ...). Reports into `sink`; returns
+// a top-level key ("optim", "optimizer", ...), or the flattened form
+// torchtitan saves (keys "state.<fqn>.<name>", "param_groups.<fqn>.<key>"). Reports into `sink`; returns
 // how many optimizer state dicts were checked. `complete`: the model was read
 // without problems; when false, a group without its "params" (an item that
 // could not be read) is not reported again and its optimizer is not matched.

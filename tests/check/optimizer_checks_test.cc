@@ -81,3 +81,35 @@ TEST_CASE("a group without params is a problem of a complete model, and stops th
   CHECK(complete.problems()[0].message == "'optim.param_groups.0.params' is missing or not a list of parameters");
   CHECK(partial.problems().empty());
 }
+
+TEST_CASE("the flattened optimizer form (torchtitan) is checked the same way", "[check]") {
+  Fixture f;
+  ValuePtr m = Value::dict({{Value::str("fc.weight"), f.tensor({4, 2})}, {Value::str("fc.bias"), f.tensor({4})}});
+  auto flat = [&](Shape weight_state, const char* extra_state, const char* extra_group) {
+    std::vector<std::pair<ValuePtr, ValuePtr>> e = {{Value::str("state.fc.weight.exp_avg"), f.tensor(weight_state)},
+                                                    {Value::str("state.fc.weight.step"), f.tensor({})},
+                                                    {Value::str("state.fc.bias.exp_avg"), f.tensor({4})},
+                                                    {Value::str("param_groups.fc.weight.lr"), Value::floating(0.1)},
+                                                    {Value::str("param_groups.fc.bias.lr"), Value::floating(0.1)}};
+    if (extra_state) e.emplace_back(Value::str(extra_state), f.tensor({1}));
+    if (extra_group) e.emplace_back(Value::str(extra_group), Value::floating(0.1));
+    f.model.root = Value::dict({{Value::str("model"), m}, {Value::str("optimizer"), Value::dict(e)}});
+  };
+  flat({4, 2}, nullptr, nullptr);
+  ProblemSink ok;
+  CHECK(check::check_optimizer_state(f.model, true, ok) == 1);
+  CHECK(ok.problems().empty());
+
+  flat({2, 4}, "state.ghost.exp_avg", "param_groups.nope.lr");
+  ProblemSink sink;
+  CHECK(check::check_optimizer_state(f.model, true, sink) == 1);
+  auto msgs = messages(sink);
+  REQUIRE(msgs.size() == 3);
+  CHECK(msgs[0] == "'optimizer.param_groups.nope' is for parameter 'nope', which the model does not hold");
+  CHECK(msgs[1] ==
+        "optimizer state 'optimizer.state.fc.weight.exp_avg' has shape (2, 4), its parameter 'fc.weight' has shape "
+        "(4, 2)");
+  CHECK(msgs[2] ==
+        "optimizer state 'optimizer.state.ghost.exp_avg' is for parameter 'ghost', which no "
+        "param_groups entry of 'optimizer' names");
+}
