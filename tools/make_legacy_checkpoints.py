@@ -68,12 +68,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_checkpoints import (GROUP0, GROUP1, STEPS, batch, fresh_model,  # noqa: E402
-                              free_port)
+from make_checkpoints import GROUP0, GROUP1, STEPS, batch, fresh_model  # noqa: E402
+from make_checkpoints import spawn as mc_spawn  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 WS = 2
@@ -113,23 +112,18 @@ def train(model, optim, rank):
         optim.step()
 
 
-def _entry(rank, ws, port, cwd, fn, args):
+def _in_dir(rank, ws, cwd, fn, *args):
+    """Runs `fn` from `cwd`: checkpoint paths are relative, so no absolute
+    path of this machine ends up in .metadata."""
     import warnings
-    warnings.filterwarnings("ignore")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.chdir(cwd)  # checkpoint paths are relative: no absolute path of this machine in .metadata
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
-    try:
-        fn(rank, ws, *args)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    warnings.filterwarnings("ignore")  # old torch's deprecation notices, per rank
+    os.chdir(cwd)
+    fn(rank, ws, *args)
 
 
 def spawn(ws, cwd, fn, *args):
-    mp.spawn(_entry, args=(ws, free_port(), str(cwd), fn, args), nprocs=ws, join=True)
+    """make_checkpoints.spawn (gloo on 127.0.0.1, one thread per rank) from `cwd`."""
+    mc_spawn(ws, _in_dir, str(cwd), fn, *args)
 
 
 def assert_same(a, b, where, key_order=True):
