@@ -51,16 +51,15 @@ def test_install_layout(moved_prefix):
     assert (moved_prefix / "share" / "man" / "man1" / "ckptconv.1").is_file()
 
 
-def test_moved_prefix_runs_a_bf16_consolidate(moved_prefix, tmp_path, testdata, run_ckptconv):
-    src = testdata / "dcp" / "fsdp2_adamw_ws2"
-    out = tmp_path / "bf16.safetensors"
+def test_moved_prefix_runs_a_cast_through_libtorch(moved_prefix, tmp_path, testdata):
+    """float8 -> bfloat16 is the one kind of cast ckptconv leaves to LibTorch
+    (the others are native), so this run loads LibTorch from the moved prefix."""
+    src = testdata / "pt" / "dtypes.pt"
+    out = tmp_path / "bf16.pt"
     r = _run(moved_prefix / "bin" / "ckptconv", "consolidate", src, "--dtype", "bf16", "-o", out)
     assert r.returncode == 0, r.stderr
-    ref = tmp_path / "ref.pt"
-    assert run_ckptconv("consolidate", src, "-o", ref).returncode == 0
-    from safetensors.torch import load_file
-    got = load_file(out)
-    want = torch.load(ref, weights_only=True)
+    got = _flat_dict(torch.load(out, weights_only=True))
+    want = torch.load(src, weights_only=True)
 
     def flat(d, prefix=""):
         for k, v in d.items():
@@ -72,8 +71,18 @@ def test_moved_prefix_runs_a_bf16_consolidate(moved_prefix, tmp_path, testdata, 
     for name, t in flat(want):
         expect = t.to(torch.bfloat16) if t.is_floating_point() else t
         assert torch.equal(got[name], expect), name
-        casts += t.dtype == torch.float32
-    assert casts > 0
+        casts += t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    assert casts == 2
+
+
+def _flat_dict(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat_dict(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def test_version_says_where_libtorch_was_found(moved_prefix):
@@ -101,11 +110,13 @@ def test_binary_without_its_plugin_is_an_installation_problem(ckptconv, tmp_path
     lone.parent.mkdir()
     shutil.copy(ckptconv, lone)
     out = tmp_path / "o.pt"
-    r = _run(lone, "consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "--dtype", "bf16", "-o", out)
+    r = _run(lone, "consolidate", testdata / "pt" / "dtypes.pt", "--dtype", "bf16", "-o", out)  # float8: LibTorch
     assert r.returncode == 5, r.stderr
     assert "installation problem: the LibTorch plugin libckpt_torch.so is missing" in r.stderr
     assert f"{lone.parent}/../lib/ckptconv/libckpt_torch.so" in r.stderr and "cmake --install" in r.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == [lone.parent]
-    # what needs no LibTorch still works
+    # what needs no LibTorch still works, native casts included
     r = _run(lone, "consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", out)
+    assert r.returncode == 0, r.stderr
+    r = _run(lone, "consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "--dtype", "bf16", "-o", tmp_path / "b.pt")
     assert r.returncode == 0, r.stderr

@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "core/cast_rules.h"
 #include "core/dtype.h"
-#include "cuda/cast_rules.h"
 #include "torch_plugin/torch_cast.h"
 
 namespace ckpt::cuda {

@@ -22,6 +22,7 @@
 #include <string>
 #include <utility>
 
+#include "core/float_cast.h"
 #include "core/parallel_ranges.h"
 #include "cuda/cast_probe.h"
 #include "cuda/cuda_api.h"
@@ -31,6 +32,20 @@
 
 namespace ckpt::cuda {
 namespace {
+
+// The host's cast, the CPU backend's own: native for the pairs float_cast.h
+// covers (so NaN elements come out as the CPU backend writes them), else
+// LibTorch. Null, or the error.
+const char* host_cast(const void* src, int from, void* dst, int to, std::size_t n, int threads) {
+  DType f = static_cast<DType>(from), t = static_cast<DType>(to);
+  if (!has_native_cast(f, t)) return torch_cast(src, from, dst, to, n, threads);
+  std::size_t in = torch_element_size(from), out = torch_element_size(to);
+  for_each_range(static_cast<int64_t>(n), useful_threads(n * in, threads), [&](int, int64_t a, int64_t b) {
+    native_cast(static_cast<const std::byte*>(src) + static_cast<std::size_t>(a) * in, f,
+                static_cast<std::byte*>(dst) + static_cast<std::size_t>(a) * out, t, static_cast<std::size_t>(b - a));
+  });
+  return nullptr;
+}
 
 // Three lanes: one being gathered by the host, one in flight on the device,
 // one draining its output back; more only adds memory.
@@ -151,7 +166,7 @@ void Engine::finish(Lane& lane, int from, int to, CkptSlabResult& result) {
   result.nan += lane.host_counts->out_nan;
   result.inf += lane.host_counts->out_inf;
   if (lane.fix_nan && lane.host_counts->in_nan > 0)
-    if (const char* err = torch_cast(lane.host_in.data(), from, lane.out, to, lane.n, host_threads_))
+    if (const char* err = host_cast(lane.host_in.data(), from, lane.out, to, lane.n, host_threads_))
       throw std::runtime_error(std::string("host cast of a piece with NaN: ") + err);
 }
 
@@ -200,7 +215,7 @@ void Engine::assemble(const CkptSlabJob& job, CkptSlabResult& result) {
 }
 
 // Nothing for the device (a cast without a kernel, no scan): gather, and
-// cast with LibTorch, on the host.
+// cast, on the host.
 void Engine::assemble_on_host(const CkptSlabJob& job, std::byte* out) {
   if (job.in_dtype == job.out_dtype) {
     gather(job, 0, job.rows, out);
@@ -209,7 +224,7 @@ void Engine::assemble_on_host(const CkptSlabJob& job, std::byte* out) {
   std::size_t n = static_cast<std::size_t>(job.rows) * job.row_elems;
   lanes_[0].host_in.reserve(n * torch_element_size(job.in_dtype));
   gather(job, 0, job.rows, lanes_[0].host_in.data());
-  if (const char* err = torch_cast(lanes_[0].host_in.data(), job.in_dtype, out, job.out_dtype, n, host_threads_))
+  if (const char* err = host_cast(lanes_[0].host_in.data(), job.in_dtype, out, job.out_dtype, n, host_threads_))
     throw std::runtime_error(err);
 }
 
@@ -231,7 +246,7 @@ void Engine::submit_piece(Lane& lane, const CkptSlabJob& job, const SlabPlan& pl
     if (plan.device_cast) {
       host_src = lane.host_in.data();
       dev_bytes = n * plan.in_size;
-    } else if (const char* err = torch_cast(lane.host_in.data(), job.in_dtype, out, job.out_dtype, n, host_threads_)) {
+    } else if (const char* err = host_cast(lane.host_in.data(), job.in_dtype, out, job.out_dtype, n, host_threads_)) {
       throw std::runtime_error(err);
     }
   } else {

@@ -1,12 +1,12 @@
 // The CUDA backend's kernels: fused cast + NaN/Inf count, and the count
 // alone, with the bit rules of exec/finite_scan.cc and the conversions of
-// cuda/cast_rules.h. Each thread walks the range with a grid stride and
+// core/cast_rules.h. Each thread walks the range with a grid stride and
 // keeps its counts in registers; a warp adds them up with shuffles and one
 // lane per warp adds them to the piece's counters.
 #include "cuda/kernels.h"
 
+#include "core/cast_rules.h"
 #include "core/dtype.h"
-#include "cuda/cast_rules.h"
 
 namespace ckpt::cuda {
 namespace {

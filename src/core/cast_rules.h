@@ -1,17 +1,16 @@
-// Float conversions as bit arithmetic, compiled both for the device kernels
-// and for the host, so that the CUDA backend can check at start-up that they
-// equal what this host's LibTorch CPU kernels produce (cuda_backend.cc).
+// Float conversions as bit arithmetic, exactly as torch's CPU kernels round
+// them, compiled both for the host (core/float_cast.cc, the CPU backend's
+// casts) and for the CUDA backend's device kernels.
 //
-// Why not LibTorch's CUDA casts (Tensor.to on a CUDA tensor)? They round the
-// same way for numbers, but not for NaN: CUDA's __float2bfloat16 (PTX
-// cvt.rn.bf16.f32) writes the canonical NaN 0x7FFF, while LibTorch's CPU
-// kernels write 0xFFFF (AVX2/AVX-512 paths) or 0x7FC0 (scalar path), and
-// float->half keeps the payload on the CPU (F16C) but not on the device. The
-// CPU backend is the reference, so NaN elements are never converted here:
-// the backend counts NaN inputs in every piece and casts a piece that has
-// any on the host with LibTorch's CPU kernel, the very one the CPU backend
-// calls. Non-NaN values follow IEEE round-to-nearest-even, which every CPU
-// path agrees on.
+// Non-NaN values follow IEEE round-to-nearest-even, which every torch path
+// agrees on. NaN is where torch's own kernels differ from one another, and
+// from CUDA's intrinsics: float->bfloat16 writes 0xFFFF in LibTorch's
+// vectorised x86 kernels (AVX2, AVX-512), 0x7FC0 in its scalar ones and the
+// canonical 0x7FFF on a device (PTX cvt.rn.bf16.f32); float->half keeps the
+// payload on the CPU (F16C) but not on the device. So the NaN result of each
+// pair is chosen where the pair is cast (float_cast.cc, per torch kernel),
+// and the device never converts a NaN: the CUDA backend counts NaN inputs in
+// every piece and casts a piece that has any on the host.
 #pragma once
 
 #include <cstdint>
@@ -22,19 +21,24 @@
 #define CKPT_HD inline
 #endif
 
-namespace ckpt::cuda {
+namespace ckpt {
 
 CKPT_HD bool f32_is_nan(uint32_t u) { return (u & 0x7FFFFFFFu) > 0x7F800000u; }
 CKPT_HD bool f16_is_nan(uint16_t h) { return (h & 0x7FFFu) > 0x7C00u; }
 CKPT_HD bool bf16_is_nan(uint16_t b) { return (b & 0x7FFFu) > 0x7F80u; }
 
-// float32 -> bfloat16, round to nearest even (c10::detail::round_to_nearest_even).
-CKPT_HD uint16_t f32_to_bf16(uint32_t u) {
-  if (f32_is_nan(u)) return 0x7FC0u;  // never kept: NaN pieces are cast on the host
+// float32 -> bfloat16, round to nearest even (c10::detail::round_to_nearest_even),
+// for a u that is not NaN.
+CKPT_HD uint16_t f32_to_bf16_number(uint32_t u) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// float32 -> float16, round to nearest even, overflow to Inf, subnormals exact.
+// The same with NaN as c10's scalar kernel writes it (the device's result for a
+// NaN is never kept: NaN pieces are cast on the host).
+CKPT_HD uint16_t f32_to_bf16(uint32_t u) { return f32_is_nan(u) ? uint16_t{0x7FC0u} : f32_to_bf16_number(u); }
+
+// float32 -> float16, round to nearest even, overflow to Inf, subnormals
+// exact; a NaN keeps the top of its payload and becomes quiet (F16C's vcvtps2ph).
 CKPT_HD uint16_t f32_to_f16(uint32_t u) {
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7FFFFFFFu;
@@ -60,11 +64,12 @@ CKPT_HD uint16_t f32_to_f16(uint32_t u) {
 // bfloat16 -> float32: exact.
 CKPT_HD uint32_t bf16_to_f32(uint16_t b) { return static_cast<uint32_t>(b) << 16; }
 
-// float16 -> float32: exact (NaN payloads are the host's business, as above).
+// float16 -> float32: exact; a NaN keeps its payload and becomes quiet, as
+// F16C's vcvtph2ps (LibTorch's CPU kernel) makes it.
 CKPT_HD uint32_t f16_to_f32(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  if (e == 0x1Fu) return sign | 0x7F800000u | (m << 13);
+  if (e == 0x1Fu) return sign | 0x7F800000u | (m << 13) | (m ? 0x400000u : 0u);
   if (e == 0) {
     if (m == 0) return sign;
     // m * 2^-24, normalised: k shifts put the leading one at bit 10, giving
@@ -79,4 +84,4 @@ CKPT_HD uint32_t f16_to_f32(uint16_t h) {
   return sign | ((e + 112u) << 23) | (m << 13);
 }
 
-}  // namespace ckpt::cuda
+}  // namespace ckpt
