@@ -244,8 +244,24 @@ namespace {
 void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions& options) {
   with_context("tensor '" + t.name + "'", [&] {
     auto chunks = nonempty_chunks(t);
-    if (options.verify)
-      for (const TensorChunk* c : chunks) options.verify->verify(*c, t.name);
+    // The CRC check of the tensor's records runs beside its copy, on a
+    // thread of its own reading the same bytes from the page cache: the
+    // copy moves bytes in the kernel (copy_file_range) or on the backend's
+    // threads while the check sums them, so it costs little wall time (it
+    // was a pass of its own before each tensor: 1.57x a consolidate's time,
+    // 2.9x with --dtype bf16). A mismatch fails the tensor before its
+    // append returns, so before any output is published. Small tensors are
+    // checked in line: a thread would cost more than the overlap saves.
+    std::future<void> checking;
+    if (options.verify) {
+      auto check = [&t, &chunks, verifier = options.verify.get()] {
+        for (const TensorChunk* c : chunks) verifier->verify(*c, t.name);
+      };
+      if (options.verify->unchecked_bytes(chunks) >= kMinOverlapBytes)
+        checking = std::async(std::launch::async, check);
+      else
+        check();
+    }
     if (t.numel() == 0) {
       if (options.on_finite) options.on_finite(t, FiniteCounts{});
       return;
@@ -265,6 +281,7 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
       FiniteCounts finite = append_slabs_assembled(t, chunks, out, options, *backend, scan);
       if (scan) options.on_finite(t, finite);
     }
+    if (checking.valid()) checking.get();  // rethrows a mismatch
     // Bytes read through a mapping count in our RSS until released; one
     // tensor's sources at a time keeps peak memory independent of the
     // checkpoint's size.
@@ -288,6 +305,14 @@ void read_at(const FileSpan& span, const std::string& file, std::byte* out, std:
 }
 
 }  // namespace
+
+uint64_t RecordVerifier::unchecked_bytes(const std::vector<const TensorChunk*>& chunks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t n = 0;
+  for (const TensorChunk* c : chunks)
+    if (c->storage_crc && c->storage && !checked_.count(c->storage.get())) n += c->storage->size();
+  return n;
+}
 
 void RecordVerifier::verify(const TensorChunk& c, const std::string& tensor) {
   if (!c.storage_crc || !c.storage) return;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_set>
+#include <vector>
 
 #include "archive/zip_writer.h"
 #include "exec/backend.h"
@@ -29,6 +30,8 @@ class RecordVerifier {
   // DataLoss naming the file, rank and tensor when a record `c` reads from
   // does not match its recorded CRC-32. Thread-safe.
   void verify(const TensorChunk& c, const std::string& tensor);
+  // Bytes of the records these chunks read from that are not checked yet.
+  uint64_t unchecked_bytes(const std::vector<const TensorChunk*>& chunks);
 
  private:
   std::mutex mutex_;
