@@ -59,8 +59,6 @@ constexpr std::size_t kMaxEocdSearch = kEocdSize + kMaxCommentSize;  // 65557
 // miniz (torch's zip library) refuses central directories this big; so do we,
 // before reading one into memory.
 constexpr uint64_t kMaxCentralDirectorySize = 0xffffffff;
-constexpr std::size_t kVerifyBufferSize = std::size_t{4} << 20;
-constexpr std::size_t kVerifyMappedSlice = std::size_t{64} << 20;
 
 // An untrusted name, quoted, with bytes outside printable ASCII escaped.
 std::string quoted(std::string_view name) {
@@ -434,65 +432,12 @@ std::string ZipReader::read(const ZipEntry& entry) const {
   return bytes->read_string(0, static_cast<std::size_t>(entry.size));
 }
 
-namespace {
-uint32_t mapped_crc32(const ByteSource& bytes, const std::byte* data, uint64_t size);
-}  // namespace
-
 void ZipReader::verify_crc(const ZipEntry& entry) const {
-  SourcePtr bytes = open(entry);
-  uint32_t crc = 0;
-  if (const std::byte* data = bytes->data()) {
-    crc = mapped_crc32(*bytes, data, entry.size);
-  } else {
-    std::string buffer(static_cast<std::size_t>(std::min<uint64_t>(entry.size, kVerifyBufferSize)), '\0');
-    for (uint64_t pos = 0; pos < entry.size;) {
-      const auto n = static_cast<std::size_t>(std::min<uint64_t>(entry.size - pos, buffer.size()));
-      bytes->read(pos, buffer.data(), n);
-      crc = crc32_update(crc, buffer.data(), n);
-      pos += n;
-    }
-  }
+  uint32_t crc = crc32_of(*open(entry), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   if (crc != entry.crc32)
     fail_entry(ErrorCode::kDataLoss, *source_, entry.name,
                "CRC-32 mismatch (directory says " + hex32(entry.crc32) + ", data has " + hex32(crc) + ")");
 }
-
-namespace {
-
-// CRC-32 of mapped bytes, slice by slice, each slice dropped from the
-// resident set once summed (verifying a big record must not grow RSS with its
-// size). A big record is split among the hardware threads, each summing its
-// part, the parts joined with crc32_combine: zlib's CRC runs at 1-2 GB/s on
-// one core, below what the page cache delivers.
-uint32_t mapped_crc32(const ByteSource& bytes, const std::byte* data, uint64_t size) {
-  auto sum = [&](uint64_t begin, uint64_t end) {
-    uint32_t crc = 0;
-    for (uint64_t pos = begin; pos < end;) {
-      const auto n = static_cast<std::size_t>(std::min<uint64_t>(end - pos, kVerifyMappedSlice));
-      crc = crc32_update(crc, data + pos, n);
-      bytes.release(pos, n);
-      pos += n;
-    }
-    return crc;
-  };
-  uint64_t parts = std::min<uint64_t>(std::max(1u, std::thread::hardware_concurrency()), size / kVerifyMappedSlice);
-  if (parts <= 1) return sum(0, size);
-  uint64_t per = (size + parts - 1) / parts;
-  std::vector<uint32_t> crcs(parts);
-  std::vector<std::thread> workers;
-  for (uint64_t p = 1; p < parts; ++p)
-    workers.emplace_back([&, p] { crcs[p] = sum(std::min(size, p * per), std::min(size, (p + 1) * per)); });
-  crcs[0] = sum(0, std::min(size, per));
-  for (auto& w : workers) w.join();
-  uint32_t crc = crcs[0];
-  for (uint64_t p = 1; p < parts; ++p) {
-    uint64_t begin = std::min(size, p * per), end = std::min(size, (p + 1) * per);
-    crc = crc32_combine(crc, crcs[p], end - begin);
-  }
-  return crc;
-}
-
-}  // namespace
 
 bool looks_like_zip(const ByteSource& source) {
   if (source.size() < 4) return false;
