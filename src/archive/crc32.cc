@@ -41,13 +41,13 @@ uint32_t zlib_crc32(uint32_t crc, const Bytef* bytes, std::size_t n) {
 }
 
 #if defined(__x86_64__)
+__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_finish(__m128i x1, __m128i x2, __m128i x3, __m128i x4,
+                                                               const unsigned char* buf, size_t len);
+
 // Folds len bytes (len >= 64, a multiple of 16) into the CRC register value
 // `crc` (the inverted CRC, as zlib keeps it internally).
 __attribute__((target("pclmul,sse4.1"))) uint32_t crc32_fold(uint32_t crc, const unsigned char* buf, size_t len) {
   alignas(16) static const uint64_t k1k2[2] = {0x0154442bd4, 0x01c6e41596};
-  alignas(16) static const uint64_t k3k4[2] = {0x01751997d0, 0x00ccaa009e};
-  alignas(16) static const uint64_t k5k0[2] = {0x0163cd6124, 0x0000000000};
-  alignas(16) static const uint64_t poly[2] = {0x01db710641, 0x01f7011641};
   __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
   x1 = _mm_loadu_si128((const __m128i*)(buf + 0x00));
   x2 = _mm_loadu_si128((const __m128i*)(buf + 0x10));
@@ -77,6 +77,17 @@ __attribute__((target("pclmul,sse4.1"))) uint32_t crc32_fold(uint32_t crc, const
     buf += 64;
     len -= 64;
   }
+  return crc32_finish(x1, x2, x3, x4, buf, len);
+}
+
+// Folds 64 bytes held in x1..x4 (consecutive 16-byte lanes) and then the
+// rest of buf (len bytes, a multiple of 16) down to the CRC register.
+__attribute__((target("pclmul,sse4.1"))) uint32_t crc32_finish(__m128i x1, __m128i x2, __m128i x3, __m128i x4,
+                                                               const unsigned char* buf, size_t len) {
+  alignas(16) static const uint64_t k3k4[2] = {0x01751997d0, 0x00ccaa009e};
+  alignas(16) static const uint64_t k5k0[2] = {0x0163cd6124, 0x0000000000};
+  alignas(16) static const uint64_t poly[2] = {0x01db710641, 0x01f7011641};
+  __m128i x0, x5;
   x0 = _mm_load_si128((const __m128i*)k3k4);
   x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
   x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
@@ -117,6 +128,59 @@ bool have_pclmul() {
   static const bool yes = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
   return yes;
 }
+
+// The same folding on 512-bit registers (VPCLMULQDQ): four of them, 256
+// bytes per step, each 128-bit lane folded as above, with the constants for
+// a 2048-bit distance (x^(2048+32) and x^(2048-32) mod P, bit-reflected and
+// shifted as k1 and k2 are for 512 bits); then the four fold into one
+// (512-bit distance: k1, k2), and its four lanes are the x1..x4 the 128-bit
+// code finishes. About 3x the 128-bit loop, which ran at ~6 GB/s per core,
+// below what the page cache delivers to validate.
+#define CKPT_TARGET_512 __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.1")))
+
+// x folded over the distance k is for, xor'ed with the next block.
+CKPT_TARGET_512 inline __m512i fold(__m512i x, __m512i k, __m512i next) {
+  __m512i lo = _mm512_clmulepi64_epi128(x, k, 0x00);
+  __m512i hi = _mm512_clmulepi64_epi128(x, k, 0x11);
+  return _mm512_ternarylogic_epi64(lo, hi, next, 0x96);  // lo ^ hi ^ next
+}
+
+CKPT_TARGET_512 uint32_t crc32_fold_512(uint32_t crc, const unsigned char* buf, size_t len) {
+  const __m512i k2048 = _mm512_set_epi64(0x01322d1430, 0x011542778a, 0x01322d1430, 0x011542778a, 0x01322d1430,
+                                         0x011542778a, 0x01322d1430, 0x011542778a);
+  const __m512i k512 = _mm512_set_epi64(0x01c6e41596, 0x0154442bd4, 0x01c6e41596, 0x0154442bd4, 0x01c6e41596,
+                                        0x0154442bd4, 0x01c6e41596, 0x0154442bd4);
+  __m512i x1 = _mm512_loadu_si512(buf), x2 = _mm512_loadu_si512(buf + 64);
+  __m512i x3 = _mm512_loadu_si512(buf + 128), x4 = _mm512_loadu_si512(buf + 192);
+  x1 = _mm512_xor_si512(x1, _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
+  buf += 256;
+  len -= 256;
+  while (len >= 256) {
+    x1 = fold(x1, k2048, _mm512_loadu_si512(buf));
+    x2 = fold(x2, k2048, _mm512_loadu_si512(buf + 64));
+    x3 = fold(x3, k2048, _mm512_loadu_si512(buf + 128));
+    x4 = fold(x4, k2048, _mm512_loadu_si512(buf + 192));
+    buf += 256;
+    len -= 256;
+  }
+  x1 = fold(x1, k512, x2);
+  x1 = fold(x1, k512, x3);
+  x1 = fold(x1, k512, x4);
+  while (len >= 64) {
+    x1 = fold(x1, k512, _mm512_loadu_si512(buf));
+    buf += 64;
+    len -= 64;
+  }
+  alignas(64) __m128i lanes[4];
+  _mm512_store_si512(lanes, x1);
+  return crc32_finish(lanes[0], lanes[1], lanes[2], lanes[3], buf, len);
+}
+
+bool have_vpclmul() {
+  static const bool yes = have_pclmul() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("vpclmulqdq");
+  return yes;
+}
 #endif
 
 }  // namespace
@@ -126,7 +190,12 @@ static_assert(sizeof(z_off_t) == 8, "crc32_combine needs 64-bit lengths");
 uint32_t crc32_update(uint32_t crc, const void* data, std::size_t n) {
   const auto* bytes = static_cast<const Bytef*>(data);
 #if defined(__x86_64__)
-  if (n >= 64 && have_pclmul()) {
+  if (n >= 256 && have_vpclmul()) {
+    std::size_t blocks = n & ~std::size_t{15};
+    crc = ~crc32_fold_512(~crc, bytes, blocks);
+    bytes += blocks;
+    n -= blocks;
+  } else if (n >= 64 && have_pclmul()) {
     std::size_t blocks = n & ~std::size_t{15};
     crc = ~crc32_fold(~crc, bytes, blocks);
     bytes += blocks;
