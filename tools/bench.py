@@ -209,6 +209,8 @@ def scale(args) -> None:
         files = " ".join(str(p) for p in sorted(ckpt.iterdir()) if p.is_file())
         commands = {
             "raw read": ["sh", "-c", f"cat {files} > /dev/null"],
+            # the floor of consolidate without fsync: every byte read and written once
+            "raw copy": ["sh", "-c", f"cat {files} > {out_pt}"],
             "consolidate": [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out_pt), "--no-fsync"],
             "bf16": [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out_pt), "--dtype", "bf16", "--no-fsync"],
             "reshard 4->3": [args.ckptconv, "-q", "reshard", str(ckpt), "-o", str(resharded), "--world-size", "3"],
@@ -236,7 +238,7 @@ def scale(args) -> None:
     growth = last[0] / first[0]
     print(f"from {first[0] / 1e9:.2f} to {last[0] / 1e9:.2f} GB ({growth:.1f}x the bytes): " + ", ".join(
         f"{n} time {last[1][n][0] / first[1][n][0]:.1f}x, RSS {last[1][n][1] / 1e6 - first[1][n][1] / 1e6:+.0f} MB"
-        for n in names if n != "raw read"))
+        for n in names if not n.startswith("raw")))
 
 
 def tree_files(d: Path) -> list[Path]:

@@ -249,12 +249,6 @@ uint32_t crc32_of(const ByteSource& src, int threads) {
     uint32_t crc = 0;
     for (auto pos = static_cast<uint64_t>(begin); pos < static_cast<uint64_t>(end);) {
       auto n = static_cast<std::size_t>(std::min<uint64_t>(kCrcStep, static_cast<uint64_t>(end) - pos));
-      if (src.data()) {  // mapped: sum in place, then drop the step from our RSS
-        crc = crc32_update(crc, src.data() + pos, n);
-        src.release(pos, n);
-        pos += n;
-        continue;
-      }
       buffer.resize(n);
       read_step(src, pos, buffer.data(), n);
       crc = crc32_update(crc, buffer.data(), n);

@@ -1,12 +1,15 @@
 #include "check/validate.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <future>
 #include <map>
 #include <set>
 #include <sstream>
+#include <unordered_set>
 
+#include "archive/zip_writer.h"
 #include "check/optimizer_checks.h"
 #include "check/tensor_scan.h"
 #include "core/progress.h"
@@ -55,7 +58,9 @@ std::vector<std::string> read_key_list(const std::string& path) {
 
 class Validator {
  public:
-  Validator(std::string src, const ValidateOptions& opt) : src_(std::move(src)), opt_(opt) {}
+  Validator(std::string src, const ValidateOptions& opt) : src_(std::move(src)), opt_(opt) {
+    sink_.tensor_records_checked_later = opt_.finite || wants_manifest();
+  }
 
   ValidateReport run() {
     report_.source = src_.empty() && !opt_.files.empty() ? opt_.files.front() : src_;
@@ -199,13 +204,22 @@ class Validator {
     now.source = report_.source;
     now.format = model.format();
     now.world_size = report_.world_size;
-    // File checksums run beside the tensor scan: two independent streams.
+    // File checksums and the CRC-32 check of the tensors' records (left to
+    // this pass by the readers: ProblemSink::tensor_records_checked_later)
+    // run beside the tensor scan: independent streams over bytes the page
+    // cache holds, instead of a pass of their own each.
     std::future<ProblemSink> file_sums;
     if (algorithm)
       file_sums = std::async(std::launch::async, [&] { return checksum_files(files, *algorithm, now.files); });
+    std::future<ProblemSink> record_crcs = std::async(std::launch::async, [&] { return check_tensor_records(model); });
     scan_tensors(model, backend.get(), algorithm, now);
+    // Each sink held by name: a range-for over get().problems() would walk a
+    // destroyed temporary (C++20 extends the life of get()'s result only).
+    ProblemSink record_problems = record_crcs.get();
+    for (const auto& p : record_problems.problems()) sink_.report(p);
     if (!algorithm) return;
-    for (const auto& p : file_sums.get().problems()) sink_.report(p);
+    ProblemSink file_problems = file_sums.get();
+    for (const auto& p : file_problems.problems()) sink_.report(p);
     check("manifest");
     report_.manifest_algorithm = checksum_algorithm_name(*algorithm);
     if (recorded) {
@@ -221,6 +235,31 @@ class Validator {
         report_.manifest_written = opt_.write_manifest;
       }
     }
+  }
+
+  // The CRC-32 of every record a tensor is read from, each record once, as
+  // the readers would have checked it (pt_reader's verify_records, whose
+  // message this follows). Its own sink: it runs beside the tensor scan.
+  ProblemSink check_tensor_records(const CheckpointModel& model) const {
+    ProblemSink problems;
+    std::unordered_set<const ByteSource*> seen;
+    for (const auto& t : model.tensors)
+      for (const auto& c : t.chunks) {
+        if (!c.storage_crc || !c.storage || !seen.insert(c.storage.get()).second) continue;
+        run_reporting(&problems, c.file, c.rank, t.name, [&] {
+          uint32_t crc = archive::crc32_of(*c.storage, 1);
+          if (crc == *c.storage_crc) return;
+          char got[16], want[16];
+          std::snprintf(got, sizeof got, "0x%08x", crc);
+          std::snprintf(want, sizeof want, "0x%08x", *c.storage_crc);
+          problems.report(Problem{ErrorCode::kDataLoss,
+                                  c.file + ": entry '" + c.record + "': CRC-32 mismatch (directory says " + want +
+                                      ", data has " + got + "); the record holds tensor '" + t.name + "'" +
+                                      (c.rank >= 0 ? " (rank " + std::to_string(c.rank) + ")" : std::string()),
+                                  c.file, c.rank, t.name});
+        });
+      }
+    return problems;
   }
 
   // Its own sink: it runs on another thread than the tensor scan.

@@ -41,6 +41,12 @@ class ProblemSink {
   }
   const std::vector<Problem>& problems() const { return problems_; }
 
+  // Set by validate when its data pass will read every tensor's bytes
+  // anyway (--finite, manifests): the CRC-32 of the records tensors are
+  // read from is then checked there, beside that scan, and readers check
+  // only the other records (and all of an archive they fail to decode).
+  bool tensor_records_checked_later = false;
+
  private:
   std::vector<Problem> problems_;
 };

@@ -40,6 +40,7 @@ struct TensorChunk {
   std::optional<uint32_t> storage_crc;  // CRC-32 of the whole storage record, when the source recorded it
   std::string file;                     // the file holding it, for messages
   int rank = -1;                        // the rank that wrote it, when known
+  std::string record;                   // the storage record's name in its archive, for messages
 
   uint64_t numel() const { return shape_numel(sizes); }
   // True when the chunk's bytes are the whole storage, contiguous and in order.

@@ -49,6 +49,7 @@ RankFile read_rank_file(const std::string& path, const RankFileName& name, Probl
   // Its errors name the file; with a sink, a file that cannot be read is
   // reported and left out of the merge, and its CRC problems get its rank.
   ProblemSink file_problems;
+  if (sink) file_problems.tensor_records_checked_later = sink->tensor_records_checked_later;
   f.unreadable = !run_reporting(sink ? &file_problems : nullptr, path, name.rank, "", [&] {
     with_place({path, name.rank, ""}, [&] { f.model = torch_pt::read_pt_file(path, sink ? &file_problems : nullptr); });
   });

@@ -177,6 +177,7 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
     c.storage = zip_.open(record);
     storage_records_[c.storage.get()] = record.name;
     c.storage_crc = record.crc32;
+    c.record = record.name;
     c.file = zip_.source()->describe();
     c.rank = rank_;
     if (c.strides.size() != c.sizes.size()) fail_data_loss("tensor stride and size differ in length");
@@ -187,16 +188,19 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
 }
 
 // Verifies the CRC-32 of every record of the archive, reporting each
-// mismatch with the tensors stored in that record.
+// mismatch with the tensors stored in that record; with
+// `skip_tensor_records`, only the records that hold none of `tensors`
+// (validate checks those in its data pass: ProblemSink::tensor_records_checked_later).
 void verify_records(const archive::ZipReader& zip, const std::vector<TensorEntry>& tensors,
                     const std::unordered_map<const ByteSource*, std::string>& storage_records, int rank,
-                    ProblemSink& sink) {
+                    ProblemSink& sink, bool skip_tensor_records = false) {
   std::unordered_map<std::string, std::vector<std::string>> holders;  // record name -> tensor names
   for (const auto& t : tensors)
     for (const auto& c : t.chunks)
       if (auto it = storage_records.find(c.storage.get()); it != storage_records.end())
         holders[it->second].push_back(t.name);
   for (const auto& entry : zip.entries()) {
+    if (skip_tensor_records && holders.count(entry.name)) continue;
     try {
       zip.verify_crc(entry);
     } catch (const Error& e) {
@@ -281,7 +285,8 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
   }
   // References are renumbered to follow the caller's tensors.
   prune_unreferenced(root, found, tensors.size());
-  if (verify) verify_records(zip, found, decoder.storage_records(), rank, *verify);
+  if (verify)
+    verify_records(zip, found, decoder.storage_records(), rank, *verify, verify->tensor_records_checked_later);
   for (auto& t : found) tensors.push_back(std::move(t));
   return root;
 }

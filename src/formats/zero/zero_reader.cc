@@ -276,6 +276,7 @@ void add_range(TensorEntry& out, const TensorEntry& src, uint64_t src_elem, uint
     for (std::size_t d = 0; d < offsets.size(); ++d) flat += offsets[d] * strides[d];
     c.storage_offset = base + flat;
     c.storage_crc = sc.storage_crc;
+    c.record = sc.record;
     c.file = sc.file;
     c.rank = rank;
     out.chunks.push_back(std::move(c));
