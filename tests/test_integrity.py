@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from pt_files import pt_with_data_pkl, replace_record
+from pt_files import pt_with_data_pkl, replace_record, save_big_endian
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
@@ -28,7 +28,6 @@ def _run_all(run_ckptconv, src: Path, tmp_path: Path) -> list:
 
 
 @pytest.mark.parametrize("record, value, says", [
-    ("byteorder", b"big", "byteorder 'big': big-endian torch.save data is not supported"),
     ("byteorder", b"middle", "byteorder 'middle' is neither 'little' nor 'big'"),
     (".format_version", b"999", ".format_version '999'"),
     ("version", b"999\n", "archive version '999'"),
@@ -50,6 +49,52 @@ def test_big_byteorder_is_what_torch_byte_swaps(tmp_path):
     replace_record(pt, "byteorder", b"big")
     got = torch.load(pt, weights_only=True)["w"]
     assert not torch.equal(got, torch.tensor([1.0, 2.0]))
+
+
+def _flat(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{prefix}{k}.")
+        elif isinstance(v, torch.Tensor):
+            yield f"{prefix}{k}", v
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.dtype == b.dtype and a.shape == b.shape and
+            torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)))
+
+
+def test_big_endian_pt_reads_as_torch_reads_it(tmp_path, run_ckptconv, testdata):
+    """Row 1: a torch.save file with byteorder 'big' (what torch writes on
+    s390x) holds byte-reversed elements, which torch.load swaps back; so does
+    ckptconv, for every dtype (complex per float, one-byte types untouched),
+    views sharing a storage, a transposed view, 0-dim and empty tensors, and
+    every output and command that reads values. torch swaps a storage by the
+    dtype of its class, and UntypedStorage (uint16/32/64, float8) counts as
+    uint8: those bytes are read as stored, by torch and by ckptconv."""
+    original = torch.load(testdata / "pt" / "dtypes.pt", weights_only=True)
+    be = tmp_path / "be.pt"
+    save_big_endian(original, be)
+    want = dict(_flat(torch.load(be, weights_only=True)))
+    assert all(_bits_equal(want[k], v) for k, v in _flat(original))  # the control: torch reads it back swapped
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", be, "-o", out)
+    assert r.returncode == 0, r.stderr
+    got = dict(_flat(torch.load(out, weights_only=True)))
+    assert got.keys() == want.keys()
+    for k in want:
+        assert _bits_equal(got[k], want[k]), k
+    h5 = tmp_path / "out.h5"
+    assert run_ckptconv("consolidate", be, "-o", h5).returncode == 0
+    assert run_ckptconv("diff", be, testdata / "pt" / "dtypes.pt").returncode == 0
+    assert run_ckptconv("diff", h5, testdata / "pt" / "dtypes.pt").returncode == 0
+    r = run_ckptconv("validate", be, "--finite")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cast = tmp_path / "bf16.pt"
+    assert run_ckptconv("consolidate", be, "-o", cast, "--dtype", "bf16").returncode == 0
+    got = dict(_flat(torch.load(cast, weights_only=True)))
+    for k, v in want.items():
+        assert _bits_equal(got[k], v.to(torch.bfloat16) if v.is_floating_point() else v), k
 
 
 def test_dcp_metadata_of_an_unknown_version_is_refused(tmp_path, run_ckptconv):

@@ -140,7 +140,7 @@ class SlabReader {
   // Rows [r0, r1) of chunk c when they are contiguous bytes of a mapped source.
   const std::byte* in_place(const TensorChunk& c, int64_t r0, int64_t r1, std::size_t isz) const {
     const std::byte* base = c.storage->data();
-    if (!base || c.numel() == 0) return nullptr;
+    if (!base || c.numel() == 0 || c.big_endian) return nullptr;  // big-endian: assembled, which swaps
     if (t_.shape.empty()) return base + c.storage_offset * static_cast<int64_t>(isz);
     if (c.offsets[0] > r0 || r1 > c.offsets[0] + c.sizes[0]) return nullptr;
     int64_t expect = 1;

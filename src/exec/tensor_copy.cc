@@ -107,6 +107,39 @@ const std::byte* box_source(const TensorChunk& c, int64_t first, const Shape& ex
   return scratch.data();
 }
 
+// Reverses the bytes of each of n elements of `dtype` at p, in place: a
+// complex element is two floats, each swapped; one-byte types are left.
+void swap_elements(std::byte* p, std::size_t n, DType dtype) {
+  std::size_t unit = dtype_size(dtype), count = n;
+  if (dtype_info(dtype).is_complex) {
+    unit /= 2;
+    count *= 2;
+  }
+  if (unit <= 1) return;
+  for (std::size_t i = 0; i < count; ++i) std::reverse(p + i * unit, p + (i + 1) * unit);
+}
+
+// swap_elements over the box `extent` of a contiguous row-major `dst`
+// (strides `dst_strides`, the last 1): one run per innermost row.
+void swap_box(std::byte* dst, const Shape& dst_strides, const Shape& extent, DType dtype) {
+  std::size_t rank = extent.size(), isz = dtype_size(dtype);
+  if (rank == 0) return swap_elements(dst, 1, dtype);
+  for (int64_t d : extent)
+    if (d == 0) return;
+  std::vector<int64_t> idx(rank, 0);
+  while (true) {
+    int64_t o = 0;
+    for (std::size_t d = 0; d + 1 < rank; ++d) o += idx[d] * dst_strides[d];
+    swap_elements(dst + o * static_cast<int64_t>(isz), static_cast<std::size_t>(extent[rank - 1]), dtype);
+    std::size_t d = rank - 1;
+    while (d-- > 0) {
+      if (++idx[d] < extent[d]) break;
+      idx[d] = 0;
+    }
+    if (d == static_cast<std::size_t>(-1)) return;
+  }
+}
+
 // Copies the parts of `chunks` inside rows [r0, r1) of dim 0 into `dst`,
 // which holds those rows contiguous and row-major. A 0-dim tensor is one
 // row of one element. Safe to call concurrently for disjoint row ranges.
@@ -118,6 +151,7 @@ void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& ch
     if (chunks.empty()) fail(ErrorCode::kDataLoss, "a 0-dim tensor without bytes");
     const TensorChunk& c = *chunks.front();
     std::memcpy(dst, box_source(c, c.storage_offset, {}, isz, scratch), isz);
+    if (c.big_endian) swap_elements(dst, 1, t.dtype);
     return;
   }
   Shape out_strides = contiguous_strides(t.shape);
@@ -131,6 +165,7 @@ void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& ch
     int64_t dst_elem = (lo - r0) * out_strides[0];
     for (std::size_t d = 1; d < t.shape.size(); ++d) dst_elem += c->offsets[d] * out_strides[d];
     copy_box(src, c->strides, dst + dst_elem * static_cast<int64_t>(isz), out_strides, extent, isz);
+    if (c->big_endian) swap_box(dst + dst_elem * static_cast<int64_t>(isz), out_strides, extent, t.dtype);
   }
 }
 
@@ -263,11 +298,13 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
       if (options.on_finite) options.on_finite(t, FiniteCounts{});
       return;
     }
-    bool direct =
-        std::all_of(chunks.begin(), chunks.end(), [&](const TensorChunk* c) { return is_contiguous_row_slab(t, *c); });
+    // Big-endian elements are swapped on the way: never copied as they are.
+    bool direct = std::all_of(chunks.begin(), chunks.end(),
+                              [&](const TensorChunk* c) { return is_contiguous_row_slab(t, *c) && !c->big_endian; });
+    bool swapped = std::any_of(chunks.begin(), chunks.end(), [](const TensorChunk* c) { return c->big_endian; });
     bool cast = t.out_dtype && *t.out_dtype != t.dtype;
     bool scan = static_cast<bool>(options.on_finite);
-    if ((direct || t.shape.empty()) && !cast && !scan) {
+    if ((direct || (t.shape.empty() && !swapped)) && !cast && !scan) {
       append_slabs_direct(t, chunks, out);
     } else {
       // Without a backend (tests, callers that never cast) the CPU one

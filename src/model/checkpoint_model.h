@@ -41,6 +41,7 @@ struct TensorChunk {
   std::string file;                     // the file holding it, for messages
   int rank = -1;                        // the rank that wrote it, when known
   std::string record;                   // the storage record's name in its archive, for messages
+  bool big_endian = false;              // elements stored big-endian (torch.save byteorder 'big'): swapped when copied
 
   uint64_t numel() const { return shape_numel(sizes); }
   // True when the chunk's bytes are the whole storage, contiguous and in order.

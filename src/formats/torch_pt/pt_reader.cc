@@ -24,6 +24,9 @@ class ArchiveDecoder {
   ArchiveDecoder(archive::ZipReader& zip, std::vector<TensorEntry>& tensors, int rank)
       : zip_(zip), tensors_(tensors), rank_(rank) {}
 
+  // The archive's storages hold big-endian elements (its byteorder record).
+  void set_big_endian(bool big) { big_endian_ = big; }
+
   ValuePtr transform(const ValuePtr& v, const std::string& path) {
     if (!v) return v;
     if (auto it = done_.find(v.get()); it != done_.end()) return it->second;
@@ -45,6 +48,7 @@ class ArchiveDecoder {
   archive::ZipReader& zip_;
   std::vector<TensorEntry>& tensors_;
   int rank_;
+  bool big_endian_ = false;
   std::unordered_map<const Value*, ValuePtr> done_;
   std::unordered_map<const ByteSource*, std::string> storage_records_;
 };
@@ -178,6 +182,10 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
     storage_records_[c.storage.get()] = record.name;
     c.storage_crc = record.crc32;
     c.record = record.name;
+    // torch.load swaps a storage by the dtype its class names; an
+    // UntypedStorage (float8, uint16/32/64) counts as uint8 there, so its
+    // bytes are read as stored, and so are they here.
+    c.big_endian = big_endian_ && cls.name != "UntypedStorage";
     c.file = zip_.source()->describe();
     c.rank = rank_;
     if (c.strides.size() != c.sizes.size()) fail_data_loss("tensor stride and size differ in length");
@@ -227,10 +235,9 @@ bool is_legacy_torch_save(const ByteSource& source) {
 }
 
 // The records that say how to read the rest, checked as torch checks them:
-// a value it would refuse, or read differently (big-endian data, which
-// torch byte-swaps on load), is refused here instead of read as if it were
-// the usual one.
-void check_format_records(const archive::ZipReader& zip) {
+// a value it would refuse is refused here instead of read as if it were the
+// usual one. True when the byteorder is big.
+bool check_format_records(const archive::ZipReader& zip) {
   auto text = [&](const char* name) -> std::optional<std::string> {
     const archive::ZipEntry* e = zip.find_record(name);
     if (!e) return std::nullopt;
@@ -239,12 +246,15 @@ void check_format_records(const archive::ZipReader& zip) {
     while (!v.empty() && (v.back() == '\n' || v.back() == '\r' || v.back() == ' ')) v.pop_back();
     return v;
   };
+  // torch.save records the writer's byte order and torch.load byte-swaps
+  // each storage's elements when it differs from its own: a file saved on a
+  // big-endian machine (s390x) reads the same everywhere. So do we: its
+  // chunks are marked, and every copy of their bytes swaps each element
+  // (exec/tensor_copy), whatever the output.
+  bool big = false;
   if (auto order = text("byteorder"); order && *order != "little") {
-    if (*order == "big")
-      fail(ErrorCode::kUnimplemented,
-           "byteorder 'big': big-endian torch.save data is not supported yet (torch byte-swaps it on load); load "
-           "and re-save it with torch on a little-endian machine");
-    fail(ErrorCode::kUnimplemented, "byteorder '" + *order + "' is neither 'little' nor 'big'");
+    if (*order != "big") fail(ErrorCode::kUnimplemented, "byteorder '" + *order + "' is neither 'little' nor 'big'");
+    big = true;
   }
   if (auto fv = text(".format_version"); fv && *fv != "1")
     fail(ErrorCode::kUnimplemented, ".format_version '" + *fv + "' is not one torch.save writes (1)");
@@ -255,6 +265,7 @@ void check_format_records(const archive::ZipReader& zip) {
     if (n < 1 || n > 10)
       fail(ErrorCode::kUnimplemented, "archive version '" + *v + "' is outside the versions torch reads (1 to 10)");
   }
+  return big;
 }
 
 pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry>& tensors,
@@ -267,7 +278,7 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
   if (!prefix.empty() && prefix.back() == '.') prefix.pop_back();
   ValuePtr root;
   try {
-    with_context(source->describe(), [&] { check_format_records(zip); });
+    decoder.set_big_endian(with_context(source->describe(), [&] { return check_format_records(zip); }));
     const archive::ZipEntry& pkl = zip.record("data.pkl");
     // The structure every tensor is read through: a corrupt one must not be
     // decoded into a plausible wrong tree (validate reports it below, with

@@ -277,6 +277,7 @@ void add_range(TensorEntry& out, const TensorEntry& src, uint64_t src_elem, uint
     c.storage_offset = base + flat;
     c.storage_crc = sc.storage_crc;
     c.record = sc.record;
+    c.big_endian = sc.big_endian;
     c.file = sc.file;
     c.rank = rank;
     out.chunks.push_back(std::move(c));
