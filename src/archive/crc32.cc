@@ -216,7 +216,7 @@ namespace {
 
 // Bytes read per step: small enough to stay in cache between the read and
 // the sum, large enough that the syscalls do not show.
-constexpr std::size_t kCrcStep = std::size_t{4} << 20;
+constexpr std::size_t kCrcStep = std::size_t{256} << 10;
 
 void read_step(const ByteSource& src, uint64_t pos, std::byte* out, std::size_t n) {
   auto span = src.file_span(pos);

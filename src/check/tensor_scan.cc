@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "archive/zip_writer.h"
 #include "core/error.h"
 #include "exec/tensor_copy.h"
 #include "io/byte_sink.h"
@@ -13,7 +14,7 @@
 namespace ckpt::check {
 namespace {
 
-constexpr std::size_t kSlice = std::size_t{8} << 20;
+constexpr std::size_t kSlice = std::size_t{256} << 10;
 
 void read_fully(const FileSpan& span, std::byte* out, std::size_t n, const ByteSource& src) {
   uint64_t at = span.offset;
@@ -33,8 +34,8 @@ void read_fully(const FileSpan& span, std::byte* out, std::size_t n, const ByteS
 // practice (rows, chunks); a split element is carried to the next write.
 class ScanSink final : public ByteSink {
  public:
-  ScanSink(DType dtype, Backend* backend, Hasher* hasher)
-      : dtype_(dtype), itemsize_(dtype_size(dtype)), backend_(backend), hasher_(hasher) {}
+  ScanSink(DType dtype, Backend* backend, Hasher* hasher, RecordChecks* records)
+      : dtype_(dtype), itemsize_(dtype_size(dtype)), backend_(backend), hasher_(hasher), records_(records) {}
 
   using ByteSink::write;
   void write(const void* data, std::size_t n) override {
@@ -62,14 +63,19 @@ class ScanSink final : public ByteSink {
   void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override {
     if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
     if (!src.file_span(pos)) return ByteSink::copy_from(src, pos, n);
+    // A whole record streamed: its CRC-32 summed from the same buffer.
+    bool summing = records_ && pos == 0 && n == src.size() && records_->claim(&src);
+    uint32_t crc = 0;
     buffer_.resize(static_cast<std::size_t>(std::min<uint64_t>(n, kSlice)));
     for (uint64_t done = 0; done < n;) {
       auto step = static_cast<std::size_t>(std::min<uint64_t>(n - done, kSlice));
       FileSpan span = *src.file_span(pos + done);
       read_fully(span, buffer_.data(), step, src);
+      if (summing) crc = archive::crc32_update(crc, buffer_.data(), step);
       write(buffer_.data(), step);
       done += step;
     }
+    if (summing) records_->done(&src, crc);
   }
   uint64_t position() const override { return position_; }
   const FiniteCounts& counts() const { return counts_; }
@@ -79,6 +85,7 @@ class ScanSink final : public ByteSink {
   std::size_t itemsize_;
   Backend* backend_;
   Hasher* hasher_;
+  RecordChecks* records_;
   uint64_t position_ = 0;
   FiniteCounts counts_;
   std::vector<std::byte> carry_;
@@ -90,7 +97,7 @@ class ScanSink final : public ByteSink {
 bool can_be_nonfinite(DType dtype) { return dtype_info(dtype).is_floating || dtype_info(dtype).is_complex; }
 
 TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::optional<ChecksumAlgorithm> checksum,
-                       uint64_t memory_limit) {
+                       uint64_t memory_limit, RecordChecks* records) {
   if (tensor.out_dtype && *tensor.out_dtype != tensor.dtype)
     fail(ErrorCode::kInternal,
          "scan_tensor: tensor '" + tensor.name + "' has an output dtype; scans read stored values");
@@ -99,7 +106,7 @@ TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::
   if (checksum) hasher.emplace(*checksum);
   TensorScan out;
   if (!backend && !hasher) return out;
-  ScanSink sink(tensor.dtype, backend, hasher ? &*hasher : nullptr);
+  ScanSink sink(tensor.dtype, backend, hasher ? &*hasher : nullptr, records);
   CopyOptions copy;
   copy.memory_limit = memory_limit;
   append_tensor(tensor, sink, copy);

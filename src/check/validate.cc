@@ -1,15 +1,12 @@
 #include "check/validate.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <future>
 #include <map>
 #include <set>
 #include <sstream>
-#include <unordered_set>
 
-#include "archive/zip_writer.h"
 #include "check/optimizer_checks.h"
 #include "check/tensor_scan.h"
 #include "core/progress.h"
@@ -204,19 +201,21 @@ class Validator {
     now.source = report_.source;
     now.format = model.format();
     now.world_size = report_.world_size;
-    // File checksums and the CRC-32 check of the tensors' records (left to
-    // this pass by the readers: ProblemSink::tensor_records_checked_later)
-    // run beside the tensor scan: independent streams over bytes the page
-    // cache holds, instead of a pass of their own each.
+    // File checksums run beside the tensor scan, and so does the CRC-32
+    // check of the tensors' records (left to this pass by the readers:
+    // ProblemSink::tensor_records_checked_later): the scan sums the records
+    // it streams whole from its own buffer, a thread sums the others from
+    // the end of the list (check/record_checks.h), so most bytes are read
+    // once. Sinks are held by name: a range-for over get().problems() would
+    // walk a destroyed temporary.
     std::future<ProblemSink> file_sums;
     if (algorithm)
       file_sums = std::async(std::launch::async, [&] { return checksum_files(files, *algorithm, now.files); });
-    std::future<ProblemSink> record_crcs = std::async(std::launch::async, [&] { return check_tensor_records(model); });
-    scan_tensors(model, backend.get(), algorithm, now);
-    // Each sink held by name: a range-for over get().problems() would walk a
-    // destroyed temporary (C++20 extends the life of get()'s result only).
-    ProblemSink record_problems = record_crcs.get();
-    for (const auto& p : record_problems.problems()) sink_.report(p);
+    RecordChecks records(model);
+    std::future<void> record_crcs = std::async(std::launch::async, [&] { records.check_remaining(); });
+    scan_tensors(model, backend.get(), algorithm, now, &records);
+    record_crcs.get();
+    for (const auto& p : records.problems().problems()) sink_.report(p);
     if (!algorithm) return;
     ProblemSink file_problems = file_sums.get();
     for (const auto& p : file_problems.problems()) sink_.report(p);
@@ -237,31 +236,6 @@ class Validator {
     }
   }
 
-  // The CRC-32 of every record a tensor is read from, each record once, as
-  // the readers would have checked it (pt_reader's verify_records, whose
-  // message this follows). Its own sink: it runs beside the tensor scan.
-  ProblemSink check_tensor_records(const CheckpointModel& model) const {
-    ProblemSink problems;
-    std::unordered_set<const ByteSource*> seen;
-    for (const auto& t : model.tensors)
-      for (const auto& c : t.chunks) {
-        if (!c.storage_crc || !c.storage || !seen.insert(c.storage.get()).second) continue;
-        run_reporting(&problems, c.file, c.rank, t.name, [&] {
-          uint32_t crc = archive::crc32_of(*c.storage, 1);
-          if (crc == *c.storage_crc) return;
-          char got[16], want[16];
-          std::snprintf(got, sizeof got, "0x%08x", crc);
-          std::snprintf(want, sizeof want, "0x%08x", *c.storage_crc);
-          problems.report(Problem{ErrorCode::kDataLoss,
-                                  c.file + ": entry '" + c.record + "': CRC-32 mismatch (directory says " + want +
-                                      ", data has " + got + "); the record holds tensor '" + t.name + "'" +
-                                      (c.rank >= 0 ? " (rank " + std::to_string(c.rank) + ")" : std::string()),
-                                  c.file, c.rank, t.name});
-        });
-      }
-    return problems;
-  }
-
   // Its own sink: it runs on another thread than the tensor scan.
   ProblemSink checksum_files(const std::vector<std::string>& files, ChecksumAlgorithm algorithm,
                              std::vector<ManifestFile>& out) const {
@@ -277,7 +251,7 @@ class Validator {
   }
 
   void scan_tensors(const CheckpointModel& model, Backend* backend, std::optional<ChecksumAlgorithm> algorithm,
-                    Manifest& now) {
+                    Manifest& now, RecordChecks* records) {
     std::vector<std::pair<std::string, std::size_t>> leaves;  // key, tensor index: tree order
     walk_leaves(*model.root, [&](const Leaf& leaf) {
       if (leaf.tensor) leaves.emplace_back(leaf.path, *leaf.tensor);
@@ -296,7 +270,7 @@ class Validator {
       if (it == scanned.end()) {
         TensorScan scan;
         bool ok = run_reporting(&sink_, t.chunks.empty() ? "" : t.chunks.front().file, -1, key,
-                                [&] { scan = scan_tensor(t, backend, algorithm, opt_.memory_limit); });
+                                [&] { scan = scan_tensor(t, backend, algorithm, opt_.memory_limit, records); });
         if (!ok) continue;
         it = scanned.emplace(index, std::move(scan)).first;
         progress_add(t.nbytes());
