@@ -197,7 +197,7 @@ def scale(args) -> None:
     and deleted before the next."""
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    out_pt, resharded = work / "scale.pt", work / "scale-resharded"
+    out_pt, out_st, resharded = work / "scale.pt", work / "scale.safetensors", work / "scale-resharded"
     rows = []
     for text in args.sizes.split(","):
         nbytes = float(text)
@@ -213,6 +213,7 @@ def scale(args) -> None:
             "raw copy": ["sh", "-c", f"cat {files} > {out_pt}"],
             "consolidate": [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out_pt), "--no-fsync"],
             "bf16": [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out_pt), "--dtype", "bf16", "--no-fsync"],
+            ".safetensors": [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(out_st), "--no-fsync"],
             "reshard 4->3": [args.ckptconv, "-q", "reshard", str(ckpt), "-o", str(resharded), "--world-size", "3"],
             "validate": [args.ckptconv, "-q", "validate", str(ckpt)],
         }
@@ -223,6 +224,7 @@ def scale(args) -> None:
             for name, cmd in commands.items():
                 results[name] = run_measured(cmd)
                 out_pt.unlink(missing_ok=True)
+                out_st.unlink(missing_ok=True)
                 shutil.rmtree(resharded, ignore_errors=True)
             keep_best(best, results)
         rows.append((size, best))
@@ -231,9 +233,14 @@ def scale(args) -> None:
     names = list(rows[0][1])
     print("scaling (DCP, world size 4, warm cache, best of two; consolidate without fsync, reshard with it, "
           "as it has no --no-fsync): wall s / peak RSS MB")
-    print(f"{'size GB':>8} " + " ".join(f"{n:>20}" for n in names))
+    print(f"{'size GB':>8} " + " ".join(f"{n:>18}" for n in names))
     for size, best in rows:
-        print(f"{size / 1e9:8.2f} " + " ".join(f"{best[n][0]:9.2f} s {best[n][1] / 1e6:5.0f} MB" for n in names))
+        print(f"{size / 1e9:8.2f} " + " ".join(f"{best[n][0]:7.2f} s {best[n][1] / 1e6:5.0f} MB" for n in names))
+    print("ratios to the raw copy (consolidate, bf16, .safetensors) and the raw read (validate):")
+    for size, best in rows:
+        copy, read = best["raw copy"][0], best["raw read"][0]
+        print(f"{size / 1e9:8.2f} GB: consolidate {best['consolidate'][0] / copy:.2f}, bf16 {best['bf16'][0] / copy:.2f}, "
+              f".safetensors {best['.safetensors'][0] / copy:.2f}, validate {best['validate'][0] / read:.2f}")
     first, last = rows[0], rows[-1]
     growth = last[0] / first[0]
     print(f"from {first[0] / 1e9:.2f} to {last[0] / 1e9:.2f} GB ({growth:.1f}x the bytes): " + ", ".join(
