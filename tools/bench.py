@@ -153,6 +153,13 @@ def consolidate(args) -> None:
             [args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out), "--dtype", "bf16", "--no-fsync",
              "--no-verify"])
         ours_out.unlink()
+        # The same consolidate split over N worker processes (--part I/N),
+        # all started at once as a launcher would; one of them finalizes.
+        for n in (2, 4):
+            workers = " ".join(f"{args.ckptconv} -q consolidate {ckpt} -o {ours_out} --part {i}/{n} &"
+                               for i in range(n))
+            results[f"ckptconv --part x{n}"] = run_measured(["sh", "-c", f"{workers} wait"])
+            ours_out.unlink()
         # Reshard to world size 3: every byte read and written once more, N files.
         reshard_out = work / "resharded"
         shutil.rmtree(reshard_out, ignore_errors=True)
@@ -187,6 +194,8 @@ def consolidate(args) -> None:
     rs = results["ckptconv reshard 4->3"]
     print(f"ratios to the raw floor: .safetensors = {st / a:.2f}, .h5 = {h5 / a:.2f}, "
           f"reshard 4->3 = {rs[0] / a:.2f} (peak RSS {rs[1] / size:.1%} of the checkpoint)")
+    print(f"--part over 2 and 4 processes on this machine: {results['ckptconv --part x2'][0] / c:.2f}x and "
+          f"{results['ckptconv --part x4'][0] / c:.2f}x the single process's time (docs/scaling.md)")
     print_validate_ratios(results)
 
 

@@ -235,6 +235,13 @@ void ZipWriter::append_from(const ByteSource& source, uint64_t pos, uint64_t n, 
   }
 }
 
+void ZipWriter::append_elsewhere(uint64_t n, uint32_t crc) {
+  check_append(n);
+  sink_.skip(n);
+  crc_ = crc32_combine(crc_, crc, n);
+  appended_ += n;
+}
+
 void ZipWriter::end_record() {
   if (!in_record_) fail(ErrorCode::kInternal, "zip end_record() without begin_record()");
   Written& record = written_.back();

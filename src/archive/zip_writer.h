@@ -56,6 +56,12 @@ class ZipWriter {
   // with ByteSink::copy_from and never read by us; without it they are read
   // through a bounded buffer to compute the CRC.
   void append_from(const ByteSource& source, uint64_t pos, uint64_t n, std::optional<uint32_t> known_crc = {});
+  // n bytes of the open record that another process writes (a --part run):
+  // the sink leaves them as they are (ByteSink::skip) and the record takes
+  // `crc` as their CRC-32.
+  void append_elsewhere(uint64_t n, uint32_t crc);
+  // The CRC-32 of the open record's bytes so far.
+  uint32_t record_crc() const { return crc_; }
   void end_record();
 
   // Writes the torch.save record set around the caller's records is the

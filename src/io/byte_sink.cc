@@ -44,6 +44,10 @@ void ByteSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
   }
 }
 
+void ByteSink::skip(uint64_t n) {
+  fail(ErrorCode::kInternal, "this output cannot leave a gap of " + std::to_string(n) + " bytes for another writer");
+}
+
 void ByteSink::write_zeros(std::size_t n) {
   static const char kZeros[256] = {};
   while (n > 0) {

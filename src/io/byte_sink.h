@@ -21,6 +21,10 @@ class ByteSink {
   // the bytes (copy_file_range) when the source is a file; the default reads
   // through a bounded buffer.
   virtual void copy_from(const ByteSource& src, uint64_t pos, uint64_t n);
+  // Moves past n bytes that another writer fills (a --part run's workers
+  // each write their own ranges of one file: io/part_sink.h). Sinks that
+  // write one stream cannot leave a gap: Internal error.
+  virtual void skip(uint64_t n);
 
   void write(const std::string& s) { write(s.data(), s.size()); }
   void write_zeros(std::size_t n);

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/units.h"
+#include "exec/parted_output.h"
 #include "exec/write_output.h"
 #include "model/describe.h"
 #include "plan/select.h"
@@ -89,6 +90,22 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
     };
   output.max_shard_size = req.max_shard_size.empty() ? 0 : parse_size(req.max_shard_size);
   output.gzip = req.compression == "gzip";
+  if (!req.part.empty()) {
+    PartSpec part = parse_part(req.part);
+    spdlog::info("--part: {} ({})",
+                 part.finalize_only ? "finalize" : std::to_string(part.index) + "/" + std::to_string(part.count),
+                 part.from);
+    PartOutcome done;
+    {
+      ProgressScope progress("write " + req.output, report.bytes);
+      done = write_output_part(model, format, output, part);
+    }
+    report.summary = done.summary;
+    report.tensors = done.tensors;  // this worker's share, for the success line
+    report.bytes = done.bytes;
+    clock.finish(report);
+    return report;
+  }
   std::vector<std::string> files;  // a sharded safetensors output is its shards and index
   {
     ProgressScope progress("write " + req.output, report.bytes);  // tensor_copy counts every slab written

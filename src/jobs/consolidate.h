@@ -16,6 +16,7 @@ struct ConsolidateRequest {
   std::string max_shard_size;        // safetensors
   std::string compression = "none";  // HDF5: none|gzip
   bool finite = false;               // count NaN/Inf in every tensor written (exit 1 when any)
+  std::string part;                  // --part I/N|auto|finalize: this process's share (exec/parted_output.h)
 };
 
 // The plan goes to `out` on --dry-run; logs and progress to stderr.
