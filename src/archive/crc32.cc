@@ -218,25 +218,6 @@ namespace {
 // the sum, large enough that the syscalls do not show.
 constexpr std::size_t kCrcStep = std::size_t{256} << 10;
 
-void read_step(const ByteSource& src, uint64_t pos, std::byte* out, std::size_t n) {
-  auto span = src.file_span(pos);
-  if (!span) {
-    src.read(pos, out, n);
-    return;
-  }
-  uint64_t at = span->offset;
-  while (n > 0) {
-    ssize_t got = ::pread(span->fd, out, n, static_cast<off_t>(at));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
-      fail_data_loss(src.describe() + ": read failed at file offset " + std::to_string(at) +
-                     (got < 0 ? std::string(": ") + std::strerror(errno) : ": file shrank"));
-    out += got;
-    at += static_cast<uint64_t>(got);
-    n -= static_cast<std::size_t>(got);
-  }
-}
-
 }  // namespace
 
 uint32_t crc32_of(const ByteSource& src, int threads) {
@@ -250,7 +231,7 @@ uint32_t crc32_of(const ByteSource& src, int threads) {
     for (auto pos = static_cast<uint64_t>(begin); pos < static_cast<uint64_t>(end);) {
       auto n = static_cast<std::size_t>(std::min<uint64_t>(kCrcStep, static_cast<uint64_t>(end) - pos));
       buffer.resize(n);
-      read_step(src, pos, buffer.data(), n);
+      src.read_unmapped(pos, buffer.data(), n);
       crc = crc32_update(crc, buffer.data(), n);
       pos += n;
       check_interrupted();

@@ -16,20 +16,6 @@ namespace {
 
 constexpr std::size_t kSlice = std::size_t{256} << 10;
 
-void read_fully(const FileSpan& span, std::byte* out, std::size_t n, const ByteSource& src) {
-  uint64_t at = span.offset;
-  while (n > 0) {
-    ssize_t got = ::pread(span.fd, out, n, static_cast<off_t>(at));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
-      fail_data_loss(src.describe() + ": read failed at file offset " + std::to_string(at) +
-                     (got < 0 ? std::string(": ") + std::strerror(errno) : ": file shrank"));
-    out += got;
-    at += static_cast<uint64_t>(got);
-    n -= static_cast<std::size_t>(got);
-  }
-}
-
 // Consumes the bytes append_tensor produces. Writes are whole elements in
 // practice (rows, chunks); a split element is carried to the next write.
 class ScanSink final : public ByteSink {
@@ -69,8 +55,7 @@ class ScanSink final : public ByteSink {
     buffer_.resize(static_cast<std::size_t>(std::min<uint64_t>(n, kSlice)));
     for (uint64_t done = 0; done < n;) {
       auto step = static_cast<std::size_t>(std::min<uint64_t>(n - done, kSlice));
-      FileSpan span = *src.file_span(pos + done);
-      read_fully(span, buffer_.data(), step, src);
+      src.read_unmapped(pos + done, buffer_.data(), step);
       if (summing) crc = archive::crc32_update(crc, buffer_.data(), step);
       write(buffer_.data(), step);
       done += step;

@@ -79,6 +79,22 @@ std::shared_ptr<FileDescriptor> open_readonly(const std::string& path, uint64_t*
   return holder;
 }
 
+// n bytes at `offset` of fd, retrying short reads and EINTR; DataLoss
+// naming `what` when the file ends first or the read fails.
+void pread_exact(int fd, uint64_t offset, void* buf, std::size_t n, const std::string& what) {
+  auto* out = static_cast<char*>(buf);
+  while (n > 0) {
+    ssize_t got = ::pread(fd, out, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      fail_data_loss(what + ": read failed at offset " + std::to_string(offset) +
+                     (got < 0 ? std::string(": ") + std::strerror(errno) : ": file shrank"));
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    n -= static_cast<std::size_t>(got);
+  }
+}
+
 class FileSource final : public ByteSource {
  public:
   FileSource(std::string path, std::shared_ptr<FileDescriptor> fd, uint64_t size)
@@ -89,17 +105,7 @@ class FileSource final : public ByteSource {
 
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);
-    auto* out = static_cast<char*>(buf);
-    while (n > 0) {
-      ssize_t got = ::pread(fd_->get(), out, n, static_cast<off_t>(pos));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0)
-        fail_data_loss(path_ + ": read failed at offset " + std::to_string(pos) +
-                       (got < 0 ? std::string(": ") + std::strerror(errno) : ": file shrank"));
-      out += got;
-      pos += static_cast<uint64_t>(got);
-      n -= static_cast<std::size_t>(got);
-    }
+    pread_exact(fd_->get(), pos, buf, n, path_);
   }
 
  private:
@@ -206,6 +212,14 @@ SourcePtr make_sub_source(SourcePtr parent, uint64_t offset, uint64_t length) {
     fail_data_loss(parent->describe() + ": range [" + std::to_string(offset) + ", +" + std::to_string(length) +
                    ") exceeds its " + std::to_string(parent->size()) + " bytes");
   return std::make_shared<SubSource>(std::move(parent), offset, length);
+}
+
+void ByteSource::read_unmapped(uint64_t pos, void* buf, std::size_t n) const {
+  check_range(pos, n);
+  if (auto span = file_span(pos))
+    pread_exact(span->fd, span->offset, buf, n, describe());
+  else
+    read(pos, buf, n);
 }
 
 }  // namespace ckpt

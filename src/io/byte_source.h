@@ -42,6 +42,11 @@ class ByteSource {
     (void)n;
   }
 
+  // read(), but with pread from the file when the source has one, never
+  // through a mapping: a streaming pass then costs a copy from the page
+  // cache, not a page fault per page, and adds nothing to our RSS.
+  void read_unmapped(uint64_t pos, void* buf, std::size_t n) const;
+
   std::vector<std::byte> read_vector(uint64_t pos, std::size_t n) const;
   std::string read_string(uint64_t pos, std::size_t n) const;
 

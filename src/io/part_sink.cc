@@ -11,8 +11,8 @@
 
 namespace ckpt {
 
-PartSink::PartSink(int fd, Ranges ranges, std::string what)
-    : fd_(fd), ranges_(std::move(ranges)), what_(std::move(what)) {}
+PartSink::PartSink(int fd, Ranges ranges, std::string what, uint64_t start)
+    : fd_(fd), ranges_(std::move(ranges)), what_(std::move(what)), position_(start) {}
 
 template <typename Fn>
 void PartSink::for_each_owned(uint64_t n, Fn&& fn) const {
@@ -63,7 +63,7 @@ void PartSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
       std::vector<char> buf(static_cast<std::size_t>(std::min<uint64_t>(len - done, 8u << 20)));
       while (done < len) {
         auto step = static_cast<std::size_t>(std::min<uint64_t>(len - done, buf.size()));
-        src.read(pos + off + done, buf.data(), step);
+        src.read_unmapped(pos + off + done, buf.data(), step);
         pwrite_fully(buf.data(), step, position_ + off + done);
         done += step;
       }

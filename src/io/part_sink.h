@@ -3,7 +3,7 @@
 // only the bytes inside its ranges into the shared file (positional writes,
 // copy_file_range for unchanged source bytes), skipping the rest. Without a
 // file (fd < 0) it only counts: the layout pass that finds where each
-// tensor's bytes go.
+// tensor's bytes go. The HDF5 writer uses one to fill a dataset's extent.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,9 @@ class PartSink final : public ByteSink {
  public:
   using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;  // [begin, end), sorted, disjoint
 
-  PartSink(int fd, Ranges ranges, std::string what);
+  // `start`: the file offset of the first byte written through the sink
+  // (its position() counts from there).
+  PartSink(int fd, Ranges ranges, std::string what, uint64_t start = 0);
 
   using ByteSink::write;
   void write(const void* data, std::size_t n) override;

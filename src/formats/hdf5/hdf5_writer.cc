@@ -12,6 +12,7 @@
 #include "formats/hdf5/hdf5_attributes.h"
 #include "formats/hdf5/hdf5_handle.h"
 #include "formats/hdf5/hdf5_types.h"
+#include "io/part_sink.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
 
@@ -24,15 +25,18 @@ using pickle::Value;
 constexpr uint64_t kChunkBytes = 1u << 20;  // target size of one HDF5 chunk
 constexpr uint64_t kCopyBuffer = 8u << 20;  // bytes read per step by DatasetSink::copy_from
 
-void pread_fully(const FileSpan& span, char* out, std::size_t n, const ByteSource& src) {
-  uint64_t at = span.offset;
+// Appends n bytes of src at pos to `sink` through a bounded buffer, read
+// with pread when the source is a file (ByteSource::read_unmapped): writing
+// straight from a mapped source would touch every page of it and grow the
+// resident set with the checkpoint.
+void copy_through_buffer(ByteSink& sink, const ByteSource& src, uint64_t pos, uint64_t n) {
+  std::vector<char> buf(static_cast<std::size_t>(std::min(n, kCopyBuffer)));
   while (n > 0) {
-    ssize_t got = ::pread(span.fd, out, n, static_cast<off_t>(at));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) fail_data_loss(src.describe() + ": read failed or the file is shorter than its metadata says");
-    out += got;
-    at += static_cast<uint64_t>(got);
-    n -= static_cast<std::size_t>(got);
+    std::size_t step = static_cast<std::size_t>(std::min<uint64_t>(n, buf.size()));
+    src.read_unmapped(pos, buf.data(), step);
+    sink.write(buf.data(), step);
+    pos += step;
+    n -= step;
   }
 }
 
@@ -72,22 +76,9 @@ class DatasetSink final : public ByteSink {
   }
   uint64_t position() const override { return position_; }
 
-  // Reads through a bounded buffer, with pread when the source is a file:
-  // writing straight from a mapped source would touch every page of it and
-  // grow the resident set with the checkpoint.
   void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override {
     if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
-    std::vector<char> buf(static_cast<std::size_t>(std::min(n, kCopyBuffer)));
-    while (n > 0) {
-      std::size_t step = static_cast<std::size_t>(std::min<uint64_t>(n, buf.size()));
-      if (auto span = src.file_span(pos))
-        pread_fully(*span, buf.data(), step, src);
-      else
-        src.read(pos, buf.data(), step);
-      write(buf.data(), step);
-      pos += step;
-      n -= step;
-    }
+    copy_through_buffer(*this, src, pos, n);
   }
 
   void finish() {
@@ -123,78 +114,6 @@ class DatasetSink final : public ByteSink {
   int64_t rows_ = 0;
   uint64_t written_ = 0, position_ = 0;
   std::vector<char> partial_;
-};
-
-// The bytes of a contiguous dataset, written by us straight into the space
-// libhdf5 allocated for them (at H5Dget_offset): pwrite for assembled bytes,
-// copy_file_range for bytes that pass unchanged, so an uncompressed HDF5
-// output costs what a .pt does. libhdf5 never touches that space again: it
-// was allocated at creation and is never filled (H5D_FILL_TIME_NEVER), and
-// the library only writes metadata, elsewhere in the file.
-class RawRangeSink final : public ByteSink {
- public:
-  RawRangeSink(int fd, uint64_t base, uint64_t size, std::string what)
-      : fd_(fd), base_(base), size_(size), what_(std::move(what)) {}
-
-  using ByteSink::write;
-  void write(const void* data, std::size_t n) override {
-    reserve(n);
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      ssize_t put = ::pwrite(fd_, p, n, static_cast<off_t>(base_ + position_));
-      if (put < 0 && errno == EINTR) continue;
-      if (put <= 0) fail(ErrorCode::kOutputFailed, what_ + ": write failed: " + std::strerror(errno));
-      p += put;
-      position_ += static_cast<uint64_t>(put);
-      n -= static_cast<std::size_t>(put);
-    }
-  }
-  uint64_t position() const override { return position_; }
-
-  void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override {
-    if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
-    auto span = src.file_span(pos);
-    if (span) {
-      reserve(n);
-      loff_t in = static_cast<loff_t>(span->offset), out = static_cast<loff_t>(base_ + position_);
-      while (n > 0) {
-        ssize_t moved = ::copy_file_range(span->fd, &in, fd_, &out, n, 0);
-        if (moved < 0 && errno == EINTR) continue;
-        if (moved <= 0) break;  // not supported here: the rest through a buffer
-        position_ += static_cast<uint64_t>(moved);
-        pos += static_cast<uint64_t>(moved);
-        n -= static_cast<uint64_t>(moved);
-      }
-    }
-    // Bounded reads (pread for files), never through the mapping: see DatasetSink::copy_from.
-    std::vector<char> buf(static_cast<std::size_t>(std::min(n, kCopyBuffer)));
-    while (n > 0) {
-      std::size_t step = static_cast<std::size_t>(std::min<uint64_t>(n, buf.size()));
-      if (auto at = src.file_span(pos))
-        pread_fully(*at, buf.data(), step, src);
-      else
-        src.read(pos, buf.data(), step);
-      write(buf.data(), step);
-      pos += step;
-      n -= step;
-    }
-  }
-
-  void finish() const {
-    if (position_ != size_)
-      fail(ErrorCode::kInternal,
-           what_ + ": dataset received " + std::to_string(position_) + " of " + std::to_string(size_) + " bytes");
-  }
-
- private:
-  void reserve(uint64_t n) const {
-    if (n > size_ - position_) fail(ErrorCode::kInternal, what_ + ": more bytes than the dataset holds");
-  }
-
-  int fd_;
-  uint64_t base_, size_;
-  std::string what_;
-  uint64_t position_ = 0;
 };
 
 bool is_container(const Value& v) {
@@ -294,9 +213,17 @@ class Hdf5Writer {
     write_string_attribute(ds, "dtype", std::string(dtype_name(d)));
     haddr_t offset = raw ? H5Dget_offset(ds) : HADDR_UNDEF;
     if (offset != HADDR_UNDEF) {
-      RawRangeSink sink(raw_fd(), offset, t.numel() * dtype_size(d), ds_what);
+      // The bytes go straight into the space libhdf5 allocated for them
+      // (pwrite; copy_file_range for bytes that pass unchanged), so an
+      // uncompressed HDF5 output costs what a .pt does. libhdf5 never
+      // touches that space again: allocated at creation, never filled
+      // (H5D_FILL_TIME_NEVER); the library writes only metadata, elsewhere.
+      uint64_t n = t.numel() * dtype_size(d);
+      PartSink sink(raw_fd(), {{offset, offset + n}}, ds_what, offset);
       fill_(index, sink);
-      sink.finish();
+      if (sink.position() != offset + n)
+        fail(ErrorCode::kInternal, ds_what + ": dataset received " + std::to_string(sink.position() - offset) + " of " +
+                                       std::to_string(n) + " bytes");
     } else {
       DatasetSink sink(ds, type, t.shape, dtype_size(d), ds_what);
       fill_(index, sink);
