@@ -73,6 +73,25 @@ def test_parts_of_every_source_family(family, tmp_path, ckptconv):
     assert _sha(out) == want
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_parts_of_a_sharded_safetensors_output(n, tmp_path, ckptconv):
+    """--max-shard-size: every shard and the index, each byte for byte."""
+    src, _ = SOURCES["dcp"]
+    extra = ["--max-shard-size", "600"]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    r = subprocess.run([str(ckptconv), "-q", "consolidate", str(src), "-o", str(tmp_path / "one" / "model.safetensors"),
+                        *extra], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    results = _workers(ckptconv, src, extra, tmp_path / "many" / "model.safetensors", n)
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    one = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert len(one) > 2 and "model.safetensors.index.json" in one
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == one
+    for name in one:
+        assert _sha(tmp_path / "many" / name) == _sha(tmp_path / "one" / name), name
+
+
 def test_torchrun_launches_the_parts(tmp_path, ckptconv):
     torchrun = Path(sys.executable).parent / "torchrun"
     if not torchrun.exists():
@@ -148,13 +167,12 @@ def test_receipts_of_another_split_are_refused(tmp_path, run_ckptconv):
     (["--part", "3/3"], "is not one of 0..2"),
     (["--part", "1-of-2"], "--part must be I/N"),
     (["--part", "auto"], "no launcher's environment"),
-    (["--part", "0/2", "--max-shard-size", "1K"], "not written in parts yet"),
 ])
 def test_part_usage_errors(args, says, tmp_path, ckptconv):
     src, _ = SOURCES["dcp"]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "OMPI_", "PMI_")) and k not in ("RANK", "WORLD_SIZE")}
-    out = tmp_path / ("o.safetensors" if "--max-shard-size" in args else "o.pt")
+    out = tmp_path / "o.pt"
     r = subprocess.run([str(ckptconv), "consolidate", str(src), "-o", str(out), *args], capture_output=True, text=True,
                        env=env, timeout=60)
     assert r.returncode == 2 and says in r.stderr, r.stderr

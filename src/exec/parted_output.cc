@@ -33,76 +33,103 @@ namespace {
 // archive's writer (null for safetensors, whose bytes go to `sink`).
 using Fill = std::function<void(std::size_t index, ByteSink& sink, archive::ZipWriter* zip)>;
 
-// The format's own writer over `sink`: the same bytes as write_output's.
-void run_writer(const CheckpointModel& model, OutputFormat format, const std::string& out_name, ByteSink& sink,
-                const Fill& fill) {
-  if (format == OutputFormat::kPt) {
-    std::vector<torch_pt::OutputTensor> tensors;
-    tensors.reserve(model.tensors.size());
-    for (const auto& t : model.tensors)
-      tensors.push_back({t.output_dtype(), t.shape, t.storage == StorageKind::kParameter, t.requires_grad});
-    torch_pt::write_pt(sink, *model.root, tensors,
-                       [&](std::size_t i, archive::ZipWriter& zip) { fill(i, sink, &zip); });
-    return;
+// The format's own writer, file by file (a sharded safetensors output is
+// several): the same bytes as write_output's.
+struct Writer {
+  Writer(const CheckpointModel& m, OutputFormat f, const OutputOptions& options)
+      : model(m), format(f), out(options.path) {
+    if (format == OutputFormat::kSafetensors)
+      plan = safetensors::plan_safetensors(model, out.filename().string(), options.max_shard_size);
   }
-  auto plan = safetensors::plan_safetensors(model, out_name, 0);
-  safetensors::write_safetensors_file(sink, plan.files.at(0), [&](std::size_t i, ByteSink& s) { fill(i, s, nullptr); });
-}
+  std::size_t files() const { return format == OutputFormat::kPt ? 1 : plan.files.size(); }
+  // Where file k is published.
+  std::string destination(std::size_t k) const {
+    if (format == OutputFormat::kPt) return out.string();
+    return (out.parent_path() / plan.files.at(k).file_name).string();
+  }
+  void run(std::size_t k, ByteSink& sink, const Fill& fill) const {
+    if (format == OutputFormat::kPt) {
+      std::vector<torch_pt::OutputTensor> tensors;
+      tensors.reserve(model.tensors.size());
+      for (const auto& t : model.tensors)
+        tensors.push_back({t.output_dtype(), t.shape, t.storage == StorageKind::kParameter, t.requires_grad});
+      torch_pt::write_pt(sink, *model.root, tensors,
+                         [&](std::size_t i, archive::ZipWriter& zip) { fill(i, sink, &zip); });
+      return;
+    }
+    safetensors::write_safetensors_file(sink, plan.files.at(k),
+                                        [&](std::size_t i, ByteSink& s) { fill(i, s, nullptr); });
+  }
 
-// Where every tensor's bytes go in the output, found by running the writer
-// against a counting sink, and which worker writes them.
+  const CheckpointModel& model;
+  OutputFormat format;
+  fs::path out;
+  safetensors::Plan plan;
+};
+
+// Where every tensor's bytes go in the output (which file, at what offset),
+// found by running the writer against counting sinks, and which worker
+// writes them.
 struct Layout {
+  std::vector<std::size_t> file;  // per tensor
   std::vector<uint64_t> offset, size;
   std::vector<int> owner;
-  uint64_t total = 0;
-  std::string hash;  // of the plan and the source's files: receipts of another plan are stale
+  std::vector<uint64_t> total;  // per file
+  std::string hash;             // of the plan and the source's files: receipts of another plan are stale
 
-  PartSink::Ranges ranges_of(int part) const {
+  PartSink::Ranges ranges_of(int part, std::size_t k) const {
     PartSink::Ranges r;
     for (std::size_t i = 0; i < offset.size(); ++i)
-      if (owner[i] == part && size[i] > 0) r.emplace_back(offset[i], offset[i] + size[i]);
+      if (owner[i] == part && file[i] == k && size[i] > 0) r.emplace_back(offset[i], offset[i] + size[i]);
     std::sort(r.begin(), r.end());
     return r;
   }
-  // Every byte no tensor holds: what the finalizing process writes.
-  PartSink::Ranges metadata() const {
+  // Every byte of file k no tensor holds: what the finalizing process writes.
+  PartSink::Ranges metadata(std::size_t k) const {
     PartSink::Ranges tensors, out;
     for (std::size_t i = 0; i < offset.size(); ++i)
-      if (size[i] > 0) tensors.emplace_back(offset[i], offset[i] + size[i]);
+      if (file[i] == k && size[i] > 0) tensors.emplace_back(offset[i], offset[i] + size[i]);
     std::sort(tensors.begin(), tensors.end());
     uint64_t at = 0;
     for (const auto& [b, e] : tensors) {
       if (b > at) out.emplace_back(at, b);
       at = std::max(at, e);
     }
-    if (at < total) out.emplace_back(at, total);
+    if (at < total.at(k)) out.emplace_back(at, total[k]);
     return out;
   }
 };
 
-Layout layout_of(const CheckpointModel& model, OutputFormat format, const std::string& out_name, int parts) {
+Layout layout_of(const Writer& w, int parts) {
+  const CheckpointModel& model = w.model;
   Layout l;
+  l.file.assign(model.tensors.size(), 0);
   l.offset.assign(model.tensors.size(), 0);
   l.size.assign(model.tensors.size(), 0);
   l.owner.assign(model.tensors.size(), 0);
-  PartSink counter(-1, {}, "layout");
-  run_writer(model, format, out_name, counter, [&](std::size_t i, ByteSink& sink, archive::ZipWriter* zip) {
-    uint64_t n = model.tensors.at(i).output_nbytes();
-    l.offset[i] = sink.position();
-    l.size[i] = n;
-    if (zip)
-      zip->append_elsewhere(n, 0);
-    else
-      sink.skip(n);
-  });
-  l.total = counter.position();
+  for (std::size_t k = 0; k < w.files(); ++k) {
+    PartSink counter(-1, {}, "layout");
+    w.run(k, counter, [&](std::size_t i, ByteSink& sink, archive::ZipWriter* zip) {
+      uint64_t n = model.tensors.at(i).output_nbytes();
+      l.file[i] = k;
+      l.offset[i] = sink.position();
+      l.size[i] = n;
+      if (zip)
+        zip->append_elsewhere(n, 0);
+      else
+        sink.skip(n);
+    });
+    l.total.push_back(counter.position());
+  }
   // Owners by bytes, not tensor count: tensor i goes to the part its middle
   // byte falls in, counting tensor bytes in output order.
   std::vector<std::size_t> order(model.tensors.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return l.offset[a] < l.offset[b]; });
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::pair(l.file[a], l.offset[a]) < std::pair(l.file[b], l.offset[b]);
+  });
   uint64_t all = 0;
-  for (uint64_t s : l.size) all += s;
+  for (uint64_t n : l.size) all += n;
   uint64_t before = 0;
   for (std::size_t i : order) {
     long double middle = static_cast<long double>(before) + static_cast<long double>(l.size[i]) / 2;
@@ -111,17 +138,16 @@ Layout layout_of(const CheckpointModel& model, OutputFormat format, const std::s
     before += l.size[i];
   }
   Hasher h(ChecksumAlgorithm::kXxh3_64);
-  auto add = [&](const std::string& s) {
-    h.update(s.data(), s.size());
+  auto add = [&](const std::string& text) {
+    h.update(text.data(), text.size());
     h.update("\n", 1);
   };
-  add(output_format_name(format));
-  add(out_name);
-  add(std::to_string(l.total));
+  add(output_format_name(w.format));
+  for (std::size_t k = 0; k < w.files(); ++k) add(w.destination(k) + " " + std::to_string(l.total[k]));
   for (std::size_t i = 0; i < model.tensors.size(); ++i) {
     const TensorEntry& t = model.tensors[i];
     add(t.name + " " + std::string(dtype_name(t.output_dtype())) + " " + shape_str(t.shape) + " " +
-        std::to_string(l.offset[i]) + " " + std::to_string(l.size[i]));
+        std::to_string(l.file[i]) + " " + std::to_string(l.offset[i]) + " " + std::to_string(l.size[i]));
   }
   for (const auto& f : model.info.files) {
     struct stat st {};
@@ -132,6 +158,8 @@ Layout layout_of(const CheckpointModel& model, OutputFormat format, const std::s
   l.hash = h.hex_digest();
   return l;
 }
+
+std::string data_file(const std::string& dir, std::size_t k) { return dir + "/data-" + std::to_string(k); }
 
 std::string parts_dir(const OutputOptions& options, const Layout& l) { return options.path + ".parts-" + l.hash; }
 
@@ -179,8 +207,8 @@ void fsync_path(const std::string& path) {
 
 // Checks the receipts against the plan and writes every byte no tensor
 // holds, with the receipts' CRC-32s, then publishes the file.
-std::string finalize(const CheckpointModel& model, OutputFormat format, const OutputOptions& options, const Layout& l,
-                     int parts) {
+std::string finalize(const Writer& w, const OutputOptions& options, const Layout& l, int parts) {
+  const CheckpointModel& model = w.model;
   std::string dir = parts_dir(options, l);
   std::vector<Receipt> receipts = read_receipts(dir);
   std::map<int, const Receipt*> by_part;
@@ -213,37 +241,58 @@ std::string finalize(const CheckpointModel& model, OutputFormat format, const Ou
       if (i >= model.tensors.size() || l.owner[i] != r.part)
         fail(ErrorCode::kDataLoss,
              r.file + ": names a tensor its part does not own: rerun part " + std::to_string(r.part));
-  if (!options.force && fs::exists(fs::symlink_status(options.path)))
-    fail_invalid(options.path + ": output exists (use --force to overwrite)");
-  std::string data = dir + "/data";
-  int fd = ::open(data.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) fail(ErrorCode::kDataLoss, data + ": the parts' shared file is missing: rerun every part");
-  try {
-    PartSink sink(fd, l.metadata(), options.path);
-    run_writer(model, format, fs::path(options.path).filename().string(), sink,
-               [&](std::size_t i, ByteSink& s, archive::ZipWriter* zip) {
-                 if (zip)
-                   zip->append_elsewhere(l.size[i], crc[i]);
-                 else
-                   s.skip(l.size[i]);
-               });
-    if (sink.position() != l.total) fail(ErrorCode::kInternal, "finalize wrote a different layout than planned");
-    if (::ftruncate(fd, static_cast<off_t>(l.total)) != 0 || (options.durable && ::fsync(fd) != 0))
-      fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
-  } catch (...) {
+  for (std::size_t k = 0; k < w.files(); ++k)
+    if (!options.force && fs::exists(fs::symlink_status(w.destination(k))))
+      fail_invalid(w.destination(k) + ": output exists (use --force to overwrite)");
+  for (std::size_t k = 0; k < w.files(); ++k) {
+    std::string data = data_file(dir, k);
+    int fd = ::open(data.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) fail(ErrorCode::kDataLoss, data + ": a shared output file of the parts is missing: rerun every part");
+    try {
+      PartSink sink(fd, l.metadata(k), w.destination(k));
+      w.run(k, sink, [&](std::size_t i, ByteSink& out, archive::ZipWriter* zip) {
+        if (zip)
+          zip->append_elsewhere(l.size[i], crc[i]);
+        else
+          out.skip(l.size[i]);
+      });
+      if (sink.position() != l.total[k]) fail(ErrorCode::kInternal, "finalize wrote a different layout than planned");
+      if (::ftruncate(fd, static_cast<off_t>(l.total[k])) != 0 || (options.durable && ::fsync(fd) != 0))
+        fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
     ::close(fd);
+  }
+  // A sharded output's index, complete before anything is published.
+  std::unique_ptr<AtomicFileSink> index;
+  if (!w.plan.index_json.empty()) {
+    index = AtomicFileSink::create(options.path + ".index.json", options.force, options.durable);
+    index->write(w.plan.index_json);
+    index->complete();
+  }
+  check_interrupted();
+  // All files or none: shards first, the index last (as write_output).
+  std::vector<std::string> published;
+  try {
+    for (std::size_t k = 0; k < w.files(); ++k) {
+      if (std::rename(data_file(dir, k).c_str(), w.destination(k).c_str()) != 0)
+        fail(ErrorCode::kOutputFailed,
+             w.destination(k) + ": cannot rename the finished output into place: " + std::strerror(errno));
+      published.push_back(w.destination(k));
+    }
+    if (index) index->publish();
+  } catch (const Error&) {
+    for (const auto& f : published) ::unlink(f.c_str());
     throw;
   }
-  ::close(fd);
-  check_interrupted();
-  if (std::rename(data.c_str(), options.path.c_str()) != 0)
-    fail(ErrorCode::kOutputFailed,
-         options.path + ": cannot rename the finished output into place: " + std::strerror(errno));
   if (options.durable)
     fsync_path(fs::path(options.path).parent_path().empty() ? "." : fs::path(options.path).parent_path().string());
   std::error_code ec;
   fs::remove_all(dir, ec);
-  return "finalized " + std::to_string(parts) + " parts";
+  return "finalized " + std::to_string(parts) + " parts" +
+         (w.files() > 1 ? " (" + std::to_string(w.files()) + " shards and the index)" : std::string());
 }
 
 }  // namespace
@@ -295,56 +344,57 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
     fail_invalid(
         "--part: HDF5 output cannot be written by several processes (that needs an MPI-IO build of "
         "libhdf5); write .pt or .safetensors, or run without --part");
-  if (options.max_shard_size > 0)
-    fail_invalid("--part: a sharded safetensors output (--max-shard-size) is not written in parts yet");
-  std::string name = fs::path(options.path).filename().string();
+  Writer w(model, format, options);
   if (part.finalize_only) {
     // The folder's name does not depend on the number of parts; the
     // receipts in it say what it was.
-    std::string dir = parts_dir(options, layout_of(model, format, name, 1));
+    std::string dir = parts_dir(options, layout_of(w, 1));
     std::vector<Receipt> receipts = read_receipts(dir);
     if (receipts.empty())
       fail(ErrorCode::kDataLoss, options.path + ": no part of this plan has been written (no receipt in " + dir +
                                      "): run the parts first, with the same source and options");
     int parts = receipts.front().parts;
-    return {true, finalize(model, format, options, layout_of(model, format, name, parts), parts), 0, 0};
+    return {true, finalize(w, options, layout_of(w, parts), parts), 0, 0};
   }
-  if (!options.force && fs::exists(fs::symlink_status(options.path)))  // before any work, as without --part
-    fail_invalid(options.path + ": output exists (use --force to overwrite)");
-  Layout l = layout_of(model, format, name, part.count);
+  for (std::size_t k = 0; k < w.files(); ++k)  // before any work, as without --part
+    if (!options.force && fs::exists(fs::symlink_status(w.destination(k))))
+      fail_invalid(w.destination(k) + ": output exists (use --force to overwrite)");
+  Layout l = layout_of(w, part.count);
   std::string dir = parts_dir(options, l);
   fs::create_directories(dir);
-  std::string data = dir + "/data";
-  int fd = ::open(data.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
   nlohmann::json tensors = nlohmann::json::array();
   uint64_t bytes = 0;
-  try {
-    PartSink sink(fd, l.ranges_of(part.index), options.path);
-    run_writer(model, format, name, sink, [&](std::size_t i, ByteSink& s, archive::ZipWriter* zip) {
-      if (l.owner[i] != part.index) {
-        if (zip)
-          zip->append_elsewhere(l.size[i], 0);
-        else
-          s.skip(l.size[i]);
-        return;
-      }
-      uint32_t crc = 0;
-      if (zip) {
-        append_tensor(model.tensors[i], *zip, options.copy);
-        crc = zip->record_crc();
-      } else {
-        append_tensor(model.tensors[i], s, options.copy);
-      }
-      tensors.push_back({i, l.offset[i], l.size[i], crc});
-      bytes += l.size[i];
-    });
-    if (options.durable && ::fdatasync(fd) != 0) fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
-  } catch (...) {
+  for (std::size_t k = 0; k < w.files(); ++k) {
+    std::string data = data_file(dir, k);
+    int fd = ::open(data.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
+    try {
+      PartSink sink(fd, l.ranges_of(part.index, k), w.destination(k));
+      w.run(k, sink, [&](std::size_t i, ByteSink& s, archive::ZipWriter* zip) {
+        if (l.owner[i] != part.index) {
+          if (zip)
+            zip->append_elsewhere(l.size[i], 0);
+          else
+            s.skip(l.size[i]);
+          return;
+        }
+        uint32_t crc = 0;
+        if (zip) {
+          append_tensor(model.tensors[i], *zip, options.copy);
+          crc = zip->record_crc();
+        } else {
+          append_tensor(model.tensors[i], s, options.copy);
+        }
+        tensors.push_back({i, l.offset[i], l.size[i], crc});
+        bytes += l.size[i];
+      });
+      if (options.durable && ::fdatasync(fd) != 0) fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
     ::close(fd);
-    throw;
   }
-  ::close(fd);
   check_interrupted();
   nlohmann::json receipt = {
       {"plan", l.hash}, {"part", part.index}, {"parts", part.count}, {"output", options.path}, {"tensors", tensors}};
@@ -373,7 +423,7 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
   }
   ::close(token);
   try {
-    outcome.summary += "; " + finalize(model, format, options, l, part.count) + " into " + options.path;
+    outcome.summary += "; " + finalize(w, options, l, part.count) + " into " + options.path;
   } catch (...) {
     ::unlink(elect.c_str());  // a rerun may try again
     throw;

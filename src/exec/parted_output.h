@@ -8,7 +8,8 @@
 // writes everything else (the .pt's zip headers, descriptors and central
 // directory with the receipts' CRCs; the safetensors header), and renames
 // the file into place. The result is byte for byte the single-process
-// output. Formats: .pt and unsharded .safetensors; docs/scaling.md.
+// output. Formats: .pt and .safetensors (sharded too: each shard is one
+// shared file, the index written by finalize); docs/scaling.md.
 #pragma once
 
 #include <cstdint>
