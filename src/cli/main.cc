@@ -100,8 +100,13 @@ int main(int argc, char** argv) {
   } catch (const ckpt::Error& e) {
     if (e.code() == ckpt::ErrorCode::kInterrupted) {
       int sig = ckpt::interrupted_signal();
-      spdlog::error("{} interrupted by {}: nothing was written (the temporary output was removed)", command,
-                    ckpt::signal_name(sig));
+      // A job that leaves something on purpose says so in the error (a
+      // --part worker: the parts' shared folder); every other one left nothing.
+      std::string what = e.what();
+      std::string left = what.find("nothing was written at ") != std::string::npos
+                             ? what
+                             : std::string("nothing was written (the temporary output was removed)");
+      spdlog::error("{} interrupted by {}: {}", command, ckpt::signal_name(sig), left);
       return 128 + sig;
     }
     spdlog::error("{}", e.what());

@@ -295,73 +295,11 @@ std::string finalize(const Writer& w, const OutputOptions& options, const Layout
          (w.files() > 1 ? " (" + std::to_string(w.files()) + " shards and the index)" : std::string());
 }
 
-}  // namespace
-
-PartSpec parse_part(const std::string& text) {
-  PartSpec p;
-  if (text == "finalize") {
-    p.finalize_only = true;
-    p.from = "--part finalize";
-    return p;
-  }
-  auto both = [&](const char* rank, const char* size, const char* who) -> bool {
-    const char* r = std::getenv(rank);
-    const char* s = std::getenv(size);
-    if (!r || !s || !*r || !*s) return false;
-    p.index = std::atoi(r);
-    p.count = std::atoi(s);
-    p.from = std::string(who) + " (" + rank + "/" + size + ")";
-    return true;
-  };
-  if (text == "auto") {
-    if (!both("SLURM_PROCID", "SLURM_NTASKS", "Slurm") &&
-        !both("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI") && !both("PMI_RANK", "PMI_SIZE", "PMI") &&
-        !both("RANK", "WORLD_SIZE", "torchrun"))
-      fail_invalid(
-          "--part auto: no launcher's environment found (SLURM_PROCID/SLURM_NTASKS, "
-          "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE, RANK/WORLD_SIZE); give --part I/N");
-  } else {
-    auto slash = text.find('/');
-    bool digits = slash != std::string::npos && slash > 0 && slash + 1 < text.size() &&
-                  text.find_first_not_of("0123456789/") == std::string::npos &&
-                  text.find('/', slash + 1) == std::string::npos;
-    if (!digits || slash > 6 || text.size() - slash - 1 > 6)
-      fail_invalid("--part must be I/N (worker I of N, 0 <= I < N), auto or finalize, not '" + text + "'");
-    p.index = std::atoi(text.substr(0, slash).c_str());
-    p.count = std::atoi(text.substr(slash + 1).c_str());
-    p.from = "--part";
-  }
-  if (p.count < 1 || p.index < 0 || p.index >= p.count)
-    fail_invalid("--part " + text + " (" + p.from + "): worker " + std::to_string(p.index) + " of " +
-                 std::to_string(p.count) + " is not one of 0.." + std::to_string(std::max(0, p.count - 1)));
-  return p;
-}
-
-PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
-                              const PartSpec& part) {
-  require_valid(model);
-  if (format == OutputFormat::kHdf5)
-    fail_invalid(
-        "--part: HDF5 output cannot be written by several processes (that needs an MPI-IO build of "
-        "libhdf5); write .pt or .safetensors, or run without --part");
-  Writer w(model, format, options);
-  if (part.finalize_only) {
-    // The folder's name does not depend on the number of parts; the
-    // receipts in it say what it was.
-    std::string dir = parts_dir(options, layout_of(w, 1));
-    std::vector<Receipt> receipts = read_receipts(dir);
-    if (receipts.empty())
-      fail(ErrorCode::kDataLoss, options.path + ": no part of this plan has been written (no receipt in " + dir +
-                                     "): run the parts first, with the same source and options");
-    int parts = receipts.front().parts;
-    return {true, finalize(w, options, layout_of(w, parts), parts), 0, 0};
-  }
-  for (std::size_t k = 0; k < w.files(); ++k)  // before any work, as without --part
-    if (!options.force && fs::exists(fs::symlink_status(w.destination(k))))
-      fail_invalid(w.destination(k) + ": output exists (use --force to overwrite)");
-  Layout l = layout_of(w, part.count);
-  std::string dir = parts_dir(options, l);
-  fs::create_directories(dir);
+// This worker's bytes and receipt, and the finalization when its receipt
+// completes the set.
+PartOutcome write_part(const Writer& w, const OutputOptions& options, const PartSpec& part, const Layout& l,
+                       const std::string& dir) {
+  const CheckpointModel& model = w.model;
   nlohmann::json tensors = nlohmann::json::array();
   uint64_t bytes = 0;
   for (std::size_t k = 0; k < w.files(); ++k) {
@@ -430,6 +368,84 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
   }
   outcome.published = true;
   return outcome;
+}
+
+}  // namespace
+
+PartSpec parse_part(const std::string& text) {
+  PartSpec p;
+  if (text == "finalize") {
+    p.finalize_only = true;
+    p.from = "--part finalize";
+    return p;
+  }
+  auto both = [&](const char* rank, const char* size, const char* who) -> bool {
+    const char* r = std::getenv(rank);
+    const char* s = std::getenv(size);
+    if (!r || !s || !*r || !*s) return false;
+    p.index = std::atoi(r);
+    p.count = std::atoi(s);
+    p.from = std::string(who) + " (" + rank + "/" + size + ")";
+    return true;
+  };
+  if (text == "auto") {
+    if (!both("SLURM_PROCID", "SLURM_NTASKS", "Slurm") &&
+        !both("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI") && !both("PMI_RANK", "PMI_SIZE", "PMI") &&
+        !both("RANK", "WORLD_SIZE", "torchrun"))
+      fail_invalid(
+          "--part auto: no launcher's environment found (SLURM_PROCID/SLURM_NTASKS, "
+          "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE, RANK/WORLD_SIZE); give --part I/N");
+  } else {
+    auto slash = text.find('/');
+    bool digits = slash != std::string::npos && slash > 0 && slash + 1 < text.size() &&
+                  text.find_first_not_of("0123456789/") == std::string::npos &&
+                  text.find('/', slash + 1) == std::string::npos;
+    if (!digits || slash > 6 || text.size() - slash - 1 > 6)
+      fail_invalid("--part must be I/N (worker I of N, 0 <= I < N), auto or finalize, not '" + text + "'");
+    p.index = std::atoi(text.substr(0, slash).c_str());
+    p.count = std::atoi(text.substr(slash + 1).c_str());
+    p.from = "--part";
+  }
+  if (p.count < 1 || p.index < 0 || p.index >= p.count)
+    fail_invalid("--part " + text + " (" + p.from + "): worker " + std::to_string(p.index) + " of " +
+                 std::to_string(p.count) + " is not one of 0.." + std::to_string(std::max(0, p.count - 1)));
+  return p;
+}
+
+PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
+                              const PartSpec& part) {
+  require_valid(model);
+  if (format == OutputFormat::kHdf5)
+    fail_invalid(
+        "--part: HDF5 output cannot be written by several processes (that needs an MPI-IO build of "
+        "libhdf5); write .pt or .safetensors, or run without --part");
+  Writer w(model, format, options);
+  if (part.finalize_only) {
+    // The folder's name does not depend on the number of parts; the
+    // receipts in it say what it was.
+    std::string dir = parts_dir(options, layout_of(w, 1));
+    std::vector<Receipt> receipts = read_receipts(dir);
+    if (receipts.empty())
+      fail(ErrorCode::kDataLoss, options.path + ": no part of this plan has been written (no receipt in " + dir +
+                                     "): run the parts first, with the same source and options");
+    int parts = receipts.front().parts;
+    return {true, finalize(w, options, layout_of(w, parts), parts), 0, 0};
+  }
+  for (std::size_t k = 0; k < w.files(); ++k)  // before any work, as without --part
+    if (!options.force && fs::exists(fs::symlink_status(w.destination(k))))
+      fail_invalid(w.destination(k) + ": output exists (use --force to overwrite)");
+  Layout l = layout_of(w, part.count);
+  std::string dir = parts_dir(options, l);
+  fs::create_directories(dir);
+  try {
+    return write_part(w, options, part, l, dir);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInterrupted) throw;
+    fail(ErrorCode::kInterrupted, "nothing was written at " + options.path + "; " + dir +
+                                      " keeps the other parts' bytes and receipts, and this part has no receipt: "
+                                      "rerun it (--part " +
+                                      std::to_string(part.index) + "/" + std::to_string(part.count) + ")");
+  }
 }
 
 }  // namespace ckpt
