@@ -263,8 +263,12 @@ def test_a_flipped_byte_in_a_tensor_is_caught_by_consolidate_and_reshard(kind, t
         _flip_inside(victim, pattern)
     out = tmp_path / "out"
     out.mkdir()
+    # The last two gather and cast: the record's CRC-32 is summed piece by
+    # piece as it is gathered (exec/tensor_copy's PieceCrcs), not re-read.
     for args in (["consolidate", src, "-o", out / "a.pt"], ["consolidate", src, "-o", out / "a.safetensors"],
-                 ["reshard", src, "-o", out / "d", "--world-size", "2", "--layout", "dcp"]):
+                 ["reshard", src, "-o", out / "d", "--world-size", "2", "--layout", "dcp"],
+                 ["consolidate", src, "-o", out / "c.pt", "--dtype", "bf16"],
+                 ["consolidate", src, "-o", out / "f.pt", "--finite"]):
         r = run_ckptconv(*args)
         assert r.returncode == 3, (args, r.stderr)
         assert "fails its CRC-32" in r.stderr and victim.name in r.stderr, r.stderr
