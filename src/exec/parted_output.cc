@@ -49,11 +49,7 @@ struct Writer {
   }
   void run(std::size_t k, ByteSink& sink, const Fill& fill) const {
     if (format == OutputFormat::kPt) {
-      std::vector<torch_pt::OutputTensor> tensors;
-      tensors.reserve(model.tensors.size());
-      for (const auto& t : model.tensors)
-        tensors.push_back({t.output_dtype(), t.shape, t.storage == StorageKind::kParameter, t.requires_grad});
-      torch_pt::write_pt(sink, *model.root, tensors,
+      torch_pt::write_pt(sink, *model.root, pt_output_tensors(model),
                          [&](std::size_t i, archive::ZipWriter& zip) { fill(i, sink, &zip); });
       return;
     }
@@ -100,13 +96,12 @@ struct Layout {
   }
 };
 
-Layout layout_of(const Writer& w, int parts) {
+Layout layout_of(const Writer& w) {
   const CheckpointModel& model = w.model;
   Layout l;
   l.file.assign(model.tensors.size(), 0);
   l.offset.assign(model.tensors.size(), 0);
   l.size.assign(model.tensors.size(), 0);
-  l.owner.assign(model.tensors.size(), 0);
   for (std::size_t k = 0; k < w.files(); ++k) {
     PartSink counter(-1, {}, "layout");
     w.run(k, counter, [&](std::size_t i, ByteSink& sink, archive::ZipWriter* zip) {
@@ -120,22 +115,6 @@ Layout layout_of(const Writer& w, int parts) {
         sink.skip(n);
     });
     l.total.push_back(counter.position());
-  }
-  // Owners by bytes, not tensor count: tensor i goes to the part its middle
-  // byte falls in, counting tensor bytes in output order.
-  std::vector<std::size_t> order(model.tensors.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return std::pair(l.file[a], l.offset[a]) < std::pair(l.file[b], l.offset[b]);
-  });
-  uint64_t all = 0;
-  for (uint64_t n : l.size) all += n;
-  uint64_t before = 0;
-  for (std::size_t i : order) {
-    long double middle = static_cast<long double>(before) + static_cast<long double>(l.size[i]) / 2;
-    int part = all == 0 ? 0 : static_cast<int>(middle * parts / static_cast<long double>(all));
-    l.owner[i] = std::clamp(part, 0, parts - 1);
-    before += l.size[i];
   }
   Hasher h(ChecksumAlgorithm::kXxh3_64);
   auto add = [&](const std::string& text) {
@@ -157,6 +136,28 @@ Layout layout_of(const Writer& w, int parts) {
   }
   l.hash = h.hex_digest();
   return l;
+}
+
+// Which worker writes each tensor when the output is split `parts` ways
+// (the plan's hash does not depend on it: the parts folder is found first).
+void assign_owners(Layout& l, int parts) {
+  l.owner.assign(l.size.size(), 0);
+  // Owners by bytes, not tensor count: tensor i goes to the part its middle
+  // byte falls in, counting tensor bytes in output order.
+  std::vector<std::size_t> order(l.size.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return std::pair(l.file[a], l.offset[a]) < std::pair(l.file[b], l.offset[b]);
+  });
+  uint64_t all = 0;
+  for (uint64_t n : l.size) all += n;
+  uint64_t before = 0;
+  for (std::size_t i : order) {
+    long double middle = static_cast<long double>(before) + static_cast<long double>(l.size[i]) / 2;
+    int part = all == 0 ? 0 : static_cast<int>(middle * parts / static_cast<long double>(all));
+    l.owner[i] = std::clamp(part, 0, parts - 1);
+    before += l.size[i];
+  }
 }
 
 std::string data_file(const std::string& dir, std::size_t k) { return dir + "/data-" + std::to_string(k); }
@@ -423,18 +424,21 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
   if (part.finalize_only) {
     // The folder's name does not depend on the number of parts; the
     // receipts in it say what it was.
-    std::string dir = parts_dir(options, layout_of(w, 1));
+    Layout l = layout_of(w);
+    std::string dir = parts_dir(options, l);
     std::vector<Receipt> receipts = read_receipts(dir);
     if (receipts.empty())
       fail(ErrorCode::kDataLoss, options.path + ": no part of this plan has been written (no receipt in " + dir +
                                      "): run the parts first, with the same source and options");
     int parts = receipts.front().parts;
-    return {true, finalize(w, options, layout_of(w, parts), parts), 0, 0};
+    assign_owners(l, parts);
+    return {true, finalize(w, options, l, parts), 0, 0};
   }
   for (std::size_t k = 0; k < w.files(); ++k)  // before any work, as without --part
     if (!options.force && fs::exists(fs::symlink_status(w.destination(k))))
       fail_invalid(w.destination(k) + ": output exists (use --force to overwrite)");
-  Layout l = layout_of(w, part.count);
+  Layout l = layout_of(w);
+  assign_owners(l, part.count);
   std::string dir = parts_dir(options, l);
   fs::create_directories(dir);
   try {

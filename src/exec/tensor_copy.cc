@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
@@ -151,8 +152,8 @@ void swap_box(std::byte* dst, const Shape& dst_strides, const Shape& extent, DTy
 // For the chunks that are whole records laid out as rows (sum_chunks).
 class PieceCrcs {
  public:
-  explicit PieceCrcs(std::vector<const TensorChunk*> chunks) : chunks_(std::move(chunks)) {}
-  bool covers(const TensorChunk* c) const { return std::find(chunks_.begin(), chunks_.end(), c) != chunks_.end(); }
+  explicit PieceCrcs(const std::vector<const TensorChunk*>& chunks) : chunks_(chunks.begin(), chunks.end()) {}
+  bool covers(const TensorChunk* c) const { return chunks_.count(c) > 0; }
   void add(const TensorChunk* c, uint64_t offset, const std::byte* bytes, uint64_t n) {
     uint32_t crc = archive::crc32_update(0, bytes, static_cast<std::size_t>(n));
     std::lock_guard<std::mutex> lock(mutex_);
@@ -172,14 +173,13 @@ class PieceCrcs {
     if (at != c->storage->size()) return std::nullopt;
     return crc;
   }
-  const std::vector<const TensorChunk*>& chunks() const { return chunks_; }
 
  private:
   struct Piece {
     uint64_t offset, length;
     uint32_t crc;
   };
-  std::vector<const TensorChunk*> chunks_;
+  std::unordered_set<const TensorChunk*> chunks_;
   std::mutex mutex_;
   std::map<const TensorChunk*, std::vector<Piece>> pieces_;
 };
@@ -212,10 +212,11 @@ void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& ch
     int64_t dst_elem = (lo - r0) * out_strides[0];
     for (std::size_t d = 1; d < t.shape.size(); ++d) dst_elem += c->offsets[d] * out_strides[d];
     copy_box(src, c->strides, dst + dst_elem * static_cast<int64_t>(isz), out_strides, extent, isz);
-    if (crcs && crcs->covers(c))  // a whole record as rows: these rows are one range of it
-      crcs->add(
-          c, static_cast<uint64_t>(lo - c->offsets[0]) * shape_numel(Shape(c->sizes.begin() + 1, c->sizes.end())) * isz,
-          src, static_cast<uint64_t>(hi - lo) * shape_numel(Shape(c->sizes.begin() + 1, c->sizes.end())) * isz);
+    if (crcs && crcs->covers(c)) {  // a whole record as rows: these rows are one range of it
+      uint64_t row_bytes = shape_numel(Shape(c->sizes.begin() + 1, c->sizes.end())) * isz;
+      crcs->add(c, static_cast<uint64_t>(lo - c->offsets[0]) * row_bytes, src,
+                static_cast<uint64_t>(hi - lo) * row_bytes);
+    }
     if (c->big_endian) swap_box(dst + dst_elem * static_cast<int64_t>(isz), out_strides, extent, t.dtype);
   }
 }

@@ -18,12 +18,17 @@
 
 namespace ckpt {
 
-void write_pt_output(const CheckpointModel& model, const OutputOptions& options) {
-  require_valid(model);
+std::vector<torch_pt::OutputTensor> pt_output_tensors(const CheckpointModel& model) {
   std::vector<torch_pt::OutputTensor> tensors;
   tensors.reserve(model.tensors.size());
   for (const auto& t : model.tensors)
     tensors.push_back({t.output_dtype(), t.shape, t.storage == StorageKind::kParameter, t.requires_grad});
+  return tensors;
+}
+
+void write_pt_output(const CheckpointModel& model, const OutputOptions& options) {
+  require_valid(model);
+  std::vector<torch_pt::OutputTensor> tensors = pt_output_tensors(model);
   auto sink = AtomicFileSink::create(options.path, options.force, options.durable);
   with_context(options.path, [&] {
     torch_pt::write_pt(*sink, *model.root, tensors, [&](std::size_t index, archive::ZipWriter& zip) {

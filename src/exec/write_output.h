@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "exec/tensor_copy.h"
+#include "formats/torch_pt/pt_writer.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt {
@@ -32,6 +33,10 @@ const char* output_format_name(OutputFormat format);
 // returns the files written, in order: OUT itself, or for a sharded
 // safetensors output its shards then OUT.index.json.
 std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);
+
+// The tensors of a .pt output as torch_pt::write_pt takes them (output
+// dtype, shape, Parameter or not), for every writer of that format.
+std::vector<torch_pt::OutputTensor> pt_output_tensors(const CheckpointModel& model);
 
 // A torch.save archive of the model's structure with every tensor
 // consolidated (contiguous). Validates the model first.

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -227,15 +228,45 @@ ValuePtr bytes_io_object(const Value& bytes) {
   return Value::built(std::move(object), Value::tuple({data, Value::integer(bytes.int_value), Value::none()}));
 }
 
-ValuePtr with_bytes_io_objects(const ValuePtr& value) {
+namespace {
+
+// with_bytes_io_objects over a graph whose nodes may be shared: each node is
+// rebuilt once (memo), and a subtree without a BytesIO is returned as it is.
+// Before, every level asked find_node of its whole subtree and copied shared
+// subtrees once per path, so a value of 40 levels of [a, a] holding one
+// BytesIO took 2^40 steps. Recursion is bounded by the unpickler's depth limit.
+ValuePtr rebuild_bytes_io(const ValuePtr& value, std::unordered_map<const Value*, ValuePtr>& memo) {
   if (!value) return value;
-  if (value->is(Kind::kBytes)) return value->bytes_io ? bytes_io_object(*value) : value;
-  if (!find_node(*value, [](const Value& v) { return v.is(Kind::kBytes) && v.bytes_io; })) return value;
-  auto copy = std::make_shared<Value>(*value);
-  for (auto& item : copy->items) item = with_bytes_io_objects(item);
-  for (auto& [key, child] : copy->entries) child = with_bytes_io_objects(child);
-  for (ValuePtr* p : {&copy->object, &copy->state, &copy->args}) *p = with_bytes_io_objects(*p);
-  return copy;
+  if (auto it = memo.find(value.get()); it != memo.end()) return it->second;
+  ValuePtr out = value;
+  if (value->is(Kind::kBytes)) {
+    if (value->bytes_io) out = bytes_io_object(*value);
+  } else {
+    std::shared_ptr<Value> copy;  // made when the first child changes
+    auto child = [&](const ValuePtr& old, auto&& slot_of) {
+      ValuePtr now = rebuild_bytes_io(old, memo);
+      if (now == old) return;
+      if (!copy) copy = std::make_shared<Value>(*value);
+      slot_of(*copy) = now;
+    };
+    for (std::size_t i = 0; i < value->items.size(); ++i)
+      child(value->items[i], [i](Value& v) -> ValuePtr& { return v.items[i]; });
+    for (std::size_t i = 0; i < value->entries.size(); ++i)
+      child(value->entries[i].second, [i](Value& v) -> ValuePtr& { return v.entries[i].second; });
+    child(value->object, [](Value& v) -> ValuePtr& { return v.object; });
+    child(value->state, [](Value& v) -> ValuePtr& { return v.state; });
+    child(value->args, [](Value& v) -> ValuePtr& { return v.args; });
+    if (copy) out = copy;
+  }
+  memo.emplace(value.get(), out);
+  return out;
+}
+
+}  // namespace
+
+ValuePtr with_bytes_io_objects(const ValuePtr& value) {
+  std::unordered_map<const Value*, ValuePtr> memo;
+  return rebuild_bytes_io(value, memo);
 }
 
 const Value* find_node(const Value& root, const std::function<bool(const Value&)>& match) {

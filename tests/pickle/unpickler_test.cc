@@ -458,6 +458,22 @@ TEST_CASE("a BytesIO turned back into an object pickles as a BytesIO again", "[p
   CHECK(with_bytes_io_objects(Value::list({Value::bytes("x")}))->items[0]->is(Kind::kBytes));
 }
 
+TEST_CASE("BytesIO objects come back in one visit per node of a shared graph", "[pickle]") {
+  // 60 levels of [a, a] over one BytesIO: 2^60 paths, 61 nodes. A walk per
+  // path never ends; the rebuilt graph shares its nodes as the input did.
+  ValuePtr a = unpickle(kBytesIoProtocol2, checkpoint_policy());
+  for (int i = 0; i < 60; ++i) a = Value::list({a, a});
+  ValuePtr out = with_bytes_io_objects(a);
+  CHECK(out != a);
+  CHECK(out->items[0] == out->items[1]);
+  const Value* leaf = out.get();
+  while (leaf->is(Kind::kList)) leaf = leaf->items[0].get();
+  CHECK(leaf->is(Kind::kBuilt));
+  ValuePtr plain = Value::list({Value::integer(1)});
+  for (int i = 0; i < 60; ++i) plain = Value::list({plain, plain});
+  CHECK(with_bytes_io_objects(plain) == plain);  // nothing to change: the same node
+}
+
 TEST_CASE("a BytesIO with attributes or constructor arguments is refused", "[pickle][hostile]") {
   // io.BytesIO(b'x') with b.foo = 1: its state's dict is not empty.
   const std::string with_attribute(
