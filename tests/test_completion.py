@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-COMMANDS = ["inspect", "consolidate", "convert", "reshard", "validate", "diff"]
+COMMANDS = ["inspect", "consolidate", "convert", "reshard", "validate", "diff", "finalize"]
 
 
 def _share(ckptconv: Path) -> Path:

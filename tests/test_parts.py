@@ -1,14 +1,18 @@
-"""--part I/N (#20): one consolidate split across N processes gives the very
-bytes a single process writes (sha256), whether the workers are plain
-background processes, torchrun's or mpirun's, or Slurm's (faked here: no
-Slurm on this machine); a part that never finished is named by finalize,
-nothing appears at OUT, and rerunning that part alone completes the output
-identically."""
+"""--part I/N (#20): one consolidate or reshard split across N processes
+gives the very bytes a single process writes (sha256; a DCP .metadata's
+random save id aside), whether the workers are plain background processes,
+torchrun's or mpirun's, or Slurm's (faked here: no Slurm on this machine); a
+tensor that spans two workers' shares is written by both, cut at a row; a
+part that never finished is named by finalize, nothing appears at OUT, and
+rerunning that part alone completes the output identically; a finalizing
+step that did not happen is done by `ckptconv finalize OUT`, without SRC."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,9 +42,10 @@ def _single(ckptconv, src, extra, out: Path) -> str:
     return _sha(out)
 
 
-def _workers(ckptconv, src, extra, out: Path, n: int, parts=None, env=None) -> list[subprocess.CompletedProcess]:
+def _workers(ckptconv, src, extra, out: Path, n: int, parts=None, env=None,
+             command="consolidate") -> list[subprocess.CompletedProcess]:
     """Starts parts (default all of 0..n-1) at once, as a launcher would, and waits."""
-    procs = [subprocess.Popen([str(ckptconv), "consolidate", str(src), "-o", str(out), "--part", f"{i}/{n}", *extra],
+    procs = [subprocess.Popen([str(ckptconv), command, str(src), "-o", str(out), "--part", f"{i}/{n}", *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for i in (range(n) if parts is None else parts)]
     results = []
@@ -183,4 +188,144 @@ def test_hdf5_output_refuses_parts(tmp_path, run_ckptconv):
     src, _ = SOURCES["dcp"]
     r = run_ckptconv("consolidate", src, "-o", tmp_path / "o.h5", "--part", "0/2")
     assert r.returncode == 2 and "MPI-IO" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def _one_big_tensor(path: Path, fmt: str) -> Path:
+    """A state dict whose bytes are mostly one tensor: every split cuts it."""
+    import torch
+    g = torch.Generator().manual_seed(20)
+    sd = {"big": torch.randn(301, 17, generator=g), "small": torch.arange(5, dtype=torch.int64)}
+    if fmt == "pt":
+        torch.save(sd, path)
+    else:
+        from safetensors.torch import save_file
+        save_file(sd, str(path))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors"])
+def test_one_big_tensor_is_split_between_workers_by_rows(fmt, tmp_path, ckptconv, run_ckptconv):
+    """Two workers share the 20 KB tensor: each receipt names a row-aligned
+    piece of it, and the .pt's CRC-32 of the record is the two pieces'
+    joined (torch.load checks it)."""
+    src = _one_big_tensor(tmp_path / f"src.{fmt}", fmt)
+    want = _single(ckptconv, src, [], tmp_path / f"single.{fmt}")
+    out = tmp_path / f"parts.{fmt}"
+    r = run_ckptconv("convert", src, "-o", out, "--part", "0/2")
+    assert r.returncode == 0, r.stderr
+    (receipt,) = tmp_path.glob(f"parts.{fmt}.parts-*/part-0-of-2.json")
+    pieces = json.loads(receipt.read_text())["pieces"]
+    row = 17 * 4
+    (cut,) = [p for p in pieces if p[2] - p[1] != 5 * 8]  # its piece of `big`
+    assert 0 < cut[2] - cut[1] < 301 * row and cut[1] % row == 0 and cut[2] % row == 0, pieces
+    r = run_ckptconv("convert", src, "-o", out, "--part", "1/2")
+    assert r.returncode == 0 and "finalized 2 parts" in r.stderr, r.stderr
+    assert _sha(out) == want
+    if fmt == "pt":
+        import torch
+        got, ref = torch.load(out, weights_only=True), torch.load(src, weights_only=True)
+        assert torch.equal(got["big"], ref["big"]) and torch.equal(got["small"], ref["small"])
+
+
+def _metadata_without_save_id(d: Path) -> bytes:
+    """DCP's .metadata names a random save id (a UUID4) and the directory it
+    was written to (checkpoint_id: compare outputs whose paths have the
+    same length); everything else must match."""
+    data = (d / ".metadata").read_bytes()
+    for spelling in (str(d).encode(), d.name.encode()):  # as -o gave it: absolute, or relative
+        data = data.replace(spelling, b"#" * len(spelling))
+    ids = re.findall(rb"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", data)
+    assert len(ids) == 1, ids
+    return data.replace(ids[0], b"0" * 36)
+
+
+def _same_directories(a: Path, b: Path):
+    names = sorted(p.name for p in a.iterdir())
+    assert sorted(p.name for p in b.iterdir()) == names
+    for name in names:
+        if name == ".metadata":
+            assert _metadata_without_save_id(a) == _metadata_without_save_id(b)
+        else:
+            assert _sha(a / name) == _sha(b / name), name
+
+
+RESHARDS = {
+    "dcp": (TD / "dcp" / "fsdp2_adamw_ws2", ["--world-size", "3"]),
+    "sharded-tensor": (TD / "fsdp_st" / "adamw_ws2", ["--world-size", "3"]),
+    "dtensor": (TD / "fsdp_dt" / "adamw_ws3", ["--world-size", "2"]),
+    "zero-to-dcp": (TD / "zero" / "z2_bf16_ws2", ["--world-size", "3", "--layout", "dcp", "--dtype", "fp32"]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RESHARDS))
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_reshard_parts_write_the_single_process_files(kind, n, tmp_path, ckptconv, run_ckptconv):
+    src, extra = RESHARDS[kind]
+    if kind != "dcp" and n in (1, 4):
+        pytest.skip("every layout at N=2,3,7; DCP at every N")
+    r = run_ckptconv("reshard", src, "-o", tmp_path / "solo", *extra)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "many"
+    results = _workers(ckptconv, src, extra, out, n, command="reshard")
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    assert sum("finalized" in r.stderr for r in results) == 1
+    _same_directories(tmp_path / "solo", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many", "solo"]  # parts folder gone
+    if kind in ("dcp", "zero-to-dcp"):
+        from torch.distributed.checkpoint import FileSystemReader
+        a, b = FileSystemReader(str(tmp_path / "solo")).read_metadata(), FileSystemReader(str(out)).read_metadata()
+        assert a.state_dict_metadata == b.state_dict_metadata and a.storage_data == b.storage_data
+
+
+def test_a_missing_reshard_part_is_named_and_rerunning_it_completes_the_output(tmp_path, ckptconv, run_ckptconv):
+    src, extra = RESHARDS["dcp"]
+    assert run_ckptconv("reshard", src, "-o", tmp_path / "solo", *extra).returncode == 0
+    out = tmp_path / "many"
+    results = _workers(ckptconv, src, extra, out, 3, parts=[0, 2], command="reshard")
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    r = run_ckptconv("reshard", src, "-o", out, *extra, "--part", "finalize")
+    assert r.returncode == 3 and "parts 1/3 have no receipt" in r.stderr, r.stderr
+    assert not out.exists()
+    r = run_ckptconv("reshard", src, "-o", out, *extra, "--part", "1/3")
+    assert r.returncode == 0 and "finalized 3 parts" in r.stderr, r.stderr
+    _same_directories(tmp_path / "solo", out)
+
+
+@pytest.mark.parametrize("command", ["consolidate", "reshard"])
+def test_finalize_out_completes_what_a_dead_finalizer_left(command, tmp_path, ckptconv, run_ckptconv):
+    """The worker elected to finalize died after the election (its token is
+    there, nothing is published): the last worker says so, and `ckptconv
+    finalize OUT`, run from elsewhere and without SRC, publishes the very
+    bytes a single process writes."""
+    work = tmp_path / "job"
+    work.mkdir()
+    if command == "consolidate":
+        src, extra, single, out = SOURCES["dcp"][0], [], "single.pt", "out.pt"
+    else:
+        src, extra = RESHARDS["dcp"]
+        single, out = "solo", "many"
+    r = run_ckptconv(command, src, "-o", single, *extra, cwd=work)
+    assert r.returncode == 0, r.stderr
+    single = work / single
+    # Relative paths, as a job script would give them.
+    r = run_ckptconv(command, src, "-o", out, *extra, "--part", "0/2", cwd=work)
+    assert r.returncode == 0, r.stderr
+    (folder,) = work.glob(out + ".parts-*")
+    (folder / "finalizing").touch()
+    r = run_ckptconv(command, src, "-o", out, *extra, "--part", "1/2", cwd=work)
+    assert r.returncode == 0 and "another worker is finalizing" in r.stderr and "ckptconv finalize" in r.stderr
+    assert not (work / out).exists()
+    r = run_ckptconv("finalize", Path("job") / out, cwd=tmp_path)
+    assert r.returncode == 0 and "finalized 2 parts" in r.stderr, r.stderr
+    if command == "consolidate":
+        assert _sha(work / out) == _sha(single)
+    else:
+        _same_directories(single, work / out)
+    assert not folder.exists()
+
+
+def test_finalize_without_parts_says_what_to_do(tmp_path, run_ckptconv):
+    r = run_ckptconv("finalize", tmp_path / "nothing.pt")
+    assert r.returncode == 3 and "no parts to finalize" in r.stderr and "--part I/N" in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []

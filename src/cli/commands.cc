@@ -20,6 +20,7 @@ void register_consolidate(CLI::App& app);
 void register_reshard(CLI::App& app);
 void register_validate(CLI::App& app);
 void register_diff(CLI::App& app);
+void register_finalize(CLI::App& app);
 
 void register_commands(CLI::App& app) {
   register_inspect(app);
@@ -28,6 +29,7 @@ void register_commands(CLI::App& app) {
   register_reshard(app);
   register_validate(app);
   register_diff(app);
+  register_finalize(app);
 }
 
 int run_selected(CLI::App& app) {

@@ -40,6 +40,10 @@ void register_reshard(CLI::App& app) {
                   "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none")
       ->group(kOutputGroup);
   bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kMaxOutputSize | kNoVerify, help);
+  sub->add_option("--part", req->part,
+                  "Write worker I's share of the output files (I/N, 0-based; auto: from Slurm, Open MPI, PMI or "
+                  "torchrun); the worker completing the set finalizes DST (finalize: only that step)")
+      ->group(kPerformanceGroup);
   set_footer(
       sub,
       {"ckptconv reshard ckpt/step-1000 -o ckpt-ws4 --world-size 4",

@@ -7,10 +7,10 @@
 #include <spdlog/spdlog.h>
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -21,73 +21,55 @@
 #include "exec/checksum.h"
 #include "formats/safetensors/safetensors_writer.h"
 #include "formats/torch_pt/pt_writer.h"
+#include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 #include "io/part_sink.h"
 #include "model/validate.h"
+#include "plan/reshard.h"
 
 namespace ckpt {
 namespace fs = std::filesystem;
 namespace {
 
-// Produces tensor `index`'s bytes into the writer: `zip` is the .pt
-// archive's writer (null for safetensors, whose bytes go to `sink`).
-using Fill = std::function<void(std::size_t index, ByteSink& sink, archive::ZipWriter* zip)>;
-
-// The format's own writer, file by file (a sharded safetensors output is
-// several): the same bytes as write_output's.
-struct Writer {
-  Writer(const CheckpointModel& m, OutputFormat f, const OutputOptions& options)
-      : model(m), format(f), out(options.path) {
-    if (format == OutputFormat::kSafetensors)
-      plan = safetensors::plan_safetensors(model, out.filename().string(), options.max_shard_size);
-  }
-  std::size_t files() const { return format == OutputFormat::kPt ? 1 : plan.files.size(); }
-  // Where file k is published.
-  std::string destination(std::size_t k) const {
-    if (format == OutputFormat::kPt) return out.string();
-    return (out.parent_path() / plan.files.at(k).file_name).string();
-  }
-  void run(std::size_t k, ByteSink& sink, const Fill& fill) const {
-    if (format == OutputFormat::kPt) {
-      torch_pt::write_pt(sink, *model.root, pt_output_tensors(model),
-                         [&](std::size_t i, archive::ZipWriter& zip) { fill(i, sink, &zip); });
-      return;
-    }
-    safetensors::write_safetensors_file(sink, plan.files.at(k),
-                                        [&](std::size_t i, ByteSink& s) { fill(i, s, nullptr); });
-  }
-
-  const CheckpointModel& model;
-  OutputFormat format;
-  fs::path out;
-  safetensors::Plan plan;
+// Bytes [begin, end) of a unit, written by `owner`: the whole unit, or rows
+// [r0, r1) of its tensor when the unit spans a boundary between two shares.
+struct Piece {
+  uint64_t begin = 0, end = 0;
+  int64_t r0 = 0, r1 = 0;
+  bool whole = true;
+  int owner = 0;
 };
 
-// Where every tensor's bytes go in the output (which file, at what offset),
+// Where every unit's bytes go in the output (which file, at what offset),
 // found by running the writer against counting sinks, and which worker
-// writes them.
+// writes which piece of it.
 struct Layout {
-  std::vector<std::size_t> file;  // per tensor
+  std::vector<std::string> names;  // per file
+  std::vector<uint64_t> total;     // per file
+  std::vector<std::size_t> file;   // per unit
   std::vector<uint64_t> offset, size;
-  std::vector<int> owner;
-  std::vector<uint64_t> total;  // per file
-  std::string hash;             // of the plan and the source's files: receipts of another plan are stale
+  std::vector<int64_t> rows;               // dim 0 of the unit's tensor when it may be cut there, else 0
+  std::string hash;                        // of the plan and the source's files: receipts of another plan are stale
+  std::vector<std::vector<Piece>> pieces;  // per unit, in byte order (assign_owners)
 
+  std::size_t units() const { return size.size(); }
   PartSink::Ranges ranges_of(int part, std::size_t k) const {
     PartSink::Ranges r;
-    for (std::size_t i = 0; i < offset.size(); ++i)
-      if (owner[i] == part && file[i] == k && size[i] > 0) r.emplace_back(offset[i], offset[i] + size[i]);
+    for (std::size_t u = 0; u < units(); ++u)
+      if (file[u] == k)
+        for (const Piece& p : pieces[u])
+          if (p.owner == part && p.end > p.begin) r.emplace_back(offset[u] + p.begin, offset[u] + p.end);
     std::sort(r.begin(), r.end());
     return r;
   }
-  // Every byte of file k no tensor holds: what the finalizing process writes.
+  // Every byte of file k no unit holds: what the finalizing process writes.
   PartSink::Ranges metadata(std::size_t k) const {
-    PartSink::Ranges tensors, out;
-    for (std::size_t i = 0; i < offset.size(); ++i)
-      if (file[i] == k && size[i] > 0) tensors.emplace_back(offset[i], offset[i] + size[i]);
-    std::sort(tensors.begin(), tensors.end());
+    PartSink::Ranges units_in, out;
+    for (std::size_t u = 0; u < units(); ++u)
+      if (file[u] == k && size[u] > 0) units_in.emplace_back(offset[u], offset[u] + size[u]);
+    std::sort(units_in.begin(), units_in.end());
     uint64_t at = 0;
-    for (const auto& [b, e] : tensors) {
+    for (const auto& [b, e] : units_in) {
       if (b > at) out.emplace_back(at, b);
       at = std::max(at, e);
     }
@@ -96,39 +78,49 @@ struct Layout {
   }
 };
 
-Layout layout_of(const Writer& w) {
-  const CheckpointModel& model = w.model;
+void skip_unit(const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip, uint32_t crc = 0) {
+  if (zip)
+    zip->append_elsewhere(u.nbytes, crc);
+  else
+    sink.skip(u.nbytes);
+}
+
+std::string trimmed(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+Layout layout_of(PartedWriter& w, const PartedOptions& options) {
   Layout l;
-  l.file.assign(model.tensors.size(), 0);
-  l.offset.assign(model.tensors.size(), 0);
-  l.size.assign(model.tensors.size(), 0);
-  for (std::size_t k = 0; k < w.files(); ++k) {
-    PartSink counter(-1, {}, "layout");
-    w.run(k, counter, [&](std::size_t i, ByteSink& sink, archive::ZipWriter* zip) {
-      uint64_t n = model.tensors.at(i).output_nbytes();
-      l.file[i] = k;
-      l.offset[i] = sink.position();
-      l.size[i] = n;
-      if (zip)
-        zip->append_elsewhere(n, 0);
-      else
-        sink.skip(n);
-    });
-    l.total.push_back(counter.position());
-  }
+  l.names = w.file_names();
+  std::vector<PartSink> counters;
+  for (const auto& name : l.names) counters.emplace_back(-1, PartSink::Ranges{}, name);
+  std::vector<ByteSink*> sinks;
+  for (auto& c : counters) sinks.push_back(&c);
   Hasher h(ChecksumAlgorithm::kXxh3_64);
   auto add = [&](const std::string& text) {
     h.update(text.data(), text.size());
     h.update("\n", 1);
   };
-  add(output_format_name(w.format));
-  for (std::size_t k = 0; k < w.files(); ++k) add(w.destination(k) + " " + std::to_string(l.total[k]));
-  for (std::size_t i = 0; i < model.tensors.size(); ++i) {
-    const TensorEntry& t = model.tensors[i];
-    add(t.name + " " + std::string(dtype_name(t.output_dtype())) + " " + shape_str(t.shape) + " " +
-        std::to_string(l.file[i]) + " " + std::to_string(l.offset[i]) + " " + std::to_string(l.size[i]));
+  add(w.kind());
+  for (const auto& d : w.destinations()) add(d);
+  w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
+    l.file.push_back(u.file);
+    l.offset.push_back(sink.position());
+    l.size.push_back(u.nbytes);
+    bool cuttable = u.tensor && !u.tensor->shape.empty() && u.tensor->shape[0] > 1 && u.nbytes > 0;
+    l.rows.push_back(cuttable ? u.tensor->shape[0] : 0);
+    std::string what = u.tensor ? u.tensor->name + " " + std::string(dtype_name(u.tensor->output_dtype())) + " " +
+                                      shape_str(u.tensor->shape)
+                                : "bytes";
+    add(std::to_string(u.file) + " " + std::to_string(sink.position()) + " " + std::to_string(u.nbytes) + " " + what);
+    skip_unit(u, sink, zip);
+  });
+  for (std::size_t k = 0; k < counters.size(); ++k) {
+    l.total.push_back(counters[k].position());
+    add(l.names[k] + " " + std::to_string(l.total[k]));
   }
-  for (const auto& f : model.info.files) {
+  for (const auto& f : options.inputs) {
     struct stat st {};
     if (::stat(f.c_str(), &st) == 0)
       add(f + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
@@ -138,41 +130,80 @@ Layout layout_of(const Writer& w) {
   return l;
 }
 
-// Which worker writes each tensor when the output is split `parts` ways
-// (the plan's hash does not depend on it: the parts folder is found first).
+// Which worker writes what when the output is split `parts` ways (the
+// plan's hash does not depend on it: the parts folder is found first). By
+// bytes, not tensor count: the unit bytes in output order are cut into
+// `parts` equal shares; a unit that spans a cut is split at the dim-0 row
+// nearest to it (one big tensor is written by several workers), and each
+// piece goes to the share its middle byte falls in.
 void assign_owners(Layout& l, int parts) {
-  l.owner.assign(l.size.size(), 0);
-  // Owners by bytes, not tensor count: tensor i goes to the part its middle
-  // byte falls in, counting tensor bytes in output order.
-  std::vector<std::size_t> order(l.size.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<std::size_t> order(l.units());
+  for (std::size_t u = 0; u < order.size(); ++u) order[u] = u;
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return std::pair(l.file[a], l.offset[a]) < std::pair(l.file[b], l.offset[b]);
   });
-  uint64_t all = 0;
-  for (uint64_t n : l.size) all += n;
-  uint64_t before = 0;
-  for (std::size_t i : order) {
-    long double middle = static_cast<long double>(before) + static_cast<long double>(l.size[i]) / 2;
-    int part = all == 0 ? 0 : static_cast<int>(middle * parts / static_cast<long double>(all));
-    l.owner[i] = std::clamp(part, 0, parts - 1);
-    before += l.size[i];
+  long double all = 0;
+  for (uint64_t n : l.size) all += static_cast<long double>(n);
+  auto share_of = [&](long double at) {
+    int part = all == 0 ? 0 : static_cast<int>(at * parts / all);
+    return std::clamp(part, 0, parts - 1);
+  };
+  l.pieces.assign(l.units(), {});
+  long double before = 0;
+  for (std::size_t u : order) {
+    const auto size = static_cast<long double>(l.size[u]);
+    std::vector<int64_t> cuts = {0};
+    if (l.rows[u] > 1) {
+      long double row = size / static_cast<long double>(l.rows[u]);
+      for (int p = 1; p < parts; ++p) {
+        long double boundary = all * p / parts;
+        if (boundary <= before || boundary >= before + size) continue;
+        auto r = static_cast<int64_t>(std::llround((boundary - before) / row));
+        r = std::clamp<int64_t>(r, 1, l.rows[u] - 1);
+        if (r > cuts.back()) cuts.push_back(r);
+      }
+    }
+    if (cuts.size() == 1) {
+      Piece p;
+      p.end = l.size[u];
+      p.owner = share_of(before + size / 2);
+      l.pieces[u].push_back(p);
+    } else {
+      cuts.push_back(l.rows[u]);
+      uint64_t row_bytes = l.size[u] / static_cast<uint64_t>(l.rows[u]);
+      for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+        Piece p;
+        p.whole = false;
+        p.r0 = cuts[c];
+        p.r1 = cuts[c + 1];
+        p.begin = static_cast<uint64_t>(p.r0) * row_bytes;
+        p.end = static_cast<uint64_t>(p.r1) * row_bytes;
+        p.owner = share_of(before + static_cast<long double>(p.begin + p.end) / 2);
+        l.pieces[u].push_back(p);
+      }
+    }
+    before += size;
   }
 }
 
 std::string data_file(const std::string& dir, std::size_t k) { return dir + "/data-" + std::to_string(k); }
 
-std::string parts_dir(const OutputOptions& options, const Layout& l) { return options.path + ".parts-" + l.hash; }
+std::string parts_dir(const std::string& output, const Layout& l) { return trimmed(output) + ".parts-" + l.hash; }
 
 std::string receipt_name(int part, int parts) {
   return "part-" + std::to_string(part) + "-of-" + std::to_string(parts) + ".json";
 }
 
+struct Written {
+  uint64_t end = 0;
+  uint32_t crc = 0;
+};
+
 struct Receipt {
   std::string file;
   std::string plan;
   int part = -1, parts = 0;
-  std::map<std::size_t, uint32_t> crcs;  // tensor index -> CRC-32 of its output bytes
+  std::map<std::pair<std::size_t, uint64_t>, Written> pieces;  // (unit, begin) -> end, CRC-32 of the bytes
 };
 
 std::vector<Receipt> read_receipts(const std::string& dir) {
@@ -189,7 +220,9 @@ std::vector<Receipt> read_receipts(const std::string& dir) {
       r.plan = j.at("plan").get<std::string>();
       r.part = j.at("part").get<int>();
       r.parts = j.at("parts").get<int>();
-      for (const auto& t : j.at("tensors")) r.crcs[t.at(0).get<std::size_t>()] = t.at(3).get<uint32_t>();
+      for (const auto& p : j.at("pieces"))
+        r.pieces[{p.at(0).get<std::size_t>(), p.at(1).get<uint64_t>()}] = {p.at(2).get<uint64_t>(),
+                                                                           p.at(3).get<uint32_t>()};
     } catch (const std::exception& e) {
       fail(ErrorCode::kDataLoss,
            r.file + ": not a receipt ckptconv wrote (" + e.what() + "): remove it and rerun its part");
@@ -206,11 +239,78 @@ void fsync_path(const std::string& path) {
   ::close(fd);
 }
 
-// Checks the receipts against the plan and writes every byte no tensor
-// holds, with the receipts' CRC-32s, then publishes the file.
-std::string finalize(const Writer& w, const OutputOptions& options, const Layout& l, int parts) {
-  const CheckpointModel& model = w.model;
-  std::string dir = parts_dir(options, l);
+// The shared files of the parts folder, open for the duration of one pass.
+class DataFiles {
+ public:
+  DataFiles(const std::string& dir, std::size_t n, bool create) {
+    for (std::size_t k = 0; k < n; ++k) {
+      std::string path = data_file(dir, k);
+      int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+      if (fd < 0) {
+        if (!create && errno == ENOENT)
+          fail(ErrorCode::kDataLoss, path + ": a shared output file of the parts is missing: rerun every part");
+        fail(ErrorCode::kOutputFailed, path + ": " + std::strerror(errno));
+      }
+      fds_.push_back(fd);
+      paths_.push_back(path);
+    }
+  }
+  ~DataFiles() {
+    for (int fd : fds_) ::close(fd);
+  }
+  DataFiles(const DataFiles&) = delete;
+  DataFiles& operator=(const DataFiles&) = delete;
+  int fd(std::size_t k) const { return fds_.at(k); }
+  const std::string& path(std::size_t k) const { return paths_.at(k); }
+  std::size_t size() const { return fds_.size(); }
+
+ private:
+  std::vector<int> fds_;
+  std::vector<std::string> paths_;
+};
+
+// A small file written whole (no temp name: the caller renames it).
+class PlainFile {
+ public:
+  explicit PlainFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(ErrorCode::kOutputFailed, path_ + ": " + std::strerror(errno));
+  }
+  ~PlainFile() { ::close(fd_); }
+  PlainFile(const PlainFile&) = delete;
+  PlainFile& operator=(const PlainFile&) = delete;
+  void write(const std::string& text) {
+    PartSink sink(fd_, {{0, text.size()}}, path_);
+    sink.write(text);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// CRC-32 of bytes [at, at + n) of a file this process just wrote (from the
+// page cache): a piece of a zip record, whose CRC the finalizer joins with
+// the other pieces'.
+uint32_t crc_of_range(int fd, uint64_t at, uint64_t n, const std::string& what) {
+  std::vector<char> buf(static_cast<std::size_t>(std::min<uint64_t>(n, 4u << 20)));
+  uint32_t crc = 0;
+  while (n > 0) {
+    auto step = static_cast<std::size_t>(std::min<uint64_t>(n, buf.size()));
+    ssize_t got = ::pread(fd, buf.data(), step, static_cast<off_t>(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) fail(ErrorCode::kOutputFailed, what + ": cannot read back a written piece: " + std::strerror(errno));
+    crc = archive::crc32_update(crc, buf.data(), static_cast<std::size_t>(got));
+    at += static_cast<uint64_t>(got);
+    n -= static_cast<uint64_t>(got);
+  }
+  return crc;
+}
+
+// Checks the receipts against the plan, writes every byte no unit holds
+// with the units' CRC-32s (pieces joined), then publishes the output.
+std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout& l, int parts) {
+  std::string dir = parts_dir(options.path, l);
   std::vector<Receipt> receipts = read_receipts(dir);
   std::map<int, const Receipt*> by_part;
   for (const auto& r : receipts) {
@@ -228,123 +328,136 @@ std::string finalize(const Writer& w, const OutputOptions& options, const Layout
   if (!missing.empty())
     fail(ErrorCode::kDataLoss, options.path + ": parts " + missing + " have no receipt in " + dir +
                                    ": rerun them (--part I/N), then finalize; nothing was written at " + options.path);
-  std::vector<uint32_t> crc(model.tensors.size(), 0);
-  for (std::size_t i = 0; i < model.tensors.size(); ++i) {
-    const Receipt& r = *by_part.at(l.owner[i]);
-    auto it = r.crcs.find(i);
-    if (it == r.crcs.end())
-      fail(ErrorCode::kDataLoss, r.file + ": does not cover tensor '" + model.tensors[i].name +
-                                     "', which its part owns: rerun part " + std::to_string(r.part));
-    crc[i] = it->second;
-  }
-  for (const auto& r : receipts)
-    for (const auto& [i, c] : r.crcs)
-      if (i >= model.tensors.size() || l.owner[i] != r.part)
-        fail(ErrorCode::kDataLoss,
-             r.file + ": names a tensor its part does not own: rerun part " + std::to_string(r.part));
-  for (std::size_t k = 0; k < w.files(); ++k)
-    if (!options.force && fs::exists(fs::symlink_status(w.destination(k))))
-      fail_invalid(w.destination(k) + ": output exists (use --force to overwrite)");
-  for (std::size_t k = 0; k < w.files(); ++k) {
-    std::string data = data_file(dir, k);
-    int fd = ::open(data.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) fail(ErrorCode::kDataLoss, data + ": a shared output file of the parts is missing: rerun every part");
-    try {
-      PartSink sink(fd, l.metadata(k), w.destination(k));
-      w.run(k, sink, [&](std::size_t i, ByteSink& out, archive::ZipWriter* zip) {
-        if (zip)
-          zip->append_elsewhere(l.size[i], crc[i]);
-        else
-          out.skip(l.size[i]);
-      });
-      if (sink.position() != l.total[k]) fail(ErrorCode::kInternal, "finalize wrote a different layout than planned");
-      if (::ftruncate(fd, static_cast<off_t>(l.total[k])) != 0 || (options.durable && ::fsync(fd) != 0))
-        fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
-    } catch (...) {
-      ::close(fd);
-      throw;
+  std::vector<uint32_t> crc(l.units(), 0);
+  std::size_t expected = 0;
+  for (std::size_t u = 0; u < l.units(); ++u) {
+    bool first = true;
+    for (const Piece& p : l.pieces[u]) {
+      const Receipt& r = *by_part.at(p.owner);
+      auto it = r.pieces.find({u, p.begin});
+      if (it == r.pieces.end() || it->second.end != p.end)
+        fail(ErrorCode::kDataLoss, r.file + ": does not cover bytes " + std::to_string(p.begin) + ".." +
+                                       std::to_string(p.end) + " of item " + std::to_string(u) + " of " +
+                                       l.names[l.file[u]] + ", which its part owns: rerun part " +
+                                       std::to_string(r.part));
+      crc[u] = first ? it->second.crc : archive::crc32_combine(crc[u], it->second.crc, p.end - p.begin);
+      first = false;
+      ++expected;
     }
-    ::close(fd);
   }
-  // A sharded output's index, complete before anything is published.
-  std::unique_ptr<AtomicFileSink> index;
-  if (!w.plan.index_json.empty()) {
-    index = AtomicFileSink::create(options.path + ".index.json", options.force, options.durable);
-    index->write(w.plan.index_json);
-    index->complete();
+  std::size_t named = 0;
+  for (const auto& r : receipts) named += r.pieces.size();
+  if (named != expected)  // each owned piece was found above; anything more is not this plan's
+    fail(ErrorCode::kDataLoss,
+         dir + ": receipts name pieces their parts do not own: remove " + dir + " and rerun every part");
+  if (!options.force)
+    for (const auto& d : w.destinations())
+      if (fs::exists(fs::symlink_status(d))) fail_invalid(d + ": output exists (use --force to overwrite)");
+  {
+    DataFiles files(dir, l.names.size(), false);
+    std::vector<PartSink> sinks;
+    for (std::size_t k = 0; k < files.size(); ++k) sinks.emplace_back(files.fd(k), l.metadata(k), l.names[k]);
+    std::vector<ByteSink*> out;
+    for (auto& s : sinks) out.push_back(&s);
+    std::size_t seq = 0;
+    w.run(out, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
+      if (seq >= l.units() || l.size[seq] != u.nbytes)
+        fail(ErrorCode::kInternal, "finalize emitted a different layout than planned");
+      skip_unit(u, sink, zip, crc[seq++]);
+    });
+    for (std::size_t k = 0; k < files.size(); ++k) {
+      if (sinks[k].position() != l.total[k])
+        fail(ErrorCode::kInternal, "finalize wrote a different layout than planned");
+      if (::ftruncate(files.fd(k), static_cast<off_t>(l.total[k])) != 0 ||
+          (options.durable && ::fsync(files.fd(k)) != 0))
+        fail(ErrorCode::kOutputFailed, files.path(k) + ": " + std::strerror(errno));
+    }
   }
   check_interrupted();
-  // All files or none: shards first, the index last (as write_output).
-  std::vector<std::string> published;
-  try {
-    for (std::size_t k = 0; k < w.files(); ++k) {
-      if (std::rename(data_file(dir, k).c_str(), w.destination(k).c_str()) != 0)
-        fail(ErrorCode::kOutputFailed,
-             w.destination(k) + ": cannot rename the finished output into place: " + std::strerror(errno));
-      published.push_back(w.destination(k));
-    }
-    if (index) index->publish();
-  } catch (const Error&) {
-    for (const auto& f : published) ::unlink(f.c_str());
-    throw;
+  std::string what = w.publish([&](std::size_t k) { return data_file(dir, k); }, options.force, options.durable);
+  if (options.durable) {
+    fs::path parent = fs::path(trimmed(options.path)).parent_path();
+    fsync_path(parent.empty() ? "." : parent.string());
   }
-  if (options.durable)
-    fsync_path(fs::path(options.path).parent_path().empty() ? "." : fs::path(options.path).parent_path().string());
   std::error_code ec;
   fs::remove_all(dir, ec);
-  return "finalized " + std::to_string(parts) + " parts" +
-         (w.files() > 1 ? " (" + std::to_string(w.files()) + " shards and the index)" : std::string());
+  return "finalized " + std::to_string(parts) + " parts (" + what + ")";
+}
+
+// This worker's pieces into the shared files.
+nlohmann::json write_pieces(PartedWriter& w, const PartedOptions& options, const PartSpec& part, const Layout& l,
+                            const std::string& dir, uint64_t& bytes) {
+  nlohmann::json written = nlohmann::json::array();
+  DataFiles files(dir, l.names.size(), true);
+  std::vector<PartSink> sinks;
+  for (std::size_t k = 0; k < files.size(); ++k)
+    sinks.emplace_back(files.fd(k), l.ranges_of(part.index, k), l.names[k]);
+  std::vector<ByteSink*> out;
+  for (auto& s : sinks) out.push_back(&s);
+  std::size_t seq = 0;
+  w.run(out, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
+    const std::size_t unit = seq++;
+    const std::vector<Piece>& pieces = l.pieces.at(unit);
+    if (pieces.size() == 1 && pieces[0].owner == part.index) {  // the whole unit
+      if (u.tensor && zip)
+        append_tensor(*u.tensor, *zip, options.copy);
+      else if (u.tensor)
+        append_tensor(*u.tensor, sink, options.copy);
+      else if (zip)
+        zip->append(u.bytes.data(), u.bytes.size());
+      else
+        sink.write(u.bytes.data(), u.bytes.size());
+      written.push_back({unit, 0, u.nbytes, zip ? zip->record_crc() : 0u});
+      bytes += u.nbytes;
+      return;
+    }
+    const uint64_t at = sink.position();
+    skip_unit(u, sink, zip);
+    for (const Piece& p : pieces) {
+      if (p.owner != part.index) continue;
+      if (p.whole || !u.tensor) fail(ErrorCode::kInternal, "a piece of a unit that cannot be cut");
+      PartSink piece(files.fd(u.file), {{at + p.begin, at + p.end}}, l.names[u.file], at + p.begin);
+      append_tensor(rows_tensor(*u.tensor, p.r0, p.r1), piece, options.copy);
+      uint32_t crc = zip ? crc_of_range(files.fd(u.file), at + p.begin, p.end - p.begin, files.path(u.file)) : 0;
+      written.push_back({unit, p.begin, p.end, crc});
+      bytes += p.end - p.begin;
+    }
+  });
+  if (seq != l.units()) fail(ErrorCode::kInternal, "a part emitted a different layout than planned");
+  if (options.durable)
+    for (std::size_t k = 0; k < files.size(); ++k)
+      if (::fdatasync(files.fd(k)) != 0) fail(ErrorCode::kOutputFailed, files.path(k) + ": " + std::strerror(errno));
+  return written;
 }
 
 // This worker's bytes and receipt, and the finalization when its receipt
 // completes the set.
-PartOutcome write_part(const Writer& w, const OutputOptions& options, const PartSpec& part, const Layout& l,
+PartOutcome write_part(PartedWriter& w, const PartedOptions& options, const PartSpec& part, const Layout& l,
                        const std::string& dir) {
-  const CheckpointModel& model = w.model;
-  nlohmann::json tensors = nlohmann::json::array();
-  uint64_t bytes = 0;
-  for (std::size_t k = 0; k < w.files(); ++k) {
-    std::string data = data_file(dir, k);
-    int fd = ::open(data.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
-    try {
-      PartSink sink(fd, l.ranges_of(part.index, k), w.destination(k));
-      w.run(k, sink, [&](std::size_t i, ByteSink& s, archive::ZipWriter* zip) {
-        if (l.owner[i] != part.index) {
-          if (zip)
-            zip->append_elsewhere(l.size[i], 0);
-          else
-            s.skip(l.size[i]);
-          return;
-        }
-        uint32_t crc = 0;
-        if (zip) {
-          append_tensor(model.tensors[i], *zip, options.copy);
-          crc = zip->record_crc();
-        } else {
-          append_tensor(model.tensors[i], s, options.copy);
-        }
-        tensors.push_back({i, l.offset[i], l.size[i], crc});
-        bytes += l.size[i];
-      });
-      if (options.durable && ::fdatasync(fd) != 0) fail(ErrorCode::kOutputFailed, data + ": " + std::strerror(errno));
-    } catch (...) {
-      ::close(fd);
-      throw;
+  if (!options.request.empty() && !fs::exists(dir + "/request.json")) {
+    // Every worker may get here at once, with the same text: each writes its
+    // own file and renames it over the name (one atomic replace).
+    std::string mine = dir + "/request.json." + std::to_string(::getpid());
+    {
+      PlainFile f(mine);
+      f.write(options.request);
     }
-    ::close(fd);
+    if (std::rename(mine.c_str(), (dir + "/request.json").c_str()) != 0)
+      fail(ErrorCode::kOutputFailed, dir + "/request.json: " + std::strerror(errno));
   }
+  uint64_t bytes = 0;
+  nlohmann::json pieces = write_pieces(w, options, part, l, dir, bytes);
   check_interrupted();
   nlohmann::json receipt = {
-      {"plan", l.hash}, {"part", part.index}, {"parts", part.count}, {"output", options.path}, {"tensors", tensors}};
+      {"plan", l.hash}, {"part", part.index}, {"parts", part.count}, {"output", options.path}, {"pieces", pieces}};
   auto sink = AtomicFileSink::create(dir + "/" + receipt_name(part.index, part.count), true, options.durable);
   sink->write(receipt.dump());
   sink->finish();
   PartOutcome outcome;
-  outcome.tensors = tensors.size();
+  outcome.tensors = pieces.size();
   outcome.bytes = bytes;
   outcome.summary = "wrote part " + std::to_string(part.index) + "/" + std::to_string(part.count) + " (" +
-                    std::to_string(tensors.size()) + " tensors, " + std::to_string(bytes) + " bytes) into " + dir;
+                    std::to_string(pieces.size()) + " pieces, " + std::to_string(bytes) + " bytes) into " + dir;
   // The worker whose receipt completes the set finalizes; an exclusive
   // create elects one when several complete it at once.
   std::map<int, bool> done;
@@ -357,7 +470,7 @@ PartOutcome write_part(const Writer& w, const OutputOptions& options, const Part
   std::string elect = dir + "/finalizing";
   int token = ::open(elect.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (token < 0) {
-    outcome.summary += "; another worker is finalizing";
+    outcome.summary += "; another worker is finalizing (if it died, run: ckptconv finalize " + options.path + ")";
     return outcome;
   }
   ::close(token);
@@ -370,6 +483,75 @@ PartOutcome write_part(const Writer& w, const OutputOptions& options, const Part
   outcome.published = true;
   return outcome;
 }
+
+// .pt and .safetensors (sharded too) through their own writers.
+class FileOutputs final : public PartedWriter {
+ public:
+  FileOutputs(const CheckpointModel& m, OutputFormat f, const OutputOptions& options)
+      : model_(m), format_(f), out_(options.path) {
+    if (format_ == OutputFormat::kSafetensors)
+      plan_ = safetensors::plan_safetensors(model_, out_.filename().string(), options.max_shard_size);
+  }
+  std::string kind() const override { return output_format_name(format_); }
+  std::vector<std::string> file_names() const override {
+    if (format_ == OutputFormat::kPt) return {out_.filename().string()};
+    std::vector<std::string> names;
+    for (const auto& f : plan_.files) names.push_back(f.file_name);
+    return names;
+  }
+  std::vector<std::string> destinations() const override {
+    if (format_ == OutputFormat::kPt) return {out_.string()};
+    std::vector<std::string> paths;
+    for (const auto& f : plan_.files) paths.push_back((out_.parent_path() / f.file_name).string());
+    return paths;
+  }
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
+    if (format_ == OutputFormat::kPt) {
+      torch_pt::write_pt(*sinks.at(0), *model_.root, pt_output_tensors(model_),
+                         [&](std::size_t i, archive::ZipWriter& zip) {
+                           const TensorEntry& t = model_.tensors.at(i);
+                           emit({0, t.output_nbytes(), &t, {}}, *sinks[0], &zip);
+                         });
+      return;
+    }
+    for (std::size_t k = 0; k < plan_.files.size(); ++k)
+      safetensors::write_safetensors_file(*sinks.at(k), plan_.files[k], [&](std::size_t i, ByteSink& s) {
+        const TensorEntry& t = model_.tensors.at(i);
+        emit({k, t.output_nbytes(), &t, {}}, s, nullptr);
+      });
+  }
+  // All files or none: shards first, the index last (as write_output).
+  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+    std::vector<std::string> to = destinations();
+    std::unique_ptr<AtomicFileSink> index;
+    if (!plan_.index_json.empty()) {
+      index = AtomicFileSink::create(out_.string() + ".index.json", force, durable);
+      index->write(plan_.index_json);
+      index->complete();
+    }
+    check_interrupted();
+    std::vector<std::string> published;
+    try {
+      for (std::size_t k = 0; k < to.size(); ++k) {
+        if (std::rename(data_path(k).c_str(), to[k].c_str()) != 0)
+          fail(ErrorCode::kOutputFailed,
+               to[k] + ": cannot rename the finished output into place: " + std::strerror(errno));
+        published.push_back(to[k]);
+      }
+      if (index) index->publish();
+    } catch (const Error&) {
+      for (const auto& f : published) ::unlink(f.c_str());
+      throw;
+    }
+    return to.size() > 1 ? std::to_string(to.size()) + " shards and the index" : std::string("one file");
+  }
+
+ private:
+  const CheckpointModel& model_;
+  OutputFormat format_;
+  fs::path out_;
+  safetensors::Plan plan_;
+};
 
 }  // namespace
 
@@ -402,7 +584,7 @@ PartSpec parse_part(const std::string& text) {
                   text.find_first_not_of("0123456789/") == std::string::npos &&
                   text.find('/', slash + 1) == std::string::npos;
     if (!digits || slash > 6 || text.size() - slash - 1 > 6)
-      fail_invalid("--part must be I/N (worker I of N, 0 <= I < N), auto or finalize, not '" + text + "'");
+      fail_invalid("--part must be I/N (worker I of N, 0-based), auto or finalize, not '" + text + "'");
     p.index = std::atoi(text.substr(0, slash).c_str());
     p.count = std::atoi(text.substr(slash + 1).c_str());
     p.from = "--part";
@@ -413,33 +595,28 @@ PartSpec parse_part(const std::string& text) {
   return p;
 }
 
-PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
-                              const PartSpec& part) {
-  require_valid(model);
-  if (format == OutputFormat::kHdf5)
-    fail_invalid(
-        "--part: HDF5 output cannot be written by several processes (that needs an MPI-IO build of "
-        "libhdf5); write .pt or .safetensors, or run without --part");
-  Writer w(model, format, options);
+PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const PartSpec& part) {
   if (part.finalize_only) {
     // The folder's name does not depend on the number of parts; the
     // receipts in it say what it was.
-    Layout l = layout_of(w);
-    std::string dir = parts_dir(options, l);
+    Layout l = layout_of(w, options);
+    std::string dir = parts_dir(options.path, l);
     std::vector<Receipt> receipts = read_receipts(dir);
     if (receipts.empty())
       fail(ErrorCode::kDataLoss, options.path + ": no part of this plan has been written (no receipt in " + dir +
                                      "): run the parts first, with the same source and options");
+    if (fs::exists(dir + "/finalizing"))
+      spdlog::info("a worker had begun finalizing {} and did not finish; finishing it", options.path);
     int parts = receipts.front().parts;
     assign_owners(l, parts);
     return {true, finalize(w, options, l, parts), 0, 0};
   }
-  for (std::size_t k = 0; k < w.files(); ++k)  // before any work, as without --part
-    if (!options.force && fs::exists(fs::symlink_status(w.destination(k))))
-      fail_invalid(w.destination(k) + ": output exists (use --force to overwrite)");
-  Layout l = layout_of(w);
+  if (!options.force)  // before any work, as without --part
+    for (const auto& d : w.destinations())
+      if (fs::exists(fs::symlink_status(d))) fail_invalid(d + ": output exists (use --force to overwrite)");
+  Layout l = layout_of(w, options);
   assign_owners(l, part.count);
-  std::string dir = parts_dir(options, l);
+  std::string dir = parts_dir(options.path, l);
   fs::create_directories(dir);
   try {
     return write_part(w, options, part, l, dir);
@@ -450,6 +627,59 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
                                       "rerun it (--part " +
                                       std::to_string(part.index) + "/" + std::to_string(part.count) + ")");
   }
+}
+
+PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
+                              const PartSpec& part, const std::string& request) {
+  require_valid(model);
+  if (format == OutputFormat::kHdf5)
+    fail_invalid(
+        "--part: HDF5 output cannot be written by several processes (that needs an MPI-IO build of "
+        "libhdf5); write .pt or .safetensors, or run without --part");
+  FileOutputs w(model, format, options);
+  PartedOptions parted;
+  parted.path = options.path;
+  parted.force = options.force;
+  parted.durable = options.durable;
+  parted.copy = options.copy;
+  parted.inputs = model.info.files;
+  parted.request = request;
+  return write_parted(w, parted, part);
+}
+
+std::string publish_directory(const std::string& dir, const std::vector<std::string>& names,
+                              const std::function<std::string(std::size_t)>& data_path, bool force,
+                              const std::function<void(const std::string& temp_dir)>& extra) {
+  AtomicDirectory out(dir, force);
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    std::string to = out.path_of(names[k]);
+    if (std::rename(data_path(k).c_str(), to.c_str()) != 0)
+      fail(ErrorCode::kOutputFailed, to + ": cannot move a finished file into place: " + std::strerror(errno));
+  }
+  if (extra) extra(out.temp_dir());
+  out.commit();
+  return std::to_string(names.size()) + " files";
+}
+
+std::vector<std::string> parts_folders(const std::string& output) {
+  fs::path out(trimmed(output));
+  fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  std::string prefix = out.filename().string() + ".parts-";
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.starts_with(prefix) && entry.is_directory(ec)) found.push_back((out.parent_path() / name).string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::optional<std::string> stored_request(const std::string& folder) {
+  std::string path = folder + "/request.json";
+  if (!fs::exists(path)) return std::nullopt;
+  SourcePtr src = open_file_source(path);
+  return src->read_string(0, static_cast<std::size_t>(src->size()));
 }
 
 }  // namespace ckpt

@@ -1,20 +1,26 @@
 // One output written by many processes (--part I/N): each worker runs the
 // same writer over the whole output and materialises only the bytes of the
-// tensors it owns (io/part_sink.h) into one shared file, with positional
+// stored tensors it owns (io/part_sink.h) into shared files, with positional
 // writes at offsets a layout pass fixed from the metadata alone, so nothing
-// depends on which worker runs when. Each worker leaves a receipt (its part,
-// the plan's hash, each tensor's output range and CRC-32); the worker that
-// completes the set (elected with an exclusive create) or `--part finalize`
-// writes everything else (the .pt's zip headers, descriptors and central
-// directory with the receipts' CRCs; the safetensors header), and renames
-// the file into place. The result is byte for byte the single-process
-// output. Formats: .pt and .safetensors (sharded too: each shard is one
-// shared file, the index written by finalize); docs/scaling.md.
+// depends on which worker runs when. Work is shared by bytes; a tensor that
+// spans a share's boundary is cut there at a dim-0 row, so one big tensor is
+// written by several workers. Each worker leaves a receipt (its part, the
+// plan's hash, each piece's output range and CRC-32); the worker that
+// completes the set (elected with an exclusive create), `--part finalize`
+// or `ckptconv finalize OUT` writes everything else (a .pt's zip headers,
+// descriptors and central directory with the pieces' CRCs joined; the
+// safetensors header and index; a DCP directory's .metadata) and publishes
+// the output. The result is byte for byte the single-process output (a DCP
+// .metadata's random save id aside). Formats: .pt, .safetensors (sharded
+// too), DCP directories and per-rank files (reshard); docs/scaling.md.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "exec/write_output.h"
 
@@ -35,14 +41,70 @@ PartSpec parse_part(const std::string& text);
 struct PartOutcome {
   bool published = false;   // this process finalized: OUT is in place
   std::string summary;      // what was done, for the success line
-  std::size_t tensors = 0;  // this worker wrote
+  std::size_t tensors = 0;  // pieces this worker wrote
   uint64_t bytes = 0;
 };
 
-// This worker's share of the output at options.path, and the finalization
-// when it completes the set. Exit 3 (DataLoss) when finalizing finds a
-// receipt missing, stale or not matching the plan, naming the parts to rerun.
+// One stored tensor of a parted output, or raw bytes that are no tensor of
+// the model (a DeviceMesh's rank map), in the order the writer emits them.
+struct PartUnit {
+  std::size_t file = 0;  // which of the writer's files
+  uint64_t nbytes = 0;
+  const TensorEntry* tensor = nullptr;  // its bytes are append_tensor(*tensor)
+  std::string_view bytes;               // else these
+};
+// Puts the unit's bytes, or a gap of its size that another process fills,
+// at the sink's position; `zip` is the archive's writer when the unit is a
+// record of one (.pt, DCP items, rank files), else null (safetensors).
+using EmitUnit = std::function<void(const PartUnit& unit, ByteSink& sink, archive::ZipWriter* zip)>;
+
+// A format's own writer, run over all of its files at once, emitting every
+// stored tensor in a fixed order: the same bytes as its one-process writer.
+class PartedWriter {
+ public:
+  virtual ~PartedWriter() = default;
+  virtual std::string kind() const = 0;  // "pt", "dcp", ...: part of the plan's hash
+  // The output's files, by name, in the order run() fills them.
+  virtual std::vector<std::string> file_names() const = 0;
+  // What must not exist before the run unless --force: the output files,
+  // or the output directory.
+  virtual std::vector<std::string> destinations() const = 0;
+  // File k into *sinks[k]; every stored tensor through `emit`.
+  virtual void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) = 0;
+  // After the finalizing run(): puts the complete files (at data_path(k))
+  // in place, all or nothing; returns what it published, for the log.
+  virtual std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) = 0;
+};
+
+struct PartedOptions {
+  std::string path;  // OUT; the shared files and receipts go to OUT.parts-<plan hash>/
+  bool force = false;
+  bool durable = true;
+  CopyOptions copy;
+  std::vector<std::string> inputs;  // the source's files: receipts made before one changed are stale
+  std::string request;              // the job's request (JSON), kept beside the parts for `ckptconv finalize OUT`
+};
+
+// This worker's share of the output, and the finalization when it
+// completes the set. Exit 3 (DataLoss) when finalizing finds a receipt
+// missing, stale or not matching the plan, naming the parts to rerun.
+PartOutcome write_parted(PartedWriter& writer, const PartedOptions& options, const PartSpec& part);
+
+// .pt and .safetensors outputs of consolidate/convert; HDF5 is refused.
 PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
-                              const PartSpec& part);
+                              const PartSpec& part, const std::string& request);
+
+// For directory outputs (reshard): moves the finished files into a new
+// directory for `dir` (io/atomic_dir.h) under their names, lets `extra` put
+// what else belongs there (DCP's .metadata) into it, and renames it into
+// place. Returns what it published, for the log.
+std::string publish_directory(const std::string& dir, const std::vector<std::string>& names,
+                              const std::function<std::string(std::size_t)>& data_path, bool force,
+                              const std::function<void(const std::string& temp_dir)>& extra);
+
+// The parts folders of OUT (OUT.parts-*), for `ckptconv finalize OUT`.
+std::vector<std::string> parts_folders(const std::string& output);
+// The request a folder's workers stored; nullopt when it holds none.
+std::optional<std::string> stored_request(const std::string& folder);
 
 }  // namespace ckpt

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "formats/dcp/dcp_writer.h"
+#include "io/byte_sink.h"
 #include "io/counting_sink.h"
 #include "model/tree_walk.h"
 
@@ -20,6 +21,11 @@ using pickle::ValuePtr;
 }  // namespace
 
 namespace {
+
+std::string trimmed(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
 
 bool contains_tensor(const Value& v) {
   if (tensor_ref_index(v)) return true;
@@ -153,27 +159,75 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
 DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                                 const std::string& dir) {
   std::vector<CountingSink> sinks(static_cast<std::size_t>(plan.world_size));
-  dcp::DcpMetadata out =
-      emit_items(model, source, plan,
-                 [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf&) {
-                   CountingSink& sink = sinks.at(static_cast<std::size_t>(rank));
-                   dcp::StorageInfo info;
-                   info.relative_path = dcp::DcpDirWriter::file_name(rank);
-                   info.offset = sink.position();
-                   torch_pt::write_pt(sink, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
-                     uint64_t n = shape_numel(tensors[i].shape) * dtype_size(tensors[i].dtype);
-                     zip.append_from(ZeroSource(n), 0, n, 0u);
-                   });
-                   info.length = sink.position() - info.offset;
-                   return info;
-                 });
+  dcp::DcpMetadata out = emit_items(
+      model, source, plan,
+      [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf&) {
+        return dcp::append_item_to(sinks.at(static_cast<std::size_t>(rank)), rank, root, tensors,
+                                   [&](std::size_t i, archive::ZipWriter& zip) {
+                                     uint64_t n = shape_numel(tensors[i].shape) * dtype_size(tensors[i].dtype);
+                                     zip.append_from(ZeroSource(n), 0, n, 0u);
+                                   });
+      });
   DcpOutputSizes sizes;
   for (const auto& s : sinks) sizes.files.push_back(s.position());
-  std::string trimmed = dir;
-  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-  sizes.metadata = dcp::encode_metadata(out, trimmed, std::string(36, '0')).size();
+  sizes.metadata = dcp::encode_metadata(out, trimmed(dir), std::string(36, '0')).size();
   return sizes;
 }
+
+namespace {
+
+void copy_side_files(const std::vector<std::string>& side_files, const std::string& into) {
+  for (const auto& file : side_files) {
+    std::error_code ec;
+    std::filesystem::path to = std::filesystem::path(into) / std::filesystem::path(file).filename();
+    std::filesystem::copy_file(file, to, ec);
+    if (ec) fail(ErrorCode::kOutputFailed, to.string() + ": cannot copy " + file + ": " + ec.message());
+  }
+}
+
+// The DCP writer for --part: rank files written by many processes, the
+// .metadata by the finalizing one.
+class DcpParted final : public PartedWriter {
+ public:
+  DcpParted(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
+            const DcpOutputOptions& options)
+      : model_(model), source_(source), plan_(plan), options_(options) {}
+  std::string kind() const override { return "dcp"; }
+  std::vector<std::string> file_names() const override {
+    std::vector<std::string> names;
+    for (int r = 0; r < plan_.world_size; ++r) names.push_back(dcp::DcpDirWriter::file_name(r));
+    return names;
+  }
+  std::vector<std::string> destinations() const override { return {trimmed(options_.dir)}; }
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
+    metadata_ = emit_items(
+        model_, source_, plan_,
+        [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf& entry_of) {
+          ByteSink& sink = *sinks.at(static_cast<std::size_t>(rank));
+          return dcp::append_item_to(sink, rank, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
+            const TensorEntry& t = entry_of(i);
+            emit({static_cast<std::size_t>(rank), t.output_nbytes(), &t, {}}, sink, &zip);
+          });
+        });
+  }
+  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+    return publish_directory(options_.dir, file_names(), data_path, force, [&](const std::string& temp) {
+      copy_side_files(options_.side_files, temp);
+      auto meta = AtomicFileSink::create(temp + "/.metadata", false, durable);
+      meta->write(dcp::encode_metadata(metadata_, trimmed(options_.dir), dcp::random_save_id()));
+      meta->finish();
+    });
+  }
+
+ private:
+  const CheckpointModel& model_;
+  const dcp::DcpMetadata& source_;
+  const ReshardPlan& plan_;
+  const DcpOutputOptions& options_;
+  dcp::DcpMetadata metadata_;  // of the last run
+};
+
+}  // namespace
 
 void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                        const DcpOutputOptions& options) {
@@ -185,13 +239,21 @@ void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& sou
           append_tensor(entry_of(i), zip, options.copy);
         });
       });
-  for (const auto& file : options.side_files) {
-    std::error_code ec;
-    std::filesystem::path to = std::filesystem::path(writer.temp_dir()) / std::filesystem::path(file).filename();
-    std::filesystem::copy_file(file, to, ec);
-    if (ec) fail(ErrorCode::kOutputFailed, to.string() + ": cannot copy " + file + ": " + ec.message());
-  }
+  copy_side_files(options.side_files, writer.temp_dir());
   writer.finish(out);
+}
+
+PartOutcome write_dcp_reshard_part(const CheckpointModel& model, const dcp::DcpMetadata& source,
+                                   const ReshardPlan& plan, const DcpOutputOptions& options, const PartSpec& part,
+                                   const std::string& request) {
+  DcpParted writer(model, source, plan, options);
+  PartedOptions parted;
+  parted.path = options.dir;
+  parted.force = options.force;
+  parted.copy = options.copy;
+  parted.inputs = model.info.files;
+  parted.request = request;
+  return write_parted(writer, parted, part);
 }
 
 }  // namespace ckpt

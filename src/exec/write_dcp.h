@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/parted_output.h"
 #include "exec/tensor_copy.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "model/checkpoint_model.h"
@@ -29,6 +30,12 @@ struct DcpOutputOptions {
 // of a .pt model (its item order and planner_data are kept). The model must have passed require_valid().
 void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                        const DcpOutputOptions& options);
+
+// --part: this worker's share of the rank files (exec/parted_output.h); the
+// finalizing worker writes .metadata and publishes the directory.
+PartOutcome write_dcp_reshard_part(const CheckpointModel& model, const dcp::DcpMetadata& source,
+                                   const ReshardPlan& plan, const DcpOutputOptions& options, const PartSpec& part,
+                                   const std::string& request);
 
 // The exact bytes the rank files and .metadata will hold, found by running
 // the writer against counting sinks (no tensor data is read).

@@ -105,13 +105,18 @@ class RankFileBuilder {
 using FillFrom = std::function<void(const RankFileContent&, std::size_t, archive::ZipWriter&)>;
 using WriteFile = std::function<void(int rank, const std::string& name, const RankFileContent& content)>;
 
+std::string output_file_name(const RankFamily& family, int rank, int world_size) {
+  fsdp_ranks::RankFileName name = family.name;
+  name.world_size = world_size;
+  return name.name_for(rank);
+}
+
+// Every output file, rank by rank, family by family.
 void emit_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
                      const RankFilesLayout& layout, const ReshardPlan& plan, const WriteFile& write) {
   for (int r = 0; r < plan.world_size; ++r) {
     for (const RankFamily& family : families) {
-      fsdp_ranks::RankFileName name = family.name;
-      name.world_size = plan.world_size;
-      std::string file = name.name_for(r);
+      std::string file = output_file_name(family, r, plan.world_size);
       with_context(file + " (rank " + std::to_string(r) + ")", [&] {
         RankFileContent content = RankFileBuilder(model, plan, layout, r).build(family.root);
         write(r, file, content);
@@ -125,7 +130,64 @@ void write_content(ByteSink& sink, const RankFileContent& content, const FillFro
                      [&](std::size_t i, archive::ZipWriter& zip) { fill(content, i, zip); });
 }
 
+// The per-rank writer for --part: every file written by many processes,
+// published by the finalizing one.
+class RankFilesParted final : public PartedWriter {
+ public:
+  RankFilesParted(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
+                  const ReshardPlan& plan, const RankFilesOptions& options)
+      : model_(model), families_(families), layout_(layout), plan_(plan), options_(options) {}
+  std::string kind() const override { return rank_layout_name(layout_.values); }
+  std::vector<std::string> file_names() const override {
+    std::vector<std::string> names;
+    for (int r = 0; r < plan_.world_size; ++r)
+      for (const RankFamily& family : families_) names.push_back(output_file_name(family, r, plan_.world_size));
+    return names;
+  }
+  std::vector<std::string> destinations() const override {
+    std::string dir = options_.dir;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    return {dir};
+  }
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
+    std::size_t k = 0;
+    emit_rank_files(model_, families_, layout_, plan_, [&](int, const std::string&, const RankFileContent& content) {
+      const std::size_t file = k++;
+      ByteSink& sink = *sinks.at(file);
+      write_content(sink, content, [&](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
+        if (c.mesh_index == i)
+          emit({file, c.mesh_bytes.size(), nullptr, c.mesh_bytes}, sink, &zip);
+        else
+          emit({file, c.sources.at(i).output_nbytes(), &c.sources[i], {}}, sink, &zip);
+      });
+    });
+  }
+  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool) override {
+    return publish_directory(options_.dir, file_names(), data_path, force, nullptr);
+  }
+
+ private:
+  const CheckpointModel& model_;
+  const std::vector<RankFamily>& families_;
+  const RankFilesLayout& layout_;
+  const ReshardPlan& plan_;
+  const RankFilesOptions& options_;
+};
+
 }  // namespace
+
+PartOutcome write_rank_files_part(const CheckpointModel& model, const std::vector<RankFamily>& families,
+                                  const RankFilesLayout& layout, const ReshardPlan& plan,
+                                  const RankFilesOptions& options, const PartSpec& part, const std::string& request) {
+  RankFilesParted writer(model, families, layout, plan, options);
+  PartedOptions parted;
+  parted.path = options.dir;
+  parted.force = options.force;
+  parted.copy = options.copy;
+  parted.inputs = model.info.files;
+  parted.request = request;
+  return write_parted(writer, parted, part);
+}
 
 const char* rank_layout_name(RankLayout layout) {
   return layout == RankLayout::kShardedTensor ? "fsdp-sharded-tensor" : "fsdp-dtensor";

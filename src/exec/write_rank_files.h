@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/parted_output.h"
 #include "exec/tensor_copy.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/torch_pt/sharded_values.h"
@@ -46,6 +47,12 @@ struct RankFilesOptions {
 // is N. The model must have passed require_valid().
 void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
                       const RankFilesLayout& layout, const ReshardPlan& plan, const RankFilesOptions& options);
+
+// --part: this worker's share of the files (exec/parted_output.h); the
+// finalizing worker publishes the directory.
+PartOutcome write_rank_files_part(const CheckpointModel& model, const std::vector<RankFamily>& families,
+                                  const RankFilesLayout& layout, const ReshardPlan& plan,
+                                  const RankFilesOptions& options, const PartSpec& part, const std::string& request);
 
 // The files each rank will write and their exact sizes, from the writer run
 // against counting sinks (no tensor data is read).

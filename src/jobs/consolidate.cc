@@ -8,6 +8,7 @@
 #include "core/units.h"
 #include "exec/parted_output.h"
 #include "exec/write_output.h"
+#include "jobs/finalize.h"
 #include "model/describe.h"
 #include "plan/select.h"
 
@@ -98,7 +99,7 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
     PartOutcome done;
     {
       ProgressScope progress("write " + req.output, report.bytes);
-      done = write_output_part(model, format, output, part);
+      done = write_output_part(model, format, output, part, request_json(req));
     }
     report.summary = done.summary;
     report.tensors = done.tensors;  // this worker's share, for the success line

@@ -14,6 +14,7 @@
 #include "formats/dcp/dcp_writer.h"
 #include "formats/detect.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
+#include "jobs/finalize.h"
 #include "model/describe.h"
 #include "model/tree_walk.h"
 #include "plan/reshard.h"
@@ -102,6 +103,23 @@ void log_plan(const ReshardPlan& plan, uint64_t bytes, const std::string& output
              human_bytes(bytes) + " of tensor data -> " + output + " (" + layout + ")");
 }
 
+// --part: this process's share (logged with where it came from), or nullopt.
+std::optional<PartSpec> part_of(const ReshardRequest& req) {
+  if (req.part.empty()) return std::nullopt;
+  PartSpec part = parse_part(req.part);
+  log::info(
+      "--part: " +
+      (part.finalize_only ? std::string("finalize") : std::to_string(part.index) + "/" + std::to_string(part.count)) +
+      " (" + part.from + ")");
+  return part;
+}
+
+void report_part(JobReport& report, const PartOutcome& done) {
+  report.summary = done.summary;
+  report.tensors = done.tensors;  // this worker's share, for the success line
+  report.bytes = done.bytes;
+}
+
 void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy, JobReport& report,
                     std::ostream& out) {
   // A DCP source keeps its own items and planner_data; anything else (or a
@@ -128,7 +146,12 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
   if (own_layout)
     for (const auto& f : model.info.files)
       if (fs::path(f).filename() == "meta.pt") side_files.push_back(f);
-  write_dcp_reshard(model, source_md, plan, {req.output, req.common.force, copy, side_files});
+  DcpOutputOptions options{req.output, req.common.force, copy, side_files};
+  if (auto part = part_of(req)) {
+    report_part(report, write_dcp_reshard_part(model, source_md, plan, options, *part, request_json(req)));
+    return;
+  }
+  write_dcp_reshard(model, source_md, plan, options);
 }
 
 // ShardedTensor or DTensor values; a DTensor mesh like the source's (per-rank
@@ -169,7 +192,12 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
   }
   check_output_size(report.bytes, req.output, req.common);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  write_rank_files(model, families, rank_layout, plan, {req.output, req.common.force, copy});
+  RankFilesOptions options{req.output, req.common.force, copy};
+  if (auto part = part_of(req)) {
+    report_part(report, write_rank_files_part(model, families, rank_layout, plan, options, *part, request_json(req)));
+    return;
+  }
+  write_rank_files(model, families, rank_layout, plan, options);
 }
 
 }  // namespace

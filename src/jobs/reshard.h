@@ -21,6 +21,7 @@ struct ReshardRequest {
   std::string layout;                       // dcp | fsdp-sharded-tensor | fsdp-dtensor; empty: the source's own
   std::string mesh_device;                  // DTensor layout: the mesh's device type; empty: the source's, else cpu
   std::vector<std::string> mesh_dim_names;  // and its dimension name (veRL: fsdp); empty: the source's, else none
+  std::string part;                         // --part I/N|auto|finalize: this process's share (exec/parted_output.h)
 };
 
 // --dry-run prints, per output rank, its files and exact sizes to `out`.

@@ -189,6 +189,16 @@ TensorEntry item_tensor(const TensorEntry& t, const OutputItem& item) {
   return local;
 }
 
+TensorEntry rows_tensor(const TensorEntry& t, int64_t r0, int64_t r1) {
+  if (t.shape.empty() || r0 < 0 || r1 <= r0 || r1 > t.shape[0])
+    fail(ErrorCode::kInternal,
+         "rows " + std::to_string(r0) + ".." + std::to_string(r1) + " of " + t.name + " " + shape_str(t.shape));
+  Shape offsets(t.shape.size(), 0), sizes = t.shape;
+  offsets[0] = r0;
+  sizes[0] = r1 - r0;
+  return item_tensor(t, make_item(t, 0, std::move(offsets), std::move(sizes)));
+}
+
 int source_world_size(const CheckpointModel& model) {
   std::set<int> ranks;
   for (const auto& t : model.tensors)

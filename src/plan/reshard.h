@@ -75,6 +75,10 @@ ReshardPlan plan_rank_files(const std::vector<TensorEntry>& tensors, const std::
 // origin.
 TensorEntry item_tensor(const TensorEntry& t, const OutputItem& item);
 
+// Rows [r0, r1) of dim 0 of `t` (0 <= r0 < r1 <= t.shape[0]), as item_tensor
+// reads a box: one worker's piece of a tensor split across --part workers.
+TensorEntry rows_tensor(const TensorEntry& t, int64_t r0, int64_t r1);
+
 // The files one output rank writes, with their exact sizes.
 struct RankFilesOut {
   std::vector<std::pair<std::string, uint64_t>> files;

@@ -140,7 +140,7 @@ class MetadataBuilder {
   std::unordered_map<std::string, ValuePtr> globals_;
 };
 
-std::string random_uuid4() {
+std::string uuid4() {
   FILE* f = std::fopen("/dev/urandom", "rb");
   unsigned char b[16] = {};
   if (f) {
@@ -167,6 +167,18 @@ std::string encode_metadata(const DcpMetadata& md, const std::optional<std::stri
   return pickle::pickle_protocol2(*builder.build(md, checkpoint_id, save_id));
 }
 
+std::string random_save_id() { return uuid4(); }
+
+StorageInfo append_item_to(ByteSink& sink, int rank, const pickle::Value& root,
+                           const std::vector<torch_pt::OutputTensor>& tensors, const torch_pt::FillTensor& fill) {
+  StorageInfo info;
+  info.relative_path = DcpDirWriter::file_name(rank);
+  info.offset = sink.position();
+  torch_pt::write_pt(sink, root, tensors, fill);
+  info.length = sink.position() - info.offset;
+  return info;
+}
+
 DcpDirWriter::DcpDirWriter(std::string dir, int world_size, bool force) : dir_(std::move(dir), force) {
   for (int r = 0; r < world_size; ++r) files_.push_back(AtomicFileSink::create(dir_.path_of(file_name(r)), false));
 }
@@ -178,19 +190,13 @@ DcpDirWriter::~DcpDirWriter() {
 StorageInfo DcpDirWriter::append_item(int rank, const pickle::Value& root,
                                       const std::vector<torch_pt::OutputTensor>& tensors,
                                       const torch_pt::FillTensor& fill) {
-  AtomicFileSink& sink = *files_.at(static_cast<std::size_t>(rank));
-  StorageInfo info;
-  info.relative_path = file_name(rank);
-  info.offset = sink.position();
-  torch_pt::write_pt(sink, root, tensors, fill);
-  info.length = sink.position() - info.offset;
-  return info;
+  return append_item_to(*files_.at(static_cast<std::size_t>(rank)), rank, root, tensors, fill);
 }
 
 void DcpDirWriter::finish(const DcpMetadata& md) {
   for (auto& f : files_) f->finish();
   auto meta = AtomicFileSink::create(dir_.path_of(".metadata"), false);
-  meta->write(encode_metadata(md, dir_.destination(), random_uuid4()));
+  meta->write(encode_metadata(md, dir_.destination(), random_save_id()));
   meta->finish();
   dir_.commit();
 }

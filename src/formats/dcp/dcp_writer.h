@@ -39,6 +39,14 @@ namespace ckpt::dcp {
 std::string encode_metadata(const DcpMetadata& md, const std::optional<std::string>& checkpoint_id,
                             const std::string& save_id);
 
+// A fresh storage_meta.save_id (a random UUID4, as dcp.save makes one).
+std::string random_save_id();
+
+// Appends one item, a torch.save archive of `root`, at the sink's position
+// in rank `rank`'s file; returns where it went.
+StorageInfo append_item_to(ByteSink& sink, int rank, const pickle::Value& root,
+                           const std::vector<torch_pt::OutputTensor>& tensors, const torch_pt::FillTensor& fill);
+
 class DcpDirWriter {
  public:
   // InvalidArgument when `dir` exists and !force (nothing is created then);

@@ -1,0 +1,145 @@
+#include "jobs/finalize.h"
+
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "exec/parted_output.h"
+
+namespace ckpt::jobs {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json common_json(const CommonOptions& o) {
+  return {{"source", o.source},
+          {"files", o.files},
+          {"tag", o.tag},
+          {"only", o.only},
+          {"keys", o.keys},
+          {"dtype", o.dtype},
+          {"device", o.device},
+          {"threads", o.threads},
+          {"memory_limit", o.memory_limit},
+          {"force", o.force},
+          {"no_fsync", o.no_fsync},
+          {"no_verify", o.no_verify},
+          {"max_output_size", o.max_output_size}};
+}
+
+CommonOptions common_from(const json& j) {
+  CommonOptions o;
+  o.source = j.at("source").get<std::string>();
+  o.files = j.at("files").get<std::vector<std::string>>();
+  o.tag = j.at("tag").get<std::string>();
+  o.only = j.at("only").get<std::string>();
+  o.keys = j.at("keys").get<std::string>();
+  o.dtype = j.at("dtype").get<std::string>();
+  o.device = j.at("device").get<std::string>();
+  o.threads = j.at("threads").get<int>();
+  o.memory_limit = j.at("memory_limit").get<std::string>();
+  o.force = j.at("force").get<bool>();
+  o.no_fsync = j.at("no_fsync").get<bool>();
+  o.no_verify = j.at("no_verify").get<bool>();
+  o.max_output_size = j.at("max_output_size").get<std::string>();
+  return o;
+}
+
+std::string here() {
+  std::error_code ec;
+  fs::path cwd = fs::current_path(ec);
+  return ec ? std::string(".") : cwd.string();
+}
+
+// The one folder of OUT's parts that holds a request; usage errors naming
+// what to do otherwise.
+std::string the_parts_folder(const std::string& output) {
+  std::vector<std::string> found;
+  for (const auto& f : parts_folders(output))
+    if (stored_request(f)) found.push_back(f);
+  if (found.empty())
+    fail(ErrorCode::kDataLoss, output + ": no parts to finalize (no " + output +
+                                   ".parts-*/ folder with a request.json): run the parts first (--part I/N)");
+  if (found.size() > 1) {
+    std::string list;
+    for (const auto& f : found) list += "\n  " + f;
+    fail_invalid(output + ": parts of " + std::to_string(found.size()) +
+                 " different plans (the source or options changed between runs):" + list +
+                 "\nremove the stale ones, or finalize with the worker's own command and --part finalize");
+  }
+  return found.front();
+}
+
+}  // namespace
+
+std::string request_json(const ConsolidateRequest& r) {
+  json j = {{"command", "consolidate"},     {"cwd", here()},      {"common", common_json(r.common)},
+            {"output", r.output},           {"format", r.format}, {"max_shard_size", r.max_shard_size},
+            {"compression", r.compression}, {"finite", r.finite}};
+  return j.dump(1);
+}
+
+std::string request_json(const ReshardRequest& r) {
+  json j = {{"command", "reshard"},
+            {"cwd", here()},
+            {"common", common_json(r.common)},
+            {"output", r.output},
+            {"world_size", r.world_size},
+            {"layout", r.layout},
+            {"mesh_device", r.mesh_device},
+            {"mesh_dim_names", r.mesh_dim_names}};
+  return j.dump(1);
+}
+
+JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
+  std::string folder = the_parts_folder(req.output);
+  json j;
+  std::string command, cwd;
+  try {
+    j = json::parse(*stored_request(folder));
+    command = j.at("command").get<std::string>();
+    cwd = j.at("cwd").get<std::string>();
+  } catch (const std::exception& e) {
+    fail(ErrorCode::kDataLoss, folder + "/request.json: not a request ckptconv wrote (" + e.what() + ")");
+  }
+  // The workers' paths are relative to where they ran.
+  if (::chdir(cwd.c_str()) != 0)
+    fail(ErrorCode::kDataLoss, folder + "/request.json: the workers ran in " + cwd + ", which is gone");
+  spdlog::info("finalizing the {} of {} (parts in {}, run in {})", command, req.output, folder, cwd);
+  try {
+    if (command == "consolidate") {
+      ConsolidateRequest c;
+      c.common = common_from(j.at("common"));
+      c.output = j.at("output").get<std::string>();
+      c.format = j.at("format").get<std::string>();
+      c.max_shard_size = j.at("max_shard_size").get<std::string>();
+      c.compression = j.at("compression").get<std::string>();
+      c.finite = j.at("finite").get<bool>();
+      c.common.force = c.common.force || req.force;
+      c.common.no_fsync = c.common.no_fsync || req.no_fsync;
+      c.part = "finalize";
+      return run_consolidate(c, out);
+    }
+    if (command == "reshard") {
+      ReshardRequest r;
+      r.common = common_from(j.at("common"));
+      r.output = j.at("output").get<std::string>();
+      r.world_size = j.at("world_size").get<int>();
+      r.layout = j.at("layout").get<std::string>();
+      r.mesh_device = j.at("mesh_device").get<std::string>();
+      r.mesh_dim_names = j.at("mesh_dim_names").get<std::vector<std::string>>();
+      r.common.force = r.common.force || req.force;
+      r.part = "finalize";
+      return run_reshard(r, out);
+    }
+  } catch (const json::exception& e) {
+    fail(ErrorCode::kDataLoss, folder + "/request.json: not a request ckptconv wrote (" + e.what() + ")");
+  }
+  fail(ErrorCode::kDataLoss, folder + "/request.json: unknown command '" + command + "'");
+}
+
+}  // namespace ckpt::jobs
