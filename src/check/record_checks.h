@@ -1,10 +1,10 @@
 // validate's CRC-32 check of the records tensors are read from, done while
 // its data pass reads them anyway (readers leave these records to it:
-// ProblemSink::tensor_records_checked_later). Two workers share the list:
-// the tensor scan checks a record whose bytes it streams whole (summing the
-// same buffer it scans, so the bytes are read once), and a thread of its
-// own checks the rest from the other end of the list. Each record is
-// claimed by exactly one of them.
+// ProblemSink::tensor_records_checked_later). The scan's workers share the
+// list: a worker checks a record whose bytes it streams whole (summing the
+// same buffer it scans, so the bytes are read once), and workers with no
+// tensor left check the rest from the other end of the list. Each record
+// is claimed by exactly one of them.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,7 @@ class RecordChecks {
   void done(const ByteSource* record, uint32_t crc);
 
   // Checks every record not claimed yet, from the end of the list back, on
-  // the calling thread (the scan claims from the front as it goes).
+  // the calling thread; several threads may call it at once.
   void check_remaining();
 
   // The mismatches and read failures found; call once both workers are done.

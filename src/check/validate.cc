@@ -1,11 +1,14 @@
 #include "check/validate.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <filesystem>
 #include <future>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "check/optimizer_checks.h"
 #include "check/tensor_scan.h"
@@ -204,17 +207,15 @@ class Validator {
     // File checksums run beside the tensor scan, and so does the CRC-32
     // check of the tensors' records (left to this pass by the readers:
     // ProblemSink::tensor_records_checked_later): the scan sums the records
-    // it streams whole from its own buffer, a thread sums the others from
-    // the end of the list (check/record_checks.h), so most bytes are read
+    // it streams whole from its own buffer, and its workers sum the others
+    // once no tensor is left (check/record_checks.h), so each byte is read
     // once. Sinks are held by name: a range-for over get().problems() would
     // walk a destroyed temporary.
     std::future<ProblemSink> file_sums;
     if (algorithm)
       file_sums = std::async(std::launch::async, [&] { return checksum_files(files, *algorithm, now.files); });
     RecordChecks records(model);
-    std::future<void> record_crcs = std::async(std::launch::async, [&] { records.check_remaining(); });
-    scan_tensors(model, backend.get(), algorithm, now, &records);
-    record_crcs.get();
+    scan_tensors(model, backend.get(), algorithm, now, records);
     for (const auto& p : records.problems().problems()) sink_.report(p);
     if (!algorithm) return;
     ProblemSink file_problems = file_sums.get();
@@ -250,32 +251,70 @@ class Validator {
     return problems;
   }
 
+  // Tensors are scanned on `workers` threads, each taking the next tensor
+  // (its bytes read once: pread slices, CRC-32 of the records it streams
+  // whole, NaN/Inf counts and checksum from the same buffer); a worker with
+  // no tensor left checks the records no scan claimed. Results are reported
+  // afterwards in tree order, so the report does not depend on timing.
   void scan_tensors(const CheckpointModel& model, Backend* backend, std::optional<ChecksumAlgorithm> algorithm,
-                    Manifest& now, RecordChecks* records) {
+                    Manifest& now, RecordChecks& records) {
     std::vector<std::pair<std::string, std::size_t>> leaves;  // key, tensor index: tree order
     walk_leaves(*model.root, [&](const Leaf& leaf) {
       if (leaf.tensor) leaves.emplace_back(leaf.path, *leaf.tensor);
     });
+    std::vector<std::pair<std::string, std::size_t>> queue;  // each sound tensor once, under its first key
+    std::set<std::size_t> queued;
     uint64_t total = 0;
-    for (const auto& [key, index] : leaves) total += model.tensors.at(index).nbytes();
+    for (const auto& [key, index] : leaves)
+      if (!unsound_.count(index) && queued.insert(index).second) {
+        queue.emplace_back(key, index);
+        total += model.tensors.at(index).nbytes();
+      }
     ProgressScope progress("validate", total);  // drawn only on a terminal, without -q
-    std::map<std::size_t, TensorScan> scanned;  // a tensor reached under two keys is read once
+    int workers = opt_.threads > 0 ? opt_.threads : static_cast<int>(std::thread::hardware_concurrency());
+    workers = std::clamp(workers, 1, 16);
+    uint64_t budget = std::max<uint64_t>(opt_.memory_limit / static_cast<uint64_t>(workers), 1u << 20);
+    std::vector<std::optional<TensorScan>> scanned(model.tensors.size());
+    std::vector<ProblemSink> failed(model.tensors.size());
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < queue.size();) {
+        const auto& [key, index] = queue[i];
+        const TensorEntry& t = model.tensors.at(index);
+        TensorScan scan;
+        if (run_reporting(&failed[index], t.chunks.empty() ? "" : t.chunks.front().file, -1, key,
+                          [&] { scan = scan_tensor(t, backend, algorithm, budget, &records); }))
+          scanned[index] = std::move(scan);
+        progress_add(t.nbytes());
+      }
+      records.check_remaining();
+    };
+    std::vector<std::future<void>> pool;
+    for (int w = 1; w < workers; ++w) pool.push_back(std::async(std::launch::async, work));
+    std::exception_ptr error;
+    try {
+      work();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    for (auto& f : pool) try {
+        f.get();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    if (error) std::rethrow_exception(error);
+
+    std::set<std::size_t> reported;
     for (const auto& [key, index] : leaves) {
       const TensorEntry& t = model.tensors.at(index);
       if (unsound_.count(index)) {
         report_.notes.push_back("tensor '" + key + "' not scanned: its chunks do not cover it soundly");
         continue;
       }
-      auto it = scanned.find(index);
-      if (it == scanned.end()) {
-        TensorScan scan;
-        bool ok = run_reporting(&sink_, t.chunks.empty() ? "" : t.chunks.front().file, -1, key,
-                                [&] { scan = scan_tensor(t, backend, algorithm, opt_.memory_limit, records); });
-        if (!ok) continue;
-        it = scanned.emplace(index, std::move(scan)).first;
-        progress_add(t.nbytes());
-      }
-      const TensorScan& scan = it->second;
+      if (reported.insert(index).second)
+        for (const auto& p : failed[index].problems()) sink_.report(p);
+      if (!scanned[index]) continue;
+      const TensorScan& scan = *scanned[index];
       if (scan.finite) {
         ++report_.finite_tensors;
         if (!scan.finite->all_finite()) {
