@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "archive/zip_writer.h"
@@ -20,8 +21,13 @@ constexpr std::size_t kSlice = std::size_t{256} << 10;
 // practice (rows, chunks); a split element is carried to the next write.
 class ScanSink final : public ByteSink {
  public:
-  ScanSink(DType dtype, Backend* backend, Hasher* hasher, RecordChecks* records)
-      : dtype_(dtype), itemsize_(dtype_size(dtype)), backend_(backend), hasher_(hasher), records_(records) {}
+  ScanSink(DType dtype, Backend* backend, Hasher* hasher, RecordChecks* records, FileStreams* files)
+      : dtype_(dtype),
+        itemsize_(dtype_size(dtype)),
+        backend_(backend),
+        hasher_(hasher),
+        records_(records),
+        files_(files) {}
 
   using ByteSink::write;
   void write(const void* data, std::size_t n) override {
@@ -52,11 +58,16 @@ class ScanSink final : public ByteSink {
     // A whole record streamed: its CRC-32 summed from the same buffer.
     bool summing = records_ && pos == 0 && n == src.size() && records_->claim(&src);
     uint32_t crc = 0;
+    std::optional<FileStreams::Reading> announced;
+    if (files_)
+      if (auto at = src.file_span(pos)) announced.emplace(*files_, at->fd, at->offset, n);
     buffer_.resize(static_cast<std::size_t>(std::min<uint64_t>(n, kSlice)));
     for (uint64_t done = 0; done < n;) {
       auto step = static_cast<std::size_t>(std::min<uint64_t>(n - done, kSlice));
       src.read_unmapped(pos + done, buffer_.data(), step);
       if (summing) crc = archive::crc32_update(crc, buffer_.data(), step);
+      if (files_)
+        if (auto at = src.file_span(pos + done)) files_->feed(at->fd, at->offset, buffer_.data(), step);
       write(buffer_.data(), step);
       done += step;
     }
@@ -71,6 +82,7 @@ class ScanSink final : public ByteSink {
   Backend* backend_;
   Hasher* hasher_;
   RecordChecks* records_;
+  FileStreams* files_;
   uint64_t position_ = 0;
   FiniteCounts counts_;
   std::vector<std::byte> carry_;
@@ -82,7 +94,7 @@ class ScanSink final : public ByteSink {
 bool can_be_nonfinite(DType dtype) { return dtype_info(dtype).is_floating || dtype_info(dtype).is_complex; }
 
 TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::optional<ChecksumAlgorithm> checksum,
-                       uint64_t memory_limit, RecordChecks* records) {
+                       uint64_t memory_limit, RecordChecks* records, FileStreams* files) {
   if (tensor.out_dtype && *tensor.out_dtype != tensor.dtype)
     fail(ErrorCode::kInternal,
          "scan_tensor: tensor '" + tensor.name + "' has an output dtype; scans read stored values");
@@ -91,7 +103,7 @@ TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::
   if (checksum) hasher.emplace(*checksum);
   TensorScan out;
   if (!backend && !hasher) return out;
-  ScanSink sink(tensor.dtype, backend, hasher ? &*hasher : nullptr, records);
+  ScanSink sink(tensor.dtype, backend, hasher ? &*hasher : nullptr, records, files);
   CopyOptions copy;
   copy.memory_limit = memory_limit;
   append_tensor(tensor, sink, copy);

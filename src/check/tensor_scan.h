@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "check/file_streams.h"
 #include "check/record_checks.h"
 #include "exec/backend.h"
 #include "exec/checksum.h"
@@ -23,9 +24,10 @@ struct TensorScan {
 
 // `tensor` must have passed visit_tensor_problems() (chunks inside storage, exact cover).
 // With `records`, a record whose bytes the scan streams whole is also
-// CRC-checked from the same buffer, when the scan claims it first.
+// CRC-checked from the same buffer, when the scan claims it first; with
+// `files`, every slice read from a file is also fed to its file checksum.
 TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::optional<ChecksumAlgorithm> checksum,
-                       uint64_t memory_limit, RecordChecks* records = nullptr);
+                       uint64_t memory_limit, RecordChecks* records = nullptr, FileStreams* files = nullptr);
 
 // True for the dtypes that can hold NaN or Inf.
 bool can_be_nonfinite(DType dtype);

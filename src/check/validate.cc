@@ -204,22 +204,22 @@ class Validator {
     now.source = report_.source;
     now.format = model.format();
     now.world_size = report_.world_size;
-    // File checksums run beside the tensor scan, and so does the CRC-32
-    // check of the tensors' records (left to this pass by the readers:
-    // ProblemSink::tensor_records_checked_later): the scan sums the records
-    // it streams whole from its own buffer, and its workers sum the others
-    // once no tensor is left (check/record_checks.h), so each byte is read
-    // once. Sinks are held by name: a range-for over get().problems() would
-    // walk a destroyed temporary.
-    std::future<ProblemSink> file_sums;
-    if (algorithm)
-      file_sums = std::async(std::launch::async, [&] { return checksum_files(files, *algorithm, now.files); });
+    // One read of each byte: the tensor scan sums the CRC-32 of the records
+    // it streams whole (left to this pass by the readers:
+    // ProblemSink::tensor_records_checked_later) and feeds the file
+    // checksums (check/file_streams.h) from its own buffer; its workers
+    // then check the records no scan claimed and complete the files.
     RecordChecks records(model);
-    scan_tensors(model, backend.get(), algorithm, now, records);
+    std::optional<FileStreams> streams;
+    if (algorithm) streams.emplace(files, *algorithm, model, opt_.memory_limit / 4);
+    ProblemSink unread_files;
+    scan_tensors(model, backend.get(), algorithm, now, records, streams ? &*streams : nullptr, unread_files);
     for (const auto& p : records.problems().problems()) sink_.report(p);
     if (!algorithm) return;
-    ProblemSink file_problems = file_sums.get();
-    for (const auto& p : file_problems.problems()) sink_.report(p);
+    for (const auto& p : unread_files.problems()) sink_.report(p);
+    for (std::size_t k = 0; k < files.size(); ++k)
+      if (!streams->checksum(k).empty())
+        now.files.push_back({manifest_path_of(files[k], src_, opt_), streams->size(k), streams->checksum(k)});
     check("manifest");
     report_.manifest_algorithm = checksum_algorithm_name(*algorithm);
     if (recorded) {
@@ -237,27 +237,14 @@ class Validator {
     }
   }
 
-  // Its own sink: it runs on another thread than the tensor scan.
-  ProblemSink checksum_files(const std::vector<std::string>& files, ChecksumAlgorithm algorithm,
-                             std::vector<ManifestFile>& out) const {
-    ProblemSink problems;
-    for (const auto& f : files) {
-      std::string rel = manifest_path_of(f, src_, opt_);
-      run_reporting(&problems, f, -1, "", [&] {
-        SourcePtr source = open_file_source(f);  // streamed once: reads, not page faults
-        out.push_back({rel, source->size(), checksum_source(*source, algorithm)});
-      });
-    }
-    return problems;
-  }
-
   // Tensors are scanned on `workers` threads, each taking the next tensor
   // (its bytes read once: pread slices, CRC-32 of the records it streams
   // whole, NaN/Inf counts and checksum from the same buffer); a worker with
-  // no tensor left checks the records no scan claimed. Results are reported
-  // afterwards in tree order, so the report does not depend on timing.
+  // no tensor left checks the records no scan claimed and, once every scan
+  // is done, completes the file checksums. Results are reported afterwards
+  // in tree order, so the report does not depend on timing.
   void scan_tensors(const CheckpointModel& model, Backend* backend, std::optional<ChecksumAlgorithm> algorithm,
-                    Manifest& now, RecordChecks& records) {
+                    Manifest& now, RecordChecks& records, FileStreams* streams, ProblemSink& unread_files) {
     std::vector<std::pair<std::string, std::size_t>> leaves;  // key, tensor index: tree order
     walk_leaves(*model.root, [&](const Leaf& leaf) {
       if (leaf.tensor) leaves.emplace_back(leaf.path, *leaf.tensor);
@@ -283,17 +270,37 @@ class Validator {
         const TensorEntry& t = model.tensors.at(index);
         TensorScan scan;
         if (run_reporting(&failed[index], t.chunks.empty() ? "" : t.chunks.front().file, -1, key,
-                          [&] { scan = scan_tensor(t, backend, algorithm, budget, &records); }))
+                          [&] { scan = scan_tensor(t, backend, algorithm, budget, &records, streams); }))
           scanned[index] = std::move(scan);
         progress_add(t.nbytes());
       }
       records.check_remaining();
     };
+    // Files are completed once no scan feeds them any more (a worker
+    // completing one while another still scans would read those bytes again).
+    std::vector<ProblemSink> file_problems(static_cast<std::size_t>(workers));
+    std::atomic<int> scanning{workers};
+    auto worker = [&](int w) {
+      struct Done {
+        std::atomic<int>& n;
+        ~Done() {
+          n.fetch_sub(1);
+          n.notify_all();
+        }
+      };
+      {
+        Done done{scanning};
+        work();
+      }
+      if (!streams) return;
+      for (int left; (left = scanning.load()) > 0;) scanning.wait(left);
+      streams->finish(file_problems[static_cast<std::size_t>(w)]);
+    };
     std::vector<std::future<void>> pool;
-    for (int w = 1; w < workers; ++w) pool.push_back(std::async(std::launch::async, work));
+    for (int w = 1; w < workers; ++w) pool.push_back(std::async(std::launch::async, worker, w));
     std::exception_ptr error;
     try {
-      work();
+      worker(0);
     } catch (...) {
       error = std::current_exception();
     }
@@ -303,6 +310,8 @@ class Validator {
         if (!error) error = std::current_exception();
       }
     if (error) std::rethrow_exception(error);
+    for (const auto& sink : file_problems)
+      for (const auto& p : sink.problems()) unread_files.report(p);
 
     std::set<std::size_t> reported;
     for (const auto& [key, index] : leaves) {
