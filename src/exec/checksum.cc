@@ -2,6 +2,14 @@
 
 #include <openssl/evp.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+// Debian's libxxhash is built for baseline x86-64 (SSE2); its dispatching
+// entry points pick AVX2/AVX-512 at run time, 3-4x faster on this path.
+#include <xxh_x86dispatch.h>
+#define CKPT_XXH3_UPDATE XXH3_64bits_update_dispatch
+#else
+#define CKPT_XXH3_UPDATE XXH3_64bits_update
+#endif
 
 #include <algorithm>
 #include <cstdio>
@@ -55,7 +63,7 @@ void Hasher::update(const void* data, std::size_t n) {
   if (state_->done) fail(ErrorCode::kInternal, "Hasher::update after hex_digest");
   if (n == 0) return;
   if (state_->xxh) {
-    XXH3_64bits_update(state_->xxh, data, n);
+    CKPT_XXH3_UPDATE(state_->xxh, data, n);
   } else if (EVP_DigestUpdate(state_->sha, data, n) != 1) {
     fail(ErrorCode::kInternal, "OpenSSL: SHA-256 update failed");
   }
