@@ -299,6 +299,11 @@ pickle::ValuePtr decode_archive(const SourcePtr& source, std::vector<TensorEntry
   if (verify)
     verify_records(zip, found, decoder.storage_records(), rank, *verify, verify->tensor_records_checked_later);
   for (auto& t : found) tensors.push_back(std::move(t));
+  // The headers and pickle were read through the mapping; the page cache
+  // may hold the file in large folios, each mapped whole by one touch (2 MiB
+  // of RSS per archive header read). Unmap them: tensor bytes are read
+  // later, slice by slice, and re-fault what they need.
+  source->release(0, source->size());
   return root;
 }
 
