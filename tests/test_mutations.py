@@ -26,3 +26,29 @@ def test_damaged_inputs_are_refused_or_read_as_their_library_reads_them(family, 
     assert result["bad"] == [], result
     assert sum(result["counts"].values()) == 15
     assert result["counts"].get("refused", 0) > 0, result["counts"]
+
+
+# The two cases of the 10,000-case DCP campaign (seed 2026) that were silent:
+# a flipped bit in a .metadata memo index made a dict key refer to a
+# ChunkStorageMetadata. torch's read_metadata raises TypeError (unhashable
+# key); ckptconv now refuses it the same way instead of reading a tree torch
+# never builds.
+@pytest.mark.parametrize("offset, bit", [(6395, 7), (5086, 4)])
+def test_a_metadata_memo_flip_that_torch_refuses_is_refused(offset, bit, tmp_path, run_ckptconv):
+    import shutil
+    import warnings
+    from torch.distributed.checkpoint import FileSystemReader
+    src = tmp_path / "ckpt"
+    shutil.copytree(REPO / "testdata" / "dcp" / "fsdp2_adamw_ws2", src)
+    data = bytearray((src / ".metadata").read_bytes())
+    data[offset] ^= 1 << bit
+    (src / ".metadata").write_bytes(bytes(data))
+    with warnings.catch_warnings(), pytest.raises(TypeError, match="unhashable"):
+        warnings.simplefilter("ignore")
+        FileSystemReader(str(src)).read_metadata()
+    r = run_ckptconv("validate", src)
+    assert r.returncode != 0 and "unhashable type (ChunkStorageMetadata)" in r.stdout + r.stderr, r.stdout
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3 and "unhashable" in r.stderr, r.stderr
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

@@ -94,7 +94,7 @@ class PickleMachine {
   ValuePtr fold_call(const ValuePtr& callable, const ValuePtr& args) const;
   void fold_bytes_io(Value& target, const Value& state);
   void add_items(Value& target, std::vector<ValuePtr> values);
-  void add_entries(Value& target, std::vector<ValuePtr> flat);
+  void add_entries(const ValuePtr& target, std::vector<ValuePtr> flat);
 
   // ---- protocol-0 text opcodes (unpickler_text.cc) ----
   void op_int();
@@ -125,6 +125,14 @@ class PickleMachine {
   std::vector<ValuePtr> stack_;
   std::vector<std::size_t> marks_;
   std::unordered_map<uint64_t, ValuePtr> memo_;
+  // Per dict past kIndexedDict entries: key identity -> entry (the dict is
+  // held, so its address is not reused while the index lives).
+  struct KeyIndex {
+    ValuePtr dict;
+    std::unordered_map<std::string, std::size_t> at;
+  };
+  std::unordered_map<const Value*, KeyIndex> key_index_;
+  static constexpr std::size_t kIndexedDict = 16;
   std::vector<ValuePtr> arena_;
   uint64_t values_ = 0;
   uint64_t charged_ = 0;  // bytes counted by charge()

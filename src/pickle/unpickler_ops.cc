@@ -209,7 +209,19 @@ void PickleMachine::add_items(Value& target, std::vector<ValuePtr> values) {
   for (auto& v : values) target.items.push_back(std::move(v));
 }
 
-void PickleMachine::add_entries(Value& target, std::vector<ValuePtr> flat) {
+namespace {
+
+// What Python's TypeError would name: the class of an object, else the kind.
+std::string type_name(const Value& v) {
+  const Value* call = v.is(Kind::kBuilt) ? v.object.get() : &v;
+  if (call && call->is(Kind::kCall) && call->callable && call->callable->is(Kind::kGlobal)) return call->callable->name;
+  return kind_name(v.kind);
+}
+
+}  // namespace
+
+void PickleMachine::add_entries(const ValuePtr& target_ptr, std::vector<ValuePtr> flat) {
+  Value& target = *target_ptr;
   if (target.kind == Kind::kCall || target.kind == Kind::kBuilt) {
     policy_.check_fill(target);
   } else if (target.kind != Kind::kDict) {
@@ -218,8 +230,48 @@ void PickleMachine::add_entries(Value& target, std::vector<ValuePtr> flat) {
   if (flat.size() % 2 != 0) fail_data_loss("odd number of items for key/value pairs");
   check_container_size(uint64_t{target.entries.size()} + flat.size() / 2);
   charge(flat.size() * kSlotCost);
+  if (target.kind != Kind::kDict) {  // an object's __setitem__ (checked by the policy): kept as given
+    for (std::size_t i = 0; i < flat.size(); i += 2)
+      target.entries.emplace_back(std::move(flat[i]), std::move(flat[i + 1]));
+    return;
+  }
+  // A dict as Python builds it: an unhashable key is the TypeError
+  // pickle.load raises; a repeated key keeps its first place and takes the
+  // last value (a damaged memo index can make either out of a valid pickle).
+  auto identity = [&](const Value& key) {
+    auto id = dict_key_identity(key);
+    if (!id)
+      fail_data_loss("a dict key of an unhashable type (" + type_name(key) +
+                     "): Python's unpickler refuses it (TypeError)");
+    return std::move(*id);
+  };
   for (std::size_t i = 0; i < flat.size(); i += 2) {
+    std::string id = identity(*flat[i]);
+    std::optional<std::size_t> found;
+    auto indexed = key_index_.find(&target);
+    if (indexed != key_index_.end()) {
+      if (auto it = indexed->second.at.find(id); it != indexed->second.at.end()) found = it->second;
+    } else {
+      for (std::size_t e = 0; e < target.entries.size() && !found; ++e)
+        if (identity(*target.entries[e].first) == id) found = e;
+    }
+    if (found) {
+      target.entries[*found].second = std::move(flat[i + 1]);
+      continue;
+    }
     target.entries.emplace_back(std::move(flat[i]), std::move(flat[i + 1]));
+    if (indexed != key_index_.end()) {
+      charge(id.size() + kSlotCost);
+      indexed->second.at.emplace(std::move(id), target.entries.size() - 1);
+    } else if (target.entries.size() > kIndexedDict) {
+      KeyIndex& index = key_index_[&target];
+      index.dict = target_ptr;
+      for (std::size_t e = 0; e < target.entries.size(); ++e) {
+        std::string key = identity(*target.entries[e].first);
+        charge(key.size() + kSlotCost);
+        index.at.emplace(std::move(key), e);
+      }
+    }
   }
 }
 
@@ -236,12 +288,12 @@ void PickleMachine::op_appends() {
 void PickleMachine::op_setitem() {
   ValuePtr value = pop();
   ValuePtr key = pop();
-  add_entries(*top(), {std::move(key), std::move(value)});
+  add_entries(top(), {std::move(key), std::move(value)});
 }
 
 void PickleMachine::op_setitems() {
   std::vector<ValuePtr> flat = pop_mark();
-  add_entries(*top(), std::move(flat));
+  add_entries(top(), std::move(flat));
 }
 
 void PickleMachine::op_additems() {
@@ -257,7 +309,7 @@ void PickleMachine::op_dict() {
   std::vector<ValuePtr> flat = pop_mark();
   ValuePtr d = make(Value::dict());
   push(d);
-  add_entries(*d, std::move(flat));
+  add_entries(d, std::move(flat));
 }
 
 void PickleMachine::op_tuple_n(std::size_t n) {

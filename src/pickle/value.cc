@@ -1,5 +1,7 @@
 #include "pickle/value.h"
 
+#include <cstdio>
+
 #include <charconv>
 #include <cmath>
 #include <unordered_map>
@@ -292,6 +294,90 @@ Value* find_node(Value& root, const std::function<bool(Value&)>& match) {
     for (const ValuePtr* p : {&v->callable, &v->args, &v->kwargs, &v->object, &v->state, &v->pid}) push(*p);
   }
   return nullptr;
+}
+
+namespace {
+
+// Classes whose instances Python cannot hash (__hash__ is None: dataclasses
+// with eq and without frozen, dict subclasses), among those a checkpoint's
+// pickles build.
+bool unhashable_class(const Value& g) {
+  static const std::pair<std::string_view, std::string_view> kClasses[] = {
+      {"collections", "OrderedDict"},
+      {"torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"},
+      {"torch.distributed.checkpoint.metadata", "TensorStorageMetadata"},
+      {"torch.distributed.checkpoint.metadata", "BytesStorageMetadata"},
+      {"torch.distributed.checkpoint.metadata", "TensorProperties"},
+      {"torch.distributed.checkpoint.metadata", "Metadata"},
+      {"torch.distributed.checkpoint.metadata", "StorageMeta"},
+      {"torch.distributed.checkpoint.filesystem", "_StorageInfo"},
+      {"torch.distributed._shard.sharded_tensor.metadata", "ShardedTensorMetadata"},
+      {"torch.distributed._shard.sharded_tensor.metadata", "TensorProperties"},
+  };
+  for (const auto& [module, name] : kClasses)
+    if (g.is_global(module, name)) return true;
+  return false;
+}
+
+// A tuple key nested deeper than this is refused rather than walked.
+constexpr int kMaxKeyDepth = 100;
+
+bool append_identity(const Value& v, std::string& out, int depth) {
+  char buf[64];
+  switch (v.kind) {
+    case Kind::kNone: out += "N;"; return true;
+    case Kind::kBool: out += v.bool_value ? "n1;" : "n0;"; return true;
+    case Kind::kInt: out += "n" + std::to_string(v.int_value) + ";"; return true;
+    case Kind::kBigInt: out += "B" + std::to_string(v.text.size()) + ":" + v.text; return true;
+    case Kind::kFloat: {
+      double f = v.float_value;
+      if (f != f) break;  // NaN equals nothing, itself only by identity
+      if (f == static_cast<double>(static_cast<int64_t>(f)) && f >= -9.2e18 && f <= 9.2e18) {
+        out += "n" + std::to_string(static_cast<int64_t>(f)) + ";";
+        return true;
+      }
+      std::snprintf(buf, sizeof buf, "f%a;", f);
+      out += buf;
+      return true;
+    }
+    case Kind::kStr: out += "s" + std::to_string(v.text.size()) + ":" + v.text; return true;
+    case Kind::kBytes:
+      if (v.bytearray) return false;
+      out += "b" + std::to_string(v.text.size()) + ":" + v.text;
+      return true;
+    case Kind::kTuple:
+      if (depth >= kMaxKeyDepth)
+        fail_data_loss("a dict key of tuples nested deeper than " + std::to_string(kMaxKeyDepth));
+      out += "(";
+      for (const auto& item : v.items)
+        if (!item || !append_identity(*item, out, depth + 1)) return false;
+      out += ")";
+      return true;
+    case Kind::kList:
+    case Kind::kDict:
+    case Kind::kSet: return false;
+    case Kind::kCall:
+      if (v.callable && unhashable_class(*v.callable)) return false;
+      break;
+    case Kind::kBuilt:
+      if (v.object && v.object->is(Kind::kCall) && v.object->callable && unhashable_class(*v.object->callable))
+        return false;
+      break;
+    case Kind::kGlobal: out += "g" + std::to_string(v.text.size()) + ":" + v.text + "." + v.name + ";"; return true;
+    case Kind::kFrozenSet:
+    case Kind::kPersId: break;
+  }
+  std::snprintf(buf, sizeof buf, "o%p;", static_cast<const void*>(&v));
+  out += buf;
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::string> dict_key_identity(const Value& key) {
+  std::string out;
+  if (!append_identity(key, out, 0)) return std::nullopt;
+  return out;
 }
 
 }  // namespace ckpt::pickle

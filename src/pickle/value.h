@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -106,6 +107,15 @@ class Value {
   // and length: "{'lr': 0.01, 'params': [...]}".
   std::string repr(int max_depth = 3, std::size_t max_items = 8) const;
 };
+
+// What Python's dict compares a key by, or nullopt for a value Python cannot
+// hash (a list, dict, set, bytearray, a tuple holding one, or an object of a
+// class whose instances are unhashable: OrderedDict, the dataclasses of DCP
+// metadata). Equal keys give equal strings: 1, 1.0 and True are one key, as
+// in Python; other objects compare by identity. A torch.load of a pickle
+// with an unhashable key raises TypeError, and a repeated key keeps its
+// first place with the last value: the unpickler does the same.
+std::optional<std::string> dict_key_identity(const Value& key);
 
 // The io.BytesIO a kBytes with `bytes_io` was, as torch.save pickles one
 // (_io.BytesIO NEWOBJ, then BUILD with (bytes, position, None)); DCP

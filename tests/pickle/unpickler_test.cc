@@ -497,3 +497,39 @@ TEST_CASE("a BytesIO with attributes or constructor arguments is refused", "[pic
                  checkpoint_policy())
             .code() == ErrorCode::kUnsafe);
 }
+
+TEST_CASE("dicts are built as Python builds them: equal keys merge, unhashable keys are refused", "[pickle]") {
+  using namespace std::string_literals;
+  // {1: 'a', 1.0: 'b', True: 'c', 'k': 2, 'k': 3}: Python gives {1: 'c', 'k': 3}.
+  ValuePtr d = load(
+      "\x80\x02}(K\x01X\x01\x00\x00\x00"
+      "aG?\xf0\x00\x00\x00\x00\x00\x00X\x01\x00\x00\x00"
+      "b\x88X\x01\x00\x00\x00"
+      "cX\x01\x00\x00\x00"
+      "kK\x02X\x01\x00\x00\x00"
+      "kK\x03u."s);
+  REQUIRE(d->entries.size() == 2);
+  CHECK(d->entries[0].first->is(Kind::kInt));  // the first key object stays
+  CHECK(d->entries[0].second->as_str() == "c");
+  CHECK(d->entries[1].second->as_int() == 3);
+
+  // 40 keys (past the size where an index is kept), then key 5 again.
+  std::string big = "\x80\x02}("s;
+  for (int i = 0; i < 40; ++i) big += "K"s + static_cast<char>(i) + "K"s + static_cast<char>(i);
+  big += "K\x05K\x63u."s;
+  ValuePtr b = load(big);
+  REQUIRE(b->entries.size() == 40);
+  CHECK(b->entries[5].second->as_int() == 99);
+  CHECK(b->entries[6].first->as_int() == 6);
+
+  // A list as a key: TypeError in Python, DataLoss here.
+  Error e = error_of("\x80\x02}(]K\x01u."s);
+  CHECK(e.code() == ErrorCode::kDataLoss);
+  CHECK(contains(e.what(), "unhashable type (list)"));
+  // An OrderedDict (a dict subclass) as a key.
+  Error o = error_of("\x80\x02}(ccollections\nOrderedDict\n)RK\x01u."s);
+  CHECK(contains(o.what(), "unhashable type"));
+  // A tuple key holding a list is unhashable too; one of ints is a key.
+  CHECK(contains(error_of("\x80\x02}(K\x01]\x86K\x01u."s).what(), "unhashable type (tuple)"));
+  CHECK(load("\x80\x02}(K\x01K\x02\x86K\x01u."s)->entries.size() == 1);
+}
