@@ -322,13 +322,22 @@ bool unhashable_class(const Value& g) {
 // A tuple key nested deeper than this is refused rather than walked.
 constexpr int kMaxKeyDepth = 100;
 
+// A tag, the length and the bytes: no two texts of different kinds or
+// splits give the same string.
+void append_text(char tag, const std::string& text, std::string& out) {
+  char len[24];
+  int n = std::snprintf(len, sizeof len, "%c%zu:", tag, text.size());
+  out.append(len, static_cast<std::size_t>(n));
+  out.append(text);
+}
+
 bool append_identity(const Value& v, std::string& out, int depth) {
   char buf[64];
   switch (v.kind) {
     case Kind::kNone: out += "N;"; return true;
     case Kind::kBool: out += v.bool_value ? "n1;" : "n0;"; return true;
     case Kind::kInt: out += "n" + std::to_string(v.int_value) + ";"; return true;
-    case Kind::kBigInt: out += "B" + std::to_string(v.text.size()) + ":" + v.text; return true;
+    case Kind::kBigInt: append_text('B', v.text, out); return true;
     case Kind::kFloat: {
       double f = v.float_value;
       if (f != f) break;  // NaN equals nothing, itself only by identity
@@ -340,10 +349,10 @@ bool append_identity(const Value& v, std::string& out, int depth) {
       out += buf;
       return true;
     }
-    case Kind::kStr: out += "s" + std::to_string(v.text.size()) + ":" + v.text; return true;
+    case Kind::kStr: append_text('s', v.text, out); return true;
     case Kind::kBytes:
       if (v.bytearray) return false;
-      out += "b" + std::to_string(v.text.size()) + ":" + v.text;
+      append_text('b', v.text, out);
       return true;
     case Kind::kTuple:
       if (depth >= kMaxKeyDepth)
