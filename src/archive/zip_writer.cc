@@ -215,6 +215,13 @@ void ZipWriter::append(const void* data, std::size_t n) {
   appended_ += n;
 }
 
+void ZipWriter::append(const void* data, std::size_t n, uint32_t crc) {
+  check_append(n);
+  sink_.write(data, n);
+  crc_ = crc32_combine(crc_, crc, n);
+  appended_ += n;
+}
+
 void ZipWriter::append_from(const ByteSource& source, uint64_t pos, uint64_t n, std::optional<uint32_t> known_crc) {
   check_append(n);
   if (known_crc) {

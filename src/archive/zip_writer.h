@@ -51,6 +51,9 @@ class ZipWriter {
   // exactly `size` bytes, end.
   void begin_record(std::string_view record, uint64_t size);
   void append(const void* data, std::size_t n);
+  // The same, with `crc` the CRC-32 of exactly these bytes, summed elsewhere
+  // (by the threads that assembled them): not read again here.
+  void append(const void* data, std::size_t n, uint32_t crc);
   // Appends bytes of a source. With `known_crc` (the CRC-32 of exactly these
   // bytes, e.g. from the source's own central directory) the bytes are moved
   // with ByteSink::copy_from and never read by us; without it they are read

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -44,6 +45,7 @@ struct SlabJob {
   std::function<void(int64_t r0, int64_t r1, std::byte* dst)> gather;
   bool scan = false;        // count NaN/Inf in the output
   bool keep_output = true;  // false: only the counts are wanted
+  bool crc = false;         // also sum the output's CRC-32 (a zip record's), on the threads that made it
 };
 
 struct SlabResult {
@@ -53,6 +55,9 @@ struct SlabResult {
   // can write one slab while the next is assembled.
   std::span<const std::byte> bytes;
   FiniteCounts finite;  // of the output, when scan was set
+  // The CRC-32 of `bytes`, when crc was set and the backend sums it (the
+  // CPU one does, per block while it is in cache); else the writer does.
+  std::optional<uint32_t> crc;
 };
 
 // Checksums are not a backend operation: the digests ckptconv records

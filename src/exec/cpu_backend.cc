@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "archive/zip_writer.h"
 #include "core/error.h"
 #include "core/float_cast.h"
 #include "core/parallel_ranges.h"
@@ -67,6 +68,10 @@ class CpuBackend final : public Backend {
     out.resize(static_cast<std::size_t>(job.rows) * out_row);
     int parts = useful_threads(static_cast<uint64_t>(job.rows) * in_row, threads_);
     std::vector<FiniteCounts> counts(static_cast<std::size_t>(parts));
+    // Per part, the CRC-32 of its output rows, summed block by block while
+    // the block is in cache, then joined in order (crc32_combine).
+    std::vector<uint32_t> crcs(static_cast<std::size_t>(parts), 0);
+    std::vector<uint64_t> lengths(static_cast<std::size_t>(parts), 0);
     if (fused) {
       int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kBlockBytes / std::max<std::size_t>(in_row, 1)));
       for_each_range(job.rows, parts, [&](int p, int64_t r0, int64_t r1) {
@@ -83,6 +88,11 @@ class CpuBackend final : public Backend {
             job.gather(a, b, dst);
           }
           if (job.scan) counts[static_cast<std::size_t>(p)] += count_nonfinite(dst, job.out_dtype, elems);
+          if (job.crc) {
+            std::size_t bytes = static_cast<std::size_t>(b - a) * out_row;
+            crcs[static_cast<std::size_t>(p)] = archive::crc32_update(crcs[static_cast<std::size_t>(p)], dst, bytes);
+            lengths[static_cast<std::size_t>(p)] += bytes;
+          }
         }
       });
     } else {
@@ -92,9 +102,21 @@ class CpuBackend final : public Backend {
       });
       cast_with_torch(buf.gathered.data(), job.dtype, out.data(), job.out_dtype, n);
       if (job.scan) counts[0] = scan_finite(out.data(), job.out_dtype, n);
+      if (job.crc)
+        for_each_range(job.rows, parts, [&](int p, int64_t r0, int64_t r1) {
+          std::size_t bytes = static_cast<std::size_t>(r1 - r0) * out_row;
+          crcs[static_cast<std::size_t>(p)] =
+              archive::crc32_update(0, out.data() + static_cast<std::size_t>(r0) * out_row, bytes);
+          lengths[static_cast<std::size_t>(p)] = bytes;
+        });
     }
     SlabResult result;
     for (const auto& c : counts) result.finite += c;
+    if (job.crc) {
+      uint32_t crc = crcs[0];
+      for (std::size_t p = 1; p < crcs.size(); ++p) crc = archive::crc32_combine(crc, crcs[p], lengths[p]);
+      result.crc = crc;
+    }
     if (job.keep_output) result.bytes = std::span<const std::byte>(out.data(), out.size());
     return result;
   }

@@ -24,9 +24,16 @@ class Destination {
  public:
   virtual ~Destination() = default;
   void append(const void* data, std::size_t n) {
-    do_append(data, n);
+    do_append(data, n, std::nullopt);
     progress_add(n);
   }
+  // `crc`: the CRC-32 of exactly these bytes when the backend summed it.
+  void append(const void* data, std::size_t n, std::optional<uint32_t> crc) {
+    do_append(data, n, crc);
+    progress_add(n);
+  }
+  // Whether a CRC-32 of the appended bytes is wanted (a zip record's).
+  virtual bool wants_crc() const { return false; }
   // `crc`: the CRC-32 of exactly these bytes when the source recorded it.
   void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) {
     do_append_from(src, pos, n, crc);
@@ -34,16 +41,22 @@ class Destination {
   }
 
  private:
-  virtual void do_append(const void* data, std::size_t n) = 0;
+  virtual void do_append(const void* data, std::size_t n, std::optional<uint32_t> crc) = 0;
   virtual void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) = 0;
 };
 
 class ZipDestination final : public Destination {
  public:
   explicit ZipDestination(archive::ZipWriter& zip) : zip_(zip) {}
+  bool wants_crc() const override { return true; }
 
  private:
-  void do_append(const void* data, std::size_t n) override { zip_.append(data, n); }
+  void do_append(const void* data, std::size_t n, std::optional<uint32_t> crc) override {
+    if (crc)
+      zip_.append(data, n, *crc);
+    else
+      zip_.append(data, n);
+  }
   void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) override {
     zip_.append_from(src, pos, n, crc);
   }
@@ -56,7 +69,7 @@ class SinkDestination final : public Destination {
   explicit SinkDestination(ByteSink& sink) : sink_(sink) {}
 
  private:
-  void do_append(const void* data, std::size_t n) override { sink_.write(data, n); }
+  void do_append(const void* data, std::size_t n, std::optional<uint32_t>) override { sink_.write(data, n); }
   void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t>) override {
     sink_.copy_from(src, pos, n);
   }
@@ -270,6 +283,7 @@ FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<cons
     job.rows = std::min(rows, r0 + rows_per_slab) - r0;
     job.row_elems = row_elems;
     job.scan = scan;
+    job.crc = out.wants_crc();
     job.gather = [&t, &chunks, r0, crcs](int64_t a, int64_t b, std::byte* dst) {
       gather_rows(t, chunks, r0 + a, r0 + b, dst, crcs);
     };
@@ -278,9 +292,10 @@ FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<cons
     finite += slab.finite;
     if (writing.valid()) writing.get();  // rethrows a failed append
     if (slab.bytes.size() < kMinOverlapBytes) {
-      out.append(slab.bytes.data(), slab.bytes.size());
+      out.append(slab.bytes.data(), slab.bytes.size(), slab.crc);
     } else {
-      writing = std::async(std::launch::async, [&out, bytes = slab.bytes] { out.append(bytes.data(), bytes.size()); });
+      writing = std::async(std::launch::async,
+                           [&out, bytes = slab.bytes, crc = slab.crc] { out.append(bytes.data(), bytes.size(), crc); });
     }
   }
   if (writing.valid()) writing.get();

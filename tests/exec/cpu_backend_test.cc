@@ -6,6 +6,7 @@
 #include <mutex>
 #include <utility>
 
+#include "archive/zip_writer.h"
 #include "backend_test_util.h"
 #include "exec/backend.h"
 #include "exec/finite_scan.h"
@@ -111,4 +112,20 @@ TEST_CASE("CPU assemble casts float32 to bfloat16 as torch rounds natively, the 
   std::vector<std::byte> whole(big.size() / 2);
   backend->cast(big.data(), DType::kFloat32, whole.data(), DType::kBFloat16, big.size() / 4);
   CHECK(split == whole);
+}
+
+TEST_CASE("CPU assemble sums the output's CRC-32 on its threads, equal to one pass over the bytes", "[backend]") {
+  auto src = bytes_of(big_floats());
+  for (int threads : {1, 3}) {
+    for (DType to : {DType::kFloat32, DType::kBFloat16}) {
+      auto backend = make_cpu_backend(threads);
+      auto job = slab_of(src, DType::kFloat32, to, 3072, false);
+      job.crc = true;
+      SlabResult r = backend->assemble(job);
+      REQUIRE(r.crc.has_value());
+      CHECK(*r.crc == archive::crc32_update(0, r.bytes.data(), r.bytes.size()));
+      job.crc = false;
+      CHECK_FALSE(backend->assemble(job).crc.has_value());
+    }
+  }
 }
