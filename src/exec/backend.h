@@ -60,12 +60,14 @@ struct SlabResult {
   std::optional<uint32_t> crc;
 };
 
-// Checksums are not a backend operation: the digests ckptconv records
-// (xxh3, SHA-256 in exec/checksum.h; CRC-32 in zip records) are each one
-// sequential stream over a file's bytes, each block depending on the state
-// the previous left, so a device could only hash them more slowly than the
-// host, which has the bytes in hand anyway when it writes them. The host
-// feeds the hasher from SlabResult::bytes.
+// Digests are not a device operation: xxh3 and SHA-256 (exec/checksum.h)
+// are each one sequential stream over a file's bytes, each block depending
+// on the state the previous left, so a device could only hash them more
+// slowly than the host, which has the bytes in hand anyway when it writes
+// them. CRC-32 is the exception that splits: pieces summed apart join with
+// crc32_combine, so the CPU backend sums a zip record's slab on the threads
+// that assembled it (SlabJob::crc); a backend that does not leaves it to the
+// writer.
 class Backend {
  public:
   virtual ~Backend() = default;
