@@ -224,6 +224,8 @@ std::vector<Receipt> read_receipts(const std::string& dir) {
         r.pieces[{p.at(0).get<std::size_t>(), p.at(1).get<uint64_t>()}] = {p.at(2).get<uint64_t>(),
                                                                            p.at(3).get<uint32_t>()};
     } catch (const std::exception& e) {
+      std::error_code gone;
+      if (!fs::exists(entry.path(), gone)) continue;  // the finalizing worker removed the folder meanwhile
       fail(ErrorCode::kDataLoss,
            r.file + ": not a receipt ckptconv wrote (" + e.what() + "): remove it and rerun its part");
     }
@@ -464,13 +466,20 @@ PartOutcome write_part(PartedWriter& w, const PartedOptions& options, const Part
   for (const auto& r : read_receipts(dir))
     if (r.plan == l.hash && r.parts == part.count) done[r.part] = true;
   if (static_cast<int>(done.size()) < part.count) {
-    outcome.summary += "; " + std::to_string(done.size()) + " of " + std::to_string(part.count) + " parts done";
+    std::error_code ec;
+    if (!fs::exists(dir, ec))  // another worker completed the set at the same time, and finalized
+      outcome.summary += "; another worker finalized " + options.path;
+    else
+      outcome.summary += "; " + std::to_string(done.size()) + " of " + std::to_string(part.count) + " parts done";
     return outcome;
   }
   std::string elect = dir + "/finalizing";
   int token = ::open(elect.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (token < 0) {
-    outcome.summary += "; another worker is finalizing (if it died, run: ckptconv finalize " + options.path + ")";
+    if (errno == ENOENT)  // the folder is gone: that worker is done
+      outcome.summary += "; another worker finalized " + options.path;
+    else
+      outcome.summary += "; another worker is finalizing (if it died, run: ckptconv finalize " + options.path + ")";
     return outcome;
   }
   ::close(token);
@@ -637,14 +646,19 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
         "--part: HDF5 output cannot be written by several processes (that needs an MPI-IO build of "
         "libhdf5); write .pt or .safetensors, or run without --part");
   FileOutputs w(model, format, options);
-  PartedOptions parted;
-  parted.path = options.path;
-  parted.force = options.force;
-  parted.durable = options.durable;
-  parted.copy = options.copy;
-  parted.inputs = model.info.files;
-  parted.request = request;
-  return write_parted(w, parted, part);
+  return write_parted(w,
+                      {.path = options.path,
+                       .force = options.force,
+                       .durable = options.durable,
+                       .copy = options.copy,
+                       .inputs = model.info.files,
+                       .request = request},
+                      part);
+}
+
+PartedOptions directory_output(const std::string& dir, bool force, const CopyOptions& copy,
+                               const CheckpointModel& model, const std::string& request) {
+  return {.path = dir, .force = force, .copy = copy, .inputs = model.info.files, .request = request};
 }
 
 std::string publish_directory(const std::string& dir, const std::vector<std::string>& names,

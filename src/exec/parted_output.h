@@ -85,6 +85,11 @@ struct PartedOptions {
   std::string request;              // the job's request (JSON), kept beside the parts for `ckptconv finalize OUT`
 };
 
+// The options of a directory output (reshard's DCP and per-rank layouts,
+// always synced) read from `model`.
+PartedOptions directory_output(const std::string& dir, bool force, const CopyOptions& copy,
+                               const CheckpointModel& model, const std::string& request);
+
 // This worker's share of the output, and the finalization when it
 // completes the set. Exit 3 (DataLoss) when finalizing finds a receipt
 // missing, stale or not matching the plan, naming the parts to rerun.

@@ -247,13 +247,7 @@ PartOutcome write_dcp_reshard_part(const CheckpointModel& model, const dcp::DcpM
                                    const ReshardPlan& plan, const DcpOutputOptions& options, const PartSpec& part,
                                    const std::string& request) {
   DcpParted writer(model, source, plan, options);
-  PartedOptions parted;
-  parted.path = options.dir;
-  parted.force = options.force;
-  parted.copy = options.copy;
-  parted.inputs = model.info.files;
-  parted.request = request;
-  return write_parted(writer, parted, part);
+  return write_parted(writer, directory_output(options.dir, options.force, options.copy, model, request), part);
 }
 
 }  // namespace ckpt

@@ -180,13 +180,7 @@ PartOutcome write_rank_files_part(const CheckpointModel& model, const std::vecto
                                   const RankFilesLayout& layout, const ReshardPlan& plan,
                                   const RankFilesOptions& options, const PartSpec& part, const std::string& request) {
   RankFilesParted writer(model, families, layout, plan, options);
-  PartedOptions parted;
-  parted.path = options.dir;
-  parted.force = options.force;
-  parted.copy = options.copy;
-  parted.inputs = model.info.files;
-  parted.request = request;
-  return write_parted(writer, parted, part);
+  return write_parted(writer, directory_output(options.dir, options.force, options.copy, model, request), part);
 }
 
 const char* rank_layout_name(RankLayout layout) {
