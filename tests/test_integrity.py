@@ -275,6 +275,11 @@ def test_a_flipped_byte_in_a_tensor_is_caught_by_consolidate_and_reshard(kind, t
         if kind == "ranks":
             assert "(rank 1)" in r.stderr
     assert list(out.iterdir()) == []
+    # A --part worker: the parts of split records are summed as they are
+    # copied (RecordVerifier::add_piece) and checked before the receipt.
+    r = run_ckptconv("reshard", src, "-o", out / "p", "--world-size", "3", "--layout", "dcp", "--part", "0/1")
+    assert r.returncode == 3 and "fails its CRC-32" in r.stderr, r.stderr
+    assert not (out / "p").exists() and not list(out.glob("p.parts-*/part-*.json"))  # no receipt vouches for it
     r = run_ckptconv("consolidate", src, "-o", out / "b.pt", "--no-verify")
     assert r.returncode == 0, r.stderr
 

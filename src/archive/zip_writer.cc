@@ -222,24 +222,29 @@ void ZipWriter::append(const void* data, std::size_t n, uint32_t crc) {
   appended_ += n;
 }
 
-void ZipWriter::append_from(const ByteSource& source, uint64_t pos, uint64_t n, std::optional<uint32_t> known_crc) {
+void ZipWriter::append_from(const ByteSource& source, uint64_t pos, uint64_t n, std::optional<uint32_t> known_crc,
+                            uint32_t* crc_out) {
   check_append(n);
   if (known_crc) {
     sink_.copy_from(source, pos, n);
     crc_ = crc32_combine(crc_, *known_crc, n);
     appended_ += n;
+    if (crc_out) *crc_out = *known_crc;
     return;
   }
   std::string buffer(static_cast<std::size_t>(std::min<uint64_t>(n, kCopyBufferSize)), '\0');
+  uint32_t piece = 0;
   for (uint64_t done = 0; done < n;) {
     const auto chunk = static_cast<std::size_t>(std::min<uint64_t>(n - done, buffer.size()));
     source.read(pos + done, buffer.data(), chunk);
     source.release(pos + done, chunk);  // read once: a mapping's pages need not stay in our RSS
     sink_.write(buffer.data(), chunk);
-    crc_ = crc32_update(crc_, buffer.data(), chunk);
+    piece = crc32_update(piece, buffer.data(), chunk);
     done += chunk;
-    appended_ += chunk;
   }
+  crc_ = crc32_combine(crc_, piece, n);
+  appended_ += n;
+  if (crc_out) *crc_out = piece;
 }
 
 void ZipWriter::append_elsewhere(uint64_t n, uint32_t crc) {

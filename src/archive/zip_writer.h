@@ -58,7 +58,9 @@ class ZipWriter {
   // bytes, e.g. from the source's own central directory) the bytes are moved
   // with ByteSink::copy_from and never read by us; without it they are read
   // through a bounded buffer to compute the CRC.
-  void append_from(const ByteSource& source, uint64_t pos, uint64_t n, std::optional<uint32_t> known_crc = {});
+  // `crc_out`, when given, receives the CRC-32 of exactly these bytes.
+  void append_from(const ByteSource& source, uint64_t pos, uint64_t n, std::optional<uint32_t> known_crc = {},
+                   uint32_t* crc_out = nullptr);
   // n bytes of the open record that another process writes (a --part run):
   // the sink leaves them as they are (ByteSink::skip) and the record takes
   // `crc` as their CRC-32.

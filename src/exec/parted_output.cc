@@ -426,6 +426,7 @@ nlohmann::json write_pieces(PartedWriter& w, const PartedOptions& options, const
     }
   });
   if (seq != l.units()) fail(ErrorCode::kInternal, "a part emitted a different layout than planned");
+  if (options.copy.verify) options.copy.verify->check_deferred();  // before the receipt vouches for the bytes
   if (options.durable)
     for (std::size_t k = 0; k < files.size(); ++k)
       if (::fdatasync(files.fd(k)) != 0) fail(ErrorCode::kOutputFailed, files.path(k) + ": " + std::strerror(errno));

@@ -34,15 +34,21 @@ class Destination {
   }
   // Whether a CRC-32 of the appended bytes is wanted (a zip record's).
   virtual bool wants_crc() const { return false; }
+  // Whether append_from sums the bytes it copies (and can report it).
+  bool sums_copies() const { return wants_crc(); }
   // `crc`: the CRC-32 of exactly these bytes when the source recorded it.
-  void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) {
-    do_append_from(src, pos, n, crc);
+  // `crc_out`, when given and the destination sums what it copies (a zip
+  // record), receives the CRC-32 of these bytes; else it is left alone.
+  void append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc,
+                   uint32_t* crc_out = nullptr) {
+    do_append_from(src, pos, n, crc, crc_out);
     progress_add(n);
   }
 
  private:
   virtual void do_append(const void* data, std::size_t n, std::optional<uint32_t> crc) = 0;
-  virtual void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) = 0;
+  virtual void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc,
+                              uint32_t* crc_out) = 0;
 };
 
 class ZipDestination final : public Destination {
@@ -57,8 +63,9 @@ class ZipDestination final : public Destination {
     else
       zip_.append(data, n);
   }
-  void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc) override {
-    zip_.append_from(src, pos, n, crc);
+  void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t> crc,
+                      uint32_t* crc_out) override {
+    zip_.append_from(src, pos, n, crc, crc_out);
   }
 
   archive::ZipWriter& zip_;
@@ -70,7 +77,7 @@ class SinkDestination final : public Destination {
 
  private:
   void do_append(const void* data, std::size_t n, std::optional<uint32_t>) override { sink_.write(data, n); }
-  void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t>) override {
+  void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t>, uint32_t*) override {
     sink_.copy_from(src, pos, n);
   }
 
@@ -101,13 +108,20 @@ std::vector<const TensorChunk*> nonempty_chunks(const TensorEntry& t) {
   return out;
 }
 
-void append_slabs_direct(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks, Destination& out) {
+// `parts`: chunks whose record's CRC-32 is summed from the parts copied
+// (RecordVerifier::add_piece) rather than checked apart.
+void append_slabs_direct(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks, Destination& out,
+                         const std::vector<const TensorChunk*>& parts, RecordVerifier* verifier) {
   std::size_t isz = dtype_size(t.dtype);
   for (const TensorChunk* c : chunks) {
     uint64_t n = c->numel() * isz;
+    uint64_t pos = static_cast<uint64_t>(c->storage_offset) * isz;
     std::optional<uint32_t> crc;
     if (c->is_whole_contiguous_storage(isz)) crc = c->storage_crc;
-    out.append_from(*c->storage, static_cast<uint64_t>(c->storage_offset) * isz, n, crc);
+    bool summed = std::find(parts.begin(), parts.end(), c) != parts.end();
+    uint32_t piece = 0;
+    out.append_from(*c->storage, pos, n, crc, summed ? &piece : nullptr);
+    if (summed) verifier->add_piece(*c, t.name, pos, n, piece);
   }
 }
 
@@ -360,14 +374,20 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
     // returns, so before any output is published. Small records are checked
     // in line: a thread would cost more than the overlap saves.
     std::size_t isz = dtype_size(t.dtype);
-    std::vector<const TensorChunk*> summed, apart;
+    std::vector<const TensorChunk*> summed, apart, parts;
+    bool zip = out.sums_copies();
     if (options.verify)
       for (const TensorChunk* c : chunks) {
         if (!c->storage_crc || !c->storage || options.verify->checked(c->storage.get())) continue;
         bool rows = t.shape.empty() || is_contiguous_row_slab(t, *c);
         bool once = std::count_if(chunks.begin(), chunks.end(),
                                   [&](const TensorChunk* o) { return o->storage == c->storage; }) == 1;
-        (assembled && rows && once && c->is_whole_contiguous_storage(isz) ? summed : apart).push_back(c);
+        if (assembled && rows && once && c->is_whole_contiguous_storage(isz))
+          summed.push_back(c);
+        else if (!assembled && zip && options.verify->deferring() && !c->is_whole_contiguous_storage(isz))
+          parts.push_back(c);  // a part of its record, summed as it is copied (reshard)
+        else
+          apart.push_back(c);
       }
     PieceCrcs crcs(summed);
     std::future<void> checking;
@@ -385,7 +405,7 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
       return;
     }
     if (!assembled) {
-      append_slabs_direct(t, chunks, out);
+      append_slabs_direct(t, chunks, out, parts, options.verify.get());
     } else {
       // Without a backend (tests, callers that never cast) the CPU one
       // serves: it loads LibTorch only if a cast needs it.
@@ -445,6 +465,50 @@ void RecordVerifier::accept(const TensorChunk& c, const std::string& tensor, uin
   }
   std::lock_guard<std::mutex> lock(mutex_);
   checked_.insert(c.storage.get());
+}
+
+void RecordVerifier::add_piece(const TensorChunk& c, const std::string& tensor, uint64_t offset, uint64_t n,
+                               uint32_t crc) {
+  std::optional<uint32_t> whole;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (checked_.count(c.storage.get())) return;
+    Pending& p = pending_[c.storage.get()];
+    if (p.tensor.empty()) {
+      p.chunk = c;  // a copy: reshard's items are local views, gone before check_deferred
+      p.tensor = tensor;
+    }
+    p.pieces.push_back({offset, n, crc});
+    std::sort(p.pieces.begin(), p.pieces.end(), [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+    uint64_t at = 0;
+    uint32_t sum = 0;
+    bool tiled = true;
+    for (const Piece& piece : p.pieces) {
+      if (piece.offset != at) {
+        tiled = false;
+        break;
+      }
+      sum = at == 0 ? piece.crc : archive::crc32_combine(sum, piece.crc, piece.length);
+      at += piece.length;
+    }
+    if (tiled && at == c.storage->size()) {
+      whole = sum;
+      pending_.erase(c.storage.get());
+    }
+  }
+  if (whole) accept(c, tensor, *whole);
+}
+
+void RecordVerifier::check_deferred() {
+  std::vector<Pending> left;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [record, p] : pending_) left.push_back(std::move(p));
+    pending_.clear();
+  }
+  // Parts that overlap or leave gaps (a view that skips bytes of its
+  // record): the record is read whole once.
+  for (const Pending& p : left) verify(p.chunk, p.tensor);
 }
 
 void assemble_rows(const TensorEntry& t, int64_t r0, int64_t r1, std::byte* dst) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_set>
@@ -38,9 +39,33 @@ class RecordVerifier {
   // record counts as checked.
   void accept(const TensorChunk& c, const std::string& tensor, uint32_t crc);
 
+  // For jobs whose items each copy part of a record (reshard: an output
+  // rank's rows span two source shards). A part copied unchanged is summed
+  // by the copy that reads it (add_piece); the record counts as checked when
+  // its parts tile it, across items and tensors, so it is not read again.
+  // The job must call check_deferred() before publishing anything.
+  void defer_partial_records() { defer_ = true; }
+  bool deferring() const { return defer_; }
+  // `crc`: the CRC-32 of bytes [offset, offset + n) of c's record.
+  void add_piece(const TensorChunk& c, const std::string& tensor, uint64_t offset, uint64_t n, uint32_t crc);
+  // Checks, by reading them whole, the records that got parts but are not
+  // tiled yet. DataLoss as verify().
+  void check_deferred();
+
  private:
+  struct Piece {
+    uint64_t offset, length;
+    uint32_t crc;
+  };
+  struct Pending {
+    TensorChunk chunk;
+    std::string tensor;
+    std::vector<Piece> pieces;
+  };
   std::mutex mutex_;
   std::unordered_set<const ByteSource*> checked_;
+  bool defer_ = false;
+  std::map<const ByteSource*, Pending> pending_;
 };
 
 struct CopyOptions {

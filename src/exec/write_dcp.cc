@@ -239,6 +239,7 @@ void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& sou
           append_tensor(entry_of(i), zip, options.copy);
         });
       });
+  if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
   copy_side_files(options.side_files, writer.temp_dir());
   writer.finish(out);
 }

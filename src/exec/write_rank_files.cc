@@ -201,6 +201,7 @@ void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily
     });
     sink->finish();
   });
+  if (options.copy.verify) options.copy.verify->check_deferred();  // before the directory is published
   dir.commit();
 }
 
