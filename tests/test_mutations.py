@@ -52,3 +52,16 @@ def test_a_metadata_memo_flip_that_torch_refuses_is_refused(offset, bit, tmp_pat
     r = run_ckptconv("consolidate", src, "-o", out)
     assert r.returncode == 3 and "unhashable" in r.stderr, r.stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+# The HDF5 cases of this session's 10,000-case campaign (seed 2026) that were
+# silent or printed raw bytes: dimensions flipped past the dataspace's own
+# maximum (473, 2788, 9751) or to 0 under a contiguous layout that stores
+# more (6413), both of which h5py's newer libhdf5 refuses and Debian's 1.10
+# reads; a flipped byte in the source_format attribute printed raw by
+# inspect (6303). Replayed exactly: the same draws, only these cases run.
+def test_the_hdf5_campaign_cases_that_were_silent_are_refused(ckptconv):
+    cases = {473, 2788, 6303, 6413, 9751}
+    result = mutate.campaign("hdf5", count=max(cases) + 1, seed=2026, ckptconv=ckptconv, timeout=120, only=cases)
+    assert result["bad"] == [], result
+    assert sum(result["counts"].values()) == len(cases), result["counts"]

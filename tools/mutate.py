@@ -177,7 +177,10 @@ def agrees(family: str, damaged: Path, out: Path) -> bool:
     return True
 
 
-def campaign(family: str, count: int, seed: int, ckptconv: Path, timeout: float, verbose: bool = False) -> dict:
+def campaign(family: str, count: int, seed: int, ckptconv: Path, timeout: float, verbose: bool = False,
+             only: set[int] | None = None) -> dict:
+    """`only`: run the commands for these case numbers alone (the others are
+    drawn and skipped, so a case of a long campaign is replayed exactly)."""
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     unexplained: list[str] = []
@@ -196,6 +199,9 @@ def campaign(family: str, count: int, seed: int, ckptconv: Path, timeout: float,
             (shutil.copytree if clean.is_dir() else shutil.copy)(clean, src)
             victim = rng.choice(files_of(src))
             what = f"{victim.relative_to(case_dir)}: " + mutate(victim, rng)
+            if only is not None and case not in only:
+                shutil.rmtree(case_dir, ignore_errors=True)
+                continue
             out_dir = case_dir / "out"
             out_dir.mkdir()
             out = out_dir / "out.safetensors"

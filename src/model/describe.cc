@@ -1,5 +1,7 @@
 #include "model/describe.h"
 
+#include "core/error.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <iomanip>
@@ -35,7 +37,9 @@ std::string ranks_of(const TensorEntry& t) {
 void describe_model(const CheckpointModel& model, std::ostream& out) {
   out << model.source << ": " << model.format() << ", " << model.tensors.size() << " tensors, "
       << human_bytes(total_bytes(model)) << "\n";
-  for (const auto& [k, v] : model.facts) out << "  " << k << ": " << v << "\n";
+  // Facts can hold text read from the file (an HDF5 attribute): escaped, so
+  // a damaged byte cannot make the output invalid UTF-8.
+  for (const auto& [k, v] : model.facts) out << "  " << printable_text(k) << ": " << printable_text(v) << "\n";
   std::size_t width = 4;
   walk_leaves(*model.root, [&](const Leaf& leaf) { width = std::max(width, leaf.path.size()); });
   width = std::min<std::size_t>(width, 72);
@@ -111,7 +115,9 @@ nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
   j["schema"] = 1;
   j["source"] = model.source;
   j["format"] = model.format();
-  j["facts"] = model.facts;
+  nlohmann::ordered_json facts = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : model.facts) facts[printable_text(k)] = printable_text(v);
+  j["facts"] = facts;
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array(), values = nlohmann::ordered_json::array();
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor) {
