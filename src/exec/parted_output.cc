@@ -85,11 +85,6 @@ void skip_unit(const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip, uint3
     sink.skip(u.nbytes);
 }
 
-std::string trimmed(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  return path;
-}
-
 Layout layout_of(PartedWriter& w, const PartedOptions& options) {
   Layout l;
   l.names = w.file_names();
@@ -188,7 +183,9 @@ void assign_owners(Layout& l, int parts) {
 
 std::string data_file(const std::string& dir, std::size_t k) { return dir + "/data-" + std::to_string(k); }
 
-std::string parts_dir(const std::string& output, const Layout& l) { return trimmed(output) + ".parts-" + l.hash; }
+std::string parts_dir(const std::string& output, const Layout& l) {
+  return without_trailing_slashes(output) + ".parts-" + l.hash;
+}
 
 std::string receipt_name(int part, int parts) {
   return "part-" + std::to_string(part) + "-of-" + std::to_string(parts) + ".json";
@@ -378,7 +375,7 @@ std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout
   check_interrupted();
   std::string what = w.publish([&](std::size_t k) { return data_file(dir, k); }, options.force, options.durable);
   if (options.durable) {
-    fs::path parent = fs::path(trimmed(options.path)).parent_path();
+    fs::path parent = fs::path(without_trailing_slashes(options.path)).parent_path();
     fsync_path(parent.empty() ? "." : parent.string());
   }
   std::error_code ec;
@@ -677,7 +674,7 @@ std::string publish_directory(const std::string& dir, const std::vector<std::str
 }
 
 std::vector<std::string> parts_folders(const std::string& output) {
-  fs::path out(trimmed(output));
+  fs::path out(without_trailing_slashes(output));
   fs::path parent = out.parent_path().empty() ? fs::path(".") : out.parent_path();
   std::string prefix = out.filename().string() + ".parts-";
   std::vector<std::string> found;

@@ -33,9 +33,8 @@ class Destination {
     progress_add(n);
   }
   // Whether a CRC-32 of the appended bytes is wanted (a zip record's).
+  // A destination that wants it also sums what append_from copies.
   virtual bool wants_crc() const { return false; }
-  // Whether append_from sums the bytes it copies (and can report it).
-  bool sums_copies() const { return wants_crc(); }
   // `crc`: the CRC-32 of exactly these bytes when the source recorded it.
   // `crc_out`, when given and the destination sums what it copies (a zip
   // record), receives the CRC-32 of these bytes; else it is left alone.
@@ -375,7 +374,7 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
     // in line: a thread would cost more than the overlap saves.
     std::size_t isz = dtype_size(t.dtype);
     std::vector<const TensorChunk*> summed, apart, parts;
-    bool zip = out.sums_copies();
+    bool zip = out.wants_crc();
     if (options.verify)
       for (const TensorChunk* c : chunks) {
         if (!c->storage_crc || !c->storage || options.verify->checked(c->storage.get())) continue;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "formats/dcp/dcp_writer.h"
+#include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 #include "io/counting_sink.h"
 #include "model/tree_walk.h"
@@ -21,11 +22,6 @@ using pickle::ValuePtr;
 }  // namespace
 
 namespace {
-
-std::string trimmed(std::string dir) {
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
-}
 
 bool contains_tensor(const Value& v) {
   if (tensor_ref_index(v)) return true;
@@ -170,7 +166,7 @@ DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMeta
       });
   DcpOutputSizes sizes;
   for (const auto& s : sinks) sizes.files.push_back(s.position());
-  sizes.metadata = dcp::encode_metadata(out, trimmed(dir), std::string(36, '0')).size();
+  sizes.metadata = dcp::encode_metadata(out, without_trailing_slashes(dir), std::string(36, '0')).size();
   return sizes;
 }
 
@@ -198,7 +194,7 @@ class DcpParted final : public PartedWriter {
     for (int r = 0; r < plan_.world_size; ++r) names.push_back(dcp::DcpDirWriter::file_name(r));
     return names;
   }
-  std::vector<std::string> destinations() const override { return {trimmed(options_.dir)}; }
+  std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     metadata_ = emit_items(
         model_, source_, plan_,
@@ -214,7 +210,7 @@ class DcpParted final : public PartedWriter {
     return publish_directory(options_.dir, file_names(), data_path, force, [&](const std::string& temp) {
       copy_side_files(options_.side_files, temp);
       auto meta = AtomicFileSink::create(temp + "/.metadata", false, durable);
-      meta->write(dcp::encode_metadata(metadata_, trimmed(options_.dir), dcp::random_save_id()));
+      meta->write(dcp::encode_metadata(metadata_, without_trailing_slashes(options_.dir), dcp::random_save_id()));
       meta->finish();
     });
   }

@@ -144,11 +144,7 @@ class RankFilesParted final : public PartedWriter {
       for (const RankFamily& family : families_) names.push_back(output_file_name(family, r, plan_.world_size));
     return names;
   }
-  std::vector<std::string> destinations() const override {
-    std::string dir = options_.dir;
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    return {dir};
-  }
+  std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     std::size_t k = 0;
     emit_rank_files(model_, families_, layout_, plan_, [&](int, const std::string&, const RankFileContent& content) {

@@ -26,8 +26,13 @@ bool path_exists(const std::string& path) {
 
 }  // namespace
 
-AtomicDirectory::AtomicDirectory(std::string dir, bool force) : dir_(std::move(dir)), force_(force) {
-  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+std::string without_trailing_slashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+AtomicDirectory::AtomicDirectory(std::string dir, bool force)
+    : dir_(without_trailing_slashes(std::move(dir))), force_(force) {
   if (!force_ && path_exists(dir_)) fail_invalid(dir_ + ": output exists (use --force to overwrite)");
   remove_stale_temps(dir_);
   std::string pattern = temp_prefix(dir_) + "XXXXXX";

@@ -10,6 +10,9 @@
 
 namespace ckpt {
 
+// `dir` without trailing slashes ("out/" and "out" name one directory; "/" stays).
+std::string without_trailing_slashes(std::string dir);
+
 class AtomicDirectory {
  public:
   // InvalidArgument when `dir` exists and !force (nothing is created then);
