@@ -75,6 +75,9 @@ class AtomicFileSink final : public ByteSink {
  private:
   AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable);
   void flush_buffer();
+  // With `durable`: starts writeback of what reached the file, and drops
+  // from the page cache what is already on disk (see kWritebackWindow).
+  void stream_out();
   void write_fully(const void* data, std::size_t n);
   [[noreturn]] void fail_io(const std::string& what, int err) const;
 
@@ -86,6 +89,8 @@ class AtomicFileSink final : public ByteSink {
   bool completed_ = false;
   bool finished_ = false;
   uint64_t position_ = 0;
+  uint64_t started_ = 0;  // bytes whose writeback stream_out() started
+  uint64_t dropped_ = 0;  // bytes it waited for and dropped from the page cache
   std::vector<char> buffer_;
 };
 

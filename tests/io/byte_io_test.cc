@@ -77,6 +77,36 @@ TEST_CASE("atomic sink appears only after finish", "[io]") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("a durable sink streams its output out as it grows and still writes every byte", "[io]") {
+  // Past the writeback windows (32 MiB, two in flight): writes, copies and
+  // small pieces interleaved at offsets that align with no window.
+  auto dir = fresh_dir("stream");
+  std::string payload((40u << 20) + 12345, '\0');
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131 % 251);
+  std::ofstream(dir / "in.bin", std::ios::binary) << payload;
+  auto src = open_file_source((dir / "in.bin").string());
+  for (bool durable : {true, false}) {
+    auto sink = AtomicFileSink::create((dir / "out.bin").string(), true, durable);
+    std::string expect;
+    sink->write(std::string("HDR"));
+    expect += "HDR";
+    sink->copy_from(*src, 7, payload.size() - 7);
+    expect += payload.substr(7);
+    sink->write(payload.data(), 3u << 20);  // a large write, past the coalescing buffer
+    expect += payload.substr(0, 3u << 20);
+    for (int i = 0; i < 80; ++i) {  // and many small ones through it (123 MiB in all)
+      sink->write(payload.data() + i * 997, 1u << 20);
+      expect += payload.substr(static_cast<std::size_t>(i) * 997, 1u << 20);
+    }
+    sink->copy_from(*src, 5, 1000);
+    expect += payload.substr(5, 1000);
+    CHECK(sink->position() == expect.size());
+    sink->finish();
+    CHECK(slurp(dir / "out.bin") == expect);
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("copy_from moves large file ranges exactly", "[io]") {
   auto dir = fresh_dir("copy");
   std::string payload(5u << 20, '\0');
