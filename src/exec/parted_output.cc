@@ -390,7 +390,7 @@ nlohmann::json write_pieces(PartedWriter& w, const PartedOptions& options, const
   DataFiles files(dir, l.names.size(), true);
   std::vector<PartSink> sinks;
   for (std::size_t k = 0; k < files.size(); ++k)
-    sinks.emplace_back(files.fd(k), l.ranges_of(part.index, k), l.names[k]);
+    sinks.emplace_back(files.fd(k), l.ranges_of(part.index, k), l.names[k], 0, options.durable);
   std::vector<ByteSink*> out;
   for (auto& s : sinks) out.push_back(&s);
   std::size_t seq = 0;
@@ -415,6 +415,7 @@ nlohmann::json write_pieces(PartedWriter& w, const PartedOptions& options, const
     for (const Piece& p : pieces) {
       if (p.owner != part.index) continue;
       if (p.whole || !u.tensor) fail(ErrorCode::kInternal, "a piece of a unit that cannot be cut");
+      // Not streamed: its CRC-32 is read back from the page cache just below.
       PartSink piece(files.fd(u.file), {{at + p.begin, at + p.end}}, l.names[u.file], at + p.begin);
       append_tensor(rows_tensor(*u.tensor, p.r0, p.r1), piece, options.copy);
       uint32_t crc = zip ? crc_of_range(files.fd(u.file), at + p.begin, p.end - p.begin, files.path(u.file)) : 0;

@@ -94,6 +94,7 @@ void write_hdf5_output(const CheckpointModel& model, const OutputOptions& option
   with_context(options.path, [&] {
     hdf5::WriteOptions h5;
     h5.gzip = options.gzip;
+    h5.stream = options.durable;
     hdf5::write_hdf5(temp->temp_path(), model, h5, [&](std::size_t index, ByteSink& sink) {
       append_tensor(model.tensors[index], sink, options.copy);
     });

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "io/byte_source.h"
+#include "io/writeback.h"
 
 namespace ckpt {
 
@@ -75,8 +76,7 @@ class AtomicFileSink final : public ByteSink {
  private:
   AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable);
   void flush_buffer();
-  // With `durable`: starts writeback of what reached the file, and drops
-  // from the page cache what is already on disk (see kWritebackWindow).
+  // With `durable`: streams what reached the file to the disk (io/writeback.h).
   void stream_out();
   void write_fully(const void* data, std::size_t n);
   [[noreturn]] void fail_io(const std::string& what, int err) const;
@@ -89,8 +89,8 @@ class AtomicFileSink final : public ByteSink {
   bool completed_ = false;
   bool finished_ = false;
   uint64_t position_ = 0;
-  uint64_t started_ = 0;  // bytes whose writeback stream_out() started
-  uint64_t dropped_ = 0;  // bytes it waited for and dropped from the page cache
+  Writeback writeback_;
+  uint64_t streamed_ = 0;  // bytes handed to writeback_
   std::vector<char> buffer_;
 };
 

@@ -11,8 +11,10 @@
 
 namespace ckpt {
 
-PartSink::PartSink(int fd, Ranges ranges, std::string what, uint64_t start)
-    : fd_(fd), ranges_(std::move(ranges)), what_(std::move(what)), position_(start) {}
+PartSink::PartSink(int fd, Ranges ranges, std::string what, uint64_t start, bool stream)
+    : fd_(fd), ranges_(std::move(ranges)), what_(std::move(what)), position_(start) {
+  if (stream && fd_ >= 0) writeback_.emplace(fd_);
+}
 
 template <typename Fn>
 void PartSink::for_each_owned(uint64_t n, Fn&& fn) const {
@@ -26,12 +28,13 @@ void PartSink::for_each_owned(uint64_t n, Fn&& fn) const {
   }
 }
 
-void PartSink::pwrite_fully(const void* data, std::size_t n, uint64_t at) const {
+void PartSink::pwrite_fully(const void* data, std::size_t n, uint64_t at) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     ssize_t put = ::pwrite(fd_, p, n, static_cast<off_t>(at));
     if (put < 0 && errno == EINTR) continue;
     if (put <= 0) fail(ErrorCode::kOutputFailed, what_ + ": write failed: " + std::strerror(errno));
+    if (writeback_) writeback_->wrote(at, static_cast<uint64_t>(put));
     p += put;
     at += static_cast<uint64_t>(put);
     n -= static_cast<std::size_t>(put);
@@ -54,9 +57,12 @@ void PartSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
       if (auto span = src.file_span(pos + off)) {
         loff_t in = static_cast<loff_t>(span->offset), out = static_cast<loff_t>(position_ + off);
         while (done < len) {
-          ssize_t moved = ::copy_file_range(span->fd, &in, fd_, &out, len - done, 0);
+          // At most a writeback window per call, so a streamed output goes out as it grows.
+          ssize_t moved =
+              ::copy_file_range(span->fd, &in, fd_, &out, std::min(len - done, Writeback::kWritebackWindow), 0);
           if (moved < 0 && errno == EINTR) continue;
           if (moved <= 0) break;  // not supported here: the rest through a buffer
+          if (writeback_) writeback_->wrote(position_ + off + done, static_cast<uint64_t>(moved));
           done += static_cast<uint64_t>(moved);
         }
       }

@@ -7,11 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "io/byte_sink.h"
+#include "io/writeback.h"
 
 namespace ckpt {
 
@@ -20,8 +22,9 @@ class PartSink final : public ByteSink {
   using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;  // [begin, end), sorted, disjoint
 
   // `start`: the file offset of the first byte written through the sink
-  // (its position() counts from there).
-  PartSink(int fd, Ranges ranges, std::string what, uint64_t start = 0);
+  // (its position() counts from there). `stream`: a durable output, whose
+  // ranges go to the disk as they are written (io/writeback.h).
+  PartSink(int fd, Ranges ranges, std::string what, uint64_t start = 0, bool stream = false);
 
   using ByteSink::write;
   void write(const void* data, std::size_t n) override;
@@ -34,12 +37,13 @@ class PartSink final : public ByteSink {
   // position_ + n) inside the ranges.
   template <typename Fn>
   void for_each_owned(uint64_t n, Fn&& fn) const;
-  void pwrite_fully(const void* data, std::size_t n, uint64_t at) const;
+  void pwrite_fully(const void* data, std::size_t n, uint64_t at);
 
   int fd_;
   Ranges ranges_;
   std::string what_;
   uint64_t position_ = 0;
+  std::optional<Writeback> writeback_;
 };
 
 }  // namespace ckpt

@@ -219,7 +219,7 @@ class Hdf5Writer {
       // touches that space again: allocated at creation, never filled
       // (H5D_FILL_TIME_NEVER); the library writes only metadata, elsewhere.
       uint64_t n = t.numel() * dtype_size(d);
-      PartSink sink(raw_fd(), {{offset, offset + n}}, ds_what, offset);
+      PartSink sink(raw_fd(), {{offset, offset + n}}, ds_what, offset, options_.stream);
       fill_(index, sink);
       if (sink.position() != offset + n)
         fail(ErrorCode::kInternal, ds_what + ": dataset received " + std::to_string(sink.position() - offset) + " of " +

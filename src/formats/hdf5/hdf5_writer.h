@@ -20,6 +20,7 @@ namespace ckpt::hdf5 {
 struct WriteOptions {
   bool gzip = false;  // shuffle + deflate on every chunked dataset
   int gzip_level = 4;
+  bool stream = false;  // a durable output: dataset bytes go to the disk as written (io/writeback.h)
 };
 
 // Appends exactly the output bytes of tensor `index`.
