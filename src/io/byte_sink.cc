@@ -83,13 +83,10 @@ std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, 
 }
 
 AtomicFileSink::AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable)
-    : dest_(std::move(dest)),
-      temp_(std::move(temp)),
-      fd_(fd),
-      overwrite_(overwrite),
-      durable_(durable),
-      writeback_(fd) {
+    : dest_(std::move(dest)), temp_(std::move(temp)), fd_(fd), overwrite_(overwrite), durable_(durable) {
   buffer_.reserve(kWriteBuffer);
+  // --no-fsync: the page cache absorbs the output, as the user asked.
+  if (durable_) writeback_.emplace(fd_);
 }
 
 AtomicFileSink::~AtomicFileSink() {
@@ -107,6 +104,7 @@ void AtomicFileSink::write_fully(const void* data, std::size_t n) {
     ssize_t put = ::write(fd_, p, n);
     if (put < 0 && errno == EINTR) continue;
     if (put < 0) fail_io("write failed", errno);
+    if (writeback_) writeback_->appended(static_cast<uint64_t>(put));
     p += put;
     n -= static_cast<std::size_t>(put);
   }
@@ -116,15 +114,6 @@ void AtomicFileSink::flush_buffer() {
   if (buffer_.empty()) return;
   write_fully(buffer_.data(), buffer_.size());
   buffer_.clear();
-  stream_out();
-}
-
-void AtomicFileSink::stream_out() {
-  // --no-fsync: the page cache absorbs the output, as the user asked.
-  if (!durable_) return;
-  const uint64_t on_file = position_ - buffer_.size();
-  writeback_.wrote(streamed_, on_file - streamed_);
-  streamed_ = on_file;
 }
 
 void AtomicFileSink::write(const void* data, std::size_t n) {
@@ -134,7 +123,6 @@ void AtomicFileSink::write(const void* data, std::size_t n) {
     if (n >= kWriteBuffer) {
       write_fully(data, n);
       position_ += n;
-      stream_out();
       return;
     }
   }
@@ -161,9 +149,9 @@ void AtomicFileSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) 
       ByteSink::copy_from(src, pos + (n - left), left);
       return;
     }
+    if (writeback_) writeback_->appended(static_cast<uint64_t>(moved));
     left -= static_cast<uint64_t>(moved);
     position_ += static_cast<uint64_t>(moved);
-    stream_out();
   }
 }
 

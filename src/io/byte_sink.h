@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,8 +77,6 @@ class AtomicFileSink final : public ByteSink {
  private:
   AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable);
   void flush_buffer();
-  // With `durable`: streams what reached the file to the disk (io/writeback.h).
-  void stream_out();
   void write_fully(const void* data, std::size_t n);
   [[noreturn]] void fail_io(const std::string& what, int err) const;
 
@@ -89,8 +88,7 @@ class AtomicFileSink final : public ByteSink {
   bool completed_ = false;
   bool finished_ = false;
   uint64_t position_ = 0;
-  Writeback writeback_;
-  uint64_t streamed_ = 0;  // bytes handed to writeback_
+  std::optional<Writeback> writeback_;  // with `durable`: the file streams to the disk as written
   std::vector<char> buffer_;
 };
 

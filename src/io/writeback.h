@@ -26,6 +26,8 @@ class Writeback {
   explicit Writeback(int fd) : fd_(fd) {}
   // Bytes [offset, offset + n) of the file were just written.
   void wrote(uint64_t offset, uint64_t n);
+  // For a sequential writer: n bytes were just written after the last ones.
+  void appended(uint64_t n) { wrote(end_, n); }
 
  private:
   void start(uint64_t begin, uint64_t end);
