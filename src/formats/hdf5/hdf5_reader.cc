@@ -24,9 +24,6 @@ using pickle::Value;
 using pickle::ValuePtr;
 
 constexpr int kMaxDepth = 200;
-// The structure of a file ckptconv wrote reads in milliseconds; a child still
-// busy after this long is looping on a corrupt one.
-constexpr double kStructureTimeoutS = 60;
 // deflate's largest expansion is about 1032:1; a chunked dataset that
 // declares more bytes than that from its stored chunks is not one ckptconv
 // wrote (it never leaves chunks unallocated), and reading it would make up
@@ -311,7 +308,7 @@ CheckpointModel read_hdf5_in_process(const std::string& path) {
   });
 }
 
-CheckpointModel read_hdf5_file(const std::string& path) {
+CheckpointModel read_hdf5_file(const std::string& path, double structure_timeout_s) {
   // libhdf5 trusts the structures it reads: single bit flips in a file
   // ckptconv wrote made it crash (SIGSEGV in H5HG_read) or loop. So the
   // structure (superblock, groups, attributes, datatypes, dataspaces, layouts
@@ -319,7 +316,7 @@ CheckpointModel read_hdf5_file(const std::string& path) {
   // child process, where a crash or a hang is only a refusal (exit 3); then
   // again here, where it is known to finish. Tensor bytes are read once, here,
   // through the chunk indexes the child already walked.
-  run_isolated("reading " + path + " with libhdf5", kStructureTimeoutS, [&] { read_hdf5_in_process(path); });
+  run_isolated("reading " + path + " with libhdf5", structure_timeout_s, [&] { read_hdf5_in_process(path); });
   return read_hdf5_in_process(path);
 }
 

@@ -11,9 +11,15 @@
 
 namespace ckpt::hdf5 {
 
+// The structure of a file ckptconv wrote reads in milliseconds; a child still
+// busy after this long is looping on a corrupt one.
+inline constexpr double kStructureTimeoutS = 60;
+
 // The read runs first in a child process (io/isolate.h): a corrupt file that
-// crashes or hangs libhdf5 is DataLoss (exit 3), never a signal here.
-CheckpointModel read_hdf5_file(const std::string& path);
+// crashes libhdf5, or hangs it for `structure_timeout_s`, is DataLoss
+// (exit 3), never a signal here. The fuzz target passes a short timeout, so
+// that a mutant that makes libhdf5 loop costs it seconds, not a minute.
+CheckpointModel read_hdf5_file(const std::string& path, double structure_timeout_s = kStructureTimeoutS);
 // The same read without the child: for the fuzz target and the child itself.
 CheckpointModel read_hdf5_in_process(const std::string& path);
 
