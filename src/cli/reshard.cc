@@ -39,7 +39,7 @@ void register_reshard(CLI::App& app) {
   sub->add_option("--mesh-dim-names", req->mesh_dim_names,
                   "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none")
       ->group(kOutputGroup);
-  bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kMaxOutputSize | kNoVerify, help);
+  bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize | kNoVerify, help);
   sub->add_option("--part", req->part,
                   "Write worker I's share of the output files (I/N, 0-based; auto: from Slurm, Open MPI, PMI or "
                   "torchrun); the worker completing the set finalizes DST (finalize: only that step)")

@@ -231,13 +231,6 @@ std::vector<Receipt> read_receipts(const std::string& dir) {
   return out;
 }
 
-void fsync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
 // The shared files of the parts folder, open for the duration of one pass.
 class DataFiles {
  public:
@@ -374,10 +367,6 @@ std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout
   }
   check_interrupted();
   std::string what = w.publish([&](std::size_t k) { return data_file(dir, k); }, options.force, options.durable);
-  if (options.durable) {
-    fs::path parent = fs::path(without_trailing_slashes(options.path)).parent_path();
-    fsync_path(parent.empty() ? "." : parent.string());
-  }
   std::error_code ec;
   fs::remove_all(dir, ec);
   return "finalized " + std::to_string(parts) + " parts (" + what + ")";
@@ -551,6 +540,8 @@ class FileOutputs final : public PartedWriter {
       for (const auto& f : published) ::unlink(f.c_str());
       throw;
     }
+    // The renames above; an index, renamed last into the same directory, had its own publish() do it.
+    if (durable && !index) sync_directory_of(out_.string());
     return to.size() > 1 ? std::to_string(to.size()) + " shards and the index" : std::string("one file");
   }
 
@@ -655,15 +646,16 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
                       part);
 }
 
-PartedOptions directory_output(const std::string& dir, bool force, const CopyOptions& copy,
+PartedOptions directory_output(const std::string& dir, bool force, bool durable, const CopyOptions& copy,
                                const CheckpointModel& model, const std::string& request) {
-  return {.path = dir, .force = force, .copy = copy, .inputs = model.info.files, .request = request};
+  return {
+      .path = dir, .force = force, .durable = durable, .copy = copy, .inputs = model.info.files, .request = request};
 }
 
 std::string publish_directory(const std::string& dir, const std::vector<std::string>& names,
-                              const std::function<std::string(std::size_t)>& data_path, bool force,
+                              const std::function<std::string(std::size_t)>& data_path, bool force, bool durable,
                               const std::function<void(const std::string& temp_dir)>& extra) {
-  AtomicDirectory out(dir, force);
+  AtomicDirectory out(dir, force, durable);
   for (std::size_t k = 0; k < names.size(); ++k) {
     std::string to = out.path_of(names[k]);
     if (std::rename(data_path(k).c_str(), to.c_str()) != 0)

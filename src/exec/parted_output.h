@@ -85,9 +85,9 @@ struct PartedOptions {
   std::string request;              // the job's request (JSON), kept beside the parts for `ckptconv finalize OUT`
 };
 
-// The options of a directory output (reshard's DCP and per-rank layouts,
-// always synced) read from `model`.
-PartedOptions directory_output(const std::string& dir, bool force, const CopyOptions& copy,
+// The options of a directory output (reshard's DCP and per-rank layouts)
+// read from `model`.
+PartedOptions directory_output(const std::string& dir, bool force, bool durable, const CopyOptions& copy,
                                const CheckpointModel& model, const std::string& request);
 
 // This worker's share of the output, and the finalization when it
@@ -104,7 +104,7 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
 // what else belongs there (DCP's .metadata) into it, and renames it into
 // place. Returns what it published, for the log.
 std::string publish_directory(const std::string& dir, const std::vector<std::string>& names,
-                              const std::function<std::string(std::size_t)>& data_path, bool force,
+                              const std::function<std::string(std::size_t)>& data_path, bool force, bool durable,
                               const std::function<void(const std::string& temp_dir)>& extra);
 
 // The parts folders of OUT (OUT.parts-*), for `ckptconv finalize OUT`.

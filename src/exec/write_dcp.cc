@@ -207,7 +207,7 @@ class DcpParted final : public PartedWriter {
         });
   }
   std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    return publish_directory(options_.dir, file_names(), data_path, force, [&](const std::string& temp) {
+    return publish_directory(options_.dir, file_names(), data_path, force, durable, [&](const std::string& temp) {
       copy_side_files(options_.side_files, temp);
       auto meta = AtomicFileSink::create(temp + "/.metadata", false, durable);
       meta->write(dcp::encode_metadata(metadata_, without_trailing_slashes(options_.dir), dcp::random_save_id()));
@@ -227,7 +227,7 @@ class DcpParted final : public PartedWriter {
 
 void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                        const DcpOutputOptions& options) {
-  dcp::DcpDirWriter writer(options.dir, plan.world_size, options.force);
+  dcp::DcpDirWriter writer(options.dir, plan.world_size, options.force, options.durable);
   dcp::DcpMetadata out = emit_items(
       model, source, plan,
       [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf& entry_of) {
@@ -244,7 +244,8 @@ PartOutcome write_dcp_reshard_part(const CheckpointModel& model, const dcp::DcpM
                                    const ReshardPlan& plan, const DcpOutputOptions& options, const PartSpec& part,
                                    const std::string& request) {
   DcpParted writer(model, source, plan, options);
-  return write_parted(writer, directory_output(options.dir, options.force, options.copy, model, request), part);
+  return write_parted(
+      writer, directory_output(options.dir, options.force, options.durable, options.copy, model, request), part);
 }
 
 }  // namespace ckpt

@@ -20,6 +20,7 @@ namespace ckpt {
 struct DcpOutputOptions {
   std::string dir;
   bool force = false;
+  bool durable = true;  // fsync every file before the directory is published (--no-fsync: false)
   CopyOptions copy;
   // Files copied unchanged into the output directory under their own names
   // (Lightning's meta.pt, which its loader reads beside the DCP items).

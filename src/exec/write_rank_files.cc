@@ -158,8 +158,8 @@ class RankFilesParted final : public PartedWriter {
       });
     });
   }
-  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool) override {
-    return publish_directory(options_.dir, file_names(), data_path, force, nullptr);
+  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+    return publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
   }
 
  private:
@@ -176,7 +176,8 @@ PartOutcome write_rank_files_part(const CheckpointModel& model, const std::vecto
                                   const RankFilesLayout& layout, const ReshardPlan& plan,
                                   const RankFilesOptions& options, const PartSpec& part, const std::string& request) {
   RankFilesParted writer(model, families, layout, plan, options);
-  return write_parted(writer, directory_output(options.dir, options.force, options.copy, model, request), part);
+  return write_parted(
+      writer, directory_output(options.dir, options.force, options.durable, options.copy, model, request), part);
 }
 
 const char* rank_layout_name(RankLayout layout) {
@@ -185,9 +186,9 @@ const char* rank_layout_name(RankLayout layout) {
 
 void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
                       const RankFilesLayout& layout, const ReshardPlan& plan, const RankFilesOptions& options) {
-  AtomicDirectory dir(options.dir, options.force);
+  AtomicDirectory dir(options.dir, options.force, options.durable);
   emit_rank_files(model, families, layout, plan, [&](int, const std::string& name, const RankFileContent& content) {
-    auto sink = AtomicFileSink::create(dir.path_of(name), false);
+    auto sink = AtomicFileSink::create(dir.path_of(name), false, options.durable);
     write_content(*sink, content, [&](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
       if (c.mesh_index == i) {
         zip.append(c.mesh_bytes.data(), c.mesh_bytes.size());

@@ -40,6 +40,7 @@ struct RankFamily {
 struct RankFilesOptions {
   std::string dir;
   bool force = false;
+  bool durable = true;  // fsync every file before the directory is published (--no-fsync: false)
   CopyOptions copy;
 };
 

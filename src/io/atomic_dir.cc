@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/log.h"
 #include "io/temp_output.h"
 
 namespace ckpt {
@@ -31,8 +32,20 @@ std::string without_trailing_slashes(std::string dir) {
   return dir;
 }
 
-AtomicDirectory::AtomicDirectory(std::string dir, bool force)
-    : dir_(without_trailing_slashes(std::move(dir))), force_(force) {
+void sync_directory_of(const std::string& path) {
+  fs::path parent = fs::path(path).parent_path();
+  std::string dir = parent.empty() ? "." : parent.string();
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  // EINVAL: a file system that cannot sync a directory (some FUSE mounts);
+  // nothing more can be done there.
+  if (fd < 0 || (::fsync(fd) != 0 && errno != EINVAL))
+    log::warn(dir + ": cannot fsync the directory holding the output (" + std::strerror(errno) +
+              "); it is in place, but a power loss now could undo its rename");
+  if (fd >= 0) ::close(fd);
+}
+
+AtomicDirectory::AtomicDirectory(std::string dir, bool force, bool durable)
+    : dir_(without_trailing_slashes(std::move(dir))), force_(force), durable_(durable) {
   if (!force_ && path_exists(dir_)) fail_invalid(dir_ + ": output exists (use --force to overwrite)");
   remove_stale_temps(dir_);
   std::string pattern = temp_prefix(dir_) + "XXXXXX";
@@ -65,12 +78,15 @@ std::string AtomicDirectory::path_of(const std::string& name) const { return (fs
 
 void AtomicDirectory::commit() {
   check_interrupted();  // an interrupted job leaves nothing, even when its files are done
-  if (int dfd = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  if (durable_) {
+    if (int dfd = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
   }
   if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_NOREPLACE) == 0) {
     committed_ = true;
+    if (durable_) sync_directory_of(dir_);
     return;
   }
   int err = errno;
@@ -83,6 +99,7 @@ void AtomicDirectory::commit() {
   if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) != 0)
     fail(ErrorCode::kOutputFailed, dir_ + ": cannot replace the existing output: " + std::strerror(errno));
   committed_ = true;
+  if (durable_) sync_directory_of(dir_);
   std::error_code ec;
   fs::remove_all(temp_, ec);
 }

@@ -1,7 +1,9 @@
 // A directory output that appears complete or not at all: everything is
 // written into "<dir>.tmp-XXXXXX/" beside it, and commit() renames that onto
 // the destination (RENAME_NOREPLACE; with `force`, RENAME_EXCHANGE with the
-// existing output, which is then removed). Destroyed uncommitted, it removes
+// existing output, which is then removed). `durable`: the temporary directory
+// is fsynced before the rename and its parent after (--no-fsync: neither).
+// Destroyed uncommitted, it removes
 // the temporary directory and never throws. Used by every multi-file output
 // (DCP directories, per-rank files).
 #pragma once
@@ -13,19 +15,25 @@ namespace ckpt {
 // `dir` without trailing slashes ("out/" and "out" name one directory; "/" stays).
 std::string without_trailing_slashes(std::string dir);
 
+// fsyncs the directory holding `path`, so that an output just renamed into it
+// survives a power loss (the rename is an entry of that directory, which the
+// output's own fsync does not cover). Best effort, after the output is in
+// place: a failure is logged, not thrown, as nothing is left to undo.
+void sync_directory_of(const std::string& path);
+
 class AtomicDirectory {
  public:
   // InvalidArgument when `dir` exists and !force (nothing is created then);
   // OutputFailed when the temporary directory cannot be made.
-  AtomicDirectory(std::string dir, bool force);
+  AtomicDirectory(std::string dir, bool force, bool durable = true);
   ~AtomicDirectory();
   AtomicDirectory(const AtomicDirectory&) = delete;
   AtomicDirectory& operator=(const AtomicDirectory&) = delete;
 
   // Path of `name` inside the temporary directory.
   std::string path_of(const std::string& name) const;
-  // fsyncs the temporary directory and renames it into place. The files in
-  // it must be complete (their own sinks finished) before.
+  // Renames the temporary directory into place (fsyncing it and the parent
+  // when durable). The files in it must be complete (their own sinks finished) before.
   void commit();
 
   const std::string& destination() const { return dir_; }
@@ -35,6 +43,7 @@ class AtomicDirectory {
   std::string dir_;
   std::string temp_;
   bool force_;
+  bool durable_;
   bool committed_ = false;
   int lock_fd_ = -1;  // the temporary directory, flock'ed while this run lives (io/temp_output.h)
 };

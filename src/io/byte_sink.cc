@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "io/atomic_dir.h"
 #include "io/temp_output.h"
 #include "io/writeback.h"
 
@@ -185,6 +186,7 @@ void AtomicFileSink::publish() {
     fail_io("cannot rename temporary file into place", err);
   }
   finished_ = true;
+  if (durable_) sync_directory_of(dest_);
 }
 
 }  // namespace ckpt

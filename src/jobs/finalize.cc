@@ -133,6 +133,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       r.mesh_device = j.at("mesh_device").get<std::string>();
       r.mesh_dim_names = j.at("mesh_dim_names").get<std::vector<std::string>>();
       r.common.force = r.common.force || req.force;
+      r.common.no_fsync = r.common.no_fsync || req.no_fsync;
       r.part = "finalize";
       return run_reshard(r, out);
     }

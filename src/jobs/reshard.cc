@@ -146,7 +146,7 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
   if (own_layout)
     for (const auto& f : model.info.files)
       if (fs::path(f).filename() == "meta.pt") side_files.push_back(f);
-  DcpOutputOptions options{req.output, req.common.force, copy, side_files};
+  DcpOutputOptions options{req.output, req.common.force, !req.common.no_fsync, copy, side_files};
   if (auto part = part_of(req)) {
     report_part(report, write_dcp_reshard_part(model, source_md, plan, options, *part, request_json(req)));
     return;
@@ -192,7 +192,7 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
   }
   check_output_size(report.bytes, req.output, req.common);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  RankFilesOptions options{req.output, req.common.force, copy};
+  RankFilesOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
   if (auto part = part_of(req)) {
     report_part(report, write_rank_files_part(model, families, rank_layout, plan, options, *part, request_json(req)));
     return;

@@ -179,8 +179,10 @@ StorageInfo append_item_to(ByteSink& sink, int rank, const pickle::Value& root,
   return info;
 }
 
-DcpDirWriter::DcpDirWriter(std::string dir, int world_size, bool force) : dir_(std::move(dir), force) {
-  for (int r = 0; r < world_size; ++r) files_.push_back(AtomicFileSink::create(dir_.path_of(file_name(r)), false));
+DcpDirWriter::DcpDirWriter(std::string dir, int world_size, bool force, bool durable)
+    : dir_(std::move(dir), force, durable), durable_(durable) {
+  for (int r = 0; r < world_size; ++r)
+    files_.push_back(AtomicFileSink::create(dir_.path_of(file_name(r)), false, durable_));
 }
 
 DcpDirWriter::~DcpDirWriter() {
@@ -195,7 +197,7 @@ StorageInfo DcpDirWriter::append_item(int rank, const pickle::Value& root,
 
 void DcpDirWriter::finish(const DcpMetadata& md) {
   for (auto& f : files_) f->finish();
-  auto meta = AtomicFileSink::create(dir_.path_of(".metadata"), false);
+  auto meta = AtomicFileSink::create(dir_.path_of(".metadata"), false, durable_);
   meta->write(encode_metadata(md, dir_.destination(), random_save_id()));
   meta->finish();
   dir_.commit();

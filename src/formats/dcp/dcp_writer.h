@@ -50,8 +50,9 @@ StorageInfo append_item_to(ByteSink& sink, int rank, const pickle::Value& root,
 class DcpDirWriter {
  public:
   // InvalidArgument when `dir` exists and !force (nothing is created then);
-  // OutputFailed when the temporary directory cannot be made.
-  DcpDirWriter(std::string dir, int world_size, bool force);
+  // OutputFailed when the temporary directory cannot be made. `durable`:
+  // every file fsynced before the directory is renamed into place (--no-fsync: false).
+  DcpDirWriter(std::string dir, int world_size, bool force, bool durable = true);
   ~DcpDirWriter();
   DcpDirWriter(const DcpDirWriter&) = delete;
   DcpDirWriter& operator=(const DcpDirWriter&) = delete;
@@ -69,6 +70,7 @@ class DcpDirWriter {
 
  private:
   AtomicDirectory dir_;
+  bool durable_;
   std::vector<std::unique_ptr<AtomicFileSink>> files_;
 };
 

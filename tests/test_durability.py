@@ -1,0 +1,84 @@
+"""Durability, seen through strace: without --no-fsync every output file is
+fsynced before it is renamed into place, and the directory it is renamed
+into after (so that a power loss keeps the output, not only its bytes); with
+--no-fsync nothing is fsynced. The bytes are the same either way."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WS2 = REPO / "testdata" / "dcp" / "fsdp2_adamw_ws2"
+ST2 = REPO / "testdata" / "fsdp_st" / "adamw_ws2"
+
+# (command, source, output name, extra arguments)
+CASES = [
+    pytest.param("consolidate", WS2, "out.pt", [], id="consolidate-pt"),
+    pytest.param("consolidate", WS2, "out.safetensors", [], id="consolidate-safetensors"),
+    pytest.param("consolidate", WS2, "out.safetensors", ["--max-shard-size", "4K"], id="consolidate-sharded"),
+    pytest.param("consolidate", WS2, "out.h5", [], id="consolidate-h5"),
+    pytest.param("reshard", WS2, "out", ["--world-size", "3"], id="reshard-dcp"),
+    pytest.param("reshard", ST2, "out", ["--world-size", "3"], id="reshard-rank-files"),
+]
+
+TEMP_SUFFIX = re.compile(r"\.tmp-[A-Za-z0-9]{6}")
+
+
+def synced_paths(ckptconv, args, cwd):
+    """The paths fsynced (or fdatasynced) by a run, in order, with the
+    temporary names' `.tmp-XXXXXX` taken out: what they become once published."""
+    log = cwd.parent / (cwd.name + ".strace")
+    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync", "-y", "-o", str(log), str(ckptconv),
+                        *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    if "Operation not permitted" in r.stderr and "ptrace" in r.stderr:
+        pytest.skip("strace cannot trace here (ptrace denied)")
+    assert r.returncode == 0, r.stderr
+    calls = re.findall(r"f(?:data)?sync\(\d+<([^>]*)>\)\s*=\s*0", log.read_text())
+    return [TEMP_SUFFIX.sub("", p) for p in calls]
+
+
+def output_files(where):
+    return sorted(str(p) for p in where.rglob("*") if p.is_file() and not p.name.endswith(".strace"))
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by scripts/setup")
+@pytest.mark.parametrize("command,src,name,extra", CASES)
+def test_every_output_file_and_its_directory_are_synced_unless_no_fsync(command, src, name, extra, tmp_path,
+                                                                         ckptconv):
+    durable, fast = tmp_path / "durable", tmp_path / "fast"
+    durable.mkdir()
+    fast.mkdir()
+    synced = synced_paths(ckptconv, [command, src, "-o", name, "-q", *extra], durable)
+    files = output_files(durable)
+    assert files, "nothing was written"
+    for f in files:
+        assert f in synced, f"{f} was never fsynced: {synced}"
+    # The directory the output was renamed into, after the rename (so last).
+    assert synced[-1] == str(durable), synced
+    if (durable / name).is_dir():
+        assert str(durable / name) in synced, synced  # its entries, before it was renamed
+
+    assert synced_paths(ckptconv, [command, src, "-o", name, "-q", "--no-fsync", *extra], fast) == []
+    for f in files:
+        g = fast / Path(f).relative_to(durable)
+        if g.name == ".metadata":
+            continue  # DCP's random save id differs on every run
+        assert g.read_bytes() == Path(f).read_bytes(), g
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is installed by scripts/setup")
+@pytest.mark.parametrize("no_fsync", [[], ["--no-fsync"]], ids=["durable", "no-fsync"])
+def test_the_finalizing_worker_syncs_what_it_publishes(no_fsync, tmp_path, ckptconv, run_ckptconv):
+    r = run_ckptconv("consolidate", WS2, "-o", tmp_path / "out.pt", "--part", "0/2", *no_fsync)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out.pt"
+    synced = synced_paths(ckptconv, ["consolidate", WS2, "-o", out, "--part", "1/2", *no_fsync], tmp_path)
+    assert out.is_file()
+    if no_fsync:
+        assert synced == []
+    else:
+        # The shared data file, in the parts folder, then renamed to OUT.
+        assert any(s.startswith(str(tmp_path / "out.pt.parts-")) for s in synced), synced
+        assert synced[-1] == str(tmp_path), synced
