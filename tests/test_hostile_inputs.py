@@ -406,6 +406,20 @@ def test_hdf5_mutant_that_crashed_is_a_clean_exit_3(name, tmp_path, run_ckptconv
     assert not any(tmp_path.iterdir())
 
 
+def test_hdf5_mutant_that_makes_libhdf5_allocate_gigabytes_is_refused_in_bounded_memory(tmp_path, ckptconv):
+    """Row 9, memory: a 30 KB mutant whose variable-length string attribute
+    claims 7.5 GB made libhdf5 (H5T__conv_vlen) allocate and touch it: 20 s
+    and 7.4 GB of RSS before the file was listed as a problem. The child that
+    reads the structure now has an address-space cap, so the allocation fails."""
+    src = REGRESSIONS / "hdf5_reader_fuzz" / "vlen-attribute-asks-7.5GB.h5"
+    for args in (["inspect", src], ["validate", src], ["convert", src, "-o", tmp_path / "o.pt"]):
+        code, text, rss_kb = _peak_rss(ckptconv, *args)
+        assert code == (1 if args[0] == "validate" else 3), text
+        assert "ckptconv.kind" in text and src.name in text, text
+        assert rss_kb < 256 * 1024, f"{args[0]}: {rss_kb} KB"
+    assert not any(tmp_path.iterdir())
+
+
 def test_hdf5_mutants_never_kill_the_tool(repo, ckptconv):
     """Row 9 in small: 150 single-bit mutants, each inspected and converted;
     no signal death, no hang, no internal error (the full campaign is

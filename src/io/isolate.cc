@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,12 +11,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "core/units.h"
 
 namespace ckpt {
 namespace {
@@ -74,9 +77,42 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
+// The child's address space now (/proc/self/statm counts pages); 0 when unknown.
+uint64_t address_space_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long long pages = 0;
+  int got = std::fscanf(f, "%llu", &pages);
+  std::fclose(f);
+  return got == 1 ? pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// In the child, before the work (see isolate.h).
+void confine_child(uint64_t memory_bytes) {
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::signal(sig, SIG_DFL);
+  if (memory_bytes == 0 || kAddressSanitizer) return;
+  if (uint64_t now = address_space_bytes()) {
+    rlimit cap{now + memory_bytes, now + memory_bytes};
+    ::setrlimit(RLIMIT_AS, &cap);
+  }
+}
+
 }  // namespace
 
-void run_isolated(const std::string& what, double timeout_s, const std::function<void()>& work) {
+void run_isolated(const std::string& what, const IsolationLimits& limits, const std::function<void()>& work) {
+  const double timeout_s = limits.timeout_s;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) fail(ErrorCode::kInternal, what + ": pipe: " + std::strerror(errno));
   pid_t pid = ::fork();
@@ -89,14 +125,16 @@ void run_isolated(const std::string& what, double timeout_s, const std::function
     // The child: only the work, then _exit (no atexit handlers, no stdio
     // flush of buffers the parent owns).
     ::close(fds[0]);
+    confine_child(limits.memory_bytes);
     std::string outcome = "0";
     try {
       work();
     } catch (const Error& e) {
       outcome = encode(e);
     } catch (const std::bad_alloc&) {
-      outcome = encode(
-          Error(ErrorCode::kDataLoss, what + " failed to allocate what the file asks for: a size in it is corrupt"));
+      std::string beyond = limits.memory_bytes ? " (more than " + human_bytes(double(limits.memory_bytes)) + ")" : "";
+      outcome = encode(Error(ErrorCode::kDataLoss, what + " failed to allocate what the file asks for" + beyond +
+                                                       ": a size in it is corrupt"));
     } catch (const std::exception& e) {
       outcome = encode(Error(ErrorCode::kInternal, e.what()));
     } catch (...) {

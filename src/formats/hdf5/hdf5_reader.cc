@@ -316,7 +316,12 @@ CheckpointModel read_hdf5_file(const std::string& path, double structure_timeout
   // child process, where a crash or a hang is only a refusal (exit 3); then
   // again here, where it is known to finish. Tensor bytes are read once, here,
   // through the chunk indexes the child already walked.
-  run_isolated("reading " + path + " with libhdf5", structure_timeout_s, [&] { read_hdf5_in_process(path); });
+  std::error_code ec;
+  uint64_t file_bytes = std::filesystem::file_size(path, ec);
+  IsolationLimits limits{
+      structure_timeout_s,
+      kStructureMemoryBytes + (ec ? 0 : std::min(file_bytes, uint64_t{1} << 40) * kStructureMemoryPerFileByte)};
+  run_isolated("reading " + path + " with libhdf5", limits, [&] { read_hdf5_in_process(path); });
   return read_hdf5_in_process(path);
 }
 
