@@ -48,3 +48,24 @@ def test_peak_rss_does_not_grow_with_the_tensor(extra, tmp_path, ckptconv):
     assert peaks[512] < peaks[64] + 32, peaks
     if not extra:  # a cast loads LibTorch, itself over 150 MB resident
         assert peaks[512] < 128, peaks
+
+
+def test_hdf5_datasets_are_not_held_open(tmp_path, ckptconv):
+    """Reading an HDF5 file opens each dataset only while its bytes are read:
+    a source per tensor holding its dataset open cost libhdf5 about 15 KB per
+    dataset (100,000 datasets: 1.5 GB, now 0.3 GB), in the structure-reading
+    child and again in the tool. 20,000 datasets: inspect 335 MB before, 95 MB
+    now; convert 406 MB before, 200 MB now."""
+    h5py = pytest.importorskip("h5py")
+    src = tmp_path / "many.pt"
+    torch.save({f"layer{i // 10}.p{i % 10}": torch.full((2, 2), float(i)) for i in range(20000)}, src)
+    h5 = tmp_path / "many.h5"
+    r = subprocess.run([str(ckptconv), "convert", str(src), "-o", str(h5), "-q"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(h5) as f:
+        assert len(f) == 20000  # one dataset per tensor (the layout the reader accepts)
+    assert _peak_rss_mb(ckptconv, "inspect", h5) < 150
+    back = tmp_path / "back.pt"
+    assert _peak_rss_mb(ckptconv, "convert", h5, "-o", back, "-q") < 300
+    sd = torch.load(back, weights_only=True)
+    assert len(sd) == 20000 and torch.equal(sd["layer1234.p5"], torch.full((2, 2), 12345.0))
