@@ -3,8 +3,10 @@
 // temporary directory, removed when the object goes.
 #pragma once
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -43,10 +45,32 @@ inline void read_as_checkpoint(const std::string& dir) {
   }
 }
 
+// A target killed mid-input (a campaign stopped by SIGKILL, a libFuzzer
+// timeout) cannot remove its directory, and a long campaign that is killed
+// often fills /dev/shm. The directories carry their process's pid
+// (ckpt-fuzz-<pid>-XXXXXX): the first TempDir of a run removes those whose
+// process is gone.
+inline void remove_dead_processes_dirs(const std::filesystem::path& tmp) {
+  const std::string prefix = "ckpt-fuzz-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::size_t end = name.find('-', prefix.size());
+    std::string digits = name.substr(prefix.size(), end == std::string::npos ? 0 : end - prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ckpt-fuzz-XXXXXX").string();
+    std::filesystem::path tmp = std::filesystem::temp_directory_path();
+    static const bool cleaned = (remove_dead_processes_dirs(tmp), true);
+    (void)cleaned;
+    std::string tmpl = (tmp / ("ckpt-fuzz-" + std::to_string(::getpid()) + "-XXXXXX")).string();
     path_ = ::mkdtemp(tmpl.data()) ? tmpl : std::string();
   }
   ~TempDir() {
