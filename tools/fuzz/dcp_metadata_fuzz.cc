@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "formats/dcp/dcp_metadata.h"
+#include "fuzz_oracle.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
 
@@ -17,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                        ckpt::pickle::checkpoint_policy());
     ckpt::dcp::DcpMetadata md = ckpt::dcp::parse_metadata(*root);
     ckpt::dcp::metadata_of(ckpt::dcp::flat_layout_of(md));
-  } catch (const ckpt::Error&) {
+  } catch (const ckpt::Error& e) {
+    ckpt::fuzz::refused(e);
   }
   return 0;
 }

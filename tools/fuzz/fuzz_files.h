@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "formats/detect.h"
 #include "model/validate.h"
+#include "fuzz_oracle.h"
 
 namespace ckpt::fuzz {
 
@@ -41,7 +42,8 @@ inline void read_as_checkpoint(const std::string& dir) {
     ckpt::CheckpointModel model = ckpt::read_checkpoint(dir);
     ckpt::ProblemSink sink;
     ckpt::check_model(model, sink);
-  } catch (const ckpt::Error&) {
+  } catch (const ckpt::Error& e) {
+    ckpt::fuzz::refused(e);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "formats/hdf5/hdf5_reader.h"
 #include "fuzz_files.h"
+#include "fuzz_oracle.h"
 #include "model/plain_values.h"
 
 namespace {
@@ -31,7 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     ckpt::CheckpointModel model = ckpt::hdf5::read_hdf5_file(file, kTimeoutS);
     if (model.root) ckpt::require_bounded_expansion(*model.root);
-  } catch (const ckpt::Error&) {
+  } catch (const ckpt::Error& e) {
+    ckpt::fuzz::refused(e);
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "fuzz_oracle.h"
 #include "io/byte_source.h"
 #include "model/plain_values.h"
 #include "model/validate.h"
@@ -25,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     ckpt::ProblemSink sink;
     ckpt::check_model(model, sink);
-  } catch (const ckpt::Error&) {
+  } catch (const ckpt::Error& e) {
+    ckpt::fuzz::refused(e);
   }
   return 0;
 }

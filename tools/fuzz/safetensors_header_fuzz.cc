@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "formats/safetensors/safetensors_format.h"
+#include "fuzz_oracle.h"
 #include "io/byte_source.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -16,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!ckpt::safetensors::looks_like_safetensors(*source)) return 0;
     uint64_t data_start = 0;
     ckpt::safetensors::read_header(*source, data_start);
-  } catch (const ckpt::Error&) {
+  } catch (const ckpt::Error& e) {
+    ckpt::fuzz::refused(e);
   }
   return 0;
 }

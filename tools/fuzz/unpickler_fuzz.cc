@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "fuzz_oracle.h"
 #include "pickle/pickler.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
@@ -19,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     ckpt::pickle::ValuePtr value = ckpt::pickle::unpickle(bytes, ckpt::pickle::checkpoint_policy(), limits);
     (void)value->repr();
     (void)ckpt::pickle::pickle_protocol2(*value);
-  } catch (const ckpt::Error&) {
+  } catch (const ckpt::Error& e) {
+    ckpt::fuzz::refused(e);
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 
 #include "archive/zip_reader.h"
 #include "core/error.h"
+#include "fuzz_oracle.h"
 #include "io/byte_source.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -18,11 +19,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       try {
         zip.read(entry);
         zip.verify_crc(entry);
-      } catch (const ckpt::Error&) {
+      } catch (const ckpt::Error& e) {
+        ckpt::fuzz::refused(e);
       }
     }
     zip.find_record("data.pkl");
-  } catch (const ckpt::Error&) {
+  } catch (const ckpt::Error& e) {
+    ckpt::fuzz::refused(e);
   }
   return 0;
 }
