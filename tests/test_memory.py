@@ -69,3 +69,7 @@ def test_hdf5_datasets_are_not_held_open(tmp_path, ckptconv):
     assert _peak_rss_mb(ckptconv, "convert", h5, "-o", back, "-q") < 300
     sd = torch.load(back, weights_only=True)
     assert len(sd) == 20000 and torch.equal(sd["layer1234.p5"], torch.full((2, 2), 12345.0))
+    # Below what the structure needs, the hdf5-memory budget refuses it, naming itself (exit 3, not a crash).
+    r = subprocess.run([str(ckptconv), "--limit", "hdf5-memory=16M", "inspect", str(h5)], capture_output=True,
+                       text=True)
+    assert r.returncode == 3 and "hdf5-memory budget" in r.stderr and "--limit hdf5-memory=" in r.stderr, r.stderr

@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> limits;
   app.add_option("--limit", limits,
                  "Raise a budget on what an input may make the tool spend, for trusted input: NAME=VALUE with "
-                 "NAME pickle-memory (default 64M + 128 x the pickle's size), pickle-stack (1048576 values) or "
-                 "tree-values (16777216); repeatable (docs/limits.md)")
+                 "NAME pickle-memory (default 64M + 128 x the pickle's size), pickle-stack (1048576 values), "
+                 "tree-values (16777216) or hdf5-memory (1G + 16 x the file's size); repeatable (docs/limits.md)")
       ->type_name("NAME=VALUE")
       ->take_all();
   bool follow_links = false;

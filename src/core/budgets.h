@@ -22,6 +22,11 @@ struct InputBudgets {
   // Values in a decoded tree counted once per path that reaches them (what a
   // walk over the tree visits); a subtree shared k times counts k times.
   uint64_t tree_values = uint64_t{1} << 24;
+  // Memory libhdf5 may take reading an HDF5 file's structure, in the child
+  // process that isolates it (io/isolate.h): what a corrupt size can make it
+  // allocate. 0 means the default, kHdf5MemoryBase + kHdf5MemoryPerByte x
+  // the file's bytes.
+  uint64_t hdf5_memory = 0;
   // --follow-links: read symlinks that leave the checkpoint's directory and
   // HDF5 external links (refused by default: they read outside the input).
   bool follow_links = false;
@@ -34,17 +39,25 @@ struct InputBudgets {
 inline constexpr uint64_t kPickleMemoryBase = uint64_t{64} << 20;
 inline constexpr uint64_t kPickleMemoryPerByte = 128;
 
+// 100,000 datasets of 4x4 floats (a 50 MB file) take 0.3 GB to read, 6x;
+// 16x leaves room, and the base covers files of a few tensors.
+inline constexpr uint64_t kHdf5MemoryBase = uint64_t{1} << 30;
+inline constexpr uint64_t kHdf5MemoryPerByte = 16;
+
 // The budgets in force (process-wide: set once from the command line).
 const InputBudgets& input_budgets();
 void set_input_budgets(const InputBudgets& budgets);
 
-// "pickle-memory=2G", "pickle-stack=4000000", "tree-values=100000000" (a size
+// "pickle-memory=2G", "pickle-stack=4000000", "tree-values=100000000",
+// "hdf5-memory=8G" (a size
 // suffix or plain digits) into `budgets`; InvalidArgument naming the known
 // names otherwise.
 void apply_limit(InputBudgets& budgets, const std::string& name_eq_value);
 
 // The pickle-memory budget for a pickle of `pickle_bytes` bytes.
 uint64_t pickle_memory_budget(uint64_t pickle_bytes);
+// The hdf5-memory budget for an HDF5 file of `file_bytes` bytes.
+uint64_t hdf5_memory_budget(uint64_t file_bytes);
 
 // "raise it with --limit NAME=VALUE (trusted input only)", for messages.
 std::string budget_hint(const std::string& name);

@@ -16,6 +16,7 @@
 #include <exception>
 #include <new>
 
+#include "core/budgets.h"
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/units.h"
@@ -109,6 +110,68 @@ void confine_child(uint64_t memory_bytes) {
   }
 }
 
+// The child's pipe and its prepared out-of-memory outcome, for
+// child_terminate (the child is single-threaded: it is forked from one).
+int g_child_fd = -1;
+const std::string* g_out_of_memory = nullptr;
+
+// Where a bad_alloc cannot be caught (thrown by a destructor during the
+// unwinding: nlohmann::json frees a large array through a stack it
+// allocates, and at the cap that fails too), std::terminate still reports
+// it as running out of memory, not as a crash of the library.
+[[noreturn]] void child_terminate() {
+  bool out_of_memory = false;
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      out_of_memory = true;
+    } catch (...) {
+    }
+  }
+  if (!out_of_memory || g_child_fd < 0 || !g_out_of_memory) std::abort();
+  write_all(g_child_fd, *g_out_of_memory);
+  ::_exit(0);
+}
+
+// Runs `work` in the child and writes its outcome to `fd`. What running out
+// of memory says is made before the work: at the cap, nothing is left to
+// build it with (building it in the handler threw bad_alloc again, and the
+// child died of terminate()).
+void run_child(int fd, const std::string& what, const IsolationLimits& limits, const std::function<void()>& work) {
+  std::string beyond;
+  if (limits.memory_bytes) {
+    beyond = " (more than " + human_bytes(static_cast<double>(limits.memory_bytes));
+    if (!limits.budget.empty()) beyond += ", the " + limits.budget + " budget; " + budget_hint(limits.budget);
+    beyond += ")";
+  }
+  const std::string out_of_memory =
+      encode(Error(limits.budget.empty() ? ErrorCode::kDataLoss : ErrorCode::kUnsafe,
+                   what + " failed to allocate what the file asks for" + beyond + ": a size in it is corrupt" +
+                       (limits.budget.empty() ? "" : ", or the file holds more than the budget allows")));
+  g_child_fd = fd;
+  g_out_of_memory = &out_of_memory;
+  std::set_terminate(child_terminate);
+  try {
+    std::string outcome;
+    try {
+      work();
+      outcome = "0";
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const Error& e) {
+      outcome = encode(e);
+    } catch (const std::exception& e) {
+      outcome = encode(Error(ErrorCode::kInternal, e.what()));
+    } catch (...) {
+      outcome = encode(Error(ErrorCode::kInternal, "unknown exception"));
+    }
+    write_all(fd, outcome);
+  } catch (const std::bad_alloc&) {  // in the work, or in describing how it failed
+    write_all(fd, out_of_memory);
+  }
+}
+
 }  // namespace
 
 void run_isolated(const std::string& what, const IsolationLimits& limits, const std::function<void()>& work) {
@@ -126,21 +189,7 @@ void run_isolated(const std::string& what, const IsolationLimits& limits, const 
     // flush of buffers the parent owns).
     ::close(fds[0]);
     confine_child(limits.memory_bytes);
-    std::string outcome = "0";
-    try {
-      work();
-    } catch (const Error& e) {
-      outcome = encode(e);
-    } catch (const std::bad_alloc&) {
-      std::string beyond = limits.memory_bytes ? " (more than " + human_bytes(double(limits.memory_bytes)) + ")" : "";
-      outcome = encode(Error(ErrorCode::kDataLoss, what + " failed to allocate what the file asks for" + beyond +
-                                                       ": a size in it is corrupt"));
-    } catch (const std::exception& e) {
-      outcome = encode(Error(ErrorCode::kInternal, e.what()));
-    } catch (...) {
-      outcome = encode(Error(ErrorCode::kInternal, "unknown exception"));
-    }
-    write_all(fds[1], outcome);
+    run_child(fds[1], what, limits, work);
     ::_exit(0);
   }
   ::close(fds[1]);

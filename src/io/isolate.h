@@ -15,6 +15,9 @@ namespace ckpt {
 struct IsolationLimits {
   double timeout_s;       // the child's wall time; then SIGKILL, DataLoss
   uint64_t memory_bytes;  // what the child may allocate beyond what it was forked with; 0: no cap
+  // The budget (core/budgets.h) memory_bytes comes from: running out of it
+  // is Unsafe (exit 3), naming it and how to raise it.
+  std::string budget;
 };
 
 // `what` names the work in messages ("reading model.h5 with libhdf5"). In

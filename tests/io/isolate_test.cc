@@ -16,7 +16,7 @@ using namespace ckpt;
 namespace {
 
 // The code of the error run_isolated threw; nullopt when none.
-std::optional<ErrorCode> code_of(const std::function<void()>& work, IsolationLimits limits = {10, 0}) {
+std::optional<ErrorCode> code_of(const std::function<void()>& work, IsolationLimits limits = {10, 0, ""}) {
   try {
     run_isolated("test work", limits, work);
   } catch (const Error& e) {
@@ -25,7 +25,7 @@ std::optional<ErrorCode> code_of(const std::function<void()>& work, IsolationLim
   return std::nullopt;
 }
 
-std::string message_of(const std::function<void()>& work, IsolationLimits limits = {10, 0}) {
+std::string message_of(const std::function<void()>& work, IsolationLimits limits = {10, 0, ""}) {
   try {
     run_isolated("test work", limits, work);
   } catch (const Error& e) {
@@ -57,7 +57,7 @@ TEST_CASE("isolate: a crash in the child is DataLoss naming the signal, here not
 }
 
 TEST_CASE("isolate: a child past its time is killed, DataLoss") {
-  std::string msg = message_of([] { ::sleep(30); }, {0.3, 0});
+  std::string msg = message_of([] { ::sleep(30); }, {0.3, 0, ""});
   CHECK_THAT(msg, Catch::Contains("did not finish"));
 }
 
@@ -77,8 +77,20 @@ TEST_CASE("isolate: the child cannot allocate past its cap") {
     std::vector<char> v(std::size_t{8} << 30);  // 8 GiB, zeroed: would take the pages
     CHECK(v[12345] == 0);
   };
-  std::string msg = message_of(big, {60, std::size_t{256} << 20});
+  std::string msg = message_of(big, {60, std::size_t{256} << 20, ""});
   CHECK_THAT(msg, Catch::Contains("failed to allocate") && Catch::Contains("256"));
-  CHECK_FALSE(code_of([] { std::vector<char> v(std::size_t{64} << 20, 1); }, {60, std::size_t{256} << 20}).has_value());
+  CHECK(code_of(big, {60, std::size_t{256} << 20, ""}) == ErrorCode::kDataLoss);
+  CHECK_FALSE(
+      code_of([] { std::vector<char> v(std::size_t{64} << 20, 1); }, {60, std::size_t{256} << 20, ""}).has_value());
+}
+
+TEST_CASE("isolate: running out of a named budget is Unsafe, naming how to raise it") {
+  auto big = [] {
+    std::vector<char> v(std::size_t{8} << 30);
+    CHECK(v[12345] == 0);
+  };
+  CHECK(code_of(big, {60, std::size_t{256} << 20, "hdf5-memory"}) == ErrorCode::kUnsafe);
+  CHECK_THAT(message_of(big, {60, std::size_t{256} << 20, "hdf5-memory"}),
+             Catch::Contains("hdf5-memory budget") && Catch::Contains("--limit hdf5-memory="));
 }
 #endif

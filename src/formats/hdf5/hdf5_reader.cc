@@ -324,9 +324,7 @@ CheckpointModel read_hdf5_file(const std::string& path, double structure_timeout
   // through the chunk indexes the child already walked.
   std::error_code ec;
   uint64_t file_bytes = std::filesystem::file_size(path, ec);
-  IsolationLimits limits{
-      structure_timeout_s,
-      kStructureMemoryBytes + (ec ? 0 : std::min(file_bytes, uint64_t{1} << 40) * kStructureMemoryPerFileByte)};
+  IsolationLimits limits{structure_timeout_s, hdf5_memory_budget(ec ? 0 : file_bytes), "hdf5-memory"};
   run_isolated("reading " + path + " with libhdf5", limits, [&] { read_hdf5_in_process(path); });
   return read_hdf5_in_process(path);
 }

@@ -15,15 +15,11 @@ namespace ckpt::hdf5 {
 // The structure of a file ckptconv wrote reads in milliseconds; a child still
 // busy after this long is looping on a corrupt one.
 inline constexpr double kStructureTimeoutS = 60;
-// What libhdf5 may allocate reading the structure (tensor bytes are not read
-// there): this much, plus kStructureMemoryPerFileByte per byte of the file.
-// 100,000 datasets of 4x4 floats (a 50 MB file) peak at 0.3 GB, 6 per byte.
-inline constexpr uint64_t kStructureMemoryBytes = uint64_t{1} << 30;
-inline constexpr uint64_t kStructureMemoryPerFileByte = 16;
 
 // The read runs first in a child process (io/isolate.h): a corrupt file that
 // crashes libhdf5, or hangs it for `structure_timeout_s`, is DataLoss
-// (exit 3), never a signal here. The fuzz target passes a short timeout, so
+// (exit 3), never a signal here; the child's memory is the hdf5-memory
+// budget (core/budgets.h). The fuzz target passes a short timeout, so
 // that a mutant that makes libhdf5 loop costs it seconds, not a minute.
 CheckpointModel read_hdf5_file(const std::string& path, double structure_timeout_s = kStructureTimeoutS);
 // The same read without the child: for the fuzz target and the child itself.
