@@ -12,6 +12,8 @@ Per case the outcome is one of:
   signal    a command died of a signal (a crash: always a bug)
   not utf-8 a command's output was not UTF-8 (a message echoing raw bytes)
   hang      a command ran past --timeout seconds
+  internal  a command exited 5 ("internal error"): it blamed ckptconv for a
+            damaged input, which is a bug in how the damage was caught
   partial   a command failed but left OUT or a temporary file behind
   refused   consolidate exited non-zero (with a message) and wrote nothing
   same      consolidate exited 0 and its output equals the clean one
@@ -208,6 +210,8 @@ def campaign(family: str, count: int, seed: int, ckptconv: Path, timeout: float,
             outcome = None
             for args in (["inspect", src], ["validate", src], ["consolidate", src, "-o", out]):
                 status, code = run(ckptconv, args, timeout)
+                if status == "exit" and code == 5:
+                    status = "internal"
                 if status != "exit":
                     outcome = status
                     break
@@ -224,7 +228,8 @@ def campaign(family: str, count: int, seed: int, ckptconv: Path, timeout: float,
                 else:
                     outcome = "silent (unexplained)"
             counts[outcome] = counts.get(outcome, 0) + 1
-            if outcome in ("signal", "hang", "partial", "not utf-8", "silent (unexplained)") and len(unexplained) < 20:
+            if outcome in ("signal", "hang", "internal", "partial", "not utf-8", "silent (unexplained)") \
+                    and len(unexplained) < 20:
                 unexplained.append(f"case {case}: {outcome}: {what}")
             if verbose:
                 print(f"case {case}: {outcome}: {what}", flush=True)
