@@ -229,8 +229,15 @@ void run_isolated(const std::string& what, const IsolationLimits& limits, const 
   }
   if (outcome == "0") return;
   if (!outcome.empty() && outcome[0] == 'E') rethrow(outcome, what);
-  fail(ErrorCode::kInternal, what + ": the isolated reader exited with status " +
-                                 std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + " and no outcome");
+  std::string exit_status = std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  // Ended before our code could write anything: the library ended the
+  // process (exit(), or a sanitizer's report of its heap overflow on a
+  // mutant, found by hdf5_reader_fuzz). A refusal of the file, like a crash.
+  if (outcome.empty())
+    fail_data_loss(what + " ended the process (exit status " + exit_status +
+                   ") before it finished: the file is corrupt; nothing was written");
+  fail(ErrorCode::kInternal,
+       what + ": the isolated reader exited with status " + exit_status + " and an unreadable outcome");
 }
 
 }  // namespace ckpt

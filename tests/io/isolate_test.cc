@@ -56,6 +56,11 @@ TEST_CASE("isolate: a crash in the child is DataLoss naming the signal, here not
   CHECK(code_of([] { ::raise(SIGSEGV); }) == ErrorCode::kDataLoss);
 }
 
+TEST_CASE("isolate: a child that exits before writing its outcome is DataLoss (the library ended it)") {
+  CHECK(code_of([] { ::_exit(1); }) == ErrorCode::kDataLoss);
+  CHECK_THAT(message_of([] { ::_exit(1); }), Catch::Contains("exit status 1"));
+}
+
 TEST_CASE("isolate: a child past its time is killed, DataLoss") {
   std::string msg = message_of([] { ::sleep(30); }, {0.3, 0, ""});
   CHECK_THAT(msg, Catch::Contains("did not finish"));

@@ -1,8 +1,7 @@
 // The one verdict every fuzz target gives a parser's failure on hostile
 // bytes: a ckpt::Error that blames the input (exit 2-4) is the expected
 // refusal. An Internal error (exit 5, "a bug in ckptconv": a broken
-// invariant, or the HDF5 reader's child dying without an outcome, as in a
-// sanitizer report) is a finding: abort, so that libFuzzer keeps the input.
+// invariant) is a finding: abort, so that libFuzzer keeps the input.
 #pragma once
 
 #include <cstdio>
