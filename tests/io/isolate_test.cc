@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -15,55 +16,115 @@ using namespace ckpt;
 
 namespace {
 
-// The code of the error run_isolated threw; nullopt when none.
-std::optional<ErrorCode> code_of(const std::function<void()>& work, IsolationLimits limits = {10, 0, ""}) {
+constexpr uint64_t kMaxReply = 1 << 20;
+
+// A server whose every request runs `work` and replies "done".
+IsolatedServer server_of(std::function<void()> work, IsolationLimits limits = {10, 0, ""}) {
+  return IsolatedServer("test work", std::move(limits), [work](const std::string&, std::string& reply) {
+    work();
+    reply = "done";
+  });
+}
+
+std::optional<Error> error_of(IsolatedServer& server, const std::string& request = "go") {
   try {
-    run_isolated("test work", limits, work);
+    server.call(request, "a request", kMaxReply);
   } catch (const Error& e) {
-    return e.code();
+    return e;
   }
   return std::nullopt;
 }
 
-std::string message_of(const std::function<void()>& work, IsolationLimits limits = {10, 0, ""}) {
-  try {
-    run_isolated("test work", limits, work);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+std::optional<Error> error_of(std::function<void()> work, IsolationLimits limits = {10, 0, ""}) {
+  IsolatedServer server("test work", std::move(limits), [work](const std::string&, std::string& reply) {
+    work();
+    reply = "done";
+  });
+  return error_of(server);
 }
 
 }  // namespace
 
-TEST_CASE("isolate: work that finishes is no error") {
-  CHECK_FALSE(code_of([] {}).has_value());
+TEST_CASE("isolate: a request is answered with the handler's reply") {
+  IsolatedServer server("test work", {10, 0, ""},
+                        [](const std::string& request, std::string& reply) { reply = "echo " + request; });
+  CHECK(server.call("one", "a request", kMaxReply) == "echo one");
+  CHECK(server.call(std::string(300000, 'x'), "a long request", kMaxReply).size() == 300005);
 }
 
-TEST_CASE("isolate: an error thrown in the child is rethrown with its code and message") {
-  std::string msg = message_of([] { fail(ErrorCode::kUnimplemented, "not this layout"); });
-  CHECK(code_of([] { fail(ErrorCode::kUnimplemented, "not this layout"); }) == ErrorCode::kUnimplemented);
-  CHECK_THAT(msg, Catch::Contains("not this layout"));
+TEST_CASE("isolate: the handler's state lives in the child, across requests") {
+  int count = 0;
+  IsolatedServer server("test work", {10, 0, ""},
+                        [count](const std::string&, std::string& reply) mutable { reply = std::to_string(++count); });
+  CHECK(server.call("", "first", kMaxReply) == "1");
+  CHECK(server.call("", "second", kMaxReply) == "2");
+  CHECK(count == 0);  // this process's copy never ran
 }
 
-TEST_CASE("isolate: a crash in the child is DataLoss naming the signal, here nothing") {
+TEST_CASE("isolate: call_into reads a reply of exactly n bytes into the buffer") {
+  IsolatedServer server("test work", {10, 0, ""},
+                        [](const std::string& request, std::string& reply) { reply.assign(std::stoul(request), 'z'); });
+  std::vector<char> buf(5 << 20, 0);  // larger than a socket buffer: read in pieces
+  server.call_into(std::to_string(buf.size()), "bytes", buf.data(), buf.size());
+  CHECK(std::count(buf.begin(), buf.end(), 'z') == static_cast<long>(buf.size()));
+  CHECK_THROWS_AS(server.call_into("7", "bytes", buf.data(), 8), Error);  // 7 bytes sent for 8 asked
+  CHECK_THROWS_AS(server.call("2000000", "a reply past its bound", kMaxReply), Error);
+}
+
+TEST_CASE("isolate: an error thrown in the child is rethrown with its code, and the child serves on") {
+  IsolatedServer server("test work", {10, 0, ""}, [](const std::string& request, std::string& reply) {
+    if (request == "bad") fail(ErrorCode::kUnimplemented, "not this layout");
+    reply = "fine";
+  });
+  auto e = error_of(server, "bad");
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::kUnimplemented);
+  CHECK_THAT(e->what(), Catch::Contains("not this layout"));
+  CHECK(server.call("good", "a request", kMaxReply) == "fine");
+}
+
+TEST_CASE("isolate: a crash in the child is DataLoss naming the signal, here and on every later call") {
   // Even where a handler is installed for it (a sanitizer's, a library's), the
   // child dies of the signal itself.
   auto previous = ::signal(SIGSEGV, [](int) { std::_Exit(0); });
-  std::string msg = message_of([] { ::raise(SIGSEGV); });
+  IsolatedServer server = server_of([] { ::raise(SIGSEGV); });
+  auto e = error_of(server);
   ::signal(SIGSEGV, previous);
-  CHECK_THAT(msg, Catch::Contains("crashed the library") && Catch::Contains("signal 11"));
-  CHECK(code_of([] { ::raise(SIGSEGV); }) == ErrorCode::kDataLoss);
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::kDataLoss);
+  CHECK_THAT(e->what(),
+             Catch::Contains("crashed the library") && Catch::Contains("signal 11") && Catch::Contains("a request"));
+  auto again = error_of(server);
+  REQUIRE(again);
+  CHECK_THAT(again->what(), Catch::Contains("crashed the library"));
 }
 
-TEST_CASE("isolate: a child that exits before writing its outcome is DataLoss (the library ended it)") {
-  CHECK(code_of([] { ::_exit(1); }) == ErrorCode::kDataLoss);
-  CHECK_THAT(message_of([] { ::_exit(1); }), Catch::Contains("exit status 1"));
+TEST_CASE("isolate: a child that exits before replying is DataLoss (the library ended it)") {
+  auto e = error_of([] { ::_exit(1); });
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::kDataLoss);
+  CHECK_THAT(e->what(), Catch::Contains("exit status 1"));
 }
 
-TEST_CASE("isolate: a child past its time is killed, DataLoss") {
-  std::string msg = message_of([] { ::sleep(30); }, {0.3, 0, ""});
-  CHECK_THAT(msg, Catch::Contains("did not finish"));
+TEST_CASE("isolate: a child past its time on one request is killed, DataLoss") {
+  auto e = error_of([] { ::sleep(30); }, {0.3, 0, ""});
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::kDataLoss);
+  CHECK_THAT(e->what(), Catch::Contains("did not finish"));
+}
+
+TEST_CASE("isolate: the child ends with the server") {
+  pid_t child = 0;
+  {
+    IsolatedServer server("test work", {10, 0, ""},
+                          [](const std::string&, std::string& reply) { reply = std::to_string(::getpid()); });
+    child = static_cast<pid_t>(std::stol(server.call("", "its pid", kMaxReply)));
+    CHECK(child != ::getpid());
+    CHECK(::kill(child, 0) == 0);
+  }
+  errno = 0;
+  CHECK(::kill(child, 0) != 0);  // reaped: no such process, not even a zombie
+  CHECK(errno == ESRCH);
 }
 
 #if !defined(__SANITIZE_ADDRESS__)
@@ -82,11 +143,11 @@ TEST_CASE("isolate: the child cannot allocate past its cap") {
     std::vector<char> v(std::size_t{8} << 30);  // 8 GiB, zeroed: would take the pages
     CHECK(v[12345] == 0);
   };
-  std::string msg = message_of(big, {60, std::size_t{256} << 20, ""});
-  CHECK_THAT(msg, Catch::Contains("failed to allocate") && Catch::Contains("256"));
-  CHECK(code_of(big, {60, std::size_t{256} << 20, ""}) == ErrorCode::kDataLoss);
-  CHECK_FALSE(
-      code_of([] { std::vector<char> v(std::size_t{64} << 20, 1); }, {60, std::size_t{256} << 20, ""}).has_value());
+  auto e = error_of(big, {60, std::size_t{256} << 20, ""});
+  REQUIRE(e);
+  CHECK_THAT(e->what(), Catch::Contains("failed to allocate") && Catch::Contains("256"));
+  CHECK(e->code() == ErrorCode::kDataLoss);
+  CHECK_FALSE(error_of([] { std::vector<char> v(std::size_t{64} << 20, 1); }, {60, std::size_t{256} << 20, ""}));
 }
 
 TEST_CASE("isolate: running out of a named budget is Unsafe, naming how to raise it") {
@@ -94,8 +155,9 @@ TEST_CASE("isolate: running out of a named budget is Unsafe, naming how to raise
     std::vector<char> v(std::size_t{8} << 30);
     CHECK(v[12345] == 0);
   };
-  CHECK(code_of(big, {60, std::size_t{256} << 20, "hdf5-memory"}) == ErrorCode::kUnsafe);
-  CHECK_THAT(message_of(big, {60, std::size_t{256} << 20, "hdf5-memory"}),
-             Catch::Contains("hdf5-memory budget") && Catch::Contains("--limit hdf5-memory="));
+  auto e = error_of(big, {60, std::size_t{256} << 20, "hdf5-memory"});
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::kUnsafe);
+  CHECK_THAT(e->what(), Catch::Contains("hdf5-memory budget") && Catch::Contains("--limit hdf5-memory="));
 }
 #endif

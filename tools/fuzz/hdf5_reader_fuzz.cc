@@ -1,10 +1,13 @@
-// libFuzzer target for the HDF5 reader, through the isolation every read
-// goes through (formats/hdf5/hdf5_reader.h): the input is a .h5 file; it must
-// be read or refused with a ckpt::Error. A crash or hang inside libhdf5 is
-// the child's, and a refusal here; a signal in this process is a bug.
-// Seeds: .h5 files ckptconv wrote (scripts/fuzz).
+// libFuzzer target for the HDF5 reader, through the child process every read
+// goes through (formats/hdf5/hdf5_reader.h): the input is a .h5 file; its
+// structure and the first bytes of each tensor must be read or refused with a
+// ckpt::Error. A crash or hang inside libhdf5 is the child's, and a refusal
+// here; a signal in this process is a bug. Seeds: .h5 files ckptconv wrote
+// (scripts/fuzz).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/error.h"
 #include "formats/hdf5/hdf5_reader.h"
@@ -17,6 +20,7 @@ namespace {
 // at most 64 KB, whose structure the child reads in milliseconds; the tool's
 // own minute would make every such mutant cost the campaign a minute.
 constexpr double kTimeoutS = 1;
+constexpr std::size_t kBytesPerTensor = 4096;  // enough to cross rows and chunks of the seeds
 }  // namespace
 
 // libhdf5, in the child, allocates what a corrupt size says (7.5 GB for one
@@ -32,6 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     ckpt::CheckpointModel model = ckpt::hdf5::read_hdf5_file(file, kTimeoutS);
     if (model.root) ckpt::require_bounded_expansion(*model.root);
+    std::vector<char> buf(kBytesPerTensor);
+    for (const auto& t : model.tensors) {
+      const auto& storage = *t.chunks.front().storage;
+      storage.read(0, buf.data(), static_cast<std::size_t>(std::min<uint64_t>(storage.size(), buf.size())));
+    }
   } catch (const ckpt::Error& e) {
     ckpt::fuzz::refused(e);
   }

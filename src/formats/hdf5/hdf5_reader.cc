@@ -6,13 +6,16 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "core/budgets.h"
 #include "core/checked.h"
 #include "formats/hdf5/hdf5_attributes.h"
 #include "formats/hdf5/hdf5_handle.h"
+#include "formats/hdf5/hdf5_structure.h"
 #include "io/isolate.h"
+#include "model/plain_values.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
 
@@ -52,6 +55,7 @@ class DatasetSource final : public ByteSource {
     check_range(pos, n);
     if (n == 0) return;
     uint64_t r0 = pos / row_bytes_, r1 = (pos + n + row_bytes_ - 1) / row_bytes_;
+    if (pos % row_bytes_ == 0 && n % row_bytes_ == 0) return read_rows(r0, r1 - r0, buf);  // whole rows: in place
     std::vector<char> rows(static_cast<std::size_t>((r1 - r0) * row_bytes_));
     read_rows(r0, r1 - r0, rows.data());
     std::memcpy(buf, rows.data() + (pos - r0 * row_bytes_), n);
@@ -287,9 +291,8 @@ class Hdf5Reader {
   std::map<haddr_t, ValuePtr> groups_;  // nullptr while the group is being read
 };
 
-}  // namespace
-
-CheckpointModel read_hdf5_in_process(const std::string& path) {
+// The whole read, in this process: only the child calls it.
+CheckpointModel read_with_libhdf5(const std::string& path) {
   return with_context(path, [&] {
     silence_hdf5_errors();
     auto file = std::make_shared<const Handle>(checked_handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT),
@@ -314,19 +317,86 @@ CheckpointModel read_hdf5_in_process(const std::string& path) {
   });
 }
 
-CheckpointModel read_hdf5_file(const std::string& path, double structure_timeout_s) {
+std::string read_request(uint64_t index, uint64_t pos, uint64_t n);
+
+// The tensor bytes of dataset `index`, read by the child (read_hdf5_file).
+class IsolatedDatasetSource final : public ByteSource {
+ public:
+  IsolatedDatasetSource(std::shared_ptr<IsolatedServer> reader, std::size_t index, uint64_t size, std::string name)
+      : reader_(std::move(reader)), index_(index), size_(size), name_(std::move(name)) {}
+
+  uint64_t size() const override { return size_; }
+  std::string describe() const override { return name_; }
+
+  void read(uint64_t pos, void* buf, std::size_t n) const override {
+    check_range(pos, n);
+    if (n == 0) return;
+    reader_->call_into(read_request(index_, pos, n), "reading " + name_, buf, n);
+  }
+
+ private:
+  std::shared_ptr<IsolatedServer> reader_;
+  std::size_t index_;
+  uint64_t size_;
+  std::string name_;
+};
+
+// The requests the child serves: kStructure, then reads of dataset bytes
+// ('R', then the dataset's index, the position and the length, 8 bytes each).
+constexpr char kStructure[] = "structure";
+
+std::string read_request(uint64_t index, uint64_t pos, uint64_t n) {
+  std::string r(1, 'R');
+  for (uint64_t v : {index, pos, n}) r.append(reinterpret_cast<const char*>(&v), sizeof v);
+  return r;
+}
+
+// The child's side: the model libhdf5 read, kept between requests.
+void serve_request(const std::string& path, std::optional<CheckpointModel>& model, const std::string& request,
+                   std::string& reply) {
+  if (request == kStructure) {
+    model = read_with_libhdf5(path);
+    // The message writes a shared subtree once per path: bound them first.
+    require_bounded_expansion(*model->root);
+    reply = with_context(path, [&] { return structure_message(*model); });
+    return;
+  }
+  uint64_t v[3];
+  if (!model || request.size() != 1 + sizeof v || request[0] != 'R')
+    fail(ErrorCode::kInternal, "the HDF5 reader process got an unknown request");
+  std::memcpy(v, request.data() + 1, sizeof v);
+  if (v[0] >= model->tensors.size()) fail(ErrorCode::kInternal, "the HDF5 reader process got a read of no dataset");
+  reply.resize(static_cast<std::size_t>(v[2]));
+  model->tensors[v[0]].chunks.front().storage->read(v[1], reply.data(), reply.size());
+}
+
+}  // namespace
+
+CheckpointModel read_hdf5_file(const std::string& path, double timeout_s) {
   // libhdf5 trusts the structures it reads: single bit flips in a file
-  // ckptconv wrote made it crash (SIGSEGV in H5HG_read) or loop. So the
-  // structure (superblock, groups, attributes, datatypes, dataspaces, layouts
-  // and chunk indexes: what read_hdf5_in_process touches) is read first in a
-  // child process, where a crash or a hang is only a refusal (exit 3); then
-  // again here, where it is known to finish. Tensor bytes are read once, here,
-  // through the chunk indexes the child already walked.
+  // ckptconv wrote made it crash (SIGSEGV in H5HG_read), loop, or overflow a
+  // heap buffer without crashing (H5O__msg_iterate_real). So libhdf5 reads
+  // the file only in a child process, for as long as the model lives: its
+  // structure, then each slab of tensor bytes the work asks for. A crash or
+  // a hang there is a refusal (exit 3); this process builds the model from
+  // the child's message (hdf5_structure.h) and copies the bytes it sends.
   std::error_code ec;
   uint64_t file_bytes = std::filesystem::file_size(path, ec);
-  IsolationLimits limits{structure_timeout_s, hdf5_memory_budget(ec ? 0 : file_bytes), "hdf5-memory"};
-  run_isolated("reading " + path + " with libhdf5", limits, [&] { read_hdf5_in_process(path); });
-  return read_hdf5_in_process(path);
+  IsolationLimits limits{timeout_s, hdf5_memory_budget(ec ? 0 : file_bytes), "hdf5-memory"};
+  auto reader = std::make_shared<IsolatedServer>(
+      "reading " + path + " with libhdf5", limits,
+      [path, model = std::optional<CheckpointModel>()](const std::string& request, std::string& reply) mutable {
+        serve_request(path, model, request, reply);
+      });
+  // The message is about 100 bytes a tensor; a child that sends more than
+  // it may allocate is not ours.
+  uint64_t max_message = std::max<uint64_t>(limits.memory_bytes, uint64_t{64} << 20);
+  std::string message = reader->call(kStructure, "its structure", max_message);
+  return with_context(path, [&] {
+    return model_from_structure(message, path, [&](std::size_t index, uint64_t nbytes, const std::string& name) {
+      return std::make_shared<IsolatedDatasetSource>(reader, index, nbytes, name);
+    });
+  });
 }
 
 }  // namespace ckpt::hdf5
