@@ -299,8 +299,15 @@ IsolatedServer::~IsolatedServer() {
 std::string IsolatedServer::call(const std::string& request, const std::string& doing, uint64_t max_reply) {
   std::lock_guard<std::mutex> lock(mutex_);
   uint64_t n = begin_call(request, doing, max_reply);
-  std::string reply(static_cast<std::size_t>(n), '\0');
-  read_reply(reply.data(), reply.size(), doing);
+  // Grown as the bytes arrive: a length the child claims costs this process
+  // only the bytes it really sends.
+  constexpr uint64_t kPiece = 1 << 20;
+  std::string reply;
+  while (reply.size() < n) {
+    std::size_t at = reply.size();
+    reply.resize(at + static_cast<std::size_t>(std::min(kPiece, n - at)));
+    read_reply(reply.data() + at, reply.size() - at, doing);
+  }
   return reply;
 }
 

@@ -388,9 +388,10 @@ CheckpointModel read_hdf5_file(const std::string& path, double timeout_s) {
       [path, model = std::optional<CheckpointModel>()](const std::string& request, std::string& reply) mutable {
         serve_request(path, model, request, reply);
       });
-  // The message is about 100 bytes a tensor; a child that sends more than
-  // it may allocate is not ours.
-  uint64_t max_message = std::max<uint64_t>(limits.memory_bytes, uint64_t{64} << 20);
+  // The message is about 100 bytes a tensor, and each node of the tree
+  // stands for bytes of the file (a link, an attribute's JSON): a child that
+  // sends more than this is not telling the file's structure.
+  uint64_t max_message = (uint64_t{64} << 20) + 16 * file_bytes;
   std::string message = reader->call(kStructure, "its structure", max_message);
   return with_context(path, [&] {
     return model_from_structure(message, path, [&](std::size_t index, uint64_t nbytes, const std::string& name) {
