@@ -28,7 +28,7 @@ void apply_limit(InputBudgets& budgets, const std::string& name_eq_value) {
                                           "': expected NAME=VALUE with NAME one of pickle-memory, pickle-stack, "
                                           "tree-values, hdf5-memory (docs/limits.md)");
   }
-  uint64_t n = parse_size(value);
+  uint64_t n = with_context("--limit " + name, [&] { return parse_size(value); });  // names the option
   if (n == 0) fail(ErrorCode::kInvalidArgument, "--limit " + name + " must be positive");
   *target = n;
 }

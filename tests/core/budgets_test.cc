@@ -31,6 +31,17 @@ TEST_CASE("budgets: an unknown name, a missing value or zero is a usage error na
   CHECK_THROWS_WITH(apply_limit(b, "x=1"), Catch::Contains("hdf5-memory") && Catch::Contains("pickle-memory"));
 }
 
+TEST_CASE("budgets: a value that is not a size is a usage error naming the option") {
+  InputBudgets b;
+  try {
+    apply_limit(b, "hdf5-memory=abc");
+    FAIL("accepted abc");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kInvalidArgument);
+    CHECK_THAT(e.what(), Catch::Contains("--limit hdf5-memory") && Catch::Contains("'abc'"));
+  }
+}
+
 TEST_CASE("budgets: the memory defaults scale with the input's size, and a set budget replaces them") {
   InputBudgets saved = input_budgets();
   set_input_budgets(InputBudgets{});
