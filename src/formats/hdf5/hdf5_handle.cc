@@ -15,21 +15,27 @@ void silence_hdf5_errors() {
   });
 }
 
-std::string hdf5_error_text() {
-  std::string text;
+std::string hdf5_error_text(bool* out_of_memory) {
+  struct Walk {
+    std::string text;
+    bool out_of_memory = false;
+  } walk;
   H5Ewalk2(
       H5E_DEFAULT, H5E_WALK_DOWNWARD,
       [](unsigned n, const H5E_error2_t* err, void* data) -> herr_t {
-        auto* out = static_cast<std::string*>(data);
+        auto* w = static_cast<Walk*>(data);
+        // "No space available for allocation": H5MM's failed malloc
+        if (err->min_num == H5E_NOSPACE) w->out_of_memory = true;
         if (n < 2 && err->desc && *err->desc) {
-          if (!out->empty()) *out += ": ";
-          *out += err->desc;
+          if (!w->text.empty()) w->text += ": ";
+          w->text += err->desc;
         }
         return 0;
       },
-      &text);
+      &walk);
   H5Eclear2(H5E_DEFAULT);
-  return text.empty() ? "HDF5 call failed" : text;
+  if (out_of_memory) *out_of_memory = walk.out_of_memory;
+  return walk.text.empty() ? "HDF5 call failed" : walk.text;
 }
 
 herr_t Handle::reset() {
