@@ -146,7 +146,13 @@ uint64_t address_space_bytes() {
 }
 
 // In the child, before any request (see isolate.h).
-void confine_child(uint64_t memory_bytes, pid_t parent) {
+void confine_child(int fd, uint64_t memory_bytes, pid_t parent) {
+  // Only the socket stays open: the library opens what it reads itself, and
+  // must not reach what this process had open (an output being written,
+  // another reader child's socket, which would keep that child from seeing
+  // its parent close it).
+  ::close_range(3, static_cast<unsigned>(fd) - 1, 0);
+  ::close_range(static_cast<unsigned>(fd) + 1, ~0U, 0);
   for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::signal(sig, SIG_DFL);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_IGN);
   // A parent killed outright (SIGKILL, the OOM killer) takes the child with
@@ -275,7 +281,7 @@ IsolatedServer::IsolatedServer(std::string what, IsolationLimits limits, Handler
     ::close(fds[0]);
     int buffer = 4 << 20;
     ::setsockopt(fds[1], SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
-    confine_child(limits_.memory_bytes, parent);
+    confine_child(fds[1], limits_.memory_bytes, parent);
     serve(fds[1], what_, limits_, handler);
   }
   ::close(fds[1]);

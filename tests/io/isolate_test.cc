@@ -1,5 +1,6 @@
 #include "io/isolate.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -111,6 +112,17 @@ TEST_CASE("isolate: a child past its time on one request is killed, DataLoss") {
   REQUIRE(e);
   CHECK(e->code() == ErrorCode::kDataLoss);
   CHECK_THAT(e->what(), Catch::Contains("did not finish"));
+}
+
+TEST_CASE("isolate: the child has none of this process's files open") {
+  int fd = ::open("/proc/self/stat", O_RDONLY);  // stands for an output being written
+  REQUIRE(fd >= 3);
+  IsolatedServer server("test work", {10, 0, ""}, [fd](const std::string&, std::string& reply) {
+    reply = ::fcntl(fd, F_GETFD) < 0 && errno == EBADF ? "closed" : "open";
+  });
+  CHECK(server.call("", "the fd", kMaxReply) == "closed");
+  CHECK(::fcntl(fd, F_GETFD) >= 0);  // still open here
+  ::close(fd);
 }
 
 TEST_CASE("isolate: the child ends with the server") {
