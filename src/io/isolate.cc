@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/units.h"
+#include "io/syscall_filter.h"
 
 namespace ckpt {
 namespace {
@@ -161,11 +162,13 @@ void confine_child(int fd, uint64_t memory_bytes, pid_t parent) {
   // thread, the only one (see isolate.h).
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(0);  // the parent died before prctl
-  if (memory_bytes == 0 || kAddressSanitizer) return;
-  if (uint64_t now = address_space_bytes()) {
-    rlimit cap{now + memory_bytes, now + memory_bytes};
-    ::setrlimit(RLIMIT_AS, &cap);
+  if (memory_bytes != 0 && !kAddressSanitizer) {
+    if (uint64_t now = address_space_bytes()) {
+      rlimit cap{now + memory_bytes, now + memory_bytes};
+      ::setrlimit(RLIMIT_AS, &cap);
+    }
   }
+  forbid_side_effects();  // last: it also forbids what the lines above do
 }
 
 // The child's socket and its prepared out-of-memory reply, for

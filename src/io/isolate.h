@@ -30,8 +30,9 @@ struct IsolationLimits {
 // `what` names the work in messages ("reading model.h5 with libhdf5"). The
 // child is forked in the constructor, from a process with one thread (it
 // runs the handler with whatever locks other threads held at the fork). In
-// the child, only its socket stays open (the handler opens what it reads);
-// crash signals have their default action (a crash inside the
+// the child, only its socket stays open (the handler opens what it reads),
+// and a seccomp filter (io/syscall_filter.h) refuses every side effect but
+// writing to it; crash signals have their default action (a crash inside the
 // library ends it there, no handler of ours runs on a state the library
 // corrupted); Ctrl-C and SIGTERM are this process's to handle (the child
 // ends when this process closes its socket, or dies); and an address-space

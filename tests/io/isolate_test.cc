@@ -125,6 +125,42 @@ TEST_CASE("isolate: the child has none of this process's files open") {
   ::close(fd);
 }
 
+TEST_CASE("isolate: the child may read files, but not write, run a program or fork") {
+  // What the child tries is harmless if it is allowed: a file of this test,
+  // a signal 0.
+  const std::string victim = "/tmp/ckpt-isolate-test-" + std::to_string(::getpid());
+  ::close(::open(victim.c_str(), O_WRONLY | O_CREAT, 0644));
+  IsolatedServer server("test work", {10, 0, ""}, [victim](const std::string& request, std::string& reply) {
+    auto refused = [](long r) { return r < 0 && errno == EPERM; };
+    if (request == "read") {
+      int fd = ::open(CKPT_SOURCE_DIR "/README.md", O_RDONLY);
+      char c = 0;
+      reply = fd >= 0 && ::read(fd, &c, 1) == 1 ? "read" : "failed";
+    } else if (request == "write") {
+      reply = refused(::open((victim + ".new").c_str(), O_WRONLY | O_CREAT, 0644)) ? "refused" : "allowed";
+    } else if (request == "unlink") {
+      reply = refused(::unlink(victim.c_str())) ? "refused" : "allowed";
+    } else if (request == "exec") {
+      char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
+      reply = refused(::execv("/bin/true", argv)) ? "refused" : "allowed";
+    } else if (request == "fork") {
+      pid_t pid = ::fork();
+      if (pid == 0) ::_exit(0);
+      reply = refused(pid) ? "refused" : "allowed";
+    } else if (request == "kill") {
+      reply = refused(::kill(::getppid(), 0)) ? "refused" : "allowed";
+    }
+  });
+  CHECK(server.call("read", "a read", kMaxReply) == "read");
+  for (const char* what : {"write", "unlink", "exec", "fork", "kill"}) {
+    INFO(what);
+    CHECK(server.call(what, what, kMaxReply) == "refused");
+  }
+  CHECK(::access((victim + ".new").c_str(), F_OK) != 0);
+  CHECK(::access(victim.c_str(), F_OK) == 0);
+  ::unlink(victim.c_str());
+}
+
 TEST_CASE("isolate: the child ends with the server") {
   pid_t child = 0;
   {
