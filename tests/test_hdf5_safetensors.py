@@ -318,6 +318,20 @@ def test_pt_to_hdf5_to_pt_round_trips(src, tmp_path, run_ckptconv):
     assert_same(torch.load(back, weights_only=True), torch.load(pt, weights_only=True))
 
 
+@pytest.mark.parametrize("extra", [[], ["--compression", "gzip"]], ids=["raw", "gzip"])
+def test_hdf5_output_is_the_same_bytes_whenever_it_is_written(extra, tmp_path, run_ckptconv):
+    """libhdf5 stamps object headers with the time by default; two runs a
+    second apart gave different files (found by test_durability comparing a
+    run with and without --no-fsync across a second boundary)."""
+    import time
+
+    src = TD / "dcp" / "fsdp2_adamw_ws2"
+    run_ok(run_ckptconv, "consolidate", src, "-o", tmp_path / "a.h5", *extra)
+    time.sleep(1.1)
+    run_ok(run_ckptconv, "consolidate", src, "-o", tmp_path / "b.h5", *extra)
+    assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
+
+
 def test_hdf5_gzip_compresses_and_reads_back(tmp_path, run_ckptconv):
     import h5py
 

@@ -165,7 +165,9 @@ class Hdf5Writer {
     if (auto idx = tensor_ref_index(child)) {
       write_tensor(group, name, *idx, what);
     } else if (is_group(child)) {
-      Handle g = checked_handle(H5Gcreate2(group, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+      Handle gcpl = checked_handle(H5Pcreate(H5P_GROUP_CREATE), ErrorCode::kInternal, "group " + what);
+      check(H5Pset_obj_track_times(gcpl, false), ErrorCode::kOutputFailed, "group " + what);  // see write_tensor
+      Handle g = checked_handle(H5Gcreate2(group, name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT),
                                 ErrorCode::kOutputFailed, "group " + what);
       write_group(g, child, path);
     } else {
@@ -189,6 +191,9 @@ class Hdf5Writer {
         t.shape.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
         ErrorCode::kOutputFailed, ds_what);
     Handle dcpl = checked_handle(H5Pcreate(H5P_DATASET_CREATE), ErrorCode::kInternal, ds_what);
+    // No modification times in object headers: the same checkpoint gives the
+    // same bytes whenever it is written (a run straddling a second did not).
+    check(H5Pset_obj_track_times(dcpl, false), ErrorCode::kOutputFailed, ds_what);
     // Uncompressed: one contiguous extent, allocated now and never filled,
     // which we write ourselves (RawRangeSink). Element bytes are the
     // tensor's own (little-endian, the dtype's size), so they go unchanged.
