@@ -1,6 +1,9 @@
 #include "formats/hdf5/hdf5_reader.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -322,23 +325,29 @@ std::string read_request(uint64_t index, uint64_t pos, uint64_t n);
 // The tensor bytes of dataset `index`, read by the child (read_hdf5_file).
 class IsolatedDatasetSource final : public ByteSource {
  public:
-  IsolatedDatasetSource(std::shared_ptr<IsolatedServer> reader, std::size_t index, uint64_t size, std::string name)
-      : reader_(std::move(reader)), index_(index), size_(size), name_(std::move(name)) {}
+  IsolatedDatasetSource(std::shared_ptr<IsolatedServer> reader, std::size_t index, uint64_t size,
+                        const std::string& path, const std::string& dataset)
+      : reader_(std::move(reader)),
+        index_(index),
+        size_(size),
+        dataset_("dataset '" + dataset + "'"),
+        describe_(path + ": " + dataset_) {}
 
   uint64_t size() const override { return size_; }
-  std::string describe() const override { return name_; }
+  std::string describe() const override { return describe_; }
 
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);
     if (n == 0) return;
-    reader_->call_into(read_request(index_, pos, n), "reading " + name_, buf, n);
+    reader_->call_into(read_request(index_, pos, n), dataset_, buf, n);
   }
 
  private:
   std::shared_ptr<IsolatedServer> reader_;
   std::size_t index_;
   uint64_t size_;
-  std::string name_;
+  std::string dataset_;   // "dataset 'model.w'": the request, in messages
+  std::string describe_;  // "m.h5: dataset 'model.w'"
 };
 
 // The requests the child serves: kStructure, then reads of dataset bytes
@@ -351,10 +360,28 @@ std::string read_request(uint64_t index, uint64_t pos, uint64_t n) {
   return r;
 }
 
+// The file as the structure was read: its size and modification time.
+struct FileState {
+  off_t size = 0;
+  timespec mtime{};
+};
+
+FileState file_state(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail_data_loss(path + ": cannot stat: " + std::strerror(errno));
+  return {st.st_size, st.st_mtim};
+}
+
 // The child's side: the model libhdf5 read, kept between requests.
-void serve_request(const std::string& path, std::optional<CheckpointModel>& model, const std::string& request,
-                   std::string& reply) {
+struct ChildState {
+  std::optional<CheckpointModel> model;
+  FileState opened;
+};
+
+void serve_request(const std::string& path, ChildState& state, const std::string& request, std::string& reply) {
+  auto& model = state.model;
   if (request == kStructure) {
+    state.opened = file_state(path);
     model = read_with_libhdf5(path);
     // The message writes a shared subtree once per path: bound them first.
     require_bounded_expansion(*model->root);
@@ -368,6 +395,14 @@ void serve_request(const std::string& path, std::optional<CheckpointModel>& mode
   if (v[0] >= model->tensors.size()) fail(ErrorCode::kInternal, "the HDF5 reader process got a read of no dataset");
   reply.resize(static_cast<std::size_t>(v[2]));
   model->tensors[v[0]].chunks.front().storage->read(v[1], reply.data(), reply.size());
+  // libhdf5 reads past the end of a file as zeros: a file truncated (or
+  // rewritten) while the job ran gave exit 0 and zeros. Checked after the
+  // read, so that a change before or during it is seen.
+  FileState now = file_state(path);
+  if (now.size != state.opened.size || now.mtime.tv_sec != state.opened.mtime.tv_sec ||
+      now.mtime.tv_nsec != state.opened.mtime.tv_nsec)
+    fail_data_loss(path + " changed while it was read (" + std::to_string(state.opened.size) + " bytes, now " +
+                   std::to_string(now.size) + "); nothing was written");
 }
 
 }  // namespace
@@ -385,8 +420,8 @@ CheckpointModel read_hdf5_file(const std::string& path, double timeout_s) {
   IsolationLimits limits{timeout_s, hdf5_memory_budget(ec ? 0 : file_bytes), "hdf5-memory"};
   auto reader = std::make_shared<IsolatedServer>(
       "reading " + path + " with libhdf5", limits,
-      [path, model = std::optional<CheckpointModel>()](const std::string& request, std::string& reply) mutable {
-        serve_request(path, model, request, reply);
+      [path, state = ChildState()](const std::string& request, std::string& reply) mutable {
+        serve_request(path, state, request, reply);
       });
   // The message is about 100 bytes a tensor, and each node of the tree
   // stands for bytes of the file (a link, an attribute's JSON): a child that
@@ -395,7 +430,7 @@ CheckpointModel read_hdf5_file(const std::string& path, double timeout_s) {
   std::string message = reader->call(kStructure, "its structure", max_message);
   return with_context(path, [&] {
     return model_from_structure(message, path, [&](std::size_t index, uint64_t nbytes, const std::string& name) {
-      return std::make_shared<IsolatedDatasetSource>(reader, index, nbytes, name);
+      return std::make_shared<IsolatedDatasetSource>(reader, index, nbytes, path, name);
     });
   });
 }

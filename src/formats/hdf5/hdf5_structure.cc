@@ -206,7 +206,7 @@ CheckpointModel model_from_structure(const std::string& message, const std::stri
   model.root = done.back();
   for (std::size_t i = 0; i < model.tensors.size(); ++i) {
     TensorEntry& t = model.tensors[i];
-    t.chunks.front().storage = source(i, t.nbytes(), path + ": dataset '" + t.name + "'");
+    t.chunks.front().storage = source(i, t.nbytes(), t.name);
   }
   return model;
 }

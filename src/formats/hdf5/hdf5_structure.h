@@ -6,8 +6,8 @@
 // can send anything). No libhdf5 here.
 //
 // The message is JSON: {"facts": {name: text}, "tensors": [{"name": text,
-// "dtype": torch's name, "shape": [extents]}], "root": value_to_json of the
-// tree, tensors as {"__tensor__": index into "tensors"}}.
+// "dtype": torch's name, "shape": [extents]}], "nodes": the tree as a table
+// of nodes, the root last (hdf5_structure.cc)}.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +18,12 @@
 
 namespace ckpt::hdf5 {
 
-// In the child: the message for a model read_hdf5 built. Shared subtrees
-// (hard-linked groups) are written out once per path: call it after
-// require_bounded_expansion.
+// In the child: the message for a model the reader built. A shared subtree
+// (hard-linked groups) is one node, however many paths reach it.
 std::string structure_message(const CheckpointModel& model);
 
-// The source of tensor `index`'s bytes: `nbytes` of them, `name` for messages.
+// The source of tensor `index`'s bytes: `nbytes` of them; `name` is the
+// tensor's (its dataset's path), for messages.
 using DatasetSourceFactory = std::function<SourcePtr(std::size_t index, uint64_t nbytes, const std::string& name)>;
 
 // The model a message describes, each tensor one contiguous chunk of the
