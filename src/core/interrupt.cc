@@ -12,6 +12,9 @@ namespace ckpt {
 namespace {
 
 std::atomic<int> g_signal{0};
+std::atomic<bool> g_shrank_claimed{false};  // the first input to shrink is the one named
+std::atomic<bool> g_shrank{false};          // set once its name is copied
+char g_shrank_path[512];
 
 extern "C" void on_signal(int sig) {
   int expected = 0;
@@ -32,6 +35,19 @@ int interrupted_signal() { return g_signal.load(std::memory_order_relaxed); }
 
 void check_interrupted() {
   if (int sig = interrupted_signal()) fail(ErrorCode::kInterrupted, std::string("interrupted by ") + signal_name(sig));
+  if (g_shrank.load(std::memory_order_acquire))
+    fail(ErrorCode::kDataLoss, std::string(g_shrank_path) +
+                                   " was truncated while it was read (rewritten by a job still running?); "
+                                   "nothing was written");
+}
+
+void note_input_shrank(const char* path) {
+  bool expected = false;
+  if (!g_shrank_claimed.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) return;
+  std::size_t i = 0;
+  for (; path[i] && i + 1 < sizeof g_shrank_path; ++i) g_shrank_path[i] = path[i];
+  g_shrank_path[i] = '\0';
+  g_shrank.store(true, std::memory_order_release);
 }
 
 const char* signal_name(int sig) {

@@ -12,8 +12,15 @@ namespace ckpt {
 void install_interrupt_handlers();
 // The signal received, or 0.
 int interrupted_signal();
-// Throws Interrupted ("interrupted by SIGTERM") once a signal was received.
+// Throws Interrupted ("interrupted by SIGTERM") once a signal was received,
+// and DataLoss once an input shrank under the job (note_input_shrank).
 void check_interrupted();
+// An input file was truncated while the job read it through a mapping (a
+// checkpoint rewritten by a job still running): its missing pages now read
+// as zeros (io/mapped_inputs.h), and the job stops at its next check, so no
+// output made of those zeros is published. Async-signal-safe; the path is
+// copied (at most 511 bytes).
+void note_input_shrank(const char* path);
 // "SIGINT", "SIGTERM", "SIGHUP".
 const char* signal_name(int sig);
 

@@ -1,4 +1,5 @@
 #include "io/byte_source.h"
+#include "io/mapped_inputs.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -117,8 +118,15 @@ class FileSource final : public ByteSource {
 class MappedSource final : public ByteSource {
  public:
   MappedSource(std::string path, std::shared_ptr<FileDescriptor> fd, const std::byte* base, uint64_t size)
-      : path_(std::move(path)), fd_(std::move(fd)), base_(base), size_(size) {}
-  ~MappedSource() override { ::munmap(const_cast<std::byte*>(base_), size_); }
+      : path_(std::move(path)),
+        fd_(std::move(fd)),
+        base_(base),
+        size_(size),
+        slot_(register_mapped_input(base_, size_, path_)) {}  // a truncated file: io/mapped_inputs.h
+  ~MappedSource() override {
+    unregister_mapped_input(slot_);
+    ::munmap(const_cast<std::byte*>(base_), size_);
+  }
   uint64_t size() const override { return size_; }
   std::string describe() const override { return path_; }
   const std::byte* data() const override { return base_; }
@@ -141,6 +149,7 @@ class MappedSource final : public ByteSource {
   std::shared_ptr<FileDescriptor> fd_;
   const std::byte* base_;
   uint64_t size_;
+  int slot_;
 };
 
 class MemorySource final : public ByteSource {
