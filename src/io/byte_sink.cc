@@ -1,4 +1,5 @@
 #include "io/byte_sink.h"
+#include "io/mapped_inputs.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -104,7 +105,10 @@ void AtomicFileSink::write_fully(const void* data, std::size_t n) {
   while (n > 0) {
     ssize_t put = ::write(fd_, p, n);
     if (put < 0 && errno == EINTR) continue;
-    if (put < 0) fail_io("write failed", errno);
+    if (put < 0) {
+      check_write_source(p, errno);  // a truncated input, not this output
+      fail_io("write failed", errno);
+    }
     if (writeback_) writeback_->appended(static_cast<uint64_t>(put));
     p += put;
     n -= static_cast<std::size_t>(put);

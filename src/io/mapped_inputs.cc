@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -79,6 +80,19 @@ int register_mapped_input(const void* base, std::size_t length, const std::strin
   s.base.store(reinterpret_cast<uintptr_t>(base), std::memory_order_release);
   if (slot == used) g_used.store(used + 1, std::memory_order_release);
   return slot;
+}
+
+void check_write_source(const void* data, int err) {
+  if (err != EFAULT) return;
+  auto addr = reinterpret_cast<uintptr_t>(data);
+  int used = g_used.load(std::memory_order_acquire);
+  for (int i = 0; i < used; ++i) {
+    uintptr_t base = g_slots[i].base.load(std::memory_order_acquire);
+    if (base != 0 && addr >= base && addr < base + g_slots[i].length.load(std::memory_order_relaxed)) {
+      note_input_shrank(g_slots[i].path);
+      check_interrupted();  // throws DataLoss naming it
+    }
+  }
 }
 
 void unregister_mapped_input(int slot) {

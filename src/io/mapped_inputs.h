@@ -19,4 +19,10 @@ namespace ckpt {
 int register_mapped_input(const void* base, std::size_t length, const std::string& path);
 void unregister_mapped_input(int slot);
 
+// A write() or pwrite() of bytes that lay in a mapped input failed with
+// `err`: EFAULT there means the input lost those pages (the kernel fails
+// the call instead of raising SIGBUS), so it is that input's DataLoss, as
+// for a read, not the output's failure. Returns when it is not that.
+void check_write_source(const void* data, int err);
+
 }  // namespace ckpt

@@ -1,4 +1,5 @@
 #include "io/part_sink.h"
+#include "io/mapped_inputs.h"
 
 #include <unistd.h>
 
@@ -33,7 +34,10 @@ void PartSink::pwrite_fully(const void* data, std::size_t n, uint64_t at) {
   while (n > 0) {
     ssize_t put = ::pwrite(fd_, p, n, static_cast<off_t>(at));
     if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) fail(ErrorCode::kOutputFailed, what_ + ": write failed: " + std::strerror(errno));
+    if (put <= 0) {
+      if (put < 0) check_write_source(p, errno);  // a truncated input, not this output
+      fail(ErrorCode::kOutputFailed, what_ + ": write failed: " + std::strerror(errno));
+    }
     if (writeback_) writeback_->wrote(at, static_cast<uint64_t>(put));
     p += put;
     at += static_cast<uint64_t>(put);

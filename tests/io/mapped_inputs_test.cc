@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -51,5 +53,36 @@ TEST_CASE("mapped inputs: a file truncated under its mapping reads as zeros, and
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   std::filesystem::remove(path);
   REQUIRE(WIFEXITED(status));  // not killed by SIGBUS
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("mapped inputs: a write from a truncated input's lost pages is that input's DataLoss") {
+  const std::string path = std::filesystem::temp_directory_path() / ("ckpt-mapped-w-" + std::to_string(::getpid()));
+  {
+    std::ofstream f(path, std::ios::binary);
+    std::vector<char> bytes(1 << 20, 'x');
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 10;
+    try {
+      SourcePtr src = open_mapped_source(path);
+      std::filesystem::resize_file(path, 4096);
+      FILE* out = std::tmpfile();
+      // The kernel fails the call (EFAULT) rather than raising SIGBUS.
+      ssize_t put = ::write(::fileno(out), src->data() + 65536, 16);
+      if (put >= 0 || errno != EFAULT) ::_exit(2);
+      check_write_source(src->data() + 65536, EFAULT);
+      code = 3;  // no error
+    } catch (const Error& e) {
+      code = e.code() == ErrorCode::kDataLoss && std::strstr(e.what(), path.c_str()) ? 0 : 4;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  std::filesystem::remove(path);
+  REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
