@@ -390,8 +390,14 @@ void IsolatedServer::child_failed(const std::string& doing, bool timed_out) {
                " s (a corrupt file can make the library loop); the file is refused";
   } else if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
+    // Under a cap too small for the library's own needs, it crashes on a
+    // sound file (--limit hdf5-memory=1K: a SIGSEGV in libhdf5).
+    std::string or_budget;
+    if (limits_.memory_bytes != 0 && !limits_.budget.empty() && !kAddressSanitizer)
+      or_budget = ", or the " + limits_.budget + " budget (" + human_bytes(static_cast<double>(limits_.memory_bytes)) +
+                  ") is too small for it (" + budget_hint(limits_.budget) + ")";
     failure_ = where + " crashed the library (signal " + std::to_string(sig) + ", " + ::sigdescr_np(sig) +
-               "): the file is corrupt; nothing was written";
+               "): the file is corrupt" + or_budget + "; nothing was written";
   } else {
     // Ended before our code replied: the library ended the process (exit(),
     // or a sanitizer's report of its heap overflow on a mutant, found by

@@ -208,4 +208,15 @@ TEST_CASE("isolate: running out of a named budget is Unsafe, naming how to raise
   CHECK(e->code() == ErrorCode::kUnsafe);
   CHECK_THAT(e->what(), Catch::Contains("hdf5-memory budget") && Catch::Contains("--limit hdf5-memory="));
 }
+
+TEST_CASE("isolate: a crash under a named budget says the budget may be too small") {
+  auto e = error_of([] { ::raise(SIGSEGV); }, {60, std::size_t{256} << 20, "hdf5-memory"});
+  REQUIRE(e);
+  CHECK(e->code() == ErrorCode::kDataLoss);
+  CHECK_THAT(e->what(), Catch::Contains("crashed the library") && Catch::Contains("or the hdf5-memory budget (256") &&
+                            Catch::Contains("--limit hdf5-memory="));
+  auto plain = error_of([] { ::raise(SIGSEGV); });
+  REQUIRE(plain);
+  CHECK_THAT(plain->what(), !Catch::Contains("budget"));
+}
 #endif
