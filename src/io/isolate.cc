@@ -297,7 +297,7 @@ IsolatedServer::IsolatedServer(std::string what, IsolationLimits limits, Handler
 
 IsolatedServer::~IsolatedServer() {
   ::close(fd_);
-  if (!reaped_) {
+  if (failure_.empty()) {  // a failed child was reaped when it failed
     // The child has nothing to flush: end it now rather than wait for it to
     // notice the closed socket.
     ::kill(pid_, SIGKILL);
@@ -360,7 +360,6 @@ void IsolatedServer::read_reply(void* out, std::size_t n, const std::string& doi
     if (interrupted_signal()) {
       ::kill(pid_, SIGKILL);
       reap(pid_, nullptr);
-      reaped_ = true;
       failure_ = what_ + " was interrupted";
       check_interrupted();
     }
@@ -383,7 +382,6 @@ void IsolatedServer::child_failed(const std::string& doing, bool timed_out) {
   if (timed_out) ::kill(pid_, SIGKILL);
   int status = 0;
   reap(pid_, &status);
-  reaped_ = true;
   std::string where = what_ + " (" + doing + ")";
   if (timed_out) {
     failure_ = where + " did not finish within " + std::to_string(static_cast<long long>(limits_.timeout_s)) +

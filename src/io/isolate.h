@@ -68,9 +68,8 @@ class IsolatedServer {
   std::string what_;
   IsolationLimits limits_;
   pid_t pid_ = -1;
-  bool reaped_ = false;  // the child was waited for (it failed)
   int fd_ = -1;
-  std::string failure_;  // set once the child failed: the message every later call repeats
+  std::string failure_;  // set once the child failed (and was reaped): the message every later call repeats
   std::mutex mutex_;
   std::chrono::steady_clock::time_point deadline_;  // of the call in progress
 };

@@ -28,22 +28,29 @@ std::atomic<int> g_used{0};  // slots [0, g_used) may be filled
 std::mutex g_fill;           // one writer of slots at a time
 struct sigaction g_previous;
 
-extern "C" void on_sigbus(int sig, siginfo_t* info, void* context) {
-  auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+// The slot whose mapping holds `addr`, or -1. Async-signal-safe.
+int slot_at(uintptr_t addr) {
   int used = g_used.load(std::memory_order_acquire);
   for (int i = 0; i < used; ++i) {
     uintptr_t base = g_slots[i].base.load(std::memory_order_acquire);
-    std::size_t length = g_slots[i].length.load(std::memory_order_relaxed);
-    if (base == 0 || addr < base || addr >= base + length) continue;
+    if (base != 0 && addr >= base && addr - base < g_slots[i].length.load(std::memory_order_relaxed)) return i;
+  }
+  return -1;
+}
+
+extern "C" void on_sigbus(int sig, siginfo_t* info, void* context) {
+  auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (int i = slot_at(addr); i >= 0) {
     // From the faulting page to the mapping's end: zeros, in one call, so
     // the rest of the lost pages do not fault one by one.
     static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    uintptr_t from = addr & ~(page - 1), to = (base + length + page - 1) & ~(page - 1);
-    if (::mmap(reinterpret_cast<void*>(from), to - from, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
-        MAP_FAILED)
-      break;
-    note_input_shrank(g_slots[i].path);
-    return;  // the read is retried, and finds zeros
+    uintptr_t end = g_slots[i].base.load(std::memory_order_relaxed) + g_slots[i].length.load(std::memory_order_relaxed);
+    uintptr_t from = addr & ~(page - 1), to = (end + page - 1) & ~(page - 1);
+    if (::mmap(reinterpret_cast<void*>(from), to - from, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+        MAP_FAILED) {
+      note_input_shrank(g_slots[i].path);
+      return;  // the read is retried, and finds zeros
+    }
   }
   // Not a mapped input's: the previous handler takes it (the instruction
   // faults again once this returns).
@@ -84,14 +91,9 @@ int register_mapped_input(const void* base, std::size_t length, const std::strin
 
 void check_write_source(const void* data, int err) {
   if (err != EFAULT) return;
-  auto addr = reinterpret_cast<uintptr_t>(data);
-  int used = g_used.load(std::memory_order_acquire);
-  for (int i = 0; i < used; ++i) {
-    uintptr_t base = g_slots[i].base.load(std::memory_order_acquire);
-    if (base != 0 && addr >= base && addr < base + g_slots[i].length.load(std::memory_order_relaxed)) {
-      note_input_shrank(g_slots[i].path);
-      check_interrupted();  // throws DataLoss naming it
-    }
+  if (int i = slot_at(reinterpret_cast<uintptr_t>(data)); i >= 0) {
+    note_input_shrank(g_slots[i].path);
+    check_interrupted();  // throws DataLoss naming it
   }
 }
 

@@ -18,7 +18,6 @@
 #include "formats/hdf5/hdf5_handle.h"
 #include "formats/hdf5/hdf5_structure.h"
 #include "io/isolate.h"
-#include "model/plain_values.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
 
@@ -383,8 +382,8 @@ void serve_request(const std::string& path, ChildState& state, const std::string
   if (request == kStructure) {
     state.opened = file_state(path);
     model = read_with_libhdf5(path);
-    // The message writes a shared subtree once per path: bound them first.
-    require_bounded_expansion(*model->root);
+    // A shared subtree is one node of the message; read_checkpoint bounds
+    // the tree it expands to, in the tool.
     reply = with_context(path, [&] { return structure_message(*model); });
     return;
   }
