@@ -336,3 +336,34 @@ def test_flat_keyed_safetensors_compares_by_path(tmp_path, run_ckptconv, testdat
     save_file(dict(flatten(torch.load(full, weights_only=True))), str(flat))
     r = run_ckptconv("diff", full, flat)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+CONSOLIDATED_SOURCES = [
+    TD / "dcp" / "fsdp2_adamw_ws2", TD / "fsdp_st" / "adamw_ws3", TD / "fsdp_dt" / "adamw_ws2",
+    TD / "zero" / "z2_bf16_ws2", TD / "zero" / "z3_fp32_ws2", TD / "titan" / "checkpoint" / "step-3",
+    TD / "frameworks" / "accelerate_fsdp1_ws2" / "project" / "checkpoints" / "checkpoint_1",
+    TD / "frameworks" / "lightning_fsdp1_ws2" / "checkpoints" / "epoch=0-step=2.ckpt",
+    TD / "legacy" / "torch113_fsdp1_st_ws2" / "ckpt",
+]
+
+
+@pytest.mark.parametrize("src", CONSOLIDATED_SOURCES, ids=lambda p: str(p.relative_to(TD)))
+def test_a_consolidation_equals_its_source(src, tmp_path, run_ckptconv):
+    """#30 row 3: consolidate SRC -o OUT, then diff SRC OUT is 0 for every
+    source family; torchtitan's train_state BytesIO items, which consolidate
+    writes as their bytes, are equal with a note, and differ under --strict."""
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("diff", src, out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_ckptconv("diff", src, out, "--json")
+    noted = json.loads(r.stdout)["summary"]["bytes_io_as_bytes"]
+    if "titan" in str(src):
+        assert noted == 3  # train_state's global_avg_losses, global_max_losses, log_steps
+        r = run_ckptconv("diff", src, out)
+        assert "3 BytesIO value(s) equal to the bytes on the other side" in r.stdout, r.stdout
+        r = run_ckptconv("diff", src, out, "--strict")
+        assert r.returncode == 1 and "train_state.log_steps" in r.stdout, r.stdout
+    else:
+        assert noted == 0

@@ -82,3 +82,28 @@ def test_the_finalizing_worker_syncs_what_it_publishes(no_fsync, tmp_path, ckptc
         # The shared data file, in the parts folder, then renamed to OUT.
         assert any(s.startswith(str(tmp_path / "out.pt.parts-")) for s in synced), synced
         assert synced[-1] == str(tmp_path), synced
+
+
+@pytest.mark.parametrize("command,extra", [
+    ("consolidate", ["-o", "full.pt"]), ("convert", ["-o", "full.h5"]),
+    ("reshard", ["-o", "ws3", "--world-size", "3"]),
+    ("reshard", ["-o", "ranks", "--world-size", "3", "--layout", "fsdp-sharded-tensor"]),
+])
+def test_no_fsync_is_accepted_by_every_writing_command(command, extra, tmp_path, run_ckptconv):
+    """#30 row 5: --no-fsync on consolidate, convert, reshard (every layout) and finalize."""
+    src = REPO / "testdata" / "pt" / "dtypes.pt" if command == "convert" else WS2
+    r = run_ckptconv(command, src, *extra, "--no-fsync", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / extra[1]).exists()
+
+
+def test_no_fsync_is_accepted_by_finalize(tmp_path, run_ckptconv):
+    r = run_ckptconv("consolidate", WS2, "-o", "out.pt", "--part", "0/2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (folder,) = tmp_path.glob("out.pt.parts-*")
+    (folder / "finalizing").touch()
+    r = run_ckptconv("consolidate", WS2, "-o", "out.pt", "--part", "1/2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (folder / "finalizing").unlink()
+    r = run_ckptconv("finalize", "out.pt", "--no-fsync", cwd=tmp_path)
+    assert r.returncode == 0 and "finalized 2 parts" in r.stderr, r.stderr

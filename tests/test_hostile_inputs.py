@@ -533,3 +533,39 @@ def test_symlink_leaving_the_checkpoint_directory_is_refused(which, tmp_path, ru
     victim.unlink()
     victim.symlink_to(src / ("real_" + victim.name if which != "rank_file" else "copy.bin"))
     assert run_ckptconv(*args).returncode == 0
+
+
+def _shared_tuple_key_dag(depth: int) -> bytes:
+    """Protocol 2: {k: 1} where k = ('lol',) and `depth` times k = (k, k), the
+    second k a memo BINGET: about 6 bytes per level, 2^depth leaves. No
+    Python object can be pickled this way (hashing the key on save would
+    take 2^depth steps), so it is assembled opcode by opcode."""
+    out = b"\x80\x02}q\x00X\x03\x00\x00\x00lolq\x01\x85q\x020"  # {} memo0; ('lol',) memo2, POP
+    for level in range(depth):
+        prev = 2 + level
+        out += b"h" + bytes([prev]) + b"h" + bytes([prev]) + b"\x86q" + bytes([prev + 1]) + b"0"  # TUPLE2, memo, POP
+    return out + b"h" + bytes([2 + depth]) + b"K\x01s."  # the last key, SETITEM k: 1, STOP
+
+
+@pytest.mark.parametrize("depth", [28, 40])
+def test_dict_key_of_shared_tuples_is_refused_at_once_naming_the_budget(depth, tmp_path, run_ckptconv):
+    """#37 row 1: a 1.3 KB .pt whose dict key is a shared-tuple DAG grew RSS ~4x
+    per level (depth 28: 15 s, 2 GB). Keys are bounded before they are
+    expanded, hashed or compared: exit 3 naming the pickle-memory budget."""
+    src = tmp_path / "keys.pt"
+    pt_with_data_pkl(src, _shared_tuple_key_dag(depth))
+    assert src.stat().st_size < 4096
+    for args in (["inspect", src], ["validate", src], ["consolidate", src, "-o", tmp_path / "o.pt"], ["diff", src, src]):
+        r = run_ckptconv(*args, timeout=HANG_GUARD_S)
+        said = r.stdout + r.stderr  # validate reports on stdout
+        assert r.returncode == 3, f"{args[0]}: exit {r.returncode}\n{said}"
+        assert "a dict key expands to more than" in said and "pickle-memory" in said, said
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_dict_key_of_a_few_shared_tuples_still_reads(tmp_path, run_ckptconv):
+    """Sharing within a key is fine when it stays small: depth 6 (64 leaves)."""
+    src = tmp_path / "keys.pt"
+    pt_with_data_pkl(src, _shared_tuple_key_dag(6))
+    r = run_ckptconv("inspect", src)
+    assert r.returncode == 0, r.stderr

@@ -27,6 +27,10 @@ void register_diff(CLI::App& app) {
   sub->add_flag("--ignore-dtype", req->ignore_dtype,
                 "A dtype difference alone is not a difference (values are still compared, in double)")
       ->group(comparison);
+  sub->add_flag("--strict", req->strict,
+                "A BytesIO value and its bytes differ (by default they are equal, with a note: consolidate writes "
+                "a BytesIO as its bytes)")
+      ->group(comparison);
   sub->add_flag("--json", req->json, "Print JSON (schema in docs/json-schema.md)")->group(kOutputGroup);
   sub->add_flag("--all", req->all, "Also list the tensors that are equal, with their max differences")
       ->group(kOutputGroup);

@@ -22,6 +22,10 @@ namespace ckpt {
 struct DiffOptions {
   Tolerance tolerance;
   bool ignore_dtype = false;  // a dtype difference alone is a note, not a difference
+  // A BytesIO value on one side and its bytes on the other are equal (the
+  // rule consolidate applies to torchtitan's train_state), counted in
+  // DiffReport::bytes_io_as_bytes; strict: they differ.
+  bool strict = false;
   StreamOptions stream;
 };
 
@@ -65,6 +69,7 @@ struct DiffReport {
   std::vector<ValueDiff> values;                  // differing value leaves only
   std::vector<StructureDiff> structure;           // paths whose containers or key types differ
   uint64_t values_compared = 0;                   // value leaves on both sides
+  uint64_t bytes_io_as_bytes = 0;                 // BytesIO vs its bytes, taken as equal (not strict)
 
   std::size_t tensors_differing() const;
   bool equal() const;

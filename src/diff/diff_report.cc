@@ -114,6 +114,10 @@ void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) 
       << "B: " << r.b.source << " (" << r.b.format << ")\n"
       << "close: |a - b| <= " << num(o.tolerance.atol) << " + " << num(o.tolerance.rtol) << " * |b|, NaN equals NaN"
       << (o.ignore_dtype ? "; dtype differences ignored" : "") << "\n";
+  if (r.bytes_io_as_bytes > 0)
+    out << "note: " << r.bytes_io_as_bytes
+        << " BytesIO value(s) equal to the bytes on the other side, taken as equal (consolidate writes a BytesIO "
+           "as its bytes; --strict counts them as differences)\n";
   print_paths("only in A", r.only_in_a, out);
   print_paths("only in B", r.only_in_b, out);
   if (!r.structure.empty()) {
@@ -158,6 +162,7 @@ json diff_to_json(const DiffReport& r) {
         {"only_in_b", r.only_in_b.size()},
         {"tensors_compared", r.tensors.size()},
         {"tensors_differing", r.tensors_differing()},
+        {"bytes_io_as_bytes", r.bytes_io_as_bytes},
         {"values_compared", r.values_compared},
         {"values_differing", r.values.size()},
         {"structure_differing", r.structure.size()},

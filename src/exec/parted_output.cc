@@ -24,6 +24,7 @@
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 #include "io/part_sink.h"
+#include "io/parts_folder.h"
 #include "model/validate.h"
 #include "plan/reshard.h"
 
@@ -49,6 +50,7 @@ struct Layout {
   std::vector<std::size_t> file;   // per unit
   std::vector<uint64_t> offset, size;
   std::vector<int64_t> rows;               // dim 0 of the unit's tensor when it may be cut there, else 0
+  std::vector<bool> zipped;                // a record of a zip archive: its receipt's CRC-32 goes into the output
   std::string hash;                        // of the plan and the source's files: receipts of another plan are stale
   std::vector<std::vector<Piece>> pieces;  // per unit, in byte order (assign_owners)
 
@@ -85,6 +87,19 @@ void skip_unit(const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip, uint3
     sink.skip(u.nbytes);
 }
 
+// The job's request without what may differ between the workers and the
+// finalizer and does not change the bytes (where each ran, --force,
+// --no-fsync, --no-verify, threads, memory, device): a request.json changed
+// after the parts were written is then another plan, and refused.
+std::string request_fingerprint(const std::string& request) {
+  auto j = nlohmann::json::parse(request, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return request;
+  j.erase("cwd");
+  if (auto c = j.find("common"); c != j.end() && c->is_object())
+    for (const char* key : {"force", "no_fsync", "no_verify", "threads", "memory_limit", "device"}) c->erase(key);
+  return j.dump();
+}
+
 Layout layout_of(PartedWriter& w, const PartedOptions& options) {
   Layout l;
   l.names = w.file_names();
@@ -99,12 +114,14 @@ Layout layout_of(PartedWriter& w, const PartedOptions& options) {
   };
   add(w.kind());
   for (const auto& d : w.destinations()) add(d);
+  if (!options.request.empty()) add(request_fingerprint(options.request));
   w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
     l.file.push_back(u.file);
     l.offset.push_back(sink.position());
     l.size.push_back(u.nbytes);
     bool cuttable = u.tensor && !u.tensor->shape.empty() && u.tensor->shape[0] > 1 && u.nbytes > 0;
     l.rows.push_back(cuttable ? u.tensor->shape[0] : 0);
+    l.zipped.push_back(zip != nullptr);
     std::string what = u.tensor ? u.tensor->name + " " + std::string(dtype_name(u.tensor->output_dtype())) + " " +
                                       shape_str(u.tensor->shape)
                                 : "bytes";
@@ -203,17 +220,18 @@ struct Receipt {
   std::map<std::pair<std::size_t, uint64_t>, Written> pieces;  // (unit, begin) -> end, CRC-32 of the bytes
 };
 
-std::vector<Receipt> read_receipts(const std::string& dir) {
+std::vector<Receipt> read_receipts(const PartsFolder& folder) {
   std::vector<Receipt> out;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+  for (const auto& entry : fs::directory_iterator(folder.path(), ec)) {
     std::string name = entry.path().filename().string();
     if (!name.starts_with("part-") || !name.ends_with(".json")) continue;
     Receipt r;
     r.file = entry.path().string();
+    std::optional<std::string> text = folder.read_file(name);  // Unsafe when it is a link
+    if (!text) continue;                                       // the finalizing worker removed the folder meanwhile
     try {
-      SourcePtr src = open_file_source(r.file);
-      auto j = nlohmann::json::parse(src->read_string(0, static_cast<std::size_t>(src->size())));
+      auto j = nlohmann::json::parse(*text);
       r.plan = j.at("plan").get<std::string>();
       r.part = j.at("part").get<int>();
       r.parts = j.at("parts").get<int>();
@@ -234,15 +252,11 @@ std::vector<Receipt> read_receipts(const std::string& dir) {
 // The shared files of the parts folder, open for the duration of one pass.
 class DataFiles {
  public:
-  DataFiles(const std::string& dir, std::size_t n, bool create) {
+  DataFiles(const PartsFolder& folder, std::size_t n, bool create) {
     for (std::size_t k = 0; k < n; ++k) {
-      std::string path = data_file(dir, k);
-      int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
-      if (fd < 0) {
-        if (!create && errno == ENOENT)
-          fail(ErrorCode::kDataLoss, path + ": a shared output file of the parts is missing: rerun every part");
-        fail(ErrorCode::kOutputFailed, path + ": " + std::strerror(errno));
-      }
+      std::string path = data_file(folder.path(), k);
+      int fd = folder.open_file(fs::path(path).filename().string(), create);
+      if (fd < 0) fail(ErrorCode::kDataLoss, path + ": a shared output file of the parts is missing: rerun every part");
       fds_.push_back(fd);
       paths_.push_back(path);
     }
@@ -261,12 +275,15 @@ class DataFiles {
   std::vector<std::string> paths_;
 };
 
-// A small file written whole (no temp name: the caller renames it).
+// A small file of the parts folder written whole (no temp name: the caller renames it).
 class PlainFile {
  public:
-  explicit PlainFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(ErrorCode::kOutputFailed, path_ + ": " + std::strerror(errno));
+  PlainFile(const PartsFolder& folder, const std::string& name)
+      : path_(folder.path_of(name)), fd_(folder.open_file(name, true)) {
+    if (::ftruncate(fd_, 0) != 0) {
+      ::close(fd_);
+      fail(ErrorCode::kOutputFailed, path_ + ": " + std::strerror(errno));
+    }
   }
   ~PlainFile() { ::close(fd_); }
   PlainFile(const PlainFile&) = delete;
@@ -299,11 +316,34 @@ uint32_t crc_of_range(int fd, uint64_t at, uint64_t n, const std::string& what) 
   return crc;
 }
 
+// A receipt's CRC-32 of a zip record's piece goes into the output's headers
+// unread, so a forged or stale one would publish an archive whose CRCs
+// lie (torch.load does not check them). One read of the written pieces,
+// mostly from the page cache, before anything is published (--no-verify
+// skips it).
+void verify_pieces(const Layout& l, const std::map<int, const Receipt*>& by_part, const DataFiles& files) {
+  for (std::size_t u = 0; u < l.units(); ++u) {
+    if (!l.zipped[u]) continue;
+    for (const Piece& p : l.pieces[u]) {
+      const Receipt& r = *by_part.at(p.owner);
+      const Written& w = r.pieces.at({u, p.begin});
+      const std::size_t k = l.file[u];
+      uint32_t crc = crc_of_range(files.fd(k), l.offset[u] + p.begin, p.end - p.begin, files.path(k));
+      if (crc != w.crc)
+        fail(ErrorCode::kDataLoss, r.file + ": the CRC-32 it gives for bytes " + std::to_string(p.begin) + ".." +
+                                       std::to_string(p.end) + " of item " + std::to_string(u) + " of " + l.names[k] +
+                                       " is not that of the bytes in " + files.path(k) + ": rerun part " +
+                                       std::to_string(r.part) + "; nothing was published");
+    }
+  }
+}
+
 // Checks the receipts against the plan, writes every byte no unit holds
 // with the units' CRC-32s (pieces joined), then publishes the output.
-std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout& l, int parts) {
-  std::string dir = parts_dir(options.path, l);
-  std::vector<Receipt> receipts = read_receipts(dir);
+std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout& l, int parts,
+                     const PartsFolder& folder) {
+  const std::string& dir = folder.path();
+  std::vector<Receipt> receipts = read_receipts(folder);
   std::map<int, const Receipt*> by_part;
   for (const auto& r : receipts) {
     if (r.plan != l.hash)
@@ -346,7 +386,8 @@ std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout
     for (const auto& d : w.destinations())
       if (fs::exists(fs::symlink_status(d))) fail_invalid(d + ": output exists (use --force to overwrite)");
   {
-    DataFiles files(dir, l.names.size(), false);
+    DataFiles files(folder, l.names.size(), false);
+    if (options.copy.verify) verify_pieces(l, by_part, files);
     std::vector<PartSink> sinks;
     for (std::size_t k = 0; k < files.size(); ++k) sinks.emplace_back(files.fd(k), l.metadata(k), l.names[k]);
     std::vector<ByteSink*> out;
@@ -374,9 +415,9 @@ std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout
 
 // This worker's pieces into the shared files.
 nlohmann::json write_pieces(PartedWriter& w, const PartedOptions& options, const PartSpec& part, const Layout& l,
-                            const std::string& dir, uint64_t& bytes) {
+                            const PartsFolder& folder, uint64_t& bytes) {
   nlohmann::json written = nlohmann::json::array();
-  DataFiles files(dir, l.names.size(), true);
+  DataFiles files(folder, l.names.size(), true);
   std::vector<PartSink> sinks;
   for (std::size_t k = 0; k < files.size(); ++k)
     sinks.emplace_back(files.fd(k), l.ranges_of(part.index, k), l.names[k], 0, options.durable);
@@ -423,20 +464,22 @@ nlohmann::json write_pieces(PartedWriter& w, const PartedOptions& options, const
 // This worker's bytes and receipt, and the finalization when its receipt
 // completes the set.
 PartOutcome write_part(PartedWriter& w, const PartedOptions& options, const PartSpec& part, const Layout& l,
-                       const std::string& dir) {
+                       const PartsFolder& folder) {
+  const std::string& dir = folder.path();
   if (!options.request.empty() && !fs::exists(dir + "/request.json")) {
     // Every worker may get here at once, with the same text: each writes its
     // own file and renames it over the name (one atomic replace).
-    std::string mine = dir + "/request.json." + std::to_string(::getpid());
+    std::string mine_name = "request.json." + std::to_string(::getpid());
+    std::string mine = folder.path_of(mine_name);
     {
-      PlainFile f(mine);
+      PlainFile f(folder, mine_name);
       f.write(options.request);
     }
     if (std::rename(mine.c_str(), (dir + "/request.json").c_str()) != 0)
       fail(ErrorCode::kOutputFailed, dir + "/request.json: " + std::strerror(errno));
   }
   uint64_t bytes = 0;
-  nlohmann::json pieces = write_pieces(w, options, part, l, dir, bytes);
+  nlohmann::json pieces = write_pieces(w, options, part, l, folder, bytes);
   check_interrupted();
   nlohmann::json receipt = {
       {"plan", l.hash}, {"part", part.index}, {"parts", part.count}, {"output", options.path}, {"pieces", pieces}};
@@ -451,7 +494,7 @@ PartOutcome write_part(PartedWriter& w, const PartedOptions& options, const Part
   // The worker whose receipt completes the set finalizes; an exclusive
   // create elects one when several complete it at once.
   std::map<int, bool> done;
-  for (const auto& r : read_receipts(dir))
+  for (const auto& r : read_receipts(folder))
     if (r.plan == l.hash && r.parts == part.count) done[r.part] = true;
   if (static_cast<int>(done.size()) < part.count) {
     std::error_code ec;
@@ -461,18 +504,16 @@ PartOutcome write_part(PartedWriter& w, const PartedOptions& options, const Part
       outcome.summary += "; " + std::to_string(done.size()) + " of " + std::to_string(part.count) + " parts done";
     return outcome;
   }
-  std::string elect = dir + "/finalizing";
-  int token = ::open(elect.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (token < 0) {
+  std::string elect = folder.path_of("finalizing");
+  if (!folder.create_exclusive("finalizing")) {
     if (errno == ENOENT)  // the folder is gone: that worker is done
       outcome.summary += "; another worker finalized " + options.path;
     else
       outcome.summary += "; another worker is finalizing (if it died, run: ckptconv finalize " + options.path + ")";
     return outcome;
   }
-  ::close(token);
   try {
-    outcome.summary += "; " + finalize(w, options, l, part.count) + " into " + options.path;
+    outcome.summary += "; " + finalize(w, options, l, part.count, folder) + " into " + options.path;
   } catch (...) {
     ::unlink(elect.c_str());  // a rerun may try again
     throw;
@@ -600,7 +641,9 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
     // receipts in it say what it was.
     Layout l = layout_of(w, options);
     std::string dir = parts_dir(options.path, l);
-    std::vector<Receipt> receipts = read_receipts(dir);
+    std::optional<PartsFolder> folder = PartsFolder::open(dir);
+    std::vector<Receipt> receipts;
+    if (folder) receipts = read_receipts(*folder);
     if (receipts.empty())
       fail(ErrorCode::kDataLoss, options.path + ": no part of this plan has been written (no receipt in " + dir +
                                      "): run the parts first, with the same source and options");
@@ -608,7 +651,7 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
       spdlog::info("a worker had begun finalizing {} and did not finish; finishing it", options.path);
     int parts = receipts.front().parts;
     assign_owners(l, parts);
-    return {true, finalize(w, options, l, parts), 0, 0};
+    return {true, finalize(w, options, l, parts, *folder), 0, 0};
   }
   if (!options.force)  // before any work, as without --part
     for (const auto& d : w.destinations())
@@ -616,9 +659,9 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
   Layout l = layout_of(w, options);
   assign_owners(l, part.count);
   std::string dir = parts_dir(options.path, l);
-  fs::create_directories(dir);
+  PartsFolder folder = PartsFolder::create(dir);
   try {
-    return write_part(w, options, part, l, dir);
+    return write_part(w, options, part, l, folder);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kInterrupted) throw;
     fail(ErrorCode::kInterrupted, "nothing was written at " + options.path + "; " + dir +
@@ -674,17 +717,18 @@ std::vector<std::string> parts_folders(const std::string& output) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     std::string name = entry.path().filename().string();
-    if (name.starts_with(prefix) && entry.is_directory(ec)) found.push_back((out.parent_path() / name).string());
+    // A link is listed too: opening it then refuses it (io/parts_folder.h).
+    if (name.starts_with(prefix) && (entry.is_directory(ec) || entry.is_symlink(ec)))
+      found.push_back((out.parent_path() / name).string());
   }
   std::sort(found.begin(), found.end());
   return found;
 }
 
 std::optional<std::string> stored_request(const std::string& folder) {
-  std::string path = folder + "/request.json";
-  if (!fs::exists(path)) return std::nullopt;
-  SourcePtr src = open_file_source(path);
-  return src->read_string(0, static_cast<std::size_t>(src->size()));
+  std::optional<PartsFolder> parts = PartsFolder::open(folder);
+  if (!parts) return std::nullopt;
+  return parts->read_file("request.json");
 }
 
 }  // namespace ckpt

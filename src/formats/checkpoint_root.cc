@@ -9,6 +9,7 @@
 #include "core/units.h"
 #include "formats/detect.h"
 #include "formats/zero/zero_reader.h"
+#include "io/containment.h"
 
 namespace ckpt {
 namespace fs = std::filesystem;
@@ -84,8 +85,13 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& sub : fs::directory_iterator(dir, ec))
-    if (sub.is_directory(ec))
+    if (sub.is_directory(ec)) {
+      // A step directory that is a link out of the folder (`step-9 ->
+      // ../secret`) would be read as one of its checkpoints: Unsafe unless
+      // --follow-links.
+      require_inside(sub.path().string(), dir);
       if (auto e = entry_of(sub.path())) out.push_back(std::move(*e));
+    }
   std::sort(out.begin(), out.end(), [](const RootEntry& a, const RootEntry& b) {
     return a.step != b.step ? a.step.value_or(-1) < b.step.value_or(-1) : a.name < b.name;
   });

@@ -48,6 +48,7 @@ JobReport run_diff(const DiffRequest& req, std::ostream& out) {
   DiffOptions options;
   options.tolerance = {req.rtol, req.atol};
   options.ignore_dtype = req.ignore_dtype;
+  options.strict = req.strict;
   options.stream = {parse_size(req.common.memory_limit), req.common.threads};
   std::optional<Error> unselected_a, unselected_b;
   CheckpointModel a = with_context("A", [&] { return read_side("A", req.a, req, unselected_a); });

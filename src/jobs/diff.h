@@ -16,6 +16,7 @@ struct DiffRequest {
   bool json = false;
   bool all = false;  // also list the equal tensors
   bool ignore_dtype = false;
+  bool strict = false;  // a BytesIO and its bytes differ
 };
 
 // The differences go to `out` (a table or JSON); exit_code 0 equal, 1 different.

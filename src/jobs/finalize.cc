@@ -74,6 +74,25 @@ std::string the_parts_folder(const std::string& output) {
   return found.front();
 }
 
+// The request in OUT's parts folder must be for OUT: one naming another
+// output (a planted or stale request.json) would make `finalize OUT` write
+// there.
+void require_same_output(const std::string& folder, const std::string& output, const std::string& cwd,
+                         const json& request) {
+  std::string named;
+  try {
+    named = request.at("output").get<std::string>();
+  } catch (const json::exception& e) {
+    fail(ErrorCode::kDataLoss, folder + "/request.json: not a request ckptconv wrote (" + e.what() + ")");
+  }
+  std::error_code ec;
+  fs::path given = fs::weakly_canonical(fs::absolute(output), ec);
+  fs::path theirs = fs::weakly_canonical(fs::path(cwd) / named, ec);
+  if (given != theirs)
+    fail(ErrorCode::kUnsafe, folder + "/request.json: its output is " + theirs.string() + ", not " + given.string() +
+                                 " (the OUT given to finalize); refused");
+}
+
 }  // namespace
 
 std::string request_json(const ConsolidateRequest& r) {
@@ -106,6 +125,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
   } catch (const std::exception& e) {
     fail(ErrorCode::kDataLoss, folder + "/request.json: not a request ckptconv wrote (" + e.what() + ")");
   }
+  require_same_output(folder, req.output, cwd, j);
   // The workers' paths are relative to where they ran.
   if (::chdir(cwd.c_str()) != 0)
     fail(ErrorCode::kDataLoss, folder + "/request.json: the workers ran in " + cwd + ", which is gone");
@@ -119,7 +139,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       c.max_shard_size = j.at("max_shard_size").get<std::string>();
       c.compression = j.at("compression").get<std::string>();
       c.finite = j.at("finite").get<bool>();
-      c.common.force = c.common.force || req.force;
+      c.common.force = req.force;  // only from this command line, never from the stored request
       c.common.no_fsync = c.common.no_fsync || req.no_fsync;
       c.part = "finalize";
       return run_consolidate(c, out);
@@ -132,7 +152,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       r.layout = j.at("layout").get<std::string>();
       r.mesh_device = j.at("mesh_device").get<std::string>();
       r.mesh_dim_names = j.at("mesh_dim_names").get<std::vector<std::string>>();
-      r.common.force = r.common.force || req.force;
+      r.common.force = req.force;  // only from this command line, never from the stored request
       r.common.no_fsync = r.common.no_fsync || req.no_fsync;
       r.part = "finalize";
       return run_reshard(r, out);

@@ -21,6 +21,50 @@
 #include "pickle/policy.h"
 
 namespace ckpt::pickle {
+
+namespace {
+
+// The allow-listed enums' members, under every module path the class has
+// had: torch 1.13-2.15 (torch/distributed/_shard/sharded_tensor/metadata.py,
+// torch/distributed/checkpoint/metadata.py) and DeepSpeed
+// (deepspeed/runtime/zero/config.py; max_stage is an alias of weights).
+struct EnumMember {
+  std::string_view module, cls, name;
+  int64_t value;
+};
+constexpr EnumMember kEnumMembers[] = {
+    {"torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING", "TORCH_CONTIGUOUS_FORMAT", 0},
+    {"torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING", "TORCH_CHANNELS_LAST", 1},
+    {"torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING", "TORCH_PRESERVE_FORMAT", 2},
+    {"torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "TORCH_CONTIGUOUS_FORMAT", 0},
+    {"torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "TORCH_CHANNELS_LAST", 1},
+    {"torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "TORCH_PRESERVE_FORMAT", 2},
+    {"deepspeed.runtime.zero.config", "ZeroStageEnum", "disabled", 0},
+    {"deepspeed.runtime.zero.config", "ZeroStageEnum", "optimizer_states", 1},
+    {"deepspeed.runtime.zero.config", "ZeroStageEnum", "gradients", 2},
+    {"deepspeed.runtime.zero.config", "ZeroStageEnum", "weights", 3},
+    {"deepspeed.runtime.zero.config", "ZeroStageEnum", "max_stage", 3},
+};
+
+}  // namespace
+
+std::optional<int64_t> enum_member_value(const Value& cls, std::string_view name) {
+  for (const EnumMember& m : kEnumMembers)
+    if (m.name == name && cls.is_global(m.module, m.cls)) return m.value;
+  return std::nullopt;
+}
+
+std::optional<int64_t> enum_value(const Value& v) {
+  if (!v.is(Kind::kCall) || !v.callable || !v.args || !v.args->is(Kind::kTuple)) return std::nullopt;
+  const auto& a = v.args->items;
+  if (v.callable->is_global("builtins", "getattr"))
+    return a.size() == 2 && a[1]->is(Kind::kStr) ? enum_member_value(*a[0], a[1]->text) : std::nullopt;
+  bool enum_class = std::any_of(std::begin(kEnumMembers), std::end(kEnumMembers),
+                                [&](const EnumMember& m) { return v.callable->is_global(m.module, m.cls); });
+  if (enum_class && a.size() == 1 && a[0]->is(Kind::kInt)) return a[0]->int_value;
+  return std::nullopt;
+}
+
 namespace {
 
 // kValue: only ever appears as a value (dtypes, storage classes, layouts,
@@ -64,11 +108,19 @@ bool device_args(const std::vector<ValuePtr>& a) {
   return (a.size() == 1 || a.size() == 2) && a[0]->is(Kind::kStr) && (a.size() == 1 || a[1]->is(Kind::kInt));
 }
 // getattr(ShardedTensor, 'ProcessGroupState'): how protocol 2 names the
-// nested class ShardedTensor.ProcessGroupState. The only getattr torch emits.
+// nested class ShardedTensor.ProcessGroupState.
 bool process_group_state_lookup(const std::vector<ValuePtr>& a) {
   return a.size() == 2 && a[0]->is_global("torch.distributed._shard.sharded_tensor.api", "ShardedTensor") &&
          a[1]->is(Kind::kStr) && a[1]->text == "ProcessGroupState";
 }
+// getattr(EnumClass, 'NAME'): an enum member as some Pythons pickle it
+// (Enum.__reduce_ex__; Debian 12's Python 3.11.2 does, for torch 1.13's
+// MEM_FORMAT_ENCODING), where others call EnumClass(value). Only the
+// allow-listed enums, each by a name it has.
+bool enum_member_lookup(const std::vector<ValuePtr>& a) {
+  return a.size() == 2 && a[1]->is(Kind::kStr) && enum_member_value(*a[0], a[1]->text).has_value();
+}
+bool getattr_args(const std::vector<ValuePtr>& a) { return process_group_state_lookup(a) || enum_member_lookup(a); }
 // _rebuild_tensor(storage, storage_offset, size, stride)
 // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
 // _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype[, metadata])
@@ -122,8 +174,9 @@ constexpr Entry kAllowed[] = {
     // io.BytesIO: a DCP item saved from a BytesIO value (torchtitan's
     // train_state); folded into its bytes when BUILD gives its state.
     {"_io", "BytesIO", Use::kNew},
-    // getattr(ShardedTensor, 'ProcessGroupState') in ShardedTensor state.
-    {"builtins", "getattr", Use::kCall, &process_group_state_lookup},
+    // getattr(ShardedTensor, 'ProcessGroupState') in ShardedTensor state,
+    // getattr(EnumClass, 'NAME') for an allow-listed enum's member.
+    {"builtins", "getattr", Use::kCall, &getattr_args},
 
     // ---- torch.save tensors (torch/_utils.py, torch/_tensor.py) ----
     {"torch._utils", "_rebuild_tensor", Use::kCall, &rebuild_tensor_args},  // files of torch 0.4-1.x
@@ -286,10 +339,11 @@ bool is_tensor_class(const Value& v) {
          v.is_global("torch.distributed.tensor", "DTensor") || v.is_global("torch.distributed._tensor.api", "DTensor");
 }
 
-// The class getattr(ShardedTensor, 'ProcessGroupState') names; every getattr
-// call was checked to be exactly that one when the stream made it.
+// The class getattr(ShardedTensor, 'ProcessGroupState') names (an enum
+// member, the other getattr a stream may make, is no class).
 bool is_process_group_state(const Value& v) {
-  return v.is(Kind::kCall) && v.callable->is_global("builtins", "getattr");
+  return v.is(Kind::kCall) && v.callable->is_global("builtins", "getattr") && v.args && v.args->is(Kind::kTuple) &&
+         process_group_state_lookup(v.args->items);
 }
 
 bool call_accepted(const Value& callable, const std::vector<ValuePtr>& args) {

@@ -7,7 +7,9 @@
 // being decoded as if it were a checkpoint and passed on.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -33,6 +35,14 @@ class GlobalPolicy {
   // `__setitem__` on something other than a plain list, dict or set.
   virtual void check_fill(const Value& target) const = 0;
 };
+
+// The value of an allow-listed enum's member `name` of class `cls` (a
+// global); nullopt when that class has no such member.
+std::optional<int64_t> enum_member_value(const Value& cls, std::string_view name);
+// The value of an enum member as a stream makes it: EnumClass(value), or
+// getattr(EnumClass, 'NAME') as Python 3.11 pickles it; nullopt for
+// anything else.
+std::optional<int64_t> enum_value(const Value& v);
 
 // Everything a torch.save checkpoint, a DCP .metadata or a per-rank FSDP file
 // legitimately names and does (docs/pickle-globals.md): tensor rebuild

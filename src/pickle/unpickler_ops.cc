@@ -238,11 +238,15 @@ void PickleMachine::add_entries(const ValuePtr& target_ptr, std::vector<ValuePtr
   // A dict as Python builds it: an unhashable key is the TypeError
   // pickle.load raises; a repeated key keeps its first place and takes the
   // last value (a damaged memo index can make either out of a valid pickle).
+  // Every identity made is charged, kept or not: what makes and compares
+  // keys is bounded by the budget, not only what a dict holds.
   auto identity = [&](const Value& key) {
-    auto id = dict_key_identity(key);
+    const uint64_t left = limits_.max_bytes > charged_ ? limits_.max_bytes - charged_ : 0;
+    auto id = dict_key_identity(key, static_cast<std::size_t>(std::min<uint64_t>(left, SIZE_MAX)));
     if (!id)
       fail_data_loss("a dict key of an unhashable type (" + type_name(key) +
                      "): Python's unpickler refuses it (TypeError)");
+    charge(id->size());
     return std::move(*id);
   };
   for (std::size_t i = 0; i < flat.size(); i += 2) {
@@ -261,14 +265,14 @@ void PickleMachine::add_entries(const ValuePtr& target_ptr, std::vector<ValuePtr
     }
     target.entries.emplace_back(std::move(flat[i]), std::move(flat[i + 1]));
     if (indexed != key_index_.end()) {
-      charge(id.size() + kSlotCost);
+      charge(kSlotCost);
       indexed->second.at.emplace(std::move(id), target.entries.size() - 1);
     } else if (target.entries.size() > kIndexedDict) {
       KeyIndex& index = key_index_[&target];
       index.dict = target_ptr;
       for (std::size_t e = 0; e < target.entries.size(); ++e) {
         std::string key = identity(*target.entries[e].first);
-        charge(key.size() + kSlotCost);
+        charge(kSlotCost);
         index.at.emplace(std::move(key), e);
       }
     }

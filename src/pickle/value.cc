@@ -2,13 +2,16 @@
 
 #include <cstdio>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "core/budgets.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "pickle/encodings.h"
 
 namespace ckpt::pickle {
@@ -331,7 +334,18 @@ void append_text(char tag, const std::string& text, std::string& out) {
   out.append(text);
 }
 
-bool append_identity(const Value& v, std::string& out, int depth) {
+[[noreturn]] void key_too_large(std::size_t max_size) {
+  fail(ErrorCode::kUnsafe, "a dict key expands to more than " + human_bytes(static_cast<double>(max_size)) +
+                               " when each shared part is counted where it appears (a key that references one "
+                               "tuple from many places): the pickle-memory budget; " +
+                               budget_hint("pickle-memory"));
+}
+
+bool append_identity(const Value& v, std::string& out, int depth, std::size_t max_size) {
+  // A key of tuples that share one tuple (each level the previous one
+  // twice) is a few bytes of pickle whose identity doubles per level: the
+  // size is checked as it grows, before it is ever hashed or compared.
+  if (out.size() > max_size) key_too_large(max_size);
   char buf[64];
   switch (v.kind) {
     case Kind::kNone: out += "N;"; return true;
@@ -359,7 +373,7 @@ bool append_identity(const Value& v, std::string& out, int depth) {
         fail_data_loss("a dict key of tuples nested deeper than " + std::to_string(kMaxKeyDepth));
       out += "(";
       for (const auto& item : v.items)
-        if (!item || !append_identity(*item, out, depth + 1)) return false;
+        if (!item || !append_identity(*item, out, depth + 1, max_size)) return false;
       out += ")";
       return true;
     case Kind::kList:
@@ -381,11 +395,29 @@ bool append_identity(const Value& v, std::string& out, int depth) {
   return true;
 }
 
+// The nodes of a key counted once per path that reaches them (a tuple that
+// holds one tuple twice counts it twice), saturating above `limit`: a lower
+// bound on its identity's length, found in one pass over its distinct nodes.
+uint64_t expanded_nodes(const Value& v, uint64_t limit, int depth, std::unordered_map<const Value*, uint64_t>& memo) {
+  if (!v.is(Kind::kTuple) || depth >= kMaxKeyDepth) return 1;
+  if (auto it = memo.find(&v); it != memo.end()) return it->second;
+  uint64_t n = 1;
+  for (const auto& item : v.items)
+    if (item) n = std::min(limit + 1, n + expanded_nodes(*item, limit, depth + 1, memo));
+  memo.emplace(&v, n);
+  return n;
+}
+
 }  // namespace
 
-std::optional<std::string> dict_key_identity(const Value& key) {
+std::optional<std::string> dict_key_identity(const Value& key, std::size_t max_size) {
+  if (key.is(Kind::kTuple)) {
+    std::unordered_map<const Value*, uint64_t> memo;
+    if (expanded_nodes(key, max_size, 0, memo) > max_size) key_too_large(max_size);
+  }
   std::string out;
-  if (!append_identity(key, out, 0)) return std::nullopt;
+  if (!append_identity(key, out, 0, max_size)) return std::nullopt;
+  if (out.size() > max_size) key_too_large(max_size);
   return out;
 }
 

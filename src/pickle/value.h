@@ -114,8 +114,9 @@ class Value {
 // metadata). Equal keys give equal strings: 1, 1.0 and True are one key, as
 // in Python; other objects compare by identity. A torch.load of a pickle
 // with an unhashable key raises TypeError, and a repeated key keeps its
-// first place with the last value: the unpickler does the same.
-std::optional<std::string> dict_key_identity(const Value& key);
+// first place with the last value: the unpickler does the same. Unsafe
+// (naming the pickle-memory budget) when the string would pass `max_size`.
+std::optional<std::string> dict_key_identity(const Value& key, std::size_t max_size);
 
 // The io.BytesIO a kBytes with `bytes_io` was, as torch.save pickles one
 // (_io.BytesIO NEWOBJ, then BUILD with (bytes, position, None)); DCP

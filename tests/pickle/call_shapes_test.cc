@@ -70,6 +70,42 @@ TEST_CASE("getattr is accepted only as getattr(ShardedTensor, 'ProcessGroupState
   CHECK(unpickle(newobj, checkpoint_policy())->newobj);
 }
 
+TEST_CASE("getattr(EnumClass, 'NAME') is accepted for an allow-listed enum's members only", "[pickle]") {
+  // Python 3.11 (Debian 12's 3.11.2 with its torch 1.13) pickles an Enum
+  // member as getattr(cls, name): protocol 2, GLOBAL getattr, GLOBAL cls,
+  // the name, TUPLE2, REDUCE.
+  auto lookup = [](const std::string& cls, const std::string& name) {
+    std::string s =
+        "\x80\x02"
+        "c__builtin__\ngetattr\n"
+        "c" +
+        cls + "\n";
+    s += 'X';
+    for (int i = 0; i < 4; ++i) s += static_cast<char>((name.size() >> (8 * i)) & 0xff);
+    return s + name + "\x86R.";
+  };
+  const std::string st = "torch.distributed._shard.sharded_tensor.metadata\nMEM_FORMAT_ENCODING";
+  const std::string dcp = "torch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING";
+  const std::string zero = "deepspeed.runtime.zero.config\nZeroStageEnum";
+  ValuePtr v = unpickle(lookup(st, "TORCH_CONTIGUOUS_FORMAT"), checkpoint_policy());
+  CHECK(enum_value(*v) == std::optional<int64_t>(0));
+  CHECK(enum_value(*unpickle(lookup(dcp, "TORCH_CHANNELS_LAST"), checkpoint_policy())) == std::optional<int64_t>(1));
+  CHECK(enum_value(*unpickle(lookup(zero, "gradients"), checkpoint_policy())) == std::optional<int64_t>(2));
+  CHECK(enum_value(*unpickle(lookup(zero, "max_stage"), checkpoint_policy())) == std::optional<int64_t>(3));
+  // the older call form has the same value
+  CHECK(enum_value(*unpickle(std::string("\x80\x02") + "c" + zero + "\nK\x02\x85R.", checkpoint_policy())) ==
+        std::optional<int64_t>(2));
+  // a name the class does not have, a dunder, another class's member, a class off the list
+  CHECK(contains(refusal(lookup(st, "TORCH_NO_SUCH_FORMAT")), "getattr("));
+  CHECK(contains(refusal(lookup(st, "__class__")), "getattr("));
+  CHECK(contains(refusal(lookup(zero, "TORCH_CONTIGUOUS_FORMAT")), "getattr("));
+  CHECK(contains(refusal(lookup("enum\nEnum", "TORCH_CONTIGUOUS_FORMAT")), "enum.Enum"));
+  // an enum member is no class: NEWOBJ on it is refused
+  std::string newobj = lookup(st, "TORCH_CONTIGUOUS_FORMAT");
+  newobj.pop_back();
+  CHECK(contains(refusal(newobj + ")\x81."), "__new__"));
+}
+
 TEST_CASE("values-only globals cannot be called", "[pickle]") {
   CHECK(contains(refusal("\x80\x02"
                          "ctorch\nfloat32\n)R."),

@@ -9,6 +9,7 @@
 #include "core/problems.h"
 #include "formats/pyobj.h"
 #include "formats/torch_pt/sharded_values.h"
+#include "pickle/policy.h"
 #include "pickle/unpickler.h"
 
 namespace ckpt::torch_pt {
@@ -71,12 +72,16 @@ ValuePtr ArchiveDecoder::copy_container(const ValuePtr& v, const std::string& pa
 }
 
 // DeepSpeed's records in ZeRO optimizer files, as plain data: the enum
-// ZeroStageEnum(n) as n, a LossScaler / DynamicLossScaler / fragment_address
+// ZeroStageEnum(n) (or getattr(ZeroStageEnum, 'NAME')) as n, a LossScaler / DynamicLossScaler / fragment_address
 // (NEWOBJ then BUILD with a dict) as that dict. The policy admitted exactly
 // these shapes; readers (formats/zero) and outputs see only plain values.
 ValuePtr deepspeed_record_as_data(const Value& v) {
-  if (v.is(Kind::kCall) && v.callable && v.callable->is_global("deepspeed.runtime.zero.config", "ZeroStageEnum"))
-    return v.args->as_sequence().at(0);
+  if (v.is(Kind::kCall) && v.callable && v.args && v.args->is(Kind::kTuple)) {
+    const bool stage = v.callable->is_global("deepspeed.runtime.zero.config", "ZeroStageEnum") ||
+                       (v.callable->is_global("builtins", "getattr") && !v.args->items.empty() &&
+                        v.args->items[0]->is_global("deepspeed.runtime.zero.config", "ZeroStageEnum"));
+    if (auto n = stage ? pickle::enum_value(v) : std::nullopt) return Value::integer(*n);
+  }
   if (v.is(Kind::kBuilt) && v.object && v.object->is(Kind::kCall) && v.object->callable &&
       v.object->callable->is(Kind::kGlobal) && v.state && v.state->is(Kind::kDict)) {
     const Value& cls = *v.object->callable;

@@ -69,6 +69,7 @@ std::string tag_dir(const std::string& src, const std::string& tag) {
       fail_invalid("--tag '" + tag + "' must name a directory inside " + src);
     fs::path dir = root / tag;
     if (!fs::is_directory(dir)) fail(ErrorCode::kNotFound, src + ": no tag directory '" + tag + "'");
+    require_inside(dir.string(), src);
     return dir.string();
   }
   if (has_model_states(root)) return root.string();
@@ -78,6 +79,7 @@ std::string tag_dir(const std::string& src, const std::string& tag) {
   fs::path dir = root / latest;
   if (!fs::is_directory(dir))
     fail(ErrorCode::kNotFound, src + ": `latest` names tag '" + latest + "', which is not a directory here");
+  require_inside(dir.string(), src);
   return dir.string();
 }
 
@@ -513,10 +515,84 @@ class ZeroReader {
     return out;
   }
 
+  uint64_t group_padding(int r, std::size_t g) const {
+    ValuePtr pads = osd(r).get("group_paddings");
+    return pads && g < pads->as_sequence().size() ? uint64_t(pads->as_sequence()[g]->as_int()) : 0;
+  }
+
+  void partition_problem(int r, const std::string& message) {
+    report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
+                                      optims_[r].path + ": " + message + "; param_shapes (in " + models_[0].path +
+                                          ") does not describe these partitions",
+                                      optims_[r].path, r});
+  }
+
+  // Every element of every rank's flat partitions belongs to one parameter
+  // of param_shapes, its alignment padding, or the group's padding at the
+  // end, exactly: one shape shortened or one parameter dropped would
+  // otherwise shift every later parameter and its optimizer state.
+  // ZeRO-1/2 (DeepSpeed's stage_1_and_2.py): group g's flat buffer is the
+  // parameters with their alignment paddings, then padding to W equal
+  // partitions of P, all of it the last rank's group_paddings[g]; each
+  // rank saves its partition without its own padding (BF16_Optimizer: with
+  // it). ZeRO-3 (stage3.py): each parameter gives every rank ceil(numel/W)
+  // elements of its (sub-)group's partition.
+  void check_partitions_cover_params(const std::vector<std::vector<const TensorEntry*>>& fp32) {
+    for (int r = 0; r < ws_; ++r)
+      if (fp32[r].size() != groups_.size())
+        partition_problem(r, std::to_string(fp32[r].size()) + " flat partitions, but param_shapes has " +
+                                 std::to_string(groups_.size()) + " groups");
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      uint64_t need = 0;
+      for (std::size_t i : groups_[g]) {
+        uint64_t numel = shape_numel(params_[i].shape);
+        need += stage_ == 3 ? (numel + ws_ - 1) / ws_ : numel;
+      }
+      if (stage_ == 3) {
+        for (int r = 0; r < ws_; ++r)
+          if (g < fp32[r].size() && uint64_t(fp32[r][g]->shape.at(0)) != need)
+            partition_problem(r, "flat partition " + std::to_string(g) + " holds " +
+                                     std::to_string(fp32[r][g]->shape.at(0)) + " elements, its parameters " +
+                                     std::to_string(need));
+        continue;
+      }
+      for (int64_t pad : alignment_paddings(g)) need += uint64_t(pad);
+      if (g >= fp32[0].size()) continue;
+      const uint64_t p = partition_size(g);
+      for (int r = 0; r < ws_; ++r) {
+        if (g >= fp32[r].size()) continue;
+        uint64_t held = uint64_t(fp32[r][g]->shape.at(0)) + (bf16_optimizer_ ? 0 : group_padding(r, g));
+        if (held != p)
+          partition_problem(r, "partition " + std::to_string(g) + " holds " + std::to_string(held) +
+                                   " elements with its padding, rank 0's " + std::to_string(p));
+      }
+      const uint64_t tail = group_padding(ws_ - 1, g);
+      if (need + tail != p * uint64_t(ws_))
+        partition_problem(ws_ - 1, "param group " + std::to_string(g) + "'s parameters take " + std::to_string(need) +
+                                       " elements with their alignment padding and the group's padding " +
+                                       std::to_string(tail) + ", but its " + std::to_string(ws_) + " partitions hold " +
+                                       std::to_string(p * uint64_t(ws_)));
+    }
+  }
+
+  // A trainable parameter's module entry (the low-precision copy; ZeRO-3
+  // leaves it empty) has the shape param_shapes gives it.
+  void check_module_shape(const Value& entry, const ParamSlot& slot) {
+    const Decoded& m0 = models_[0];
+    if (!tensor_ref_index(entry)) return;
+    const TensorEntry& t = m0.tensor(entry, m0.path + ": module '" + slot.name + "'");
+    if (shape_numel(t.shape) == 0 || t.shape == slot.shape) return;
+    report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
+                                      m0.path + ": module '" + slot.name + "' has shape " + shape_str(t.shape) +
+                                          ", param_shapes says " + shape_str(slot.shape),
+                                      m0.path, 0, "model." + slot.name});
+  }
+
   void build(CheckpointModel& model) {
     // fp32 master weights and the per-parameter optimizer state.
     std::vector<std::vector<const TensorEntry*>> fp32(ws_);
     for (int r = 0; r < ws_; ++r) fp32[r] = fp32_parts(r);
+    check_partitions_cover_params(fp32);
     std::size_t ngroups = fp32[0].size();
     std::vector<std::size_t> master = gather(model, fp32, "model.", "");
 
@@ -549,7 +625,10 @@ class ZeroReader {
     const Decoded& m0 = models_[0];
     const Value& module = as_dict(*at(*m0.root, "module", m0.path));
     std::map<std::string, std::size_t> trainable;
-    for (std::size_t i = 0; i < params_.size(); ++i) trainable[params_[i].name] = master[i];
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      trainable[params_[i].name] = master[i];
+      param_index_[params_[i].name] = i;
+    }
     auto model_dict = Value::dict({}, true);
     std::map<std::string, ValuePtr> refs;
     for (const auto& [k, v] : module.entries) {
@@ -558,6 +637,7 @@ class ZeroReader {
       std::size_t idx;
       if (auto it = trainable.find(name); it != trainable.end()) {
         idx = it->second;
+        check_module_shape(*v, params_[param_index_.at(name)]);
       } else if (is_frozen(name)) {
         idx = frozen(model, name);
       } else {
@@ -757,12 +837,13 @@ class ZeroReader {
   int ws_ = 0;
   int stage_ = 0;
   bool bf16_optimizer_ = false;
-  std::vector<ParamSlot> params_;                  // param_shapes order, groups concatenated
-  std::vector<std::vector<std::size_t>> groups_;   // param indices per group
-  std::map<std::string, std::string> shared_;      // alias -> owner
-  std::map<std::string, std::size_t> module_pos_;  // module entry -> its position
-  std::set<std::string> frozen_names_;             // frozen_param_shapes (ZeRO-2/3)
-  std::set<std::string> buffer_names_;             // module buffers (persistent)
+  std::vector<ParamSlot> params_;                   // param_shapes order, groups concatenated
+  std::map<std::string, std::size_t> param_index_;  // name -> index in params_
+  std::vector<std::vector<std::size_t>> groups_;    // param indices per group
+  std::map<std::string, std::string> shared_;       // alias -> owner
+  std::map<std::string, std::size_t> module_pos_;   // module entry -> its position
+  std::set<std::string> frozen_names_;              // frozen_param_shapes (ZeRO-2/3)
+  std::set<std::string> buffer_names_;              // module buffers (persistent)
   std::map<std::pair<const Decoded*, std::string>, std::map<std::string, ValuePtr>> indexes_;
 };
 

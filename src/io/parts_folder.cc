@@ -1,0 +1,131 @@
+#include "io/parts_folder.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+
+namespace ckpt {
+namespace {
+
+[[noreturn]] void refuse(const std::string& path, const std::string& why) {
+  fail(ErrorCode::kUnsafe, path + ": " + why +
+                               "; a --part run's folder and files are its own, so this is refused: remove it and "
+                               "rerun the parts");
+}
+
+// The folder's own checks, on the descriptor opened without following a link.
+void check_folder(const std::string& path, int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail(ErrorCode::kOutputFailed, path + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) refuse(path, "not a directory");
+  if (st.st_uid != ::geteuid()) refuse(path, "owned by another user (uid " + std::to_string(st.st_uid) + ")");
+}
+
+int open_folder(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return -1;
+    if (errno == ELOOP || errno == ENOTDIR) {
+      struct stat st {};
+      bool link = ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+      refuse(path, link ? "a symbolic link" : "not a directory");
+    }
+    fail(ErrorCode::kOutputFailed, path + ": " + std::strerror(errno));
+  }
+  check_folder(path, fd);
+  return fd;
+}
+
+}  // namespace
+
+PartsFolder PartsFolder::create(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+    fail(ErrorCode::kOutputFailed, path + ": cannot create the parts folder: " + std::strerror(errno));
+  int fd = open_folder(path);
+  if (fd < 0) fail(ErrorCode::kOutputFailed, path + ": the parts folder was removed while it was being made");
+  return PartsFolder(path, fd);
+}
+
+std::optional<PartsFolder> PartsFolder::open(const std::string& path) {
+  int fd = open_folder(path);
+  if (fd < 0) return std::nullopt;
+  return PartsFolder(path, fd);
+}
+
+PartsFolder::~PartsFolder() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+PartsFolder::PartsFolder(PartsFolder&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+int PartsFolder::open_checked(const std::string& name, int flags) const {
+  const std::string path = path_of(name);
+  // O_NONBLOCK: a FIFO planted here must not block the open; it is refused below.
+  int fd = ::openat(fd_, name.c_str(), flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0) {
+    if (errno == ENOENT) return -1;
+    if (errno == ELOOP) refuse(path, "a symbolic link");
+    if (errno == EISDIR || errno == ENXIO) refuse(path, "not a regular file");
+    fail(ErrorCode::kOutputFailed, path + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  std::string why;
+  if (::fstat(fd, &st) != 0)
+    why = std::strerror(errno);
+  else if (!S_ISREG(st.st_mode))
+    why = "not a regular file";
+  else if (st.st_uid != ::geteuid())
+    why = "owned by another user (uid " + std::to_string(st.st_uid) + ")";
+  else if (st.st_nlink != 1)  // a hard link to an input would be written through
+    why = "a file with " + std::to_string(st.st_nlink) + " links (another name elsewhere)";
+  if (!why.empty()) {
+    ::close(fd);
+    refuse(path, why);
+  }
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    ::close(fd);
+    fail(ErrorCode::kOutputFailed, path + ": " + std::strerror(errno));
+  }
+  return fd;
+}
+
+int PartsFolder::open_file(const std::string& name, bool create) const {
+  return open_checked(name, O_RDWR | (create ? O_CREAT : 0));
+}
+
+std::optional<std::string> PartsFolder::read_file(const std::string& name) const {
+  int fd = open_checked(name, O_RDONLY);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0) text.resize(static_cast<std::size_t>(st.st_size));
+  std::size_t at = 0;
+  while (at < text.size()) {
+    ssize_t got = ::read(fd, text.data() + at, text.size() - at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    at += static_cast<std::size_t>(got);
+  }
+  ::close(fd);
+  text.resize(at);
+  return text;
+}
+
+bool PartsFolder::create_exclusive(const std::string& name) const {
+  int fd = ::openat(fd_, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST || errno == ENOENT) return false;  // errno says which
+    fail(ErrorCode::kOutputFailed, path_of(name) + ": " + std::strerror(errno));
+  }
+  ::close(fd);
+  return true;
+}
+
+}  // namespace ckpt

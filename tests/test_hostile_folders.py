@@ -1,0 +1,71 @@
+"""Folders of checkpoints and DeepSpeed tags that are links out of the folder
+(#37 row 6): the symlink rule that covers a checkpoint's own files covers
+the checkpoints a folder holds too. A step directory `step-9 -> ../secret`,
+or a DeepSpeed `latest` naming a linked tag, is exit 3 naming the link,
+unless --follow-links; a link that stays inside the folder is read."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DCP = REPO / "testdata" / "dcp" / "fsdp2_adamw_ws2"
+ZERO = REPO / "testdata" / "zero" / "z2_bf16_ws2"
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """ckpt/step-100 (a real DCP checkpoint) and secret/ outside the folder: ckpt/step-200 -> ../secret."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    shutil.copytree(DCP, root / "step-100")
+    shutil.copytree(DCP, tmp_path / "secret")
+    (root / "step-200").symlink_to(Path("..") / "secret", target_is_directory=True)
+    return root
+
+
+@pytest.mark.parametrize("args", [["inspect"], ["validate"], ["consolidate", "--tag", "latest"],
+                                  ["consolidate", "--tag", "step-200"], ["consolidate", "--tag", "step-100"]])
+def test_a_step_directory_linked_out_of_the_folder_is_refused(args, folder, tmp_path, run_ckptconv):
+    command, *rest = args
+    out = ["-o", tmp_path / "out.pt"] if command == "consolidate" else []
+    r = run_ckptconv(command, folder, *rest, *out)
+    said = r.stdout + r.stderr  # validate reports on stdout
+    assert r.returncode == 3, said
+    assert "step-200 resolves to" in said and "outside the checkpoint directory" in said, said
+    assert "--follow-links" in said
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_follow_links_reads_a_linked_step_directory(folder, tmp_path, run_ckptconv):
+    r = run_ckptconv("--follow-links", "consolidate", folder, "--tag", "latest", "-o", tmp_path / "out.pt")
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("diff", tmp_path / "out.pt", tmp_path / "secret")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_link_that_stays_inside_the_folder_is_read(folder, tmp_path, run_ckptconv):
+    (folder / "step-200").unlink()
+    (folder / "step-200").symlink_to("step-100", target_is_directory=True)
+    r = run_ckptconv("consolidate", folder, "--tag", "latest", "-o", tmp_path / "out.pt")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("how", ["latest", "tag"])
+def test_a_deepspeed_tag_linked_out_of_the_folder_is_refused(how, tmp_path, run_ckptconv):
+    root = tmp_path / "ds"
+    root.mkdir()
+    (tag,) = [p for p in ZERO.iterdir() if p.is_dir()]
+    shutil.copytree(tag, tmp_path / "secret_tag")
+    (root / tag.name).symlink_to(tmp_path / "secret_tag", target_is_directory=True)
+    (root / "latest").write_text(tag.name)
+    extra = ["--tag", tag.name] if how == "tag" else []
+    r = run_ckptconv("consolidate", root, *extra, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "outside the checkpoint directory" in r.stderr and "--follow-links" in r.stderr, r.stderr
+    assert not (tmp_path / "out.pt").exists()
+    r = run_ckptconv("--follow-links", "consolidate", root, *extra, "-o", tmp_path / "out.pt")
+    assert r.returncode == 0, r.stderr
