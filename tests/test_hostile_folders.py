@@ -69,3 +69,25 @@ def test_a_deepspeed_tag_linked_out_of_the_folder_is_refused(how, tmp_path, run_
     assert not (tmp_path / "out.pt").exists()
     r = run_ckptconv("--follow-links", "consolidate", root, *extra, "-o", tmp_path / "out.pt")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("latest,says", [
+    ("../x", "names '../x', which is not a directory inside"),
+    ("/etc", "names '/etc', which is not a directory inside"),
+    ("", "names '', which is not a directory inside"),
+    ("A" * 100_000, "longer than a directory name can be"),
+])
+@pytest.mark.parametrize("tag", [[], ["--tag", "latest"]], ids=["no-tag", "tag-latest"])
+def test_a_latest_that_names_no_tag_is_an_input_fault(latest, says, tag, tmp_path, run_ckptconv):
+    """#37 row 8: a `latest` of ../x was exit 2 (a usage error), a 100 KB one
+    was echoed whole. Now exit 3 naming the file, quoting at most 64 bytes."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    (tag_dir,) = [p for p in ZERO.iterdir() if p.is_dir()]
+    shutil.copytree(tag_dir, root / tag_dir.name)
+    (root / "latest").write_text(latest)
+    r = run_ckptconv("consolidate", root, *tag, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert f"{root / 'latest'}: " in r.stderr and says in r.stderr, r.stderr
+    assert len(r.stderr) < 1000, len(r.stderr)
+    assert not (tmp_path / "out.pt").exists()

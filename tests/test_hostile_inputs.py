@@ -4,6 +4,7 @@ nothing. The subprocess timeouts are hang guards, not timings."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -569,3 +570,22 @@ def test_dict_key_of_a_few_shared_tuples_still_reads(tmp_path, run_ckptconv):
     pt_with_data_pkl(src, _shared_tuple_key_dag(6))
     r = run_ckptconv("inspect", src)
     assert r.returncode == 0, r.stderr
+
+
+def test_hdf5_dict_listing_a_key_twice_is_an_input_fault(tmp_path, run_ckptconv, testdata):
+    """#37 row 8: ckptconv.keys ["w", "w", "w"] validated (exit 0) and then
+    failed to write as .h5 (exit 4, 'unable to create link'). A dict has each
+    key once: exit 3, and validate reports it as a problem (exit 1)."""
+    h5py = pytest.importorskip("h5py")
+    src = tmp_path / "twice.h5"
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", src, "--only", "model")
+    assert r.returncode == 0, r.stderr
+    with h5py.File(src, "r+") as f:
+        first = json.loads(f.attrs["ckptconv.keys"])[0]
+        f.attrs["ckptconv.keys"] = json.dumps([first, first, first])
+    for args in (["validate", src], ["consolidate", src, "-o", tmp_path / "o.h5"], ["inspect", src]):
+        r = run_ckptconv(*args)
+        said = r.stdout + r.stderr
+        assert r.returncode == (1 if args[0] == "validate" else 3), f"{args[0]}: {said}"
+        assert "lists the key" in said and "twice" in said, said
+    assert not (tmp_path / "o.h5").exists()

@@ -84,7 +84,6 @@ bool DiffReport::equal() const {
   return only_in_a.empty() && only_in_b.empty() && values.empty() && structure.empty() && tensors_differing() == 0;
 }
 
-
 uint64_t diff_read_bytes(const CheckpointModel& a, const CheckpointModel& b) {
   Matching m = match_leaves(a, b);
   uint64_t total = 0;

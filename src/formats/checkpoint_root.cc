@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "formats/detect.h"
+#include "formats/latest_file.h"
 #include "formats/zero/zero_reader.h"
 #include "io/containment.h"
 
@@ -64,14 +65,6 @@ std::optional<RootEntry> entry_of(const fs::path& dir) {
   return e;
 }
 
-std::string read_latest(const fs::path& file) {
-  std::ifstream in(file);
-  std::string tag;
-  std::getline(in, tag);
-  while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
-  return tag;
-}
-
 std::string listing(const std::string& dir, const std::vector<RootEntry>& entries) {
   std::string names;
   for (const auto& e : entries) names += (names.empty() ? "" : ", ") + e.name + (e.complete ? "" : " (incomplete)");
@@ -115,6 +108,7 @@ std::string resolve_checkpoint(const std::string& src, const std::string& tag) {
   std::vector<RootEntry> entries = list_checkpoints(src);
   if (entries.empty()) return src;  // detect_source names what is missing
   if (tag.empty()) {
+    read_latest_tag(fs::path(src) / "latest");  // a `latest` there must name a tag, read or not
     if (entries.size() == 1 && entries[0].complete) return entries[0].path;
     fail_invalid(listing(src, entries) + "; choose one with --tag NAME, or --tag latest for " +
                  (fs::exists(fs::path(src) / "latest") ? "the one the file `latest` names"
@@ -123,7 +117,7 @@ std::string resolve_checkpoint(const std::string& src, const std::string& tag) {
   std::string name = tag;
   if (tag == "latest") {
     if (fs::is_regular_file(fs::path(src) / "latest")) {
-      name = read_latest(fs::path(src) / "latest");
+      name = *read_latest_tag(fs::path(src) / "latest");
     } else {
       const RootEntry* best = nullptr;
       for (const auto& e : entries)

@@ -104,9 +104,12 @@ class Hdf5Reader {
       Json keys = Json::parse(keys_text.value_or(""), nullptr, false);
       if (!keys.is_array()) fail_data_loss("group '" + where + "': ckptconv.keys is not a JSON array");
       std::vector<std::pair<ValuePtr, ValuePtr>> entries;
+      std::set<std::string> seen;  // a dict has each key once: the writer never repeats one
       for (const auto& k : keys) {
         if (!k.is_string() && !k.is_number_integer())
           fail_data_loss("group '" + where + "': a key is neither str nor int");
+        if (!seen.insert(k.dump()).second)
+          fail_data_loss("group '" + where + "': ckptconv.keys lists the key " + k.dump().substr(0, 64) + " twice");
         ValuePtr key = k.is_string() ? Value::str(k.get<std::string>()) : Value::integer(k.get<int64_t>());
         std::string component = path_component(*key);
         entries.emplace_back(key, read_child(group, component, join_path(path, component), depth));

@@ -15,6 +15,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "formats/latest_file.h"
 #include "formats/pyobj.h"
 #include "formats/torch_pt/pt_reader.h"
 #include "io/containment.h"
@@ -43,13 +44,6 @@ struct TagFiles {
   bool per_rank_model = false;
 };
 
-std::string read_latest(const fs::path& root) {
-  std::ifstream in(root / "latest");
-  std::string tag((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
-  return tag;
-}
-
 bool has_model_states(const fs::path& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -73,9 +67,9 @@ std::string tag_dir(const std::string& src, const std::string& tag) {
     return dir.string();
   }
   if (has_model_states(root)) return root.string();
-  std::string latest = read_latest(root);
-  if (latest.empty() || latest.find('/') != std::string::npos || latest == "..")
-    fail_data_loss(src + "/latest does not name a tag directory ('" + latest + "')");
+  std::optional<std::string> named = read_latest_tag(root / "latest");
+  if (!named) fail(ErrorCode::kNotFound, src + ": no `latest` file and no --tag: give --tag NAME");
+  const std::string& latest = *named;
   fs::path dir = root / latest;
   if (!fs::is_directory(dir))
     fail(ErrorCode::kNotFound, src + ": `latest` names tag '" + latest + "', which is not a directory here");
@@ -853,10 +847,13 @@ bool is_zero_checkpoint(const std::string& dir) {
   std::error_code ec;
   fs::path root(dir);
   if (has_model_states(root)) return true;
-  if (!fs::is_regular_file(root / "latest", ec)) return false;
-  std::string tag = read_latest(root);
-  return !tag.empty() && tag.find('/') == std::string::npos && fs::is_directory(root / tag, ec) &&
-         has_model_states(root / tag);
+  std::optional<std::string> tag;
+  try {
+    tag = read_latest_tag(root / "latest");
+  } catch (const Error&) {
+    return false;  // a `latest` that names no tag: the folder's listing says so
+  }
+  return tag && fs::is_directory(root / *tag, ec) && has_model_states(root / *tag);
 }
 
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,

@@ -1,0 +1,20 @@
+// The file `latest` beside a training job's checkpoints (DeepSpeed writes
+// one; torchtitan-style folders may have one): the name of the tag or step
+// directory to read, as text. It is input like any other, so it is bounded
+// and checked before it names a directory or appears in a message.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace ckpt {
+
+// The tag `file` names: its first line without trailing whitespace;
+// nullopt when there is no such file. DataLoss naming the file (and at most
+// the first 64 bytes of what it holds) when it is longer than a directory
+// name can be (NAME_MAX, 255 bytes), or when the tag is empty, ".", "..",
+// or holds '/' or NUL: not a directory directly inside the folder.
+std::optional<std::string> read_latest_tag(const std::filesystem::path& file);
+
+}  // namespace ckpt
