@@ -62,3 +62,28 @@ def test_unchanged_param_shapes_still_consolidate(case, tmp_path, run_ckptconv):
     assert r.returncode == 0, r.stderr
     r = run_ckptconv("diff", tmp_path / "full.pt", ZERO / case)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_made_up_empty_param_shapes_entries_are_refused_in_bounded_memory(tmp_path, ckptconv):
+    """#37 row 7: 27,000 made-up entries of shape [0] (1.0 MB of model
+    states) took 445 MB, about 12 KB per entry, each becoming a tensor for the
+    master and every optimizer state. param_shapes names the module's own
+    parameters: one that is not in module is refused before anything is built
+    per parameter, so peak memory stays within the documented pickle-memory
+    budget of the file (64 MiB + 128 x its bytes), which the old reader
+    exceeded (218 MB)."""
+    import subprocess
+
+    def add(shapes):
+        for i in range(27_000):
+            shapes[0][f"e{i}"] = torch.Size([0])
+
+    src = _mutated(tmp_path, "z2_bf16_ws2", add)
+    (states,) = src.glob("*/mp_rank_00_model_states.pt")
+    budget_kb = (64 * 2**20 + 128 * states.stat().st_size) / 1024
+    r = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", str(ckptconv), "validate", str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "param_shapes names 'e0', which is not in module" in r.stdout, r.stdout
+    peak_kb = int(r.stderr.rsplit("maxrss_kb=", 1)[1].split()[0])
+    assert peak_kb < budget_kb, (peak_kb, budget_kb)
