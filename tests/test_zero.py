@@ -6,6 +6,7 @@ DeepSpeed's own zero_to_fp32 output (reference_fp32.pt)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -197,3 +198,32 @@ def test_tag_directory_latest_and_tag_option(tmp_path, run_ckptconv):
     assert r.returncode == 3 and "global_step9" in r.stderr, r.stderr
     r = run_ckptconv("inspect", root, "--tag", "global_step7")
     assert r.returncode == 3 and "no tag directory 'global_step7'" in r.stderr, r.stderr
+
+
+def test_inspect_of_a_deepspeed_folder_lists_every_tag(tmp_path, run_ckptconv):
+    """#30 row 6: global_step2, global_step3 (named by `latest`) and a
+    half-written global_step4 (its optimizer files never written): inspect
+    lists all three as other folders are listed, which is complete, and which
+    one `latest` names; reading the folder still reads what `latest` names."""
+    tag = ZERO / "z2_bf16_ws2" / "global_step3"
+    root = tmp_path / "ds"
+    root.mkdir()
+    for step in (2, 3, 4):
+        shutil.copytree(tag, root / f"global_step{step}")
+    for f in (root / "global_step4").glob("*optim_states.pt"):
+        f.unlink()
+    (root / "latest").write_text("global_step3")
+    r = run_ckptconv("inspect", root)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "a folder of 3 checkpoints" in lines[0], r.stdout
+    assert "global_step2" in lines[1] and "complete" in lines[1] and "world size 2" in lines[1], r.stdout
+    assert "global_step3" in lines[2] and lines[2].endswith("<- latest"), r.stdout
+    assert "global_step4" in lines[3] and "INCOMPLETE" in lines[3], r.stdout
+    listed = json.loads(run_ckptconv("inspect", root, "--json").stdout)["checkpoints"]
+    assert [(c["name"], c["complete"], c["latest"], c["world_size"]) for c in listed] == [
+        ("global_step2", True, False, 2), ("global_step3", True, True, 2), ("global_step4", False, False, None)]
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", root, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert run_ckptconv("diff", out, ZERO / "z2_bf16_ws2").returncode == 0

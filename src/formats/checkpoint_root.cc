@@ -49,7 +49,12 @@ std::optional<RootEntry> entry_of(const fs::path& dir) {
   e.name = dir.filename().string();
   e.path = dir.string();
   e.step = last_number(e.name);
-  if (auto kind = directory_kind(e.path)) {
+  if (zero::holds_zero_files(e.path)) {  // a DeepSpeed tag: its file names say whether every rank's are there
+    e.kind = source_format_name(SourceKind::kZero);
+    std::optional<int> ws = zero::tag_world_size(e.path);
+    e.complete = ws.has_value();
+    e.world_size = ws.value_or(-1);
+  } else if (auto kind = directory_kind(e.path)) {
     e.kind = source_format_name(*kind);
     e.complete = true;
     e.world_size = distcp_world_size(*kind == SourceKind::kDcpPair ? dir / dcp_pair_model_dir : dir);
@@ -88,6 +93,9 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir) {
   std::sort(out.begin(), out.end(), [](const RootEntry& a, const RootEntry& b) {
     return a.step != b.step ? a.step.value_or(-1) < b.step.value_or(-1) : a.name < b.name;
   });
+  if (!out.empty())
+    if (auto latest = read_latest_tag(fs::path(dir) / "latest"))
+      for (auto& e : out) e.latest = e.latest || e.name == *latest;
   return out;
 }
 
@@ -157,7 +165,10 @@ std::string describe_root(const std::string& dir, const std::vector<RootEntry>& 
     line += "step " + (e.step ? std::to_string(*e.step) : std::string("?")) + "  " + e.kind + "  world size " +
             (e.world_size > 0 ? std::to_string(e.world_size) : std::string("?")) + "  " +
             human_bytes(static_cast<double>(directory_bytes(e.path))) + "  " +
-            (e.complete ? "complete" : "INCOMPLETE (no metadata)");
+            (e.complete                                        ? "complete"
+             : e.kind == source_format_name(SourceKind::kZero) ? "INCOMPLETE (a rank's files are missing)"
+                                                               : "INCOMPLETE (no metadata)") +
+            (e.latest ? "  <- latest" : "");
     out += line + "\n";
   }
   return out;

@@ -1,8 +1,9 @@
 // Training output folders that hold many checkpoints ("checkpoint roots"):
 // torchtitan's `checkpoint/step-<N>/`, Accelerate's
 // `checkpoints/checkpoint_<N>/`, Lightning's `epoch=E-step=S.ckpt/`, or any
-// folder of DCP directories. (A DeepSpeed folder with `latest` and tag
-// directories is read by the ZeRO reader itself.)
+// folder of DCP directories. A DeepSpeed folder with `latest` and tag
+// directories is read by the ZeRO reader itself (its --tag), and listed
+// here for inspect.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@ struct RootEntry {
   bool complete = false;        // its metadata is present (a save that finished)
   std::optional<int64_t> step;  // the last number in its name
   int world_size = -1;          // from its .distcp / rank file names, -1 when unknown
+  bool latest = false;          // the one the folder's `latest` file names
 };
 
 // The checkpoints directly inside `dir`, ordered by step then name; empty

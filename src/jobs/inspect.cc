@@ -4,6 +4,7 @@
 
 #include "formats/checkpoint_root.h"
 #include "formats/detect.h"
+#include "formats/zero/zero_reader.h"
 #include "model/describe.h"
 
 namespace ckpt::jobs {
@@ -25,7 +26,8 @@ JobReport list_root(const InspectRequest& req, std::ostream& out) {
            {"format", e.kind},
            {"world_size", e.world_size > 0 ? nlohmann::ordered_json(e.world_size) : nlohmann::ordered_json()},
            {"bytes", directory_bytes(e.path)},
-           {"complete", e.complete}});
+           {"complete", e.complete},
+           {"latest", e.latest}});
     out << j.dump(2) << "\n";
   } else {
     out << describe_root(req.common.source, entries);
@@ -39,7 +41,11 @@ JobReport list_root(const InspectRequest& req, std::ostream& out) {
 }  // namespace
 
 JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
-  if (req.common.files.empty() && req.common.tag.empty() && is_checkpoint_root(req.common.source))
+  // A DeepSpeed folder is one checkpoint to its reader (the tag `latest`
+  // names); holding several tags, it is listed like any folder of them.
+  if (req.common.files.empty() && req.common.tag.empty() &&
+      (is_checkpoint_root(req.common.source) ||
+       (zero::is_deepspeed_root(req.common.source) && list_checkpoints(req.common.source).size() > 1)))
     return list_root(req, out);
   CheckpointModel model = read_checkpoint(req.common.source, {req.common.files, "", nullptr, req.common.tag, true});
   if (req.json)

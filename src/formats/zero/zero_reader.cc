@@ -878,6 +878,42 @@ bool is_zero_checkpoint(const std::string& dir) {
   return tag && fs::is_directory(root / *tag, ec) && has_model_states(root / *tag);
 }
 
+bool is_deepspeed_root(const std::string& dir) {
+  std::error_code ec;
+  if (has_model_states(fs::path(dir))) return false;
+  for (const auto& sub : fs::directory_iterator(dir, ec))
+    if (sub.is_directory(ec) && has_model_states(sub.path())) return true;
+  return false;
+}
+
+bool holds_zero_files(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with("_optim_states.pt") || name.ends_with("_model_states.pt")) return true;
+  }
+  return false;
+}
+
+std::optional<int> tag_world_size(const std::string& dir) {
+  static const std::regex optim_re(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_00_optim_states\.pt$)");
+  static const std::regex rank_model_re(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
+  std::set<int> optim, model;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, optim_re))
+      optim.insert(std::stoi(m[2]));
+    else if (std::regex_match(name, m, rank_model_re))
+      model.insert(std::stoi(m[1]));
+  }
+  const int n = static_cast<int>(optim.size());
+  if (n == 0 || *optim.rbegin() != n - 1 || !has_model_states(fs::path(dir))) return std::nullopt;
+  if (!model.empty() && model != optim) return std::nullopt;  // ZeRO-3: one model-states file per rank
+  return n;
+}
+
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
                           ProblemSink* problems) {
   std::string dir = tag_dir(src, tag);
