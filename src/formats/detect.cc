@@ -39,12 +39,17 @@ void check_not_one_rank_alone(const std::string& src, bool allowed) {
       zero::is_zero_checkpoint(dir.string()))
     part_of = " is one file of the DeepSpeed ZeRO checkpoint " + dir.string() +
               ": pass the directory (or the folder holding `latest`)";
-  if (auto rank_name = fsdp_ranks::parse_rank_file_name(name); part_of.empty() && rank_name && !rank_name->auxiliary) {
+  std::optional<fsdp_ranks::RankFileName> rank_name;
+  std::vector<std::pair<std::string, fsdp_ranks::RankFileName>> siblings;
+  if (part_of.empty() && file.has_extension()) {
+    siblings = fsdp_ranks::name_rank_files(fsdp_ranks::list_rank_files(dir.string()));
+    for (const auto& [path, n] : siblings)
+      if (fs::path(path).filename() == file.filename() && !n.auxiliary) rank_name = n;
+  }
+  if (rank_name) {
     std::size_t family = 0;
-    for (const auto& sibling : fsdp_ranks::list_rank_files(dir.string())) {
-      auto other = fsdp_ranks::parse_rank_file_name(fs::path(sibling).filename().string());
-      if (other && other->tmpl == rank_name->tmpl) ++family;
-    }
+    for (const auto& [path, other] : siblings)
+      if (other.tmpl == rank_name->tmpl) ++family;
     if (family > 1)
       part_of = " is rank " + std::to_string(rank_name->rank) + " of the per-rank checkpoint " + dir.string() + " (" +
                 std::to_string(family) + " files " + rank_name->tmpl +

@@ -66,7 +66,7 @@ std::vector<RankFamily> output_families(const CheckpointModel& model, const std:
   if (model.info.kind == SourceKind::kFsdpRanks) {
     std::vector<fsdp_ranks::RankFileName> names;
     for (const auto& f : model.info.families)
-      names.push_back(*fsdp_ranks::parse_rank_file_name(fs::path(f.first_file).filename().string()));
+      names.push_back(fsdp_ranks::name_rank_files(f.files).at(0).second);  // as the reader named them
     if (names.size() == 1) return {{names[0], model.root}};
     if (names.size() == 2 && pair) {
       if (names[0].kind == "optim") std::swap(names[0], names[1]);

@@ -251,7 +251,6 @@ CheckpointModel read_family(const Family& family, ProblemSink* sink) {
 }
 
 std::vector<Family> group_families(const std::vector<std::string>& paths) {
-  std::vector<Family> families;
   for (const auto& path : paths) {
     std::error_code ec;
     if (!fs::exists(path, ec)) {
@@ -260,16 +259,24 @@ std::vector<Family> group_families(const std::vector<std::string>& paths) {
       if (path.find_first_of("*?[") != std::string::npos) fail_invalid(path + ": no file matches this pattern");
       fail(ErrorCode::kNotFound, path + ": no such file or directory");
     }
-    auto name = parse_rank_file_name(fs::path(path).filename().string());
-    if (!name)
-      fail_invalid(path + ": no rank in its file name (expected *rank{r}*.pt/.bin or *_world_size_{N}_rank_{r}.pt)");
-    if (name->auxiliary) {
+  }
+  std::vector<std::string> unnamed;
+  std::vector<std::pair<std::string, RankFileName>> named = name_rank_files(paths, &unnamed);
+  if (!unnamed.empty())
+    fail_invalid(unnamed.front() +
+                 ": no rank in its file name (expected *rank{r}*.pt/.bin, *_world_size_{N}_rank_{r}.pt, or files "
+                 "whose names differ only in the rank: model_shard_{r}.pt, {r}.pt)");
+  // In path order, whichever rule named them.
+  std::sort(named.begin(), named.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Family> families;
+  for (const auto& [path, name] : named) {
+    if (name.auxiliary) {
       log::info("skipping " + path + ": not a state dict (veRL extra state)");
       continue;
     }
-    auto it = std::find_if(families.begin(), families.end(), [&](const Family& f) { return f.tmpl == name->tmpl; });
-    if (it == families.end()) it = families.insert(families.end(), Family{name->tmpl, name->kind, {}});
-    it->files.emplace_back(path, *name);
+    auto it = std::find_if(families.begin(), families.end(), [&](const Family& f) { return f.tmpl == name.tmpl; });
+    if (it == families.end()) it = families.insert(families.end(), Family{name.tmpl, name.kind, {}});
+    it->files.emplace_back(path, name);
   }
   return families;
 }
@@ -363,13 +370,10 @@ CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only,
     return read_fsdp_rank_files(files, src, only, sink);
   }
   // Like a directory, a glob may catch files that name no rank (model_full.pt): they are skipped.
-  std::vector<std::string> files;
-  for (const auto& path : expand_glob(src)) {
-    if (parse_rank_file_name(fs::path(path).filename().string()))
-      files.push_back(path);
-    else
-      log::info("skipping " + path + ": no rank in its file name");
-  }
+  std::vector<std::string> files, unnamed;
+  for (const auto& [path, name] : name_rank_files(expand_glob(src), &unnamed)) files.push_back(path);
+  for (const auto& path : unnamed) log::info("skipping " + path + ": no rank in its file name");
+  std::sort(files.begin(), files.end());
   if (files.empty()) fail(ErrorCode::kNotFound, src + ": matches no per-rank files (*rank{r}*.pt)");
   return read_fsdp_rank_files(files, src, only, sink);
 }

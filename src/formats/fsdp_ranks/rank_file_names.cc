@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <regex>
+#include <set>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -35,7 +37,9 @@ int parse_int(const std::string& digits) {
 
 std::string RankFileName::name_for(int r) const {
   std::string out = tmpl;
-  if (auto at = out.find("{r}"); at != std::string::npos) out.replace(at, 3, std::to_string(r));
+  std::string number = std::to_string(r);
+  if (number.size() < static_cast<std::size_t>(digits)) number.insert(0, digits - number.size(), '0');
+  if (auto at = out.find("{r}"); at != std::string::npos) out.replace(at, 3, number);
   if (auto at = out.find("{N}"); at != std::string::npos && world_size >= 0)
     out.replace(at, 3, std::to_string(world_size));
   return out;
@@ -63,23 +67,103 @@ std::optional<RankFileName> parse_rank_file_name(const std::string& filename) {
   return out;
 }
 
+RankFileName name_from_template(const std::string& tmpl) {
+  RankFileName out;
+  out.tmpl = tmpl;
+  out.kind = kind_of(tmpl);
+  return out;
+}
+
+namespace {
+
+// One way to read a name as a member of a numbered family: the name with
+// one of its digit runs replaced by {r}, and that run's value.
+struct Numbered {
+  std::string tmpl;
+  int rank = -1;
+  int digits = 0;
+};
+
+std::vector<Numbered> numbered_readings(const std::string& name) {
+  static const std::regex kDigits(R"(\d+)");
+  std::vector<Numbered> out;
+  if (!has_extension(name)) return out;
+  for (auto it = std::sregex_iterator(name.begin(), name.end(), kDigits); it != std::sregex_iterator(); ++it) {
+    const std::string run = it->str();
+    int value = parse_int(run);
+    if (value < 0) continue;
+    auto at = static_cast<std::size_t>(it->position());
+    out.push_back({name.substr(0, at) + "{r}" + name.substr(at + run.size()), value,
+                   run.size() > 1 && run[0] == '0' ? static_cast<int>(run.size()) : 0});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, RankFileName>> name_rank_files(const std::vector<std::string>& paths,
+                                                                  std::vector<std::string>* unnamed) {
+  std::vector<std::pair<std::string, RankFileName>> out;
+  std::vector<std::string> rest;
+  for (const auto& path : paths) {
+    if (auto name = parse_rank_file_name(fs::path(path).filename().string()))
+      out.emplace_back(path, *name);
+    else
+      rest.push_back(path);
+  }
+  // Numbered families, the largest first; each file joins at most one.
+  std::map<std::string, std::vector<std::pair<std::size_t, Numbered>>> by_template;
+  for (std::size_t i = 0; i < rest.size(); ++i)
+    for (const Numbered& n : numbered_readings(fs::path(rest[i]).filename().string()))
+      by_template[n.tmpl].emplace_back(i, n);
+  std::vector<const std::pair<const std::string, std::vector<std::pair<std::size_t, Numbered>>>*> order;
+  for (const auto& entry : by_template) order.push_back(&entry);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto* a, const auto* b) { return a->second.size() > b->second.size(); });
+  std::vector<bool> taken(rest.size(), false);
+  for (const auto* entry : order) {
+    const auto& members = entry->second;
+    std::set<int> ranks;
+    bool free = true;
+    for (const auto& [i, n] : members) {
+      ranks.insert(n.rank);
+      free = free && !taken[i];
+    }
+    const auto count = static_cast<int>(members.size());
+    if (!free || count < 2 || static_cast<int>(ranks.size()) != count || !ranks.count(0) ||
+        *ranks.rbegin() >= 2 * count)
+      continue;
+    for (const auto& [i, n] : members) {
+      taken[i] = true;
+      RankFileName name = name_from_template(n.tmpl);
+      name.rank = n.rank;
+      name.digits = n.digits;
+      out.emplace_back(rest[i], name);
+    }
+  }
+  if (unnamed)
+    for (std::size_t i = 0; i < rest.size(); ++i)
+      if (!taken[i]) unnamed->push_back(rest[i]);
+  return out;
+}
+
 bool is_glob_pattern(const std::string& src) { return src.find_first_of("*?[") != std::string::npos; }
 
 std::vector<std::string> list_rank_files(const std::string& dir) {
-  std::vector<std::string> out;
+  std::vector<std::string> files, unnamed, out;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file(ec)) continue;
-    auto name = parse_rank_file_name(entry.path().filename().string());
-    if (name && !name->auxiliary) {
-      require_inside(entry.path().string(), dir);
-      out.push_back(entry.path().string());
-    } else {
-      log::debug("ignoring " + entry.path().string() +
-                 (name ? ": not a state dict (veRL extra state)" : ": no rank in its file name"));
-    }
-  }
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_regular_file(ec)) files.push_back(entry.path().string());
   if (ec) fail(ErrorCode::kNotFound, dir + ": cannot list directory: " + ec.message());
+  for (const auto& [path, name] : name_rank_files(files, &unnamed)) {
+    if (name.auxiliary) {
+      log::debug("ignoring " + path + ": not a state dict (veRL extra state)");
+      continue;
+    }
+    require_inside(path, dir);
+    out.push_back(path);
+  }
+  for (const auto& path : unnamed) log::debug("ignoring " + path + ": no rank in its file name");
   std::sort(out.begin(), out.end());
   return out;
 }
