@@ -128,3 +128,29 @@ def test_hostile_client_state_never_runs_and_never_reaches_an_output(attack, tmp
     else:
         assert not out.exists()
     assert not marker.exists()
+
+
+def test_scheduler_client_state_and_counters_are_kept_under_deepspeeds_names(tmp_path, run_ckptconv):
+    """#30 row 4: a job migrated off DeepSpeed resumes its schedule from the
+    consolidation: lr_scheduler (the scheduler's state_dict), client_state
+    (what the script passed to save_checkpoint, merged by DeepSpeed into the
+    file's top level) and global_steps/global_samples/skipped_steps are
+    kept; --only drops them. (Spliced where DeepSpeed puts them; the real
+    engine's own save is the z2_sched fixture's test.)"""
+    sched = {"base_lrs": [0.01, 0.003], "last_epoch": 3, "step_size": 2, "gamma": 0.5, "_step_count": 4,
+             "_last_lr": [0.005, 0.0015]}
+    root = _with_entry(tmp_path, "lr_scheduler", sched)
+    _add_entry(root / "global_step3" / "mp_rank_00_model_states.pt", "epoch", 1)
+    _add_entry(root / "global_step3" / "mp_rank_00_model_states.pt", "history", [1.0, 0.75])
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", root, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    assert list(full) == ["model", "optim", "lr_scheduler", "global_steps", "global_samples", "skipped_steps",
+                          "client_state"]
+    assert full["lr_scheduler"] == sched
+    assert full["client_state"] == {"epoch": 1, "history": [1.0, 0.75]}
+    assert (full["global_steps"], full["global_samples"], full["skipped_steps"]) == (3, 24, 0)
+    model_only = tmp_path / "model.pt"
+    assert run_ckptconv("consolidate", root, "--only", "model", "-o", model_only).returncode == 0
+    assert "lr_scheduler" not in torch.load(model_only, weights_only=True)

@@ -62,7 +62,14 @@ fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string
 // DCP) gives both families.
 std::vector<RankFamily> output_families(const CheckpointModel& model, const std::string& layout) {
   ValuePtr m = top_level(model, "model"), o = top_level(model, "optim");
-  bool pair = m && o && mapping_of(model.root)->entries.size() == 2;
+  bool pair = m && o;
+  if (pair && mapping_of(model.root)->entries.size() > 2 && model.info.kind != SourceKind::kFsdpRanks) {
+    std::string rest;
+    for (const auto& [k, v] : mapping_of(model.root)->entries)
+      if (!k->is(Kind::kStr) || (k->text != "model" && k->text != "optim")) rest += " " + path_component(*k);
+    log::info("per-rank files hold a model and an optimizer state dict: not written:" + rest +
+              " (consolidate or --layout dcp keep them)");
+  }
   if (model.info.kind == SourceKind::kFsdpRanks) {
     std::vector<fsdp_ranks::RankFileName> names;
     for (const auto& f : model.info.families)

@@ -723,6 +723,71 @@ class ZeroReader {
     }
     auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups}});
     model.root = Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
+    add_training_state(model);
+  }
+
+  // What a job needs besides weights and optimizer state to resume its
+  // schedule, from the model-states file (rank 0's), under DeepSpeed's own
+  // names: lr_scheduler (the scheduler's state_dict()), global_steps,
+  // global_samples, skipped_steps, and client_state (the entries the script
+  // passed to save_checkpoint(client_state=...), which DeepSpeed merges into
+  // the file's top level). Plain data only: entries holding an object the
+  // allow-list does not know were refused or dropped when decoded.
+  void add_training_state(CheckpointModel& model) {
+    static const std::set<std::string> kEngine = {"module",
+                                                  "buffer_names",
+                                                  "optimizer",
+                                                  "param_shapes",
+                                                  "frozen_param_shapes",
+                                                  "shared_params",
+                                                  "frozen_param_fragments",
+                                                  "lr_scheduler",
+                                                  "data_sampler",
+                                                  "random_ltd",
+                                                  "sparse_tensor_module_names",
+                                                  "skipped_steps",
+                                                  "global_steps",
+                                                  "global_samples",
+                                                  "dp_world_size",
+                                                  "mp_world_size",
+                                                  "ds_config",
+                                                  "ds_version",
+                                                  "checkpoint_parallel_dimensions",
+                                                  "universal_checkpoint_info",
+                                                  "zero_stage"};
+    const Decoded& m0 = models_[0];
+    std::map<const Value*, ValuePtr> carried;
+    auto add = [&](const std::string& key, const Value& v) {
+      model.root->entries.emplace_back(Value::str(key), carry(model, m0, v, key, carried, 0));
+    };
+    if (ValuePtr s = m0.root->get("lr_scheduler"); s && !s->is(Kind::kNone)) add("lr_scheduler", *s);
+    for (const char* key : {"global_steps", "global_samples", "skipped_steps"})
+      if (ValuePtr v = m0.root->get(key); v && v->is(Kind::kInt)) add(key, *v);
+    auto client = Value::dict();
+    for (const auto& [k, v] : m0.root->entries)
+      if (!k->is(Kind::kStr) || !kEngine.count(k->text)) client->entries.emplace_back(k, v);
+    if (!client->entries.empty()) add("client_state", *client);
+  }
+
+  // `v` of file `d` as a value of `model`: its tensors copied into the
+  // model (named by where they sit), shared subtrees kept shared.
+  ValuePtr carry(CheckpointModel& model, const Decoded& d, const Value& v, const std::string& path,
+                 std::map<const Value*, ValuePtr>& carried, int depth) {
+    if (auto it = carried.find(&v); it != carried.end()) return it->second;
+    if (depth > 256) fail_data_loss(d.path + ": '" + path + "' nests more than 256 levels deep");
+    ValuePtr out;
+    if (tensor_ref_index(v)) {
+      out = make_tensor_ref(copy_tensor(model, d, v, path));
+    } else {
+      out = std::make_shared<Value>(v);
+      for (auto& item : out->items) item = carry(model, d, *item, path, carried, depth + 1);
+      for (auto& [key, value] : out->entries)
+        value = carry(model, d, *value, join_path(path, path_component(*key)), carried, depth + 1);
+      if (out->object) out->object = carry(model, d, *out->object, path, carried, depth + 1);
+      if (out->state) out->state = carry(model, d, *out->state, path, carried, depth + 1);
+    }
+    carried.emplace(&v, out);
+    return out;
   }
 
   // A per-group scalar (the optimizer's `step`) is the same on every rank of
