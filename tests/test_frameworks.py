@@ -144,12 +144,38 @@ def test_lightning_only_optim_is_its_optimizer(tmp_path, run_ckptconv):
     assert_same(load(out), lightning_ref()["optimizer_0"])
 
 
-def test_accelerate_folder_reshards_to_one_dcp_dir(tmp_path, run_ckptconv):
+@pytest.mark.parametrize("n", [1, 3])
+def test_accelerate_folder_reshards_to_accelerates_own_layout(n, tmp_path, run_ckptconv):
+    """#30 row 7: by default an Accelerate checkpoint_N/ reshards into
+    Accelerate's own layout, what accelerator.load_state reads under FSDP's
+    SHARDED_STATE_DICT: pytorch_model_fsdp_0/ a DCP directory of {"model"},
+    optimizer_0/ one of {"optimizer"}, at the new world size, and the files
+    it saved whole (random_states_0.pkl) copied byte for byte. torch's own
+    dcp_to_torch_save reads each as it read the source's."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    src = ACC_ROOT / "checkpoint_1"
+    dst = tmp_path / "checkpoint_1"
+    run_ok(run_ckptconv, "reshard", src, "-o", dst, "--world-size", str(n))
+    assert sorted(p.name for p in dst.iterdir()) == ["optimizer_0", "pytorch_model_fsdp_0", "random_states_0.pkl"]
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        assert sorted(p.name for p in (dst / part).iterdir()) == [".metadata"] + [f"__{r}_0.distcp" for r in range(n)]
+        dcp_to_torch_save(dst / part, tmp_path / f"{part}.pt")
+        assert_same(load(tmp_path / f"{part}.pt"), load(ACC / "references" / "checkpoint_1" / f"{part}.dcp_to_torch_save.pt"))
+    assert (dst / "random_states_0.pkl").read_bytes() == (src / "random_states_0.pkl").read_bytes()
+
+
+def test_accelerate_folder_reshards_to_one_dcp_dir_on_request(tmp_path, run_ckptconv):
     dst = tmp_path / "out"
-    run_ok(run_ckptconv, "reshard", ACC_ROOT / "checkpoint_1", "-o", dst, "--world-size", "3")
+    run_ok(run_ckptconv, "reshard", ACC_ROOT / "checkpoint_1", "-o", dst, "--world-size", "3", "--layout", "dcp")
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     dcp_to_torch_save(dst, tmp_path / "torch.pt")
     assert_same(load(tmp_path / "torch.pt"), accelerate_ref(1))
+
+
+def test_accelerate_layout_needs_an_accelerate_source(tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", TITAN, "-o", tmp_path / "o", "--world-size", "2", "--layout", "accelerate")
+    assert r.returncode == 2 and "must be an Accelerate checkpoint folder" in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_lightning_reshard_keeps_meta_pt(tmp_path, run_ckptconv):

@@ -27,9 +27,10 @@ void register_reshard(CLI::App& app) {
   sub->add_option("--world-size", req->world_size, "Number of ranks to write")->required()->group(kOutputGroup);
   sub->add_option("--layout", req->layout,
                   "dcp (one __<r>_0.distcp per rank + .metadata), fsdp-sharded-tensor or fsdp-dtensor (one torch.save "
-                  "file per rank and family, as FSDP1 SHARDED_STATE_DICT); default: the source's own, required for a "
-                  "full state dict")
-      ->check(CLI::IsMember({"dcp", "fsdp-sharded-tensor", "fsdp-dtensor"}))
+                  "file per rank and family, as FSDP1 SHARDED_STATE_DICT), accelerate (an Accelerate checkpoint "
+                  "folder: pytorch_model_fsdp_0/ and optimizer_0/ as DCP, its other files copied); default: the "
+                  "source's own, required for a full state dict")
+      ->check(CLI::IsMember({"dcp", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate"}))
       ->group(kOutputGroup);
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
   sub->add_option(

@@ -170,8 +170,6 @@ DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMeta
   return sizes;
 }
 
-namespace {
-
 void copy_side_files(const std::vector<std::string>& side_files, const std::string& into) {
   for (const auto& file : side_files) {
     std::error_code ec;
@@ -180,6 +178,8 @@ void copy_side_files(const std::vector<std::string>& side_files, const std::stri
     if (ec) fail(ErrorCode::kOutputFailed, to.string() + ": cannot copy " + file + ": " + ec.message());
   }
 }
+
+namespace {
 
 // The DCP writer for --part: rank files written by many processes, the
 // .metadata by the finalizing one.

@@ -27,6 +27,9 @@ struct DcpOutputOptions {
   std::vector<std::string> side_files = {};
 };
 
+// Copies `side_files` unchanged into directory `into` under their own names.
+void copy_side_files(const std::vector<std::string>& side_files, const std::string& into);
+
 // `source` is the metadata the model was read from, or flattened_layout()
 // of a .pt model (its item order and planner_data are kept). The model must have passed require_valid().
 void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,

@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <memory>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -14,6 +16,7 @@
 #include "formats/dcp/dcp_writer.h"
 #include "formats/detect.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
+#include "io/atomic_dir.h"
 #include "jobs/finalize.h"
 #include "model/describe.h"
 #include "model/tree_walk.h"
@@ -36,10 +39,10 @@ void require_layout_for_full_state_dict(const ReshardRequest& req, SourceKind ki
                ") has no sharded layout of its own; choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor");
 }
 
-// The layout written when --layout is not given: the source's own (one DCP
-// directory of {"model", "optim"} for Accelerate's two).
+// The layout written when --layout is not given: the source's own.
 std::string default_layout(const CheckpointModel& model) {
-  if (model.info.kind == SourceKind::kDcpDir || model.info.kind == SourceKind::kDcpPair) return "dcp";
+  if (model.info.kind == SourceKind::kDcpPair) return "accelerate";
+  if (model.info.kind == SourceKind::kDcpDir) return "dcp";
   for (const auto& t : model.tensors)
     if (t.storage == StorageKind::kDTensor) return "fsdp-dtensor";
   return "fsdp-sharded-tensor";
@@ -161,6 +164,80 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
   write_dcp_reshard(model, source_md, plan, options);
 }
 
+// Accelerate's checkpoint folder (accelerator.save_state under FSDP's
+// SHARDED_STATE_DICT): pytorch_model_fsdp_<i>/, a DCP directory of
+// {"model": ...}, and optimizer_<i>/, one of {"optimizer": ...} (what
+// accelerate's load_fsdp_model / load_fsdp_optimizer read), beside the
+// files it saves whole (random_states_<rank>.pkl, scheduler.bin, ...).
+struct AcceleratePart {
+  std::string key;    // in the model read: "model", "optim", "model_1", ...
+  std::string dir;    // pytorch_model_fsdp_0, optimizer_0, ...
+  std::string inner;  // its DCP directory's one top-level key
+};
+
+std::vector<AcceleratePart> accelerate_parts(const CheckpointModel& model) {
+  std::vector<AcceleratePart> out;
+  for (const auto& [k, v] : mapping_of(model.root)->entries) {
+    const std::string key = path_component(*k);
+    const bool is_model = key.rfind("model", 0) == 0;
+    if (!is_model && key.rfind("optim", 0) != 0) fail_invalid(key + ": not a part of an Accelerate checkpoint");
+    const std::string index = key.find('_') == std::string::npos ? "0" : key.substr(key.find('_') + 1);
+    out.push_back({key, (is_model ? "pytorch_model_fsdp_" : "optimizer_") + index, is_model ? "model" : "optimizer"});
+  }
+  return out;
+}
+
+// The part `p` of `model` alone, as its own DCP directory holds it.
+CheckpointModel accelerate_part(const CheckpointModel& model, const AcceleratePart& p) {
+  CheckpointModel part = model;
+  part.info.flat_layout.reset();
+  part.root = pickle::Value::dict({{pickle::Value::str(p.inner), mapping_of(model.root)->get(p.key)}});
+  for (auto& t : part.tensors)
+    if (t.name.rfind(p.key + ".", 0) == 0) t.name = p.inner + t.name.substr(p.key.size());
+  prune_unreferenced(part.root, part.tensors);
+  return part;
+}
+
+void reshard_to_accelerate(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy,
+                           JobReport& report, std::ostream& out) {
+  if (model.info.kind != SourceKind::kDcpPair || !req.common.only.empty())
+    fail_invalid(
+        "--layout accelerate: the source must be an Accelerate checkpoint folder (pytorch_model_fsdp_0/, "
+        "optimizer_0/), read whole (no --only)");
+  if (part_of(req)) fail_invalid("--part: not available for --layout accelerate; use --layout dcp");
+  std::vector<AcceleratePart> parts = accelerate_parts(model);
+  std::vector<std::string> side_files;  // what Accelerate saved whole, copied unchanged
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(model.source, ec))
+    if (e.is_regular_file(ec) && !e.is_symlink(ec)) side_files.push_back(e.path().string());
+  std::sort(side_files.begin(), side_files.end());
+  std::unique_ptr<AtomicDirectory> dir;
+  if (!req.common.dry_run) dir = std::make_unique<AtomicDirectory>(req.output, req.common.force, !req.common.no_fsync);
+  for (const AcceleratePart& p : parts) {
+    CheckpointModel part = accelerate_part(model, p);
+    ReshardPlan plan = plan_reshard(part.tensors, req.world_size, source_world_size(model));
+    report.bytes += plan_output_bytes(part, plan);
+    if (req.common.dry_run) {
+      out << p.dir << "/\n";
+      DcpOutputSizes sizes = dcp_output_sizes(part, flattened_layout(part), plan, req.output + "/" + p.dir);
+      std::vector<RankFilesOut> files(sizes.files.size());
+      for (std::size_t r = 0; r < files.size(); ++r)
+        files[r].files.emplace_back(dcp::DcpDirWriter::file_name(static_cast<int>(r)), sizes.files[r]);
+      describe_reshard(part, plan, 0, false, files, {{".metadata", sizes.metadata}}, log::verbose(), out);
+      continue;
+    }
+    ProgressScope progress("reshard " + req.output + "/" + p.dir, plan_output_bytes(part, plan));
+    write_dcp_reshard(part, flattened_layout(part), plan, {dir->path_of(p.dir), false, !req.common.no_fsync, copy, {}});
+  }
+  if (req.common.dry_run) {
+    for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
+    return;
+  }
+  check_output_size(report.bytes, req.output, req.common);
+  copy_side_files(side_files, dir->temp_dir());
+  dir->commit();
+}
+
 // ShardedTensor or DTensor values; a DTensor mesh like the source's (per-rank
 // DTensor files, as the reader found it) unless --mesh-device /
 // --mesh-dim-names say otherwise.
@@ -239,6 +316,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   report.dry_run = opt.dry_run;
   if (layout == "dcp")
     reshard_to_dcp(req, model, copy, report, out);
+  else if (layout == "accelerate")
+    reshard_to_accelerate(req, model, copy, report, out);
   else
     reshard_to_rank_files(req, model, layout, copy, report, out);
   clock.finish(report);
