@@ -6,7 +6,10 @@ consolidate on it, classifying what each did.
     .venv/bin/python tools/mutate.py --family dcp --count 1000 [--seed 7] [--ckptconv build/ckptconv]
 
 Families (all from testdata/, written by real torch / DeepSpeed / safetensors,
-or by ckptconv for HDF5): pt, dcp, ranks, zero, safetensors, hdf5.
+or by ckptconv for HDF5): pt, dcp, ranks, zero, safetensors, hdf5; and parts:
+a --part run of 2 workers (dcp/fsdp2_adamw_ws2 to OUT.pt) left for
+`ckptconv finalize OUT.pt`, one file of its OUT.pt.parts-*/ folder damaged
+(the receipts, request.json, the shared data file), then finalize alone.
 
 Per case the outcome is one of:
   signal    a command died of a signal (a crash: always a bug)
@@ -237,16 +240,68 @@ def campaign(family: str, count: int, seed: int, ckptconv: Path, timeout: float,
     return {"counts": counts, "bad": unexplained}
 
 
+def parts_campaign(count: int, seed: int, ckptconv: Path, timeout: float, verbose: bool = False) -> dict:
+    """--family parts: the finalizer must refuse a damaged parts folder (exit
+    non-zero, nothing at OUT) or publish the single-process bytes."""
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    bad: list[str] = []
+    src = FAMILIES["dcp"]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ref = work / "ref.pt"
+        subprocess.run([str(ckptconv), "consolidate", str(src), "-o", str(ref), "-q"], check=True)
+        ref_digest = output_digest(ref)
+        for case in range(count):
+            case_dir = work / f"case{case}"
+            case_dir.mkdir()
+            # Both parts written, the elected finalizer "dead": the folder finalize completes.
+            subprocess.run([str(ckptconv), "consolidate", str(src), "-o", "out.pt", "--part", "0/2", "-q"],
+                           cwd=case_dir, check=True)
+            (folder,) = case_dir.glob("out.pt.parts-*")
+            (folder / "finalizing").touch()
+            subprocess.run([str(ckptconv), "consolidate", str(src), "-o", "out.pt", "--part", "1/2", "-q"],
+                           cwd=case_dir, check=True)
+            (folder / "finalizing").unlink()
+            victim = rng.choice(files_of(folder))
+            what = f"{victim.name}: " + mutate(victim, rng)
+            try:
+                r = subprocess.run([str(ckptconv), "finalize", str(case_dir / "out.pt"), "-q"], capture_output=True,
+                                   timeout=timeout)
+                status, code = ("signal", r.returncode) if r.returncode < 0 else ("exit", r.returncode)
+            except subprocess.TimeoutExpired:
+                status, code = "hang", -1
+            out = case_dir / "out.pt"
+            if status != "exit":
+                outcome = status
+            elif code == 5:
+                outcome = "internal"
+            elif code != 0:
+                outcome = "partial" if out.exists() or list(case_dir.glob("out.pt.tmp-*")) else "refused"
+            else:
+                outcome = "same" if output_digest(out) == ref_digest else "silent (unexplained)"
+            counts[outcome] = counts.get(outcome, 0) + 1
+            if outcome not in ("refused", "same") and len(bad) < 20:
+                bad.append(f"case {case}: {outcome}: {what}")
+            if verbose:
+                print(f"case {case}: {outcome}: {what}", flush=True)
+            shutil.rmtree(case_dir, ignore_errors=True)
+    return {"counts": counts, "bad": bad}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=sorted(list(FAMILIES) + ["safetensors", "hdf5"]), required=True)
+    ap.add_argument("--family", choices=sorted(list(FAMILIES) + ["safetensors", "hdf5", "parts"]), required=True)
     ap.add_argument("--count", type=int, default=100)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--ckptconv", default=str(REPO / "build" / "ckptconv"))
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
-    result = campaign(args.family, args.count, args.seed, Path(args.ckptconv), args.timeout, args.verbose)
+    if args.family == "parts":
+        result = parts_campaign(args.count, args.seed, Path(args.ckptconv), args.timeout, args.verbose)
+    else:
+        result = campaign(args.family, args.count, args.seed, Path(args.ckptconv), args.timeout, args.verbose)
     print(f"mutate {args.family}: {args.count} cases (seed {args.seed}): " +
           ", ".join(f"{k} {v}" for k, v in sorted(result["counts"].items())))
     for line in result["bad"]:
