@@ -91,14 +91,13 @@ class Validator {
   std::optional<CheckpointModel> read() {
     check("reading");
     try {
-      kind_ = opt_.files.empty() ? detect_source(resolve_checkpoint(src_, opt_.tag)) : SourceKind::kFsdpRanks;
+      report_.format = source_format_name(source_kind_of(src_, {opt_.files, opt_.only, nullptr, opt_.tag}));
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kInvalidArgument) throw;
       sink_.report(e, report_.source);
       report_.readable = false;
       return std::nullopt;
     }
-    report_.format = source_format_name(kind_);
     try {
       return read_checkpoint(src_, {opt_.files, opt_.only, &sink_, opt_.tag});
     } catch (const Error& e) {
@@ -362,7 +361,6 @@ class Validator {
 
   std::string src_;
   const ValidateOptions& opt_;
-  SourceKind kind_ = SourceKind::kTorchPt;
   ProblemSink sink_;
   ValidateReport report_;
   std::set<std::size_t> unsound_;  // tensors with coverage problems: not scanned

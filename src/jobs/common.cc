@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "formats/detect.h"
+#include "formats/source_traits.h"
 #include "io/disk_space.h"
 #include "model/validate.h"
 #include "plan/select.h"
@@ -39,7 +40,7 @@ CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, b
   auto cast_to = parse_dtype_option(opt.dtype);
   // Per-rank families and ZeRO keep model and optimizer in separate files:
   // their readers applied --only already.
-  bool read_only = model.info.kind == SourceKind::kFsdpRanks || model.info.kind == SourceKind::kZero;
+  bool read_only = source_traits(model.info.kind).reader_selects_only;
   std::string only = read_only ? "" : opt.only;
   if (!only.empty() || !opt.keys.empty() || cast_to)
     model = select_entries(model, {only, opt.keys, cast_to, keep_nesting});

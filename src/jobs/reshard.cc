@@ -16,6 +16,7 @@
 #include "formats/dcp/dcp_writer.h"
 #include "formats/detect.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
+#include "formats/source_traits.h"
 #include "io/atomic_dir.h"
 #include "jobs/finalize.h"
 #include "model/describe.h"
@@ -32,17 +33,14 @@ using pickle::ValuePtr;
 
 // A full state dict (.pt, safetensors, HDF5) has no sharded layout of its own.
 void require_layout_for_full_state_dict(const ReshardRequest& req, SourceKind kind) {
-  if (!req.layout.empty() || kind == SourceKind::kDcpDir || kind == SourceKind::kDcpPair ||
-      kind == SourceKind::kFsdpRanks)
-    return;
+  if (!req.layout.empty() || source_traits(kind).sharded_layout) return;
   fail_invalid(req.common.source + ": a full state dict (" + source_kind_name(kind) +
                ") has no sharded layout of its own; choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor");
 }
 
 // The layout written when --layout is not given: the source's own.
 std::string default_layout(const CheckpointModel& model) {
-  if (model.info.kind == SourceKind::kDcpPair) return "accelerate";
-  if (model.info.kind == SourceKind::kDcpDir) return "dcp";
+  if (std::string_view own = source_traits(model.info.kind).reshard_layout; !own.empty()) return std::string(own);
   for (const auto& t : model.tensors)
     if (t.storage == StorageKind::kDTensor) return "fsdp-dtensor";
   return "fsdp-sharded-tensor";
@@ -66,14 +64,14 @@ fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string
 std::vector<RankFamily> output_families(const CheckpointModel& model, const std::string& layout) {
   ValuePtr m = top_level(model, "model"), o = top_level(model, "optim");
   bool pair = m && o;
-  if (pair && mapping_of(model.root)->entries.size() > 2 && model.info.kind != SourceKind::kFsdpRanks) {
+  if (pair && mapping_of(model.root)->entries.size() > 2 && !source_traits(model.info.kind).per_rank_files) {
     std::string rest;
     for (const auto& [k, v] : mapping_of(model.root)->entries)
       if (!k->is(Kind::kStr) || (k->text != "model" && k->text != "optim")) rest += " " + path_component(*k);
     log::info("per-rank files hold a model and an optimizer state dict: not written:" + rest +
               " (consolidate or --layout dcp keep them)");
   }
-  if (model.info.kind == SourceKind::kFsdpRanks) {
+  if (source_traits(model.info.kind).per_rank_files) {
     std::vector<fsdp_ranks::RankFileName> names;
     for (const auto& f : model.info.families)
       names.push_back(fsdp_ranks::name_rank_files(f.files).at(0).second);  // as the reader named them
@@ -200,7 +198,7 @@ CheckpointModel accelerate_part(const CheckpointModel& model, const AcceleratePa
 
 void reshard_to_accelerate(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy,
                            JobReport& report, std::ostream& out) {
-  if (model.info.kind != SourceKind::kDcpPair || !req.common.only.empty())
+  if (source_traits(model.info.kind).reshard_layout != "accelerate" || !req.common.only.empty())
     fail_invalid(
         "--layout accelerate: the source must be an Accelerate checkpoint folder (pytorch_model_fsdp_0/, "
         "optimizer_0/), read whole (no --only)");
@@ -245,7 +243,7 @@ RankFilesLayout rank_files_layout(const ReshardRequest& req, const CheckpointMod
   RankFilesLayout out;
   if (layout != "fsdp-dtensor") return out;
   out.values = RankLayout::kDTensor;
-  if (model.info.kind == SourceKind::kFsdpRanks && model.info.mesh) out.mesh = *model.info.mesh;
+  if (source_traits(model.info.kind).per_rank_files && model.info.mesh) out.mesh = *model.info.mesh;
   if (!req.mesh_device.empty()) out.mesh.device_type = req.mesh_device;
   if (!req.mesh_dim_names.empty()) out.mesh.dim_names = req.mesh_dim_names;
   if (out.mesh.dim_names.size() > 1)
@@ -261,7 +259,7 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
   // every tensor with a dimension is (FSDP1 shards parameters and their
   // optimizer states, never the 0-dim `step`), except the buffers a reader
   // knows (FSDP1 keeps them whole on every rank).
-  bool per_rank = model.info.kind == SourceKind::kFsdpRanks;
+  bool per_rank = source_traits(model.info.kind).per_rank_files;
   std::vector<bool> sharded;
   for (const auto& t : model.tensors)
     sharded.push_back(per_rank ? t.is_sharded() : !t.shape.empty() && t.storage != StorageKind::kBuffer);
