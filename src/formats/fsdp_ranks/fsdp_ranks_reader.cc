@@ -269,14 +269,15 @@ std::vector<Family> group_families(const std::vector<std::string>& paths) {
   // In path order, whichever rule named them.
   std::sort(named.begin(), named.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<Family> families;
-  for (const auto& [path, name] : named) {
+  for (const auto& file : named) {
+    const RankFileName& name = file.second;
     if (name.auxiliary) {
-      log::info("skipping " + path + ": not a state dict (veRL extra state)");
+      log::info("skipping " + file.first + ": not a state dict (veRL extra state)");
       continue;
     }
     auto it = std::find_if(families.begin(), families.end(), [&](const Family& f) { return f.tmpl == name.tmpl; });
     if (it == families.end()) it = families.insert(families.end(), Family{name.tmpl, name.kind, {}});
-    it->files.emplace_back(path, name);
+    it->files.push_back(file);
   }
   return families;
 }
