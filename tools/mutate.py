@@ -125,6 +125,12 @@ def output_digest(out: Path) -> str:
     return hashlib.sha256(out.read_bytes()).hexdigest()
 
 
+def clean_digest(ckptconv: Path, src: Path, out: Path) -> str:
+    """What one undamaged consolidate of `src` into `out` writes, hashed."""
+    subprocess.run([str(ckptconv), "consolidate", str(src), "-o", str(out), "-q"], check=True)
+    return output_digest(out)
+
+
 def reference_read(family: str, damaged: Path):
     """What the format's own library reads from the damaged input, or None
     when it refuses it (only for the families whose payload no checksum covers)."""
@@ -194,9 +200,7 @@ def campaign(family: str, count: int, seed: int, ckptconv: Path, timeout: float,
         clean_dir = work / "clean"
         clean_dir.mkdir()
         clean = make_source(family, clean_dir, ckptconv)
-        ref_out = work / "ref.safetensors"
-        subprocess.run([str(ckptconv), "consolidate", str(clean), "-o", str(ref_out), "-q"], check=True)
-        ref_digest = output_digest(ref_out)
+        ref_digest = clean_digest(ckptconv, clean, work / "ref.safetensors")
         for case in range(count):
             case_dir = work / f"case{case}"
             case_dir.mkdir()
@@ -249,9 +253,7 @@ def parts_campaign(count: int, seed: int, ckptconv: Path, timeout: float, verbos
     src = FAMILIES["dcp"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        ref = work / "ref.pt"
-        subprocess.run([str(ckptconv), "consolidate", str(src), "-o", str(ref), "-q"], check=True)
-        ref_digest = output_digest(ref)
+        ref_digest = clean_digest(ckptconv, src, work / "ref.pt")
         for case in range(count):
             case_dir = work / f"case{case}"
             case_dir.mkdir()
