@@ -117,3 +117,24 @@ def test_current_torch_reads_the_old_dcp_dir_too(case, tmp_path):
 
     dcp_to_torch_save(case / "ckpt", tmp_path / "torch.pt")
     assert_same(torch.load(tmp_path / "torch.pt", weights_only=True), reference(case), key_order=key_order(case))
+
+
+def test_torch113_under_python311_pickles_enum_members_by_name_and_reads(tmp_path, run_ckptconv):
+    """#30 row 1: Debian 12's python3-torch (1.13.1 on Python 3.11) pickles
+    TensorProperties' memory format as getattr(MEM_FORMAT_ENCODING,
+    'TORCH_CONTIGUOUS_FORMAT'), which the call-shape policy had refused (exit
+    3). The fixture really holds that call, and it consolidates equal to the
+    live full state dict torch 1.13 saved beside it."""
+    import pickletools
+    import zipfile
+    case = LEGACY / "torch113_py311_fsdp1_st_ws2"
+    with zipfile.ZipFile(case / "ckpt" / "model_rank0.pt") as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    ops = [(op.name, arg) for op, arg, _ in pickletools.genops(data)]
+    at = ops.index(("GLOBAL", "torch.distributed._shard.sharded_tensor.metadata MEM_FORMAT_ENCODING"))
+    assert ("GLOBAL", "__builtin__ getattr") in ops[at - 3:at]
+    assert ops[at + 2] == ("BINUNICODE", "TORCH_CONTIGUOUS_FORMAT") and ops[at + 4][0] == "TUPLE2"
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", case / "ckpt", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert_same(torch.load(out, weights_only=True), reference(case), key_order=False)

@@ -8,6 +8,7 @@ with ``scripts/setup-legacy-torch`` (default root /work/venvs):
     /work/venvs/torch20/bin/python  tools/make_legacy_checkpoints.py  # torch 2.0.0 cases
     /work/venvs/torch24/bin/python  tools/make_legacy_checkpoints.py  # torch 2.4.1 cases
     /work/venvs/torch113/bin/python tools/make_legacy_checkpoints.py  # torch 1.13.1 cases (Python 3.10)
+    /usr/bin/python3 tools/make_legacy_checkpoints.py  # Debian 12's python3-torch: torch 1.13.1, Python 3.11
 
 Without ``--case`` every case of the running torch version is (re)written;
 ``--out`` defaults to testdata/legacy. ``--list`` prints the cases. Each case
@@ -24,6 +25,9 @@ tools/make_checkpoints.py trained 3 real AdamW steps, rank r gets batch seed
                                         SHARDED_STATE_DICT (ShardedTensor values)
   torch113_fsdp1_st_ws2   torch 1.13.1  per-rank ``torch.save`` of FSDP1
                                         SHARDED_STATE_DICT ShardedTensor dicts
+  torch113_py311_fsdp1_st_ws2           the same under Debian 12's python3-torch
+                                        (torch 1.13.1, Python 3.11: enum
+                                        members pickled by name)
 
 FSDP2 (``fully_shard``) of torch 2.4 needs CUDA (it creates CUDA streams in
 its lazy init), so 2.4 is covered with FSDP1, which runs on CPU there.
@@ -66,9 +70,44 @@ import shutil
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
+import dataclasses
+
+
+def _tolerate_torch113_dataclass_defaults() -> None:
+    """torch 1.13's sharded_tensor/metadata.py gives ShardedTensorMetadata a
+    TensorProperties() default, which Python 3.11's dataclasses refuse
+    ("mutable default ... for field tensor_properties") where 3.10 took it;
+    Debian 12's python3-torch (1.13.1 on 3.11) then cannot import
+    torch.distributed._shard. Define such a field as 3.10 did. Definition
+    time only: how the files pickle (Python 3.11's Enum by name) is untouched."""
+    if sys.version_info < (3, 11):
+        return
+    original = dataclasses._get_field
+
+    def get_field(cls, name, tp, *rest):
+        try:
+            return original(cls, name, tp, *rest)
+        except ValueError as e:
+            default = getattr(cls, name, None)
+            if isinstance(default, dataclasses.Field):  # field(default=TensorProperties())
+                default = default.default
+            if "mutable default" not in str(e) or not dataclasses.is_dataclass(default):
+                raise
+            kind = type(default)
+            kind.__hash__ = object.__hash__
+            try:
+                return original(cls, name, tp, *rest)
+            finally:
+                kind.__hash__ = None
+
+    dataclasses._get_field = get_field
+
+
+_tolerate_torch113_dataclass_defaults()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_checkpoints import GROUP0, GROUP1, STEPS, batch, fresh_model  # noqa: E402
@@ -411,7 +450,7 @@ CASES = {
                      "param_groups flattened into one bytes item per key",
     },
     "torch113_fsdp1_st_ws2": {
-        "torch": "1.13.1", "job": job_torch113_st, "family": "fsdp_sharded_tensor",
+        "torch": "1.13.1", "python": "3.10", "job": job_torch113_st, "family": "fsdp_sharded_tensor",
         "optimizer": "SGD momentum 0.9 foreach=False, groups [emb.weight, fc1.weight, fc1.bias] lr 0.1 "
                      "and [scale, fc2.weight, fc2.bias] lr 0.05 (flat-param order)",
         "writer": "torch 1.13.1 DDP training (FSDP needs CUDA in 1.13); SHARDED_STATE_DICT values from "
@@ -423,6 +462,22 @@ CASES = {
         "exercises": "torch 1.13 ShardedTensor pickles; flat-param FQN order; a plain tensor among shards",
     },
 }
+# The same job under Debian 12's python3-torch (torch 1.13.1 on Python 3.11.2,
+# whose Enum pickles a member by name: getattr(MEM_FORMAT_ENCODING,
+# 'TORCH_CONTIGUOUS_FORMAT') where 3.10 calls MEM_FORMAT_ENCODING(0)).
+CASES["torch113_py311_fsdp1_st_ws2"] = {
+    **CASES["torch113_fsdp1_st_ws2"], "python": "3.11",
+    "torch": "1.13.0a0",  # what Debian's 1.13.1+dfsg-4 build reports as torch.__version__
+    "writer": CASES["torch113_fsdp1_st_ws2"]["writer"] + "; Debian 12's python3-torch 1.13.1 on Python 3.11",
+    "exercises": "torch 1.13 ShardedTensor pickles as Python 3.11 writes them: enum members by name "
+                 "(builtins.getattr(MEM_FORMAT_ENCODING, 'TORCH_CONTIGUOUS_FORMAT'))",
+}
+PYTHON = "%d.%d" % sys.version_info[:2]
+
+
+def runs_here(spec: dict) -> bool:
+    """A case is written by its torch under its Python (the default: any)."""
+    return spec["torch"] == TORCH and spec.get("python", PYTHON) == PYTHON
 
 
 def sha256(p: Path) -> str:
@@ -469,13 +524,13 @@ def main() -> None:
         for n, s in CASES.items():
             print(f"{n}\ttorch {s['torch']}")
         return
-    names = a.case or [n for n, s in CASES.items() if s["torch"] == TORCH]
+    names = a.case or [n for n, s in CASES.items() if runs_here(s)]
     if not names:
         sys.exit(f"no case is written with torch {torch.__version__}; see --list")
     for n in names:
-        if CASES[n]["torch"] != TORCH:
-            sys.exit(f"{n} needs torch {CASES[n]['torch']}, this is {torch.__version__} "
-                     "(scripts/setup-legacy-torch makes the side environments)")
+        if not runs_here(CASES[n]):
+            sys.exit(f"{n} needs torch {CASES[n]['torch']} on Python {CASES[n].get('python', 'any')}, this is "
+                     f"{torch.__version__} on {PYTHON} (scripts/setup-legacy-torch makes the side environments)")
     a.out.mkdir(parents=True, exist_ok=True)
     for n in names:
         run_case(n, a.out.resolve())
