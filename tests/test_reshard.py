@@ -2,6 +2,7 @@
 directory consolidates to the same state, torch's own dcp_to_torch_save and
 FileSystemReader read it, and FSDP2 training resumes from it at the new
 world size exactly as from the original directory."""
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -208,3 +209,18 @@ def test_unwritable_parent_fails_and_leaves_nothing(tmp_path, run_ckptconv):
         assert not list(parent.iterdir())
     finally:
         parent.chmod(0o700)
+
+
+def test_reshard_reads_the_checkpoint_tag_names_in_a_folder(tmp_path, run_ckptconv):
+    """The README's own form (#36 row 1): `reshard ckpt --tag step-200 -o ... --world-size 2`
+    on a folder of two DCP checkpoints was exit 2 ("choose one with --tag"):
+    the job detected the source without the tag."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    for step in (100, 200):
+        shutil.copytree(DCP / "fsdp2_adamw_ws2", root / f"step-{step}")
+    out = tmp_path / "ckpt-ws2"
+    r = run_ckptconv("reshard", root, "--tag", "step-200", "-o", out, "--world-size", "2")
+    assert r.returncode == 0, r.stderr
+    assert "reading " in r.stderr and "step-200" in r.stderr
+    assert run_ckptconv("diff", out, root / "step-200").returncode == 0

@@ -291,7 +291,7 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   uint64_t memory_limit = parse_size(opt.memory_limit);
   parse_device(opt.device);
   if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
-  require_layout_for_full_state_dict(req, source_kind_of(opt.source, {opt.files, opt.only}));
+  require_layout_for_full_state_dict(req, source_kind_of(opt.source, {opt.files, opt.only, nullptr, opt.tag}));
   check_output_place(req.output, true);
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(req.output.c_str(), &st) == 0)
