@@ -567,3 +567,24 @@ def test_inspect_json_matches_its_schema(rel, run_ckptconv):
     r = run_ckptconv("inspect", "--json", TD / rel)
     assert r.returncode == 0, r.stderr
     jsonschema.validate(json.loads(r.stdout), INSPECT_SCHEMA)
+
+
+@pytest.mark.parametrize("how", ["path", "tag"])
+def test_a_save_that_died_before_its_metadata_is_an_incomplete_checkpoint(how, tmp_path, run_ckptconv):
+    """#36 row 4: `validate ckpt/step-300` where the save died before writing
+    .metadata was UNREADABLE, 'directory is not a recognised checkpoint', exit
+    3, while `inspect ckpt` listed it INCOMPLETE. It is a checkpoint with a
+    problem: exit 1, 'incomplete checkpoint: ... the save did not finish'."""
+    import shutil
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    src = REPO / "testdata" / "dcp" / "fsdp2_adamw_ws2"
+    shutil.copytree(src, root / "step-200")
+    shutil.copytree(src, root / "step-300")
+    (root / "step-300" / ".metadata").unlink()
+    args = [root / "step-300"] if how == "path" else [root, "--tag", "step-300"]
+    r = run_ckptconv("validate", *args)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "incomplete checkpoint: " in r.stdout and "save did not finish" in r.stdout, r.stdout
+    j = json.loads(run_ckptconv("validate", *args, "--json").stdout)
+    assert (j["status"], j["format"], j["exit_code"]) == ("problems", "dcp", 1)

@@ -94,6 +94,14 @@ class Validator {
       report_.format = source_format_name(source_kind_of(src_, {opt_.files, opt_.only, nullptr, opt_.tag}));
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kInvalidArgument) throw;
+      // A save that died before its metadata is a checkpoint with a problem
+      // (exit 1), as a folder listing shows it, not an unknown directory.
+      const std::string named = opt_.tag.empty() || opt_.tag == "latest" ? src_ : src_ + "/" + opt_.tag;
+      if (auto unfinished = opt_.files.empty() ? unfinished_save(named) : std::nullopt) {
+        report_.format = unfinished->format;
+        sink_.report({ErrorCode::kDataLoss, "incomplete checkpoint: " + unfinished->why, named});
+        return std::nullopt;
+      }
       sink_.report(e, report_.source);
       report_.readable = false;
       return std::nullopt;

@@ -99,6 +99,20 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+std::optional<UnfinishedSave> unfinished_save(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  std::optional<RootEntry> e = entry_of(fs::path(dir));
+  if (!e || e->complete) return std::nullopt;
+  if (e->kind == source_format_name(SourceKind::kZero))
+    return UnfinishedSave{e->kind, dir +
+                                       " is a DeepSpeed tag whose save did not finish: a rank's optimizer or "
+                                       "model-states file is missing"};
+  return UnfinishedSave{e->kind, dir + " is a " + e->kind +
+                                     " checkpoint whose save did not finish: its .distcp "
+                                     "files are there, its .metadata (written last) is not"};
+}
+
 bool is_checkpoint_root(const std::string& src) {
   std::error_code ec;
   if (!fs::is_directory(src, ec) || directory_kind(src)) return false;

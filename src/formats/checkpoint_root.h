@@ -36,6 +36,15 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir);
 // - a --tag naming none of them: NotFound listing them.
 std::string resolve_checkpoint(const std::string& src, const std::string& tag);
 
+// Why `dir` is a checkpoint whose save never finished (DCP .distcp files
+// or Accelerate's parts without their .metadata; a DeepSpeed tag missing a
+// rank's files), as a folder listing calls it INCOMPLETE; nullopt otherwise.
+struct UnfinishedSave {
+  std::string format;  // as RootEntry::kind: "dcp", "dcp-pair", "deepspeed-zero"
+  std::string why;     // a sentence naming `dir`
+};
+std::optional<UnfinishedSave> unfinished_save(const std::string& dir);
+
 // True when SRC is a folder of checkpoints rather than one (inspect lists it).
 bool is_checkpoint_root(const std::string& src);
 
