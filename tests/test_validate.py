@@ -588,3 +588,20 @@ def test_a_save_that_died_before_its_metadata_is_an_incomplete_checkpoint(how, t
     assert "incomplete checkpoint: " in r.stdout and "save did not finish" in r.stdout, r.stdout
     j = json.loads(run_ckptconv("validate", *args, "--json").stdout)
     assert (j["status"], j["format"], j["exit_code"]) == ("problems", "dcp", 1)
+
+
+def test_validate_names_the_checkpoint_it_read_in_a_folder(tmp_path, run_ckptconv):
+    """#36 row 6: `validate ckpt --tag latest -q` said which step it checked only
+    in a stderr info line that -q hides: now on the result line and in --json."""
+    import shutil
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    for step in (100, 200):
+        shutil.copytree(REPO / "testdata" / "dcp" / "fsdp2_adamw_ws2", root / f"step-{step}")
+    r = run_ckptconv("validate", root, "--tag", "latest", "-q")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0].startswith(f"{root} (checkpoint {root / 'step-200'}): dcp"), r.stdout
+    j = json.loads(run_ckptconv("validate", root, "--tag", "latest", "--json").stdout)
+    assert (j["source"], j["checkpoint"]) == (str(root), str(root / "step-200"))
+    j = json.loads(run_ckptconv("validate", root / "step-100", "--json").stdout)
+    assert j["checkpoint"] == j["source"] == str(root / "step-100")

@@ -91,6 +91,7 @@ class Validator {
   std::optional<CheckpointModel> read() {
     check("reading");
     try {
+      if (opt_.files.empty()) report_.checkpoint = resolve_checkpoint(src_, opt_.tag);
       report_.format = source_format_name(source_kind_of(src_, {opt_.files, opt_.only, nullptr, opt_.tag}));
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kInvalidArgument) throw;

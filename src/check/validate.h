@@ -52,7 +52,8 @@ struct NonFinite {
 
 struct ValidateReport {
   std::string source;
-  std::string format;   // "" when SRC could not be read at all
+  std::string checkpoint;  // the one read, when SRC is a folder of them (--tag, or its only one)
+  std::string format;      // "" when SRC could not be read at all
   int world_size = -1;  // -1 when unknown
   uint64_t files = 0, tensors = 0, tensor_bytes = 0;
   bool readable = true;  // false: SRC is missing or no checkpoint of a known kind

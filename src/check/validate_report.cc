@@ -32,6 +32,7 @@ Json report_to_json(const ValidateReport& r) {
   j["schema_version"] = kValidateSchemaVersion;
   j["command"] = "validate";
   j["source"] = r.source;
+  j["checkpoint"] = r.checkpoint.empty() ? r.source : r.checkpoint;
   j["format"] = or_null(r.format);
   j["world_size"] = or_null(r.world_size);
   j["status"] = status_of(r);
@@ -78,7 +79,9 @@ Json report_to_json(const ValidateReport& r) {
 }
 
 void print_report(const ValidateReport& r, std::ostream& out) {
-  out << r.source << ": " << (r.format.empty() ? "unreadable" : r.format);
+  out << r.source;
+  if (!r.checkpoint.empty() && r.checkpoint != r.source) out << " (checkpoint " << r.checkpoint << ")";
+  out << ": " << (r.format.empty() ? "unreadable" : r.format);
   if (r.world_size > 0) out << ", world size " << r.world_size;
   out << ", " << r.files << " files, " << r.tensors << " tensors (" << human_bytes(r.tensor_bytes) << ")\n";
   out << "checks: ";
