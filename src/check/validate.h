@@ -54,7 +54,7 @@ struct ValidateReport {
   std::string source;
   std::string checkpoint;  // the one read, when SRC is a folder of them (--tag, or its only one)
   std::string format;      // "" when SRC could not be read at all
-  int world_size = -1;  // -1 when unknown
+  int world_size = -1;     // -1 when unknown
   uint64_t files = 0, tensors = 0, tensor_bytes = 0;
   bool readable = true;  // false: SRC is missing or no checkpoint of a known kind
   std::vector<std::string> checks;
