@@ -367,3 +367,22 @@ def test_a_consolidation_equals_its_source(src, tmp_path, run_ckptconv):
         assert r.returncode == 1 and "train_state.log_steps" in r.stdout, r.stdout
     else:
         assert noted == 0
+
+
+def test_diff_takes_a_tag_for_each_side(tmp_path, run_ckptconv):
+    """#36 row 5: `diff ckpt ckpt/step-200` said "choose one with --tag", an
+    option diff did not have. --tag chooses A's checkpoint, --tag-b B's, and
+    the message names the option of the side that needs one."""
+    import shutil
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    for step in (100, 200):
+        shutil.copytree(DCP, root / f"step-{step}")
+    r = run_ckptconv("diff", root, root / "step-200")
+    assert r.returncode == 2 and "A: " in r.stderr and "choose one with --tag NAME" in r.stderr, r.stderr
+    r = run_ckptconv("diff", root / "step-200", root)
+    assert r.returncode == 2 and "B: " in r.stderr and "choose one with --tag-b NAME" in r.stderr, r.stderr
+    r = run_ckptconv("diff", root, root / "step-200", "--tag", "latest")
+    assert r.returncode == 0 and "equal" in r.stdout, r.stdout + r.stderr
+    r = run_ckptconv("diff", root, root, "--tag", "step-100", "--tag-b", "step-200")
+    assert r.returncode == 0, r.stdout + r.stderr

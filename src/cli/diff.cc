@@ -24,6 +24,11 @@ void register_diff(CLI::App& app) {
                .device = "auto|cpu: comparisons run on CPU threads",
                .threads = "Threads for comparisons (0: all hardware threads)",
                .memory_limit = "Budget for the row slabs of both tensors, e.g. 512M"});
+  sub->add_option("--tag", req->tag_a,
+                  "A holds several checkpoints (step-100/, checkpoint_3/, DeepSpeed tags): compare this one; "
+                  "'latest' for the one the file `latest` names, else the highest-numbered complete one")
+      ->group(comparison);
+  sub->add_option("--tag-b", req->tag_b, "The same for B")->group(comparison);
   sub->add_flag("--ignore-dtype", req->ignore_dtype,
                 "A dtype difference alone is not a difference (values are still compared, in double)")
       ->group(comparison);

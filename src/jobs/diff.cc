@@ -18,13 +18,25 @@ namespace {
 // selected is an empty checkpoint (its selection error kept in
 // `unselected`): the other side's keys are then "only in" it, a difference
 // rather than an error.
-CheckpointModel read_side(const char* side, const std::string& src, const DiffRequest& req,
+CheckpointModel read_side(const char* side, const std::string& src, const std::string& tag, const DiffRequest& req,
                           std::optional<Error>& unselected) {
   CommonOptions opt = req.common;
   opt.source = src;
+  opt.tag = tag;
   opt.files.clear();
   opt.dtype = "keep";
-  CheckpointModel model = read_source(opt);
+  CheckpointModel model;
+  try {
+    model = read_source(opt);
+  } catch (const Error& e) {
+    // resolve_checkpoint says --tag; B's option is --tag-b.
+    std::string message = e.message();
+    const std::string tag = " --tag ";
+    if (side[0] != 'B' || e.code() != ErrorCode::kInvalidArgument || message.find(tag) == std::string::npos) throw;
+    for (auto at = message.find(tag); at != std::string::npos; at = message.find(tag, at + 1))
+      message.replace(at, tag.size(), " --tag-b ");
+    fail_invalid(message);
+  }
   try {
     model = select_source(std::move(model), opt);
   } catch (const Error& e) {
@@ -51,8 +63,8 @@ JobReport run_diff(const DiffRequest& req, std::ostream& out) {
   options.strict = req.strict;
   options.stream = {parse_size(req.common.memory_limit), req.common.threads};
   std::optional<Error> unselected_a, unselected_b;
-  CheckpointModel a = with_context("A", [&] { return read_side("A", req.a, req, unselected_a); });
-  CheckpointModel b = with_context("B", [&] { return read_side("B", req.b, req, unselected_b); });
+  CheckpointModel a = with_context("A", [&] { return read_side("A", req.a, req.tag_a, req, unselected_a); });
+  CheckpointModel b = with_context("B", [&] { return read_side("B", req.b, req.tag_b, req, unselected_b); });
   // Nothing selected on either side is a usage error, as for consolidate.
   if (unselected_a && unselected_b) throw *unselected_a;
   JobClock clock;

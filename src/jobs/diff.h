@@ -11,7 +11,8 @@ namespace ckpt::jobs {
 
 struct DiffRequest {
   std::string a, b;
-  CommonOptions common;  // only, keys, device, threads, memory_limit (source/files unused)
+  std::string tag_a, tag_b;  // --tag, --tag-b: the checkpoint to read when A or B is a folder of them
+  CommonOptions common;      // only, keys, device, threads, memory_limit (source/files/tag unused)
   double rtol = 0, atol = 0;
   bool json = false;
   bool all = false;  // also list the equal tensors
