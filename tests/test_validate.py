@@ -605,3 +605,23 @@ def test_validate_names_the_checkpoint_it_read_in_a_folder(tmp_path, run_ckptcon
     assert (j["source"], j["checkpoint"]) == (str(root), str(root / "step-200"))
     j = json.loads(run_ckptconv("validate", root / "step-100", "--json").stdout)
     assert j["checkpoint"] == j["source"] == str(root / "step-100")
+
+
+def test_a_manifest_matches_any_spelling_of_the_same_checkpoint(tmp_path, run_ckptconv):
+    """#36 row 2: `validate ckpt --tag latest --write-manifest m.json`, then
+    `validate ckpt/step-200 --manifest m.json` on the unchanged checkpoint said
+    '0 changed, 5 missing, 5 new', exit 1: paths were relative to how SRC was
+    named. They are relative to the checkpoint's own directory now."""
+    import shutil
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    for step in (100, 200):
+        shutil.copytree(REPO / "testdata" / "dcp" / "fsdp2_adamw_ws2", root / f"step-{step}")
+    m = tmp_path / "m.json"
+    assert run_ckptconv("validate", root, "--tag", "latest", "--write-manifest", m).returncode == 0
+    assert {f["path"] for f in json.loads(m.read_text())["files"]} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    (tmp_path / "link").symlink_to(root / "step-200", target_is_directory=True)
+    for spelling in ([root / "step-200"], [tmp_path / "link"], [root, "--tag", "step-200"],
+                     [Path("ckpt") / "step-200"]):
+        r = run_ckptconv("validate", *spelling, "--manifest", m, cwd=tmp_path)
+        assert r.returncode == 0 and "0 changed, 0 missing, 0 new" in r.stdout, (spelling, r.stdout)

@@ -24,12 +24,29 @@ namespace {
 namespace fs = std::filesystem;
 
 // File names in manifests: relative to the checkpoint's folder.
-std::string manifest_path_of(const std::string& file, const std::string& src, const ValidateOptions& opt) {
+// The directory that holds all of a checkpoint's files (the deepest one
+// they share): manifest paths are relative to it, so a manifest written for
+// `ckpt --tag latest` matches `ckpt/step-200`, or the same checkpoint named
+// through another path, a link or a copy.
+fs::path checkpoint_home(const std::vector<std::string>& files) {
   std::error_code ec;
-  fs::path base = !src.empty() && fs::is_directory(src, ec)
-                      ? fs::path(src)
-                      : fs::path(src.empty() ? opt.files.front() : src).parent_path();
-  fs::path rel = fs::path(file).lexically_relative(base);
+  fs::path home;
+  for (const auto& f : files) {
+    fs::path dir = fs::weakly_canonical(fs::absolute(f, ec), ec).parent_path();
+    if (home.empty()) {
+      home = dir;
+      continue;
+    }
+    fs::path common;
+    for (auto a = home.begin(), b = dir.begin(); a != home.end() && b != dir.end() && *a == *b; ++a, ++b) common /= *a;
+    home = common;
+  }
+  return home;
+}
+
+std::string manifest_path_of(const std::string& file, const fs::path& home) {
+  std::error_code ec;
+  fs::path rel = fs::weakly_canonical(fs::absolute(file, ec), ec).lexically_relative(home);
   return rel.empty() || rel.native().starts_with("..") ? fs::path(file).filename().string() : rel.string();
 }
 
@@ -225,9 +242,10 @@ class Validator {
     for (const auto& p : records.problems().problems()) sink_.report(p);
     if (!algorithm) return;
     for (const auto& p : unread_files.problems()) sink_.report(p);
+    const fs::path home = checkpoint_home(files);
     for (std::size_t k = 0; k < files.size(); ++k)
       if (!streams->checksum(k).empty())
-        now.files.push_back({manifest_path_of(files[k], src_, opt_), streams->size(k), streams->checksum(k)});
+        now.files.push_back({manifest_path_of(files[k], home), streams->size(k), streams->checksum(k)});
     check("manifest");
     report_.manifest_algorithm = checksum_algorithm_name(*algorithm);
     if (recorded) {
