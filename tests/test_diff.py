@@ -266,11 +266,32 @@ def test_bad_inputs_and_usage(run_ckptconv, tmp_path):
     assert REF.read_bytes() == truncated.read_bytes() + REF.read_bytes()[-100:]  # inputs untouched
 
 
-def test_selection_that_empties_one_side_is_a_difference(run_ckptconv, tmp_path):
+def test_selection_that_matches_nothing_on_one_side_is_a_usage_error(run_ckptconv, tmp_path):
+    """#36 row 3: never a silent comparison of nothing (it had been exit 1
+    with everything 'only in A'): exit 2 naming the side."""
     model_only = tmp_path / "model.pt"
     torch.save({"model": torch.load(REF, weights_only=True)["model"]}, model_only)
-    code, doc = diff_json(run_ckptconv, DCP, model_only, "--only", "optim")
-    assert code == 1 and doc["only_in_a"] and not doc["only_in_b"] and not doc["tensors"]
+    r = run_ckptconv("diff", DCP, model_only, "--only", "optim")
+    assert r.returncode == 2 and "B" in r.stderr and "optim" in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_an_export_made_with_only_model_compares_against_the_sources_model(fmt, run_ckptconv, tmp_path):
+    """#36 row 3: `diff ckpt/step-200 hf/model.safetensors.index.json --only
+    model` after exporting with --only model compared 0 tensors and said
+    "differ": the export holds the model's state dict at its top level, so it
+    is compared whole against A's model, and said so."""
+    out = tmp_path / f"model.{fmt}"
+    extra = ["--max-shard-size", "200"] if fmt == "safetensors" else []
+    assert run_ckptconv("consolidate", DCP, "--only", "model", "-o", out, *extra).returncode == 0
+    b = tmp_path / "model.safetensors.index.json" if fmt == "safetensors" else out
+    assert b.exists()
+    r = run_ckptconv("diff", DCP, b, "--only", "model")
+    assert r.returncode == 0 and "equal" in r.stdout, r.stdout + r.stderr
+    assert "compared whole, as an export made with --only model" in r.stderr, r.stderr
+    code, doc = diff_json(run_ckptconv, DCP, b, "--only", "model")
+    assert code == 0 and doc["summary"]["tensors_compared"] > 0
 
 
 def test_values_compare_numbers_by_value_and_tuples_apart_from_lists(run_ckptconv, tmp_path):

@@ -10,44 +10,48 @@
 #include "core/units.h"
 #include "diff/checkpoint_diff.h"
 #include "diff/diff_report.h"
+#include "model/tree_walk.h"
 
 namespace ckpt::jobs {
 namespace {
 
-// One side, read and selected as consolidate does. A side where nothing is
-// selected is an empty checkpoint (its selection error kept in
-// `unselected`): the other side's keys are then "only in" it, a difference
-// rather than an error.
-CheckpointModel read_side(const char* side, const std::string& src, const std::string& tag, const DiffRequest& req,
-                          std::optional<Error>& unselected) {
+// One side, read and selected as consolidate does. A side that holds no
+// "model" or "optim" entry and is asked for one is an export made with
+// `--only X` (X's state dict at its top level): it is compared whole, and
+// the log says so. Any other selection that matches nothing is a usage
+// error (exit 2) naming the side, never a silent comparison of nothing.
+CheckpointModel read_side(const char* side, const std::string& src, const std::string& tag, const DiffRequest& req) {
   CommonOptions opt = req.common;
   opt.source = src;
   opt.tag = tag;
   opt.files.clear();
   opt.dtype = "keep";
-  CheckpointModel model;
+  CheckpointModel read;
   try {
-    model = read_source(opt);
+    read = read_source(opt);
   } catch (const Error& e) {
     // resolve_checkpoint says --tag; B's option is --tag-b.
     std::string message = e.message();
-    const std::string tag = " --tag ";
-    if (side[0] != 'B' || e.code() != ErrorCode::kInvalidArgument || message.find(tag) == std::string::npos) throw;
-    for (auto at = message.find(tag); at != std::string::npos; at = message.find(tag, at + 1))
-      message.replace(at, tag.size(), " --tag-b ");
+    const std::string tag_option = " --tag ";
+    if (side[0] != 'B' || e.code() != ErrorCode::kInvalidArgument || message.find(tag_option) == std::string::npos)
+      throw;
+    for (auto at = message.find(tag_option); at != std::string::npos; at = message.find(tag_option, at + 1))
+      message.replace(at, tag_option.size(), " --tag-b ");
     fail_invalid(message);
   }
   try {
-    model = select_source(std::move(model), opt);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kInvalidArgument) throw;
-    unselected = e;
-    model.root = nullptr;
-    model.tensors.clear();
+    CheckpointModel model = select_source(read, opt);
+    spdlog::debug("{}: {} ({}), {} tensors selected", side, src, model.format(), model.tensors.size());
     return model;
+  } catch (const Error& e) {
+    pickle::ValuePtr root = read.root ? mapping_of(read.root) : nullptr;
+    bool holds_parts = root && root->is(pickle::Kind::kDict) && (root->get("model") || root->get("optim"));
+    if (e.code() != ErrorCode::kInvalidArgument || opt.only.empty() || holds_parts) throw;
+    spdlog::info("{}: {} has no '{}' entry: compared whole, as an export made with --only {}", side, src, opt.only,
+                 opt.only);
+    opt.only.clear();
+    return select_source(std::move(read), opt);
   }
-  spdlog::debug("{}: {} ({}), {} tensors selected", side, src, model.format(), model.tensors.size());
-  return model;
 }
 
 }  // namespace
@@ -62,11 +66,8 @@ JobReport run_diff(const DiffRequest& req, std::ostream& out) {
   options.ignore_dtype = req.ignore_dtype;
   options.strict = req.strict;
   options.stream = {parse_size(req.common.memory_limit), req.common.threads};
-  std::optional<Error> unselected_a, unselected_b;
-  CheckpointModel a = with_context("A", [&] { return read_side("A", req.a, req.tag_a, req, unselected_a); });
-  CheckpointModel b = with_context("B", [&] { return read_side("B", req.b, req.tag_b, req, unselected_b); });
-  // Nothing selected on either side is a usage error, as for consolidate.
-  if (unselected_a && unselected_b) throw *unselected_a;
+  CheckpointModel a = with_context("A", [&] { return read_side("A", req.a, req.tag_a, req); });
+  CheckpointModel b = with_context("B", [&] { return read_side("B", req.b, req.tag_b, req); });
   JobClock clock;
   JobReport report;
   report.bytes = diff_read_bytes(a, b);
