@@ -154,3 +154,42 @@ def test_scheduler_client_state_and_counters_are_kept_under_deepspeeds_names(tmp
     model_only = tmp_path / "model.pt"
     assert run_ckptconv("consolidate", root, "--only", "model", "-o", model_only).returncode == 0
     assert "lr_scheduler" not in torch.load(model_only, weights_only=True)
+
+
+def test_real_deepspeed_scheduler_and_client_state_are_kept(tmp_path, run_ckptconv):
+    """#30 row 4 on a checkpoint real DeepSpeed wrote (z2_sched_ws2: ZeRO-2
+    bf16, ws 2, a WarmupLR scheduler from ds_config and
+    save_checkpoint(client_state={...})): consolidate keeps the scheduler's
+    state_dict, the counters and the client_state keys exactly as the live
+    engine held them at save time (case.json's training_state, recorded by
+    tools/make_zero_checkpoints.py); --only model drops them."""
+    import json
+
+    case = ZERO / "z2_sched_ws2"
+    recorded = json.loads((case / "case.json").read_text())["training_state"]
+    client = {"epoch": 2, "samples_seen": 96, "note": "resume-here"}
+    assert recorded["client_state"] == client
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    assert {"model", "optim"} <= set(full), sorted(full)
+    assert full["model"] and full["optim"]["state"], sorted(full)
+    sched = full["lr_scheduler"]
+    assert sched == recorded["lr_scheduler"]
+    for k, want in recorded["lr_scheduler"].items():  # same values and types: the tool copies them
+        assert type(sched[k]) is type(want) and sched[k] == want, (k, sched[k], want)
+    assert full["global_steps"] == 3 == recorded["global_steps"]
+    assert full["global_samples"] == recorded["global_samples"]
+    assert full["skipped_steps"] == recorded["skipped_steps"]
+    assert full["client_state"] == client
+    model_only = tmp_path / "model.pt"
+    r = run_ckptconv("consolidate", case, "--only", "model", "-o", model_only)
+    assert r.returncode == 0, r.stderr
+    got = torch.load(model_only, weights_only=True)
+    dropped = {"lr_scheduler", "client_state", "global_steps", "global_samples", "skipped_steps", "optim",
+               "model", *client}
+    assert not dropped & set(got), sorted(dropped & set(got))
+    assert "head.weight" in got
+    r = run_ckptconv("validate", case)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -31,7 +31,11 @@ plus:
   exp_avg partitions all-gathered over ranks and cut at the live lp param's
   offset in DeepSpeed's lp flat buffer. ``case.json`` says which, per tensor.
 - ``case.json``: the case (stage, dtype, world size, options, ds_config,
-  versions, optimizer class, files and sizes, reference provenance).
+  versions, optimizer class, files and sizes, reference provenance). A case
+  saved with ``client_state`` (z2_sched_ws2, which also has a DeepSpeed lr
+  scheduler) adds ``training_state``: what the live engine held at save time
+  (``engine.lr_scheduler.state_dict()``, global_steps, global_samples,
+  skipped_steps) and the client_state dict passed to ``save_checkpoint``.
 
 Self-checks (assertions): file names and prefixes per stage/dtype; the
 ``latest`` tag; each trainable tensor of zero_to_fp32 bit-equals the live fp32
@@ -142,7 +146,8 @@ def batch(step: int, rank: int) -> torch.Tensor:
 
 def case(stage, dtype, ws, **kw):
     return dict(stage=stage, dtype=dtype, world_size=ws, zero_extra=kw.pop("zero_extra", {}),
-                extra=kw.pop("extra", {}), groups2=kw.pop("groups2", False), exercises=kw.pop("exercises"))
+                extra=kw.pop("extra", {}), groups2=kw.pop("groups2", False), exercises=kw.pop("exercises"),
+                client_state=kw.pop("client_state", None))
 
 
 CASES = {
@@ -174,6 +179,15 @@ CASES = {
                              exercises="ZeRO-3 sub-groups (sub_group_size 60 elements, as a model of "
                                        "billions of parameters gets at the default 1e9): several flat "
                                        "partitions and AdamW states per param group"),
+    "z2_sched_ws2": case(2, "bf16", 2,
+                         extra={"scheduler": {"type": "WarmupLR",
+                                              "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.001,
+                                                         "warmup_num_steps": 10}}},
+                         client_state={"epoch": 2, "samples_seen": 96, "note": "resume-here"},
+                         exercises="ZeRO-2 bf16 with a DeepSpeed lr scheduler (WarmupLR) and "
+                                   "save_checkpoint(client_state=...): lr_scheduler state_dict and the "
+                                   "client_state keys at the model-states file's top level; case.json's "
+                                   "training_state is what the live engine held at save time"),
 }
 
 
@@ -348,6 +362,19 @@ def fp16_gate_patch() -> None:
         type(acc).is_fp16_supported = lambda self: True
 
 
+def plain(v):
+    """`v` as JSON values (tensors and tuples become lists); refuses anything else."""
+    if isinstance(v, torch.Tensor):
+        v = v.tolist()
+    if isinstance(v, dict):
+        assert all(isinstance(k, str) for k in v), v
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    assert v is None or isinstance(v, (bool, int, float, str)), (type(v), v)
+    return v
+
+
 def job(rank: int, ws: int, out: str, name: str) -> None:
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
@@ -365,10 +392,25 @@ def job(rank: int, ws: int, out: str, name: str) -> None:
         engine.step()
     assert engine.global_steps == STEPS and engine.skipped_steps == 0, (engine.global_steps, engine.skipped_steps)
 
+    training_state = None
+    if c["client_state"] is not None:
+        # what DeepSpeed itself holds at save time, from the live engine
+        training_state = {
+            "lr_scheduler": plain(engine.lr_scheduler.state_dict()) if engine.lr_scheduler is not None else None,
+            "lr_scheduler_class": type(engine.lr_scheduler).__name__ if engine.lr_scheduler is not None else None,
+            "global_steps": plain(engine.global_steps),
+            "global_samples": plain(engine.global_samples),
+            "skipped_steps": plain(engine.skipped_steps),
+            "client_state": plain(c["client_state"]),
+        }
+
     if rank == 0 and d.exists():
         shutil.rmtree(d)
     dist.barrier()
-    engine.save_checkpoint(str(d))
+    if c["client_state"] is not None:
+        engine.save_checkpoint(str(d), client_state=dict(c["client_state"]))
+    else:
+        engine.save_checkpoint(str(d))
     dist.barrier()
 
     module = engine.module
@@ -434,7 +476,7 @@ def job(rank: int, ws: int, out: str, name: str) -> None:
     ref_live = {"model": model_ref, "optim": optim_ref, "param_groups": pgroups, "lp": lp,
                 "buffers": buffers, "tied": dict(TIED)}
     torch.save(ref_live, d / "reference_live.pt")
-    info = finish_case(name, c, d, ws, cls, ref_live, source, notes)
+    info = finish_case(name, c, d, ws, cls, ref_live, source, notes, training_state)
     (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
 
 
@@ -537,7 +579,7 @@ def zero3_padding_is_zero(c, tagdir: Path) -> dict:
     return res
 
 
-def finish_case(name, c, d: Path, ws, cls, ref_live, source, notes):
+def finish_case(name, c, d: Path, ws, cls, ref_live, source, notes, training_state=None):
     import deepspeed
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     fp16_patched = not _mkldnn_fp16()
@@ -555,8 +597,18 @@ def finish_case(name, c, d: Path, ws, cls, ref_live, source, notes):
     mfiles = sorted(tagdir.glob("*_model_states.pt"))
     for mf in mfiles:
         ms = load(mf)
-        assert len(ms) == 18, (mf.name, sorted(ms))
+        client = c["client_state"] or {}
+        assert len(ms) == 18 + len(client), (mf.name, sorted(ms))
         assert ms["ds_version"] == deepspeed.__version__ and ms["global_steps"] == STEPS
+        if training_state is None:
+            assert ms["lr_scheduler"] is None, (mf.name, ms["lr_scheduler"])
+        else:
+            # the file holds what the live engine held (client_state keys at the top level)
+            assert ms["lr_scheduler"] is not None and plain(ms["lr_scheduler"]) == training_state["lr_scheduler"]
+            for k in ("global_steps", "global_samples", "skipped_steps"):
+                assert ms[k] == training_state[k], (mf.name, k, ms[k], training_state[k])
+            for k, v in client.items():
+                assert ms[k] == v, (mf.name, k, ms[k], v)
         assert ms["buffer_names"] == ["scale"] and ms["module"]["scale"].dtype == torch.float32
         if stage == 1:
             assert ms["frozen_param_shapes"] is None and ms["frozen_param_fragments"] is None
@@ -608,7 +660,9 @@ def finish_case(name, c, d: Path, ws, cls, ref_live, source, notes):
         "world_size": ws,
         "optimizer_class": cls,
         "options": {**c["zero_extra"], **({"data_types": c["extra"]["data_types"]} if "data_types" in c["extra"] else {}),
-                    **({"param_groups": 2} if c["groups2"] else {})},
+                    **({"param_groups": 2} if c["groups2"] else {}),
+                    **({"scheduler": c["extra"]["scheduler"]["type"]} if "scheduler" in c["extra"] else {}),
+                    **({"client_state": sorted(c["client_state"])} if c["client_state"] is not None else {})},
         "exercises": c["exercises"],
         "ds_config": ds_config(c),
         "ds_version": deepspeed.__version__,
@@ -621,6 +675,7 @@ def finish_case(name, c, d: Path, ws, cls, ref_live, source, notes):
         "tensors": SHAPES,
         "tied": TIED,
         "param_groups": [{k: g[k] for k in ("lr", "weight_decay", "params")} for g in ref_live["param_groups"]],
+        **({"training_state": training_state} if training_state is not None else {}),
         "files": files,
         # ZeRO-3 pads each param to ceil(numel/ws) per rank; are the padding
         # elements zero on disk in this run? (They are not guaranteed to be.)
