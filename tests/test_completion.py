@@ -48,7 +48,7 @@ def test_generated_files_match_the_binary(ckptconv, run_ckptconv):
 
 def test_bash_completes_commands_options_and_values(ckptconv, run_ckptconv):
     script = _share(ckptconv) / "bash-completion/completions/ckptconv"
-    assert _bash_complete(script, "ckptconv", "") == COMMANDS + ["help", "completion"]
+    assert _bash_complete(script, "ckptconv", "") == COMMANDS + ["help", "version", "completion"]
     assert _bash_complete(script, "ckptconv", "con") == ["consolidate", "convert"]
     for command in COMMANDS:
         offered = set(_bash_complete(script, "ckptconv", "-v", command, "x", "--"))

@@ -15,7 +15,7 @@ import torch
 
 
 def auto_backend(run_ckptconv) -> str:
-    r = run_ckptconv("--version")
+    r = run_ckptconv("version")
     assert r.returncode == 0, r.stderr
     m = re.search(r"^--device auto: (.*)$", r.stdout, re.M)
     assert m, r.stdout

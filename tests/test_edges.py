@@ -116,15 +116,15 @@ def test_help_command(run_ckptconv):
 
 
 @pytest.mark.parametrize("form", ["dir/", "dir"])
-def test_output_that_is_a_directory_names_a_file_to_give(form, tmp_path, run_ckptconv, testdata):
+def test_output_that_is_a_directory_gets_the_file_in_it(form, tmp_path, run_ckptconv, testdata):
+    """-o DIR/ (or an existing DIR) writes into it, as Hugging Face tools do
+    (tests/test_everyday_paths.py checks what is written)."""
     (tmp_path / "dir").mkdir()
-    for extra in ([], ["--force"]):
-        r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", f"{tmp_path}/{form}", *extra)
-        assert r.returncode == 2, r.stderr
-        assert "is a directory; give the file to write" in r.stderr and "dir/model.safetensors" in r.stderr
-    assert list((tmp_path / "dir").iterdir()) == []
-    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", f"{tmp_path}/nodir/")
-    assert r.returncode == 2 and "names a directory (it ends in '/'); give the file to write" in r.stderr, r.stderr
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", f"{tmp_path}/{form}")
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in (tmp_path / "dir").iterdir()] == ["full.safetensors"]
+    r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", f"{tmp_path}/{form}")
+    assert r.returncode == 2 and "output exists (use --force to overwrite)" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("cmd", [["consolidate", "-o", "{t}/nope/x.pt"],

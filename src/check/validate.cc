@@ -94,12 +94,25 @@ class Validator {
     }
     std::vector<std::string> files = model ? model->info.files : std::vector<std::string>{};
     report_.files = files.size();
+    if (model && model->info.declared) count_declared(*model->info.declared);
     if (model && (opt_.finite || wants_manifest())) data_pass(*model, files);
     report_.problems = sink_.problems();
     return std::move(report_);
   }
 
  private:
+  // Totals as the metadata declares them, what could not be read counted
+  // apart: a missing rank file is a missing file, not a smaller checkpoint.
+  void count_declared(const DeclaredContents& d) {
+    report_.files = std::max<uint64_t>(report_.files, d.files);
+    report_.files_missing = d.missing_files;
+    if (d.tensors > report_.tensors) {
+      report_.tensors_unread = d.tensors - report_.tensors;
+      report_.tensors = d.tensors;
+      report_.tensor_bytes = d.tensor_bytes;
+    }
+  }
+
   bool wants_manifest() const { return !opt_.write_manifest.empty() || !opt_.manifest.empty(); }
   void check(const std::string& name) { report_.checks.push_back(name); }
 
@@ -177,7 +190,7 @@ class Validator {
         sink_.report(Problem{ErrorCode::kDataLoss,
                              "world size is " + std::to_string(ws) + ", expected " +
                                  std::to_string(opt_.expect_world_size) + " (--expect-world-size)",
-                             "", -1, ""});
+                             "", -1, "", "WorldSize"});
   }
 
   void check_keys(const CheckpointModel& model) {

@@ -55,8 +55,9 @@ struct ValidateReport {
   std::string checkpoint;  // the one read, when SRC is a folder of them (--tag, or its only one)
   std::string format;      // "" when SRC could not be read at all
   int world_size = -1;     // -1 when unknown
-  uint64_t files = 0, tensors = 0, tensor_bytes = 0;
-  bool readable = true;  // false: SRC is missing or no checkpoint of a known kind
+  uint64_t files = 0, tensors = 0, tensor_bytes = 0;  // as the metadata declares them, when it does
+  uint64_t files_missing = 0, tensors_unread = 0;     // of those, not there / not read whole
+  bool readable = true;                               // false: SRC is missing or no checkpoint of a known kind
   std::vector<std::string> checks;
   std::vector<Problem> problems;
   std::vector<std::string> notes;

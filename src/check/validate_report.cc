@@ -39,6 +39,8 @@ Json report_to_json(const ValidateReport& r) {
   j["exit_code"] = r.exit_code();
   j["summary"] = {
       {"files", r.files}, {"tensors", r.tensors}, {"tensor_bytes", r.tensor_bytes}, {"problems", r.problems.size()}};
+  if (r.files_missing) j["summary"]["files_missing"] = r.files_missing;
+  if (r.tensors_unread) j["summary"]["tensors_unread"] = r.tensors_unread;
   j["checks"] = r.checks;
   Json problems = Json::array();
   for (const auto& p : r.problems)
@@ -46,7 +48,8 @@ Json report_to_json(const ValidateReport& r) {
                         {"message", p.message},
                         {"file", or_null(p.file)},
                         {"rank", or_null(p.rank)},
-                        {"key", or_null(p.tensor)}});
+                        {"key", or_null(p.tensor)},
+                        {"kind", or_null(p.kind)}});
   j["problems"] = problems;
   j["notes"] = r.notes;
   if (r.finite_ran) {
@@ -83,7 +86,11 @@ void print_report(const ValidateReport& r, std::ostream& out) {
   if (!r.checkpoint.empty() && r.checkpoint != r.source) out << " (checkpoint " << r.checkpoint << ")";
   out << ": " << (r.format.empty() ? "unreadable" : r.format);
   if (r.world_size > 0) out << ", world size " << r.world_size;
-  out << ", " << r.files << " files, " << r.tensors << " tensors (" << human_bytes(r.tensor_bytes) << ")\n";
+  out << ", " << r.files << " files";
+  if (r.files_missing) out << " (" << r.files_missing << " missing)";
+  out << ", " << r.tensors << " tensors (" << human_bytes(r.tensor_bytes);
+  if (r.tensors_unread) out << "; " << r.tensors_unread << " not read: chunks in the missing files";
+  out << ")\n";
   out << "checks: ";
   for (std::size_t i = 0; i < r.checks.size(); ++i) out << (i ? ", " : "") << r.checks[i];
   out << "\n";
@@ -102,7 +109,8 @@ void print_report(const ValidateReport& r, std::ostream& out) {
   for (const auto& n : r.notes) out << "note: " << n << "\n";
   for (std::size_t i = 0; i < r.problems.size(); ++i) {
     const Problem& p = r.problems[i];
-    out << "problem " << (i + 1) << " [" << error_code_name(p.code) << "]: " << p.message << "\n";
+    out << "problem " << (i + 1) << " [" << (p.kind.empty() ? error_code_name(p.code) : p.kind.c_str())
+        << "]: " << p.message << "\n";
     std::string where;
     if (!p.file.empty()) where += "file " + p.file;
     if (p.rank >= 0) where += std::string(where.empty() ? "" : ", ") + "rank " + std::to_string(p.rank);

@@ -30,6 +30,15 @@ std::vector<std::string> spellings(const CLI::Option& opt) {
   return out;
 }
 
+// --tag takes a tag of the first SRC (1), --tag-b one of the second (2).
+int tag_side(const CLI::Option& opt) {
+  for (const auto& l : opt.get_lnames()) {
+    if (l == "tag") return 1;
+    if (l == "tag-b") return 2;
+  }
+  return 0;
+}
+
 // Flags take no value (CLI11 gives them no type name and expects 0 items).
 bool takes_value(const CLI::Option& opt) { return opt.get_items_expected_min() > 0 || opt.get_expected_max() > 0; }
 
@@ -95,7 +104,7 @@ std::string bash_completion(const CLI::App& app) {
     << "  for ((i = 1; i < COMP_CWORD; i++)); do\n"
     << "    case \"${COMP_WORDS[i]}\" in " << joined(commands, "|") << ") cmd=\"${COMP_WORDS[i]}\"; break;; esac\n"
     << "  done\n"
-    << "  local opts values=\"\" takes=\"\" words=\"\"\n"
+    << "  local opts values=\"\" takes=\"\" words=\"\" tagof=\"\"\n"
     << "  case \"$cmd\" in\n";
   auto option_block = [&](const CLI::App& scope, const std::string& pattern) {
     std::vector<std::string> all = global, valued;
@@ -109,8 +118,9 @@ std::string bash_completion(const CLI::App& app) {
     for (const CLI::Option* opt : opts) {
       if (!takes_value(*opt)) continue;
       auto values = choices(*opt);
-      s << "        " << joined(spellings(*opt), "|") << ") "
-        << (values.empty() ? std::string("takes=1") : "values=" + quoted(joined(values))) << ";;\n";
+      std::string action = values.empty() ? std::string("takes=1") : "values=" + quoted(joined(values));
+      if (int side = tag_side(*opt)) action = "tagof=" + std::to_string(side);
+      s << "        " << joined(spellings(*opt), "|") << ") " << action << ";;\n";
     }
     s << "      esac\n";
     for (const CLI::Option* opt : scope.get_options())  // a positional with a value list (completion SHELL)
@@ -122,6 +132,20 @@ std::string bash_completion(const CLI::App& app) {
   option_block(app, "*");
   s << "  esac\n"
     << "  if [[ -n \"$values\" ]]; then COMPREPLY=($(compgen -W \"$values\" -- \"$cur\")); return; fi\n"
+    // --tag (--tag-b): the tags of the first (second) folder on the line, as
+    // `ckptconv inspect SRC --tags` lists them.
+    << "  if [[ -n \"$tagof\" ]]; then\n"
+    << "    local src=\"\" n=0\n"
+    << "    for ((i = 1; i < COMP_CWORD - 1; i++)); do\n"
+    << "      case \"${COMP_WORDS[i-1]}\" in -o|--output) continue;; esac\n"
+    << "      if [[ -e \"${COMP_WORDS[i]}\" ]]; then n=$((n + 1)); [[ $n == \"$tagof\" ]] && src=\"${COMP_WORDS[i]}\"; "
+       "fi\n"
+    << "    done\n"
+    << "    [[ -n \"$src\" ]] && COMPREPLY=($(compgen -W \"$(\"${COMP_WORDS[0]}\" inspect \"$src\" --tags "
+       "2>/dev/null)\" "
+       "-- \"$cur\"))\n"
+    << "    return\n"
+    << "  fi\n"
     << "  if [[ -n \"$takes\" ]]; then COMPREPLY=($(compgen -f -- \"$cur\")); compopt -o filenames 2>/dev/null; "
        "return; "
        "fi\n"
@@ -138,7 +162,17 @@ std::string bash_completion(const CLI::App& app) {
 std::string zsh_completion(const CLI::App& app) {
   std::ostringstream s;
   s << "#compdef ckptconv\n"
-    << "# zsh completion for ckptconv, generated from its CLI definition (ckptconv completion zsh)\n\n";
+    << "# zsh completion for ckptconv, generated from its CLI definition (ckptconv completion zsh)\n\n"
+    // --tag N: the tags of the N-th folder on the line (ckptconv inspect SRC --tags).
+    << "_ckptconv_tags() {\n"
+    << "  local w src prev n=0\n  local -a tags\n"
+    << "  for w in ${words[2,CURRENT-1]}; do\n"
+    << "    if [[ -e $w && $prev != (-o|--output) ]]; then n=$((n + 1)); [[ $n == $1 ]] && src=$w; fi\n"
+    << "    prev=$w\n"
+    << "  done\n"
+    << "  [[ -n $src ]] && tags=(${(f)\"$(ckptconv inspect $src --tags 2>/dev/null)\"})\n"
+    << "  compadd -a tags\n"
+    << "}\n\n";
   auto spec = [](const CLI::Option& opt) {
     // '(-o --output)'{-o,--output}'[Output file]:value:_files'
     std::string desc = opt.get_description();
@@ -148,7 +182,10 @@ std::string zsh_completion(const CLI::App& app) {
     std::string tail = "[" + desc + "]";
     if (takes_value(opt)) {
       auto values = choices(opt);
-      tail += values.empty() ? ":value:_files" : ":value:(" + joined(values) + ")";
+      if (int side = tag_side(opt))
+        tail += ":tag:{_ckptconv_tags " + std::to_string(side) + "}";
+      else
+        tail += values.empty() ? ":value:_files" : ":value:(" + joined(values) + ")";
     }
     if (names.size() == 1) return "'" + names[0] + tail + "'";
     return "'(" + joined(names) + ")'{" + joined(names, ",") + "}'" + tail + "'";

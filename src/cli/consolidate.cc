@@ -20,7 +20,7 @@ CLI::App* register_write_command(CLI::App& app, const char* name, const char* de
   CLI::App* sub = app.add_subcommand(name, description);
   bind_common(sub, req->common, kSource | kFiles);
   // In the help's order: input, selection, conversion, output, performance.
-  bind_common(sub, req->common, kOnly | kKeys | kDtype, {.only = "Keep only this top-level entry"});
+  bind_common(sub, req->common, kOnly | kKeys | kExcludeFrozen | kDtype, {.only = "Keep only this top-level entry"});
   sub->add_flag(
          "--finite", req->finite,
          "Also count NaN/Inf in every tensor written; name each tensor that has any, exit 1 if any (the output is "

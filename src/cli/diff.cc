@@ -39,6 +39,10 @@ void register_diff(CLI::App& app) {
   sub->add_flag("--json", req->json, "Print JSON (schema in docs/json-schema.md)")->group(kOutputGroup);
   sub->add_flag("--all", req->all, "Also list the tensors that are equal, with their max differences")
       ->group(kOutputGroup);
+  sub->add_flag("--summary", req->summary,
+                "Counts only, and the 10 worst differing tensors (shape differences first, then by max abs diff)")
+      ->group(kOutputGroup)
+      ->excludes("--all");
   set_footer(
       sub,
       {"ckptconv diff ckpt/step-1000 full.pt", "ckptconv diff a.safetensors b.safetensors --rtol 1e-3",

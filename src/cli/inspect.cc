@@ -14,10 +14,15 @@ void register_inspect(CLI::App& app) {
   bind_common(sub, req->common, kSource | kFiles,
               {.source = "Checkpoint: a DCP directory, per-rank FSDP files (a directory or a quoted glob), a DeepSpeed "
                          "ZeRO checkpoint, or a .pt/.safetensors/.h5 file"});
+  bind_common(sub, req->common, kOnly | kKeys);
   sub->add_flag("--json", req->json, "Print JSON (schema in docs/inspect-json.md)")->group(kOutputGroup);
+  sub->add_flag("--tags", req->tags,
+                "Print only the names --tag accepts for SRC (a folder of checkpoints or DeepSpeed tags), one per "
+                "line")
+      ->group(kOutputGroup);
   set_footer(sub,
              {"ckptconv inspect ckpt/step-1000", "ckptconv inspect 'ckpt/optim_rank*.pt'",
-              "ckptconv inspect ds_ckpt --tag global_step500 --json | jq '.totals'"},
+              "ckptconv inspect ckpt --tag latest --only model --keys 'layers\\.0\\.'"},
              "0 printed; 2 usage error; 3 input unreadable, corrupt, unsupported or unsafe; 5 installation problem or\n"
              "internal error.",
              kSourceKinds);

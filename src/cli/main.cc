@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
       app.add_subcommand("help", "Show the help of ckptconv or of one command (ckptconv help consolidate)");
   std::string help_topic;
   help->add_option("CMD", help_topic, "A command");
+  CLI::App* version =
+      app.add_subcommand("version", "Show the version, the LibTorch loaded, CUDA devices and what --device auto picks");
   ckpt::cli::register_completion(app);  // last: it describes every command above
   try {
     app.parse(argc, argv);
@@ -60,9 +62,7 @@ int main(int argc, char** argv) {
     // although CLI11 has its own codes for some (105 for a value outside
     // IsMember), and starts with "error:" and a hint when one helps.
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::cerr << "error: " << e.what() << "\n";
-    std::string hint = ckpt::cli::usage_hint(app, std::vector<std::string>(argv + 1, argv + argc));
-    if (!hint.empty()) std::cerr << hint << "\n";
+    std::cerr << ckpt::cli::usage_message(app, std::vector<std::string>(argv + 1, argv + argc), e);
     std::cerr << "Run with --help for more information.\n";
     return 2;
   }
@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
   if (app.get_subcommands().empty()) {
     std::cout << app.help();
     return 2;
+  }
+  if (version->parsed()) {
+    std::cout << ckpt::jobs::runtime_text() << "\n";
+    return 0;
   }
   ckpt::install_interrupt_handlers();
   std::string command = app.get_subcommands().front()->get_name();

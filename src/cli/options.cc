@@ -26,6 +26,11 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
   if (which & kOnly)
     sub->add_option("--only", opt.only, help.only)->check(CLI::IsMember({"model", "optim"}))->group(kSelectionGroup);
   if (which & kKeys) sub->add_option("--keys", opt.keys, help.keys)->group(kSelectionGroup);
+  if (which & kExcludeFrozen)
+    sub->add_flag("--exclude-frozen", opt.exclude_frozen,
+                  "Leave out parameters the job did not train (DeepSpeed ZeRO checkpoints record them), as "
+                  "zero_to_fp32 --exclude_frozen_parameters does")
+        ->group(kSelectionGroup);
   if (which & kDtype)
     sub->add_option("--dtype", opt.dtype, "Cast floating-point tensors (optimizer step counters excepted)")
         ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16", "float32", "float", "bfloat16", "float16", "half"}))

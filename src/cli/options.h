@@ -23,6 +23,7 @@ enum CommonOption : unsigned {
   kNoFsync = 1u << 10,        // --no-fsync
   kMaxOutputSize = 1u << 11,  // --max-output-size
   kNoVerify = 1u << 12,       // --no-verify
+  kExcludeFrozen = 1u << 13,  // --exclude-frozen
 };
 
 // Help sections, in the order a user decides: what to read, what to keep,

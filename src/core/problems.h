@@ -13,14 +13,24 @@ namespace ckpt {
 
 struct Problem {
   Problem() = default;
-  Problem(ErrorCode code_, std::string message_, std::string file_ = "", int rank_ = -1, std::string tensor_ = "")
-      : code(code_), message(std::move(message_)), file(std::move(file_)), rank(rank_), tensor(std::move(tensor_)) {}
+  Problem(ErrorCode code_, std::string message_, std::string file_ = "", int rank_ = -1, std::string tensor_ = "",
+          std::string kind_ = "")
+      : code(code_),
+        message(std::move(message_)),
+        file(std::move(file_)),
+        rank(rank_),
+        tensor(std::move(tensor_)),
+        kind(std::move(kind_)) {}
 
   ErrorCode code = ErrorCode::kDataLoss;  // kUnsafe makes validate exit 3
   std::string message;                    // a whole sentence; names what `file`, `rank`, `tensor` say too
   std::string file;                       // the file at fault, when one is
   int rank = -1;                          // the rank that wrote it, when known
   std::string tensor;                     // the key (dotted path) concerned, when one is
+  // What kind of problem it is when the code alone does not say: "WorldSize"
+  // (the checkpoint is sound, but not of the world size asked for). Reports
+  // show it instead of the code's name.
+  std::string kind = {};
 };
 
 class ProblemSink {

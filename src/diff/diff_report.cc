@@ -1,5 +1,6 @@
 #include "diff/diff_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -108,7 +109,8 @@ json number_json(double v) {
   return v;
 }
 
-void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) {
+namespace {
+void print_header(const DiffReport& r, std::ostream& out) {
   const DiffOptions& o = r.options;
   out << "A: " << r.a.source << " (" << r.a.format << ")\n"
       << "B: " << r.b.source << " (" << r.b.format << ")\n"
@@ -118,6 +120,12 @@ void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) 
     out << "note: " << r.bytes_io_as_bytes
         << " BytesIO value(s) equal to the bytes on the other side, taken as equal (consolidate writes a BytesIO "
            "as its bytes; --strict counts them as differences)\n";
+}
+}  // namespace
+
+void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) {
+  const DiffOptions& o = r.options;
+  print_header(r, out);
   print_paths("only in A", r.only_in_a, out);
   print_paths("only in B", r.only_in_b, out);
   if (!r.structure.empty()) {
@@ -132,6 +140,34 @@ void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) 
     if (all_tensors || !t.equal(o)) print_tensor(t, o, out);
   out << "values: " << r.values_compared << " compared, " << r.values.size() << " differ\n";
   for (const auto& v : r.values) out << "  ! " << v.path << "  " << v.a.dump() << " vs " << v.b.dump() << "\n";
+  out << (r.equal() ? "equal" : "differ") << "\n";
+}
+
+void print_diff_summary(const DiffReport& r, std::ostream& out, std::size_t worst) {
+  const DiffOptions& o = r.options;
+  print_header(r, out);
+  out << "only in A: " << r.only_in_a.size() << ", only in B: " << r.only_in_b.size()
+      << ", structure differences: " << r.structure.size() << "\n";
+  uint64_t elements = 0, mismatched = 0;
+  std::vector<const TensorDiff*> differing;
+  for (const auto& t : r.tensors) {
+    if (t.values) {
+      elements += t.values->elements;
+      mismatched += t.values->mismatched;
+    }
+    if (!t.equal(o)) differing.push_back(&t);
+  }
+  out << "tensors: " << r.tensors.size() << " compared, " << differing.size() << " differ; elements: " << elements
+      << " compared, " << mismatched << " outside tolerance\n";
+  auto badness = [](const TensorDiff* t) { return t->values ? t->values->max_abs_diff : HUGE_VAL; };
+  std::stable_sort(differing.begin(), differing.end(), [&](const TensorDiff* x, const TensorDiff* y) {
+    double bx = badness(x), by = badness(y);
+    return bx > by || (std::isnan(bx) && !std::isnan(by));
+  });
+  if (!differing.empty())
+    out << "worst " << std::min(worst, differing.size()) << " of " << differing.size() << " (by max abs diff):\n";
+  for (std::size_t i = 0; i < differing.size() && i < worst; ++i) print_tensor(*differing[i], o, out);
+  out << "values: " << r.values_compared << " compared, " << r.values.size() << " differ\n";
   out << (r.equal() ? "equal" : "differ") << "\n";
 }
 

@@ -14,6 +14,9 @@ constexpr int kDiffSchemaVersion = 1;
 // The differences, then a one-line verdict. `all_tensors` also lists the
 // tensors that are equal within tolerance, with their max differences.
 void print_diff_table(const DiffReport& report, std::ostream& out, bool all_tensors = false);
+// diff --summary: the same header, counts instead of lists, and the `worst`
+// differing tensors (shape differences first, then by max abs diff).
+void print_diff_summary(const DiffReport& report, std::ostream& out, std::size_t worst = 10);
 
 nlohmann::ordered_json diff_to_json(const DiffReport& report);
 

@@ -112,4 +112,6 @@ std::string preload_libtorch(const std::string& dir, bool cuda) {
   return "";
 }
 
+const char* build_torch_version() { return CKPT_BUILD_TORCH_VERSION; }
+
 }  // namespace ckpt

@@ -25,6 +25,10 @@ struct LibTorchLocation {
 // skipped (its C++ ABI would not match the plugin's).
 LibTorchLocation locate_libtorch();
 
+// The torch version the plugins were built against ("none" without LibTorch):
+// the version of any LibTorch that locate_libtorch finds.
+const char* build_torch_version();
+
 // Loads LibTorch's libraries from `dir` into the global namespace, so the
 // plugin's own dependencies resolve to them whatever its run path says.
 // Empty on success, else dlerror's text.

@@ -52,8 +52,7 @@ AtomicDirectory::AtomicDirectory(std::string dir, bool force, bool durable)
   for (int attempt = 0; lock_fd_ < 0; ++attempt) {
     std::vector<char> name(pattern.begin(), pattern.end());
     name.push_back('\0');
-    if (::mkdtemp(name.data()) == nullptr)
-      fail(ErrorCode::kOutputFailed, dir_ + ": cannot create temporary directory: " + std::strerror(errno));
+    if (::mkdtemp(name.data()) == nullptr) fail(ErrorCode::kOutputFailed, cannot_create_temp(dir_, errno));
     temp_ = name.data();
     lock_fd_ = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (lock_fd_ >= 0 && !lock_new_temp(lock_fd_, temp_)) {  // removed by a concurrent cleaner

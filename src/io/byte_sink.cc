@@ -73,7 +73,7 @@ std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, 
     name.assign(pattern.begin(), pattern.end());
     name.push_back('\0');
     fd = ::mkostemp(name.data(), O_CLOEXEC);
-    if (fd < 0) fail(ErrorCode::kOutputFailed, dest + ": cannot create temporary file: " + std::strerror(errno));
+    if (fd < 0) fail(ErrorCode::kOutputFailed, cannot_create_temp(dest, errno));
     if (!lock_new_temp(fd, name.data())) {  // removed by a concurrent cleaner: make another
       ::close(fd);
       fd = -1;

@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "core/log.h"
@@ -72,6 +74,17 @@ void remove_stale_temps(const std::string& dest) {
     }
     ::close(fd);
   }
+}
+
+std::string cannot_create_temp(const std::string& dest, int err) {
+  std::string dir = std::filesystem::path(dest).parent_path().string();
+  if (dir.empty()) dir = ".";
+  std::string what = dest + ": cannot create the temporary output in " + dir + ": ";
+  if (err == EROFS) return what + dir + " is on a read-only filesystem; write the output elsewhere (-o)";
+  if (err == EACCES || err == EPERM)
+    return what + "this user may not write in " + dir + " (" + std::strerror(err) +
+           "); write the output elsewhere (-o) or change the directory's permissions";
+  return what + std::strerror(err);
 }
 
 }  // namespace ckpt

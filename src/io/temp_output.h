@@ -23,4 +23,9 @@ void remove_stale_temps(const std::string& dest);
 // False when another run removed it in between (the caller makes a new one).
 bool lock_new_temp(int fd, const std::string& path);
 
+// Why a temporary output beside `dest` could not be made (errno `err`), as a
+// person can act on it: the directory named, read-only filesystems and
+// directories this user may not write said so.
+std::string cannot_create_temp(const std::string& dest, int err);
+
 }  // namespace ckpt

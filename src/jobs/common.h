@@ -22,6 +22,7 @@ struct CommonOptions {
   std::string tag;                 // --tag: DeepSpeed tag directory (default: `latest`)
   std::string only;                // --only model|optim
   std::string keys;                // --keys REGEX
+  bool exclude_frozen = false;     // --exclude-frozen: drop parameters the job did not train
   std::string dtype = "keep";      // --dtype keep|fp32|bf16|fp16
   std::string device = "auto";     // --device auto|cpu|cuda
   int threads = 0;                 // --threads (0: all)

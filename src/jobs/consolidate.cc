@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
@@ -41,15 +43,101 @@ OutputFormat resolve_output_format(const ConsolidateRequest& req) {
   return format;
 }
 
+// -o DIR/ (or an existing directory): the files Hugging Face tools,
+// zero_to_fp32 and `accelerate merge-weights` write into an output folder.
+// A model alone is model.safetensors (split at their 5 GB default, with
+// model.safetensors.index.json), pytorch_model.bin or model.h5; anything more
+// (optimizer state, training state) is full.safetensors, full.pt or full.h5,
+// since a loader given model.* expects weights only.
+bool is_output_directory(const std::string& output) {
+  std::error_code ec;
+  return !output.empty() && (output.back() == '/' || std::filesystem::is_directory(output, ec));
+}
+
+bool holds_model_only(const CheckpointModel& model) {
+  if (!model.root || !model.root->is(pickle::Kind::kDict)) return false;
+  for (const auto& [key, value] : model.root->entries) {
+    if (!key->is(pickle::Kind::kStr)) return false;
+    const std::string& k = key->text;
+    if (k == "model" || k == "optim" || k == "optimizer" || k == "state" || k == "param_groups" ||
+        k == "lr_scheduler" || k == "client_state" || k == "global_steps")
+      return false;
+  }
+  return true;
+}
+
+std::string file_in_directory(const ConsolidateRequest& req, OutputFormat format, const CheckpointModel& model) {
+  bool weights = req.common.only == "model" || holds_model_only(model);
+  std::string dir = req.output.back() == '/' ? req.output : req.output + "/";
+  switch (format) {
+    case OutputFormat::kSafetensors: return dir + (weights ? "model" : "full") + ".safetensors";
+    case OutputFormat::kPt: return dir + (weights ? "pytorch_model.bin" : "full.pt");
+    case OutputFormat::kHdf5: return dir + (weights ? "model" : "full") + ".h5";
+  }
+  return dir + "full.pt";
+}
+
+// The directories -o DIR/ made (mkdir -p), removed again unless kept: a
+// failed or interrupted job leaves no new empty folder behind.
+class CreatedDirectories {
+ public:
+  CreatedDirectories() = default;
+  explicit CreatedDirectories(const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path path = fs::path(dir).lexically_normal();
+    if (path.filename().empty()) path = path.parent_path();
+    for (fs::path p = path; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made_.insert(made_.begin(), p);
+    if (!made_.empty() &&
+        !fs::is_directory(made_.front().parent_path().empty() ? "." : made_.front().parent_path(), ec))
+      fail(ErrorCode::kOutputFailed, dir + ": " + made_.front().parent_path().string() + " is not a directory");
+    for (const auto& p : made_)
+      if (!fs::create_directory(p, ec) && ec)
+        fail(ErrorCode::kOutputFailed, dir + ": cannot create the directory " + p.string() + ": " + ec.message());
+  }
+  CreatedDirectories(CreatedDirectories&& other) noexcept : made_(std::move(other.made_)) { other.made_.clear(); }
+  CreatedDirectories& operator=(CreatedDirectories&& other) noexcept {
+    std::swap(made_, other.made_);
+    return *this;
+  }
+  ~CreatedDirectories() {
+    std::error_code ec;
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) std::filesystem::remove(*it, ec);  // only if empty
+  }
+  void keep() { made_.clear(); }
+
+ private:
+  std::vector<std::filesystem::path> made_;
+};
+
+constexpr uint64_t kHuggingFaceShardSize = 5'000'000'000;  // save_pretrained's max_shard_size="5GB"
+
 }  // namespace
 
-JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
+JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) {
   JobClock clock;
+  ConsolidateRequest req = request;
   const CommonOptions& opt = req.common;
   uint64_t memory_limit = parse_size(opt.memory_limit);
-  check_output_place(req.output, false);
-  OutputFormat format = resolve_output_format(req);
+  std::string directory;  // -o DIR/: the folder the file goes into, created when missing
+  if (is_output_directory(req.output)) {
+    directory = req.output;
+    if (req.format.empty()) req.format = "safetensors";
+  } else {
+    check_output_place(req.output, false);
+  }
+  OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
+  if (!directory.empty() && !req.max_shard_size.empty() && format != OutputFormat::kSafetensors)
+    fail_invalid("--max-shard-size applies to safetensors output only");
   CheckpointModel model = read_selected(opt);
+  CreatedDirectories created;
+  if (!directory.empty()) {
+    req.output = file_in_directory(req, format, model);
+    if (format == OutputFormat::kSafetensors && req.max_shard_size.empty())
+      req.max_shard_size = std::to_string(kHuggingFaceShardSize);
+    if (!opt.dry_run) created = CreatedDirectories(directory);
+    spdlog::info("{} is a directory: writing {}", directory, req.output);
+  }
   check_output_is_not_input(req.output, model);
   JobReport report;
   report.summary = "wrote " + req.output;
@@ -72,7 +160,6 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
   check_output_size(report.bytes, req.output, opt);
   bool arithmetic = parse_dtype_option(opt.dtype) || req.finite;
   auto backend = choose_backend(opt.device, opt.threads, arithmetic);
-  if (arithmetic) spdlog::info("backend: {}", backend->name());
   OutputOptions output;
   output.path = req.output;
   output.force = opt.force;
@@ -101,6 +188,7 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
       ProgressScope progress("write " + req.output, report.bytes);
       done = write_output_part(model, format, output, part, request_json(req));
     }
+    created.keep();
     report.summary = done.summary;
     report.tensors = done.tensors;  // this worker's share, for the success line
     report.bytes = done.bytes;
@@ -112,6 +200,7 @@ JobReport run_consolidate(const ConsolidateRequest& req, std::ostream& out) {
     ProgressScope progress("write " + req.output, report.bytes);  // tensor_copy counts every slab written
     files = write_output(model, format, output);
   }
+  created.keep();
   if (files.size() > 1)
     report.summary = "wrote " + files.back() + " and " + std::to_string(files.size() - 1) + " shards (" +
                      files.front() + ", ...) (" + output_format_name(format) + ")";

@@ -84,6 +84,8 @@ JobReport run_diff(const DiffRequest& req, std::ostream& out) {
                human_bytes(static_cast<double>(report.bytes)), result.values_compared, report.seconds);
   if (req.json)
     out << diff_to_json(result).dump(2) << "\n";
+  else if (req.summary)
+    print_diff_summary(result, out);
   else
     print_diff_table(result, out, req.all);
   report.exit_code = result.equal() ? 0 : 1;

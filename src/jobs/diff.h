@@ -15,7 +15,8 @@ struct DiffRequest {
   CommonOptions common;      // only, keys, device, threads, memory_limit (source/files/tag unused)
   double rtol = 0, atol = 0;
   bool json = false;
-  bool all = false;  // also list the equal tensors
+  bool all = false;      // also list the equal tensors
+  bool summary = false;  // counts and the worst tensors only (diff_report.h print_diff_summary)
   bool ignore_dtype = false;
   bool strict = false;  // a BytesIO and its bytes differ
 };

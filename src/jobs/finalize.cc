@@ -21,6 +21,7 @@ json common_json(const CommonOptions& o) {
           {"tag", o.tag},
           {"only", o.only},
           {"keys", o.keys},
+          {"exclude_frozen", o.exclude_frozen},
           {"dtype", o.dtype},
           {"device", o.device},
           {"threads", o.threads},
@@ -38,6 +39,7 @@ CommonOptions common_from(const json& j) {
   o.tag = j.at("tag").get<std::string>();
   o.only = j.at("only").get<std::string>();
   o.keys = j.at("keys").get<std::string>();
+  o.exclude_frozen = j.value("exclude_frozen", false);  // absent in requests of earlier versions
   o.dtype = j.at("dtype").get<std::string>();
   o.device = j.at("device").get<std::string>();
   o.threads = j.at("threads").get<int>();

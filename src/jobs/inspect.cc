@@ -38,16 +38,31 @@ JobReport list_root(const InspectRequest& req, std::ostream& out) {
   return report;
 }
 
+// --tags: the names --tag accepts for SRC, one per line, `latest` first when
+// SRC has a checkpoint it names; nothing for a single checkpoint.
+JobReport list_tags(const InspectRequest& req, std::ostream& out) {
+  std::vector<RootEntry> entries = list_checkpoints(req.common.source);
+  if (!entries.empty()) out << "latest\n";
+  for (const auto& e : entries) out << e.name << "\n";
+  JobReport report;
+  report.summary = "listed " + std::to_string(entries.size()) + " tags of " + req.common.source;
+  report.dry_run = true;
+  return report;
+}
+
 }  // namespace
 
 JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
+  if (req.tags) return list_tags(req, out);
   // A DeepSpeed folder is one checkpoint to its reader (the tag `latest`
   // names); holding several tags, it is listed like any folder of them.
   if (req.common.files.empty() && req.common.tag.empty() &&
       (is_checkpoint_root(req.common.source) ||
        (zero::is_deepspeed_root(req.common.source) && list_checkpoints(req.common.source).size() > 1)))
     return list_root(req, out);
-  CheckpointModel model = read_checkpoint(req.common.source, {req.common.files, "", nullptr, req.common.tag, true});
+  CheckpointModel model =
+      read_checkpoint(req.common.source, {req.common.files, req.common.only, nullptr, req.common.tag, true});
+  if (!req.common.only.empty() || !req.common.keys.empty()) model = select_source(std::move(model), req.common);
   if (req.json)
     out << model_to_json(model).dump(2) << "\n";
   else

@@ -3,11 +3,21 @@
 #include <exception>
 
 #include "exec/backend.h"
+#include "exec/libtorch_locate.h"
 #include "exec/runtime_info.h"
 
 namespace ckpt::jobs {
 
 std::string version_text() {
+  LibTorchLocation where = locate_libtorch();
+  std::string libtorch =
+      where.dir.empty() ? std::string("not found (ckptconv version says where it looked)")
+                        : std::string(build_torch_version()) + " (" + where.dir + ", found by " + where.found_by + ")";
+  return std::string("ckptconv ") + CKPT_VERSION + "\nLibTorch " + libtorch +
+         "\n(`ckptconv version` loads it and reports CUDA and what --device auto picks)";
+}
+
+std::string runtime_text() {
   RuntimeInfo info = runtime_info();
   std::string cuda =
       info.cuda_compiled

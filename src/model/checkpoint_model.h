@@ -54,6 +54,9 @@ struct TensorEntry {
   Shape shape;  // global
   std::vector<TensorChunk> chunks;
   bool requires_grad = false;
+  // A parameter the job did not train, where the source records it
+  // (SourceInfo::records_frozen): --exclude-frozen leaves it out.
+  bool frozen = false;
   StorageKind storage = StorageKind::kTensor;
   std::optional<DType> out_dtype;  // set by --dtype: the dtype to write
   std::string sharding;            // how a sharded value described itself, for inspect

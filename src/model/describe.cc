@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iomanip>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -32,11 +33,44 @@ std::string ranks_of(const TensorEntry& t) {
   }
   return s;
 }
+// "1,234,567".
+std::string grouped(uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// The model's parameter count, as `sum(p.numel() for p in model.state_dict().values())`
+// counts it (buffers included): the tensors under a top-level "model" entry,
+// or every tensor of a plain state dict (one with no "optim"/"optimizer"
+// entry). Nothing when the checkpoint holds no model (--only optim).
+std::optional<std::pair<uint64_t, std::size_t>> model_parameters(const CheckpointModel& model) {
+  if (!model.root) return std::nullopt;
+  const pickle::Value* top = model.root.get();  // an OrderedDict is a built object around its dict
+  if (top->is(pickle::Kind::kBuilt) && top->object) top = top->object.get();
+  auto has = [&](const char* key) { return top->is(pickle::Kind::kDict) && top->get(key) != nullptr; };
+  bool nested = has("model");
+  if (!nested && (has("optim") || has("optimizer") || has("state"))) return std::nullopt;
+  uint64_t numel = 0;
+  std::size_t tensors = 0;
+  walk_leaves(*model.root, [&](const Leaf& leaf) {
+    if (!leaf.tensor || (nested && leaf.path.rfind("model.", 0) != 0)) return;
+    numel += model.tensors[*leaf.tensor].numel();
+    ++tensors;
+  });
+  if (tensors == 0) return std::nullopt;
+  return std::make_pair(numel, tensors);
+}
 }  // namespace
 
 void describe_model(const CheckpointModel& model, std::ostream& out) {
   out << model.source << ": " << model.format() << ", " << model.tensors.size() << " tensors, "
       << human_bytes(total_bytes(model)) << "\n";
+  if (auto params = model_parameters(model))
+    out << "  parameters: " << grouped(params->first) << " in " << params->second << " model tensors\n";
   // Facts can hold text read from the file (an HDF5 attribute): escaped, so
   // a damaged byte cannot make the output invalid UTF-8.
   for (const auto& [k, v] : model.facts) out << "  " << printable_text(k) << ": " << printable_text(v) << "\n";

@@ -5,6 +5,8 @@
 // opening source files again.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -60,6 +62,16 @@ struct FlatLayout {
   std::vector<std::string> planner_order;  // planner_data keys in file order
 };
 
+// What a source's own metadata says the checkpoint holds (DCP's .metadata),
+// whether or not every file it names could be read: validate's totals, so a
+// missing rank file shows as missing rather than as a smaller checkpoint.
+struct DeclaredContents {
+  std::size_t files = 0;  // data files named, plus the metadata itself
+  std::size_t missing_files = 0;
+  std::size_t tensors = 0;
+  uint64_t tensor_bytes = 0;
+};
+
 struct SourceInfo {
   SourceKind kind = SourceKind::kTorchPt;
   std::vector<std::string> files;         // the files read, sorted (per-rank sources; else SRC itself)
@@ -70,6 +82,10 @@ struct SourceInfo {
   // The source names tensors by flat dotted keys only (safetensors without
   // ckptconv.tree): how they nest is unknown, so diff compares paths only.
   bool flat_keys = false;
+  std::optional<DeclaredContents> declared;
+  // Which parameters were frozen is known (TensorEntry::frozen): DeepSpeed
+  // records trainable parameters (param_shapes) and buffers (buffer_names).
+  bool records_frozen = false;  // sources with a metadata file that lists everything (DCP)
 
   bool is_sharded_source() const {
     return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks || kind == SourceKind::kZero ||

@@ -15,7 +15,8 @@ using pickle::ValuePtr;
 
 class Selector {
  public:
-  Selector(const CheckpointModel& in, CheckpointModel& out, const std::string& keys) : in_(in), out_(out) {
+  Selector(const CheckpointModel& in, CheckpointModel& out, const std::string& keys, bool exclude_frozen)
+      : in_(in), out_(out), exclude_frozen_(exclude_frozen) {
     if (!keys.empty()) {
       try {
         keys_ = std::regex(keys, std::regex::ECMAScript);
@@ -40,6 +41,7 @@ class Selector {
       if (out->entries.empty() && !(top && v->entries.empty())) return nullptr;
       return out;
     }
+    if (auto idx = tensor_ref_index(*v); idx && exclude_frozen_ && in_.tensors[*idx].frozen) return nullptr;
     bool any = false;
     walk_leaves(*v, [&](const Leaf& leaf) { any = any || matches(join_path(path, leaf.path)); });
     if (!any) return nullptr;
@@ -69,6 +71,7 @@ class Selector {
   const CheckpointModel& in_;
   CheckpointModel& out_;
   std::optional<std::regex> keys_;
+  bool exclude_frozen_;
   std::map<std::size_t, ValuePtr> renumbered_;
 };
 
@@ -123,7 +126,7 @@ CheckpointModel reroot(const CheckpointModel& model, const std::string& only, st
 CheckpointModel select_entries(const CheckpointModel& model, const SelectOptions& options) {
   if (!options.only.empty() && options.only != "model" && options.only != "optim")
     fail_invalid("--only must be 'model' or 'optim', not '" + options.only + "'");
-  if (options.only.empty() && options.keys.empty()) return model;
+  if (options.only.empty() && options.keys.empty() && !options.exclude_frozen) return model;
   std::optional<CheckpointModel> part;
   std::string key;
   if (!options.only.empty()) part = reroot(model, options.only, key);
@@ -132,12 +135,13 @@ CheckpointModel select_entries(const CheckpointModel& model, const SelectOptions
   out.info = in.info;
   out.source = in.source;
   out.facts = in.facts;
-  Selector selector(in, out, options.keys);
+  Selector selector(in, out, options.keys, options.exclude_frozen);
   out.root = selector.filter(in.root, "", true);
   if (!out.root || (out.root->is(Kind::kDict) && out.root->entries.empty()))
     fail_invalid(model.source + ": no entries match the selection" +
                  (options.only.empty() ? "" : " --only " + options.only) +
-                 (options.keys.empty() ? "" : " --keys '" + options.keys + "'"));
+                 (options.keys.empty() ? "" : " --keys '" + options.keys + "'") +
+                 (options.exclude_frozen ? " --exclude-frozen" : ""));
   if (part && options.keep_nesting) {  // back under its key, as the job saved it
     out.root = Value::dict({{Value::str(key), out.root}});
     for (auto& t : out.tensors) t.name = key + "." + t.name;

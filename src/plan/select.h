@@ -16,6 +16,8 @@ struct SelectOptions {
   // --only keeps the entry under its top-level key ({"model": {...}}), as a
   // resharded DCP checkpoint must for the job that loads it.
   bool keep_nesting = false;
+  // Leave out tensors marked TensorEntry::frozen (parameters the job did not train).
+  bool exclude_frozen = false;
 };
 
 // A model holding only the selected leaves. --only NAME makes the top-level

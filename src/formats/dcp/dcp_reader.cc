@@ -120,6 +120,7 @@ class DcpDirReader {
       check_storage_files(md);
     else
       check_item_overlaps(md);
+    model.info.declared = declared_contents(md);
     Unflattener tree;
     for (const ItemMeta& item : md.items) {
       if (sink_ && in_unreadable_file(item, md)) continue;  // reported once for its file
@@ -172,6 +173,22 @@ class DcpDirReader {
         model.root->entries.push_back(entry);
     }
     model.facts["meta_pt"] = "yes (Lightning: its entries are added to the top level)";
+  }
+
+  // What the metadata lists: its tensors and their bytes, the files it
+  // names (which are missing is known once check_storage_files ran).
+  DeclaredContents declared_contents(const DcpMetadata& md) const {
+    DeclaredContents d;
+    std::set<std::string> files;
+    for (const auto& [key, info] : md.storage) files.insert(info.relative_path);
+    d.files = files.size() + metadata_files_;
+    d.missing_files = unreadable_.size();
+    for (const ItemMeta& item : md.items) {
+      if (!item.is_tensor) continue;
+      ++d.tensors;
+      d.tensor_bytes += shape_numel(item.size) * dtype_size(item.dtype);
+    }
+    return d;
   }
 
  private:

@@ -339,6 +339,7 @@ class ZeroReader {
     model.source = files_.dir;
     build(model);
     model.info.kind = SourceKind::kZero;
+    model.info.records_frozen = true;
     for (const auto& f : files_.model) model.info.files.push_back(f.path);
     for (const auto& f : files_.optim) model.info.files.push_back(f.path);
     std::sort(model.info.files.begin(), model.info.files.end());
@@ -656,9 +657,15 @@ class ZeroReader {
         check_module_shape(*v, params_[param_index_.at(name)]);
       } else if (is_frozen(name)) {
         idx = frozen(model, name);
+        model.tensors[idx].frozen = true;
       } else {
+        // Neither trained nor a buffer: a frozen parameter that ZeRO-1 keeps
+        // in `module` (its frozen_param_shapes is None).
         idx = copy_tensor(model, m0, *v, "model." + name);
-        if (buffer_names_.count(name)) model.tensors[idx].storage = StorageKind::kBuffer;
+        if (buffer_names_.count(name))
+          model.tensors[idx].storage = StorageKind::kBuffer;
+        else
+          model.tensors[idx].frozen = true;
       }
       refs[name] = make_tensor_ref(idx);
     }
