@@ -271,3 +271,22 @@ def test_read_only_output_directory_is_named(ckptconv):
     finally:
         ro.chmod(0o755)
         shutil.rmtree(ro)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_diff_of_a_cast_export_advises_the_tolerance_that_answers_it(dtype, tmp_path, run_ckptconv):
+    """Row 3: "does my export match?" when the export was cast: the hint names
+    --ignore-dtype and the cast's rounding as --rtol, and following it gives
+    `equal` (exit 0); the same advice is not given when dtypes agree."""
+    out = tmp_path / "model.safetensors"
+    assert run_ckptconv("consolidate", DCP, "--only", "model", "--dtype", dtype, "-o", out).returncode == 0
+    r = run_ckptconv("diff", DCP, out, "--only", "model")
+    assert r.returncode == 1
+    hint = [ln for ln in r.stdout.splitlines() if ln.startswith("hint: ")]
+    assert len(hint) == 1 and "7 tensors differ in dtype" in hint[0], r.stdout
+    rtol = hint[0].split("--rtol ")[1].split()[0]
+    assert float(rtol) == {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}[dtype]
+    r = run_ckptconv("diff", DCP, out, "--only", "model", "--ignore-dtype", "--rtol", rtol)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("equal"), r.stdout
+    same = run_ckptconv("diff", DCP, DCP.parent / "fsdp2_adamw_ws3")
+    assert "hint:" not in same.stdout

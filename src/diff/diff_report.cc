@@ -121,6 +121,34 @@ void print_header(const DiffReport& r, std::ostream& out) {
         << " BytesIO value(s) equal to the bytes on the other side, taken as equal (consolidate writes a BytesIO "
            "as its bytes; --strict counts them as differences)\n";
 }
+// When tensors differ in dtype (an export cast with --dtype) and the
+// comparison asked for identical values, the tolerance that makes "does my
+// export match?" answerable: the unit roundoff of the narrower dtype, the
+// largest relative change round-to-nearest makes (bf16 2^-8, fp16 2^-11).
+std::string dtype_advice(const DiffReport& r) {
+  if (r.options.ignore_dtype) return "";
+  std::size_t cast = 0;
+  int bits = 0;  // the fewest significand bits among the dtypes involved
+  for (const auto& t : r.tensors) {
+    if (!t.dtype_differs() || t.shape_differs()) continue;
+    ++cast;
+    for (DType d : {t.dtype_a, t.dtype_b}) {
+      int b = d == DType::kBFloat16 ? 8 : d == DType::kFloat16 ? 11 : d == DType::kFloat32 ? 24 : 0;
+      if (b && (!bits || b < bits)) bits = b;
+    }
+  }
+  if (!cast) return "";
+  std::string advice = "hint: " + std::to_string(cast) +
+                       " tensors differ in dtype; to check that one side is the other cast, compare with "
+                       "--ignore-dtype";
+  if (bits) {
+    char rtol[32];  // exact: a power of two, printed whole so the advice is not a hair too tight
+    std::snprintf(rtol, sizeof rtol, "%.12g", std::ldexp(1.0, -bits));
+    advice += std::string(" --rtol ") + rtol + " (the rounding of a cast to the narrower dtype)";
+  }
+  return advice + "\n";
+}
+
 }  // namespace
 
 void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) {
@@ -140,6 +168,7 @@ void print_diff_table(const DiffReport& r, std::ostream& out, bool all_tensors) 
     if (all_tensors || !t.equal(o)) print_tensor(t, o, out);
   out << "values: " << r.values_compared << " compared, " << r.values.size() << " differ\n";
   for (const auto& v : r.values) out << "  ! " << v.path << "  " << v.a.dump() << " vs " << v.b.dump() << "\n";
+  out << dtype_advice(r);
   out << (r.equal() ? "equal" : "differ") << "\n";
 }
 
@@ -168,6 +197,7 @@ void print_diff_summary(const DiffReport& r, std::ostream& out, std::size_t wors
     out << "worst " << std::min(worst, differing.size()) << " of " << differing.size() << " (by max abs diff):\n";
   for (std::size_t i = 0; i < differing.size() && i < worst; ++i) print_tensor(*differing[i], o, out);
   out << "values: " << r.values_compared << " compared, " << r.values.size() << " differ\n";
+  out << dtype_advice(r);
   out << (r.equal() ? "equal" : "differ") << "\n";
 }
 
