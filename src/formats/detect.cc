@@ -7,15 +7,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/checkpoint_root.h"
-#include "formats/dcp/dcp_reader.h"
-#include "formats/fsdp_ranks/fsdp_ranks_reader.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
-#ifdef CKPT_HAVE_HDF5
-#include "formats/hdf5/hdf5_reader.h"
-#endif
-#include "formats/safetensors/safetensors_format.h"
-#include "formats/safetensors/safetensors_reader.h"
-#include "formats/torch_pt/pt_reader.h"
+#include "formats/registry.h"
 #include "formats/zero/zero_reader.h"
 #include "model/plain_values.h"
 
@@ -62,14 +55,42 @@ void check_not_one_rank_alone(const std::string& src, bool allowed) {
 
 }  // namespace
 
+namespace {
+
+// The registered format whose probe answers highest for `probe`, or null
+// when none recognises the source. On a tie the first registered wins.
+template <typename Probe>
+const InputFormat* best_format(Probe probe) {
+  const InputFormat* best = nullptr;
+  int best_confidence = confidence::kNo;
+  for (const InputFormat* f : input_formats()) {
+    int c = probe(*f);
+    if (c > best_confidence) {
+      best = f;
+      best_confidence = c;
+    }
+  }
+  return best;
+}
+
+const InputFormat* directory_format(const std::string& dir) {
+  return best_format([&](const InputFormat& f) { return f.probe_directory ? f.probe_directory(dir) : 0; });
+}
+
+// "no DCP .metadata, no DeepSpeed `latest` or *_model_states.pt, ...": what
+// each directory format would have shown.
+std::string directory_shapes() {
+  std::string out;
+  for (const InputFormat* f : input_formats())
+    if (!f->directory_shape.empty())
+      out += std::string(out.empty() ? "no " : ", no ") + std::string(f->directory_shape);
+  return out;
+}
+
+}  // namespace
+
 std::optional<SourceKind> directory_kind(const std::string& dir) {
-  // A DCP directory has a global .metadata, or per-rank __<rank>.metadata
-  // files when it was saved without rank coordination.
-  auto is_dcp = [](const fs::path& d) { return fs::exists(d / ".metadata") || fs::exists(d / "__0.metadata"); };
-  if (is_dcp(dir)) return SourceKind::kDcpDir;
-  if (zero::is_zero_checkpoint(dir)) return SourceKind::kZero;
-  if (!fsdp_ranks::list_rank_files(dir).empty()) return SourceKind::kFsdpRanks;
-  if (is_dcp(fs::path(dir) / dcp_pair_model_dir)) return SourceKind::kDcpPair;
+  if (const InputFormat* f = directory_format(dir)) return f->kind;
   return std::nullopt;
 }
 
@@ -81,25 +102,19 @@ SourceKind detect_source(const std::string& src) {
   if (fs::is_directory(status)) {
     if (auto kind = directory_kind(src)) return *kind;
     if (fs::is_empty(src, ec)) fail(ErrorCode::kNotFound, "no checkpoint found in " + src + ": the directory is empty");
-    fail(ErrorCode::kUnimplemented,
-         src +
-             ": directory is not a recognised checkpoint (no DCP .metadata, no DeepSpeed `latest` or "
-             "*_model_states.pt, no per-rank *rank{r}*.pt files, no Accelerate pytorch_model_fsdp_0/) "
-             "and holds no checkpoint directories");
+    fail(ErrorCode::kUnimplemented, src + ": directory is not a recognised checkpoint (" + directory_shapes() +
+                                        ") and holds no checkpoint directories");
   }
   // One file of a DCP directory read alone is no checkpoint: its .distcp
   // holds bytes without their tensors' shapes, its .metadata no bytes.
   fs::path file(src);
   fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
   bool dcp_member = file.filename() == ".metadata" || file.extension() == ".distcp";
-  if (dcp_member && (fs::exists(dir / ".metadata", ec) || fs::exists(dir / "__0.metadata", ec)))
+  if (dcp_member && directory_kind(dir.string()) == SourceKind::kDcpDir)
     fail_invalid(src + " is one file of the DCP checkpoint " + dir.string() + ": pass the directory");
   SourcePtr source = open_file_source(src);
-  if (torch_pt::is_torch_zip(*source) || torch_pt::is_legacy_torch_save(*source)) return SourceKind::kTorchPt;
-  if (safetensors::is_safetensors_index(src)) return SourceKind::kSafetensorsIndex;
-  static const char kHdf5Signature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
-  if (source->size() >= 8 && source->read_string(0, 8) == std::string(kHdf5Signature, 8)) return SourceKind::kHdf5;
-  if (safetensors::looks_like_safetensors(*source)) return SourceKind::kSafetensors;
+  auto probe = [&](const InputFormat& f) { return f.probe_file ? f.probe_file(src, *source) : 0; };
+  if (const InputFormat* format = best_format(probe)) return format->kind;
   fail_data_loss(
       src +
       ": not a recognised checkpoint file (expected a torch.save zip, safetensors, a .safetensors.index.json or HDF5)");
@@ -107,47 +122,12 @@ SourceKind detect_source(const std::string& src) {
 
 namespace {
 
-CheckpointModel read_by_kind(const std::string& src, SourceKind kind, const ReadOptions& options) {
-  if (!options.files.empty()) {
-    if (!src.empty()) fail_invalid("give either SRC or --files, not both");
-    return fsdp_ranks::read_fsdp_rank_files(
-        options.files, options.files.front() + " (and " + std::to_string(options.files.size() - 1) + " more files)",
-        options.only, options.problems);
-  }
-  switch (kind) {
-    case SourceKind::kTorchPt: return torch_pt::read_pt_file(src, options.problems);
-    case SourceKind::kDcpDir: return dcp::read_dcp_dir(src, options.problems);
-    case SourceKind::kDcpPair: return dcp::read_dcp_pair(src, options.problems);
-    case SourceKind::kFsdpRanks: return fsdp_ranks::read_fsdp_ranks(src, options.only, options.problems);
-    case SourceKind::kSafetensors: return safetensors::read_safetensors_file(src);
-    case SourceKind::kSafetensorsIndex: return safetensors::read_safetensors_index(src, options.problems);
-    case SourceKind::kZero: return zero::read_zero(src, options.tag, options.only, options.problems);
-    case SourceKind::kHdf5:
-#ifdef CKPT_HAVE_HDF5
-      return hdf5::read_hdf5_file(src);
-#else
-      fail(ErrorCode::kUnimplemented, src + ": this ckptconv was built without HDF5 (CKPT_WITH_HDF5=OFF)");
-#endif
-  }
-  fail(ErrorCode::kInternal, src + ": unhandled source kind");
-}
-
 // What every kind of source has: its kind, its files and, for a single
 // file, world size 1. Readers of sharded sources fill in the rest.
 void complete_info(CheckpointModel& model, const std::string& src, SourceKind kind) {
   SourceInfo& info = model.info;
   info.kind = kind;
-  if (info.files.empty()) {
-    info.files.push_back(src);
-    if (kind == SourceKind::kSafetensorsIndex) {  // the index and every shard it names
-      std::set<std::string> shards;
-      for (const auto& t : model.tensors)
-        for (const auto& c : t.chunks) shards.insert(c.file);
-      info.files.insert(info.files.end(), shards.begin(), shards.end());
-      std::sort(info.files.begin(), info.files.end());
-      info.files.erase(std::unique(info.files.begin(), info.files.end()), info.files.end());
-    }
-  }
+  if (info.files.empty()) info.files.push_back(src);
   if (info.world_sizes.empty() && !info.is_sharded_source()) info.world_sizes = {1};
 }
 
@@ -174,7 +154,8 @@ CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& opt
   const std::string src = options.files.empty() ? resolve_checkpoint(given, options.tag) : given;
   if (src != given) log::info("reading " + src + " (of the checkpoints in " + given + ")");
   SourceKind kind = kind_of_resolved(src, options);
-  CheckpointModel model = read_by_kind(src, kind, options);
+  if (!options.files.empty() && !src.empty()) fail_invalid("give either SRC or --files, not both");
+  CheckpointModel model = input_format(kind).read(src, options);
   complete_info(model, src, kind);
   if (model.root) {
     with_context(model.source, [&] {

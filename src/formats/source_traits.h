@@ -1,7 +1,7 @@
 // What the layers above formats/ may ask of a source's format, so that jobs
 // and checks decide by a trait and never by naming a format: a new format
-// states its answers here, next to its reader, instead of in every job
-// that treats it specially.
+// states its answers in its descriptor (formats/input_format.h), next to its
+// reader, instead of in every job that treats it specially.
 #pragma once
 
 #include <string_view>
@@ -16,7 +16,7 @@ struct SourceTraits {
   bool sharded_layout = false;
   // reshard's default --layout; empty: by the tensors (DTensor values give
   // fsdp-dtensor, others fsdp-sharded-tensor).
-  std::string_view reshard_layout;
+  std::string_view reshard_layout = {};
   // The reader applies --only itself (model and optimizer are separate
   // files), so selection must not apply it again.
   bool reader_selects_only = false;
@@ -25,6 +25,7 @@ struct SourceTraits {
   bool per_rank_files = false;
 };
 
+// The traits of `kind`'s registered format (defined in formats/registry.cc).
 const SourceTraits& source_traits(SourceKind kind);
 
 }  // namespace ckpt

@@ -11,6 +11,12 @@
 #include "formats/dcp/dcp_metadata.h"
 #include "model/checkpoint_model.h"
 
+namespace ckpt {
+// The model directory inside a kDcpPair folder (Accelerate names its i-th
+// model pytorch_model_fsdp_<i> and optimizer optimizer_<i>).
+inline constexpr const char* dcp_pair_model_dir = "pytorch_model_fsdp_0";
+}  // namespace ckpt
+
 namespace ckpt::dcp {
 
 // `sink` (validate): every record's CRC-32 is verified, and each problem the

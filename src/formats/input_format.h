@@ -1,0 +1,64 @@
+// An input format's descriptor: how detect recognises a source of the
+// format, how it is read, and the traits the layers above ask of it. Each
+// format folder defines its descriptor next to its reader
+// (formats/<name>/<name>_format.cc); formats/registry.cc lists them all, the
+// one registration point. Adding a format is a folder and a line there.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/problems.h"
+#include "formats/source_traits.h"
+#include "io/byte_source.h"
+#include "model/checkpoint_model.h"
+
+namespace ckpt {
+
+struct ReadOptions {
+  std::vector<std::string> files;  // --files: per-rank files given one by one (SRC is then empty)
+  // --only: per-rank families hold model and optimizer in separate files, so
+  // their reader reads only that kind and gives its state dict alone. Other
+  // readers ignore it (select_entries applies it to their top-level keys).
+  std::string only;
+  // validate: readers verify the CRC-32 of every zip record and report each
+  // problem they can read past here instead of failing on the first (see
+  // core/problems.h); nullptr reads fail-fast, as consolidate needs.
+  ProblemSink* problems = nullptr;
+  // --tag: a DeepSpeed checkpoint's tag directory under SRC (default: the
+  // one `latest` names), or the checkpoint to read in a folder of them
+  // (formats/checkpoint_root.h).
+  std::string tag = {};
+  // inspect: one rank's file of a per-rank family or DeepSpeed tag may be
+  // read alone, as the file it is (with a warning); other commands refuse
+  // it (exit 2), as its content alone would make a wrong whole.
+  bool one_rank_alone = false;
+};
+
+// How sure a probe is that a source is of its format. The highest answer
+// among the registered formats wins, so a format that refines another (a
+// Megatron torch_dist directory is also a DCP directory) answers above the
+// one it refines. 0: not this format.
+namespace confidence {
+inline constexpr int kNo = 0;
+inline constexpr int kNested = 10;   // recognised by a checkpoint inside it (Accelerate's pytorch_model_fsdp_0/)
+inline constexpr int kNames = 20;    // by the names of its files alone (rank{r} in per-rank file names)
+inline constexpr int kMarker = 30;   // by a file or bytes only this format writes (.metadata, `latest`, magic)
+inline constexpr int kRefines = 40;  // a marker of a format that is a specialisation of another
+}  // namespace confidence
+
+struct InputFormat {
+  SourceKind kind;
+  // A directory of this format; nullptr: the format is never a directory.
+  int (*probe_directory)(const std::string& dir) = nullptr;
+  // A file of this format, given its first bytes; nullptr: never a file.
+  int (*probe_file)(const std::string& path, const ByteSource& file) = nullptr;
+  CheckpointModel (*read)(const std::string& src, const ReadOptions& options) = nullptr;
+  SourceTraits traits = {};
+  // What a directory of the format holds, for "not a recognised checkpoint"
+  // ("DCP .metadata"); empty for file formats.
+  std::string_view directory_shape = {};
+};
+
+}  // namespace ckpt

@@ -1,0 +1,48 @@
+// safetensors input: one file, or a sharded set named by its index.json.
+#include <algorithm>
+#include <set>
+
+#include "formats/input_format.h"
+#include "formats/safetensors/safetensors_format.h"
+#include "formats/safetensors/safetensors_reader.h"
+
+namespace ckpt::safetensors {
+namespace {
+
+// safetensors has no magic: an 8-byte header size and a JSON header that
+// parses. Every format with a marker answers above it.
+int probe_file(const std::string&, const ByteSource& file) {
+  return looks_like_safetensors(file) ? confidence::kNames : confidence::kNo;
+}
+
+int probe_index(const std::string& path, const ByteSource&) {
+  return is_safetensors_index(path) ? confidence::kMarker : confidence::kNo;
+}
+
+CheckpointModel read_file(const std::string& src, const ReadOptions&) { return read_safetensors_file(src); }
+
+// The index and every shard it names are the source's files.
+CheckpointModel read_index(const std::string& src, const ReadOptions& options) {
+  CheckpointModel model = read_safetensors_index(src, options.problems);
+  if (model.info.files.empty()) {
+    std::set<std::string> files{src};
+    for (const auto& t : model.tensors)
+      for (const auto& c : t.chunks) files.insert(c.file);
+    model.info.files.assign(files.begin(), files.end());
+  }
+  return model;
+}
+
+}  // namespace
+
+const InputFormat& file_format() {
+  static const InputFormat f{.kind = SourceKind::kSafetensors, .probe_file = probe_file, .read = read_file};
+  return f;
+}
+
+const InputFormat& index_format() {
+  static const InputFormat f{.kind = SourceKind::kSafetensorsIndex, .probe_file = probe_index, .read = read_index};
+  return f;
+}
+
+}  // namespace ckpt::safetensors

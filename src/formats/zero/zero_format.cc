@@ -1,0 +1,26 @@
+// DeepSpeed ZeRO checkpoints: the folder holding `latest`, or a tag folder.
+#include "formats/input_format.h"
+#include "formats/zero/zero_reader.h"
+
+namespace ckpt::zero {
+namespace {
+
+int probe_dir(const std::string& dir) { return is_zero_checkpoint(dir) ? confidence::kMarker : confidence::kNo; }
+
+CheckpointModel read(const std::string& src, const ReadOptions& options) {
+  return read_zero(src, options.tag, options.only, options.problems);
+}
+
+}  // namespace
+
+const InputFormat& input_format() {
+  // Model and optimizer states are separate files: the reader applies --only.
+  static const InputFormat f{.kind = SourceKind::kZero,
+                             .probe_directory = probe_dir,
+                             .read = read,
+                             .traits = {.reader_selects_only = true},
+                             .directory_shape = "DeepSpeed `latest` or *_model_states.pt"};
+  return f;
+}
+
+}  // namespace ckpt::zero
