@@ -674,10 +674,10 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
 PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
                               const PartSpec& part, const std::string& request) {
   require_valid(model);
-  if (format == OutputFormat::kHdf5)
-    fail_invalid(
-        "--part: HDF5 output cannot be written by several processes (that needs an MPI-IO build of "
-        "libhdf5); write .pt or .safetensors, or run without --part");
+  if (!output_format_info(format).parts)
+    fail_invalid("--part: " + std::string(output_format_name(format)) +
+                 " output cannot be written by several processes (HDF5 needs an MPI-IO build of libhdf5); write "
+                 ".pt or .safetensors, or run without --part");
   FileOutputs w(model, format, options);
   return write_parted(w,
                       {.path = options.path,

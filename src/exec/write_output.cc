@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <memory>
@@ -106,38 +107,86 @@ void write_hdf5_output(const CheckpointModel& model, const OutputOptions& option
 #endif
 }
 
+namespace {
+
+std::vector<std::string> write_pt(const CheckpointModel& model, const OutputOptions& options) {
+  write_pt_output(model, options);
+  return {options.path};
+}
+
+std::vector<std::string> write_hdf5(const CheckpointModel& model, const OutputOptions& options) {
+  write_hdf5_output(model, options);
+  return {options.path};
+}
+
+}  // namespace
+
+const std::vector<OutputFormatInfo>& output_formats() {
+  static const std::vector<OutputFormatInfo> formats = {
+      {.id = OutputFormat::kPt,
+       .name = "pt",
+       .aliases = {},
+       .extensions = {".pt", ".pth", ".bin"},
+       .weights_file = "pytorch_model.bin",
+       .full_file = "full.pt",
+       .parts = true,
+       .write = write_pt},
+      {.id = OutputFormat::kSafetensors,
+       .name = "safetensors",
+       .aliases = {},
+       .extensions = {".safetensors"},
+       .weights_file = "model.safetensors",
+       .full_file = "full.safetensors",
+       .shards = true,
+       .parts = true,
+       .write = write_safetensors_output},
+      // Several processes cannot write one HDF5 file without an MPI-IO build of libhdf5.
+      {.id = OutputFormat::kHdf5,
+       .name = "hdf5",
+       .aliases = {"h5"},
+       .extensions = {".h5", ".hdf5"},
+       .weights_file = "model.h5",
+       .full_file = "full.h5",
+       .compression = true,
+       .write = write_hdf5},
+  };
+  return formats;
+}
+
+const OutputFormatInfo& output_format_info(OutputFormat format) {
+  for (const auto& f : output_formats())
+    if (f.id == format) return f;
+  fail(ErrorCode::kInternal, "no output format registered for this id");
+}
+
 std::optional<OutputFormat> output_format_from_name(const std::string& name) {
-  if (name == "pt") return OutputFormat::kPt;
-  if (name == "safetensors") return OutputFormat::kSafetensors;
-  if (name == "hdf5" || name == "h5") return OutputFormat::kHdf5;
+  for (const auto& f : output_formats())
+    if (name == f.name || std::find(f.aliases.begin(), f.aliases.end(), name) != f.aliases.end()) return f.id;
   return std::nullopt;
 }
 
 std::optional<OutputFormat> output_format_from_path(const std::string& path) {
   std::string ext = std::filesystem::path(path).extension().string();
   for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (ext == ".pt" || ext == ".pth" || ext == ".bin") return OutputFormat::kPt;
-  if (ext == ".safetensors") return OutputFormat::kSafetensors;
-  if (ext == ".h5" || ext == ".hdf5") return OutputFormat::kHdf5;
+  for (const auto& f : output_formats())
+    if (std::find(f.extensions.begin(), f.extensions.end(), ext) != f.extensions.end()) return f.id;
   return std::nullopt;
 }
 
-const char* output_format_name(OutputFormat format) {
-  switch (format) {
-    case OutputFormat::kPt: return "pt";
-    case OutputFormat::kSafetensors: return "safetensors";
-    case OutputFormat::kHdf5: return "hdf5";
+const char* output_format_name(OutputFormat format) { return output_format_info(format).name.data(); }
+
+std::string output_extensions_text() {
+  std::string out;
+  for (const auto& f : output_formats()) {
+    std::string exts;
+    for (const auto& e : f.extensions) exts += (exts.empty() ? "" : ", ") + std::string(e);
+    out += (out.empty() ? "" : ", ") + exts + " (" + std::string(f.name) + ")";
   }
-  return "?";
+  return out;
 }
 
 std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options) {
-  switch (format) {
-    case OutputFormat::kPt: write_pt_output(model, options); break;
-    case OutputFormat::kSafetensors: return write_safetensors_output(model, options);
-    case OutputFormat::kHdf5: write_hdf5_output(model, options); break;
-  }
-  return {options.path};
+  return output_format_info(format).write(model, options);
 }
 
 }  // namespace ckpt

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "exec/tensor_copy.h"
@@ -23,11 +24,33 @@ struct OutputOptions {
 
 enum class OutputFormat { kPt, kSafetensors, kHdf5 };
 
+// An output format's descriptor: its names, what it can do, and its
+// one-process writer. Jobs ask these instead of naming a format.
+struct OutputFormatInfo {
+  OutputFormat id;
+  std::string_view name;                     // --format NAME, and in reports
+  std::vector<std::string_view> aliases;     // other --format spellings
+  std::vector<std::string_view> extensions;  // lower case, with the dot; the first is the usual one
+  std::string_view weights_file;             // -o DIR/ of a model alone (as Hugging Face tools name it)
+  std::string_view full_file;                // -o DIR/ of more than a model
+  bool shards = false;                       // --max-shard-size
+  bool compression = false;                  // --compression
+  bool parts = false;                        // --part (several processes writing one output)
+  // Writes the output; the files written, in order (OUT, or shards then index).
+  std::vector<std::string> (*write)(const CheckpointModel& model, const OutputOptions& options) = nullptr;
+};
+
+// Every output format, in --format's order.
+const std::vector<OutputFormatInfo>& output_formats();
+const OutputFormatInfo& output_format_info(OutputFormat format);
+
 // "pt", "safetensors", "hdf5" (also "h5"); nullopt otherwise.
 std::optional<OutputFormat> output_format_from_name(const std::string& name);
 // By the path's extension: .pt/.pth/.bin, .safetensors, .h5/.hdf5; nullopt otherwise.
 std::optional<OutputFormat> output_format_from_path(const std::string& path);
 const char* output_format_name(OutputFormat format);
+// ".pt, .pth, .bin (pt), .safetensors (safetensors), ...": for messages.
+std::string output_extensions_text();
 
 // Writes the model in `format` (dispatches to the functions below) and
 // returns the files written, in order: OUT itself, or for a sharded

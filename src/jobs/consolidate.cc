@@ -17,12 +17,21 @@
 namespace ckpt::jobs {
 namespace {
 
+// Options only some formats take: --max-shard-size, --compression.
+void check_format_options(const ConsolidateRequest& req, OutputFormat format) {
+  const OutputFormatInfo& f = output_format_info(format);
+  if (!req.max_shard_size.empty() && !f.shards)
+    fail_invalid("--max-shard-size applies to safetensors output only, not " + std::string(f.name));
+  if (req.compression != "none" && !f.compression)
+    fail_invalid("--compression applies to HDF5 output only, not " + std::string(f.name));
+}
+
 // The format by --format, else by OUT's extension (case-insensitive). A typo
 // (`.safetensor`) or an extension that names another format than --format is
 // a usage error: writing a torch zip under a name that says otherwise would
 // look right and load wrong.
 OutputFormat resolve_output_format(const ConsolidateRequest& req) {
-  static const char* kKnown = ".pt, .pth, .bin (torch.save), .safetensors, .h5, .hdf5";
+  const std::string kKnown = output_extensions_text();
   auto by_path = output_format_from_path(req.output);
   OutputFormat format;
   if (req.format.empty()) {
@@ -36,10 +45,7 @@ OutputFormat resolve_output_format(const ConsolidateRequest& req) {
       fail_invalid(req.output + ": the extension says " + output_format_name(*by_path) + " but --format is " +
                    output_format_name(format) + " (extensions: " + kKnown + ")");
   }
-  if (!req.max_shard_size.empty() && format != OutputFormat::kSafetensors)
-    fail_invalid("--max-shard-size applies to safetensors output only");
-  if (req.compression != "none" && format != OutputFormat::kHdf5)
-    fail_invalid("--compression applies to HDF5 output only");
+  check_format_options(req, format);
   return format;
 }
 
@@ -68,13 +74,9 @@ bool holds_model_only(const CheckpointModel& model) {
 
 std::string file_in_directory(const ConsolidateRequest& req, OutputFormat format, const CheckpointModel& model) {
   bool weights = req.common.only == "model" || holds_model_only(model);
+  const OutputFormatInfo& f = output_format_info(format);
   std::string dir = req.output.back() == '/' ? req.output : req.output + "/";
-  switch (format) {
-    case OutputFormat::kSafetensors: return dir + (weights ? "model" : "full") + ".safetensors";
-    case OutputFormat::kPt: return dir + (weights ? "pytorch_model.bin" : "full.pt");
-    case OutputFormat::kHdf5: return dir + (weights ? "model" : "full") + ".h5";
-  }
-  return dir + "full.pt";
+  return dir + std::string(weights ? f.weights_file : f.full_file);
 }
 
 // The directories -o DIR/ made (mkdir -p), removed again unless kept: a
@@ -127,13 +129,12 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     check_output_place(req.output, false);
   }
   OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
-  if (!directory.empty() && !req.max_shard_size.empty() && format != OutputFormat::kSafetensors)
-    fail_invalid("--max-shard-size applies to safetensors output only");
+  if (!directory.empty()) check_format_options(req, format);
   CheckpointModel model = read_selected(opt);
   CreatedDirectories created;
   if (!directory.empty()) {
     req.output = file_in_directory(req, format, model);
-    if (format == OutputFormat::kSafetensors && req.max_shard_size.empty())
+    if (output_format_info(format).shards && req.max_shard_size.empty())
       req.max_shard_size = std::to_string(kHuggingFaceShardSize);
     if (!opt.dry_run) created = CreatedDirectories(directory);
     spdlog::info("{} is a directory: writing {}", directory, req.output);

@@ -1,0 +1,93 @@
+// The writer conformance suite: every registered output format
+// (exec/write_output.h output_formats()) writes the same model, and the
+// readers that read that format give it back, tensors and values equal at
+// zero tolerance (bytes are copied, never recomputed); a format that shards
+// does so too. The real libraries' view of these files (torch.load, h5py,
+// safetensors) is tested in the pytest suite.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "diff/checkpoint_diff.h"
+#include "exec/write_output.h"
+#include "formats/detect.h"
+
+using namespace ckpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string testdata(const std::string& rel) { return std::string(CKPT_SOURCE_DIR) + "/testdata/" + rel; }
+
+fs::path scratch() {
+  fs::path dir = fs::temp_directory_path() / ("ckptconv-writers-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+SourceKind kind_read_as(OutputFormat f, bool sharded) {
+  switch (f) {
+    case OutputFormat::kPt: return SourceKind::kTorchPt;
+    case OutputFormat::kSafetensors: return sharded ? SourceKind::kSafetensorsIndex : SourceKind::kSafetensors;
+    case OutputFormat::kHdf5: return SourceKind::kHdf5;
+  }
+  return SourceKind::kTorchPt;
+}
+
+}  // namespace
+
+TEST_CASE("every output format writes a model its readers give back equal", "[exec][writers][conformance]") {
+  fs::path dir = scratch();
+  CheckpointModel model = read_checkpoint(testdata("dcp/fsdp2_adamw_ws2"));
+  for (const OutputFormatInfo& f : output_formats()) {
+#ifndef CKPT_HAVE_HDF5
+    if (f.id == OutputFormat::kHdf5) continue;
+#endif
+    for (bool sharded : {false, true}) {
+      if (sharded && !f.shards) continue;
+      INFO(std::string(f.name) << (sharded ? " sharded" : ""));
+      OutputOptions options;
+      options.path = (dir / ((sharded ? "sharded" : "whole") + std::string(f.extensions.front()))).string();
+      options.durable = false;
+      options.max_shard_size = sharded ? 300 : 0;
+      std::vector<std::string> files = f.write(model, options);
+      REQUIRE_FALSE(files.empty());
+      for (const auto& file : files) CHECK(fs::is_regular_file(file));
+      // what a user names to read it back: OUT, or the index of the shards
+      std::string read_back = files.back();
+      CHECK(read_back == (sharded ? options.path + ".index.json" : options.path));
+      if (sharded) CHECK(files.size() > 2);
+      CheckpointModel back = read_checkpoint(read_back);
+      CHECK(back.info.kind == kind_read_as(f.id, sharded));
+      DiffReport diff = diff_models(back, model, {});
+      CHECK(diff.tensors.size() == model.tensors.size());
+      CHECK(diff.only_in_a.empty());
+      CHECK(diff.only_in_b.empty());
+      CHECK(diff.equal());
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("output formats are found by every name and extension they list", "[exec][writers]") {
+  for (const OutputFormatInfo& f : output_formats()) {
+    CHECK(output_format_from_name(std::string(f.name)) == f.id);
+    for (auto alias : f.aliases) CHECK(output_format_from_name(std::string(alias)) == f.id);
+    for (auto ext : f.extensions) {
+      CHECK(output_format_from_path("out" + std::string(ext)) == f.id);
+      std::string upper = "OUT" + std::string(ext);
+      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      CHECK(output_format_from_path(upper) == f.id);
+    }
+    CHECK(output_format_from_path("out/" + std::string(f.weights_file)) == f.id);
+    CHECK(output_format_from_path("out/" + std::string(f.full_file)) == f.id);
+    CHECK(std::string(output_format_name(f.id)) == f.name);
+    CHECK(output_extensions_text().find(std::string(f.extensions.front())) != std::string::npos);
+  }
+  CHECK_FALSE(output_format_from_name("safetensor"));
+  CHECK_FALSE(output_format_from_path("out.safetensor"));
+}
