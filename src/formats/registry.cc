@@ -38,11 +38,12 @@ namespace {
 const InputFormat& hdf5_unavailable() {
   static const InputFormat f{
       .kind = SourceKind::kHdf5,
-      .probe_file = [](const std::string&, const ByteSource& file) {
-        static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
-        return file.size() >= 8 && file.read_string(0, 8) == std::string(kSignature, 8) ? confidence::kMarker
-                                                                                         : confidence::kNo;
-      },
+      .probe_file =
+          [](const std::string&, const ByteSource& file) {
+            static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+            return file.size() >= 8 && file.read_string(0, 8) == std::string(kSignature, 8) ? confidence::kMarker
+                                                                                            : confidence::kNo;
+          },
       .read = [](const std::string& src, const ReadOptions&) -> CheckpointModel {
         fail(ErrorCode::kUnimplemented, src + ": this ckptconv was built without HDF5 (CKPT_WITH_HDF5=OFF)");
       }};
@@ -54,9 +55,8 @@ const InputFormat& hdf5_unavailable() {
 
 const std::vector<const InputFormat*>& input_formats() {
   static const std::vector<const InputFormat*> formats = {
-      &torch_pt::input_format(),    &dcp::dir_format(),         &dcp::pair_format(),
-      &fsdp_ranks::input_format(),  &zero::input_format(),      &safetensors::file_format(),
-      &safetensors::index_format(),
+      &torch_pt::input_format(), &dcp::dir_format(),          &dcp::pair_format(),          &fsdp_ranks::input_format(),
+      &zero::input_format(),     &safetensors::file_format(), &safetensors::index_format(),
 #ifdef CKPT_HAVE_HDF5
       &hdf5::input_format(),
 #else

@@ -8,9 +8,7 @@ namespace {
 
 // Recognised by the names of its files only, so below every format with a
 // marker of its own (a DCP or DeepSpeed folder may hold *rank* files too).
-int probe_dir(const std::string& dir) {
-  return list_rank_files(dir).empty() ? confidence::kNo : confidence::kNames;
-}
+int probe_dir(const std::string& dir) { return list_rank_files(dir).empty() ? confidence::kNo : confidence::kNames; }
 
 CheckpointModel read(const std::string& src, const ReadOptions& options) {
   if (!options.files.empty())
@@ -23,12 +21,11 @@ CheckpointModel read(const std::string& src, const ReadOptions& options) {
 }  // namespace
 
 const InputFormat& input_format() {
-  static const InputFormat f{
-      .kind = SourceKind::kFsdpRanks,
-      .probe_directory = probe_dir,
-      .read = read,
-      .traits = {.sharded_layout = true, .reader_selects_only = true, .per_rank_files = true},
-      .directory_shape = "per-rank *rank{r}*.pt files"};
+  static const InputFormat f{.kind = SourceKind::kFsdpRanks,
+                             .probe_directory = probe_dir,
+                             .read = read,
+                             .traits = {.sharded_layout = true, .reader_selects_only = true, .per_rank_files = true},
+                             .directory_shape = "per-rank *rank{r}*.pt files"};
   return f;
 }
 

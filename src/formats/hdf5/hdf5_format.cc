@@ -8,7 +8,7 @@ namespace {
 int probe_file(const std::string&, const ByteSource& file) {
   static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
   return file.size() >= 8 && file.read_string(0, 8) == std::string(kSignature, 8) ? confidence::kMarker
-                                                                                   : confidence::kNo;
+                                                                                  : confidence::kNo;
 }
 
 CheckpointModel read(const std::string& src, const ReadOptions&) { return read_hdf5_file(src); }
