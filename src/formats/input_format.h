@@ -43,7 +43,9 @@ struct ReadOptions {
 namespace confidence {
 inline constexpr int kNo = 0;
 inline constexpr int kNested = 10;   // recognised by a checkpoint inside it (Accelerate's pytorch_model_fsdp_0/)
+inline constexpr int kLoose = 15;    // by loose files of its kind, nothing listing them (*.safetensors alone)
 inline constexpr int kNames = 20;    // by the names of its files alone (rank{r} in per-rank file names)
+inline constexpr int kIndex = 25;    // by an index that names its files (*.safetensors.index.json)
 inline constexpr int kMarker = 30;   // by a file or bytes only this format writes (.metadata, `latest`, magic)
 inline constexpr int kRefines = 40;  // a marker of a format that is a specialisation of another
 }  // namespace confidence

@@ -24,6 +24,7 @@ const InputFormat& input_format();
 namespace safetensors {
 const InputFormat& file_format();
 const InputFormat& index_format();
+const InputFormat& folder_format();
 }  // namespace safetensors
 #ifdef CKPT_HAVE_HDF5
 namespace hdf5 {
@@ -55,8 +56,10 @@ const InputFormat& hdf5_unavailable() {
 
 const std::vector<const InputFormat*>& input_formats() {
   static const std::vector<const InputFormat*> formats = {
-      &torch_pt::input_format(), &dcp::dir_format(),          &dcp::pair_format(),          &fsdp_ranks::input_format(),
-      &zero::input_format(),     &safetensors::file_format(), &safetensors::index_format(),
+      &torch_pt::input_format(),    &dcp::dir_format(),
+      &dcp::pair_format(),          &fsdp_ranks::input_format(),
+      &zero::input_format(),        &safetensors::file_format(),
+      &safetensors::index_format(), &safetensors::folder_format(),
 #ifdef CKPT_HAVE_HDF5
       &hdf5::input_format(),
 #else

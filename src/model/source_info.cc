@@ -12,6 +12,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kHdf5: return "HDF5 file";
     case SourceKind::kZero: return "DeepSpeed ZeRO checkpoint";
     case SourceKind::kDcpPair: return "DCP model and optimizer directories (Accelerate)";
+    case SourceKind::kHfFolder: return "Hugging Face model folder";
   }
   return "?";
 }
@@ -22,7 +23,8 @@ const char* source_format_name(SourceKind kind) {
     case SourceKind::kDcpDir: return "dcp";
     case SourceKind::kFsdpRanks: return "fsdp-ranks";
     case SourceKind::kSafetensors:
-    case SourceKind::kSafetensorsIndex: return "safetensors";
+    case SourceKind::kSafetensorsIndex:
+    case SourceKind::kHfFolder: return "safetensors";
     case SourceKind::kHdf5: return "hdf5";
     case SourceKind::kZero: return "deepspeed-zero";
     case SourceKind::kDcpPair: return "dcp-pair";

@@ -21,7 +21,19 @@ namespace ckpt {
 // pattern, or files listed with --files.
 // kDcpPair: a checkpoint folder whose model and optimizer are two DCP
 // directories (Accelerate's save_state: pytorch_model_fsdp_0/, optimizer_0/).
-enum class SourceKind { kTorchPt, kDcpDir, kFsdpRanks, kSafetensors, kSafetensorsIndex, kHdf5, kZero, kDcpPair };
+// kHfFolder: a Hugging Face model folder (save_pretrained): safetensors
+// weights, with or without their index, beside config.json and the like.
+enum class SourceKind {
+  kTorchPt,
+  kDcpDir,
+  kFsdpRanks,
+  kSafetensors,
+  kSafetensorsIndex,
+  kHdf5,
+  kZero,
+  kDcpPair,
+  kHfFolder
+};
 
 // For messages: "DCP directory", "per-rank files", ...
 const char* source_kind_name(SourceKind kind);

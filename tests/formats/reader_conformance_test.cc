@@ -83,6 +83,11 @@ std::vector<Case> cases() {
        testdata("dcp/fsdp2_adamw_ws2.ref.pt"), SourceKind::kSafetensors, 1},
       {"sharded safetensors (index)", written(OutputFormat::kSafetensors, "sharded.safetensors", 400) + ".index.json",
        "", testdata("dcp/fsdp2_adamw_ws2.ref.pt"), SourceKind::kSafetensorsIndex, 1},
+      // Hugging Face folders huggingface_hub wrote, against the state dict torch saved.
+      {"Hugging Face folder (sharded, index)", testdata("hf/sharded"), "", testdata("hf/reference.pt"),
+       SourceKind::kHfFolder, 1},
+      {"Hugging Face folder (shards, no index)", testdata("hf/shards_no_index"), "", testdata("hf/reference.pt"),
+       SourceKind::kHfFolder, 1},
       // DeepSpeed's own zero_to_fp32 output is the reference (model only).
       {"DeepSpeed ZeRO-2 (model)", testdata("zero/z2_bf16_ws2"), "model",
        testdata("zero/z2_bf16_ws2/reference_fp32.pt"), SourceKind::kZero, 2},

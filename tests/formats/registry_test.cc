@@ -44,7 +44,8 @@ TEST_CASE("every source kind has one registered input format", "[formats][regist
     CHECK(&source_traits(f->kind) == &f->traits);
   }
   for (SourceKind k : {SourceKind::kTorchPt, SourceKind::kDcpDir, SourceKind::kFsdpRanks, SourceKind::kSafetensors,
-                       SourceKind::kSafetensorsIndex, SourceKind::kHdf5, SourceKind::kZero, SourceKind::kDcpPair})
+                       SourceKind::kSafetensorsIndex, SourceKind::kHdf5, SourceKind::kZero, SourceKind::kDcpPair,
+                       SourceKind::kHfFolder})
     CHECK(seen.count(k) == 1);
 }
 
@@ -70,6 +71,19 @@ TEST_CASE("a directory is the format whose probe is most confident", "[formats][
   fs::copy(testdata("zero/z2_bf16_ws2"), zero, fs::copy_options::recursive);
   touch(zero / "optim_rank0.pt");
   CHECK(directory_kind(zero.string()) == SourceKind::kZero);
+
+  // Hugging Face folders: an index beats rank-named files, loose
+  // .safetensors files do not; a DCP .metadata beats both.
+  fs::path hf = fresh_dir("hf");
+  touch(hf / "model_rank0.pt");
+  touch(hf / "model_rank1.pt");
+  touch(hf / "model.safetensors");
+  CHECK(directory_kind(hf.string()) == SourceKind::kFsdpRanks);
+  touch(hf / "model.safetensors.index.json");
+  CHECK(directory_kind(hf.string()) == SourceKind::kHfFolder);
+  touch(hf / ".metadata");
+  CHECK(directory_kind(hf.string()) == SourceKind::kDcpDir);
+  fs::remove_all(hf);
 
   // None: the message names what each directory format would have shown.
   fs::path none = fresh_dir("none");

@@ -19,6 +19,19 @@ int probe_index(const std::string& path, const ByteSource&) {
   return is_safetensors_index(path) ? confidence::kMarker : confidence::kNo;
 }
 
+// A folder holding safetensors weights or their index: what save_pretrained
+// writes. (torch's DCP Hugging Face layout, shard-*-model-*.safetensors with
+// DCP_SHARDING_INFO, is a refinement that will answer above it.)
+int probe_folder(const std::string& dir) {
+  HfFolderFiles files = list_hf_folder(dir);
+  if (!files.indexes.empty()) return confidence::kIndex;
+  return files.weights.empty() ? confidence::kNo : confidence::kLoose;
+}
+
+CheckpointModel read_folder(const std::string& src, const ReadOptions& options) {
+  return read_hf_folder(src, options.problems);
+}
+
 CheckpointModel read_file(const std::string& src, const ReadOptions&) { return read_safetensors_file(src); }
 
 // The index and every shard it names are the source's files.
@@ -37,6 +50,14 @@ CheckpointModel read_index(const std::string& src, const ReadOptions& options) {
 
 const InputFormat& file_format() {
   static const InputFormat f{.kind = SourceKind::kSafetensors, .probe_file = probe_file, .read = read_file};
+  return f;
+}
+
+const InputFormat& folder_format() {
+  static const InputFormat f{.kind = SourceKind::kHfFolder,
+                             .probe_directory = probe_folder,
+                             .read = read_folder,
+                             .directory_shape = "Hugging Face *.safetensors weights or their index"};
   return f;
 }
 

@@ -1,5 +1,6 @@
 #include "formats/safetensors/safetensors_reader.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -147,16 +148,84 @@ CheckpointModel read_safetensors_index(const std::string& path, ProblemSink* sin
       if (!run_reporting(sink, shard, -1, "", [&] { builder.add_file(shard); })) unreadable.insert(name);
     }
     CheckpointModel model = std::move(builder).finish();
-    std::set<std::string> present;
-    for (const auto& t : model.tensors) present.insert(t.name);
-    for (auto it = map->begin(); it != map->end(); ++it)
-      if (!present.count(it.key()) && !unreadable.count(it->get<std::string>()))
+    std::map<std::string, std::string> held;  // tensor -> the shard that holds it
+    for (const auto& t : model.tensors) held[t.name] = std::filesystem::path(t.chunks.at(0).file).filename().string();
+    for (auto it = map->begin(); it != map->end(); ++it) {
+      const std::string& listed = it->get_ref<const std::string&>();
+      auto h = held.find(it.key());
+      if (h == held.end() && !unreadable.count(listed))
+        report_or_fail(sink,
+                       {ErrorCode::kDataLoss,
+                        "weight_map lists tensor '" + it.key() + "' that no shard holds (" + listed + " does not)",
+                        (dir / listed).string(), -1, it.key()});
+      else if (h != held.end() && h->second != listed)
         report_or_fail(sink, {ErrorCode::kDataLoss,
-                              "weight_map lists tensor '" + it.key() + "' that no shard holds (" +
-                                  it->get<std::string>() + " does not)",
-                              (dir / it->get<std::string>()).string(), -1, it.key()});
+                              "weight_map puts tensor '" + it.key() + "' in " + listed + ", but " + h->second +
+                                  " holds it: the index does not match the shards",
+                              (dir / h->second).string(), -1, it.key()});
+    }
+    for (const auto& [name, shard] : held)
+      if (!map->contains(name))
+        report_or_fail(sink, {ErrorCode::kDataLoss,
+                              shard + " holds tensor '" + name +
+                                  "', which the index does not list: the index does not match the shards",
+                              (dir / shard).string(), -1, name});
     return model;
   });
+}
+
+HfFolderFiles list_hf_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  HfFolderFiles out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file(ec)) continue;
+    std::string name = entry.path().filename().string();
+    if (is_safetensors_index(name))
+      out.indexes.push_back(entry.path().string());
+    else if (name.ends_with(".safetensors"))
+      out.weights.push_back(entry.path().string());
+    else
+      out.others.push_back(name);
+  }
+  for (auto* v : {&out.indexes, &out.weights, &out.others}) std::sort(v->begin(), v->end());
+  return out;
+}
+
+CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
+  namespace fs = std::filesystem;
+  HfFolderFiles files = list_hf_folder(dir);
+  CheckpointModel model;
+  if (!files.indexes.empty()) {
+    std::string index = files.indexes.front();
+    if (files.indexes.size() > 1) {
+      std::string names;
+      for (const auto& i : files.indexes) names += (names.empty() ? "" : ", ") + fs::path(i).filename().string();
+      auto main = std::find_if(files.indexes.begin(), files.indexes.end(), [](const std::string& i) {
+        return fs::path(i).filename() == "model.safetensors.index.json";
+      });
+      if (main == files.indexes.end())
+        fail_invalid(dir + " holds several safetensors indexes (" + names + "): pass the one to read");
+      index = *main;
+    }
+    model = read_safetensors_index(index, sink);
+    std::set<std::string> read{index};
+    for (const auto& t : model.tensors) read.insert(t.chunks.at(0).file);
+    model.info.files.assign(read.begin(), read.end());
+  } else {
+    if (files.weights.empty()) fail(ErrorCode::kNotFound, dir + ": no .safetensors file and no index");
+    // Without an index the files together are the model (a tensor in two of
+    // them is DataLoss, as with an index).
+    ModelBuilder builder(dir, sink);
+    for (const auto& w : files.weights) run_reporting(sink, w, -1, "", [&] { builder.add_file(w); });
+    model = std::move(builder).finish();
+    model.info.files = files.weights;
+  }
+  model.source = dir;
+  std::string others;
+  for (const auto& o : files.others) others += (others.empty() ? "" : ", ") + o;
+  if (!others.empty()) model.facts["hf_folder_files"] = others;
+  return model;
 }
 
 }  // namespace ckpt::safetensors

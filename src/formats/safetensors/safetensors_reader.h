@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/problems.h"
 #include "model/checkpoint_model.h"
@@ -22,6 +23,22 @@ CheckpointModel read_safetensors_file(const std::string& path);
 bool is_safetensors_index(const std::string& path);
 // `sink` (validate): a shard that cannot be read and each tensor missing or
 // doubled is reported there instead of thrown.
+// The index must agree with the shards' headers: a tensor a shard holds but
+// the index does not list, or lists in another shard, is DataLoss too.
 CheckpointModel read_safetensors_index(const std::string& path, ProblemSink* sink = nullptr);
+
+// A Hugging Face model folder, as save_pretrained writes it: its
+// "*.safetensors.index.json" and the shards it names, or without an index
+// its .safetensors files together (one model.safetensors, or shards whose
+// index was not copied). With several indexes, model.safetensors.index.json
+// is read, else InvalidArgument naming them. The other files (config.json,
+// generation_config.json, tokenizer files) are listed in facts, not read.
+struct HfFolderFiles {
+  std::vector<std::string> indexes;  // *.safetensors.index.json, sorted
+  std::vector<std::string> weights;  // *.safetensors, sorted
+  std::vector<std::string> others;   // every other regular file's name, sorted
+};
+HfFolderFiles list_hf_folder(const std::string& dir);
+CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink = nullptr);
 
 }  // namespace ckpt::safetensors
