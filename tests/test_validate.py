@@ -562,11 +562,24 @@ def test_text_report_names_each_problem(tmp_path, run_ckptconv):
     assert r.stdout.rstrip().splitlines()[-1].startswith("INVALID: ")
 
 
-@pytest.mark.parametrize("rel", ["dcp/fsdp2_adamw_ws3", "fsdp_dt/adamw_ws2", "pt/dtypes.pt", "dcp/zstd_ws1"])
+EVERY_FAMILY = ["dcp/fsdp2_adamw_ws3", "fsdp_dt/adamw_ws2", "pt/dtypes.pt", "dcp/zstd_ws1", "zero/z2_bf16_ws2",
+                "frameworks/accelerate_fsdp1_ws2/project/checkpoints/checkpoint_1", "hf/sharded"]
+
+
+@pytest.mark.parametrize("rel", EVERY_FAMILY)
 def test_inspect_json_matches_its_schema(rel, run_ckptconv):
     r = run_ckptconv("inspect", "--json", TD / rel)
     assert r.returncode == 0, r.stderr
     jsonschema.validate(json.loads(r.stdout), INSPECT_SCHEMA)
+
+
+@pytest.mark.parametrize("rel", EVERY_FAMILY)
+def test_validate_json_of_every_family_matches_its_schema(rel, run_ckptconv):
+    """A DeepSpeed or Accelerate source's report named formats the schema did
+    not list (deepspeed-zero, dcp-pair): a consumer validating it failed."""
+    code, report, err = validate(run_ckptconv, TD / rel)
+    assert code == 0, err
+    assert report["format"] in ("dcp", "fsdp-ranks", "pt", "deepspeed-zero", "dcp-pair", "safetensors")
 
 
 @pytest.mark.parametrize("how", ["path", "tag"])
