@@ -563,7 +563,7 @@ def test_text_report_names_each_problem(tmp_path, run_ckptconv):
 
 
 EVERY_FAMILY = ["dcp/fsdp2_adamw_ws3", "fsdp_dt/adamw_ws2", "pt/dtypes.pt", "dcp/zstd_ws1", "zero/z2_bf16_ws2",
-                "frameworks/accelerate_fsdp1_ws2/project/checkpoints/checkpoint_1", "hf/sharded"]
+                "frameworks/accelerate_fsdp1_ws2/project/checkpoints/checkpoint_1", "hf/sharded", "dcp_hf/fsdp2_ws3"]
 
 
 @pytest.mark.parametrize("rel", EVERY_FAMILY)
@@ -579,7 +579,7 @@ def test_validate_json_of_every_family_matches_its_schema(rel, run_ckptconv):
     not list (deepspeed-zero, dcp-pair): a consumer validating it failed."""
     code, report, err = validate(run_ckptconv, TD / rel)
     assert code == 0, err
-    assert report["format"] in ("dcp", "fsdp-ranks", "pt", "deepspeed-zero", "dcp-pair", "safetensors")
+    assert report["format"] in ("dcp", "fsdp-ranks", "pt", "deepspeed-zero", "dcp-pair", "safetensors", "dcp-hf")
 
 
 @pytest.mark.parametrize("how", ["path", "tag"])

@@ -39,7 +39,7 @@ inline constexpr const char* kSourceKinds =
     "SRC is detected: a DCP directory (.metadata); per-rank FSDP files (a directory, a quoted glob, or --files);\n"
     "a DeepSpeed ZeRO checkpoint (the folder holding `latest`, or a tag folder; --tag picks another tag);\n"
     "a .pt/.pth/.bin torch.save file; a .safetensors file, its .safetensors.index.json or a Hugging Face model\n"
-    "folder (save_pretrained's); an .h5/.hdf5 file.";
+    "folder (save_pretrained's) or torch's DCP Hugging Face layout; an .h5/.hdf5 file.";
 
 // The help's footer: examples, the exit codes this command can return, and
 // any notes.

@@ -26,6 +26,9 @@ const InputFormat& file_format();
 const InputFormat& index_format();
 const InputFormat& folder_format();
 }  // namespace safetensors
+namespace dcp_hf {
+const InputFormat& input_format();
+}
 #ifdef CKPT_HAVE_HDF5
 namespace hdf5 {
 const InputFormat& input_format();
@@ -60,6 +63,7 @@ const std::vector<const InputFormat*>& input_formats() {
       &dcp::pair_format(),          &fsdp_ranks::input_format(),
       &zero::input_format(),        &safetensors::file_format(),
       &safetensors::index_format(), &safetensors::folder_format(),
+      &dcp_hf::input_format(),
 #ifdef CKPT_HAVE_HDF5
       &hdf5::input_format(),
 #else

@@ -13,6 +13,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kZero: return "DeepSpeed ZeRO checkpoint";
     case SourceKind::kDcpPair: return "DCP model and optimizer directories (Accelerate)";
     case SourceKind::kHfFolder: return "Hugging Face model folder";
+    case SourceKind::kDcpHf: return "DCP Hugging Face directory (per-rank safetensors)";
   }
   return "?";
 }
@@ -28,6 +29,7 @@ const char* source_format_name(SourceKind kind) {
     case SourceKind::kHdf5: return "hdf5";
     case SourceKind::kZero: return "deepspeed-zero";
     case SourceKind::kDcpPair: return "dcp-pair";
+    case SourceKind::kDcpHf: return "dcp-hf";
   }
   return "?";
 }

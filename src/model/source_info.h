@@ -21,6 +21,8 @@ namespace ckpt {
 // pattern, or files listed with --files.
 // kDcpPair: a checkpoint folder whose model and optimizer are two DCP
 // directories (Accelerate's save_state: pytorch_model_fsdp_0/, optimizer_0/).
+// kDcpHf: torch's DCP Hugging Face layout (per-rank safetensors with
+// DCP_SHARDING_INFO, no .metadata).
 // kHfFolder: a Hugging Face model folder (save_pretrained): safetensors
 // weights, with or without their index, beside config.json and the like.
 enum class SourceKind {
@@ -32,7 +34,8 @@ enum class SourceKind {
   kHdf5,
   kZero,
   kDcpPair,
-  kHfFolder
+  kHfFolder,
+  kDcpHf
 };
 
 // For messages: "DCP directory", "per-rank files", ...
@@ -101,7 +104,7 @@ struct SourceInfo {
 
   bool is_sharded_source() const {
     return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks || kind == SourceKind::kZero ||
-           kind == SourceKind::kDcpPair;
+           kind == SourceKind::kDcpPair || kind == SourceKind::kDcpHf;
   }
 };
 

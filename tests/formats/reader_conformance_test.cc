@@ -88,6 +88,9 @@ std::vector<Case> cases() {
        SourceKind::kHfFolder, 1},
       {"Hugging Face folder (shards, no index)", testdata("hf/shards_no_index"), "", testdata("hf/reference.pt"),
        SourceKind::kHfFolder, 1},
+      // torch's DCP Hugging Face layout, against the job's own full state dict.
+      {"DCP Hugging Face layout", testdata("dcp_hf/fsdp2_ws3"), "", testdata("dcp_hf/fsdp2_ws3.ref.pt"),
+       SourceKind::kDcpHf, 3},
       // DeepSpeed's own zero_to_fp32 output is the reference (model only).
       {"DeepSpeed ZeRO-2 (model)", testdata("zero/z2_bf16_ws2"), "model",
        testdata("zero/z2_bf16_ws2/reference_fp32.pt"), SourceKind::kZero, 2},

@@ -45,7 +45,7 @@ TEST_CASE("every source kind has one registered input format", "[formats][regist
   }
   for (SourceKind k : {SourceKind::kTorchPt, SourceKind::kDcpDir, SourceKind::kFsdpRanks, SourceKind::kSafetensors,
                        SourceKind::kSafetensorsIndex, SourceKind::kHdf5, SourceKind::kZero, SourceKind::kDcpPair,
-                       SourceKind::kHfFolder})
+                       SourceKind::kHfFolder, SourceKind::kDcpHf})
     CHECK(seen.count(k) == 1);
 }
 
@@ -84,6 +84,11 @@ TEST_CASE("a directory is the format whose probe is most confident", "[formats][
   touch(hf / ".metadata");
   CHECK(directory_kind(hf.string()) == SourceKind::kDcpDir);
   fs::remove_all(hf);
+
+  // torch's DCP Hugging Face files refine a Hugging Face folder.
+  CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws3")) == SourceKind::kDcpHf);
+  CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws2_consolidated")) == SourceKind::kHfFolder);
+  CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws2_consolidated/sharded")) == SourceKind::kDcpHf);
 
   // None: the message names what each directory format would have shown.
   fs::path none = fresh_dir("none");
