@@ -60,20 +60,8 @@ bool is_output_directory(const std::string& output) {
   return !output.empty() && (output.back() == '/' || std::filesystem::is_directory(output, ec));
 }
 
-bool holds_model_only(const CheckpointModel& model) {
-  if (!model.root || !model.root->is(pickle::Kind::kDict)) return false;
-  for (const auto& [key, value] : model.root->entries) {
-    if (!key->is(pickle::Kind::kStr)) return false;
-    const std::string& k = key->text;
-    if (k == "model" || k == "optim" || k == "optimizer" || k == "state" || k == "param_groups" ||
-        k == "lr_scheduler" || k == "client_state" || k == "global_steps")
-      return false;
-  }
-  return true;
-}
-
 std::string file_in_directory(const ConsolidateRequest& req, OutputFormat format, const CheckpointModel& model) {
-  bool weights = req.common.only == "model" || holds_model_only(model);
+  bool weights = req.common.only == "model" || holds_weights_only(model);
   const OutputFormatInfo& f = output_format_info(format);
   std::string dir = req.output.back() == '/' ? req.output : req.output + "/";
   return dir + std::string(weights ? f.weights_file : f.full_file);

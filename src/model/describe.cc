@@ -33,6 +33,13 @@ std::string ranks_of(const TensorEntry& t) {
   }
   return s;
 }
+// The root's dict (an OrderedDict is a built object around one), or null.
+const pickle::Value* top_dict(const CheckpointModel& model) {
+  const pickle::Value* top = model.root.get();
+  if (top && top->is(pickle::Kind::kBuilt) && top->object) top = top->object.get();
+  return top && top->is(pickle::Kind::kDict) ? top : nullptr;
+}
+
 // "1,234,567".
 std::string grouped(uint64_t n) {
   std::string digits = std::to_string(n), out;
@@ -48,12 +55,9 @@ std::string grouped(uint64_t n) {
 // or every tensor of a plain state dict (one with no "optim"/"optimizer"
 // entry). Nothing when the checkpoint holds no model (--only optim).
 std::optional<std::pair<uint64_t, std::size_t>> model_parameters(const CheckpointModel& model) {
-  if (!model.root) return std::nullopt;
-  const pickle::Value* top = model.root.get();  // an OrderedDict is a built object around its dict
-  if (top->is(pickle::Kind::kBuilt) && top->object) top = top->object.get();
-  auto has = [&](const char* key) { return top->is(pickle::Kind::kDict) && top->get(key) != nullptr; };
-  bool nested = has("model");
-  if (!nested && (has("optim") || has("optimizer") || has("state"))) return std::nullopt;
+  const pickle::Value* top = top_dict(model);
+  bool nested = top && top->get("model");
+  if (!nested && !holds_weights_only(model)) return std::nullopt;
   uint64_t numel = 0;
   std::size_t tensors = 0;
   walk_leaves(*model.root, [&](const Leaf& leaf) {
@@ -65,6 +69,16 @@ std::optional<std::pair<uint64_t, std::size_t>> model_parameters(const Checkpoin
   return std::make_pair(numel, tensors);
 }
 }  // namespace
+
+bool holds_weights_only(const CheckpointModel& model) {
+  static const std::set<std::string> kTraining = {"model",        "optim",        "optimizer",    "state",
+                                                  "param_groups", "lr_scheduler", "client_state", "global_steps"};
+  const pickle::Value* top = top_dict(model);
+  if (!top) return false;
+  for (const auto& [key, value] : top->entries)
+    if (!key->is(pickle::Kind::kStr) || kTraining.count(key->text)) return false;
+  return true;
+}
 
 void describe_model(const CheckpointModel& model, std::ostream& out) {
   out << model.source << ": " << model.format() << ", " << model.tensors.size() << " tensors, "

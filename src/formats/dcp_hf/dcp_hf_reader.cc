@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 
 #include "core/checked.h"
 #include "core/error.h"
@@ -62,6 +63,7 @@ CheckpointModel read_dcp_hf_dir(const std::string& dir, ProblemSink* sink) {
   std::vector<std::string> files = list_safetensors(dir);
   if (files.empty()) fail(ErrorCode::kNotFound, dir + ": no .safetensors file");
   std::vector<std::string> order;  // FQNs in the first file's sharding order
+  std::set<std::string> ordered;   // the same, for lookups (a model has 10^5 tensors)
   std::map<std::string, std::vector<Piece>> pieces;
   int max_rank = -1;
   for (const auto& path : files) {
@@ -82,8 +84,7 @@ CheckpointModel read_dcp_hf_dir(const std::string& dir, ProblemSink* sink) {
         if (auto v = header.metadata.find("DCP_VERSION"); v != header.metadata.end())
           model.facts["dcp_version"] = v->second;
         for (auto it = info.begin(); it != info.end(); ++it)
-          if (!pieces.count(it.key()) && std::find(order.begin(), order.end(), it.key()) == order.end())
-            order.push_back(it.key());
+          if (ordered.insert(it.key()).second) order.push_back(it.key());
         for (const auto& h : header.tensors) {
           auto placed = info.find(h.name);
           const Json* offsets = placed != info.end() && placed->is_object() && placed->contains("saved_offsets")
@@ -107,7 +108,7 @@ CheckpointModel read_dcp_hf_dir(const std::string& dir, ProblemSink* sink) {
           p.chunk.storage = make_sub_source(file, data_start + h.begin, h.end - h.begin);
           p.chunk.file = path;
           p.chunk.rank = rank;
-          if (std::find(order.begin(), order.end(), h.name) == order.end()) order.push_back(h.name);
+          if (ordered.insert(h.name).second) order.push_back(h.name);
           pieces[h.name].push_back(std::move(p));
         }
       });
