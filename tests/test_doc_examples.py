@@ -9,8 +9,10 @@ holds what its names stand for, made from the fixtures:
 - verl/global_step_100/actor/: veRL's DTensor files (testdata/fsdp_dt/adamw_ws2);
 - outputs/checkpoint/step-100, step-200, run1/step-1000, run2/step-1000:
   copies of the DCP fixture;
+- hf-model/: a Hugging Face folder written by huggingface_hub (testdata/hf/sharded);
 - full.pt, full-bf16.safetensors, step-1000.manifest.json: made by ckptconv
-  from ckpt/step-1000, unless the command itself writes that name.
+  from ckpt/step-1000, unless the command itself writes that name (as for
+  hf-model/).
 
 A line fails the test when it exits non-zero, unless its comment says which
 exit code to expect ("exit 1: they differ").
@@ -36,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", REPO / "docs" / "usage.md"]
 TESTDATA = REPO / "testdata"
 PLACEHOLDER = re.compile(r"\b(SRC|OUT|DST|CMD)\b|\bA B\b|bash\|zsh")
-PRODUCTS = ("full.pt", "full-bf16.safetensors", "step-1000.manifest.json")
+PRODUCTS = ("full.pt", "full-bf16.safetensors", "step-1000.manifest.json", "hf-model")
 
 
 def _blocks(path: Path):
@@ -96,12 +98,13 @@ def sources(tmp_path_factory, ckptconv) -> Path:
         shutil.copy(f, actor)
     for step in ("outputs/checkpoint/step-100", "outputs/checkpoint/step-200", "run1/step-1000", "run2/step-1000"):
         shutil.copytree(dcp, root / step)
+    shutil.copytree(TESTDATA / "hf" / "sharded", root / "hf-model")
     products = tmp_path_factory.mktemp("doc-products")
     ckpt = root / "ckpt" / "step-1000"
     _run([ckptconv, "consolidate", ckpt, "-o", products / "full.pt"])
     _run([ckptconv, "consolidate", ckpt, "--dtype", "bf16", "-o", products / "full-bf16.safetensors"])
     _run([ckptconv, "validate", ckpt, "--write-manifest", products / "step-1000.manifest.json"])
-    for p in PRODUCTS:
+    for p in PRODUCTS[:3]:
         shutil.copy(products / p, root / p)
     return root
 
@@ -112,7 +115,7 @@ def _sandbox(sources: Path, tmp_path: Path, command: str) -> Path:
     shutil.copytree(sources, box)
     for p in PRODUCTS:
         if re.search(rf"(-o|--output|--write-manifest)\s+{re.escape(p)}\b", command):
-            (box / p).unlink()
+            shutil.rmtree(box / p) if (box / p).is_dir() else (box / p).unlink()
     return box
 
 

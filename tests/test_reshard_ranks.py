@@ -226,7 +226,7 @@ def test_full_state_dict_to_dcp_matches_what_dcp_save_flattens(tmp_path, run_ckp
 def test_full_state_dict_needs_layout(tmp_path, run_ckptconv):
     r = run_ckptconv("reshard", str(ST[2] / "model_full.pt"), "-o", str(tmp_path / "out"), "--world-size", "2")
     assert r.returncode == 2, r.stderr
-    assert "choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor" in r.stderr
+    assert "choose one with --layout dcp|hf|fsdp-sharded-tensor|fsdp-dtensor" in r.stderr
     assert "model_full.pt" in r.stderr
     assert not list(tmp_path.iterdir())
 

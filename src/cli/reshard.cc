@@ -26,11 +26,13 @@ void register_reshard(CLI::App& app) {
   sub->add_option("-o,--output", req->output, "Output directory")->required()->group(kOutputGroup);
   sub->add_option("--world-size", req->world_size, "Number of ranks to write")->required()->group(kOutputGroup);
   sub->add_option("--layout", req->layout,
-                  "dcp (one __<r>_0.distcp per rank + .metadata), fsdp-sharded-tensor or fsdp-dtensor (one torch.save "
+                  "dcp (one __<r>_0.distcp per rank + .metadata), hf (torch's DCP Hugging Face layout: one "
+                  "shard-0000<r+1>-model-00001-of-00001.safetensors per rank, a model's tensors only), "
+                  "fsdp-sharded-tensor or fsdp-dtensor (one torch.save "
                   "file per rank and family, as FSDP1 SHARDED_STATE_DICT), accelerate (an Accelerate checkpoint "
                   "folder: pytorch_model_fsdp_0/ and optimizer_0/ as DCP, its other files copied); default: the "
                   "source's own, required for a full state dict")
-      ->check(CLI::IsMember({"dcp", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate"}))
+      ->check(CLI::IsMember({"dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate"}))
       ->group(kOutputGroup);
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
   sub->add_option(
@@ -49,6 +51,7 @@ void register_reshard(CLI::App& app) {
       sub,
       {"ckptconv reshard ckpt/step-1000 -o ckpt-ws4 --world-size 4",
        "ckptconv reshard full.pt -o ckpt-ws8 --world-size 8 --layout dcp",
+       "ckptconv reshard hf-model/ -o hf-ws4 --world-size 4 --layout hf",
        "ckptconv reshard ds_ckpt -o fsdp-ws2 --world-size 2 --layout fsdp-dtensor --dry-run"},
       "0 written; 2 usage error; 3 input unreadable, corrupt, unsupported or unsafe; 4 output not written, or a\n"
       "size or memory limit hit; 5 installation problem or internal error; 130/143/129 stopped by\n"

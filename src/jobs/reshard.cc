@@ -11,6 +11,7 @@
 #include "core/progress.h"
 #include "core/units.h"
 #include "exec/write_dcp.h"
+#include "exec/write_dcp_hf.h"
 #include "exec/write_rank_files.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/dcp/dcp_writer.h"
@@ -35,7 +36,7 @@ using pickle::ValuePtr;
 void require_layout_for_full_state_dict(const ReshardRequest& req, SourceKind kind) {
   if (!req.layout.empty() || source_traits(kind).sharded_layout) return;
   fail_invalid(req.common.source + ": a full state dict (" + source_kind_name(kind) +
-               ") has no sharded layout of its own; choose one with --layout dcp|fsdp-sharded-tensor|fsdp-dtensor");
+               ") has no sharded layout of its own; choose one with --layout dcp|hf|fsdp-sharded-tensor|fsdp-dtensor");
 }
 
 // The layout written when --layout is not given: the source's own.
@@ -160,6 +161,27 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
     return;
   }
   write_dcp_reshard(model, source_md, plan, options);
+}
+
+// torch's DCP Hugging Face layout (HuggingFaceStorageWriter with
+// save_distributed=True): a model's tensors only, one safetensors file per
+// rank that holds a piece.
+void reshard_to_hf(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy, JobReport& report,
+                   std::ostream& out) {
+  if (part_of(req)) fail_invalid("--part: not available for --layout hf; use --layout dcp");
+  ReshardPlan plan = plan_reshard(model.tensors, req.world_size, source_world_size(model));
+  std::vector<std::vector<dcp_hf::Piece>> pieces = dcp_hf_pieces(model, plan);
+  report.bytes = plan_output_bytes(model, plan);
+  log_plan(plan, report.bytes, req.output, "hf");
+  if (req.common.dry_run) {
+    std::vector<RankFilesOut> files;
+    for (auto& rank : dcp_hf_output_sizes(pieces)) files.push_back({std::move(rank)});
+    describe_reshard(model, plan, 0, false, files, {}, log::verbose(), out);
+    return;
+  }
+  check_output_size(report.bytes, req.output, req.common);
+  ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
+  write_dcp_hf_reshard(model, plan, pieces, {req.output, req.common.force, !req.common.no_fsync, copy});
 }
 
 // Accelerate's checkpoint folder (accelerator.save_state under FSDP's
@@ -296,7 +318,10 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(req.output.c_str(), &st) == 0)
     fail_invalid(req.output + ": output exists (use --force to overwrite)");
-  CheckpointModel model = read_selected(opt, /*keep_nesting=*/true);
+  // DCP and per-rank files keep --only's entry under its key, as a resumed
+  // job's dcp.load({"model": ...}) expects; the Hugging Face layout names a
+  // model's tensors by their bare FQNs.
+  CheckpointModel model = read_selected(opt, /*keep_nesting=*/req.layout != "hf");
   check_output_is_not_input(req.output, model);
   std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
   auto backend = choose_backend(opt.device, opt.threads, parse_dtype_option(opt.dtype).has_value());
@@ -314,6 +339,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   report.dry_run = opt.dry_run;
   if (layout == "dcp")
     reshard_to_dcp(req, model, copy, report, out);
+  else if (layout == "hf")
+    reshard_to_hf(req, model, copy, report, out);
   else if (layout == "accelerate")
     reshard_to_accelerate(req, model, copy, report, out);
   else

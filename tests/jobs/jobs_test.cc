@@ -102,7 +102,7 @@ TEST_CASE("reshard of a full state dict without --layout is a usage error before
     FAIL("no error");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kInvalidArgument);
-    CHECK(contains(e.message(), "--layout dcp|fsdp-sharded-tensor|fsdp-dtensor"));
+    CHECK(contains(e.message(), "--layout dcp|hf|fsdp-sharded-tensor|fsdp-dtensor"));
   }
 }
 

@@ -15,11 +15,11 @@ CheckpointModel read(const std::string& src, const ReadOptions& options) {
 }  // namespace
 
 const InputFormat& input_format() {
-  // Resharded, it becomes a plain DCP directory, which dcp.load reads.
+  // Resharded, it stays in its own layout (--layout dcp for a plain DCP directory).
   static const InputFormat f{.kind = SourceKind::kDcpHf,
                              .probe_directory = probe_dir,
                              .read = read,
-                             .traits = {.sharded_layout = true, .reshard_layout = "dcp"},
+                             .traits = {.sharded_layout = true, .reshard_layout = "hf"},
                              .directory_shape = "DCP Hugging Face shard-*.safetensors with DCP_SHARDING_INFO"};
   return f;
 }

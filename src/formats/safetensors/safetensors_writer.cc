@@ -66,11 +66,26 @@ std::map<std::string, std::string> values_metadata(const CheckpointModel& model,
           {"ckptconv.tree", tree.dump()}};
 }
 
-FilePlan layout_file(const CheckpointModel& model, std::vector<Named> members,
+FilePlan layout_file(const CheckpointModel& model, const std::vector<Named>& named,
                      const std::map<std::string, std::string>& metadata) {
-  std::stable_sort(members.begin(), members.end(), [&](const Named& a, const Named& b) {
-    int ra = dtype_sort_rank(model.tensors[a.index].output_dtype());
-    int rb = dtype_sort_rank(model.tensors[b.index].output_dtype());
+  std::vector<FileMember> members;
+  members.reserve(named.size());
+  for (const auto& n : named)
+    members.push_back({n.index, n.name, model.tensors[n.index].output_dtype(), model.tensors[n.index].shape});
+  return plan_file(std::move(members), metadata);
+}
+
+std::string shard_name(std::size_t i, std::size_t n, const std::string& stem) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i + 1, n);
+  return stem + buf;
+}
+
+}  // namespace
+
+FilePlan plan_file(std::vector<FileMember> members, const std::map<std::string, std::string>& metadata) {
+  std::stable_sort(members.begin(), members.end(), [](const FileMember& a, const FileMember& b) {
+    int ra = dtype_sort_rank(a.dtype), rb = dtype_sort_rank(b.dtype);
     return ra != rb ? ra > rb : a.name < b.name;
   });
   FilePlan file;
@@ -82,11 +97,12 @@ FilePlan layout_file(const CheckpointModel& model, std::vector<Named> members,
   }
   uint64_t offset = 0;
   for (const auto& m : members) {
-    const TensorEntry& t = model.tensors[m.index];
-    uint64_t n = t.output_nbytes();
-    header.set(m.name, Json{{"dtype", std::string(*dtype_code(t.output_dtype()))},
-                            {"shape", t.shape},
-                            {"data_offsets", {offset, offset + n}}});
+    auto code = dtype_code(m.dtype);
+    if (!code)
+      fail_invalid("tensor '" + m.name + "': safetensors has no dtype for " + std::string(dtype_name(m.dtype)) +
+                   " (use .pt or .h5, or --dtype)");
+    uint64_t n = shape_numel(m.shape) * dtype_size(m.dtype);
+    header.set(m.name, Json{{"dtype", std::string(*code)}, {"shape", m.shape}, {"data_offsets", {offset, offset + n}}});
     file.tensors.push_back({m.index, m.name, offset, offset + n});
     offset += n;
   }
@@ -96,22 +112,8 @@ FilePlan layout_file(const CheckpointModel& model, std::vector<Named> members,
   return file;
 }
 
-std::string shard_name(std::size_t i, std::size_t n, const std::string& stem) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", i + 1, n);
-  return stem + buf;
-}
-
-}  // namespace
-
 Plan plan_safetensors(const CheckpointModel& model, const std::string& output_name, uint64_t max_shard_size) {
-  std::vector<Named> named = name_tensors(model);
-  for (const auto& n : named) {
-    DType d = model.tensors[n.index].output_dtype();
-    if (!dtype_code(d))
-      fail_invalid("tensor '" + n.name + "': safetensors has no dtype for " + std::string(dtype_name(d)) +
-                   " (use .pt or .h5, or --dtype)");
-  }
+  std::vector<Named> named = name_tensors(model);  // plan_file refuses a dtype safetensors lacks
   auto metadata = values_metadata(model, named);
   Plan plan;
   if (max_shard_size == 0) {

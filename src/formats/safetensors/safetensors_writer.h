@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,18 @@ struct Plan {
   std::vector<FilePlan> files;
   std::string index_json;  // model.safetensors.index.json when sharded, else empty
 };
+
+// One file's layout: `members` (index is the caller's, handed back to
+// FillTensor) sorted and placed as safetensors' serializer does, with
+// `metadata` as __metadata__ (none when empty). InvalidArgument for a dtype
+// safetensors lacks.
+struct FileMember {
+  std::size_t index;
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+FilePlan plan_file(std::vector<FileMember> members, const std::map<std::string, std::string>& metadata);
 
 // Pure: names, shards, headers. `output_name` is the file name of -o;
 // max_shard_size 0 means one file. InvalidArgument for dtypes safetensors
