@@ -11,6 +11,7 @@
 #include "exec/parted_output.h"
 #include "exec/write_output.h"
 #include "jobs/finalize.h"
+#include "jobs/output_folder.h"
 #include "model/describe.h"
 #include "plan/select.h"
 
@@ -60,45 +61,12 @@ bool is_output_directory(const std::string& output) {
   return !output.empty() && (output.back() == '/' || std::filesystem::is_directory(output, ec));
 }
 
+// The weights file's name in -o DIR/: model.* for a model's weights alone, full.* otherwise.
 std::string file_in_directory(const ConsolidateRequest& req, OutputFormat format, const CheckpointModel& model) {
   bool weights = req.common.only == "model" || holds_weights_only(model);
   const OutputFormatInfo& f = output_format_info(format);
-  std::string dir = req.output.back() == '/' ? req.output : req.output + "/";
-  return dir + std::string(weights ? f.weights_file : f.full_file);
+  return std::string(weights ? f.weights_file : f.full_file);
 }
-
-// The directories -o DIR/ made (mkdir -p), removed again unless kept: a
-// failed or interrupted job leaves no new empty folder behind.
-class CreatedDirectories {
- public:
-  CreatedDirectories() = default;
-  explicit CreatedDirectories(const std::string& dir) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    fs::path path = fs::path(dir).lexically_normal();
-    if (path.filename().empty()) path = path.parent_path();
-    for (fs::path p = path; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made_.insert(made_.begin(), p);
-    if (!made_.empty() &&
-        !fs::is_directory(made_.front().parent_path().empty() ? "." : made_.front().parent_path(), ec))
-      fail(ErrorCode::kOutputFailed, dir + ": " + made_.front().parent_path().string() + " is not a directory");
-    for (const auto& p : made_)
-      if (!fs::create_directory(p, ec) && ec)
-        fail(ErrorCode::kOutputFailed, dir + ": cannot create the directory " + p.string() + ": " + ec.message());
-  }
-  CreatedDirectories(CreatedDirectories&& other) noexcept : made_(std::move(other.made_)) { other.made_.clear(); }
-  CreatedDirectories& operator=(CreatedDirectories&& other) noexcept {
-    std::swap(made_, other.made_);
-    return *this;
-  }
-  ~CreatedDirectories() {
-    std::error_code ec;
-    for (auto it = made_.rbegin(); it != made_.rend(); ++it) std::filesystem::remove(*it, ec);  // only if empty
-  }
-  void keep() { made_.clear(); }
-
- private:
-  std::vector<std::filesystem::path> made_;
-};
 
 constexpr uint64_t kHuggingFaceShardSize = 5'000'000'000;  // save_pretrained's max_shard_size="5GB"
 
@@ -119,12 +87,16 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
   if (!directory.empty()) check_format_options(req, format);
   CheckpointModel model = read_selected(opt);
-  CreatedDirectories created;
+  CreatedDirectories created;            // --part into -o DIR/: the parts' folder
+  std::unique_ptr<OutputFolder> folder;  // -o DIR/: the folder, published whole
   if (!directory.empty()) {
-    req.output = file_in_directory(req, format, model);
+    std::string file = file_in_directory(req, format, model);
+    req.output = without_trailing_slashes(directory) + "/" + file;
     if (output_format_info(format).shards && req.max_shard_size.empty())
       req.max_shard_size = std::to_string(kHuggingFaceShardSize);
-    if (!opt.dry_run) created = CreatedDirectories(directory);
+    if (!opt.dry_run && !req.part.empty()) created = CreatedDirectories(directory);
+    if (!opt.dry_run && req.part.empty())
+      folder = std::make_unique<OutputFolder>(directory, file, opt.force, !opt.no_fsync);
     spdlog::info("{} is a directory: writing {}", directory, req.output);
   }
   check_output_is_not_input(req.output, model);
@@ -150,7 +122,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   bool arithmetic = parse_dtype_option(opt.dtype) || req.finite;
   auto backend = choose_backend(opt.device, opt.threads, arithmetic);
   OutputOptions output;
-  output.path = req.output;
+  output.path = folder ? folder->file_path() : req.output;
   output.force = opt.force;
   output.durable = !opt.no_fsync;
   output.copy.memory_limit = memory_limit;
@@ -189,7 +161,10 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     ProgressScope progress("write " + req.output, report.bytes);  // tensor_copy counts every slab written
     files = write_output(model, format, output);
   }
-  created.keep();
+  if (folder) {
+    folder->publish(model.info.side_files, parse_dtype_option(opt.dtype));
+    for (auto& f : files) f = folder->published_path(f);
+  }
   if (files.size() > 1)
     report.summary = "wrote " + files.back() + " and " + std::to_string(files.size() - 1) + " shards (" +
                      files.front() + ", ...) (" + output_format_name(format) + ")";

@@ -98,6 +98,10 @@ struct SourceInfo {
   // ckptconv.tree): how they nest is unknown, so diff compares paths only.
   bool flat_keys = false;
   std::optional<DeclaredContents> declared;
+  // Files beside the tensors that a folder output carries unchanged (a
+  // Hugging Face folder's config.json, generation_config.json, tokenizer
+  // files): paths, sorted.
+  std::vector<std::string> side_files;
   // Which parameters were frozen is known (TensorEntry::frozen): DeepSpeed
   // records trainable parameters (param_shapes) and buffers (buffer_names).
   bool records_frozen = false;  // sources with a metadata file that lists everything (DCP)

@@ -174,6 +174,14 @@ CheckpointModel read_safetensors_index(const std::string& path, ProblemSink* sin
   });
 }
 
+bool is_weights_file_name(const std::string& name) {
+  static const char* const kWeights[] = {".safetensors", ".bin", ".pt",   ".pth",  ".ckpt", ".h5",        ".hdf5",
+                                         ".msgpack",     ".npz", ".gguf", ".onnx", ".pkl",  ".index.json"};
+  for (const char* ext : kWeights)
+    if (name.ends_with(ext)) return true;
+  return false;
+}
+
 HfFolderFiles list_hf_folder(const std::string& dir) {
   namespace fs = std::filesystem;
   HfFolderFiles out;
@@ -223,7 +231,10 @@ CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
   }
   model.source = dir;
   std::string others;
-  for (const auto& o : files.others) others += (others.empty() ? "" : ", ") + o;
+  for (const auto& o : files.others) {
+    others += (others.empty() ? "" : ", ") + o;
+    if (!is_weights_file_name(o)) model.info.side_files.push_back((fs::path(dir) / o).string());
+  }
   if (!others.empty()) model.facts["hf_folder_files"] = others;
   return model;
 }

@@ -39,6 +39,9 @@ struct HfFolderFiles {
   std::vector<std::string> others;   // every other regular file's name, sorted
 };
 HfFolderFiles list_hf_folder(const std::string& dir);
+// Weights in some format or their index (pytorch_model.bin, *.index.json,
+// *.gguf, ...): what a folder output never carries from its source.
+bool is_weights_file_name(const std::string& name);
 CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink = nullptr);
 
 }  // namespace ckpt::safetensors

@@ -1,0 +1,178 @@
+#include "jobs/output_folder.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/byte_sink.h"
+#include "io/byte_source.h"
+
+namespace ckpt::jobs {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Side files larger than this are left out (a tokenizer.json is tens of MB;
+// anything far larger beside the weights is not a config).
+constexpr uintmax_t kMaxSideFile = 256ull << 20;
+
+bool exists_no_follow(const fs::path& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+// Copies `from` to `to` through an atomic sink (fsynced when durable).
+void copy_file_to(const fs::path& from, const fs::path& to, bool durable) {
+  auto source = open_file_source(from.string());
+  auto sink = AtomicFileSink::create(to.string(), false, durable);
+  sink->copy_from(*source, 0, source->size());
+  sink->finish();
+}
+
+// config.json with its dtype keys set to `cast_to`, as transformers writes a
+// config (json.dumps(indent=2, sort_keys=True) + "\n"); nullopt when it has
+// none of them or is not a JSON object (then it is copied unchanged).
+std::optional<std::string> recast_config(const fs::path& from, DType cast_to) {
+  auto source = open_file_source(from.string());
+  std::string text(source->size(), '\0');
+  source->read(0, text.data(), text.size());
+  nlohmann::json config = nlohmann::json::parse(text, nullptr, false);
+  if (config.is_discarded() || !config.is_object()) return std::nullopt;
+  bool changed = false;
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (auto it = config.find(key); it != config.end() && it->is_string()) {
+      *it = std::string(dtype_name(cast_to));
+      changed = true;
+    }
+  if (!changed) return std::nullopt;
+  return config.dump(2, ' ', true) + "\n";
+}
+
+// `from` (an entry of the folder being replaced) into `to`: files as hard
+// links (a copy where a link is refused: another file system below DIR),
+// symlinks as symlinks, folders entry by entry.
+void carry(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::file_status st = fs::symlink_status(from, ec);
+  if (fs::is_symlink(st)) {
+    fs::copy_symlink(from, to, ec);
+  } else if (fs::is_directory(st)) {
+    if (fs::create_directory(to, ec); !ec)
+      for (const auto& e : fs::directory_iterator(from, ec)) carry(e.path(), to / e.path().filename());
+  } else if (fs::is_regular_file(st)) {
+    fs::create_hard_link(from, to, ec);
+    if (ec) fs::copy_file(from, to, ec);
+  } else {
+    log::warn(from.string() + ": not a file, folder or link; not carried into the new folder");
+    return;
+  }
+  if (ec) fail(ErrorCode::kOutputFailed, to.string() + ": cannot carry " + from.string() + ": " + ec.message());
+}
+
+}  // namespace
+
+CreatedDirectories::CreatedDirectories(const std::string& dir) {
+  std::error_code ec;
+  fs::path path = fs::path(dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  for (fs::path p = path; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made_.insert(made_.begin(), p);
+  if (!made_.empty() && !fs::is_directory(made_.front().parent_path().empty() ? "." : made_.front().parent_path(), ec))
+    fail(ErrorCode::kOutputFailed, dir + ": " + made_.front().parent_path().string() + " is not a directory");
+  for (const auto& p : made_)
+    if (!fs::create_directory(p, ec) && ec)
+      fail(ErrorCode::kOutputFailed, dir + ": cannot create the directory " + p.string() + ": " + ec.message());
+}
+
+CreatedDirectories::CreatedDirectories(CreatedDirectories&& other) noexcept : made_(std::move(other.made_)) {
+  other.made_.clear();
+}
+
+CreatedDirectories& CreatedDirectories::operator=(CreatedDirectories&& other) noexcept {
+  std::swap(made_, other.made_);
+  return *this;
+}
+
+CreatedDirectories::~CreatedDirectories() {
+  std::error_code ec;
+  for (auto it = made_.rbegin(); it != made_.rend(); ++it) fs::remove(*it, ec);  // only if empty
+}
+
+std::vector<std::string> file_family_in(const std::string& dir, const std::string& file) {
+  fs::path f(file);
+  std::string stem = f.stem().string(), ext = f.extension().string();
+  auto quote = [](const std::string& s) {
+    return std::regex_replace(s, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+  };
+  std::regex shard(quote(stem) + R"(-\d{5}-of-\d{5})" + quote(ext));
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (name == file || name == file + ".index.json" || std::regex_match(name, shard)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+OutputFolder::OutputFolder(const std::string& dir, const std::string& file, bool force, bool durable)
+    : dir_(without_trailing_slashes(dir)), file_(file), durable_(durable) {
+  std::error_code ec;
+  if (!fs::exists(dir_, ec)) {
+    fs::path parent = fs::path(dir_).parent_path();
+    if (!parent.empty()) parents_ = CreatedDirectories(parent.string());
+    staging_ = std::make_unique<AtomicDirectory>(dir_, false, durable);
+    return;
+  }
+  replaced_ = file_family_in(dir_, file_);
+  if (replaced_.empty()) return;
+  if (!force) fail_invalid(dir_ + "/" + replaced_.front() + ": output exists (use --force to overwrite)");
+  staging_ = std::make_unique<AtomicDirectory>(dir_, true, durable);
+}
+
+std::string OutputFolder::file_path() const {
+  return ((staging_ ? fs::path(staging_->temp_dir()) : fs::path(dir_)) / file_).string();
+}
+
+std::string OutputFolder::published_path(const std::string& path) const {
+  return (fs::path(dir_) / fs::path(path).filename()).string();
+}
+
+void OutputFolder::publish(const std::vector<std::string>& side_files, std::optional<DType> cast_to) {
+  fs::path into = staging_ ? fs::path(staging_->temp_dir()) : fs::path(dir_);
+  std::error_code ec;
+  for (const auto& side : side_files) {
+    fs::path to = into / fs::path(side).filename();
+    if (exists_no_follow(to)) {
+      log::info(published_path(to.string()) + " is there already: kept as it is (not the source's)");
+      continue;
+    }
+    if (uintmax_t size = fs::file_size(side, ec); ec || size > kMaxSideFile) {
+      log::warn(side + ": not copied into " + dir_ + " (" + (ec ? ec.message() : "larger than 256 MiB") + ")");
+      continue;
+    }
+    std::optional<std::string> recast;
+    if (cast_to && to.filename() == "config.json") recast = recast_config(side, *cast_to);
+    if (recast) {
+      auto sink = AtomicFileSink::create(to.string(), false, durable_);
+      sink->write(*recast);
+      sink->finish();
+    } else {
+      copy_file_to(side, to, durable_);
+    }
+  }
+  if (!staging_) return;
+  if (!replaced_.empty())
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      std::string name = e.path().filename().string();
+      if (std::find(replaced_.begin(), replaced_.end(), name) == replaced_.end() && !exists_no_follow(into / name))
+        carry(e.path(), into / name);
+    }
+  staging_->commit();
+  parents_.keep();
+}
+
+}  // namespace ckpt::jobs

@@ -1,0 +1,75 @@
+// -o DIR/: consolidate's folder output (what save_pretrained, zero_to_fp32
+// and `accelerate merge-weights` write into a folder) and how it appears.
+//
+// The weights file's family (the file, its shards <stem>-NNNNN-of-NNNNN<ext>
+// and <file>.index.json) is what the output replaces:
+// - DIR missing: the folder is built whole in DIR.tmp-XXXXXX/ beside it,
+//   the source's side files (config.json, tokenizer files) copied in, and
+//   renamed into place; missing parents are made, and removed again when the
+//   job fails;
+// - DIR holds none of the family: the files are written into DIR under
+//   temporary names and renamed together at the end, the index last; side
+//   files go in unless DIR has a file of that name (kept as it is);
+// - DIR holds some of it (needs --force): DIR is rebuilt beside itself, the
+//   new files and side files in, its other entries hard-linked in (copied
+//   where a link is refused), and exchanged with it in one rename; the old
+//   family is removed with the old folder. No reader sees the old model and
+//   the new one mixed.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "io/atomic_dir.h"
+
+namespace ckpt::jobs {
+
+// The directories a job made (mkdir -p of `dir`), removed again unless kept:
+// a failed or interrupted job leaves no new empty folder behind.
+class CreatedDirectories {
+ public:
+  CreatedDirectories() = default;
+  explicit CreatedDirectories(const std::string& dir);
+  CreatedDirectories(CreatedDirectories&& other) noexcept;
+  CreatedDirectories& operator=(CreatedDirectories&& other) noexcept;
+  ~CreatedDirectories();
+  void keep() { made_.clear(); }
+
+ private:
+  std::vector<std::filesystem::path> made_;
+};
+
+// The names in `dir` of `file`'s family (see above), sorted.
+std::vector<std::string> file_family_in(const std::string& dir, const std::string& file);
+
+class OutputFolder {
+ public:
+  // InvalidArgument when DIR holds the family and !force (nothing is made then).
+  OutputFolder(const std::string& dir, const std::string& file, bool force, bool durable);
+  OutputFolder(const OutputFolder&) = delete;
+  OutputFolder& operator=(const OutputFolder&) = delete;
+
+  // Where the writer writes the weights file.
+  std::string file_path() const;
+  // `path`, written under file_path()'s folder, as it will be named once published.
+  std::string published_path(const std::string& path) const;
+  // Copies `side_files` in, carries DIR's other entries when replacing, and
+  // publishes. The weights files must be complete. `cast_to` (--dtype): a
+  // config.json's top-level "torch_dtype" / "dtype" is rewritten to it, as
+  // save_pretrained records the dtype it saved (from_pretrained's "auto"
+  // loads that).
+  void publish(const std::vector<std::string>& side_files, std::optional<DType> cast_to);
+
+ private:
+  std::string dir_, file_;
+  bool durable_;
+  CreatedDirectories parents_;
+  std::unique_ptr<AtomicDirectory> staging_;  // none: written into the existing DIR
+  std::vector<std::string> replaced_;         // the family's names in DIR when replacing
+};
+
+}  // namespace ckpt::jobs

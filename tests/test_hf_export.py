@@ -1,0 +1,140 @@
+"""consolidate -o DIR/ as a Hugging Face folder export (#32, write side): the
+folder holds the shards (--max-shard-size, default Hugging Face's 5 GB), the
+index and the source's config.json, generation_config.json and tokenizer
+files, and it appears whole or not at all: a new folder is renamed into
+place, an existing one is replaced (--force) by one exchange, keeping its
+other files, and a failed job leaves it as it was.
+
+The source is a folder transformers' save_pretrained wrote
+(testdata/hf/llama_tiny, tools/make_transformers_checkpoint.py). When
+transformers is importable (run under .venv-hf, scripts/setup-hf),
+from_pretrained loads the export and its logits equal the original's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import load_file  # noqa: E402
+
+HF = Path(__file__).resolve().parent.parent / "testdata" / "hf"
+LLAMA = HF / "llama_tiny"
+SIDE = ["config.json", "generation_config.json"]
+
+
+def _weights(folder: Path) -> dict:
+    """Every shard's tensors, merged, after checking the index names each exactly where it is."""
+    out, where = {}, {}
+    for f in sorted(folder.glob("*.safetensors")):
+        part = load_file(f)
+        assert not set(part) & set(out), f
+        out.update(part)
+        where.update(dict.fromkeys(part, f.name))
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        meta = json.loads(index.read_text())
+        assert meta["weight_map"] == where
+        assert meta["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in out.values())
+    return out
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("shard", [None, "3000"])
+def test_export_is_a_complete_hugging_face_folder(shard, tmp_path, run_ckptconv):
+    out = tmp_path / "new" / "export"
+    args = ["--max-shard-size", shard] if shard else []
+    r = run_ckptconv("consolidate", LLAMA, "-o", f"{out}/", *args)
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in out.iterdir())
+    for side in SIDE:  # carried byte for byte
+        assert (out / side).read_bytes() == (LLAMA / side).read_bytes()
+    if shard:
+        assert "model.safetensors.index.json" in names and "model-00001-of-00003.safetensors" in names, names
+    else:
+        assert names == sorted(SIDE + ["model.safetensors"])
+    assert _equal(_weights(out), torch.load(HF / "llama_tiny.ref.pt", weights_only=True))
+    assert not list(out.parent.glob("*.tmp-*"))
+
+
+def test_from_pretrained_loads_the_export(tmp_path, run_ckptconv):
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed; scripts/setup-hf installs it into .venv-hf: "
+                               ".venv-hf/bin/python -m pytest tests/test_hf_export.py")
+    out = tmp_path / "export"
+    assert run_ckptconv("consolidate", LLAMA, "--dtype", "bf16", "-o", f"{out}/").returncode == 0
+    original = transformers.AutoModelForCausalLM.from_pretrained(LLAMA, dtype=torch.bfloat16)
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert exported.dtype == torch.bfloat16
+    assert _equal(exported.state_dict(), original.state_dict())
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.no_grad():
+        assert torch.equal(exported(ids).logits, original(ids).logits)
+
+
+def test_force_replaces_an_existing_folder_in_one_exchange(tmp_path, run_ckptconv):
+    out = tmp_path / "export"
+    assert run_ckptconv("consolidate", LLAMA, "-o", f"{out}/", "--max-shard-size", "2000").returncode == 0
+    (out / "README.md").write_text("my notes\n")
+    (out / "extra").mkdir()
+    (out / "extra" / "kept.txt").write_text("kept\n")
+    before = _snapshot(out)
+    r = run_ckptconv("consolidate", LLAMA, "-o", f"{out}/")
+    assert r.returncode == 2 and "output exists (use --force" in r.stderr, r.stderr
+    assert _snapshot(out) == before
+    r = run_ckptconv("consolidate", LLAMA, "-o", f"{out}/", "--force")
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(SIDE + ["README.md", "extra", "model.safetensors"]), names  # old shards and index gone
+    assert (out / "README.md").read_text() == "my notes\n" and (out / "extra" / "kept.txt").read_text() == "kept\n"
+    assert _equal(_weights(out), torch.load(HF / "llama_tiny.ref.pt", weights_only=True))
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_a_failed_export_leaves_the_folder_as_it_was(tmp_path, run_ckptconv):
+    out = tmp_path / "export"
+    assert run_ckptconv("consolidate", LLAMA, "-o", f"{out}/", "--max-shard-size", "2000").returncode == 0
+    before = _snapshot(out)
+    r = run_ckptconv("consolidate", LLAMA, "-o", f"{out}/", "--force", "--max-output-size", "1K")
+    assert r.returncode == 4, r.stderr
+    assert _snapshot(out) == before and not list(tmp_path.glob("*.tmp-*"))
+    fresh = tmp_path / "a" / "b" / "export"
+    r = run_ckptconv("consolidate", LLAMA, "-o", f"{fresh}/", "--max-output-size", "1K")
+    assert r.returncode == 4 and not (tmp_path / "a").exists(), r.stderr  # no folder, no parent left behind
+
+
+def test_into_an_existing_folder_without_the_model_adds_the_files(tmp_path, run_ckptconv):
+    """A folder of other things (a run's outputs) is written into, never swapped:
+    its files stay, a config.json it already has is kept."""
+    out = tmp_path / "outputs"
+    out.mkdir()
+    (out / "config.json").write_text("{}\n")
+    (out / "train.log").write_text("log\n")
+    r = run_ckptconv("consolidate", LLAMA, "-o", f"{out}/")
+    assert r.returncode == 0, r.stderr
+    assert (out / "config.json").read_text() == "{}\n" and (out / "train.log").read_text() == "log\n"
+    assert (out / "generation_config.json").read_bytes() == (LLAMA / "generation_config.json").read_bytes()
+    assert "kept as it is" in r.stderr
+    assert _equal(_weights(out), torch.load(HF / "llama_tiny.ref.pt", weights_only=True))
+
+
+def test_a_cast_export_records_its_dtype_in_config_json(tmp_path, run_ckptconv):
+    """save_pretrained records the dtype it saved; from_pretrained's default ("auto") loads it."""
+    out = tmp_path / "export"
+    assert run_ckptconv("consolidate", LLAMA, "--dtype", "bf16", "-o", f"{out}/").returncode == 0
+    config, original = (json.loads((d / "config.json").read_text()) for d in (out, LLAMA))
+    assert config.pop("dtype") == "bfloat16" and original.pop("dtype") == "float32"
+    assert config == original
+    assert (out / "generation_config.json").read_bytes() == (LLAMA / "generation_config.json").read_bytes()
+    assert {t.dtype for t in _weights(out).values()} == {torch.bfloat16}
