@@ -1,0 +1,75 @@
+"""Every dtype a safetensors file can hold (#32): a file written by
+safetensors' own save_file with one tensor of each (F64 ... F8_E5M2, I8 ...
+I64, U8 ... U64, BOOL) is read by every command, copied bit for bit into
+.pt and .safetensors, and --dtype casts its floating tensors
+as torch's Tensor.to does (computed here, in the same run), leaving integer
+and bool tensors as they are, as model.to(dtype) does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+FLOATS = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
+INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+
+
+def _tensors() -> dict:
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(5, 3, generator=g, dtype=torch.float64) * 40  # past float8's range too
+    out = {name: base.to(getattr(torch, name)) for name in FLOATS}
+    for name in INTS:  # each type's extremes
+        dtype = getattr(torch, name)
+        info = torch.iinfo(dtype)
+        out[name] = torch.tensor([info.min, info.max, 0, 1, info.max // 3], dtype=dtype)
+    out["bool"] = torch.tensor([[True, False], [False, True]])
+    out["empty_f8"] = torch.empty(0, 4, dtype=torch.float8_e4m3fn)
+    return out
+
+
+def _bits(t):
+    """Compares bytes: torch.equal has no kernel for every dtype here."""
+    return t.contiguous().view(torch.uint8) if t.dtype != torch.bool else t
+
+
+@pytest.fixture(scope="module")
+def every_dtype(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dtypes") / "every.safetensors"
+    save_file(_tensors(), str(path))
+    return path
+
+
+def test_every_dtype_is_copied_bit_for_bit(every_dtype, tmp_path, run_ckptconv):
+    want = load_file(every_dtype)
+    for out in (tmp_path / "all.pt", tmp_path / "all.safetensors"):
+        r = run_ckptconv("consolidate", every_dtype, "-o", out)
+        assert r.returncode == 0, r.stderr
+        got = torch.load(out, weights_only=True) if out.suffix == ".pt" else load_file(out)
+        assert set(got) == set(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+            assert torch.equal(_bits(got[k]), _bits(want[k])), k
+        assert run_ckptconv("diff", every_dtype, out).returncode == 0
+    report = json.loads(run_ckptconv("validate", every_dtype, "--json").stdout)
+    assert report["status"] == "valid", report
+    text = run_ckptconv("inspect", every_dtype).stdout
+    for name in FLOATS + INTS + ["bool"]:
+        assert f" {name} " in text, name
+
+
+@pytest.mark.parametrize("target", ["bf16", "fp16", "fp32"])
+def test_dtype_casts_floating_tensors_as_torch_does(target, every_dtype, tmp_path, run_ckptconv):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[target]
+    want = load_file(every_dtype)
+    out = tmp_path / "cast.pt"
+    r = run_ckptconv("consolidate", every_dtype, "--dtype", target, "-o", out)
+    assert r.returncode == 0, r.stderr
+    got = torch.load(out, weights_only=True)
+    for k, t in want.items():
+        expect = t.to(dtype) if t.is_floating_point() else t
+        assert got[k].dtype == expect.dtype, k
+        assert torch.equal(_bits(got[k]), _bits(expect)), k
