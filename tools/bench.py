@@ -9,6 +9,11 @@ in one report comes from the same run on the same warm page cache.
         (the scaling curve: for each size a generated DCP checkpoint, world size 4,
         consolidate kept and --dtype bf16, reshard 4->3 and validate, wall time and
         peak RSS; each checkpoint is deleted before the next size is made)
+    python tools/bench.py hf --bytes 2e9 --work DIR --ckptconv BIN
+        (Hugging Face rows: a generated HF folder of BYTES (safetensors' save_file
+        shards + index) resharded to DCP and to torch's HF layout at world size 4,
+        DCP -> HF folder and HF layout -> HF folder, against torch's one-process
+        paths (tools/bench_hf_torch.py) and the raw copy)
     python tools/bench.py zero --ckpt ZERO2_DIR --ckpt ZERO3_DIR --work DIR --ckptconv BIN --ds-python PY
         (ckptconv consolidate --only model against DeepSpeed's zero_to_fp32, run by PY,
         a Python with DeepSpeed installed; checkpoints by tools/make_zero_bench.py)
@@ -366,6 +371,100 @@ def zero(args) -> None:
         print()
 
 
+def make_hf_folder(d: Path, size: int) -> None:
+    """A model of about `size` bytes of float32 (square matrices of 2048 rows
+    and a few vectors) as save_pretrained leaves it: safetensors' save_file
+    shards of at most 1 GB plus model.safetensors.index.json."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    d.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    per = 2048 * 2048 * 4
+    tensors = {}
+    for i in range(max(1, size // per)):
+        tensors[f"model.layers.{i}.weight"] = torch.randn(2048, 2048, generator=g)
+        tensors[f"model.layers.{i}.norm.weight"] = torch.randn(2048, generator=g)
+    shards, current, used = [], {}, 0
+    for k, t in tensors.items():
+        if current and used + t.nbytes > 1_000_000_000:
+            shards.append(current)
+            current, used = {}, 0
+        current[k] = t
+        used += t.nbytes
+    shards.append(current)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(d / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.nbytes for t in tensors.values())
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    (d / "config.json").write_text('{"model_type": "bench"}\n')
+
+
+def hf(args) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    src = work.parent / f"hf_{args.bytes}"
+    if not (src / "model.safetensors.index.json").exists():
+        shutil.rmtree(src, ignore_errors=True)
+        print(f"bench: generating a {args.bytes}-byte Hugging Face folder in {src}", file=sys.stderr)
+        make_hf_folder(src, int(float(args.bytes)))
+    size = dir_bytes(src)
+    py, torch_side = sys.executable, str(Path(__file__).parent / "bench_hf_torch.py")
+    dcp4, hf4, raw = work / "hf_dcp4", work / "hf_layout4", work / "hf_raw"
+    out_ours, out_torch, dcp_torch = work / "hf_export_ours", work / "hf_export_torch", work / "hf_dcp_torch"
+    files = " ".join(str(p) for p in sorted(src.glob("*.safetensors")))
+
+    def clear(*dirs):
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    best = {}
+    for _ in range(2):
+        results = {}
+        clear(dcp4, hf4, raw, out_ours, out_torch, dcp_torch)
+        warm_cache(src)
+        raw.mkdir()
+        results["raw copy (cat+fsync)"] = run_measured(["sh", "-c", f"cat {files} > {raw}/all && sync {raw}/all"])
+        clear(raw)
+        results["ckptconv HF -> DCP ws4"] = run_measured(
+            [args.ckptconv, "-q", "reshard", str(src), "-o", str(dcp4), "--world-size", "4", "--layout", "dcp"])
+        results["torch HF -> DCP ws1"] = run_measured([py, torch_side, "hf-to-dcp", str(src), str(dcp_torch)])
+        clear(dcp_torch)
+        results["ckptconv HF -> HF layout ws4"] = run_measured(
+            [args.ckptconv, "-q", "reshard", str(src), "-o", str(hf4), "--world-size", "4", "--layout", "hf"])
+        results["ckptconv DCP -> HF folder"] = run_measured(
+            [args.ckptconv, "-q", "consolidate", str(dcp4), "-o", f"{out_ours}/"])
+        clear(out_ours)
+        results["torch DCP -> HF folder"] = run_measured([py, torch_side, "dcp-to-hf", str(dcp4), str(out_torch)])
+        clear(out_torch)
+        results["ckptconv HF layout -> folder"] = run_measured(
+            [args.ckptconv, "-q", "consolidate", str(hf4), "-o", f"{out_ours}/"])
+        clear(out_ours)
+        results["torch consolidate_safetensors"] = run_measured([py, torch_side, "consolidate", str(hf4), str(out_torch)])
+        clear(out_torch)
+        keep_best(best, results)
+    clear(dcp4, hf4, raw, out_ours, out_torch, dcp_torch)
+    print(f"Hugging Face folder: {src} ({size / 1e9:.2f} GB); best of 2 passes, warm cache")
+    print(f"{'command':<30} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12} {'RSS/ckpt':>9}")
+    for name, (wall, rss) in best.items():
+        print(f"{name:<30} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f} {rss / size:9.1%}")
+    a = best["raw copy (cat+fsync)"][0]
+    t = {k: v[0] for k, v in best.items()}
+    print("torch's paths hold the whole model in memory and do not fsync; ckptconv fsyncs every file.")
+    print(f"ratios: HF->DCP ckptconv/raw = {t['ckptconv HF -> DCP ws4'] / a:.2f}, "
+          f"torch/ckptconv = {t['torch HF -> DCP ws1'] / t['ckptconv HF -> DCP ws4']:.2f}; "
+          f"DCP->HF folder ckptconv/raw = {t['ckptconv DCP -> HF folder'] / a:.2f}, "
+          f"torch/ckptconv = {t['torch DCP -> HF folder'] / t['ckptconv DCP -> HF folder']:.2f}; "
+          f"HF layout->folder torch consolidate/ckptconv = "
+          f"{t['torch consolidate_safetensors'] / t['ckptconv HF layout -> folder']:.2f}; "
+          f"HF->HF layout ckptconv/raw = {t['ckptconv HF -> HF layout ws4'] / a:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -383,8 +482,12 @@ def main() -> None:
     z.add_argument("--work", required=True)
     z.add_argument("--ckptconv", required=True)
     z.add_argument("--ds-python", required=True, help="a Python that can import deepspeed")
+    h = sub.add_parser("hf")
+    h.add_argument("--bytes", default="2e9", help="the Hugging Face folder's size (default 2e9)")
+    h.add_argument("--work", required=True)
+    h.add_argument("--ckptconv", required=True)
     args = ap.parse_args()
-    {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero}[args.cmd](args)
+    {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "hf": hf}[args.cmd](args)
 
 
 if __name__ == "__main__":
