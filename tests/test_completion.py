@@ -54,7 +54,7 @@ def test_bash_completes_commands_options_and_values(ckptconv, run_ckptconv):
         offered = set(_bash_complete(script, "ckptconv", "-v", command, "x", "--"))
         missing = _long_options(run_ckptconv, command) - offered
         assert not missing, (command, missing)
-    assert _bash_complete(script, "ckptconv", "consolidate", "x", "--dtype", "b") == ["bf16", "bfloat16"]
+    assert _bash_complete(script, "ckptconv", "consolidate", "x", "--dtype", "b") == ["bf16"]  # torch names: accepted, not offered
     assert _bash_complete(script, "ckptconv", "reshard", "x", "--layout", "fsdp") == ["fsdp-sharded-tensor",
                                                                                        "fsdp-dtensor"]
     assert _bash_complete(script, "ckptconv", "completion", "") == ["bash", "zsh"]
@@ -74,7 +74,7 @@ def test_zsh_script_parses_and_names_every_option(ckptconv, run_ckptconv):
         body = text.split(f"_ckptconv_{command}() {{", 1)[1].split("\n}\n", 1)[0]
         for opt in _long_options(run_ckptconv, command):
             assert opt in body, (command, opt)
-    assert "(keep fp32 bf16 fp16 float32 float bfloat16 float16 half)" in text
+    assert "(keep fp32 bf16 fp16 fp8_e4m3 fp8_e5m2)" in text
 
 
 def test_man_page_renders_and_documents_every_command_and_option(ckptconv, run_ckptconv):

@@ -1,8 +1,8 @@
 """Every dtype a safetensors file can hold (#32): a file written by
 safetensors' own save_file with one tensor of each (F64 ... F8_E5M2, I8 ...
 I64, U8 ... U64, BOOL) is read by every command, copied bit for bit into
-.pt and .safetensors, and --dtype casts its floating tensors
-as torch's Tensor.to does (computed here, in the same run), leaving integer
+.pt and .safetensors, and --dtype casts its floating tensors (to bf16, fp16,
+fp32 and to float8 e4m3fn / e5m2) as torch's Tensor.to does (computed here, in the same run), leaving integer
 and bool tensors as they are, as model.to(dtype) does."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"
 
 def _tensors() -> dict:
     g = torch.Generator().manual_seed(7)
-    base = torch.randn(5, 3, generator=g, dtype=torch.float64) * 40  # past float8's range too
+    base = torch.randn(5, 3, generator=g, dtype=torch.float64) * 40
+    base[4] = torch.tensor([1e5, -1e5, 1e-9], dtype=torch.float64)  # past float16's and float8's ranges, and tiny
     out = {name: base.to(getattr(torch, name)) for name in FLOATS}
     for name in INTS:  # each type's extremes
         dtype = getattr(torch, name)
@@ -61,14 +62,20 @@ def test_every_dtype_is_copied_bit_for_bit(every_dtype, tmp_path, run_ckptconv):
         assert f" {name} " in text, name
 
 
-@pytest.mark.parametrize("target", ["bf16", "fp16", "fp32"])
-def test_dtype_casts_floating_tensors_as_torch_does(target, every_dtype, tmp_path, run_ckptconv):
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[target]
+TARGETS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+           "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_dtype_casts_floating_tensors_as_torch_does(target, suffix, every_dtype, tmp_path, run_ckptconv):
+    """To float8 too: values past its range (±1e5 here) come out as Tensor.to makes them."""
+    dtype = TARGETS[target]
     want = load_file(every_dtype)
-    out = tmp_path / "cast.pt"
+    out = tmp_path / f"cast{suffix}"
     r = run_ckptconv("consolidate", every_dtype, "--dtype", target, "-o", out)
     assert r.returncode == 0, r.stderr
-    got = torch.load(out, weights_only=True)
+    got = torch.load(out, weights_only=True) if suffix == ".pt" else load_file(out)
     for k, t in want.items():
         expect = t.to(dtype) if t.is_floating_point() else t
         assert got[k].dtype == expect.dtype, k

@@ -1,5 +1,7 @@
 #include "cli/options.h"
 
+#include <map>
+
 namespace ckpt::cli {
 
 void set_footer(CLI::App* sub, std::initializer_list<const char*> examples, const char* exit_codes, const char* notes) {
@@ -32,8 +34,20 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
                   "zero_to_fp32 --exclude_frozen_parameters does")
         ->group(kSelectionGroup);
   if (which & kDtype)
-    sub->add_option("--dtype", opt.dtype, "Cast floating-point tensors (optimizer step counters excepted)")
-        ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16", "float32", "float", "bfloat16", "float16", "half"}))
+    sub->add_option("--dtype", opt.dtype,
+                    "Cast floating-point tensors (optimizer step counters excepted); torch's names (float32, float, "
+                    "bfloat16, float16, half, float8_e4m3fn, float8_e5m2) are accepted too")
+        ->transform(CLI::Validator(
+            [](std::string& value) {
+              static const std::map<std::string, std::string> kTorchNames = {
+                  {"float32", "fp32"},        {"float", "fp32"}, {"bfloat16", "bf16"},
+                  {"float16", "fp16"},        {"half", "fp16"},  {"float8_e4m3fn", "fp8_e4m3"},
+                  {"float8_e5m2", "fp8_e5m2"}};
+              if (auto it = kTorchNames.find(value); it != kTorchNames.end()) value = it->second;
+              return std::string();
+            },
+            ""))
+        ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"}))
         ->capture_default_str()
         ->group(kConversionGroup);
   if (which & kThreads) sub->add_option("--threads", opt.threads, help.threads)->group(kPerformanceGroup);

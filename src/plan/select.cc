@@ -160,8 +160,13 @@ std::optional<DType> parse_dtype_option(const std::string& text) {
   if (text == "fp32" || text == "float32" || text == "float") return DType::kFloat32;
   if (text == "bf16" || text == "bfloat16") return DType::kBFloat16;
   if (text == "fp16" || text == "float16" || text == "half") return DType::kFloat16;
-  fail_invalid("--dtype must be keep, fp32 (float32, float), bf16 (bfloat16) or fp16 (float16, half), not '" + text +
-               "'");
+  // float8 as safetensors' F8_E4M3 / F8_E5M2 hold it (cast by LibTorch: Tensor.to's rounding and range).
+  if (text == "fp8_e4m3" || text == "float8_e4m3fn") return DType::kFloat8E4M3FN;
+  if (text == "fp8_e5m2" || text == "float8_e5m2") return DType::kFloat8E5M2;
+  fail_invalid(
+      "--dtype must be keep, fp32 (float32, float), bf16 (bfloat16), fp16 (float16, half), fp8_e4m3 "
+      "(float8_e4m3fn) or fp8_e5m2 (float8_e5m2), not '" +
+      text + "'");
 }
 
 }  // namespace ckpt
