@@ -31,7 +31,7 @@ CLI::App* register_write_command(CLI::App& app, const char* name, const char* de
       ->required()
       ->group(kOutputGroup);
   sub->add_option("--format", req->format, "Output format (default: by the output's extension, else pt)")
-      ->check(CLI::IsMember({"pt", "safetensors", "hdf5"}))
+      ->check(CLI::IsMember(jobs::output_format_choices()))
       ->group(kOutputGroup);
   sub->add_option("--max-shard-size", req->max_shard_size,
                   "safetensors: split into <stem>-0000i-of-0000N.safetensors files of at most SIZE, with an index")

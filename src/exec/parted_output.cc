@@ -19,8 +19,6 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "exec/checksum.h"
-#include "formats/safetensors/safetensors_writer.h"
-#include "formats/torch_pt/pt_writer.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 #include "io/part_sink.h"
@@ -522,77 +520,6 @@ PartOutcome write_part(PartedWriter& w, const PartedOptions& options, const Part
   return outcome;
 }
 
-// .pt and .safetensors (sharded too) through their own writers.
-class FileOutputs final : public PartedWriter {
- public:
-  FileOutputs(const CheckpointModel& m, OutputFormat f, const OutputOptions& options)
-      : model_(m), format_(f), out_(options.path) {
-    if (format_ == OutputFormat::kSafetensors)
-      plan_ = safetensors::plan_safetensors(model_, out_.filename().string(), options.max_shard_size);
-  }
-  std::string kind() const override { return output_format_name(format_); }
-  std::vector<std::string> file_names() const override {
-    if (format_ == OutputFormat::kPt) return {out_.filename().string()};
-    std::vector<std::string> names;
-    for (const auto& f : plan_.files) names.push_back(f.file_name);
-    return names;
-  }
-  std::vector<std::string> destinations() const override {
-    if (format_ == OutputFormat::kPt) return {out_.string()};
-    std::vector<std::string> paths;
-    for (const auto& f : plan_.files) paths.push_back((out_.parent_path() / f.file_name).string());
-    return paths;
-  }
-  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
-    if (format_ == OutputFormat::kPt) {
-      torch_pt::write_pt(*sinks.at(0), *model_.root, pt_output_tensors(model_),
-                         [&](std::size_t i, archive::ZipWriter& zip) {
-                           const TensorEntry& t = model_.tensors.at(i);
-                           emit({0, t.output_nbytes(), &t, {}}, *sinks[0], &zip);
-                         });
-      return;
-    }
-    for (std::size_t k = 0; k < plan_.files.size(); ++k)
-      safetensors::write_safetensors_file(*sinks.at(k), plan_.files[k], [&](std::size_t i, ByteSink& s) {
-        const TensorEntry& t = model_.tensors.at(i);
-        emit({k, t.output_nbytes(), &t, {}}, s, nullptr);
-      });
-  }
-  // All files or none: shards first, the index last (as write_output).
-  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    std::vector<std::string> to = destinations();
-    std::unique_ptr<AtomicFileSink> index;
-    if (!plan_.index_json.empty()) {
-      index = AtomicFileSink::create(out_.string() + ".index.json", force, durable);
-      index->write(plan_.index_json);
-      index->complete();
-    }
-    check_interrupted();
-    std::vector<std::string> published;
-    try {
-      for (std::size_t k = 0; k < to.size(); ++k) {
-        if (std::rename(data_path(k).c_str(), to[k].c_str()) != 0)
-          fail(ErrorCode::kOutputFailed,
-               to[k] + ": cannot rename the finished output into place: " + std::strerror(errno));
-        published.push_back(to[k]);
-      }
-      if (index) index->publish();
-    } catch (const Error&) {
-      for (const auto& f : published) ::unlink(f.c_str());
-      throw;
-    }
-    // The renames above; an index, renamed last into the same directory, had its own publish() do it.
-    if (durable && !index) sync_directory_of(out_.string());
-    return to.size() > 1 ? std::to_string(to.size()) + " shards and the index" : std::string("one file");
-  }
-
- private:
-  const CheckpointModel& model_;
-  OutputFormat format_;
-  fs::path out_;
-  safetensors::Plan plan_;
-};
-
 }  // namespace
 
 PartSpec parse_part(const std::string& text) {
@@ -674,12 +601,13 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
 PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
                               const PartSpec& part, const std::string& request) {
   require_valid(model);
-  if (!output_format_info(format).parts)
-    fail_invalid("--part: " + std::string(output_format_name(format)) +
+  const OutputFormatInfo& f = output_format_info(format);
+  if (!f.parted)
+    fail_invalid("--part: " + std::string(f.name) +
                  " output cannot be written by several processes (HDF5 needs an MPI-IO build of libhdf5); write "
                  ".pt or .safetensors, or run without --part");
-  FileOutputs w(model, format, options);
-  return write_parted(w,
+  std::unique_ptr<PartedWriter> w = f.parted(model, options);
+  return write_parted(*w,
                       {.path = options.path,
                        .force = options.force,
                        .durable = options.durable,

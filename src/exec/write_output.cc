@@ -4,16 +4,22 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
+#include "archive/zip_writer.h"
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "exec/parted_output.h"
 #include "formats/safetensors/safetensors_writer.h"
 #ifdef CKPT_HAVE_HDF5
 #include "formats/hdf5/hdf5_writer.h"
 #endif
 #include "formats/torch_pt/pt_writer.h"
+#include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 #include "model/validate.h"
 
@@ -119,6 +125,106 @@ std::vector<std::string> write_hdf5(const CheckpointModel& model, const OutputOp
   return {options.path};
 }
 
+// Renames finished files into place, all or none (the ones this call
+// renamed are removed again when one fails).
+void rename_all(const std::function<std::string(std::size_t)>& data_path, const std::vector<std::string>& to) {
+  std::vector<std::string> published;
+  try {
+    for (std::size_t k = 0; k < to.size(); ++k) {
+      if (std::rename(data_path(k).c_str(), to[k].c_str()) != 0)
+        fail(ErrorCode::kOutputFailed,
+             to[k] + ": cannot rename the finished output into place: " + std::strerror(errno));
+      published.push_back(to[k]);
+    }
+  } catch (const Error&) {
+    for (const auto& f : published) ::unlink(f.c_str());
+    throw;
+  }
+}
+
+// --part for .pt: the one archive, every tensor emitted in model order.
+class PtParted final : public PartedWriter {
+ public:
+  PtParted(const CheckpointModel& model, const OutputOptions& options) : model_(model), out_(options.path) {}
+  std::string kind() const override { return "pt"; }
+  std::vector<std::string> file_names() const override { return {out_.filename().string()}; }
+  std::vector<std::string> destinations() const override { return {out_.string()}; }
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
+    torch_pt::write_pt(*sinks.at(0), *model_.root, pt_output_tensors(model_),
+                       [&](std::size_t i, archive::ZipWriter& zip) {
+                         const TensorEntry& t = model_.tensors.at(i);
+                         emit({0, t.output_nbytes(), &t, {}}, *sinks[0], &zip);
+                       });
+  }
+  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool, bool durable) override {
+    check_interrupted();
+    rename_all(data_path, destinations());
+    if (durable) sync_directory_of(out_.string());
+    return "one file";
+  }
+
+ private:
+  const CheckpointModel& model_;
+  std::filesystem::path out_;
+};
+
+// --part for safetensors, sharded too: the plan write_safetensors_output
+// follows; the shards first, the index last.
+class SafetensorsParted final : public PartedWriter {
+ public:
+  SafetensorsParted(const CheckpointModel& model, const OutputOptions& options)
+      : model_(model),
+        out_(options.path),
+        plan_(safetensors::plan_safetensors(model, out_.filename().string(), options.max_shard_size)) {}
+  std::string kind() const override { return "safetensors"; }
+  std::vector<std::string> file_names() const override {
+    std::vector<std::string> names;
+    for (const auto& f : plan_.files) names.push_back(f.file_name);
+    return names;
+  }
+  std::vector<std::string> destinations() const override {
+    std::vector<std::string> paths;
+    for (const auto& f : plan_.files) paths.push_back((out_.parent_path() / f.file_name).string());
+    return paths;
+  }
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
+    for (std::size_t k = 0; k < plan_.files.size(); ++k)
+      safetensors::write_safetensors_file(*sinks.at(k), plan_.files[k], [&](std::size_t i, ByteSink& s) {
+        const TensorEntry& t = model_.tensors.at(i);
+        emit({k, t.output_nbytes(), &t, {}}, s, nullptr);
+      });
+  }
+  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+    std::vector<std::string> to = destinations();
+    std::unique_ptr<AtomicFileSink> index;
+    if (!plan_.index_json.empty()) {
+      index = AtomicFileSink::create(out_.string() + ".index.json", force, durable);
+      index->write(plan_.index_json);
+      index->complete();
+    }
+    check_interrupted();
+    rename_all(data_path, to);
+    try {
+      if (index) index->publish();  // its publish() syncs the directory, the renames above included
+    } catch (const Error&) {
+      for (const auto& f : to) ::unlink(f.c_str());
+      throw;
+    }
+    if (durable && !index) sync_directory_of(out_.string());
+    return to.size() > 1 ? std::to_string(to.size()) + " shards and the index" : std::string("one file");
+  }
+
+ private:
+  const CheckpointModel& model_;
+  std::filesystem::path out_;
+  safetensors::Plan plan_;
+};
+
+template <class Writer>
+std::unique_ptr<PartedWriter> parted(const CheckpointModel& model, const OutputOptions& options) {
+  return std::make_unique<Writer>(model, options);
+}
+
 }  // namespace
 
 const std::vector<OutputFormatInfo>& output_formats() {
@@ -129,8 +235,8 @@ const std::vector<OutputFormatInfo>& output_formats() {
        .extensions = {".pt", ".pth", ".bin"},
        .weights_file = "pytorch_model.bin",
        .full_file = "full.pt",
-       .parts = true,
-       .write = write_pt},
+       .write = write_pt,
+       .parted = parted<PtParted>},
       {.id = OutputFormat::kSafetensors,
        .name = "safetensors",
        .aliases = {},
@@ -138,8 +244,8 @@ const std::vector<OutputFormatInfo>& output_formats() {
        .weights_file = "model.safetensors",
        .full_file = "full.safetensors",
        .shards = true,
-       .parts = true,
-       .write = write_safetensors_output},
+       .write = write_safetensors_output,
+       .parted = parted<SafetensorsParted>},
       // Several processes cannot write one HDF5 file without an MPI-IO build of libhdf5.
       {.id = OutputFormat::kHdf5,
        .name = "hdf5",

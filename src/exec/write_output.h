@@ -2,6 +2,7 @@
 // appears complete or not at all.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,8 @@ struct OutputOptions {
 
 enum class OutputFormat { kPt, kSafetensors, kHdf5 };
 
+class PartedWriter;  // exec/parted_output.h
+
 // An output format's descriptor: its names, what it can do, and its
 // one-process writer. Jobs ask these instead of naming a format.
 struct OutputFormatInfo {
@@ -35,9 +38,11 @@ struct OutputFormatInfo {
   std::string_view full_file;                // -o DIR/ of more than a model
   bool shards = false;                       // --max-shard-size
   bool compression = false;                  // --compression
-  bool parts = false;                        // --part (several processes writing one output)
   // Writes the output; the files written, in order (OUT, or shards then index).
   std::vector<std::string> (*write)(const CheckpointModel& model, const OutputOptions& options) = nullptr;
+  // Its writer for --part (several processes writing one output), emitting
+  // the bytes `write` writes; none when the format cannot be written so.
+  std::unique_ptr<PartedWriter> (*parted)(const CheckpointModel& model, const OutputOptions& options) = nullptr;
 };
 
 // Every output format, in --format's order.

@@ -72,6 +72,15 @@ constexpr uint64_t kHuggingFaceShardSize = 5'000'000'000;  // save_pretrained's 
 
 }  // namespace
 
+std::vector<std::string> output_format_choices() {
+  std::vector<std::string> out;
+  for (const auto& f : output_formats()) {
+    out.emplace_back(f.name);
+    for (const auto& a : f.aliases) out.emplace_back(a);
+  }
+  return out;
+}
+
 JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) {
   JobClock clock;
   ConsolidateRequest req = request;

@@ -4,6 +4,7 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "jobs/common.h"
 
@@ -20,6 +21,9 @@ struct ConsolidateRequest {
 };
 
 // The plan goes to `out` on --dry-run; logs and progress to stderr.
+// --format's values: every output format's name and aliases, in order.
+std::vector<std::string> output_format_choices();
+
 JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out);
 
 }  // namespace ckpt::jobs
