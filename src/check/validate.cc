@@ -249,7 +249,7 @@ class Validator {
     // then check the records no scan claimed and complete the files.
     RecordChecks records(model);
     std::optional<FileStreams> streams;
-    if (algorithm) streams.emplace(files, *algorithm, model, opt_.memory_limit / 4);
+    if (algorithm) streams.emplace(files, *algorithm, model, opt_.memory.file_streams());
     ProblemSink unread_files;
     scan_tensors(model, backend.get(), algorithm, now, records, streams ? &*streams : nullptr, unread_files);
     for (const auto& p : records.problems().problems()) sink_.report(p);
@@ -299,7 +299,7 @@ class Validator {
     ProgressScope progress("validate", total);  // drawn only on a terminal, without -q
     int workers = opt_.threads > 0 ? opt_.threads : static_cast<int>(std::thread::hardware_concurrency());
     workers = std::clamp(workers, 1, 16);
-    uint64_t budget = std::max<uint64_t>(opt_.memory_limit / static_cast<uint64_t>(workers), 1u << 20);
+    uint64_t budget = opt_.memory.scan_worker(workers, streams != nullptr);
     std::vector<std::optional<TensorScan>> scanned(model.tensors.size());
     std::vector<ProblemSink> failed(model.tensors.size());
     std::atomic<std::size_t> next{0};
@@ -385,7 +385,7 @@ class Validator {
       piece.shape = c.sizes;
       piece.chunks.push_back(c);
       piece.chunks.back().offsets.assign(c.sizes.size(), 0);
-      FiniteCounts n = *scan_tensor(piece, backend, std::nullopt, opt_.memory_limit).finite;
+      FiniteCounts n = *scan_tensor(piece, backend, std::nullopt, opt_.memory.rescan()).finite;
       if (n.all_finite()) continue;
       std::string where = t.chunks.size() > 1
                               ? " in its chunk at offsets " + shape_str(c.offsets) + " sizes " + shape_str(c.sizes)

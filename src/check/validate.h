@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "check/manifest.h"
+#include "core/memory_budget.h"
 #include "core/problems.h"
 #include "exec/backend.h"
 
@@ -40,7 +41,7 @@ struct ValidateOptions {
   bool force = false;             // overwrite an existing --write-manifest file
   Device device = Device::kAuto;  // for the finite scan only
   int threads = 0;
-  uint64_t memory_limit = 256ull << 20;
+  MemoryBudget memory;  // --memory-limit, shared by the checksum streams and scan workers
 };
 
 struct NonFinite {

@@ -101,5 +101,6 @@ std::string describe_auto_backend();
 
 // "auto", "cpu", "cuda"; InvalidArgument otherwise.
 Device parse_device(const std::string& text);
+const char* device_name(Device device);
 
 }  // namespace ckpt

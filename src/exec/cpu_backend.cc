@@ -156,4 +156,13 @@ Device parse_device(const std::string& text) {
   fail_invalid("--device must be auto, cpu or cuda (got '" + text + "')");
 }
 
+const char* device_name(Device device) {
+  switch (device) {
+    case Device::kAuto: return "auto";
+    case Device::kCpu: return "cpu";
+    case Device::kCuda: return "cuda";
+  }
+  return "?";
+}
+
 }  // namespace ckpt

@@ -15,8 +15,19 @@
 
 namespace ckpt::jobs {
 
+JobOptions settle(const CommonOptions& opt) {
+  JobOptions out;
+  out.cast_to = parse_dtype_option(opt.dtype);
+  out.device = parse_device(opt.device);
+  out.threads = opt.threads;
+  out.memory = MemoryBudget(parse_size(opt.memory_limit));
+  if (!opt.max_output_size.empty()) out.max_output = parse_size(opt.max_output_size);
+  out.max_output_text = opt.max_output_size;
+  return out;
+}
+
 CheckpointModel read_source(const CommonOptions& opt) {
-  parse_dtype_option(opt.dtype);  // a bad --dtype is a usage error before anything is read
+  settle(opt);  // a bad option value is a usage error before anything is read
   CheckpointModel model = read_checkpoint(opt.source, {opt.files, opt.only, nullptr, opt.tag});
   if (spdlog::should_log(spdlog::level::debug)) {  // -v: what SRC was found to be
     std::string ws;
@@ -37,7 +48,7 @@ CheckpointModel read_selected(const CommonOptions& opt, bool keep_nesting) {
 }
 
 CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, bool keep_nesting) {
-  auto cast_to = parse_dtype_option(opt.dtype);
+  std::optional<DType> cast_to = settle(opt).cast_to;
   // Per-rank families and ZeRO keep model and optimizer in separate files:
   // their readers applied --only already.
   bool read_only = source_traits(model.info.kind).reader_selects_only;
@@ -53,13 +64,13 @@ CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, b
   return model;
 }
 
-std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, bool arithmetic) {
-  Device d = parse_device(device);
+std::unique_ptr<Backend> choose_backend(const JobOptions& opt, bool arithmetic) {
+  Device d = opt.device;
   if (!arithmetic && d != Device::kCuda)
     spdlog::debug("backend: cpu threads only: no cast or scan, bytes are copied unchanged (--device {} not needed)",
-                  device);
-  auto backend = make_backend(arithmetic || d == Device::kCuda ? d : Device::kCpu, threads);
-  if (arithmetic) spdlog::debug("backend: {} for casts and scans (--device {})", backend->name(), device);
+                  device_name(d));
+  auto backend = make_backend(arithmetic || d == Device::kCuda ? d : Device::kCpu, opt.threads);
+  if (arithmetic) spdlog::debug("backend: {} for casts and scans (--device {})", backend->name(), device_name(d));
   return backend;
 }
 
@@ -75,14 +86,11 @@ double JobClock::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
-void check_output_size(uint64_t bytes, const std::string& output, const CommonOptions& opt) {
-  if (!opt.max_output_size.empty()) {
-    uint64_t limit = parse_size(opt.max_output_size);
-    if (bytes > limit)
-      fail(ErrorCode::kResourceExhausted, output + ": the output would hold " + human_bytes(bytes) +
-                                              " of tensor data, more than --max-output-size " + opt.max_output_size +
-                                              "; nothing was written");
-  }
+void check_output_size(uint64_t bytes, const std::string& output, const JobOptions& opt) {
+  if (opt.max_output && bytes > *opt.max_output)
+    fail(ErrorCode::kResourceExhausted, output + ": the output would hold " + human_bytes(bytes) +
+                                            " of tensor data, more than --max-output-size " + opt.max_output_text +
+                                            "; nothing was written");
   if (auto free = free_bytes_at(output); free && bytes > *free)
     fail(ErrorCode::kResourceExhausted, output + ": the output needs " + human_bytes(bytes) +
                                             " of tensor data, the filesystem there has " + human_bytes(*free) +

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/memory_budget.h"
 #include "exec/backend.h"
 #include "exec/tensor_copy.h"
 #include "model/checkpoint_model.h"
@@ -34,6 +36,18 @@ struct CommonOptions {
   std::string max_output_size;  // --max-output-size SIZE; empty: no limit but the free space
 };
 
+// CommonOptions settled: every value parsed once, in one place, typed.
+struct JobOptions {
+  std::optional<DType> cast_to;        // --dtype; nullopt: keep
+  Device device = Device::kAuto;       // --device
+  int threads = 0;                     // --threads (0: all)
+  MemoryBudget memory;                 // --memory-limit
+  std::optional<uint64_t> max_output;  // --max-output-size
+  std::string max_output_text;         // as given, for messages
+};
+// InvalidArgument (exit 2) naming the option for a value it does not take.
+JobOptions settle(const CommonOptions& opt);
+
 // SRC (or --files) read; per-rank sources read only the --only family.
 CheckpointModel read_source(const CommonOptions& opt);
 // --only for the other sources (that top-level entry becomes the root, or
@@ -47,7 +61,7 @@ CheckpointModel read_selected(const CommonOptions& opt, bool keep_nesting = fals
 // device; bytes that pass unchanged are copied file to file, and LibTorch is
 // loaded only when a cast needs it. --device cuda is honoured (or refused
 // when there is none) even without arithmetic, so a wrong request is an error.
-std::unique_ptr<Backend> choose_backend(const std::string& device, int threads, bool arithmetic);
+std::unique_ptr<Backend> choose_backend(const JobOptions& opt, bool arithmetic);
 
 // The record verifier a writing job shares across its tensors (CopyOptions
 // verify), or null under --no-verify.
@@ -57,7 +71,7 @@ std::shared_ptr<RecordVerifier> record_verifier(const CommonOptions& opt);
 // tensor bytes exceed --max-output-size or the free space where `output`
 // goes. The plan knows the size; a full disk mid-write would leave nothing
 // useful and take time to find out.
-void check_output_size(uint64_t bytes, const std::string& output, const CommonOptions& opt);
+void check_output_size(uint64_t bytes, const std::string& output, const JobOptions& opt);
 
 // Before reading the source: the mistakes a user makes with OUT, each
 // answered with what to do. A file output (`directory` false) that is an

@@ -85,7 +85,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   JobClock clock;
   ConsolidateRequest req = request;
   const CommonOptions& opt = req.common;
-  uint64_t memory_limit = parse_size(opt.memory_limit);
+  const JobOptions job = settle(opt);
   std::string directory;  // -o DIR/: the folder the file goes into, created when missing
   if (is_output_directory(req.output)) {
     directory = req.output;
@@ -127,14 +127,13 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     spdlog::debug("plan: {} tensors from {} chunks, {} cast, {} of tensor data -> {} ({})", report.tensors, chunks,
                   casts, human_bytes(report.bytes), req.output, output_format_name(format));
   }
-  check_output_size(report.bytes, req.output, opt);
-  bool arithmetic = parse_dtype_option(opt.dtype) || req.finite;
-  auto backend = choose_backend(opt.device, opt.threads, arithmetic);
+  check_output_size(report.bytes, req.output, job);
+  auto backend = choose_backend(job, job.cast_to || req.finite);
   OutputOptions output;
   output.path = folder ? folder->file_path() : req.output;
   output.force = opt.force;
   output.durable = !opt.no_fsync;
-  output.copy.memory_limit = memory_limit;
+  output.copy.memory_limit = job.memory.copy();
   output.copy.backend = backend.get();
   output.copy.verify = record_verifier(opt);
   FiniteCounts nonfinite;
@@ -171,7 +170,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     files = write_output(model, format, output);
   }
   if (folder) {
-    folder->publish(model.info.side_files, parse_dtype_option(opt.dtype));
+    folder->publish(model.info.side_files, job.cast_to);
     for (auto& f : files) f = folder->published_path(f);
   }
   if (files.size() > 1)

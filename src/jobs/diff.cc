@@ -59,13 +59,14 @@ CheckpointModel read_side(const char* side, const std::string& src, const std::s
 JobReport run_diff(const DiffRequest& req, std::ostream& out) {
   if (req.rtol < 0 || req.atol < 0 || !std::isfinite(req.rtol) || !std::isfinite(req.atol))
     fail_invalid("--rtol and --atol must be finite and not negative");
-  if (parse_device(req.common.device) == Device::kCuda)
+  const JobOptions job = settle(req.common);
+  if (job.device == Device::kCuda)
     fail_invalid("--device cuda: diff compares on the CPU (its comparison has no CUDA path yet); use auto or cpu");
   DiffOptions options;
   options.tolerance = {req.rtol, req.atol};
   options.ignore_dtype = req.ignore_dtype;
   options.strict = req.strict;
-  options.stream = {parse_size(req.common.memory_limit), req.common.threads};
+  options.stream = {job.memory.diff(), job.threads};
   CheckpointModel a = with_context("A", [&] { return read_side("A", req.a, req.tag_a, req); });
   CheckpointModel b = with_context("B", [&] { return read_side("B", req.b, req.tag_b, req); });
   JobClock clock;

@@ -129,8 +129,8 @@ void report_part(JobReport& report, const PartOutcome& done) {
   report.bytes = done.bytes;
 }
 
-void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy, JobReport& report,
-                    std::ostream& out) {
+void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                    const CopyOptions& copy, JobReport& report, std::ostream& out) {
   // A DCP source keeps its own items and planner_data; anything else (or a
   // DCP source cut down by --only) is flattened as dcp.save would.
   bool own_layout = model.info.flat_layout && req.common.only.empty();
@@ -148,7 +148,7 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, log::verbose(), out);
     return;
   }
-  check_output_size(report.bytes, req.output, req.common);
+  check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
   // A DCP source's own side files go with its own layout (Lightning's meta.pt).
   std::vector<std::string> side_files;
@@ -166,8 +166,8 @@ void reshard_to_dcp(const ReshardRequest& req, const CheckpointModel& model, con
 // torch's DCP Hugging Face layout (HuggingFaceStorageWriter with
 // save_distributed=True): a model's tensors only, one safetensors file per
 // rank that holds a piece.
-void reshard_to_hf(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy, JobReport& report,
-                   std::ostream& out) {
+void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                   const CopyOptions& copy, JobReport& report, std::ostream& out) {
   if (part_of(req)) fail_invalid("--part: not available for --layout hf; use --layout dcp");
   ReshardPlan plan = plan_reshard(model.tensors, req.world_size, source_world_size(model));
   std::vector<std::vector<dcp_hf::Piece>> pieces = dcp_hf_pieces(model, plan);
@@ -179,7 +179,7 @@ void reshard_to_hf(const ReshardRequest& req, const CheckpointModel& model, cons
     describe_reshard(model, plan, 0, false, files, {}, log::verbose(), out);
     return;
   }
-  check_output_size(report.bytes, req.output, req.common);
+  check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
   write_dcp_hf_reshard(model, plan, pieces, {req.output, req.common.force, !req.common.no_fsync, copy});
 }
@@ -218,8 +218,8 @@ CheckpointModel accelerate_part(const CheckpointModel& model, const AcceleratePa
   return part;
 }
 
-void reshard_to_accelerate(const ReshardRequest& req, const CheckpointModel& model, const CopyOptions& copy,
-                           JobReport& report, std::ostream& out) {
+void reshard_to_accelerate(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
   if (source_traits(model.info.kind).reshard_layout != "accelerate" || !req.common.only.empty())
     fail_invalid(
         "--layout accelerate: the source must be an Accelerate checkpoint folder (pytorch_model_fsdp_0/, "
@@ -253,7 +253,7 @@ void reshard_to_accelerate(const ReshardRequest& req, const CheckpointModel& mod
     for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
     return;
   }
-  check_output_size(report.bytes, req.output, req.common);
+  check_output_size(report.bytes, req.output, job);
   copy_side_files(side_files, dir->temp_dir());
   dir->commit();
 }
@@ -274,8 +274,8 @@ RankFilesLayout rank_files_layout(const ReshardRequest& req, const CheckpointMod
   return out;
 }
 
-void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& model, const std::string& layout,
-                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
+void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                           const std::string& layout, const CopyOptions& copy, JobReport& report, std::ostream& out) {
   std::vector<RankFamily> families = output_families(model, layout);
   // Per-rank sources say which tensors were sharded; in a full state dict
   // every tensor with a dimension is (FSDP1 shards parameters and their
@@ -294,7 +294,7 @@ void reshard_to_rank_files(const ReshardRequest& req, const CheckpointModel& mod
                      {}, log::verbose(), out);
     return;
   }
-  check_output_size(report.bytes, req.output, req.common);
+  check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
   RankFilesOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
   if (auto part = part_of(req)) {
@@ -310,8 +310,7 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   JobClock clock;
   const CommonOptions& opt = req.common;
   if (req.world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(req.world_size) + ")");
-  uint64_t memory_limit = parse_size(opt.memory_limit);
-  parse_device(opt.device);
+  const JobOptions job = settle(opt);
   if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
   require_layout_for_full_state_dict(req, source_kind_of(opt.source, {opt.files, opt.only, nullptr, opt.tag}));
   check_output_place(req.output, true);
@@ -324,9 +323,9 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   CheckpointModel model = read_selected(opt, /*keep_nesting=*/req.layout != "hf");
   check_output_is_not_input(req.output, model);
   std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
-  auto backend = choose_backend(opt.device, opt.threads, parse_dtype_option(opt.dtype).has_value());
+  auto backend = choose_backend(job, job.cast_to.has_value());
   CopyOptions copy;
-  copy.memory_limit = memory_limit;
+  copy.memory_limit = job.memory.copy();
   copy.backend = backend.get();
   copy.verify = record_verifier(opt);
   // An output rank's rows span parts of two source records: each part is
@@ -338,13 +337,13 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   report.tensors = model.tensors.size();
   report.dry_run = opt.dry_run;
   if (layout == "dcp")
-    reshard_to_dcp(req, model, copy, report, out);
+    reshard_to_dcp(req, job, model, copy, report, out);
   else if (layout == "hf")
-    reshard_to_hf(req, model, copy, report, out);
+    reshard_to_hf(req, job, model, copy, report, out);
   else if (layout == "accelerate")
-    reshard_to_accelerate(req, model, copy, report, out);
+    reshard_to_accelerate(req, job, model, copy, report, out);
   else
-    reshard_to_rank_files(req, model, layout, copy, report, out);
+    reshard_to_rank_files(req, job, model, layout, copy, report, out);
   clock.finish(report);
   return report;
 }

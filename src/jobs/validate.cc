@@ -10,9 +10,10 @@ JobReport run_validate(const ValidateRequest& req, std::ostream& out) {
   options.files = req.common.files;
   options.tag = req.common.tag;
   options.only = req.common.only;
-  options.device = parse_device(req.common.device);
-  options.threads = req.common.threads;
-  options.memory_limit = parse_size(req.common.memory_limit);
+  const JobOptions job = settle(req.common);
+  options.device = job.device;
+  options.threads = job.threads;
+  options.memory = job.memory;
   options.force = req.common.force;
   if (req.common.source.empty() && options.files.empty())
     fail_invalid("no checkpoint given: SRC or --files is required");

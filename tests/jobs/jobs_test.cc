@@ -126,3 +126,31 @@ TEST_CASE("consolidate dry run lists every tensor with its source chunks", "[job
   CHECK_FALSE(contains(out.str(), "optim."));
   CHECK_FALSE(contains(out.str(), "model."));
 }
+
+TEST_CASE("the common options are settled once into typed values", "[jobs]") {
+  jobs::CommonOptions opt;
+  opt.dtype = "bf16";
+  opt.device = "cpu";
+  opt.threads = 3;
+  opt.memory_limit = "1G";
+  opt.max_output_size = "2K";
+  jobs::JobOptions job = jobs::settle(opt);
+  CHECK(job.cast_to == DType::kBFloat16);
+  CHECK(job.device == Device::kCpu);
+  CHECK(job.threads == 3);
+  CHECK(job.memory.total() == uint64_t{1} << 30);
+  CHECK(job.max_output == 2048);
+  CHECK(job.max_output_text == "2K");
+  CHECK(!jobs::settle(jobs::CommonOptions{}).cast_to);
+  CHECK(!jobs::settle(jobs::CommonOptions{}).max_output);
+  for (auto bad : {&jobs::CommonOptions::dtype, &jobs::CommonOptions::device, &jobs::CommonOptions::memory_limit}) {
+    jobs::CommonOptions wrong;
+    wrong.*bad = "lots";
+    try {
+      jobs::settle(wrong);
+      FAIL("accepted " << wrong.dtype << " " << wrong.device << " " << wrong.memory_limit);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kInvalidArgument);
+    }
+  }
+}
