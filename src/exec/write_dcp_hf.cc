@@ -17,10 +17,15 @@ std::vector<std::vector<dcp_hf::Piece>> dcp_hf_pieces(const CheckpointModel& mod
     std::optional<std::size_t> tensor;
     if (item.is_tensor)
       tensor = tensor_ref_index(*value_at_path(model.root, layout.planner_data.at(item.fqn), item.fqn));
-    if (!tensor)
-      fail_invalid(model.source + ": '" + item.fqn +
-                   "' is not a tensor; the Hugging Face layout holds tensors only (add --only model, or use "
-                   "--layout dcp)");
+    if (!tensor) {
+      // A training checkpoint ({"model": ..., "optim": ...}) is the usual case: say so.
+      pickle::ValuePtr root = mapping_of(model.root);
+      bool training = root->is(pickle::Kind::kDict) && root->get("model") && root->entries.size() > 1;
+      fail_invalid(model.source + ": the Hugging Face layout holds a model's tensors only, and '" + item.fqn +
+                   "' is not a tensor" +
+                   (training ? "; the checkpoint holds more than a model: add --only model" : "; add --only model") +
+                   " (or use --layout dcp, which keeps everything)");
+    }
     const TensorEntry& t = model.tensors.at(*tensor);
     for (const auto& [rank, index] : plan.items_of_tensor.at(*tensor)) {
       const OutputItem& oi = plan.ranks.at(static_cast<std::size_t>(rank)).at(index);
