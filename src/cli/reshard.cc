@@ -24,15 +24,20 @@ void register_reshard(CLI::App& app) {
       .force = "Replace an existing output directory"};
   bind_common(sub, req->common, kSource | kFiles, help);
   sub->add_option("-o,--output", req->output, "Output directory")->required()->group(kOutputGroup);
-  sub->add_option("--world-size", req->world_size, "Number of ranks to write")->required()->group(kOutputGroup);
-  sub->add_option("--layout", req->layout,
-                  "dcp (one __<r>_0.distcp per rank + .metadata), hf (torch's DCP Hugging Face layout: one "
-                  "shard-0000<r+1>-model-00001-of-00001.safetensors per rank, a model's tensors only), "
-                  "fsdp-sharded-tensor or fsdp-dtensor (one torch.save "
-                  "file per rank and family, as FSDP1 SHARDED_STATE_DICT), accelerate (an Accelerate checkpoint "
-                  "folder: pytorch_model_fsdp_0/ and optimizer_0/ as DCP, its other files copied); default: the "
-                  "source's own, required for a full state dict")
-      ->check(CLI::IsMember({"dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate"}))
+  sub->add_option("--world-size", req->world_size,
+                  "Number of ranks to write (required, except for deepspeed-universal, which loads at any)")
+      ->group(kOutputGroup);
+  sub->add_option(
+         "--layout", req->layout,
+         "dcp (one __<r>_0.distcp per rank + .metadata), hf (torch's DCP Hugging Face layout: one "
+         "shard-0000<r+1>-model-00001-of-00001.safetensors per rank, a model's tensors only), "
+         "fsdp-sharded-tensor or fsdp-dtensor (one torch.save "
+         "file per rank and family, as FSDP1 SHARDED_STATE_DICT), accelerate (an Accelerate checkpoint "
+         "folder: pytorch_model_fsdp_0/ and optimizer_0/ as DCP, its other files copied), deepspeed-universal (a "
+         "DeepSpeed universal checkpoint, DST = <root>/<tag>_universal, which a DeepSpeed engine with "
+         "load_universal loads at any world size; <root>/latest_universal names it); default: the "
+         "source's own, required for a full state dict")
+      ->check(CLI::IsMember({"dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal"}))
       ->group(kOutputGroup);
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
   sub->add_option(

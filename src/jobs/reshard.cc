@@ -12,6 +12,7 @@
 #include "core/units.h"
 #include "exec/write_dcp.h"
 #include "exec/write_dcp_hf.h"
+#include "exec/write_ds_universal.h"
 #include "exec/write_rank_files.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/dcp/dcp_writer.h"
@@ -184,6 +185,32 @@ void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const Check
   write_dcp_hf_reshard(model, plan, pieces, {req.output, req.common.force, !req.common.no_fsync, copy});
 }
 
+// A DeepSpeed universal checkpoint: per parameter its full fp32 master and
+// optimizer states, which an engine with load_universal partitions for any
+// world size (so --world-size plays no part). DeepSpeed loads fp32 masters:
+// --dtype is refused.
+void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                          const CopyOptions& copy, JobReport& report, std::ostream& out) {
+  if (part_of(req)) fail_invalid("--part: not available for --layout deepspeed-universal");
+  if (job.cast_to) fail_invalid("--dtype: a universal checkpoint holds fp32 masters and states; drop --dtype");
+  ds_universal::UniversalPlan plan = ds_universal::plan_universal(model, source_world_size(model));
+  report.bytes = plan.tensor_bytes;
+  report.summary = "wrote " + req.output + " (deepspeed-universal): " + std::to_string(plan.params) +
+                   " parameters with optimizer state, " + std::to_string(plan.others) + " without";
+  if (req.common.dry_run) {
+    for (const auto& f : plan.files) {
+      uint64_t bytes = 0;
+      for (const auto& t : f.tensors) bytes += shape_numel(t.shape) * dtype_size(t.dtype);
+      out << f.path << "  " << human_bytes(bytes) << "\n";
+    }
+    out << "latest_universal (beside " << req.output << ")\n";
+    return;
+  }
+  check_output_size(report.bytes, req.output, job);
+  ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
+  write_ds_universal(model, plan, {req.output, req.common.force, !req.common.no_fsync, copy});
+}
+
 // Accelerate's checkpoint folder (accelerator.save_state under FSDP's
 // SHARDED_STATE_DICT): pytorch_model_fsdp_<i>/, a DCP directory of
 // {"model": ...}, and optimizer_<i>/, one of {"optimizer": ...} (what
@@ -309,7 +336,9 @@ void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, con
 JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   JobClock clock;
   const CommonOptions& opt = req.common;
-  if (req.world_size < 1) fail_invalid("--world-size must be at least 1 (got " + std::to_string(req.world_size) + ")");
+  if (req.layout != "deepspeed-universal" && req.world_size < 1)
+    fail_invalid(req.world_size == 0 ? std::string("--world-size N is required (the number of ranks to write)")
+                                     : "--world-size must be at least 1 (got " + std::to_string(req.world_size) + ")");
   const JobOptions job = settle(opt);
   if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
   require_layout_for_full_state_dict(req, source_kind_of(opt.source, {opt.files, opt.only, nullptr, opt.tag}));
@@ -342,6 +371,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     reshard_to_hf(req, job, model, copy, report, out);
   else if (layout == "accelerate")
     reshard_to_accelerate(req, job, model, copy, report, out);
+  else if (layout == "deepspeed-universal")
+    reshard_to_universal(req, job, model, copy, report, out);
   else
     reshard_to_rank_files(req, job, model, layout, copy, report, out);
   clock.finish(report);

@@ -105,12 +105,12 @@ std::string serialization_id(const std::string& pickle_bytes) {
 }  // namespace
 
 void write_pt(ByteSink& sink, const pickle::Value& root, const std::vector<OutputTensor>& tensors,
-              const FillTensor& fill) {
+              const FillTensor& fill, const std::string& archive_name) {
   RebuildBuilder builder(tensors);
   ValuePtr tree = builder.build(root);
   std::string pkl = pickle::pickle_protocol2(*tree);
 
-  archive::ZipWriter zip(sink, "archive");
+  archive::ZipWriter zip(sink, archive_name);
   zip.write_record("data.pkl", pkl);
   zip.write_record(".format_version", std::string("1"));
   zip.write_record(".storage_alignment", std::string("64"));

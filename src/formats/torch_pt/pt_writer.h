@@ -33,7 +33,9 @@ using FillTensor = std::function<void(std::size_t index, archive::ZipWriter& zip
 
 // Writes `root` (a value tree in which tensor references index `tensors`).
 // Each referenced tensor is stored once, even when referenced many times.
+// `archive_name` is the records' folder: torch.save names it after the
+// file's stem (fp32.pt holds fp32/data.pkl); torch.load accepts any.
 void write_pt(ByteSink& sink, const pickle::Value& root, const std::vector<OutputTensor>& tensors,
-              const FillTensor& fill);
+              const FillTensor& fill, const std::string& archive_name = "archive");
 
 }  // namespace ckpt::torch_pt

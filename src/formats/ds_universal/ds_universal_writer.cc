@@ -1,0 +1,294 @@
+#include "formats/ds_universal/ds_universal_writer.h"
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/tree_walk.h"
+
+namespace ckpt::ds_universal {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// The DeepSpeed version whose layout these files follow, for a source that
+// names none (the engine refuses an empty ds_version and parses it).
+constexpr const char* kDsVersion = "0.19.8";
+
+// Top-level entries of a training state dict that are not client state
+// (the ZeRO reader's names for the model-states file's own entries).
+const std::set<std::string>& engine_entries() {
+  static const std::set<std::string> k = {"model",          "optim",         "lr_scheduler", "global_steps",
+                                          "global_samples", "skipped_steps", "client_state"};
+  return k;
+}
+
+// A parameter name or state key becomes a folder or file name: refuse
+// anything that is not one plain path component.
+void require_component(const std::string& name, const std::string& what) {
+  bool bad = name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+             name.find('\\') != std::string::npos || name.find('\0') != std::string::npos || name.size() > 255;
+  if (bad)
+    fail_invalid(what + " '" + name.substr(0, 200) +
+                 "' cannot be a file or folder name of a universal checkpoint (zero/<name>/...)");
+}
+
+class Planner {
+ public:
+  Planner(const CheckpointModel& model, int world_size) : model_(model), world_size_(world_size) {}
+
+  UniversalPlan plan() {
+    ValuePtr root = mapping_of(model_.root);
+    if (!root || !root->is(Kind::kDict) || !root->get("model") || !root->get("optim"))
+      fail_invalid(model_.source +
+                   ": a universal checkpoint is written from a training state dict with 'model' and 'optim' "
+                   "(model and optimizer state; not with --only)");
+    ValuePtr module = mapping_of(root->get("model"));
+    ValuePtr optim = mapping_of(root->get("optim"));
+    ValuePtr state = optim && optim->is(Kind::kDict) ? mapping_of(optim->get("state")) : nullptr;
+    ValuePtr groups = optim && optim->is(Kind::kDict) ? optim->get("param_groups") : nullptr;
+    if (!module || !module->is(Kind::kDict) || !state || !state->is(Kind::kDict) || !groups ||
+        !(groups->is(Kind::kList) || groups->is(Kind::kTuple)))
+      fail_invalid(model_.source + ": 'model' must be a state dict and 'optim' hold 'state' and 'param_groups'");
+    std::map<std::string, ValuePtr> states;
+    for (const auto& [k, v] : state->entries) {
+      if (!k->is(Kind::kStr))
+        fail_invalid(model_.source + ": optim.state is keyed by parameter index (" + path_component(*k) +
+                     "), not by name: a universal checkpoint needs each parameter's name (save the optimizer "
+                     "with torch.distributed.checkpoint.state_dict.get_state_dict or FSDP.optim_state_dict)");
+      states.emplace(k->text, v);
+    }
+    UniversalPlan out;
+    std::set<std::string> written;
+    for (const auto& [k, v] : module->entries) {
+      const std::string name = path_component(*k);
+      auto index = tensor_ref_index(*v);
+      if (!index) {
+        log::debug("model." + name + ": not a tensor, not written to the universal checkpoint");
+        continue;
+      }
+      require_component(name, "parameter");
+      if (!written.insert(name).second) continue;
+      if (auto s = states.find(name); s != states.end()) {
+        param_files(out, name, *index, s->second);
+        ++out.params;
+        states.erase(s);
+      } else {
+        // Frozen parameters, tied aliases and buffers: ds_to_universal
+        // writes their fp32 value; no loader reads it.
+        UniversalFile f = file("zero/" + name + "/fp32.pt");
+        f.root = Value::dict({{Value::str("param"), add(f, *index)}});
+        push(out, std::move(f));
+        ++out.others;
+      }
+    }
+    if (!states.empty())
+      fail_invalid(model_.source + ": optim.state has '" + states.begin()->first.substr(0, 200) +
+                   "', which is not a tensor of model");
+    push(out, optimizer_state(groups, *state));
+    for (const char* name : {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"})
+      push(out, model_states(root, name));
+    return out;
+  }
+
+ private:
+  UniversalFile file(const std::string& path) const {
+    UniversalFile f;
+    f.path = path;
+    return f;
+  }
+
+  void push(UniversalPlan& out, UniversalFile f) const {
+    for (const auto& t : f.tensors) out.tensor_bytes += shape_numel(t.shape) * dtype_size(t.dtype);
+    out.files.push_back(std::move(f));
+  }
+
+  // Tensor `index` of the model as tensor i of `f`, cast to `dtype` (kept
+  // when nullopt); its reference in f's tree.
+  ValuePtr add(UniversalFile& f, std::size_t index, std::optional<DType> dtype = DType::kFloat32) const {
+    const TensorEntry& t = model_.tensors.at(index);
+    f.tensors.push_back({dtype.value_or(t.output_dtype()), t.shape});
+    f.sources.push_back({index, false, {}});
+    return make_tensor_ref(f.tensors.size() - 1);
+  }
+
+  // A Python number (a step saved as an int) as a 0-d float32 tensor.
+  ValuePtr add_literal(UniversalFile& f, double value) const {
+    float v = static_cast<float>(value);
+    std::string bytes(sizeof v, '\0');
+    std::memcpy(bytes.data(), &v, sizeof v);  // little-endian hosts only (the build requires it)
+    f.tensors.push_back({DType::kFloat32, {}});
+    f.sources.push_back({0, true, bytes});
+    return make_tensor_ref(f.tensors.size() - 1);
+  }
+
+  // A step (tensor or number) into `f`; nullptr when `v` is neither.
+  ValuePtr step_value(UniversalFile& f, const Value& v) const {
+    if (auto index = tensor_ref_index(v)) {
+      if (model_.tensors.at(*index).numel() != 1) return nullptr;
+      return add(f, *index);
+    }
+    if (v.is(Kind::kInt)) return add_literal(f, double(v.int_value));
+    if (v.is(Kind::kFloat)) return add_literal(f, v.float_value);
+    return nullptr;
+  }
+
+  // zero/<name>/: fp32.pt, one <key>.pt per state of the parameter's shape, step.pt.
+  void param_files(UniversalPlan& out, const std::string& name, std::size_t param, const ValuePtr& state_entry) {
+    const Value& state = *mapping_of(state_entry);
+    const Shape& shape = model_.tensors.at(param).shape;
+    auto sliced = [&](const std::string& key, std::size_t index) {
+      UniversalFile f = file("zero/" + name + "/" + key + ".pt");
+      ValuePtr ref = add(f, index);
+      f.root = Value::dict({{Value::str("cat_dim"), Value::integer(0)}, {Value::str("param"), ref}});
+      push(out, std::move(f));
+    };
+    sliced("fp32", param);
+    if (!state.is(Kind::kDict)) fail_invalid(model_.source + ": optim.state." + name + " is not a dict");
+    for (const auto& [k, v] : state.entries) {
+      const std::string key = path_component(*k);
+      require_component(key, "optimizer state key of '" + name + "'");
+      if (v->is(Kind::kNone)) continue;  // SGD's momentum_buffer before the first step
+      if (key == "step") {
+        UniversalFile f = file("zero/" + name + "/step.pt");
+        f.root = step_value(f, *v);
+        if (!f.root) fail_invalid(model_.source + ": optim.state." + name + ".step is not a number");
+        push(out, std::move(f));
+        continue;
+      }
+      auto index = tensor_ref_index(*v);
+      if (key == "fp32" || !index || model_.tensors.at(*index).shape != shape)
+        fail_invalid(
+            model_.source + ": optim.state." + name + "." + key +
+            (index ? " has shape " + shape_str(model_.tensors.at(*index).shape) + ", the parameter " + shape_str(shape)
+                   : std::string(" is not a tensor")) +
+            ": a universal checkpoint holds per-parameter states of the parameter's shape");
+      sliced(key, *index);
+    }
+  }
+
+  // The step of group g: its first parameter's.
+  const Value* group_step(const Value& group, const Value& state) const {
+    ValuePtr params = group.is(Kind::kDict) ? group.get("params") : nullptr;
+    if (!params) return nullptr;
+    for (const auto& p : params->as_sequence()) {
+      if (!p->is(Kind::kStr)) continue;
+      ValuePtr s = state.get(p->text);
+      if (!s) continue;
+      ValuePtr m = mapping_of(s);
+      if (ValuePtr step = m->is(Kind::kDict) ? m->get("step") : nullptr) return step.get();
+    }
+    return nullptr;
+  }
+
+  // Hyper-parameters of every group, 'params' replaced by the group's index
+  // (what ds_to_universal writes; ZeRO-1/2 assign each group its own).
+  UniversalFile optimizer_state(const ValuePtr& groups, const Value& state) const {
+    UniversalFile f = file("zero/optimizer_state.pt");
+    auto param_groups = Value::list({});
+    auto steps = Value::dict();
+    const auto& seq = groups->as_sequence();
+    for (std::size_t g = 0; g < seq.size(); ++g) {
+      ValuePtr group = mapping_of(seq[g]);
+      if (!group->is(Kind::kDict))
+        fail_invalid(model_.source + ": optim.param_groups." + std::to_string(g) + " is not a dict");
+      auto copy = Value::dict();
+      for (const auto& [k, v] : group->entries) {
+        if (k->is(Kind::kStr) && k->text == "params") continue;
+        if (!plain(*v)) continue;  // hyper-parameters are numbers, bools, tuples, None
+        copy->entries.emplace_back(k, v);
+      }
+      copy->entries.emplace_back(Value::str("params"), Value::list({Value::integer(int64_t(g))}));
+      param_groups->items.push_back(copy);
+      if (const Value* step = group_step(*group, state))
+        if (ValuePtr ref = step_value(f, *step))
+          steps->entries.emplace_back(Value::integer(int64_t(g)), Value::dict({{Value::str("step"), ref}}));
+    }
+    // ZeRO-3 takes its step from state[0] and every group's hyper-parameters
+    // from param_groups[0] of optimizer_state_dict, as with ds_to_universal's output.
+    auto osd = Value::dict({{Value::str("state"), steps}, {Value::str("param_groups"), param_groups}});
+    f.root = Value::dict({{Value::str("ds_version"), Value::str(ds_version())},
+                          {Value::str("param_groups"), param_groups},
+                          {Value::str("optimizer_state_dict"), osd}});
+    return f;
+  }
+
+  static bool plain(const Value& v) {
+    if (v.is(Kind::kInt) || v.is(Kind::kFloat) || v.is(Kind::kBool) || v.is(Kind::kNone) || v.is(Kind::kStr))
+      return true;
+    if (v.is(Kind::kTuple) || v.is(Kind::kList)) {
+      for (const auto& item : v.items)
+        if (!plain(*item)) return false;
+      return true;
+    }
+    return false;
+  }
+
+  std::string ds_version() const {
+    auto it = model_.facts.find("ds_version");
+    return it != model_.facts.end() && !it->second.empty() ? it->second : kDsVersion;
+  }
+
+  // `v` with its tensor references renumbered into f's tensors (dtype kept).
+  ValuePtr carry(UniversalFile& f, const ValuePtr& v, std::map<const Value*, ValuePtr>& done) const {
+    if (auto it = done.find(v.get()); it != done.end()) return it->second;
+    ValuePtr out;
+    if (auto index = tensor_ref_index(*v)) {
+      out = add(f, *index, std::nullopt);
+    } else {
+      out = std::make_shared<Value>(*v);
+      for (auto& item : out->items) item = carry(f, item, done);
+      for (auto& [key, value] : out->entries) value = carry(f, value, done);
+      if (out->args) out->args = carry(f, out->args, done);
+      if (out->object) out->object = carry(f, out->object, done);
+      if (out->state) out->state = carry(f, out->state, done);
+    }
+    done.emplace(v.get(), out);
+    return out;
+  }
+
+  // What the engine reads from the model-states file with load_universal
+  // (engine.py _load_checkpoint): dp_world_size, mp_world_size,
+  // global_steps, skipped_steps, global_samples (optional), lr_scheduler
+  // (when the engine has one); every other entry comes back as client state.
+  UniversalFile model_states(const ValuePtr& root, const std::string& name) const {
+    UniversalFile f = file(name);
+    std::map<const Value*, ValuePtr> done;
+    auto d = Value::dict();
+    auto put = [&](const std::string& key, ValuePtr v) { d->entries.emplace_back(Value::str(key), std::move(v)); };
+    auto count = [&](const char* key) -> ValuePtr {
+      ValuePtr v = root->get(key);
+      return v && v->is(Kind::kInt) ? v : nullptr;
+    };
+    if (ValuePtr s = root->get("lr_scheduler"); s && !s->is(Kind::kNone)) put("lr_scheduler", carry(f, s, done));
+    put("dp_world_size", Value::integer(world_size_));
+    put("mp_world_size", Value::integer(1));
+    put("global_steps", count("global_steps") ? count("global_steps") : Value::integer(0));
+    put("skipped_steps", count("skipped_steps") ? count("skipped_steps") : Value::integer(0));
+    if (ValuePtr v = count("global_samples")) put("global_samples", v);
+    put("ds_version", Value::str(ds_version()));
+    // Client state: DeepSpeed merges save_checkpoint(client_state=...) into
+    // the file's top level; other sources' extra entries go there too.
+    if (ValuePtr client = root->get("client_state"); client && mapping_of(client)->is(Kind::kDict))
+      for (const auto& [k, v] : mapping_of(client)->entries) d->entries.emplace_back(k, carry(f, v, done));
+    for (const auto& [k, v] : root->entries)
+      if (!k->is(Kind::kStr) || !engine_entries().count(k->text)) d->entries.emplace_back(k, carry(f, v, done));
+    f.root = d;
+    return f;
+  }
+
+  const CheckpointModel& model_;
+  int world_size_;
+};
+
+}  // namespace
+
+UniversalPlan plan_universal(const CheckpointModel& model, int source_world_size) {
+  return Planner(model, source_world_size).plan();
+}
+
+}  // namespace ckpt::ds_universal

@@ -1,0 +1,273 @@
+"""`reshard --layout deepspeed-universal`: DeepSpeed universal checkpoints (UCP).
+
+Against what real DeepSpeed 0.19.8 writes and loads:
+
+- per file, ckptconv's UCP of each ZeRO fixture (testdata/zero/<case>, real
+  engines) against ``ds_to_universal.py``'s output of the same checkpoint
+  (testdata/ucp/<case>, tools/make_ucp_checkpoints.py): the same files, every
+  tensor equal, except the differences docs/deepspeed.md lists;
+- a real DeepSpeed engine with ``load_universal`` loads ckptconv's UCP at
+  another world size (tests/ds_universal_load.py, in the DeepSpeed side
+  environment; skipped without it, as in CI): fp32 masters, AdamW moments and
+  step bit-equal the source engine's live values (reference_live.pt), and the
+  next two steps bit-equal those of an engine that loaded ds_to_universal's
+  output at that world size (same machine, same run);
+- a ZeRO checkpoint migrated through DCP, and one consolidated to a .pt
+  first, give the same UCP tensors as the direct conversion;
+- what cannot be written is refused before anything is (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+DS_PY = REPO / ".venv-deepspeed" / "bin" / "python"
+TAG = "global_step3_universal"
+TRAINABLE = ["out_bias", "l1.weight", "l1.bias", "l2.weight", "head.weight"]
+CASES = ["z1_fp16_ws2", "z2_bf16_ws2", "z2_2groups_ws2", "z2_fp32_ws3", "z3_bf16_ws2", "z3_fp32_ws2",
+         "z3_2groups_ws2"]
+
+needs_deepspeed = pytest.mark.skipif(not DS_PY.exists(),
+                                     reason="no .venv-deepspeed (scripts/setup-deepspeed): the real-engine "
+                                            "load tests need DeepSpeed, which CI does not install")
+
+
+def load(p: Path):
+    return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def tensor_of(v):
+    return v["param"] if isinstance(v, dict) else v
+
+
+def write_ucp(run_ckptconv, src: Path, root: Path, *extra) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / TAG
+    r = run_ckptconv("reshard", str(src), "-o", str(out), "--layout", "deepspeed-universal", *extra)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_files_match_ds_to_universal(case, testdata, tmp_path, run_ckptconv):
+    ours = write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path)
+    theirs = testdata / "ucp" / case / TAG
+    assert (tmp_path / "latest_universal").read_bytes() == TAG.encode()
+    stage3 = case.startswith("z3")
+    ref = torch.load(testdata / "zero" / case / "reference_live.pt", weights_only=False)
+    got = {str(p.relative_to(ours)) for p in ours.rglob("*") if p.is_file()}
+    want = {str(p.relative_to(theirs)) for p in theirs.rglob("*") if p.is_file()}
+    # Model states: ckptconv writes both names every stage loads from
+    # (ZeRO-1/2 read mp_rank_00, ZeRO-3 zero_pp_rank_0), DeepSpeed copies the
+    # source's (ZeRO-3: one per source rank).
+    states = {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"}
+    assert states <= got
+    got_zero = {f for f in got if f.startswith("zero/")}
+    want_zero = {f for f in want if f.startswith("zero/")}
+    if stage3:
+        # ds_to_universal's ZeRO-3 path writes trainable params only and no
+        # step.pt (the step is in optimizer_state.pt); ckptconv writes the
+        # ZeRO-1/2 tree, which both paths load.
+        assert want_zero < got_zero
+        extra = got_zero - want_zero
+        assert extra == {f"zero/{n}/step.pt" for n in TRAINABLE} | {
+            "zero/frozen.weight/fp32.pt", "zero/head_tied.weight/fp32.pt", "zero/scale/fp32.pt"}
+    else:
+        assert got_zero == want_zero
+    compared = 0
+    for f in sorted(want_zero - {"zero/optimizer_state.pt"}):
+        a, b = load(ours / f), load(theirs / f)
+        ta, tb = tensor_of(a), tensor_of(b)
+        assert ta.dtype == tb.dtype == torch.float32, f
+        if not stage3 and f.endswith(("fp32.pt", "exp_avg.pt", "exp_avg_sq.pt")):
+            assert list(a) == list(b), f  # {'cat_dim': 0, 'param': ...}, or {'param': ...}
+        if f == "zero/head_tied.weight/fp32.pt":
+            # DeepSpeed writes the tied alias's low-precision module value cast
+            # to fp32; ckptconv the owner's fp32 master. No loader reads it.
+            assert torch.equal(ta, tensor_of(load(ours / "zero/head.weight/fp32.pt"))), f
+            assert torch.equal(tb, ref["lp"]["head.weight"].float()), f
+            continue
+        assert torch.equal(ta.reshape(-1), tb.reshape(-1)), f
+        compared += 1
+    assert compared >= 3 * len(TRAINABLE)
+    for n in TRAINABLE:
+        assert torch.equal(tensor_of(load(ours / f"zero/{n}/fp32.pt")), ref["model"][n]), n
+        assert torch.equal(load(ours / f"zero/{n}/step.pt"), ref["optim"][n]["step"].float()), n
+    osd = load(ours / "zero" / "optimizer_state.pt")
+    def hyper(g):  # reference_live.pt keeps betas as a list, torch as a tuple
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in g.items() if k != "params"}
+
+    assert [hyper(g) for g in osd["param_groups"]] == [hyper(g) for g in ref["param_groups"]]
+    assert [g["params"] for g in osd["param_groups"]] == [[i] for i in range(len(ref["param_groups"]))]
+    assert osd["optimizer_state_dict"]["param_groups"] == osd["param_groups"]
+    assert osd["optimizer_state_dict"]["state"][0]["step"].item() == 3.0
+    ms = load(ours / "mp_rank_00_model_states.pt")
+    assert ms["dp_world_size"] == int(case[-1]) and ms["mp_world_size"] == 1
+    assert (ms["global_steps"], ms["skipped_steps"]) == (3, 0)
+
+
+def engine_load(load_root: Path, case: str, ws: int, out: Path) -> dict:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH="")
+    cmd = [str(DS_PY), str(REPO / "tests" / "ds_universal_load.py"), case, str(load_root), TAG, str(ws), str(out)]
+    if case.startswith("z3"):
+        cmd.append("--fix-z3-step")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return torch.load(out, weights_only=False)
+
+
+def assert_same_state(a: dict, b: dict, what: str) -> None:
+    assert sorted(a) == sorted(b), what
+    for n in a:
+        for k in ("fp32", "exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(a[n][k], b[n][k]), (what, n, k)
+
+
+def assert_loaded_is_reference(loaded: dict, ref: dict) -> None:
+    for n in TRAINABLE:
+        assert torch.equal(loaded[n]["fp32"], ref["model"][n]), n
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(loaded[n][k], ref["optim"][n][k]), (n, k)
+        assert loaded[n]["step"].item() == ref["optim"][n]["step"].item(), n
+
+
+# (case, world size loaded at): every stage and dtype, two param groups,
+# more and fewer ranks than the source had.
+RESUMES = [("z1_fp16_ws2", 3), ("z2_bf16_ws2", 3), ("z2_2groups_ws2", 1), ("z2_fp32_ws3", 2), ("z3_bf16_ws2", 3),
+           ("z3_fp32_ws2", 1), ("z3_2groups_ws2", 3)]
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("case,ws", RESUMES, ids=[f"{c}-to-ws{w}" for c, w in RESUMES])
+def test_engine_loads_at_new_world_size(case, ws, testdata, tmp_path, run_ckptconv):
+    write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path / "ours")
+    ours = engine_load(tmp_path / "ours", case, ws, tmp_path / "ours.pt")
+    theirs = engine_load(testdata / "ucp" / case, case, ws, tmp_path / "theirs.pt")
+    ref = torch.load(testdata / "zero" / case / "reference_live.pt", weights_only=False)
+    assert_loaded_is_reference(ours["loaded"], ref)
+    assert_same_state(ours["loaded"], theirs["loaded"], "loaded")
+    assert_same_state(ours["after"], theirs["after"], "after two steps")
+    assert ours["losses"] == theirs["losses"]
+    assert (ours["global_steps"], ours["skipped_steps"]) == (5, 0)
+
+
+@needs_deepspeed
+def test_engine_resume_at_same_world_size_matches_native_resume(testdata, tmp_path, run_ckptconv):
+    # reference_resume.pt: an engine that loaded the ZeRO checkpoint itself
+    # (tools/make_zero_resume_refs.py) and took the same two steps.
+    case = "z2_bf16_ws2"
+    write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path / "ours")
+    ours = engine_load(tmp_path / "ours", case, 2, tmp_path / "ours.pt")
+    native = torch.load(testdata / "zero" / case / "reference_resume.pt", weights_only=False)
+    for n in TRAINABLE:
+        assert torch.equal(ours["after"][n]["fp32"], native["model_after"][n]), n
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(ours["after"][n][k], native["optim_after"][n][k]), (n, k)
+    assert ours["losses"] == native["losses"]
+
+
+@needs_deepspeed
+def test_engine_restores_scheduler_counters_and_client_state(testdata, tmp_path, run_ckptconv):
+    case = "z2_sched_ws2"
+    write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path / "ours")
+    got = engine_load(tmp_path / "ours", case, 3, tmp_path / "ours.pt")
+    assert_loaded_is_reference(got["loaded"], torch.load(testdata / "zero" / case / "reference_live.pt",
+                                                         weights_only=False))
+    assert got["lr_scheduler"] == {"last_batch_iteration": 4}  # 2 at save, two more steps
+    assert (got["global_steps"], got["skipped_steps"]) == (5, 0)
+    assert got["global_samples"] == 24 + 2 * 4 * 3  # 24 at save, then 4 per rank per step on 3 ranks
+    for k, v in {"epoch": 2, "samples_seen": 96, "note": "resume-here"}.items():
+        assert got["client_state"][k] == v, k
+
+
+@needs_deepspeed
+def test_zero_through_dcp_to_universal(testdata, tmp_path, run_ckptconv):
+    # A DeepSpeed run migrated to DCP (what an FSDP2 job resumes from) and
+    # back: the DCP directory's UCP loads like the direct one.
+    case = "z3_bf16_ws2"
+    r = run_ckptconv("reshard", str(testdata / "zero" / case), "-o", str(tmp_path / "dcp"), "--world-size", "3",
+                     "--layout", "dcp")
+    assert r.returncode == 0, r.stderr
+    write_ucp(run_ckptconv, tmp_path / "dcp", tmp_path / "via_dcp")
+    write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path / "direct")
+    via = engine_load(tmp_path / "via_dcp", case, 2, tmp_path / "via.pt")
+    direct = engine_load(tmp_path / "direct", case, 2, tmp_path / "direct.pt")
+    assert_same_state(via["loaded"], direct["loaded"], "loaded")
+    assert_same_state(via["after"], direct["after"], "after two steps")
+
+
+def test_same_tensors_from_dcp_and_consolidated_pt(testdata, tmp_path, run_ckptconv):
+    case = "z2_2groups_ws2"
+    direct = write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path / "direct")
+    r = run_ckptconv("consolidate", str(testdata / "zero" / case), "-o", str(tmp_path / "full.pt"))
+    assert r.returncode == 0, r.stderr
+    via_pt = write_ucp(run_ckptconv, tmp_path / "full.pt", tmp_path / "via_pt")
+    r = run_ckptconv("reshard", str(testdata / "zero" / case), "-o", str(tmp_path / "dcp"), "--world-size", "3",
+                     "--layout", "dcp")
+    assert r.returncode == 0, r.stderr
+    via_dcp = write_ucp(run_ckptconv, tmp_path / "dcp", tmp_path / "via_dcp")
+    files = sorted(str(p.relative_to(direct)) for p in (direct / "zero").rglob("*.pt"))
+    assert len(files) == 5 * 4 + 3 + 1
+    for other in (via_pt, via_dcp):
+        assert sorted(str(p.relative_to(other)) for p in (other / "zero").rglob("*.pt")) == files
+        for f in files:
+            if f == "zero/optimizer_state.pt":  # equal values; the pickle may memoize differently
+                a, b = load(other / f), load(direct / f)
+                assert a["param_groups"] == b["param_groups"], other
+                assert a["optimizer_state_dict"]["state"] == b["optimizer_state_dict"]["state"], other
+                continue
+            # the per-parameter files hold only copied bytes: byte-identical
+            assert (other / f).read_bytes() == (direct / f).read_bytes(), (other, f)
+
+
+def test_python_int_step_and_refusals(tmp_path, run_ckptconv):
+    w = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    sd = {"model": {"w": w, "b": torch.ones(3)},
+          "optim": {"state": {"w": {"step": 7, "exp_avg": torch.full((2, 3), 0.5),
+                                    "exp_avg_sq": torch.full((2, 3), 0.25)}},
+                    "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99), "params": ["w"]}]},
+          "epoch": 4}
+    torch.save(sd, tmp_path / "full.pt")
+    out = write_ucp(run_ckptconv, tmp_path / "full.pt", tmp_path / "ok")
+    step = load(out / "zero/w/step.pt")
+    assert step.dtype == torch.float32 and step.dim() == 0 and step.item() == 7.0
+    fp32 = load(out / "zero/w/fp32.pt")
+    assert list(fp32) == ["cat_dim", "param"] and fp32["param"].dtype == torch.float32
+    assert torch.equal(fp32["param"], w.float())
+    assert torch.equal(load(out / "zero/b/fp32.pt")["param"], torch.ones(3))  # no optimizer state: fp32 only
+    osd = load(out / "zero/optimizer_state.pt")
+    assert osd["param_groups"] == [{"lr": 0.1, "betas": (0.9, 0.99), "params": [0]}]
+    ms = load(out / "mp_rank_00_model_states.pt")
+    assert ms["epoch"] == 4 and ms["dp_world_size"] == 1 and ms["global_steps"] == 0  # client state at top level
+
+    def refused(src: Path, *extra, why: str) -> None:
+        dest = tmp_path / "refused" / TAG
+        dest.parent.mkdir(exist_ok=True)
+        r = run_ckptconv("reshard", str(src), "-o", str(dest), "--layout", "deepspeed-universal", *extra)
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert why in r.stderr, r.stderr
+        assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
+
+    refused(tmp_path / "full.pt", "--only", "model", why="training state dict with 'model' and 'optim'")
+    refused(tmp_path / "full.pt", "--dtype", "bf16", why="fp32 masters")
+    hostile = {"model": {"../escape": torch.ones(2)},
+               "optim": {"state": {"../escape": {"exp_avg": torch.ones(2)}}, "param_groups": [{"params": ["../escape"]}]}}
+    torch.save(hostile, tmp_path / "hostile.pt")
+    refused(tmp_path / "hostile.pt", why="cannot be a file or folder name")
+    by_index = {"model": {"w": torch.ones(2)},
+                "optim": {"state": {0: {"exp_avg": torch.ones(2)}}, "param_groups": [{"params": [0]}]}}
+    torch.save(by_index, tmp_path / "by_index.pt")
+    refused(tmp_path / "by_index.pt", why="keyed by parameter index")
+    wrong_shape = {"model": {"w": torch.ones(2)},
+                   "optim": {"state": {"w": {"exp_avg": torch.ones(3)}}, "param_groups": [{"params": ["w"]}]}}
+    torch.save(wrong_shape, tmp_path / "wrong_shape.pt")
+    refused(tmp_path / "wrong_shape.pt", why="has shape (3,), the parameter (2,)")
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
+    shutil.rmtree(tmp_path / "ok")
