@@ -256,6 +256,8 @@ def test_python_int_step_and_refusals(tmp_path, run_ckptconv):
         assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
 
     refused(tmp_path / "full.pt", "--only", "model", why="training state dict with 'model' and 'optim'")
+    r = run_ckptconv("reshard", str(tmp_path / "full.pt"), "-o", str(tmp_path / "x"), "--layout", "dcp")
+    assert r.returncode == 2 and "--world-size N is required" in r.stderr, r.stderr  # only UCP needs none
     refused(tmp_path / "full.pt", "--dtype", "bf16", why="fp32 masters")
     hostile = {"model": {"../escape": torch.ones(2)},
                "optim": {"state": {"../escape": {"exp_avg": torch.ones(2)}}, "param_groups": [{"params": ["../escape"]}]}}

@@ -17,10 +17,14 @@ in one report comes from the same run on the same warm page cache.
     python tools/bench.py zero --ckpt ZERO2_DIR --ckpt ZERO3_DIR --work DIR --ckptconv BIN --ds-python PY
         (ckptconv consolidate --only model against DeepSpeed's zero_to_fp32, run by PY,
         a Python with DeepSpeed installed; checkpoints by tools/make_zero_bench.py)
+    python tools/bench.py ucp --ckpt ZERO2_DIR --ckpt ZERO3_DIR --work DIR --ckptconv BIN --ds-python PY
+        (ckptconv reshard --layout deepspeed-universal against DeepSpeed's ds_to_universal.py:
+        wall time, peak RSS and peak extra disk, and every tensor of the two outputs compared)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -371,6 +375,115 @@ def zero(args) -> None:
         print()
 
 
+class DiskPeak:
+    """Peak bytes used on a filesystem above what was used when started,
+    sampled every 50 ms in a thread: a converter's scratch files count even
+    when it deletes them before it exits."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+        self.path, self.peak, self._stop = path, 0, threading.Event()
+        self._base = self._used()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _used(self) -> int:
+        st = os.statvfs(self.path)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, self._used() - self._base)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._used() - self._base)
+
+
+def compare_ucp(ours: Path, theirs: Path) -> str:
+    """Every tensor file ds_to_universal wrote, bit for bit, in ckptconv's tree
+    (ZeRO-3's flat 1-D tensors against ckptconv's full-shape ones, by
+    elements; the tied-alias and optimizer_state.pt files are not tensors of
+    the model and are skipped; tests/test_ds_universal.py checks them)."""
+    import torch
+    files = [p.relative_to(theirs) for p in tree_files(theirs / "zero") if p.name != "optimizer_state.pt"]
+    differ, missing, n = [], [], 0
+    for f in files:
+        if not (ours / f).is_file():
+            missing.append(str(f))
+            continue
+        a = torch.load(ours / f, map_location="cpu", mmap=True, weights_only=True)
+        b = torch.load(theirs / f, map_location="cpu", mmap=True, weights_only=False)
+        a, b = (v["param"] if isinstance(v, dict) else v for v in (a, b))
+        n += b.numel()
+        if not bits_equal(a.reshape(-1), b.reshape(-1)):
+            differ.append(str(f))
+    if missing or differ:
+        return f"DIFFER: {len(differ)} of {len(files)} files differ {differ[:5]}, {len(missing)} missing {missing[:5]}"
+    return f"agree: all {len(files)} tensor files of ds_to_universal's output ({n / 1e6:.1f}M elements) bit-equal"
+
+
+def ucp(args) -> None:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    ds_env = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1"}
+    for ckpt in map(Path, args.ckpt):
+        tag = (ckpt / "latest").read_text().strip()
+        files = [p for p in tree_files(ckpt) if p.name != "bench.json"]
+        size = sum(p.stat().st_size for p in files)
+        names = " ".join(str(p) for p in files)
+        ours, theirs = work / "ucp-ckptconv" / f"{tag}_universal", work / "ucp-ds" / f"{tag}_universal"
+        for d in (ours.parent, theirs.parent):
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+        for p in files:  # warm cache, as for every row
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+        results, disk = {}, {}
+        results["raw read (cat>/dev/null)"] = run_measured(["sh", "-c", f"cat {names} > /dev/null"])
+        for name, extra in (("ckptconv universal", []), ("  ... --no-fsync", ["--no-fsync"])):
+            shutil.rmtree(ours, ignore_errors=True)
+            with DiskPeak(work) as peak:
+                results[name] = run_measured([args.ckptconv, "-q", "reshard", str(ckpt), "-o", str(ours),
+                                              "--layout", "deepspeed-universal", *extra])
+            disk[name] = peak.peak
+        # DeepSpeed's converter with its default worker counts; --inject_missing_state:
+        # engine.save_checkpoint without a UCP-aware model writes no universal_checkpoint_info.
+        with DiskPeak(work) as peak:
+            results["ds_to_universal.py"] = run_measured(
+                [args.ds_python, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt / tag),
+                 "--output_folder", str(theirs), "--inject_missing_state"], env=ds_env)
+        disk["ds_to_universal.py"] = peak.peak
+        out_size = sum(p.stat().st_size for p in tree_files(theirs))
+        ours_size = sum(p.stat().st_size for p in tree_files(ours))
+        agree = compare_ucp(ours, theirs)
+        info = json.loads((ckpt / "bench.json").read_text()) if (ckpt / "bench.json").is_file() else {}
+        print(f"checkpoint: {ckpt} (ZeRO-{info.get('stage', '?')} {info.get('dtype', '')} ws "
+              f"{info.get('world_size', '?')}; {size / 1e9:.2f} GB, {len(files)} files); universal checkpoint: "
+              f"{out_size / 1e9:.2f} GB (ds_to_universal), {ours_size / 1e9:.2f} GB (ckptconv)")
+        print(f"{'command':<26} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12} {'peak disk GB':>13}")
+        for name, (wall, rss) in results.items():
+            d = f"{disk[name] / 1e9:13.2f}" if name in disk else f"{'':>13}"
+            print(f"{name:<26} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f} {d}")
+        (ct, cr), (nt, _), (dt, dr) = (results[k] for k in ("ckptconv universal", "  ... --no-fsync",
+                                                             "ds_to_universal.py"))
+        print(f"ratios: ds_to_universal/ckptconv = {dt / ct:.2f} (target >= 5; {dt / nt:.2f} against --no-fsync), "
+              f"ckptconv/raw read = {ct / results['raw read (cat>/dev/null)'][0]:.2f}")
+        print(f"peak RSS: ckptconv {cr / 1e6:.1f} MB (target <= 256 MB), ds_to_universal {dr / 1e6:.1f} MB "
+              "(its parent process; the worker pools are children: GNU time reports the largest one)")
+        print(f"peak extra disk: ckptconv {disk['ckptconv universal'] / 1e9:.2f} GB for a {ours_size / 1e9:.2f} GB "
+              f"output, ds_to_universal {disk['ds_to_universal.py'] / 1e9:.2f} GB for {out_size / 1e9:.2f} GB")
+        print(f"outputs: {agree}")
+        print()
+        shutil.rmtree(ours.parent)
+        shutil.rmtree(theirs.parent)
+
+
 def make_hf_folder(d: Path, size: int) -> None:
     """A model of about `size` bytes of float32 (square matrices of 2048 rows
     and a few vectors) as save_pretrained leaves it: safetensors' save_file
@@ -482,12 +595,18 @@ def main() -> None:
     z.add_argument("--work", required=True)
     z.add_argument("--ckptconv", required=True)
     z.add_argument("--ds-python", required=True, help="a Python that can import deepspeed")
+    u = sub.add_parser("ucp")
+    u.add_argument("--ckpt", required=True, action="append", help="a ZeRO checkpoint folder (repeatable)")
+    u.add_argument("--work", required=True)
+    u.add_argument("--ckptconv", required=True)
+    u.add_argument("--ds-python", required=True, help="a Python that can import deepspeed")
     h = sub.add_parser("hf")
     h.add_argument("--bytes", default="2e9", help="the Hugging Face folder's size (default 2e9)")
     h.add_argument("--work", required=True)
     h.add_argument("--ckptconv", required=True)
     args = ap.parse_args()
-    {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "hf": hf}[args.cmd](args)
+    {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "ucp": ucp,
+     "hf": hf}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ void register_reshard(CLI::App& app) {
       .force = "Replace an existing output directory"};
   bind_common(sub, req->common, kSource | kFiles, help);
   sub->add_option("-o,--output", req->output, "Output directory")->required()->group(kOutputGroup);
-  sub->add_option("--world-size", req->world_size,
-                  "Number of ranks to write (required, except for deepspeed-universal, which loads at any)")
-      ->group(kOutputGroup);
+  CLI::Option* world_size =
+      sub->add_option("--world-size", req->world_size,
+                      "Number of ranks to write (required, except for deepspeed-universal, which loads at any)")
+          ->group(kOutputGroup);
   sub->add_option(
          "--layout", req->layout,
          "dcp (one __<r>_0.distcp per rank + .metadata), hf (torch's DCP Hugging Face layout: one "
@@ -61,7 +62,10 @@ void register_reshard(CLI::App& app) {
       "size or memory limit hit; 5 installation problem or internal error; 130/143/129 stopped by\n"
       "SIGINT/SIGTERM/SIGHUP (nothing written).",
       kSourceKinds);
-  add_runner(sub, [req] { return jobs::run_reshard(*req, std::cout).exit_code; });
+  add_runner(sub, [req, world_size] {
+    req->world_size_given = world_size->count() > 0;
+    return jobs::run_reshard(*req, std::cout).exit_code;
+  });
 }
 
 }  // namespace ckpt::cli

@@ -18,7 +18,9 @@ struct ReshardRequest {
   CommonOptions common;
   std::string output;
   int world_size = 0;
-  std::string layout;                       // dcp | fsdp-sharded-tensor | fsdp-dtensor; empty: the source's own
+  bool world_size_given = true;  // the command line had --world-size (deepspeed-universal needs none)
+  // dcp | hf | fsdp-sharded-tensor | fsdp-dtensor | accelerate | deepspeed-universal; empty: the source's own
+  std::string layout;
   std::string mesh_device;                  // DTensor layout: the mesh's device type; empty: the source's, else cpu
   std::vector<std::string> mesh_dim_names;  // and its dimension name (veRL: fsdp); empty: the source's, else none
   std::string part;                         // --part I/N|auto|finalize: this process's share (exec/parted_output.h)
