@@ -1,0 +1,58 @@
+// The pickled files of DeepSpeed checkpoints, decoded for the readers of
+// ZeRO checkpoints (zero_reader.cc) and universal checkpoints
+// (formats/ds_universal/): each file with the quarantine policy (a script's
+// own objects in client_state are recorded, never called, and refused or,
+// under --only, dropped by entry), element ranges of flat partitions as
+// chunks, and the training state a job resumes its schedule from.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "core/problems.h"
+#include "model/checkpoint_model.h"
+
+namespace ckpt::zero {
+
+// One decoded .pt: its tree and the tensors it references.
+struct Decoded {
+  std::string path;
+  int rank = -1;
+  pickle::ValuePtr root;
+  std::vector<TensorEntry> tensors;
+
+  const TensorEntry& tensor(const pickle::Value& ref, const std::string& what) const {
+    auto idx = tensor_ref_index(ref);
+    if (!idx) fail_data_loss(what + " is not a tensor");
+    return tensors.at(*idx);
+  }
+};
+
+// `path` (of `rank`, -1 when none) decoded; its root must be a dict. An
+// entry holding a global the checkpoint policy does not know is refused
+// (exit 3) naming it, unless `only` is set and the entry is none a reader
+// uses: then it is dropped with a warning.
+Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only);
+
+// The dict of a value (an OrderedDict with attributes is BUILD on it).
+const pickle::Value& as_dict(const pickle::Value& v);
+// v[key]; DataLoss naming `file` when absent.
+pickle::ValuePtr at(const pickle::Value& v, std::string_view key, const std::string& file);
+
+// Adds to `out` the chunks holding its flattened elements [begin, begin+n),
+// read from `src` (a flat 1-D partition) from its element `src_elem`.
+void add_range(TensorEntry& out, const TensorEntry& src, uint64_t src_elem, uint64_t begin, uint64_t n, int rank,
+               const std::string& what);
+
+// Tensor `ref` of `d` appended to `model` under `name`; its index.
+std::size_t copy_tensor(CheckpointModel& model, const Decoded& d, const pickle::Value& ref, const std::string& name);
+
+// lr_scheduler, global_steps, global_samples, skipped_steps and
+// client_state from the model-states file `m0`, appended to model.root.
+void add_training_state(CheckpointModel& model, const Decoded& m0);
+
+}  // namespace ckpt::zero
