@@ -21,9 +21,9 @@ load_lr_scheduler_states=True)``. Rank 0 writes OUT.pt::
      "lr_scheduler": the engine scheduler's state_dict() or None,
      "client_state": what load_checkpoint returned, plain values only}
 
-Values are gathered as tools/make_zero_checkpoints.py gathers them: ZeRO-1/2
-from the live flat partitions (live_flat_gather; DeepSpeed's
-safe_get_full_* helpers are wrong for param groups >= 1 there), ZeRO-3 with
+Values are gathered by tools/make_zero_resume_refs.py's gather_trainable:
+ZeRO-1/2 from the live flat partitions (DeepSpeed's safe_get_full_* helpers
+are wrong for param groups >= 1 there), ZeRO-3 with
 safe_get_full_fp32_param / safe_get_full_optimizer_state.
 
 DeepSpeed 0.19.8's ZeRO-3 universal load gives every sub-group the same step
@@ -47,28 +47,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import make_zero_checkpoints as gen  # noqa: E402
+from make_zero_resume_refs import gather_trainable  # noqa: E402
 
 STEPS_AFTER = (3, 4)
-
-
-def gather(engine, cls: str, stage: int, group_names):
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-    named = dict(engine.module.named_parameters())
-    fqn_of = {id(p): n for n, p in named.items()}
-    group_of = {n: gi for gi, names in enumerate(group_names) for n in names}
-    if stage < 3:
-        out = gen.live_flat_gather(engine, cls, fqn_of)
-        return {n: {k: v.clone() for k, v in out[n].items()} for n in gen.TRAINABLE}
-    out = {}
-    for n in gen.TRAINABLE:
-        p = named[n]
-        vals = {"fp32": safe_get_full_fp32_param(p)}
-        for k in ("exp_avg", "exp_avg_sq"):
-            vals[k] = safe_get_full_optimizer_state(p, k)
-        vals = {k: v.detach().clone().float().view(p.ds_shape) for k, v in vals.items()}
-        vals["step"] = gen.step_of(engine, cls, group_of[n], p)
-        out[n] = vals
-    return out
 
 
 def job(rank: int, ws: int, name: str, load_dir: str, tag: str, out: str, fix_z3_step: bool) -> None:
@@ -85,7 +66,7 @@ def job(rank: int, ws: int, name: str, load_dir: str, tag: str, out: str, fix_z3
         for p in engine.optimizer.fp32_partitioned_groups_flat:
             if "step" in base.state[p]:
                 base.state[p]["step"] = base.state[p]["step"].clone()
-    loaded = gather(engine, cls, c["stage"], group_names)
+    loaded = gather_trainable(engine, c, cls, group_names)
     lp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[c["dtype"]]
     losses = []
     for step in STEPS_AFTER:
@@ -95,7 +76,7 @@ def job(rank: int, ws: int, name: str, load_dir: str, tag: str, out: str, fix_z3
         per_rank = [None] * ws
         dist.all_gather_object(per_rank, float(loss))
         losses.append(per_rank)
-    after = gather(engine, cls, c["stage"], group_names)
+    after = gather_trainable(engine, c, cls, group_names)
     if rank == 0:
         torch.save({
             "loaded": loaded, "after": after, "losses": losses,

@@ -19,6 +19,7 @@ Against what real DeepSpeed 0.19.8 writes and loads:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -273,3 +274,108 @@ def test_python_int_step_and_refusals(tmp_path, run_ckptconv):
     refused(tmp_path / "wrong_shape.pt", why="has shape (3,), the parameter (2,)")
     assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
     shutil.rmtree(tmp_path / "ok")
+
+
+# ---- reading universal checkpoints ----
+
+@pytest.mark.parametrize("case", CASES)
+def test_reads_ds_to_universal_output_equal_to_its_zero_source(case, testdata, run_ckptconv):
+    # model (trainable masters, frozen parameters and buffers as saved, tied
+    # aliases), optimizer state, param_groups, counters and client state
+    r = run_ckptconv("diff", str(testdata / "zero" / case), str(testdata / "ucp" / case))
+    assert r.returncode == 0 and r.stdout.strip().endswith("equal"), r.stdout + r.stderr
+    r = run_ckptconv("validate", str(testdata / "ucp" / case), "--finite", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["format"] == "deepspeed-universal" and report["status"] == "valid"
+
+
+@pytest.mark.parametrize("case", CASES + ["z2_sched_ws2"])
+def test_reads_own_output_equal_to_its_source(case, testdata, tmp_path, run_ckptconv):
+    write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path)
+    # Frozen parameters are written as fp32 (fp32.pt, as ds_to_universal
+    # does); the source keeps them in their low-precision dtype: equal
+    # values, another dtype. Everything else is equal as is.
+    r = run_ckptconv("diff", str(testdata / "zero" / case), str(tmp_path), "--ignore-dtype")
+    assert r.returncode == 0 and r.stdout.strip().endswith("equal"), r.stdout + r.stderr
+    r = run_ckptconv("diff", str(testdata / "zero" / case), str(tmp_path), "--json")
+    differ = [t["path"] for t in json.loads(r.stdout)["tensors"] if not t["equal"]]
+    assert differ in ([], ["model.frozen.weight"]), differ
+    # consolidated, torch reads it; a universal checkpoint resharded to DCP keeps every tensor
+    r = run_ckptconv("consolidate", str(tmp_path), "-o", str(tmp_path / "full.pt"))
+    assert r.returncode == 0, r.stderr
+    full = torch.load(tmp_path / "full.pt", weights_only=True)
+    ref = torch.load(testdata / "zero" / case / "reference_live.pt", weights_only=False)
+    for n in TRAINABLE:
+        assert torch.equal(full["model"][n], ref["model"][n]), n
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(full["optim"]["state"][n][k], ref["optim"][n][k]), (n, k)
+    assert full["global_steps"] == 3
+    r = run_ckptconv("reshard", str(tmp_path), "-o", str(tmp_path / "dcp"), "--world-size", "2", "--layout", "dcp")
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("diff", str(tmp_path / "dcp"), str(tmp_path / "full.pt"))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_universal_to_universal_by_default(testdata, tmp_path, run_ckptconv):
+    # a universal checkpoint's own layout is the default: rewritten, same files
+    r = run_ckptconv("reshard", str(testdata / "ucp" / "z2_2groups_ws2"), "-o", str(tmp_path / TAG))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "latest_universal").read_bytes() == TAG.encode()
+    r = run_ckptconv("diff", str(testdata / "ucp" / "z2_2groups_ws2"), str(tmp_path), "--ignore-dtype")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def copy_ucp(testdata: Path, dest: Path, case: str = "z2_bf16_ws2") -> Path:
+    shutil.copytree(testdata / "ucp" / case, dest)
+    return dest / TAG
+
+
+def test_damaged_universal_checkpoints_are_refused(testdata, tmp_path, run_ckptconv):
+    # truncated: exit 3 naming the file, nothing written
+    tag = copy_ucp(testdata, tmp_path / "trunc")
+    f = tag / "zero" / "l1.weight" / "exp_avg.pt"
+    f.write_bytes(f.read_bytes()[:300])
+    r = run_ckptconv("consolidate", str(tmp_path / "trunc"), "-o", str(tmp_path / "out.pt"))
+    assert r.returncode == 3 and "l1.weight/exp_avg.pt" in r.stderr, r.stderr
+    assert not (tmp_path / "out.pt").exists()
+    r = run_ckptconv("validate", str(tmp_path / "trunc"))  # a problem found: exit 1, naming the file
+    assert r.returncode == 1 and "l1.weight/exp_avg.pt" in r.stdout and "INVALID" in r.stdout, r.stdout
+    # a flipped byte in a tensor: the zip CRC catches it
+    tag = copy_ucp(testdata, tmp_path / "flip")
+    f = tag / "zero" / "l2.weight" / "fp32.pt"
+    data = bytearray(f.read_bytes())
+    pos = data.index(b"fp32/data/0") + 200
+    data[pos] ^= 0xFF
+    f.write_bytes(bytes(data))
+    r = run_ckptconv("consolidate", str(tmp_path / "flip"), "-o", str(tmp_path / "out.pt"))
+    assert r.returncode == 3 and "l2.weight/fp32.pt" in r.stderr, r.stderr
+    assert not (tmp_path / "out.pt").exists()
+    # missing fp32.pt of a trainable parameter
+    tag = copy_ucp(testdata, tmp_path / "missing")
+    (tag / "zero" / "head.weight" / "fp32.pt").unlink()
+    r = run_ckptconv("consolidate", str(tmp_path / "missing"), "-o", str(tmp_path / "out.pt"))
+    assert r.returncode == 3 and "zero/head.weight/fp32.pt" in r.stderr, r.stderr
+    # a param file's pickle that names os.system is never called
+    tag = copy_ucp(testdata, tmp_path / "hostile")
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    buf = tag / "zero" / "l1.bias" / "exp_avg.pt"
+    torch.save({"cat_dim": 0, "param": Evil()}, buf, pickle_protocol=2)
+    r = run_ckptconv("consolidate", str(tmp_path / "hostile"), "-o", str(tmp_path / "out.pt"))
+    assert r.returncode == 3 and "system" in r.stderr and "l1.bias/exp_avg.pt" in r.stderr, r.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "out.pt").exists()
+    del pickle
+    # a symlinked parameter file pointing outside the checkpoint is refused
+    tag = copy_ucp(testdata, tmp_path / "link")
+    outside = tmp_path / "outside.pt"
+    shutil.copy(tag / "zero" / "out_bias" / "fp32.pt", outside)
+    (tag / "zero" / "out_bias" / "fp32.pt").unlink()
+    (tag / "zero" / "out_bias" / "fp32.pt").symlink_to(outside)
+    r = run_ckptconv("consolidate", str(tmp_path / "link"), "-o", str(tmp_path / "out.pt"))
+    assert r.returncode == 3 and "out_bias/fp32.pt" in r.stderr, r.stderr
+    assert not (tmp_path / "out.pt").exists()

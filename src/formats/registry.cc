@@ -29,6 +29,9 @@ const InputFormat& folder_format();
 namespace dcp_hf {
 const InputFormat& input_format();
 }
+namespace ds_universal {
+const InputFormat& input_format();
+}
 #ifdef CKPT_HAVE_HDF5
 namespace hdf5 {
 const InputFormat& input_format();
@@ -63,7 +66,7 @@ const std::vector<const InputFormat*>& input_formats() {
       &dcp::pair_format(),          &fsdp_ranks::input_format(),
       &zero::input_format(),        &safetensors::file_format(),
       &safetensors::index_format(), &safetensors::folder_format(),
-      &dcp_hf::input_format(),
+      &dcp_hf::input_format(),      &ds_universal::input_format(),
 #ifdef CKPT_HAVE_HDF5
       &hdf5::input_format(),
 #else

@@ -336,11 +336,8 @@ void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, con
 JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   JobClock clock;
   const CommonOptions& opt = req.common;
-  if (req.layout != "deepspeed-universal") {
-    if (!req.world_size_given) fail_invalid("--world-size N is required (the number of ranks to write)");
-    if (req.world_size < 1)
-      fail_invalid("--world-size must be at least 1 (got " + std::to_string(req.world_size) + ")");
-  }
+  if (req.world_size_given && req.world_size < 1)
+    fail_invalid("--world-size must be at least 1 (got " + std::to_string(req.world_size) + ")");
   const JobOptions job = settle(opt);
   if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
   require_layout_for_full_state_dict(req, source_kind_of(opt.source, {opt.files, opt.only, nullptr, opt.tag}));
@@ -354,6 +351,9 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   CheckpointModel model = read_selected(opt, /*keep_nesting=*/req.layout != "hf");
   check_output_is_not_input(req.output, model);
   std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
+  // A universal checkpoint loads at any world size; every other layout is written for one.
+  if (layout != "deepspeed-universal" && !req.world_size_given)
+    fail_invalid("--world-size N is required (the number of ranks to write)");
   auto backend = choose_backend(job, job.cast_to.has_value());
   CopyOptions copy;
   copy.memory_limit = job.memory.copy();

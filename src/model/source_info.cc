@@ -14,6 +14,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kDcpPair: return "DCP model and optimizer directories (Accelerate)";
     case SourceKind::kHfFolder: return "Hugging Face model folder";
     case SourceKind::kDcpHf: return "DCP Hugging Face directory (per-rank safetensors)";
+    case SourceKind::kDsUniversal: return "DeepSpeed universal checkpoint";
   }
   return "?";
 }
@@ -30,6 +31,7 @@ const char* source_format_name(SourceKind kind) {
     case SourceKind::kZero: return "deepspeed-zero";
     case SourceKind::kDcpPair: return "dcp-pair";
     case SourceKind::kDcpHf: return "dcp-hf";
+    case SourceKind::kDsUniversal: return "deepspeed-universal";
   }
   return "?";
 }

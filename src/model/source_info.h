@@ -23,6 +23,7 @@ namespace ckpt {
 // directories (Accelerate's save_state: pytorch_model_fsdp_0/, optimizer_0/).
 // kDcpHf: torch's DCP Hugging Face layout (per-rank safetensors with
 // DCP_SHARDING_INFO, no .metadata).
+// kDsUniversal: a DeepSpeed universal checkpoint (zero/<fqn>/*.pt).
 // kHfFolder: a Hugging Face model folder (save_pretrained): safetensors
 // weights, with or without their index, beside config.json and the like.
 enum class SourceKind {
@@ -35,7 +36,8 @@ enum class SourceKind {
   kZero,
   kDcpPair,
   kHfFolder,
-  kDcpHf
+  kDcpHf,
+  kDsUniversal
 };
 
 // For messages: "DCP directory", "per-rank files", ...

@@ -96,6 +96,11 @@ std::vector<Case> cases() {
        testdata("zero/z2_bf16_ws2/reference_fp32.pt"), SourceKind::kZero, 2},
       {"DeepSpeed ZeRO-3 fp16 (model)", testdata("zero/z3_fp16_ws3"), "model",
        testdata("zero/z3_fp16_ws3/reference_fp32.pt"), SourceKind::kZero, 3},
+      // ds_to_universal.py's output of the ZeRO fixtures, against zero_to_fp32's.
+      {"DeepSpeed universal, ZeRO-2 (model)", testdata("ucp/z2_bf16_ws2"), "model",
+       testdata("zero/z2_bf16_ws2/reference_fp32.pt"), SourceKind::kDsUniversal, 2},
+      {"DeepSpeed universal, ZeRO-3 (model)", testdata("ucp/z3_bf16_ws2/global_step3_universal"), "model",
+       testdata("zero/z3_bf16_ws2/reference_fp32.pt"), SourceKind::kDsUniversal, 2},
       // Accelerate's model and optimizer DCP directories, against FSDP's own
       // FULL_STATE_DICT of the same step; and the same, chosen by --tag in
       // the folder of checkpoints.

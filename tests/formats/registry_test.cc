@@ -45,7 +45,7 @@ TEST_CASE("every source kind has one registered input format", "[formats][regist
   }
   for (SourceKind k : {SourceKind::kTorchPt, SourceKind::kDcpDir, SourceKind::kFsdpRanks, SourceKind::kSafetensors,
                        SourceKind::kSafetensorsIndex, SourceKind::kHdf5, SourceKind::kZero, SourceKind::kDcpPair,
-                       SourceKind::kHfFolder, SourceKind::kDcpHf})
+                       SourceKind::kHfFolder, SourceKind::kDcpHf, SourceKind::kDsUniversal})
     CHECK(seen.count(k) == 1);
 }
 
@@ -87,6 +87,11 @@ TEST_CASE("a directory is the format whose probe is most confident", "[formats][
 
   // torch's DCP Hugging Face files refine a Hugging Face folder.
   CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws3")) == SourceKind::kDcpHf);
+  // A universal checkpoint's tag folder holds DeepSpeed's model-states file
+  // too: the refinement wins over ZeRO's marker, and its root is one by latest_universal.
+  CHECK(directory_kind(testdata("ucp/z2_bf16_ws2/global_step3_universal")) == SourceKind::kDsUniversal);
+  CHECK(directory_kind(testdata("ucp/z3_bf16_ws2")) == SourceKind::kDsUniversal);
+  CHECK(directory_kind(testdata("zero/z2_bf16_ws2")) == SourceKind::kZero);
   CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws2_consolidated")) == SourceKind::kHfFolder);
   CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws2_consolidated/sharded")) == SourceKind::kDcpHf);
 

@@ -64,6 +64,7 @@ class Planner {
     }
     UniversalPlan out;
     std::set<std::string> written;
+    std::map<std::size_t, std::string> owner_of;  // tensor index -> the first name it has
     for (const auto& [k, v] : module->entries) {
       const std::string name = path_component(*k);
       auto index = tensor_ref_index(*v);
@@ -73,7 +74,14 @@ class Planner {
       }
       require_component(name, "parameter");
       if (!written.insert(name).second) continue;
+      if (auto o = owner_of.emplace(*index, name); !o.second) shared_.emplace_back(name, o.first->second);
+      const TensorEntry& t = model_.tensors.at(*index);
+      if (t.storage == StorageKind::kBuffer)
+        buffers_.push_back(name);
+      else if (t.frozen)
+        frozen_.emplace_back(name, t.shape);
       if (auto s = states.find(name); s != states.end()) {
+        trainable_.emplace(name, model_.tensors.at(*index).shape);
         param_files(out, name, *index, s->second);
         ++out.params;
         states.erase(s);
@@ -89,6 +97,16 @@ class Planner {
     if (!states.empty())
       fail_invalid(model_.source + ": optim.state has '" + states.begin()->first.substr(0, 200) +
                    "', which is not a tensor of model");
+    for (const auto& g : groups->as_sequence()) {
+      ValuePtr group = mapping_of(g);
+      ValuePtr params = group->is(Kind::kDict) ? group->get("params") : nullptr;
+      auto shapes = Value::dict({}, true);
+      if (params)
+        for (const auto& p : params->as_sequence())
+          if (auto it = trainable_.find(path_component(*p)); it != trainable_.end())
+            shapes->entries.emplace_back(Value::str(it->first), size(it->second));
+      param_shapes_.push_back(shapes);
+    }
     push(out, optimizer_state(groups, *state));
     for (const char* name : {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"})
       push(out, model_states(root, name));
@@ -271,6 +289,19 @@ class Planner {
     put("skipped_steps", count("skipped_steps") ? count("skipped_steps") : Value::integer(0));
     if (ValuePtr v = count("global_samples")) put("global_samples", v);
     put("ds_version", Value::str(ds_version()));
+    // What DeepSpeed's model-states files say of the model, under its names
+    // (the universal load does not read them; readers of the checkpoint,
+    // ckptconv's among them, learn groups and roles from them).
+    put("param_shapes", Value::list(param_shapes_));
+    auto frozen = Value::dict({}, true);
+    for (const auto& [n, shape] : frozen_) frozen->entries.emplace_back(Value::str(n), size(shape));
+    put("frozen_param_shapes", frozen);
+    auto buffers = Value::list({});
+    for (const auto& n : buffers_) buffers->items.push_back(Value::str(n));
+    put("buffer_names", buffers);
+    auto shared = Value::dict();
+    for (const auto& [alias, owner] : shared_) shared->entries.emplace_back(Value::str(alias), Value::str(owner));
+    put("shared_params", shared);
     // Client state: DeepSpeed merges save_checkpoint(client_state=...) into
     // the file's top level; other sources' extra entries go there too.
     if (ValuePtr client = root->get("client_state"); client && mapping_of(client)->is(Kind::kDict))
@@ -281,8 +312,20 @@ class Planner {
     return f;
   }
 
+  // torch.Size(shape), as DeepSpeed's param_shapes hold them.
+  static ValuePtr size(const Shape& shape) {
+    std::vector<ValuePtr> dims;
+    for (int64_t d : shape) dims.push_back(Value::integer(d));
+    return Value::call(Value::global("torch", "Size"), Value::tuple({Value::tuple(std::move(dims))}));
+  }
+
   const CheckpointModel& model_;
   int world_size_;
+  std::map<std::string, Shape> trainable_;                   // parameters with optimizer state
+  std::vector<ValuePtr> param_shapes_;                       // per param group: {fqn: torch.Size}
+  std::vector<std::pair<std::string, Shape>> frozen_;        // frozen parameters, module order
+  std::vector<std::string> buffers_;                         // buffers, module order
+  std::vector<std::pair<std::string, std::string>> shared_;  // tied alias -> owner
 };
 
 }  // namespace

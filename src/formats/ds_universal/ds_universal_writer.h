@@ -18,7 +18,10 @@
 //   mp_rank_00_model_states.pt  what the engine reads besides the tensors:
 //   zero_pp_rank_0_mp_rank_00_model_states.pt  dp_world_size, mp_world_size,
 //                               global_steps, skipped_steps, global_samples,
-//                               lr_scheduler, and the client state at top level
+//                               lr_scheduler; param_shapes (per param group),
+//                               frozen_param_shapes, buffer_names and
+//                               shared_params as DeepSpeed names them; and
+//                               the client state at top level
 //
 // Pure: no I/O; exec/write_ds_universal.h writes the plan.
 #pragma once

@@ -1,0 +1,422 @@
+#include "formats/ds_universal/ds_universal_reader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/latest_file.h"
+#include "formats/pyobj.h"
+#include "formats/torch_pt/pt_reader.h"
+#include "formats/zero/zero_files.h"
+#include "io/containment.h"
+#include "model/tree_walk.h"
+
+namespace ckpt::ds_universal {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+using zero::Decoded;
+
+constexpr const char* kModelStates = "mp_rank_00_model_states.pt";                 // ZeRO-1/2's, and ckptconv's
+constexpr const char* kRank0States = "zero_pp_rank_0_mp_rank_00_model_states.pt";  // ZeRO-3's rank 0
+
+bool is_tag(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "zero" / "optimizer_state.pt", ec) &&
+         (fs::is_regular_file(dir / kModelStates, ec) || fs::is_regular_file(dir / kRank0States, ec));
+}
+
+std::string tag_dir(const std::string& src) {
+  if (is_tag(src)) return src;
+  std::optional<std::string> tag = read_latest_tag(fs::path(src) / "latest_universal");
+  if (!tag) fail(ErrorCode::kNotFound, src + ": no zero/optimizer_state.pt and no latest_universal");
+  fs::path dir = fs::path(src) / *tag;
+  if (!is_tag(dir))
+    fail(ErrorCode::kNotFound,
+         src + ": latest_universal names '" + *tag + "', which is not a universal checkpoint here");
+  require_inside(dir.string(), src);
+  return dir.string();
+}
+
+// A per-parameter file: a tensor, or a dict holding it under 'param'
+// (ds_to_universal's ZeRO-1/2 files and ckptconv's).
+Decoded decode_tensor_file(const std::string& path, ProblemSink* problems) {
+  Decoded d;
+  d.path = path;
+  d.root = torch_pt::decode_archive(open_mapped_source(path), d.tensors, "", -1, problems);
+  if (!d.root) fail_data_loss(path + ": empty pickle");
+  return d;
+}
+
+const Value& tensor_value(const Decoded& d) {
+  const Value& root = zero::as_dict(*d.root);
+  if (root.is(Kind::kDict)) return *zero::at(root, "param", d.path);
+  return *d.root;
+}
+
+class UniversalReader {
+ public:
+  UniversalReader(std::string dir, ProblemSink* problems, std::string only)
+      : dir_(std::move(dir)), problems_(problems), only_(std::move(only)) {}
+
+  CheckpointModel read() {
+    fs::path states = fs::path(dir_) / kModelStates;
+    if (!fs::exists(states)) states = fs::path(dir_) / kRank0States;
+    states_ = zero::decode(states.string(), 0, problems_, only_);
+    optim_ = zero::decode((fs::path(dir_) / "zero" / "optimizer_state.pt").string(), -1, problems_, only_);
+    files_ = {states_.path, optim_.path};
+    read_description();
+    list_folders();
+    CheckpointModel model;
+    model.source = dir_;
+    build(model);
+    zero::add_training_state(model, states_);
+    model.info.kind = SourceKind::kDsUniversal;
+    model.info.records_frozen = true;
+    std::sort(files_.begin(), files_.end());
+    model.info.files = files_;
+    int ws = 1;
+    if (ValuePtr dp = states_.root->get("dp_world_size"); dp && dp->is(Kind::kInt) && dp->int_value > 0)
+      ws = int(dp->int_value);
+    model.info.world_sizes = {ws};
+    model.facts["saved_at_world_size"] = std::to_string(ws);
+    if (ValuePtr v = optim_.root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
+    model.facts["tag"] = fs::path(dir_).filename().string();
+    return model;
+  }
+
+ private:
+  // param_shapes (per group or ZeRO-3 sub-group), frozen_param_shapes,
+  // buffer_names, shared_params and module, where the model-states file has them.
+  void read_description() {
+    const Value& root = *states_.root;
+    if (ValuePtr shapes = root.get("param_shapes"); shapes && !shapes->is(Kind::kNone))
+      for (const auto& group : shapes->as_sequence()) {
+        const Value& g = zero::as_dict(*group);
+        if (!g.is(Kind::kDict)) fail_data_loss(states_.path + ": param_shapes holds a " + kind_name(g.kind));
+        groups_.emplace_back();
+        for (const auto& [k, v] : g.entries) {
+          groups_.back().push_back(k->as_str());
+          shapes_[k->as_str()] = pyobj::int_sequence(*v, "param shape");
+          sub_group_[k->as_str()] = groups_.size() - 1;
+        }
+      }
+    if (ValuePtr frozen = root.get("frozen_param_shapes"); frozen && zero::as_dict(*frozen).is(Kind::kDict))
+      for (const auto& [k, v] : zero::as_dict(*frozen).entries) {
+        frozen_order_.push_back(k->as_str());
+        frozen_shapes_[k->as_str()] = pyobj::int_sequence(*v, "frozen param shape");
+      }
+    if (ValuePtr buffers = root.get("buffer_names"); buffers && buffers->is(Kind::kList))
+      for (const auto& b : buffers->items) buffers_.push_back(b->as_str());
+    if (ValuePtr shared = root.get("shared_params"); shared && zero::as_dict(*shared).is(Kind::kDict))
+      for (const auto& [k, v] : zero::as_dict(*shared).entries) shared_.emplace_back(k->as_str(), v->as_str());
+    if (ValuePtr m = root.get("module"); m && zero::as_dict(*m).is(Kind::kDict)) module_ = m;
+  }
+
+  // zero/<fqn>/ and the .pt files in each.
+  void list_folders() {
+    const fs::path zero = fs::path(dir_) / "zero";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(zero, ec)) {
+      if (!e.is_directory(ec) || e.is_symlink(ec)) continue;
+      std::set<std::string>& files = folders_[e.path().filename().string()];
+      for (const auto& f : fs::directory_iterator(e.path(), ec)) {
+        const std::string name = f.path().filename().string();
+        if (!name.ends_with(".pt") || !f.is_regular_file(ec)) continue;
+        require_inside(f.path().string(), dir_);
+        files.insert(name.substr(0, name.size() - 3));
+      }
+    }
+    if (ec) fail(ErrorCode::kNotFound, zero.string() + ": cannot list: " + ec.message());
+  }
+
+  bool trainable(const std::string& name) const {
+    if (shapes_.count(name)) return true;
+    auto it = folders_.find(name);
+    return it != folders_.end() &&
+           std::any_of(it->second.begin(), it->second.end(), [](const std::string& f) { return f != "fp32"; });
+  }
+
+  std::string file_of(const std::string& name, const std::string& key) const {
+    return (fs::path(dir_) / "zero" / name / (key + ".pt")).string();
+  }
+
+  // Tensor `key` of parameter `name` (its folder's <key>.pt), shaped `shape`
+  // when the file holds it flat (ZeRO-3); nullopt without the file.
+  std::optional<std::size_t> param_tensor(CheckpointModel& model, const std::string& name, const std::string& key,
+                                          const std::optional<Shape>& shape, const std::string& out_name) {
+    auto f = folders_.find(name);
+    if (f == folders_.end() || !f->second.count(key)) return std::nullopt;
+    Decoded d = decode_tensor_file(file_of(name, key), problems_);
+    files_.push_back(d.path);
+    std::size_t idx = zero::copy_tensor(model, d, tensor_value(d), out_name);
+    TensorEntry& t = model.tensors[idx];
+    if (shape && t.shape != *shape) {
+      const bool flat = t.shape.size() == 1 && t.chunks.size() == 1 && t.chunks[0].strides == Shape{1};
+      if (!flat || shape_numel(t.shape) != shape_numel(*shape))
+        fail_data_loss(d.path + ": '" + out_name + "' has shape " + shape_str(t.shape) + ", param_shapes says " +
+                       shape_str(*shape));
+      t.shape = *shape;
+      t.chunks[0].sizes = *shape;
+      t.chunks[0].offsets.assign(shape->size(), 0);
+      t.chunks[0].strides = contiguous_strides(*shape);
+    }
+    return idx;
+  }
+
+  // The step of a parameter with no step.pt: optimizer_state.pt's
+  // optimizer_state_dict.state[k].step, k its sub-group (ds_to_universal's ZeRO-3 path).
+  std::optional<std::size_t> saved_step(CheckpointModel& model, const std::string& name) {
+    ValuePtr osd = zero::as_dict(*optim_.root).get("optimizer_state_dict");
+    ValuePtr state = osd ? zero::as_dict(*osd).get("state") : nullptr;
+    if (!state) return std::nullopt;
+    auto sub = sub_group_.find(name);
+    const int64_t k = sub == sub_group_.end() ? 0 : int64_t(sub->second);
+    for (const auto& [key, v] : zero::as_dict(*state).entries) {
+      if (!key->is(Kind::kInt) || key->int_value != k) continue;
+      ValuePtr step = zero::as_dict(*v).get("step");
+      if (!step || !tensor_ref_index(*step)) return std::nullopt;
+      return zero::copy_tensor(model, optim_, *step, "optim.state." + name + ".step");
+    }
+    return std::nullopt;
+  }
+
+  // Names in the module's order where the model-states file has `module`
+  // (DeepSpeed's); else trainable, frozen, buffers, aliases as described;
+  // then any other folder, sorted.
+  std::vector<std::string> order() const {
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    auto add = [&](const std::string& n) {
+      if (seen.insert(n).second) out.push_back(n);
+    };
+    if (module_) {
+      for (const auto& [k, v] : zero::as_dict(*module_).entries)
+        if (k->is(Kind::kStr)) add(k->text);
+    } else {
+      for (const auto& g : groups_)
+        for (const auto& n : g) add(n);
+      for (const auto& n : frozen_order_) add(n);
+      for (const auto& n : buffers_) add(n);
+      for (const auto& [alias, owner] : shared_) add(alias);
+    }
+    for (const auto& [n, files] : folders_) add(n);
+    return out;
+  }
+
+  std::optional<std::string> owner_of(const std::string& name) const {
+    for (const auto& [alias, owner] : shared_)
+      if (alias == name) return owner;
+    return std::nullopt;
+  }
+
+  bool is_buffer(const std::string& name) const {
+    return std::find(buffers_.begin(), buffers_.end(), name) != buffers_.end();
+  }
+
+  // A frozen parameter or buffer: the module's value as saved, ZeRO-3's
+  // fragments, or its fp32.pt; nullopt when the checkpoint has none.
+  std::optional<std::size_t> other_tensor(CheckpointModel& model, const std::string& name) {
+    const std::string out_name = "model." + name;
+    if (module_) {
+      ValuePtr v = zero::as_dict(*module_).get(name);
+      if (v && tensor_ref_index(*v) && states_.tensor(*v, states_.path).numel() > 0)
+        return zero::copy_tensor(model, states_, *v, out_name);
+    }
+    if (frozen_shapes_.count(name))
+      if (auto idx = from_fragments(model, name)) return idx;
+    return param_tensor(model, name, "fp32", std::nullopt, out_name);
+  }
+
+  // ZeRO-3 frozen parameters: ceil(numel/ws) elements in each rank's
+  // frozen_param_fragments, in the per-rank model-states files DeepSpeed's
+  // converter copied.
+  std::optional<std::size_t> from_fragments(CheckpointModel& model, const std::string& name) {
+    static const std::regex rank_re(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
+    if (rank_states_.empty()) {
+      std::map<int, std::string> found;
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(dir_, ec)) {
+        std::smatch m;
+        const std::string file = e.path().filename().string();
+        if (std::regex_match(file, m, rank_re)) found[std::stoi(m[1])] = e.path().string();
+      }
+      if (found.empty() || found.rbegin()->first + 1 != int(found.size())) return std::nullopt;
+      for (const auto& [r, path] : found) {
+        rank_states_.push_back(zero::decode(path, r, problems_, only_));
+        files_.push_back(path);
+      }
+    }
+    const int ws = int(rank_states_.size());
+    const Shape& shape = frozen_shapes_.at(name);
+    std::vector<const TensorEntry*> frags;
+    for (const Decoded& m : rank_states_) {
+      ValuePtr all = zero::as_dict(*m.root).get("frozen_param_fragments");
+      ValuePtr frag = all && zero::as_dict(*all).is(Kind::kDict) ? zero::as_dict(*all).get(name) : nullptr;
+      if (!frag || !tensor_ref_index(*frag)) return std::nullopt;
+      frags.push_back(&m.tensor(*frag, m.path));
+    }
+    TensorEntry t;
+    t.name = "model." + name;
+    t.shape = shape;
+    t.dtype = frags[0]->dtype;
+    const uint64_t numel = shape_numel(shape), part = (numel + ws - 1) / ws;
+    for (int r = 0; r < ws; ++r) {
+      uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
+      zero::add_range(t, *frags[r], 0, lo, hi - lo, r, rank_states_[r].path + ": frozen '" + name + "'");
+    }
+    model.tensors.push_back(std::move(t));
+    return model.tensors.size() - 1;
+  }
+
+  void build(CheckpointModel& model) {
+    auto model_dict = Value::dict({}, true);
+    auto state = Value::dict();
+    std::map<std::string, ValuePtr> refs;
+    std::vector<std::string> names = order(), trained;
+    for (const auto& name : names) {
+      if (owner_of(name)) continue;  // tied aliases: their owner's tensor, below
+      std::optional<std::size_t> idx;
+      if (trainable(name)) {
+        std::optional<Shape> shape;
+        if (auto s = shapes_.find(name); s != shapes_.end()) shape = s->second;
+        idx = param_tensor(model, name, "fp32", shape, "model." + name);
+        if (!idx) fail_data_loss(dir_ + ": no zero/" + name + "/fp32.pt for trainable parameter '" + name + "'");
+        shape = model.tensors[*idx].shape;
+        auto per_param = Value::dict();
+        std::optional<std::size_t> step =
+            param_tensor(model, name, "step", std::nullopt, "optim.state." + name + ".step");
+        if (!step) step = saved_step(model, name);
+        if (step) per_param->entries.emplace_back(Value::str("step"), make_tensor_ref(*step));
+        std::vector<std::string> keys;
+        for (const auto& k : folders_.at(name))
+          if (k != "fp32" && k != "step") keys.push_back(k);
+        std::stable_sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
+          auto rank = [](const std::string& k) { return k == "exp_avg" ? 0 : k == "exp_avg_sq" ? 1 : 2; };
+          return rank(a) < rank(b);
+        });
+        for (const auto& k : keys) {
+          std::optional<std::size_t> s = param_tensor(model, name, k, shape, "optim.state." + name + "." + k);
+          per_param->entries.emplace_back(Value::str(k), make_tensor_ref(*s));
+        }
+        state->entries.emplace_back(Value::str(name), per_param);
+        trained.push_back(name);
+      } else {
+        idx = other_tensor(model, name);
+        if (!idx) {
+          log::warn(dir_ + ": '" + name + "' has no value in this universal checkpoint; left out");
+          continue;
+        }
+        if (is_buffer(name))
+          model.tensors[*idx].storage = StorageKind::kBuffer;
+        else
+          model.tensors[*idx].frozen = true;
+      }
+      refs[name] = make_tensor_ref(*idx);
+    }
+    for (const auto& name : names) {
+      ValuePtr ref;
+      if (auto owner = owner_of(name)) {
+        auto it = refs.find(*owner);
+        if (it == refs.end())
+          fail_data_loss(states_.path + ": shared parameter '" + name + "' names '" + *owner + "', which has no value");
+        ref = it->second;
+      } else if (auto it = refs.find(name); it != refs.end()) {
+        ref = it->second;
+      } else {
+        continue;
+      }
+      model_dict->entries.emplace_back(Value::str(name), ref);
+    }
+    auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups(trained)}});
+    model.root = Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
+  }
+
+  // The optimizer's param groups: hyper-parameters from optimizer_state.pt,
+  // members from param_shapes (one entry per group, or ZeRO-3 sub-groups
+  // listed by id), in module order.
+  ValuePtr param_groups(const std::vector<std::string>& trained) const {
+    const Value& root = zero::as_dict(*optim_.root);
+    ValuePtr groups = root.get("param_groups");
+    if (!groups) {
+      ValuePtr osd = root.get("optimizer_state_dict");
+      groups = osd ? zero::as_dict(*osd).get("param_groups") : nullptr;
+    }
+    if (!groups) fail_data_loss(optim_.path + ": no 'param_groups' entry");
+    const auto& seq = groups->as_sequence();
+    auto out = Value::list({});
+    for (std::size_t g = 0; g < seq.size(); ++g) {
+      const Value& group = zero::as_dict(*seq[g]);
+      if (!group.is(Kind::kDict))
+        fail_data_loss(optim_.path + ": param_groups[" + std::to_string(g) + "] is not a dict");
+      std::set<std::string> members;
+      if (groups_.size() == seq.size()) {
+        members.insert(groups_[g].begin(), groups_[g].end());
+      } else if (seq.size() == 1) {
+        members.insert(trained.begin(), trained.end());
+      } else {
+        ValuePtr ids = group.get("params");
+        if (!ids) fail_data_loss(optim_.path + ": param_groups[" + std::to_string(g) + "] has no 'params'");
+        for (const auto& id : ids->as_sequence()) {
+          int64_t sub = id->as_int();
+          if (sub < 0 || std::size_t(sub) >= groups_.size())
+            fail_data_loss(optim_.path + ": param_groups[" + std::to_string(g) + "] lists sub-group " +
+                           std::to_string(sub) + " of " + std::to_string(groups_.size()) + " in param_shapes");
+          members.insert(groups_[sub].begin(), groups_[sub].end());
+        }
+      }
+      auto copy = Value::dict();
+      for (const auto& [k, v] : group.entries)
+        if (!k->is(Kind::kStr) || k->text != "params") copy->entries.emplace_back(k, v);
+      auto names = Value::list({});
+      for (const auto& n : trained)
+        if (members.count(n)) names->items.push_back(Value::str(n));
+      copy->entries.emplace_back(Value::str("params"), names);
+      out->items.push_back(copy);
+    }
+    return out;
+  }
+
+  std::string dir_;
+  ProblemSink* problems_;
+  std::string only_;
+  Decoded states_, optim_;
+  std::vector<Decoded> rank_states_;  // ZeRO-3 per-rank model states, read for frozen fragments
+  std::vector<std::string> files_;
+  std::vector<std::vector<std::string>> groups_;  // param_shapes: names per group or sub-group
+  std::map<std::string, Shape> shapes_;
+  std::map<std::string, std::size_t> sub_group_;
+  std::vector<std::string> frozen_order_;
+  std::map<std::string, Shape> frozen_shapes_;
+  std::vector<std::string> buffers_;
+  std::vector<std::pair<std::string, std::string>> shared_;  // alias -> owner
+  ValuePtr module_;
+  std::map<std::string, std::set<std::string>> folders_;  // zero/<fqn>/ -> its file stems
+};
+
+}  // namespace
+
+bool is_universal_checkpoint(const std::string& dir) {
+  if (is_tag(dir)) return true;
+  std::optional<std::string> tag;
+  try {
+    tag = read_latest_tag(fs::path(dir) / "latest_universal");
+  } catch (const Error&) {
+    return false;
+  }
+  return tag && is_tag(fs::path(dir) / *tag);
+}
+
+CheckpointModel read_universal(const std::string& src, ProblemSink* problems, const std::string& only) {
+  return UniversalReader(tag_dir(src), problems, only).read();
+}
+
+}  // namespace ckpt::ds_universal
