@@ -204,6 +204,33 @@ def test_zero_through_dcp_to_universal(testdata, tmp_path, run_ckptconv):
     assert_same_state(via["after"], direct["after"], "after two steps")
 
 
+@needs_deepspeed
+def test_fsdp2_job_migrated_to_deepspeed_trains_on_identically(tmp_path, run_ckptconv):
+    # An FSDP2 job (tests/fsdp_to_ds.py: fp32, torch AdamW, world size 2)
+    # saves a DCP checkpoint after 3 steps and trains 2 more; ckptconv turns
+    # the DCP checkpoint into a UCP, and DeepSpeed ZeRO-2 and ZeRO-3 fp32
+    # engines with the same hyper-parameters load it at world size 2 and
+    # take the same 2 steps on the same batches. The values agree to 1e-6:
+    # both average fp32 gradients over 2 ranks, but through other
+    # collectives (reduce-scatter, all-reduce) that may round differently on
+    # another machine; on the development machine they are bit-equal.
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH="")
+    r = subprocess.run([str(DS_PY), str(REPO / "tests" / "fsdp_to_ds.py"), str(tmp_path)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    write_ucp(run_ckptconv, tmp_path / "dcp", tmp_path / "ucp")
+    fsdp = torch.load(tmp_path / "fsdp_after.pt", weights_only=False)
+    for case in ("z2_fp32_ws3", "z3_fp32_ws2"):  # their ds_config (fp32, stage 2 / 3), loaded at world size 2
+        ds = engine_load(tmp_path / "ucp", case, 2, tmp_path / f"{case}.pt")
+        for n in TRAINABLE:
+            torch.testing.assert_close(ds["after"][n]["fp32"], fsdp["model"][n], rtol=0, atol=1e-6)
+            for k in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(ds["after"][n][k], fsdp["optim"][n][k], rtol=0, atol=1e-6)
+            assert ds["after"][n]["step"].item() == fsdp["optim"][n]["step"].item() == 5.0
+        for got, want in zip(ds["losses"], fsdp["losses"], strict=True):
+            assert got == pytest.approx(want, abs=1e-6)
+
+
 def test_same_tensors_from_dcp_and_consolidated_pt(testdata, tmp_path, run_ckptconv):
     case = "z2_2groups_ws2"
     direct = write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path / "direct")
