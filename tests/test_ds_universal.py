@@ -406,3 +406,28 @@ def test_damaged_universal_checkpoints_are_refused(testdata, tmp_path, run_ckptc
     r = run_ckptconv("consolidate", str(tmp_path / "link"), "-o", str(tmp_path / "out.pt"))
     assert r.returncode == 3 and "out_bias/fp32.pt" in r.stderr, r.stderr
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_parts_write_the_single_process_files(testdata, tmp_path, ckptconv, run_ckptconv):
+    # --part I/N: each worker writes its share of the tensors into shared
+    # files; the one completing the set publishes the folder and
+    # latest_universal. Same files, byte for byte, as one process writes.
+    src = testdata / "zero" / "z3_2groups_ws2"
+    single = write_ucp(run_ckptconv, src, tmp_path / "single")
+    out = tmp_path / "parted" / TAG
+    out.parent.mkdir()
+
+    def part(i: int) -> subprocess.Popen:
+        return subprocess.Popen([str(ckptconv), "reshard", str(src), "-o", str(out), "--layout", "deepspeed-universal",
+                                 "--part", f"{i}/3"], stderr=subprocess.PIPE, text=True)
+
+    procs = [part(0), part(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert not out.exists() and not (out.parent / "latest_universal").exists()  # part 1 has not run
+    last = part(1)
+    assert last.wait(timeout=120) == 0
+    assert "finalized 3 parts" in last.stderr.read()
+    files = sorted(str(p.relative_to(single.parent)) for p in single.parent.rglob("*") if p.is_file())
+    assert sorted(str(p.relative_to(out.parent)) for p in out.parent.rglob("*") if p.is_file()) == files
+    for f in files:
+        assert (out.parent / f).read_bytes() == (single.parent / f).read_bytes(), f

@@ -12,7 +12,8 @@
 // safetensors header and index; a DCP directory's .metadata) and publishes
 // the output. The result is byte for byte the single-process output (a DCP
 // .metadata's random save id aside). Formats: .pt, .safetensors (sharded
-// too), DCP directories and per-rank files (reshard); docs/scaling.md.
+// too), DCP directories, per-rank files and DeepSpeed universal checkpoints
+// (reshard); docs/scaling.md.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,9 @@
 #include "exec/write_ds_universal.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -8,47 +11,129 @@
 #include "io/byte_sink.h"
 
 namespace ckpt {
+namespace {
 
 namespace fs = std::filesystem;
+using ds_universal::UniversalFile;
+using ds_universal::UniversalPlan;
 
-void write_ds_universal(const CheckpointModel& model, const ds_universal::UniversalPlan& plan,
+// Per file, the tensors as the copy engine reads them: the model's, cast to
+// the file's dtype (fp32 for the per-parameter files). Literal sources
+// (a Python int step) have an unused placeholder.
+std::vector<std::vector<TensorEntry>> sources_of(const CheckpointModel& model, const UniversalPlan& plan) {
+  std::vector<std::vector<TensorEntry>> out(plan.files.size());
+  for (std::size_t k = 0; k < plan.files.size(); ++k) {
+    const UniversalFile& f = plan.files[k];
+    for (std::size_t i = 0; i < f.tensors.size(); ++i) {
+      TensorEntry t = f.sources[i].literal ? TensorEntry{} : model.tensors.at(f.sources[i].model_tensor);
+      if (!f.sources[i].literal && f.tensors[i].dtype != t.dtype) t.out_dtype = f.tensors[i].dtype;
+      out[k].push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+// One file as torch.save writes it (its archive folder is the file's stem);
+// `fill` appends tensor i's bytes.
+void write_file(ByteSink& sink, const UniversalFile& f, const torch_pt::FillTensor& fill) {
+  torch_pt::write_pt(sink, *f.root, f.tensors, fill, fs::path(f.path).stem().string());
+}
+
+// ds_to_universal.py writes the folder's name, no newline, beside it; a
+// loader with load_universal and no tag reads it. An existing one is replaced.
+void write_latest(const std::string& dir, bool durable) {
+  const fs::path dest(without_trailing_slashes(dir));
+  const fs::path latest =
+      dest.parent_path().empty() ? fs::path("latest_universal") : dest.parent_path() / "latest_universal";
+  auto sink = AtomicFileSink::create(latest.string(), true, durable);
+  const std::string tag = dest.filename().string();
+  sink->write(tag.data(), tag.size());
+  sink->finish();
+  log::info("wrote " + latest.string() + " (" + tag + ")");
+}
+
+// The folder a file of the plan goes to, made inside the temporary directory.
+std::string place(const AtomicDirectory& dir, const std::string& path) {
+  const fs::path to = dir.path_of(path);
+  std::error_code ec;
+  fs::create_directories(to.parent_path(), ec);
+  if (ec) fail(ErrorCode::kOutputFailed, to.parent_path().string() + ": cannot create: " + ec.message());
+  return to.string();
+}
+
+// The writer for --part: every file written by many processes (each its
+// share of the tensors), published by the finalizing one.
+class UniversalParted final : public PartedWriter {
+ public:
+  UniversalParted(const CheckpointModel& model, const UniversalPlan& plan, const UniversalOutputOptions& options)
+      : plan_(plan), options_(options), sources_(sources_of(model, plan)) {}
+  std::string kind() const override { return "deepspeed-universal"; }
+  std::vector<std::string> file_names() const override {
+    std::vector<std::string> names;
+    for (const auto& f : plan_.files) names.push_back(f.path);
+    return names;
+  }
+  std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
+    for (std::size_t k = 0; k < plan_.files.size(); ++k) {
+      const UniversalFile& f = plan_.files[k];
+      ByteSink& sink = *sinks.at(k);
+      write_file(sink, f, [&](std::size_t i, archive::ZipWriter& zip) {
+        if (f.sources[i].literal)
+          emit({k, f.sources[i].bytes.size(), nullptr, f.sources[i].bytes}, sink, &zip);
+        else
+          emit({k, sources_[k][i].output_nbytes(), &sources_[k][i], {}}, sink, &zip);
+      });
+    }
+  }
+  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+    AtomicDirectory out(options_.dir, force, durable);
+    for (std::size_t k = 0; k < plan_.files.size(); ++k) {
+      const std::string to = place(out, plan_.files[k].path);
+      if (std::rename(data_path(k).c_str(), to.c_str()) != 0)
+        fail(ErrorCode::kOutputFailed, to + ": cannot move a finished file into place: " + std::strerror(errno));
+    }
+    out.commit();
+    write_latest(options_.dir, durable);
+    return std::to_string(plan_.files.size()) + " files";
+  }
+
+ private:
+  const UniversalPlan& plan_;
+  const UniversalOutputOptions& options_;
+  std::vector<std::vector<TensorEntry>> sources_;
+};
+
+}  // namespace
+
+void write_ds_universal(const CheckpointModel& model, const UniversalPlan& plan,
                         const UniversalOutputOptions& options) {
+  const std::vector<std::vector<TensorEntry>> sources = sources_of(model, plan);
   AtomicDirectory dir(options.dir, options.force, options.durable);
-  for (const ds_universal::UniversalFile& file : plan.files) {
-    const fs::path path = dir.path_of(file.path);
-    std::error_code ec;
-    fs::create_directories(path.parent_path(), ec);
-    if (ec) fail(ErrorCode::kOutputFailed, path.parent_path().string() + ": cannot create: " + ec.message());
-    auto sink = AtomicFileSink::create(path.string(), false, options.durable);
+  for (std::size_t k = 0; k < plan.files.size(); ++k) {
+    const UniversalFile& file = plan.files[k];
+    auto sink = AtomicFileSink::create(place(dir, file.path), false, options.durable);
     with_context(dir.destination() + "/" + file.path, [&] {
-      torch_pt::write_pt(
-          *sink, *file.root, file.tensors,
-          [&](std::size_t index, archive::ZipWriter& zip) {
-            const ds_universal::TensorSource& src = file.sources.at(index);
-            if (src.literal) {
-              zip.append(src.bytes.data(), src.bytes.size());
-              return;
-            }
-            TensorEntry t = model.tensors.at(src.model_tensor);
-            if (file.tensors[index].dtype != t.dtype) t.out_dtype = file.tensors[index].dtype;
-            append_tensor(t, zip, options.copy);
-          },
-          path.stem().string());
+      write_file(*sink, file, [&](std::size_t i, archive::ZipWriter& zip) {
+        if (file.sources[i].literal)
+          zip.append(file.sources[i].bytes.data(), file.sources[i].bytes.size());
+        else
+          append_tensor(sources[k][i], zip, options.copy);
+      });
     });
     sink->finish();
   }
   if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
   dir.commit();
-  // ds_to_universal.py writes the folder's name, no newline, beside it; a
-  // loader with load_universal and no tag reads it.
-  const fs::path dest(options.dir);
-  const fs::path latest =
-      dest.parent_path().empty() ? fs::path("latest_universal") : dest.parent_path() / "latest_universal";
-  auto sink = AtomicFileSink::create(latest.string(), true, options.durable);
-  const std::string tag = dest.filename().string();
-  sink->write(tag.data(), tag.size());
-  sink->finish();
-  log::info("wrote " + latest.string() + " (" + tag + ")");
+  write_latest(options.dir, options.durable);
+}
+
+PartOutcome write_ds_universal_part(const CheckpointModel& model, const UniversalPlan& plan,
+                                    const UniversalOutputOptions& options, const PartSpec& part,
+                                    const std::string& request) {
+  UniversalParted writer(model, plan, options);
+  return write_parted(
+      writer, directory_output(options.dir, options.force, options.durable, options.copy, model, request), part);
 }
 
 }  // namespace ckpt

@@ -191,7 +191,6 @@ void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const Check
 // --dtype is refused.
 void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  if (part_of(req)) fail_invalid("--part: not available for --layout deepspeed-universal");
   if (job.cast_to) fail_invalid("--dtype: a universal checkpoint holds fp32 masters and states; drop --dtype");
   ds_universal::UniversalPlan plan = ds_universal::plan_universal(model, source_world_size(model));
   report.bytes = plan.tensor_bytes;
@@ -208,7 +207,12 @@ void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, cons
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  write_ds_universal(model, plan, {req.output, req.common.force, !req.common.no_fsync, copy});
+  UniversalOutputOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
+  if (auto part = part_of(req)) {
+    report_part(report, write_ds_universal_part(model, plan, options, *part, request_json(req)));
+    return;
+  }
+  write_ds_universal(model, plan, options);
 }
 
 // Accelerate's checkpoint folder (accelerator.save_state under FSDP's
