@@ -159,6 +159,27 @@ def test_engine_loads_at_new_world_size(case, ws, testdata, tmp_path, run_ckptco
     assert (ours["global_steps"], ours["skipped_steps"]) == (5, 0)
 
 
+# (source case, the engine's case (its ds_config), world size loaded at):
+# the other ZeRO fixtures, whose ds_to_universal output is not kept. A
+# round_robin_gradients run (z2_rr_ws2) loads into an engine without it:
+# DeepSpeed 0.19.8's universal load misplaces values under
+# round_robin_gradients even at the same world size, and its converter
+# writes wrong values for such a run (docs/deepspeed.md).
+MORE = [("z3_subgroups_ws2", "z3_subgroups_ws2", 3), ("bf16opt_ws2", "bf16opt_ws2", 3),
+        ("z3_fp16_ws3", "z3_fp16_ws3", 2), ("z2_align_ws2", "z2_align_ws2", 1), ("z1_bf16_ws2", "z1_bf16_ws2", 3),
+        ("z2_bf16_ws3", "z2_bf16_ws3", 2), ("z2_rr_ws2", "z2_bf16_ws2", 3)]
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("case,engine_case,ws", MORE, ids=[f"{c}-to-ws{w}" for c, _, w in MORE])
+def test_engine_loads_every_zero_variant(case, engine_case, ws, testdata, tmp_path, run_ckptconv):
+    write_ucp(run_ckptconv, testdata / "zero" / case, tmp_path / "ours")
+    got = engine_load(tmp_path / "ours", engine_case, ws, tmp_path / "ours.pt")
+    assert_loaded_is_reference(got["loaded"], torch.load(testdata / "zero" / case / "reference_live.pt",
+                                                         weights_only=False))
+    assert (got["global_steps"], got["skipped_steps"]) == (5, 0)
+
+
 @needs_deepspeed
 def test_engine_resume_at_same_world_size_matches_native_resume(testdata, tmp_path, run_ckptconv):
     # reference_resume.pt: an engine that loaded the ZeRO checkpoint itself
@@ -431,3 +452,18 @@ def test_parts_write_the_single_process_files(testdata, tmp_path, ckptconv, run_
     assert sorted(str(p.relative_to(out.parent)) for p in out.parent.rglob("*") if p.is_file()) == files
     for f in files:
         assert (out.parent / f).read_bytes() == (single.parent / f).read_bytes(), f
+
+
+@pytest.mark.parametrize("src", ["fsdp_st/adamw_ws2", "fsdp_dt/adamw_ws3", "dcp/fsdp2_adamw_ws2"])
+def test_fsdp_sources_to_universal_and_back(src, testdata, tmp_path, run_ckptconv):
+    # per-rank ShardedTensor / DTensor files and an FSDP2 DCP directory (real
+    # torch jobs): the UCP reads back as the source, plus the two counters a
+    # DeepSpeed engine requires (0: the source has none)
+    write_ucp(run_ckptconv, testdata / src, tmp_path)
+    r = run_ckptconv("diff", str(testdata / src), str(tmp_path), "--json")
+    report = json.loads(r.stdout)
+    assert [t["path"] for t in report["tensors"] if not t["equal"]] == [], r.stdout
+    assert sorted(report["only_in_b"]) == ["global_steps", "skipped_steps"], report["only_in_b"]
+    assert report["only_in_a"] == [], report["only_in_a"]
+    ms = load(tmp_path / TAG / "mp_rank_00_model_states.pt")
+    assert (ms["global_steps"], ms["skipped_steps"], ms["dp_world_size"]) == (0, 0, int(src[-1]))

@@ -192,6 +192,9 @@ void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const Check
 void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
   if (job.cast_to) fail_invalid("--dtype: a universal checkpoint holds fp32 masters and states; drop --dtype");
+  if (req.world_size_given)
+    log::info("--world-size " + std::to_string(req.world_size) +
+              ": not used, a universal checkpoint loads at the world size of the engine that loads it");
   ds_universal::UniversalPlan plan = ds_universal::plan_universal(model, source_world_size(model));
   report.bytes = plan.tensor_bytes;
   report.summary = "wrote " + req.output + " (deepspeed-universal): " + std::to_string(plan.params) +
