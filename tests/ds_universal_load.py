@@ -5,12 +5,13 @@ Run by tests/test_ds_universal.py with the DeepSpeed side environment
 (``.venv-deepspeed``, scripts/setup-deepspeed; CPU, gloo), never by the
 project venv:
 
-    .venv-deepspeed/bin/python tests/ds_universal_load.py CASE LOAD_DIR TAG WORLD_SIZE OUT.pt
+    .venv-deepspeed/bin/python tests/ds_universal_load.py CASE LOAD_DIR TAG WORLD_SIZE OUT.pt [--native] [--fix-z3-step]
 
 CASE is a case of tools/make_zero_checkpoints.py (its model, ds_config, param
 groups and batches are imported from there, nothing is copied). WORLD_SIZE
 ranks are spawned; each builds the case's engine with
-``"checkpoint": {"load_universal": true}`` and calls
+``"checkpoint": {"load_universal": true}`` (``--native``: without it, to load
+a ZeRO checkpoint at the world size it was saved at) and calls
 ``engine.load_checkpoint(LOAD_DIR, tag=TAG, load_optimizer_states=True,
 load_lr_scheduler_states=True)``. Rank 0 writes OUT.pt::
 
@@ -52,9 +53,10 @@ from make_zero_resume_refs import gather_trainable  # noqa: E402
 STEPS_AFTER = (3, 4)
 
 
-def job(rank: int, ws: int, name: str, load_dir: str, tag: str, out: str, fix_z3_step: bool) -> None:
+def job(rank: int, ws: int, name: str, load_dir: str, tag: str, out: str, fix_z3_step: bool, native: bool) -> None:
     c = dict(gen.CASES[name])
-    c["extra"] = {**c["extra"], "checkpoint": {"load_universal": True}}
+    if not native:
+        c["extra"] = {**c["extra"], "checkpoint": {"load_universal": True}}
     if c["dtype"] == "fp16":
         gen.fp16_gate_patch()
     engine, group_names = gen.make_engine(c)
@@ -89,10 +91,9 @@ def job(rank: int, ws: int, name: str, load_dir: str, tag: str, out: str, fix_z3
 
 
 def main(argv) -> None:
-    fix = "--fix-z3-step" in argv
-    args = [a for a in argv if a != "--fix-z3-step"]
-    name, load_dir, tag, ws, out = args
-    gen.spawn(int(ws), job, name, load_dir, tag, out, fix)
+    flags = {"--fix-z3-step", "--native"}
+    name, load_dir, tag, ws, out = [a for a in argv if a not in flags]
+    gen.spawn(int(ws), job, name, load_dir, tag, out, "--fix-z3-step" in argv, "--native" in argv)
 
 
 if __name__ == "__main__":

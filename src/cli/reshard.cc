@@ -1,6 +1,7 @@
 // `ckptconv reshard SRC -o DST --world-size N [--layout ...]`: options and
 // printing; the work is jobs::run_reshard.
 #include <iostream>
+#include <memory>
 
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -24,8 +25,9 @@ void register_reshard(CLI::App& app) {
       .force = "Replace an existing output directory"};
   bind_common(sub, req->common, kSource | kFiles, help);
   sub->add_option("-o,--output", req->output, "Output directory")->required()->group(kOutputGroup);
-  CLI::Option* world_size =
-      sub->add_option("--world-size", req->world_size,
+  auto world_size = std::make_shared<int>(0);  // CLI11 binds no std::optional: set when given, below
+  CLI::Option* world_size_option =
+      sub->add_option("--world-size", *world_size,
                       "Number of ranks to write (required, except for deepspeed-universal, which loads at any)")
           ->group(kOutputGroup);
   sub->add_option(
@@ -62,8 +64,8 @@ void register_reshard(CLI::App& app) {
       "size or memory limit hit; 5 installation problem or internal error; 130/143/129 stopped by\n"
       "SIGINT/SIGTERM/SIGHUP (nothing written).",
       kSourceKinds);
-  add_runner(sub, [req, world_size] {
-    req->world_size_given = world_size->count() > 0;
+  add_runner(sub, [req, world_size, world_size_option] {
+    if (world_size_option->count() > 0) req->world_size = *world_size;
     return jobs::run_reshard(*req, std::cout).exit_code;
   });
 }

@@ -629,6 +629,11 @@ std::string publish_directory(const std::string& dir, const std::vector<std::str
   AtomicDirectory out(dir, force, durable);
   for (std::size_t k = 0; k < names.size(); ++k) {
     std::string to = out.path_of(names[k]);
+    if (names[k].find('/') != std::string::npos) {  // a file in a folder of the output (zero/<fqn>/fp32.pt)
+      std::error_code ec;
+      fs::create_directories(fs::path(to).parent_path(), ec);
+      if (ec) fail(ErrorCode::kOutputFailed, to + ": cannot create its folder: " + ec.message());
+    }
     if (std::rename(data_path(k).c_str(), to.c_str()) != 0)
       fail(ErrorCode::kOutputFailed, to + ": cannot move a finished file into place: " + std::strerror(errno));
   }

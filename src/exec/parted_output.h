@@ -101,7 +101,8 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
                               const PartSpec& part, const std::string& request);
 
 // For directory outputs (reshard): moves the finished files into a new
-// directory for `dir` (io/atomic_dir.h) under their names, lets `extra` put
+// directory for `dir` (io/atomic_dir.h) under their names (a name with '/'
+// gets its folders made), lets `extra` put
 // what else belongs there (DCP's .metadata) into it, and renames it into
 // place. Returns what it published, for the log.
 std::string publish_directory(const std::string& dir, const std::vector<std::string>& names,

@@ -1,7 +1,5 @@
 #include "exec/write_ds_universal.h"
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -87,15 +85,9 @@ class UniversalParted final : public PartedWriter {
     }
   }
   std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    AtomicDirectory out(options_.dir, force, durable);
-    for (std::size_t k = 0; k < plan_.files.size(); ++k) {
-      const std::string to = place(out, plan_.files[k].path);
-      if (std::rename(data_path(k).c_str(), to.c_str()) != 0)
-        fail(ErrorCode::kOutputFailed, to + ": cannot move a finished file into place: " + std::strerror(errno));
-    }
-    out.commit();
+    std::string done = publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
     write_latest(options_.dir, durable);
-    return std::to_string(plan_.files.size()) + " files";
+    return done;
   }
 
  private:

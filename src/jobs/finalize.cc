@@ -109,7 +109,7 @@ std::string request_json(const ReshardRequest& r) {
             {"cwd", here()},
             {"common", common_json(r.common)},
             {"output", r.output},
-            {"world_size", r.world_size},
+            {"world_size", r.world_size ? json(*r.world_size) : json(nullptr)},
             {"layout", r.layout},
             {"mesh_device", r.mesh_device},
             {"mesh_dim_names", r.mesh_dim_names}};
@@ -150,7 +150,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       ReshardRequest r;
       r.common = common_from(j.at("common"));
       r.output = j.at("output").get<std::string>();
-      r.world_size = j.at("world_size").get<int>();
+      if (!j.at("world_size").is_null()) r.world_size = j.at("world_size").get<int>();
       r.layout = j.at("layout").get<std::string>();
       r.mesh_device = j.at("mesh_device").get<std::string>();
       r.mesh_dim_names = j.at("mesh_dim_names").get<std::vector<std::string>>();

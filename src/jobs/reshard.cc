@@ -136,7 +136,7 @@ void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const Chec
   // DCP source cut down by --only) is flattened as dcp.save would.
   bool own_layout = model.info.flat_layout && req.common.only.empty();
   dcp::DcpMetadata source_md = own_layout ? dcp::metadata_of(*model.info.flat_layout) : flattened_layout(model);
-  ReshardPlan plan = plan_reshard(model.tensors, req.world_size, source_world_size(model));
+  ReshardPlan plan = plan_reshard(model.tensors, *req.world_size, source_world_size(model));
   report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, report.bytes, req.output, "dcp");
   if (req.common.dry_run) {
@@ -170,7 +170,7 @@ void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const Chec
 void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
                    const CopyOptions& copy, JobReport& report, std::ostream& out) {
   if (part_of(req)) fail_invalid("--part: not available for --layout hf; use --layout dcp");
-  ReshardPlan plan = plan_reshard(model.tensors, req.world_size, source_world_size(model));
+  ReshardPlan plan = plan_reshard(model.tensors, *req.world_size, source_world_size(model));
   std::vector<std::vector<dcp_hf::Piece>> pieces = dcp_hf_pieces(model, plan);
   report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, report.bytes, req.output, "hf");
@@ -192,19 +192,15 @@ void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const Check
 void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
   if (job.cast_to) fail_invalid("--dtype: a universal checkpoint holds fp32 masters and states; drop --dtype");
-  if (req.world_size_given)
-    log::info("--world-size " + std::to_string(req.world_size) +
+  if (req.world_size)
+    log::info("--world-size " + std::to_string(*req.world_size) +
               ": not used, a universal checkpoint loads at the world size of the engine that loads it");
   ds_universal::UniversalPlan plan = ds_universal::plan_universal(model, source_world_size(model));
   report.bytes = plan.tensor_bytes;
   report.summary = "wrote " + req.output + " (deepspeed-universal): " + std::to_string(plan.params) +
                    " parameters with optimizer state, " + std::to_string(plan.others) + " without";
   if (req.common.dry_run) {
-    for (const auto& f : plan.files) {
-      uint64_t bytes = 0;
-      for (const auto& t : f.tensors) bytes += shape_numel(t.shape) * dtype_size(t.dtype);
-      out << f.path << "  " << human_bytes(bytes) << "\n";
-    }
+    for (const auto& f : plan.files) out << f.path << "  " << human_bytes(f.tensor_bytes()) << "\n";
     out << "latest_universal (beside " << req.output << ")\n";
     return;
   }
@@ -269,7 +265,7 @@ void reshard_to_accelerate(const ReshardRequest& req, const JobOptions& job, con
   if (!req.common.dry_run) dir = std::make_unique<AtomicDirectory>(req.output, req.common.force, !req.common.no_fsync);
   for (const AcceleratePart& p : parts) {
     CheckpointModel part = accelerate_part(model, p);
-    ReshardPlan plan = plan_reshard(part.tensors, req.world_size, source_world_size(model));
+    ReshardPlan plan = plan_reshard(part.tensors, *req.world_size, source_world_size(model));
     report.bytes += plan_output_bytes(part, plan);
     if (req.common.dry_run) {
       out << p.dir << "/\n";
@@ -319,7 +315,7 @@ void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, con
   std::vector<bool> sharded;
   for (const auto& t : model.tensors)
     sharded.push_back(per_rank ? t.is_sharded() : !t.shape.empty() && t.storage != StorageKind::kBuffer);
-  ReshardPlan plan = plan_rank_files(model.tensors, sharded, req.world_size);
+  ReshardPlan plan = plan_rank_files(model.tensors, sharded, *req.world_size);
   RankFilesLayout rank_layout = rank_files_layout(req, model, layout);
   report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, report.bytes, req.output, layout);
@@ -343,8 +339,8 @@ void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, con
 JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   JobClock clock;
   const CommonOptions& opt = req.common;
-  if (req.world_size_given && req.world_size < 1)
-    fail_invalid("--world-size must be at least 1 (got " + std::to_string(req.world_size) + ")");
+  if (req.world_size && *req.world_size < 1)
+    fail_invalid("--world-size must be at least 1 (got " + std::to_string(*req.world_size) + ")");
   const JobOptions job = settle(opt);
   if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
   require_layout_for_full_state_dict(req, source_kind_of(opt.source, {opt.files, opt.only, nullptr, opt.tag}));
@@ -359,7 +355,7 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   check_output_is_not_input(req.output, model);
   std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
   // A universal checkpoint loads at any world size; every other layout is written for one.
-  if (layout != "deepspeed-universal" && !req.world_size_given)
+  if (layout != "deepspeed-universal" && !req.world_size)
     fail_invalid("--world-size N is required (the number of ranks to write)");
   auto backend = choose_backend(job, job.cast_to.has_value());
   CopyOptions copy;
@@ -371,7 +367,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   // (the writers check what is left before publishing).
   if (copy.verify) copy.verify->defer_partial_records();
   JobReport report;
-  report.summary = "wrote " + req.output + " (" + layout + "): " + std::to_string(req.world_size) + " ranks";
+  report.summary =
+      "wrote " + req.output + " (" + layout + "): " + std::to_string(req.world_size.value_or(0)) + " ranks";
   report.tensors = model.tensors.size();
   report.dry_run = opt.dry_run;
   if (layout == "dcp")

@@ -6,6 +6,7 @@
 // process group).
 #pragma once
 
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -17,8 +18,8 @@ namespace ckpt::jobs {
 struct ReshardRequest {
   CommonOptions common;
   std::string output;
-  int world_size = 0;
-  bool world_size_given = true;  // the command line had --world-size (deepspeed-universal needs none)
+  // --world-size; absent only where the layout needs none (deepspeed-universal loads at any)
+  std::optional<int> world_size;
   // dcp | hf | fsdp-sharded-tensor | fsdp-dtensor | accelerate | deepspeed-universal; empty: the source's own
   std::string layout;
   std::string mesh_device;                  // DTensor layout: the mesh's device type; empty: the source's, else cpu

@@ -160,14 +160,15 @@ class UniversalReader {
     std::size_t idx = zero::copy_tensor(model, d, tensor_value(d), out_name);
     TensorEntry& t = model.tensors[idx];
     if (shape && t.shape != *shape) {
-      const bool flat = t.shape.size() == 1 && t.chunks.size() == 1 && t.chunks[0].strides == Shape{1};
-      if (!flat || shape_numel(t.shape) != shape_numel(*shape))
+      // ds_to_universal's ZeRO-3 files hold the parameter flat: its elements
+      // as the shape param_shapes gives (add_range refuses anything not flat).
+      if (shape_numel(t.shape) != shape_numel(*shape))
         fail_data_loss(d.path + ": '" + out_name + "' has shape " + shape_str(t.shape) + ", param_shapes says " +
                        shape_str(*shape));
+      TensorEntry flat = t;
       t.shape = *shape;
-      t.chunks[0].sizes = *shape;
-      t.chunks[0].offsets.assign(shape->size(), 0);
-      t.chunks[0].strides = contiguous_strides(*shape);
+      t.chunks.clear();
+      zero::add_range(t, flat, 0, 0, shape_numel(*shape), -1, d.path + ": '" + out_name + "'");
     }
     return idx;
   }
@@ -255,24 +256,20 @@ class UniversalReader {
         files_.push_back(path);
       }
     }
-    const int ws = int(rank_states_.size());
-    const Shape& shape = frozen_shapes_.at(name);
     std::vector<const TensorEntry*> frags;
+    std::vector<std::string> paths;
     for (const Decoded& m : rank_states_) {
       ValuePtr all = zero::as_dict(*m.root).get("frozen_param_fragments");
       ValuePtr frag = all && zero::as_dict(*all).is(Kind::kDict) ? zero::as_dict(*all).get(name) : nullptr;
       if (!frag || !tensor_ref_index(*frag)) return std::nullopt;
       frags.push_back(&m.tensor(*frag, m.path));
+      paths.push_back(m.path);
     }
     TensorEntry t;
     t.name = "model." + name;
-    t.shape = shape;
+    t.shape = frozen_shapes_.at(name);
     t.dtype = frags[0]->dtype;
-    const uint64_t numel = shape_numel(shape), part = (numel + ws - 1) / ws;
-    for (int r = 0; r < ws; ++r) {
-      uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
-      zero::add_range(t, *frags[r], 0, lo, hi - lo, r, rank_states_[r].path + ": frozen '" + name + "'");
-    }
+    zero::add_stage3_fragments(t, frags, paths);
     model.tensors.push_back(std::move(t));
     return model.tensors.size() - 1;
   }

@@ -1,6 +1,7 @@
 #include "formats/ds_universal/ds_universal_writer.h"
 
-#include <cstring>
+#include <bit>
+#include <cstdint>
 #include <map>
 #include <set>
 
@@ -81,7 +82,7 @@ class Planner {
       else if (t.frozen)
         frozen_.emplace_back(name, t.shape);
       if (auto s = states.find(name); s != states.end()) {
-        trainable_.emplace(name, model_.tensors.at(*index).shape);
+        trainable_.emplace(name, t.shape);
         param_files(out, name, *index, s->second);
         ++out.params;
         states.erase(s);
@@ -108,8 +109,12 @@ class Planner {
       param_shapes_.push_back(shapes);
     }
     push(out, optimizer_state(groups, *state));
-    for (const char* name : {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"})
-      push(out, model_states(root, name));
+    // The same file under both names every stage opens (ZeRO-1/2, ZeRO-3 rank 0).
+    UniversalFile model_file = model_states(root, "mp_rank_00_model_states.pt");
+    UniversalFile rank0_file = model_file;
+    rank0_file.path = "zero_pp_rank_0_mp_rank_00_model_states.pt";
+    push(out, std::move(model_file));
+    push(out, std::move(rank0_file));
     return out;
   }
 
@@ -121,7 +126,7 @@ class Planner {
   }
 
   void push(UniversalPlan& out, UniversalFile f) const {
-    for (const auto& t : f.tensors) out.tensor_bytes += shape_numel(t.shape) * dtype_size(t.dtype);
+    out.tensor_bytes += f.tensor_bytes();
     out.files.push_back(std::move(f));
   }
 
@@ -136,9 +141,9 @@ class Planner {
 
   // A Python number (a step saved as an int) as a 0-d float32 tensor.
   ValuePtr add_literal(UniversalFile& f, double value) const {
-    float v = static_cast<float>(value);
-    std::string bytes(sizeof v, '\0');
-    std::memcpy(bytes.data(), &v, sizeof v);  // little-endian hosts only (the build requires it)
+    const auto bits = std::bit_cast<uint32_t>(static_cast<float>(value));
+    std::string bytes(4, '\0');
+    for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>(bits >> (8 * i) & 0xff);  // torch.save's little-endian
     f.tensors.push_back({DType::kFloat32, {}});
     f.sources.push_back({0, true, bytes});
     return make_tensor_ref(f.tensors.size() - 1);
@@ -207,6 +212,7 @@ class Planner {
   // (what ds_to_universal writes; ZeRO-1/2 assign each group its own).
   UniversalFile optimizer_state(const ValuePtr& groups, const Value& state) const {
     UniversalFile f = file("zero/optimizer_state.pt");
+    std::map<const Value*, ValuePtr> done;
     auto param_groups = Value::list({});
     auto steps = Value::dict();
     const auto& seq = groups->as_sequence();
@@ -215,11 +221,8 @@ class Planner {
       if (!group->is(Kind::kDict))
         fail_invalid(model_.source + ": optim.param_groups." + std::to_string(g) + " is not a dict");
       auto copy = Value::dict();
-      for (const auto& [k, v] : group->entries) {
-        if (k->is(Kind::kStr) && k->text == "params") continue;
-        if (!plain(*v)) continue;  // hyper-parameters are numbers, bools, tuples, None
-        copy->entries.emplace_back(k, v);
-      }
+      for (const auto& [k, v] : group->entries)  // hyper-parameters (a tensor lr too)
+        if (!k->is(Kind::kStr) || k->text != "params") copy->entries.emplace_back(k, carry(f, v, done));
       copy->entries.emplace_back(Value::str("params"), Value::list({Value::integer(int64_t(g))}));
       param_groups->items.push_back(copy);
       if (const Value* step = group_step(*group, state))
@@ -233,17 +236,6 @@ class Planner {
                           {Value::str("param_groups"), param_groups},
                           {Value::str("optimizer_state_dict"), osd}});
     return f;
-  }
-
-  static bool plain(const Value& v) {
-    if (v.is(Kind::kInt) || v.is(Kind::kFloat) || v.is(Kind::kBool) || v.is(Kind::kNone) || v.is(Kind::kStr))
-      return true;
-    if (v.is(Kind::kTuple) || v.is(Kind::kList)) {
-      for (const auto& item : v.items)
-        if (!plain(*item)) return false;
-      return true;
-    }
-    return false;
   }
 
   std::string ds_version() const {

@@ -50,6 +50,12 @@ struct UniversalFile {
   pickle::ValuePtr root;  // tensor references index `tensors`
   std::vector<torch_pt::OutputTensor> tensors;
   std::vector<TensorSource> sources;  // one per tensor
+
+  uint64_t tensor_bytes() const {
+    uint64_t n = 0;
+    for (const auto& t : tensors) n += shape_numel(t.shape) * dtype_size(t.dtype);
+    return n;
+  }
 };
 
 struct UniversalPlan {

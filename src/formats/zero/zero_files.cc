@@ -174,6 +174,15 @@ void add_range(TensorEntry& out, const TensorEntry& src, uint64_t src_elem, uint
   split(0, {}, begin, begin + n);
 }
 
+void add_stage3_fragments(TensorEntry& out, const std::vector<const TensorEntry*>& frags,
+                          const std::vector<std::string>& paths) {
+  const uint64_t ws = frags.size(), numel = shape_numel(out.shape), part = (numel + ws - 1) / ws;
+  for (uint64_t r = 0; r < ws; ++r) {
+    uint64_t lo = std::min(numel, r * part), hi = std::min(numel, (r + 1) * part);
+    add_range(out, *frags[r], 0, lo, hi - lo, int(r), paths[r] + ": frozen '" + out.name + "'");
+  }
+}
+
 std::size_t copy_tensor(CheckpointModel& model, const Decoded& d, const Value& ref, const std::string& name) {
   TensorEntry t = d.tensor(ref, d.path + ": '" + name + "'");
   t.name = name;

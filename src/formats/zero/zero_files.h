@@ -48,6 +48,12 @@ pickle::ValuePtr at(const pickle::Value& v, std::string_view key, const std::str
 void add_range(TensorEntry& out, const TensorEntry& src, uint64_t src_elem, uint64_t begin, uint64_t n, int rank,
                const std::string& what);
 
+// `out` (its shape set) as ZeRO-3 keeps a frozen parameter: ceil(numel/ws)
+// elements in each rank's fragment, rank r's in frags[r] (read from its
+// model-states file paths[r]), the last rank's padded.
+void add_stage3_fragments(TensorEntry& out, const std::vector<const TensorEntry*>& frags,
+                          const std::vector<std::string>& paths);
+
 // Tensor `ref` of `d` appended to `model` under `name`; its index.
 std::size_t copy_tensor(CheckpointModel& model, const Decoded& d, const pickle::Value& ref, const std::string& name);
 

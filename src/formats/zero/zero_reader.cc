@@ -665,15 +665,14 @@ class ZeroReader {
       const char* where = frags && frags->is(Kind::kDict) ? "frozen_param_fragments" : "module";
       return copy_tensor(model, m0, lookup(m0, where, name), "model." + name);
     }
-    uint64_t numel = shape_numel(shape), part = (numel + ws_ - 1) / ws_;
-    const TensorEntry& first = m0.tensor(lookup(m0, "frozen_param_fragments", name), m0.path);
-    std::size_t idx = new_tensor(model, "model." + name, shape, first.dtype);
-    for (int r = 0; r < ws_; ++r) {
-      const Decoded& m = models_[r];
-      const TensorEntry& frag = m.tensor(lookup(m, "frozen_param_fragments", name), m.path);
-      uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
-      add_range(model.tensors[idx], frag, 0, lo, hi - lo, r, m.path + ": frozen '" + name + "'");
+    std::vector<const TensorEntry*> frags;
+    std::vector<std::string> paths;
+    for (const Decoded& m : models_) {
+      frags.push_back(&m.tensor(lookup(m, "frozen_param_fragments", name), m.path));
+      paths.push_back(m.path);
     }
+    std::size_t idx = new_tensor(model, "model." + name, shape, frags[0]->dtype);
+    add_stage3_fragments(model.tensors[idx], frags, paths);
     return idx;
   }
 
