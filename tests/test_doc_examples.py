@@ -6,6 +6,8 @@ holds what its names stand for, made from the fixtures:
 - ckpt/step-1000: a DCP checkpoint at world size 8 (the examples expect 8),
   resharded from testdata/dcp/fsdp2_adamw_ws2, which real FSDP2 wrote;
 - fsdp_ckpt/: per-rank ShardedTensor files (testdata/fsdp_st/adamw_ws2);
+- fsdp1_ckpt/, init_state_dict.pt: FSDP1 LOCAL_STATE_DICT and raw optimizer
+  files and their layout (testdata/fsdp1/torch2.15/orig_adamw_ws3);
 - verl/global_step_100/actor/: veRL's DTensor files (testdata/fsdp_dt/adamw_ws2);
 - outputs/checkpoint/step-100, step-200, run1/step-1000, run2/step-1000:
   copies of the DCP fixture;
@@ -92,6 +94,11 @@ def sources(tmp_path_factory, ckptconv) -> Path:
     (root / "fsdp_ckpt").mkdir()
     for f in (TESTDATA / "fsdp_st" / "adamw_ws2").glob("*rank*.pt"):
         shutil.copy(f, root / "fsdp_ckpt")
+    fsdp1 = TESTDATA / "fsdp1" / "torch2.15" / "orig_adamw_ws3"
+    (root / "fsdp1_ckpt").mkdir()
+    for f in fsdp1.glob("*rank*.pt"):
+        shutil.copy(f, root / "fsdp1_ckpt")
+    shutil.copy(fsdp1 / "layout.pt", root / "init_state_dict.pt")
     actor = root / "verl" / "global_step_100" / "actor"
     actor.mkdir(parents=True)
     for f in (TESTDATA / "fsdp_dt" / "adamw_ws2").glob("*_world_size_*"):

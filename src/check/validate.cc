@@ -113,6 +113,11 @@ class Validator {
     }
   }
 
+  ReadOptions read_options(ProblemSink* sink) const {
+    ReadOptions r{opt_.files, opt_.only, sink, opt_.tag};
+    r.param_layout = opt_.param_layout;
+    return r;
+  }
   bool wants_manifest() const { return !opt_.write_manifest.empty() || !opt_.manifest.empty(); }
   void check(const std::string& name) { report_.checks.push_back(name); }
 
@@ -122,7 +127,7 @@ class Validator {
     check("reading");
     try {
       if (opt_.files.empty()) report_.checkpoint = resolve_checkpoint(src_, opt_.tag);
-      report_.format = source_format_name(source_kind_of(src_, {opt_.files, opt_.only, nullptr, opt_.tag}));
+      report_.format = source_format_name(source_kind_of(src_, read_options(nullptr)));
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kInvalidArgument) throw;
       // A save that died before its metadata is a checkpoint with a problem
@@ -138,7 +143,7 @@ class Validator {
       return std::nullopt;
     }
     try {
-      return read_checkpoint(src_, {opt_.files, opt_.only, &sink_, opt_.tag});
+      return read_checkpoint(src_, read_options(&sink_));
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kInvalidArgument) throw;  // usage: several families, a bad glob, ...
       sink_.report(e, report_.source);

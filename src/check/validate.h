@@ -32,6 +32,7 @@ struct ValidateOptions {
   std::vector<std::string> files;  // --files instead of SRC
   std::string only;                // per-rank families: read only "model" or "optim" files
   std::string tag;                 // DeepSpeed: the tag directory (default: `latest`)
+  std::string param_layout;        // --param-layout: FSDP1 flat parameters' names, shapes and order
   bool finite = false;
   int expect_world_size = -1;
   std::string expect_keys_file;   // one key per line; "" for none

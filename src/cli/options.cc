@@ -25,6 +25,13 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
     sub->add_option("--files", opt.files, "Per-rank files listed one by one (instead of SRC)")
         ->expected(1, -1)
         ->group(kInputGroup);
+  if (which & kFiles)
+    sub->add_option("--param-layout", opt.param_layout,
+                    "FSDP1 flat-parameter files (LOCAL_STATE_DICT, raw optimizer.state_dict()): a checkpoint of the "
+                    "same model giving its parameter names, shapes and order (a torch.save'd state_dict(), FSDP "
+                    "full or sharded files, a DCP checkpoint)")
+        ->check(CLI::ExistingFile | CLI::ExistingDirectory)
+        ->group(kInputGroup);
   if (which & kOnly)
     sub->add_option("--only", opt.only, help.only)->check(CLI::IsMember({"model", "optim"}))->group(kSelectionGroup);
   if (which & kKeys) sub->add_option("--keys", opt.keys, help.keys)->group(kSelectionGroup);

@@ -34,6 +34,10 @@ struct ReadOptions {
   // read alone, as the file it is (with a warning); other commands refuse
   // it (exit 2), as its content alone would make a wrong whole.
   bool one_rank_alone = false;
+  // --param-layout: a checkpoint of the same model whose state dict gives
+  // the parameter names, shapes and order that FSDP1 flat-parameter files
+  // lack (formats/fsdp_flat/flat_params.h); other sources refuse it.
+  std::string param_layout = {};
 };
 
 // How sure a probe is that a source is of its format. The highest answer

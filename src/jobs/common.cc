@@ -26,9 +26,15 @@ JobOptions settle(const CommonOptions& opt) {
   return out;
 }
 
+ReadOptions read_options(const CommonOptions& opt) {
+  ReadOptions r{opt.files, opt.only, nullptr, opt.tag};
+  r.param_layout = opt.param_layout;
+  return r;
+}
+
 CheckpointModel read_source(const CommonOptions& opt) {
   settle(opt);  // a bad option value is a usage error before anything is read
-  CheckpointModel model = read_checkpoint(opt.source, {opt.files, opt.only, nullptr, opt.tag});
+  CheckpointModel model = read_checkpoint(opt.source, read_options(opt));
   if (spdlog::should_log(spdlog::level::debug)) {  // -v: what SRC was found to be
     std::string ws;
     for (int w : model.info.world_sizes) ws += (ws.empty() ? "" : ", ") + std::to_string(w);

@@ -14,6 +14,7 @@
 #include "core/memory_budget.h"
 #include "exec/backend.h"
 #include "exec/tensor_copy.h"
+#include "formats/input_format.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::jobs {
@@ -22,6 +23,7 @@ struct CommonOptions {
   std::string source;              // SRC
   std::vector<std::string> files;  // --files: per-rank files listed one by one, instead of SRC
   std::string tag;                 // --tag: DeepSpeed tag directory (default: `latest`)
+  std::string param_layout;        // --param-layout FILE: FSDP1 flat parameters' names, shapes and order
   std::string only;                // --only model|optim
   std::string keys;                // --keys REGEX
   bool exclude_frozen = false;     // --exclude-frozen: drop parameters the job did not train
@@ -48,6 +50,9 @@ struct JobOptions {
 // InvalidArgument (exit 2) naming the option for a value it does not take.
 JobOptions settle(const CommonOptions& opt);
 
+// What the readers take from the options (SRC's tag, --files, --only,
+// --param-layout), the one place they are gathered.
+ReadOptions read_options(const CommonOptions& opt);
 // SRC (or --files) read; per-rank sources read only the --only family.
 CheckpointModel read_source(const CommonOptions& opt);
 // --only for the other sources (that top-level entry becomes the root, or

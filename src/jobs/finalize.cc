@@ -19,6 +19,7 @@ json common_json(const CommonOptions& o) {
   return {{"source", o.source},
           {"files", o.files},
           {"tag", o.tag},
+          {"param_layout", o.param_layout},
           {"only", o.only},
           {"keys", o.keys},
           {"exclude_frozen", o.exclude_frozen},
@@ -37,6 +38,7 @@ CommonOptions common_from(const json& j) {
   o.source = j.at("source").get<std::string>();
   o.files = j.at("files").get<std::vector<std::string>>();
   o.tag = j.at("tag").get<std::string>();
+  o.param_layout = j.value("param_layout", "");  // absent in requests of earlier versions
   o.only = j.at("only").get<std::string>();
   o.keys = j.at("keys").get<std::string>();
   o.exclude_frozen = j.value("exclude_frozen", false);  // absent in requests of earlier versions

@@ -60,8 +60,9 @@ JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
       (is_checkpoint_root(req.common.source) ||
        (zero::is_deepspeed_root(req.common.source) && list_checkpoints(req.common.source).size() > 1)))
     return list_root(req, out);
-  CheckpointModel model =
-      read_checkpoint(req.common.source, {req.common.files, req.common.only, nullptr, req.common.tag, true});
+  ReadOptions read = read_options(req.common);
+  read.one_rank_alone = true;
+  CheckpointModel model = read_checkpoint(req.common.source, read);
   if (!req.common.only.empty() || !req.common.keys.empty()) model = select_source(std::move(model), req.common);
   if (req.json)
     out << model_to_json(model).dump(2) << "\n";

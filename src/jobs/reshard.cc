@@ -343,7 +343,7 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid("--world-size must be at least 1 (got " + std::to_string(*req.world_size) + ")");
   const JobOptions job = settle(opt);
   if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
-  require_layout_for_full_state_dict(req, source_kind_of(opt.source, {opt.files, opt.only, nullptr, opt.tag}));
+  require_layout_for_full_state_dict(req, source_kind_of(opt.source, read_options(opt)));
   check_output_place(req.output, true);
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(req.output.c_str(), &st) == 0)

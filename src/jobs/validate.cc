@@ -10,6 +10,7 @@ JobReport run_validate(const ValidateRequest& req, std::ostream& out) {
   options.files = req.common.files;
   options.tag = req.common.tag;
   options.only = req.common.only;
+  options.param_layout = req.common.param_layout;
   const JobOptions job = settle(req.common);
   options.device = job.device;
   options.threads = job.threads;

@@ -14,8 +14,8 @@ CheckpointModel read(const std::string& src, const ReadOptions& options) {
   if (!options.files.empty())
     return read_fsdp_rank_files(
         options.files, options.files.front() + " (and " + std::to_string(options.files.size() - 1) + " more files)",
-        options.only, options.problems);
-  return read_fsdp_ranks(src, options.only, options.problems);
+        options.only, options.problems, options.param_layout);
+  return read_fsdp_ranks(src, options.only, options.problems, options.param_layout);
 }
 
 }  // namespace

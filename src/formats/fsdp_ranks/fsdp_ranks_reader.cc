@@ -9,6 +9,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/problems.h"
+#include "formats/detect.h"
+#include "formats/fsdp_flat/flat_params.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/fsdp_ranks/rank_merge.h"
 #include "formats/torch_pt/pt_reader.h"
@@ -160,35 +162,6 @@ int check_ranks(std::vector<RankFile>& files, ProblemSink* sink) {
   return world_size;
 }
 
-// Raw optim.state_dict() of FSDP1 flat parameters: state keyed by integer
-// ids whose tensors are plain 1-D slices of a padded flat parameter.
-void refuse_flat_parameter_shards(const RankFile& f) {
-  const Value& root = *f.model.root;
-  ValuePtr state = root.is(Kind::kDict) ? root.get("state") : nullptr;
-  if (!state || !state->is(Kind::kDict) || state->entries.empty()) return;
-  for (const auto& [key, per_param] : state->entries) {
-    if (!key->is(Kind::kInt)) return;
-    if (!per_param->is(Kind::kDict)) continue;
-    for (const auto& [name, value] : per_param->entries) {
-      auto idx = tensor_ref_index(*value);
-      if (!idx || (name->is(Kind::kStr) && name->text == "step")) continue;
-      const TensorEntry& t = f.model.tensors.at(*idx);
-      if (t.is_sharded() || t.shape.size() != 1) continue;
-      fail(ErrorCode::kUnimplemented,
-           f.path + ": optimizer state keyed by integer parameter ids holds plain 1-D tensors ('state." +
-               std::to_string(key->int_value) + "." + (name->is(Kind::kStr) ? name->text : name->repr(1)) + "' has " +
-               std::to_string(t.shape[0]) +
-               " elements on this rank): this is a raw optimizer.state_dict() of FSDP1 flat parameters "
-               "(use_orig_params=False). Each rank's tensor is a padded slice of a flat parameter that concatenates "
-               "several original parameters, and which parameters, in what order, with what shapes and padding is not "
-               "stored in these files, so they cannot be consolidated. What would be needed: the flat-parameter "
-               "metadata of the wrapped model (FSDP's FlatParameter _fqns/_shapes/_numels and padding per FSDP "
-               "unit), or optimizer files saved with FSDP.optim_state_dict(model, optim) (FQN keys, ShardedTensor or "
-               "DTensor values). The model files consolidate alone with --only model.");
-    }
-  }
-}
-
 // What the family tells about the source. The DeviceMesh is looked up only
 // when the family holds DTensors (a job writing DTensor files names it).
 SourceInfo family_info(const Family& family, int world_size, const CheckpointModel& merged) {
@@ -223,15 +196,33 @@ void merge_info(SourceInfo& into, const SourceInfo& other) {
   if (!into.mesh) into.mesh = other.mesh;
 }
 
-CheckpointModel read_family(const Family& family, ProblemSink* sink) {
+// A family's files, each decoded, their ranks checked.
+struct FamilyFiles {
+  const Family* family = nullptr;
   std::vector<RankFile> files;
-  for (const auto& [path, name] : family.files) files.push_back(read_rank_file(path, name, sink));
-  int world_size = check_ranks(files, sink);
+  int world_size = 0;
+
+  const RankFile& base() const {
+    auto it = std::find_if(files.begin(), files.end(), [](const RankFile& f) { return !f.unreadable; });
+    if (it == files.end())
+      fail_data_loss("none of the " + std::to_string(files.size()) + " files of '" + family->tmpl + "' could be read");
+    return *it;
+  }
+};
+
+FamilyFiles read_family_files(const Family& family, ProblemSink* sink) {
+  FamilyFiles out{&family, {}, 0};
+  for (const auto& [path, name] : family.files) out.files.push_back(read_rank_file(path, name, sink));
+  out.world_size = check_ranks(out.files, sink);
+  return out;
+}
+
+CheckpointModel merge_family(FamilyFiles&& read, ProblemSink* sink) {
+  const Family& family = *read.family;
+  std::vector<RankFile>& files = read.files;
+  const int world_size = read.world_size;
   // The lowest readable rank is the base the others merge into.
-  auto base = std::find_if(files.begin(), files.end(), [](const RankFile& f) { return !f.unreadable; });
-  if (base == files.end())
-    fail_data_loss("none of the " + std::to_string(files.size()) + " files of '" + family.tmpl + "' could be read");
-  refuse_flat_parameter_shards(*base);
+  auto base = files.begin() + (&read.base() - files.data());
   CheckpointModel merged = std::move(base->model);
   for (auto it = base + 1; it != files.end(); ++it) {
     if (it->unreadable) continue;
@@ -339,18 +330,96 @@ void prefix_names(CheckpointModel& model, const std::string& prefix) {
 
 }  // namespace
 
+namespace {
+
+bool holds_flat(const FamilyFiles& f) {
+  const CheckpointModel& m = f.base().model;
+  return fsdp_flat::holds_flat_params(m) || fsdp_flat::holds_flat_optimizer_state(m);
+}
+
+// FSDP1 flat parameters (LOCAL_STATE_DICT model files, raw optim.state_dict()
+// files): unflattened with the layout file; without one, refused saying what
+// is missing. `chosen` are the families --only picked; the model family is
+// read even under --only optim, for its units.
+CheckpointModel read_flat(const std::vector<Family>& families, std::vector<FamilyFiles>& chosen,
+                          const std::string& only, const std::string& param_layout, ProblemSink* sink) {
+  const FamilyFiles& flat = *std::find_if(chosen.begin(), chosen.end(), holds_flat);
+  const bool optim = fsdp_flat::holds_flat_optimizer_state(flat.base().model);
+  const std::string units_note =
+      " The FSDP units are recorded only in LOCAL_STATE_DICT model files, which unflattening the optimizer files "
+      "needs beside them; model files saved otherwise (SHARDED_STATE_DICT) consolidate alone with --only model.";
+  if (param_layout.empty()) {
+    fail(ErrorCode::kUnimplemented,
+         flat.base().path +
+             (optim ? ": a raw optimizer.state_dict() of FSDP1 flat parameters (integer ids, each rank's tensors 1-D "
+                      "slices of a flat parameter)"
+                    : ": a LOCAL_STATE_DICT of FSDP1 flat parameters (each unit's `_flat_param` a 1-D ShardedTensor)") +
+             ". Which parameters a flat parameter holds, with what shapes and padding, is not stored in these "
+             "files: give the model's parameter names, shapes and order with --param-layout FILE (any checkpoint "
+             "of the same model that keeps its state_dict() order: a torch.save'd state_dict() such as the "
+             "initialisation or a pretrained .pt/.bin, FSDP full or sharded state dict files, a DCP checkpoint)." +
+             (optim ? units_note : ""));
+  }
+  std::vector<FamilyFiles> all;
+  for (const Family* f : choose_families(families, "", sink)) {
+    auto it = std::find_if(chosen.begin(), chosen.end(), [&](const FamilyFiles& c) { return c.family == f; });
+    all.push_back(it != chosen.end() ? std::move(*it) : read_family_files(*f, sink));
+  }
+  fsdp_flat::Inputs in;
+  in.want_model = only != "optim";
+  in.want_optim = only != "model";
+  in.world_size = all.front().world_size;
+  SourceInfo info;
+  for (const FamilyFiles& f : all) {
+    if (f.world_size != in.world_size)
+      fail_data_loss("the model and optimizer files are of world sizes " + std::to_string(in.world_size) + " and " +
+                     std::to_string(f.world_size));
+    const bool is_optim = fsdp_flat::holds_flat_optimizer_state(f.base().model);
+    if (!is_optim && !fsdp_flat::holds_flat_params(f.base().model))
+      fail(ErrorCode::kUnimplemented,
+           f.base().path + ": not a LOCAL_STATE_DICT of flat parameters, beside raw optimizer files of them." +
+               units_note);
+    for (const RankFile& r : f.files) {
+      if (r.unreadable) fail_data_loss(r.path + ": unreadable, so its rank's flat parameters cannot be unflattened");
+      (is_optim ? in.optim : in.model).push_back({r.path, r.name.rank, &r.model});
+    }
+    SourceInfo fi = family_info(*f.family, f.world_size, f.base().model);
+    if (info.families.empty())
+      info = std::move(fi);
+    else
+      merge_info(info, fi);
+  }
+  CheckpointModel layout = read_checkpoint(param_layout, {});
+  CheckpointModel model = fsdp_flat::unflatten(in, layout, param_layout);
+  model.info = std::move(info);
+  model.facts["world_size"] = std::to_string(in.world_size);
+  return model;
+}
+
+}  // namespace
+
 CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
-                                     const std::string& only, ProblemSink* sink) {
+                                     const std::string& only, ProblemSink* sink, const std::string& param_layout) {
   std::vector<Family> families = group_families(files);
   std::vector<const Family*> chosen = choose_families(families, only, sink);
-  if (chosen.size() == 1) {
-    CheckpointModel model = read_family(*chosen[0], sink);
+  std::vector<FamilyFiles> read;
+  for (const Family* f : chosen) read.push_back(read_family_files(*f, sink));
+  if (std::any_of(read.begin(), read.end(), holds_flat)) {
+    CheckpointModel model = read_flat(families, read, only, param_layout, sink);
+    model.source = source;
+    return model;
+  }
+  if (!param_layout.empty())
+    fail_invalid("--param-layout is for FSDP1 flat-parameter files (LOCAL_STATE_DICT, raw optimizer.state_dict()); " +
+                 source + " holds none");
+  if (read.size() == 1) {
+    CheckpointModel model = merge_family(std::move(read[0]), sink);
     model.source = source;
     return model;
   }
   // A model and an optimizer family: {"model": ..., "optim": ...}, as DCP checkpoints hold them.
-  CheckpointModel model = read_family(*chosen[0], sink);
-  CheckpointModel optim = read_family(*chosen[1], sink);
+  CheckpointModel model = merge_family(std::move(read[0]), sink);
+  CheckpointModel optim = merge_family(std::move(read[1]), sink);
   prune_unreferenced(optim.root, optim.tensors, model.tensors.size());
   prefix_names(model, "model");
   prefix_names(optim, "optim");
@@ -363,12 +432,13 @@ CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, cons
   return model;
 }
 
-CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only, ProblemSink* sink) {
+CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only, ProblemSink* sink,
+                                const std::string& param_layout) {
   std::error_code ec;
   if (fs::is_directory(src, ec)) {
     std::vector<std::string> files = list_rank_files(src);
     if (files.empty()) fail(ErrorCode::kNotFound, src + ": no per-rank files (*rank{r}*.pt) in this directory");
-    return read_fsdp_rank_files(files, src, only, sink);
+    return read_fsdp_rank_files(files, src, only, sink, param_layout);
   }
   // Like a directory, a glob may catch files that name no rank (model_full.pt): they are skipped.
   std::vector<std::string> files, unnamed;
@@ -376,7 +446,7 @@ CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only,
   for (const auto& path : unnamed) log::info("skipping " + path + ": no rank in its file name");
   std::sort(files.begin(), files.end());
   if (files.empty()) fail(ErrorCode::kNotFound, src + ": matches no per-rank files (*rank{r}*.pt)");
-  return read_fsdp_rank_files(files, src, only, sink);
+  return read_fsdp_rank_files(files, src, only, sink, param_layout);
 }
 
 }  // namespace ckpt::fsdp_ranks

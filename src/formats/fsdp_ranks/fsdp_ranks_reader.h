@@ -18,9 +18,10 @@
 // One family gives its state dict as it is (model or optimizer). A model and
 // an optimizer family side by side give {"model": ..., "optim": ...}; `only`
 // ("model" / "optim") reads just that family and gives its state dict alone.
-// Raw optim.state_dict() files of FSDP1 flat parameters (integer ids, plain
-// 1-D flat shards) are refused (Unimplemented): the split of a flat parameter
-// into the original parameters is not in the files.
+// FSDP1 flat-parameter files (LOCAL_STATE_DICT model files, raw
+// optim.state_dict() files: formats/fsdp_flat/flat_params.h) are unflattened
+// with `param_layout` (--param-layout FILE) into the full state dicts; without
+// it they are refused (Unimplemented) saying what is missing.
 #pragma once
 
 #include <string>
@@ -36,9 +37,11 @@ namespace ckpt::fsdp_ranks {
 // reader can continue past (an unreadable file, a rank missing, duplicated
 // or of another world size, values that differ between ranks) is reported
 // there instead of thrown; the model holds what could be merged.
-CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only = "", ProblemSink* sink = nullptr);
+CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only = "", ProblemSink* sink = nullptr,
+                                const std::string& param_layout = "");
 // Files given one by one; `source` names them in messages.
 CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
-                                     const std::string& only = "", ProblemSink* sink = nullptr);
+                                     const std::string& only = "", ProblemSink* sink = nullptr,
+                                     const std::string& param_layout = "");
 
 }  // namespace ckpt::fsdp_ranks

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Write FSDP1 flat-parameter checkpoints for ckptconv's tests: the fastest
+save an FSDP1 job has, and the one nothing else unflattens.
+
+    python tools/make_fsdp1_checkpoints.py --out testdata/fsdp1 [CASE ...]
+    /work/venvs/torch24/bin/python tools/make_fsdp1_checkpoints.py --out testdata/fsdp1
+
+Each case is a real FSDP1 job (``FullyShardedDataParallel`` on CPU, gloo,
+world_size processes on this machine) over a model with every shape the
+unflattening has to get right:
+
+    scale               3      root parameter, registered before the children
+    emb.weight          11x6   nn.Embedding, tied to head.weight (one FlatParameter entry)
+    blocks.{0,1}        Block  each its own FSDP unit, nested in the root unit
+      .lin1             Inner  Linear 6->9, a unit nested in its Block
+      .lin2             Linear 9->6 (with use_orig_params=True, blocks.1.lin2.bias is frozen
+                               inside a trainable unit)
+      .gain             6
+      .running          buffer (3), never flattened
+    proj                Frozen Linear 6->6, its own unit, every parameter frozen
+    head.weight         tied to emb.weight
+
+trained for 2 steps with an optimizer built from ``model.parameters()``, and
+saved per rank the fast way:
+
+    model_rank{r}.pt   model.state_dict() under LOCAL_STATE_DICT: each unit's
+                       ``<prefix>_flat_param`` as a 1-D ShardedTensor of the
+                       unit's flat parameter (no world-size padding in its
+                       global size when use_orig_params=False), buffers plain
+    optim_rank{r}.pt   optim.state_dict(): integer ids, each tensor this
+                       rank's 1-D slice of a flat parameter (use_orig_params=
+                       False: one id per unit, padded slices) or of an
+                       original parameter (True: one id per parameter)
+
+and, from the same job, what ckptconv has to produce and what it needs:
+
+    layout.pt          torch.save(model.state_dict()) of the unwrapped model
+                       (the parameter names, shapes and order; tied weights
+                       share storage), what ``--param-layout`` is given
+    model_full.pt      FULL_STATE_DICT (rank 0)
+    optim_full.pt      FSDP.optim_state_dict(model, optim) under FULL_STATE_DICT (rank 0)
+    case.json          torch version, world size, use_orig_params, optimizer,
+                       every unit's flat-parameter fqns and numels as FSDP
+                       itself recorded them
+
+CPU only; needs no GPU. Runs on torch 2.4 and later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+STEPS = 2
+VOCAB, EMB, HID = 11, 6, 9
+
+# name: (world size, use_orig_params, optimizer)
+CASES = {
+    "flat_adam_ws2": (2, False, "adam"),
+    "orig_adamw_ws3": (3, True, "adamw"),
+    "flat_sgd_ws4": (4, False, "sgd"),
+    "orig_adam_ws4": (4, True, "adam"),
+}
+
+
+class Inner(nn.Linear):
+    """Wrapped as its own unit inside each Block (nested wrapping)."""
+
+
+class Frozen(nn.Linear):
+    """A unit whose parameters are all frozen."""
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1 = Inner(EMB, HID)
+        self.lin2 = nn.Linear(HID, EMB)
+        self.gain = nn.Parameter(torch.ones(EMB) + 0.1 * torch.randn(EMB))
+        self.register_buffer("running", torch.arange(3, dtype=torch.float32))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.gain * self.lin2(torch.tanh(self.lin1(h)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([1.0, -0.5, 0.25]))
+        self.emb = nn.Embedding(VOCAB, EMB)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.proj = Frozen(EMB, EMB)
+        self.proj.requires_grad_(False)
+        self.head = nn.Linear(EMB, VOCAB, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.emb(idx)
+        for b in self.blocks:
+            h = h + b(h)
+        h = self.proj(h)
+        logits = self.head(h)
+        return (logits.logsumexp(-1) - logits[..., 0]).mean() + (h[..., :3] * self.scale).mean()
+
+
+def fresh_model(use_orig_params: bool) -> Net:
+    torch.manual_seed(0)
+    model = Net()
+    if use_orig_params:  # frozen and trainable parameters mixed in one unit
+        model.blocks[1].lin2.bias.requires_grad_(False)
+    return model
+
+
+def make_optim(model: nn.Module, kind: str) -> torch.optim.Optimizer:
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.99), foreach=False)
+    if kind == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05, foreach=False)
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+
+
+def batch(step: int, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, VOCAB, (4, 5), generator=g)
+
+
+def wrap(model: nn.Module, use_orig_params: bool) -> nn.Module:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+    policy = functools.partial(lambda_auto_wrap_policy,
+                               lambda_fn=lambda m: isinstance(m, (Block, Inner, Frozen)))
+    return FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=policy, use_orig_params=use_orig_params)
+
+
+def units(model: nn.Module) -> list[dict]:
+    """Every FSDP unit's flat parameter as FSDP recorded it (for case.json)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    out = []
+    for name, m in model.named_modules():
+        if not isinstance(m, FSDP) or m._handle is None:
+            continue
+        fp = m._handle.flat_param
+        out.append({
+            "module": name.replace("_fsdp_wrapped_module.", "").replace("._fsdp_wrapped_module", ""),
+            "fqns": list(fp._fqns),
+            "numels": [int(n) for n in fp._numels_with_padding],
+            "is_padding": [bool(p) for p in fp._is_padding_mask],
+            "unpadded_unsharded_numel": int(fp._unpadded_unsharded_size.numel()),
+            "shard_numel": int(fp.numel()),
+        })
+    return out
+
+
+def job(rank: int, ws: int, out: Path, case: str) -> None:
+    from torch.distributed.fsdp import (FullOptimStateDictConfig, FullStateDictConfig,
+                                        FullyShardedDataParallel as FSDP, StateDictType)
+    _, orig, opt = CASES[case]
+    d = out / case
+    if rank == 0:
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        torch.save(fresh_model(orig).state_dict(), d / "layout.pt")
+    model = wrap(fresh_model(orig), orig)
+    optim = make_optim(model, opt)
+    for step in range(STEPS):
+        optim.zero_grad(set_to_none=True)
+        model(batch(step, rank)).backward()
+        optim.step()
+    dist.barrier()
+    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
+        torch.save(model.state_dict(), d / f"model_rank{rank}.pt")
+    torch.save(optim.state_dict(), d / f"optim_rank{rank}.pt")
+    # offload_to_cpu=False for both, every rank, cloned inside the context
+    # (the values are views of the unsharded flat parameter): with True,
+    # torch 2.4.1 FSDP1 on CPU fails in the FULL_STATE_DICT hook, and the
+    # optimizer returns views of one reused all-gather buffer, so exp_avg and
+    # exp_avg_sq of a parameter would come out equal.
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(offload_to_cpu=False, rank0_only=False),
+                              FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)):
+        full_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        full_optim = FSDP.optim_state_dict(model, optim)
+        full_optim["state"] = {k: {n: v.clone() if torch.is_tensor(v) else v for n, v in st.items()}
+                               for k, st in full_optim["state"].items()}
+    if rank == 0:
+        torch.save(full_model, d / "model_full.pt")
+        torch.save(full_optim, d / "optim_full.pt")
+        facts = {"torch": torch.__version__, "python": sys.version.split()[0], "world_size": ws,
+                 "use_orig_params": orig, "optimizer": opt, "steps": STEPS, "units": units(model)}
+        (d / "case.json").write_text(json.dumps(facts, indent=1) + "\n")
+    dist.barrier()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def entry(rank: int, ws: int, port: int, out: Path, case: str) -> None:
+    import warnings
+    warnings.filterwarnings("ignore")
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    try:
+        job(rank, ws, out, case)
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("cases", nargs="*", default=list(CASES))
+    args = ap.parse_args()
+    for case in args.cases:
+        ws = CASES[case][0]
+        mp.spawn(entry, args=(ws, free_port(), args.out, case), nprocs=ws, join=True)
+        print(f"{args.out / case}: FSDP1 ws{ws}, torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
