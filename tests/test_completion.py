@@ -56,7 +56,7 @@ def test_bash_completes_commands_options_and_values(ckptconv, run_ckptconv):
         assert not missing, (command, missing)
     assert _bash_complete(script, "ckptconv", "consolidate", "x", "--dtype", "b") == ["bf16"]  # torch names: accepted, not offered
     assert _bash_complete(script, "ckptconv", "reshard", "x", "--layout", "fsdp") == ["fsdp-sharded-tensor",
-                                                                                       "fsdp-dtensor"]
+                                                                                       "fsdp-dtensor", "fsdp1-flat"]
     assert _bash_complete(script, "ckptconv", "completion", "") == ["bash", "zsh"]
     # SRC and -o OUT complete file names
     assert "ckptconv" in _bash_complete(script, "ckptconv", "inspect", "ckpt")

@@ -6,9 +6,12 @@ FSDP.optim_state_dict(model, optim) that torch wrote in the same job.
 Every case ran under torch 2.15 and torch 2.4: use_orig_params False and
 True, world sizes 2-4, Adam/AdamW/SGD, nested units, a tied weight, a unit
 of frozen parameters and (use_orig_params=True) a frozen parameter inside a
-trainable unit."""
+trainable unit. Written back for other world sizes (reshard --layout
+fsdp1-flat), they resume a real FSDP1 job exactly."""
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,6 +113,50 @@ def test_reshard_reads_back_equal(ws, tmp_path, run_ckptconv):
         got = consolidate(run_ckptconv, out, tmp_path / f"{layout}{ws}.pt")
         assert_same(got["model"], model)
         assert_optim_same(got["optim"], optim)
+
+
+# ---- writing: FSDP1's fast save for another world size -----------------------
+
+@pytest.mark.parametrize("case, n", [("torch2.15/flat_adam_ws2", 3), ("torch2.15/orig_adamw_ws3", 2),
+                                     ("torch2.4/flat_sgd_ws4", 3), ("torch2.4/orig_adam_ws4", 3)])
+def test_written_files_resume_a_real_fsdp1_job(case, n, tmp_path, run_ckptconv):
+    """A real FSDP1 job at world size n loads the files with LOCAL_STATE_DICT
+    and optim.load_state_dict and trains on exactly as a job that loaded the
+    source job's FULL references (tests/fsdp1_flat_resume.py)."""
+    d = ROOT / case
+    out = tmp_path / "written"
+    r = run_ckptconv("reshard", d, "--param-layout", d / "layout.pt", "--layout", "fsdp1-flat",
+                     "--world-size", n, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{k}_rank{i}.pt" for k in ("model", "optim") for i in range(n))
+    res = tmp_path / "resume.pt"
+    p = subprocess.run([sys.executable, str(REPO / "tests" / "fsdp1_flat_resume.py"), str(n), str(res), str(d),
+                        str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    got = torch.load(res, weights_only=True)
+    model, optim = refs(d)
+    assert_same(got["loaded"]["model"], model, "loaded model", key_order=False)
+    # torch 2.15's Adam fills in the hyper-parameter a torch 2.4 file lacks
+    # (decoupled_weight_decay, False) when it loads the state.
+    for g, w in zip(got["loaded"]["optim"]["param_groups"], optim["param_groups"]):
+        for k in set(g) - set(w):
+            assert k == "decoupled_weight_decay" and g.pop(k) is False, k
+    assert_optim_same(got["loaded"]["optim"], optim)
+    written, reference = got["losses"]
+    assert torch.equal(written, reference), (written, reference)
+    assert_same(got["final"][0], got["final"][1], "after two steps", key_order=False)
+    # and ckptconv reads its own files back as the source
+    back = consolidate(run_ckptconv, out, tmp_path / "back.pt", "--param-layout", d / "layout.pt")
+    assert_same(back["model"], model)
+    assert_optim_same(back["optim"], optim)
+
+
+def test_fsdp1_flat_needs_an_fsdp1_source(tmp_path, run_ckptconv):
+    d = REPO / "testdata" / "fsdp_st" / "adamw_ws2"
+    r = run_ckptconv("reshard", d, "--layout", "fsdp1-flat", "--world-size", 2, "-o", tmp_path / "out")
+    assert r.returncode == 2 and "records no FSDP units" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_validate_and_inspect(run_ckptconv):

@@ -38,9 +38,12 @@ void register_reshard(CLI::App& app) {
          "file per rank and family, as FSDP1 SHARDED_STATE_DICT), accelerate (an Accelerate checkpoint "
          "folder: pytorch_model_fsdp_0/ and optimizer_0/ as DCP, its other files copied), deepspeed-universal (a "
          "DeepSpeed universal checkpoint, DST = <root>/<tag>_universal, which a DeepSpeed engine with "
-         "load_universal loads at any world size; <root>/latest_universal names it); default: the "
+         "load_universal loads at any world size; <root>/latest_universal names it), fsdp1-flat (FSDP1's "
+         "LOCAL_STATE_DICT model files and raw optimizer files per rank, from FSDP1 flat-parameter files read "
+         "with --param-layout); default: the "
          "source's own, required for a full state dict")
-      ->check(CLI::IsMember({"dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal"}))
+      ->check(CLI::IsMember(
+          {"dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal", "fsdp1-flat"}))
       ->group(kOutputGroup);
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
   sub->add_option(

@@ -13,6 +13,7 @@
 #include "exec/write_dcp.h"
 #include "exec/write_dcp_hf.h"
 #include "exec/write_ds_universal.h"
+#include "exec/write_fsdp1_flat.h"
 #include "exec/write_rank_files.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/dcp/dcp_writer.h"
@@ -214,6 +215,35 @@ void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, cons
   write_ds_universal(model, plan, options);
 }
 
+// FSDP1's fast save for another world size: LOCAL_STATE_DICT model files and
+// raw optimizer files (formats/fsdp_flat/flat_writer.h), with the units,
+// use_orig_params and tied names of the FSDP1 source they were read from.
+void reshard_to_fsdp1_flat(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
+  if (!model.info.fsdp1)
+    fail_invalid(
+        "--layout fsdp1-flat writes the files of an FSDP1 job whose units and use_orig_params are known: "
+        "its source must be FSDP1 flat-parameter files read with --param-layout (" +
+        std::string(source_kind_name(model.info.kind)) + " " + model.source + " records no FSDP units)");
+  if (job.cast_to) fail_invalid("--dtype: FSDP1 flat parameters keep the job's dtypes; drop --dtype");
+  if (part_of(req)) fail_invalid("--part: --layout fsdp1-flat is written by one process");
+  std::string model_tmpl = "model_rank{r}.pt", optim_tmpl = "optim_rank{r}.pt";
+  for (const auto& f : model.info.families) {
+    const fsdp_ranks::RankFileName name = fsdp_ranks::name_rank_files(f.files).at(0).second;
+    (name.kind == "optim" ? optim_tmpl : model_tmpl) = name.tmpl;
+  }
+  fsdp_flat::FlatPlan plan =
+      fsdp_flat::plan_fsdp1_flat(model, *model.info.fsdp1, *req.world_size, model_tmpl, optim_tmpl);
+  report.bytes = plan.tensor_bytes;
+  if (req.common.dry_run) {
+    for (const auto& f : plan.files) out << f.path << "  " << human_bytes(f.tensor_bytes()) << "\n";
+    return;
+  }
+  check_output_size(report.bytes, req.output, job);
+  ProgressScope progress("reshard " + req.output, report.bytes);
+  write_fsdp1_flat(plan, {req.output, req.common.force, !req.common.no_fsync, copy});
+}
+
 // Accelerate's checkpoint folder (accelerator.save_state under FSDP's
 // SHARDED_STATE_DICT): pytorch_model_fsdp_<i>/, a DCP directory of
 // {"model": ...}, and optimizer_<i>/, one of {"optimizer": ...} (what
@@ -379,6 +409,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     reshard_to_accelerate(req, job, model, copy, report, out);
   else if (layout == "deepspeed-universal")
     reshard_to_universal(req, job, model, copy, report, out);
+  else if (layout == "fsdp1-flat")
+    reshard_to_fsdp1_flat(req, job, model, copy, report, out);
   else
     reshard_to_rank_files(req, job, model, layout, copy, report, out);
   clock.finish(report);

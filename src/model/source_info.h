@@ -89,6 +89,21 @@ struct DeclaredContents {
   uint64_t tensor_bytes = 0;
 };
 
+// An FSDP1 flat-parameter source's structure (formats/fsdp_flat/), what
+// writing such files for another world size needs: each unit's flat
+// parameter, the mode, the tied names and model.parameters() order.
+struct Fsdp1Unit {
+  std::string key;                  // "blocks.0._flat_param"
+  std::vector<std::string> params;  // its parameters' names, in flat order
+  int alignment = 0;                // elements each parameter is aligned to (use_orig_params=True), else 0
+};
+struct Fsdp1Layout {
+  bool use_orig_params = false;
+  std::vector<Fsdp1Unit> units;  // in the order of the _flat_param keys (use_orig_params=False: the optimizer's ids)
+  std::vector<std::string> parameters;                       // model.parameters() order (no tied alias, no buffer)
+  std::vector<std::pair<std::string, std::string>> aliases;  // tied name -> the parameter it shares
+};
+
 struct SourceInfo {
   SourceKind kind = SourceKind::kTorchPt;
   std::vector<std::string> files;         // the files read, sorted (per-rank sources; else SRC itself)
@@ -96,6 +111,7 @@ struct SourceInfo {
   std::vector<int> world_sizes;           // distinct world sizes the source was written at; {1} for single files
   std::optional<DeviceMeshInfo> mesh;     // per-rank DTensor files: the mesh of the first one that has one
   std::optional<FlatLayout> flat_layout;  // DCP directories
+  std::optional<Fsdp1Layout> fsdp1;       // FSDP1 flat-parameter files read with --param-layout
   // The source names tensors by flat dotted keys only (safetensors without
   // ckptconv.tree): how they nest is unknown, so diff compares paths only.
   bool flat_keys = false;

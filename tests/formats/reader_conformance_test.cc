@@ -42,7 +42,14 @@ struct Case {
   std::string reference;  // a full state dict torch wrote, read by the torch_pt reader
   SourceKind kind;
   int world_size;
-  std::string tag = {};  // ReadOptions.tag: a checkpoint in a folder of them
+  std::string tag = {};           // ReadOptions.tag: a checkpoint in a folder of them
+  std::string param_layout = {};  // ReadOptions.param_layout: FSDP1 flat parameters' names and shapes
+
+  ReadOptions read_options() const {
+    ReadOptions r{{}, only, nullptr, tag};
+    r.param_layout = param_layout;
+    return r;
+  }
 };
 
 fs::path scratch(const std::string& name) {
@@ -110,6 +117,13 @@ std::vector<Case> cases() {
       {"folder of checkpoints, --tag latest", testdata("frameworks/accelerate_fsdp1_ws2/project/checkpoints"), "model",
        testdata("frameworks/accelerate_fsdp1_ws2/references/checkpoint_1/model_full.pt"), SourceKind::kDcpPair, 2,
        "latest"},
+      // FSDP1's LOCAL_STATE_DICT and raw optimizer files, against FULL_STATE_DICT and FSDP.optim_state_dict.
+      {"FSDP1 flat parameters (model)", testdata("fsdp1/torch2.15/orig_adamw_ws3"), "model",
+       testdata("fsdp1/torch2.15/orig_adamw_ws3/model_full.pt"), SourceKind::kFsdpRanks, 3, "",
+       testdata("fsdp1/torch2.15/orig_adamw_ws3/layout.pt")},
+      {"FSDP1 flat parameters (optim)", testdata("fsdp1/torch2.4/flat_sgd_ws4"), "optim",
+       testdata("fsdp1/torch2.4/flat_sgd_ws4/optim_full.pt"), SourceKind::kFsdpRanks, 4, "",
+       testdata("fsdp1/torch2.4/flat_sgd_ws4/layout.pt")},
   };
 #ifdef CKPT_HAVE_HDF5
   out.push_back({"HDF5 file", written(OutputFormat::kHdf5, "ref.h5"), "", testdata("dcp/fsdp2_adamw_ws2.ref.pt"),
@@ -147,7 +161,7 @@ std::string with_truncated(const Case& c, const std::vector<std::string>& files,
 TEST_CASE("every reader meets the same contract on a real fixture", "[formats][conformance]") {
   for (const Case& c : cases()) {
     INFO(c.name);
-    CheckpointModel model = read_checkpoint(c.source, {{}, c.only, nullptr, c.tag});
+    CheckpointModel model = read_checkpoint(c.source, c.read_options());
     // --only, where the reader leaves it to selection (as jobs do)
     if (!c.only.empty() && !source_traits(model.info.kind).reader_selects_only) {
       SelectOptions only;
@@ -180,7 +194,7 @@ TEST_CASE("every reader meets the same contract on a real fixture", "[formats][c
       INFO("truncated: " << victim);
       std::string path = with_truncated(c, model.info.files, victim);
       try {
-        CheckpointModel bad = read_checkpoint(path, {{}, c.only, nullptr, c.tag});
+        CheckpointModel bad = read_checkpoint(path, c.read_options());
         require_valid(bad);
         FAIL("reading a truncated file succeeded");
       } catch (const Error& e) {

@@ -93,18 +93,9 @@ struct Unit {
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-// The offsets FSDP gives `numels` at `alignment` (0: none) and world size
-// `ws`; the total, with the world-size padding use_orig_params=True adds.
 std::pair<std::vector<uint64_t>, uint64_t> plan_offsets(const std::vector<uint64_t>& numels, int alignment, int ws) {
-  std::vector<uint64_t> offsets;
-  uint64_t total = 0;
-  for (uint64_t n : numels) {
-    if (alignment > 0 && total % uint64_t(alignment)) total += uint64_t(alignment) - total % uint64_t(alignment);
-    offsets.push_back(total);
-    total += n;
-  }
-  if (alignment > 0 && total % uint64_t(ws)) total += uint64_t(ws) - total % uint64_t(ws);
-  return {offsets, total};
+  FlatOffsets f = flat_offsets(numels, alignment, ws);
+  return {std::move(f.offsets), f.total};
 }
 
 // The local shard of rank r's `_flat_param` ShardedTensor, checked against
@@ -422,10 +413,10 @@ ValuePtr build_optim(Builder& b, const ModelFiles& mf, const std::vector<LayoutE
     const Value& first_dict = dict_of(per_rank[std::size_t(first)], in.optim[std::size_t(first)].path + ": " + id_what);
     // Rank r's slice of this id: the flat elements [start, start + len).
     auto slice_of = [&](int r) -> std::pair<uint64_t, uint64_t> {
-      auto [b, e] = u.rank_range(r);
+      auto [rb, re] = u.rank_range(r);
       if (!mf.orig_params) return {uint64_t(r) * u.chunk, u.chunk};  // padded to c on every rank
       uint64_t o = u.offsets[t.members[0]], n = shape_numel(layout[std::size_t(u.params[t.members[0]])].shape);
-      uint64_t lo = std::max(b, o), hi = std::min(e, o + n);
+      uint64_t lo = std::max(rb, o), hi = std::min(re, o + n);
       return {lo, hi > lo ? hi - lo : 0};
     };
     std::vector<std::vector<std::pair<ValuePtr, ValuePtr>>> per_name(t.members.size());
@@ -499,6 +490,18 @@ ValuePtr build_optim(Builder& b, const ModelFiles& mf, const std::vector<LayoutE
 
 }  // namespace
 
+FlatOffsets flat_offsets(const std::vector<uint64_t>& numels, int alignment, int world_size) {
+  FlatOffsets out;
+  const uint64_t a = uint64_t(alignment), ws = uint64_t(world_size);
+  for (uint64_t n : numels) {
+    if (a > 0 && out.total % a) out.total += a - out.total % a;
+    out.offsets.push_back(out.total);
+    out.total += n;
+  }
+  if (a > 0 && out.total % ws) out.total += ws - out.total % ws;
+  return out;
+}
+
 bool holds_flat_params(const CheckpointModel& model) {
   bool found = false;
   walk_leaves(*model.root, [&](const Leaf& leaf) {
@@ -551,8 +554,24 @@ CheckpointModel unflatten(const Inputs& in, const CheckpointModel& layout_model,
   if (!model_root && !optim_root) fail_invalid("--only optim: no raw optimizer files beside the model files");
   b.out.root = both ? Value::dict({{Value::str("model"), model_root}, {Value::str("optim"), optim_root}})
                     : (model_root ? model_root : optim_root);
-  std::size_t params = 0;
-  for (const auto& u : mf.units) params += u.params.size();
+  Fsdp1Layout fl;
+  fl.use_orig_params = mf.orig_params;
+  std::vector<int> order;
+  for (const auto& u : mf.units) {
+    Fsdp1Unit fu{u.key, {}, u.alignment};
+    for (int p : u.params) {
+      fu.params.push_back(layout[std::size_t(p)].name);
+      order.push_back(p);
+    }
+    fl.units.push_back(std::move(fu));
+  }
+  std::sort(order.begin(), order.end());
+  for (int p : order) fl.parameters.push_back(layout[std::size_t(p)].name);
+  for (const auto& e : layout)
+    if (e.alias_of >= 0 && !mf.buffers.count(layout[std::size_t(e.alias_of)].name))
+      fl.aliases.emplace_back(e.name, layout[std::size_t(e.alias_of)].name);
+  const std::size_t params = order.size();
+  b.out.info.fsdp1 = std::move(fl);
   b.out.facts["fsdp1_flat_params"] = std::to_string(mf.units.size()) + " units, " + std::to_string(params) +
                                      " parameters, use_orig_params=" + (mf.orig_params ? "True" : "False") +
                                      ", layout from " + layout_path;

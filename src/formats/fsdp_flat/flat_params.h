@@ -38,12 +38,23 @@
 // the expected and found numel and the likely cause.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "model/checkpoint_model.h"
 
 namespace ckpt::fsdp_flat {
+
+// Where FSDP puts parameters of `numels` elements in a flat parameter:
+// each one's first element, aligned to `alignment` elements (0: none, as
+// use_orig_params=False), and the total, with use_orig_params=True's
+// padding to a multiple of `world_size`.
+struct FlatOffsets {
+  std::vector<uint64_t> offsets;
+  uint64_t total = 0;
+};
+FlatOffsets flat_offsets(const std::vector<uint64_t>& numels, int alignment, int world_size);
 
 // One rank's file of a family, decoded and not merged with the others.
 struct RankFile {

@@ -391,6 +391,7 @@ CheckpointModel read_flat(const std::vector<Family>& families, std::vector<Famil
   }
   CheckpointModel layout = read_checkpoint(param_layout, {});
   CheckpointModel model = fsdp_flat::unflatten(in, layout, param_layout);
+  info.fsdp1 = std::move(model.info.fsdp1);
   model.info = std::move(info);
   model.facts["world_size"] = std::to_string(in.world_size);
   return model;
