@@ -93,11 +93,6 @@ struct Unit {
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-std::pair<std::vector<uint64_t>, uint64_t> plan_offsets(const std::vector<uint64_t>& numels, int alignment, int ws) {
-  FlatOffsets f = flat_offsets(numels, alignment, ws);
-  return {std::move(f.offsets), f.total};
-}
-
 // The local shard of rank r's `_flat_param` ShardedTensor, checked against
 // what FSDP gives that rank: [r*c, r*c + c) clipped to the numel.
 TensorEntry local_shard(const Unit& u, const TensorEntry& st, const RankFile& f, int ws) {
@@ -235,9 +230,9 @@ void assign_params(ModelFiles& mf, const std::vector<LayoutEntry>& layout, int w
     std::vector<std::pair<int, std::vector<uint64_t>>> fits;
     for (int a : kAlignments) {
       if ((a > 0) != mf.orig_params) continue;
-      auto [offsets, total] = plan_offsets(numels, a, ws);
-      bool same = std::any_of(fits.begin(), fits.end(), [&](const auto& f) { return f.second == offsets; });
-      if (total == u.numel && !same) fits.emplace_back(a, offsets);
+      const FlatOffsets at = flat_offsets(numels, a, ws);
+      bool same = std::any_of(fits.begin(), fits.end(), [&](const auto& f) { return f.second == at.offsets; });
+      if (at.total == u.numel && !same) fits.emplace_back(a, at.offsets);
     }
     if (fits.size() == 1) {
       u.alignment = fits[0].first;
@@ -245,7 +240,7 @@ void assign_params(ModelFiles& mf, const std::vector<LayoutEntry>& layout, int w
       continue;
     }
     if (fits.empty()) {
-      uint64_t expected = plan_offsets(numels, mf.orig_params ? 4 : 0, ws).second;
+      uint64_t expected = flat_offsets(numels, mf.orig_params ? 4 : 0, ws).total;
       fail_data_loss(u.label() + " holds " + std::to_string(u.numel) +
                      " elements, but the parameters the layout file " + layout_path + " gives it (" +
                      (names.empty() ? std::string("none") : list_names(names)) + ") add up to " +
