@@ -72,10 +72,10 @@ def worker(rank, ws, out, case_dir, written_dir):
                                         FullyShardedDataParallel as FSDP, StateDictType)
     g = generator()
     case = json.loads((Path(case_dir) / "case.json").read_text())
-    orig, opt = case["use_orig_params"], case["optimizer"]
+    orig, opt, which = case["use_orig_params"], case["optimizer"], case.get("optimizer_params", "all")
 
     written = g.wrap(g.fresh_model(orig), orig)
-    written_optim = g.make_optim(written, opt)
+    written_optim = g.make_optim(written, opt, which)
     with FSDP.state_dict_type(written, StateDictType.LOCAL_STATE_DICT):
         # With use_orig_params=True torch's own LOCAL_STATE_DICT does not load
         # strictly (its `_flat_param` keys are "unexpected": the module
@@ -89,7 +89,7 @@ def worker(rank, ws, out, case_dir, written_dir):
     loaded = full_state(written, written_optim)
 
     ref = g.wrap(g.fresh_model(orig), orig)
-    ref_optim = g.make_optim(ref, opt)
+    ref_optim = g.make_optim(ref, opt, which)
     full_model = torch.load(Path(case_dir) / "model_full.pt", weights_only=True)
     full_optim = torch.load(Path(case_dir) / "optim_full.pt", weights_only=True)
     with FSDP.state_dict_type(ref, StateDictType.FULL_STATE_DICT,

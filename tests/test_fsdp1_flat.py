@@ -48,9 +48,10 @@ def assert_optim_same(got, want):
 def test_the_cases_cover_the_issue():
     seen = {(json.loads((d / "case.json").read_text())["torch"].split("+")[0], d.name) for d in CASES}
     assert {v for v, _ in seen} == {"2.15.0", "2.4.1"}
-    for version in ("2.15.0", "2.4.1"):
-        names = {n for v, n in seen if v == version}
-        assert names == {"flat_adam_ws2", "orig_adamw_ws3", "flat_sgd_ws4", "orig_adam_ws4"}
+    everywhere = {"flat_adam_ws2", "orig_adamw_ws3", "flat_sgd_ws4", "orig_adam_ws4"}
+    assert {n for v, n in seen if v == "2.4.1"} == everywhere
+    assert {n for v, n in seen if v == "2.15.0"} == everywhere | {"orig_adamw_trainable_ws2",
+                                                                  "flat_adam_trainable_ws3"}
 
 
 @pytest.mark.parametrize("d", CASES, ids=ids)
@@ -65,7 +66,8 @@ def test_consolidate_equals_torchs_full_state_dicts(d, tmp_path, run_ckptconv):
     assert "proj.weight" not in got["optim"]["state"]
 
 
-@pytest.mark.parametrize("d", CASES[:2] + CASES[4:6], ids=ids)
+@pytest.mark.parametrize("d", [ROOT / "torch2.15" / "flat_adam_ws2", ROOT / "torch2.15" / "orig_adamw_ws3",
+                               ROOT / "torch2.4" / "flat_sgd_ws4", ROOT / "torch2.4" / "orig_adam_ws4"], ids=ids)
 def test_only_model_and_only_optim(d, tmp_path, run_ckptconv):
     model, optim = refs(d)
     layout = ["--param-layout", str(d / "layout.pt")]
@@ -118,7 +120,9 @@ def test_reshard_reads_back_equal(ws, tmp_path, run_ckptconv):
 # ---- writing: FSDP1's fast save for another world size -----------------------
 
 @pytest.mark.parametrize("case, n", [("torch2.15/flat_adam_ws2", 3), ("torch2.15/orig_adamw_ws3", 2),
-                                     ("torch2.4/flat_sgd_ws4", 3), ("torch2.4/orig_adam_ws4", 3)])
+                                     ("torch2.4/flat_sgd_ws4", 3), ("torch2.4/orig_adam_ws4", 3),
+                                     ("torch2.15/orig_adamw_trainable_ws2", 3),
+                                     ("torch2.15/flat_adam_trainable_ws3", 2)])
 def test_written_files_resume_a_real_fsdp1_job(case, n, tmp_path, run_ckptconv):
     """A real FSDP1 job at world size n loads the files with LOCAL_STATE_DICT
     and optim.load_state_dict and trains on exactly as a job that loaded the
@@ -167,6 +171,20 @@ def test_validate_and_inspect(run_ckptconv):
     assert r.returncode == 0, r.stderr
     assert "model.blocks.0.lin1.weight" in r.stdout and "(9, 6)" in r.stdout
     assert "use_orig_params=False" in r.stdout
+
+
+def test_an_optimizer_of_the_trainable_parameters_only(tmp_path, run_ckptconv):
+    """optim = AdamW(p for p in model.parameters() if p.requires_grad): fewer
+    ids than parameters (units); which ones, the one order-keeping choice
+    that every rank's state lengths fit."""
+    for name, frozen in (("orig_adamw_trainable_ws2", {"blocks.1.lin2.bias", "proj.weight", "proj.bias"}),
+                         ("flat_adam_trainable_ws3", {"proj.weight", "proj.bias"})):
+        d = ROOT / "torch2.15" / name
+        model, optim = refs(d)
+        got = consolidate(run_ckptconv, d, tmp_path / f"{name}.pt", "--param-layout", d / "layout.pt")
+        assert_same(got["model"], model)
+        assert_optim_same(got["optim"], optim)
+        assert not frozen & set(got["optim"]["param_groups"][0]["params"])
 
 
 # ---- refused: nothing guessed, nothing written -------------------------------
@@ -234,6 +252,46 @@ def test_a_layout_of_another_model(tmp_path, run_ckptconv):
     other = REPO / "testdata" / "fsdp_st" / "adamw_ws2" / "model_full.pt"
     err = run_refused(run_ckptconv, tmp_path, d, "--param-layout", other)
     assert "which the layout file" in err and "another model" in err, err
+
+
+def drop_optimizer_id(src, dst, drop):
+    """src's files in dst, id `drop` left out of the optimizer (as if the job
+    had not given that unit to it), the others renumbered."""
+    dst.mkdir()
+    for f in src.glob("model_rank*.pt"):
+        shutil.copy(f, dst / f.name)
+    for f in src.glob("optim_rank*.pt"):
+        osd = torch.load(f, weights_only=True)
+        new = lambda i: i - (i > drop)  # noqa: E731
+        osd["state"] = {new(i): st for i, st in osd["state"].items() if i != drop}
+        for g in osd["param_groups"]:
+            g["params"] = [new(i) for i in g["params"] if i != drop]
+        torch.save(osd, dst / f.name)
+
+
+def test_an_optimizer_subset_the_state_tells_apart(tmp_path, run_ckptconv):
+    # flat_adam_ws2 without blocks.1's unit (id 3): the ids' shard lengths
+    # 35, 33, 32, 32 and proj's none fit one choice only.
+    src = ROOT / "torch2.15" / "flat_adam_ws2"
+    drop_optimizer_id(src, tmp_path / "ckpt", 3)
+    got = consolidate(run_ckptconv, tmp_path / "ckpt", tmp_path / "out.pt", "--param-layout", src / "layout.pt")
+    _, optim = refs(src)
+    names = got["optim"]["param_groups"][0]["params"]
+    unit = {"blocks.1.gain", "blocks.1.lin2.weight", "blocks.1.lin2.bias"}  # not blocks.1.lin1, a unit of its own
+    assert names == [n for n in optim["param_groups"][0]["params"] if n not in unit]
+    for n in names:
+        if n in optim["state"]:
+            assert_same(got["optim"]["state"][n], optim["state"][n], n, key_order=False)
+
+
+def test_an_optimizer_subset_the_state_cannot_tell_apart(tmp_path, run_ckptconv):
+    # Without blocks.1.lin1's unit (id 4), the last id (proj's, no state)
+    # could be blocks.1.lin1 or proj: refused, not guessed.
+    src = ROOT / "torch2.15" / "flat_adam_ws2"
+    drop_optimizer_id(src, tmp_path / "ckpt", 4)
+    err = run_refused(run_ckptconv, tmp_path, tmp_path / "ckpt", "--param-layout", src / "layout.pt")
+    assert "param_groups list 5 parameter ids, the model has 6 flat parameters" in err, err
+    assert "more than one choice" in err
 
 
 def test_files_of_another_world_size(tmp_path, run_ckptconv):

@@ -20,7 +20,9 @@ unflattening has to get right:
     proj                Frozen Linear 6->6, its own unit, every parameter frozen
     head.weight         tied to emb.weight
 
-trained for 2 steps with an optimizer built from ``model.parameters()``, and
+trained for 2 steps with an optimizer built from ``model.parameters()`` (the
+``*_trainable_*`` cases: only the parameters that require grad, as jobs
+with frozen parts do), and
 saved per rank the fast way:
 
     model_rank{r}.pt   model.state_dict() under LOCAL_STATE_DICT: each unit's
@@ -65,13 +67,17 @@ import torch.nn as nn
 STEPS = 2
 VOCAB, EMB, HID = 11, 6, 9
 
-# name: (world size, use_orig_params, optimizer)
+# name: (world size, use_orig_params, optimizer, the optimizer's parameters:
+# all of model.parameters(), or only those that require grad)
 CASES = {
-    "flat_adam_ws2": (2, False, "adam"),
-    "orig_adamw_ws3": (3, True, "adamw"),
-    "flat_sgd_ws4": (4, False, "sgd"),
-    "orig_adam_ws4": (4, True, "adam"),
+    "flat_adam_ws2": (2, False, "adam", "all"),
+    "orig_adamw_ws3": (3, True, "adamw", "all"),
+    "flat_sgd_ws4": (4, False, "sgd", "all"),
+    "orig_adam_ws4": (4, True, "adam", "all"),
+    "orig_adamw_trainable_ws2": (2, True, "adamw", "trainable"),
+    "flat_adam_trainable_ws3": (3, False, "adam", "trainable"),
 }
+DEFAULT_CASES = [c for c in CASES if CASES[c][3] == "all"]
 
 
 class Inner(nn.Linear):
@@ -122,12 +128,13 @@ def fresh_model(use_orig_params: bool) -> Net:
     return model
 
 
-def make_optim(model: nn.Module, kind: str) -> torch.optim.Optimizer:
+def make_optim(model: nn.Module, kind: str, which: str = "all") -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if which == "all" or p.requires_grad]
     if kind == "adam":
-        return torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.99), foreach=False)
+        return torch.optim.Adam(params, lr=1e-2, betas=(0.9, 0.99), foreach=False)
     if kind == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05, foreach=False)
-    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05, foreach=False)
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
 
 
 def batch(step: int, rank: int) -> torch.Tensor:
@@ -165,7 +172,7 @@ def units(model: nn.Module) -> list[dict]:
 def job(rank: int, ws: int, out: Path, case: str) -> None:
     from torch.distributed.fsdp import (FullOptimStateDictConfig, FullStateDictConfig,
                                         FullyShardedDataParallel as FSDP, StateDictType)
-    _, orig, opt = CASES[case]
+    _, orig, opt, which = CASES[case]
     d = out / case
     if rank == 0:
         if d.exists():
@@ -173,7 +180,7 @@ def job(rank: int, ws: int, out: Path, case: str) -> None:
         d.mkdir(parents=True)
         torch.save(fresh_model(orig).state_dict(), d / "layout.pt")
     model = wrap(fresh_model(orig), orig)
-    optim = make_optim(model, opt)
+    optim = make_optim(model, opt, which)
     for step in range(STEPS):
         optim.zero_grad(set_to_none=True)
         model(batch(step, rank)).backward()
@@ -198,7 +205,7 @@ def job(rank: int, ws: int, out: Path, case: str) -> None:
         torch.save(full_model, d / "model_full.pt")
         torch.save(full_optim, d / "optim_full.pt")
         facts = {"torch": torch.__version__, "python": sys.version.split()[0], "world_size": ws,
-                 "use_orig_params": orig, "optimizer": opt, "steps": STEPS, "units": units(model)}
+                 "use_orig_params": orig, "optimizer": opt, "optimizer_params": which, "steps": STEPS, "units": units(model)}
         (d / "case.json").write_text(json.dumps(facts, indent=1) + "\n")
     dist.barrier()
 
@@ -225,7 +232,7 @@ def entry(rank: int, ws: int, port: int, out: Path, case: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("cases", nargs="*", default=list(CASES))
+    ap.add_argument("cases", nargs="*", default=DEFAULT_CASES + [c for c in CASES if c not in DEFAULT_CASES])
     args = ap.parse_args()
     for case in args.cases:
         ws = CASES[case][0]

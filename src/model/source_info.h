@@ -91,7 +91,7 @@ struct DeclaredContents {
 
 // An FSDP1 flat-parameter source's structure (formats/fsdp_flat/), what
 // writing such files for another world size needs: each unit's flat
-// parameter, the mode, the tied names and model.parameters() order.
+// parameter, the mode and the tied names.
 struct Fsdp1Unit {
   std::string key;                  // "blocks.0._flat_param"
   std::vector<std::string> params;  // its parameters' names, in flat order
@@ -100,7 +100,6 @@ struct Fsdp1Unit {
 struct Fsdp1Layout {
   bool use_orig_params = false;
   std::vector<Fsdp1Unit> units;  // in the order of the _flat_param keys (use_orig_params=False: the optimizer's ids)
-  std::vector<std::string> parameters;                       // model.parameters() order (no tied alias, no buffer)
   std::vector<std::pair<std::string, std::string>> aliases;  // tied name -> the parameter it shares
 };
 

@@ -328,27 +328,90 @@ struct IdTarget {
   std::vector<std::size_t> members;  // indices into unit->params
 };
 
-std::vector<IdTarget> id_targets(const ModelFiles& mf, std::size_t n_ids, const std::string& file) {
+// What one id's state says about which parameter it is: per rank, the
+// length of its per-element tensors, kAbsent where the rank has no state for
+// it, kScalarsOnly where it has state without per-element tensors.
+constexpr int64_t kAbsent = -1, kScalarsOnly = -2;
+using IdLengths = std::vector<int64_t>;
+
+// Every optimizer parameter the model could have, in model.parameters()
+// order: one per unit (use_orig_params=False), or one per parameter (True),
+// with the per-element length each rank holds of it.
+std::vector<IdTarget> all_targets(const ModelFiles& mf, const std::vector<LayoutEntry>& layout, int ws,
+                                  std::vector<IdLengths>& expected) {
   std::vector<IdTarget> out;
   if (!mf.orig_params) {
     for (const auto& u : mf.units) {
       IdTarget t{&u, {}};
       for (std::size_t k = 0; k < u.params.size(); ++k) t.members.push_back(k);
       out.push_back(std::move(t));
+      expected.emplace_back(std::size_t(ws), int64_t(u.chunk));  // the padded shard, on every rank
     }
-  } else {
-    // model.parameters() order is registration order: the layout's.
-    std::vector<std::tuple<int, const Unit*, std::size_t>> all;
-    for (const auto& u : mf.units)
-      for (std::size_t k = 0; k < u.params.size(); ++k) all.emplace_back(u.params[k], &u, k);
-    std::sort(all.begin(), all.end());
-    for (const auto& [p, u, k] : all) out.push_back({u, {k}});
+    return out;
   }
-  if (out.size() != n_ids)
-    fail_data_loss(file + ": its param_groups list " + std::to_string(n_ids) + " parameter ids, but the model (" +
-                   (mf.orig_params ? "use_orig_params=True" : "use_orig_params=False") + ") has " +
-                   std::to_string(out.size()) + (mf.orig_params ? " parameters" : " flat parameters") +
-                   ": the optimizer must be built from all of model.parameters(), in order");
+  // model.parameters() order is registration order: the layout's.
+  std::vector<std::tuple<int, const Unit*, std::size_t>> all;
+  for (const auto& u : mf.units)
+    for (std::size_t k = 0; k < u.params.size(); ++k) all.emplace_back(u.params[k], &u, k);
+  std::sort(all.begin(), all.end());
+  for (const auto& [p, u, k] : all) {
+    out.push_back({u, {k}});
+    IdLengths len;
+    const uint64_t o = u->offsets[k], n = shape_numel(layout[std::size_t(p)].shape);
+    for (int r = 0; r < ws; ++r) {
+      auto [rb, re] = u->rank_range(r);
+      const uint64_t lo = std::max(rb, o), hi = std::min(re, o + n);
+      len.push_back(hi > lo ? int64_t(hi - lo) : 0);
+    }
+    expected.push_back(std::move(len));
+  }
+  return out;
+}
+
+// Could the id whose state has `got` be the parameter with `want`?
+bool fits(const IdLengths& got, const IdLengths& want) {
+  const bool per_element = std::any_of(got.begin(), got.end(), [](int64_t n) { return n >= 0; });
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    if (got[r] >= 0 && got[r] != want[r]) return false;
+    // A trained parameter has state on every rank that holds part of it.
+    if (per_element && got[r] == kAbsent && want[r] > 0) return false;
+  }
+  return true;
+}
+
+// Which optimizer parameter each id is. All of them in order, when the
+// optimizer was built from model.parameters(); when it holds fewer (built
+// from the trainable ones), the one order-keeping choice of them that fits
+// every rank's lengths, or DataLoss when none or more than one does.
+std::vector<IdTarget> id_targets(const ModelFiles& mf, const std::vector<LayoutEntry>& layout, int ws,
+                                 const std::vector<IdLengths>& got, const std::string& file) {
+  std::vector<IdLengths> want;
+  std::vector<IdTarget> all = all_targets(mf, layout, ws, want);
+  const std::string kind = mf.orig_params ? " parameters (use_orig_params=True)" : " flat parameters";
+  const std::size_t K = got.size(), T = all.size();
+  if (K == T) return all;
+  if (K > T)
+    fail_data_loss(file + ": its param_groups list " + std::to_string(K) + " parameter ids, but the model has " +
+                   std::to_string(T) + kind + " (a layout of another model?)");
+  // ways[k][t]: how many order-keeping choices match ids k.. to targets t.. (2 = several).
+  std::vector<std::vector<int>> ways(K + 1, std::vector<int>(T + 1, 0));
+  for (std::size_t t = 0; t <= T; ++t) ways[K][t] = 1;
+  for (std::size_t k = K; k-- > 0;)
+    for (std::size_t t = T; t-- > 0;)
+      ways[k][t] = std::min(2, ways[k][t + 1] + (fits(got[k], want[t]) ? ways[k + 1][t + 1] : 0));
+  if (ways[0][0] != 1)
+    fail_data_loss(file + ": its param_groups list " + std::to_string(K) + " parameter ids, the model has " +
+                   std::to_string(T) + kind + ", and " +
+                   (ways[0][0] == 0 ? std::string("no choice of them in model order")
+                                    : std::string("more than one choice of them")) +
+                   " fits every rank's state lengths: the optimizer must be built from model.parameters(), or "
+                   "from a subset of it in that order that the state tells apart");
+  std::vector<IdTarget> out;
+  for (std::size_t k = 0, t = 0; k < K; ++t)
+    if (fits(got[k], want[t]) && ways[k + 1][t + 1] > 0 && ways[k][t + 1] == 0) {
+      out.push_back(all[t]);
+      ++k;
+    }
   return out;
 }
 
@@ -381,12 +444,28 @@ ValuePtr build_optim(Builder& b, const ModelFiles& mf, const std::vector<LayoutE
       ids.push_back(p->int_value);
     }
   }
-  std::vector<IdTarget> targets = id_targets(mf, ids.size(), f0.path);
   std::vector<const Value*> states;
   for (const auto& f : in.optim) {
     ValuePtr st = dict_of(f.model->root, f.path).get("state");
     states.push_back(&dict_of(st, f.path + ": 'state'"));
   }
+  std::vector<IdLengths> lengths;
+  for (int64_t id : ids) {
+    IdLengths len;
+    for (std::size_t r = 0; r < states.size(); ++r) {
+      ValuePtr st = find_int_key(*states[r], id);
+      int64_t n = st ? kScalarsOnly : kAbsent;
+      if (st && mapping_of(st))
+        for (const auto& [key, v] : mapping_of(st)->entries)
+          if (auto idx = tensor_ref_index(*v); idx && in.optim[r].model->tensors.at(*idx).shape.size() == 1) {
+            n = in.optim[r].model->tensors.at(*idx).shape[0];
+            break;
+          }
+      len.push_back(n);
+    }
+    lengths.push_back(std::move(len));
+  }
+  std::vector<IdTarget> targets = id_targets(mf, layout, in.world_size, lengths, f0.path);
   // The name of the id's m-th parameter.
   auto name_of = [&](const IdTarget& t, std::size_t m) {
     return layout[std::size_t(t.unit->params[t.members[m]])].name;
@@ -560,8 +639,6 @@ CheckpointModel unflatten(const Inputs& in, const CheckpointModel& layout_model,
     }
     fl.units.push_back(std::move(fu));
   }
-  std::sort(order.begin(), order.end());
-  for (int p : order) fl.parameters.push_back(layout[std::size_t(p)].name);
   for (const auto& e : layout)
     if (e.alias_of >= 0 && !mf.buffers.count(layout[std::size_t(e.alias_of)].name))
       fl.aliases.emplace_back(e.name, layout[std::size_t(e.alias_of)].name);

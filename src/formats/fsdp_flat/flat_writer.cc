@@ -250,19 +250,16 @@ class Planner {
     return f;
   }
 
-  // The optimizer's id of each parameter name.
-  std::map<std::string, int64_t> ids() const {
-    std::map<std::string, int64_t> out;
-    if (layout_.use_orig_params) {
-      for (std::size_t i = 0; i < layout_.parameters.size(); ++i) out[layout_.parameters[i]] = int64_t(i);
-    } else {
-      for (std::size_t u = 0; u < units_.size(); ++u)
-        for (const auto& p : units_[u].unit->params) out[p] = int64_t(u);
-    }
-    return out;
-  }
+  // An optimizer parameter: a unit's flat parameter (use_orig_params=False)
+  // or one parameter (True). Its id is its place in the param groups.
+  struct OptimParam {
+    std::size_t unit = 0;
+    std::string name;  // use_orig_params=True: the parameter
+  };
 
-  ValuePtr param_groups(const ValuePtr& groups, const std::map<std::string, int64_t>& id_of) const {
+  // param_groups with ids for names; `order` gets the optimizer's
+  // parameters in id order (torch numbers them group by group).
+  ValuePtr param_groups(const ValuePtr& groups, std::vector<OptimParam>& order) const {
     if (!groups || !groups->is(Kind::kList)) fail_invalid("'optim.param_groups' is not a list");
     std::vector<ValuePtr> out;
     for (std::size_t g = 0; g < groups->items.size(); ++g) {
@@ -275,21 +272,22 @@ class Planner {
         std::vector<ValuePtr> ids;
         for (std::size_t i = 0; i < v->items.size();) {
           const std::string name = v->items[i]->is(Kind::kStr) ? v->items[i]->text : v->items[i]->repr(1);
-          auto it = id_of.find(name);
-          if (it == id_of.end())
+          auto it = unit_of_.find(name);
+          if (it == unit_of_.end())
             fail_invalid("param group " + std::to_string(g) + " lists '" + name +
                          "', which is no parameter of the FSDP1 model");
-          ids.push_back(Value::integer(it->second));
+          ids.push_back(Value::integer(int64_t(order.size())));
+          order.push_back({it->second, layout_.use_orig_params ? name : std::string()});
           if (layout_.use_orig_params) {
             ++i;
             continue;
           }
           // A flat parameter is one optimizer parameter: its names come together.
-          for (const auto& member : units_[std::size_t(it->second)].unit->params) {
+          for (const auto& member : units_[it->second].unit->params) {
             const bool next = i < v->items.size() && v->items[i]->is(Kind::kStr) && v->items[i]->text == member;
             if (!next)
               fail_invalid("param group " + std::to_string(g) + " does not list the parameters of FSDP unit '" +
-                           units_[std::size_t(it->second)].unit->key + "' together, in flat order ('" + member +
+                           units_[it->second].unit->key + "' together, in flat order ('" + member +
                            "'): with use_orig_params=False a unit is one optimizer parameter");
             ++i;
           }
@@ -339,10 +337,12 @@ class Planner {
       if (!idx) fail_invalid("optimizer state of '" + name + "' has no tensor '" + key + "'");
       return model_.tensors.at(*idx);
     };
+    std::vector<OptimParam> order;
+    ValuePtr groups = param_groups(od.get("param_groups"), order);
     std::vector<std::pair<ValuePtr, ValuePtr>> out_state;
     if (layout_.use_orig_params) {
-      for (std::size_t id = 0; id < layout_.parameters.size(); ++id) {
-        const std::string& name = layout_.parameters[id];
+      for (std::size_t id = 0; id < order.size(); ++id) {
+        const std::string& name = order[id].name;
         const Value* st = state_of(name);
         const OutUnit& u = units_[unit_of_.at(name)];
         const std::size_t k =
@@ -357,8 +357,8 @@ class Planner {
                                }));
       }
     } else {
-      for (std::size_t id = 0; id < units_.size(); ++id) {
-        const OutUnit& u = units_[id];
+      for (std::size_t id = 0; id < order.size(); ++id) {
+        const OutUnit& u = units_[order[id].unit];
         std::vector<const Value*> members;
         for (const auto& p : u.unit->params) members.push_back(state_of(p));
         const auto with = std::count_if(members.begin(), members.end(), [](const Value* v) { return v; });
@@ -384,7 +384,7 @@ class Planner {
       }
     }
     f.root = Value::dict({{Value::str("state"), Value::dict(std::move(out_state))},
-                          {Value::str("param_groups"), param_groups(od.get("param_groups"), ids())}});
+                          {Value::str("param_groups"), groups}});
     return f;
   }
 
