@@ -38,18 +38,7 @@ def generator():
 
 
 def full_state(model, optim):
-    import torch
-    from torch.distributed.fsdp import (FullOptimStateDictConfig, FullStateDictConfig,
-                                        FullyShardedDataParallel as FSDP, StateDictType)
-    # Every rank, no offload, cloned inside the context (the values are views
-    # of the unsharded flat parameters), as the generator takes its references.
-    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                              FullStateDictConfig(offload_to_cpu=False, rank0_only=False),
-                              FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)):
-        msd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        osd = FSDP.optim_state_dict(model, optim)
-        osd["state"] = {k: {n: v.clone() if torch.is_tensor(v) else v for n, v in st.items()}
-                        for k, st in osd["state"].items()}
+    msd, osd = generator().full_state(model, optim)
     return {"model": msd, "optim": osd}
 
 

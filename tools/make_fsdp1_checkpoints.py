@@ -169,9 +169,27 @@ def units(model: nn.Module) -> list[dict]:
     return out
 
 
-def job(rank: int, ws: int, out: Path, case: str) -> None:
+def full_state(model: nn.Module, optim: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """FULL_STATE_DICT model.state_dict() and FSDP.optim_state_dict on every
+    rank, offload_to_cpu=False, cloned inside the context (the values are
+    views of the unsharded flat parameters): with offload_to_cpu=True torch
+    2.4.1 FSDP1 on CPU fails in the FULL_STATE_DICT hook, and the optimizer
+    returns views of one reused all-gather buffer, so exp_avg and exp_avg_sq
+    of a parameter would come out equal."""
     from torch.distributed.fsdp import (FullOptimStateDictConfig, FullStateDictConfig,
                                         FullyShardedDataParallel as FSDP, StateDictType)
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(offload_to_cpu=False, rank0_only=False),
+                              FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)):
+        msd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        osd = FSDP.optim_state_dict(model, optim)
+        osd["state"] = {k: {n: v.clone() if torch.is_tensor(v) else v for n, v in st.items()}
+                        for k, st in osd["state"].items()}
+    return msd, osd
+
+
+def job(rank: int, ws: int, out: Path, case: str) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
     _, orig, opt, which = CASES[case]
     d = out / case
     if rank == 0:
@@ -189,23 +207,13 @@ def job(rank: int, ws: int, out: Path, case: str) -> None:
     with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
         torch.save(model.state_dict(), d / f"model_rank{rank}.pt")
     torch.save(optim.state_dict(), d / f"optim_rank{rank}.pt")
-    # offload_to_cpu=False for both, every rank, cloned inside the context
-    # (the values are views of the unsharded flat parameter): with True,
-    # torch 2.4.1 FSDP1 on CPU fails in the FULL_STATE_DICT hook, and the
-    # optimizer returns views of one reused all-gather buffer, so exp_avg and
-    # exp_avg_sq of a parameter would come out equal.
-    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
-                              FullStateDictConfig(offload_to_cpu=False, rank0_only=False),
-                              FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)):
-        full_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        full_optim = FSDP.optim_state_dict(model, optim)
-        full_optim["state"] = {k: {n: v.clone() if torch.is_tensor(v) else v for n, v in st.items()}
-                               for k, st in full_optim["state"].items()}
+    full_model, full_optim = full_state(model, optim)
     if rank == 0:
         torch.save(full_model, d / "model_full.pt")
         torch.save(full_optim, d / "optim_full.pt")
         facts = {"torch": torch.__version__, "python": sys.version.split()[0], "world_size": ws,
-                 "use_orig_params": orig, "optimizer": opt, "optimizer_params": which, "steps": STEPS, "units": units(model)}
+                 "use_orig_params": orig, "optimizer": opt, "optimizer_params": which, "steps": STEPS,
+                 "units": units(model)}
         (d / "case.json").write_text(json.dumps(facts, indent=1) + "\n")
     dist.barrier()
 
