@@ -383,8 +383,8 @@ class Planner {
             }));
       }
     }
-    f.root = Value::dict({{Value::str("state"), Value::dict(std::move(out_state))},
-                          {Value::str("param_groups"), groups}});
+    f.root =
+        Value::dict({{Value::str("state"), Value::dict(std::move(out_state))}, {Value::str("param_groups"), groups}});
     return f;
   }
 
