@@ -306,6 +306,16 @@ def test_files_of_another_world_size(tmp_path, run_ckptconv):
     assert "world size" in err, err
 
 
+def test_validate_reports_a_missing_rank(tmp_path, run_ckptconv):
+    src = ROOT / "torch2.15" / "orig_adam_ws4"
+    d = tmp_path / "ckpt"
+    shutil.copytree(src, d)
+    (d / "model_rank2.pt").unlink()
+    r = run_ckptconv("validate", d, "--param-layout", src / "layout.pt")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "model_rank2.pt (rank 2)" in r.stdout and "3 of 4 rank files" in r.stdout, r.stdout
+
+
 def test_optimizer_files_without_the_model_files(tmp_path, run_ckptconv):
     d = ROOT / "torch2.15" / "flat_adam_ws2"
     err = run_refused(run_ckptconv, tmp_path, f"{d}/optim_rank*", "--param-layout", d / "layout.pt", code=2)

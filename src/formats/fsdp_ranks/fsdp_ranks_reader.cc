@@ -379,6 +379,10 @@ CheckpointModel read_flat(const std::vector<Family>& families, std::vector<Famil
       fail(ErrorCode::kUnimplemented,
            f.base().path + ": not a LOCAL_STATE_DICT of flat parameters, beside raw optimizer files of them." +
                units_note);
+    // validate reads past a missing or unreadable rank; unflattening needs every one.
+    if (f.files.size() != std::size_t(f.world_size))
+      fail_data_loss(f.family->tmpl + ": " + std::to_string(f.files.size()) + " of " + std::to_string(f.world_size) +
+                     " rank files, so the flat parameters cannot be unflattened");
     for (const RankFile& r : f.files) {
       if (r.unreadable) fail_data_loss(r.path + ": unreadable, so its rank's flat parameters cannot be unflattened");
       (is_optim ? in.optim : in.model).push_back({r.path, r.name.rank, &r.model});
