@@ -484,6 +484,55 @@ def ucp(args) -> None:
         shutil.rmtree(theirs.parent)
 
 
+def fsdp1(args) -> None:
+    """FSDP1's fast save (LOCAL_STATE_DICT model files and raw Adam state,
+    use_orig_params=False) to one full .pt: ckptconv consolidate
+    --param-layout against what a user runs without it
+    (make_fsdp1_checkpoints.py consolidate: the files loaded into FSDP1 at the
+    saving world size, FULL_STATE_DICT and FSDP.optim_state_dict gathered,
+    rank 0's torch.save), and the raw read; both outputs compared tensor by
+    tensor."""
+    import torch
+    ckpt, work = Path(args.ckpt), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    files = sorted(p for p in ckpt.glob("*_rank*.pt"))
+    size = sum(p.stat().st_size for p in files)
+    names = " ".join(str(p) for p in files)
+    ours, theirs = work / "fsdp1-ckptconv.pt", work / "fsdp1-torch.pt"
+    generator = str(Path(__file__).parent / "make_fsdp1_checkpoints.py")
+    commands = {
+        "raw read (cat>/dev/null)": ["sh", "-c", f"cat {names} > /dev/null"],
+        "ckptconv consolidate": [args.ckptconv, "-q", "consolidate", str(ckpt), "--param-layout",
+                                 str(ckpt / "layout.pt"), "-o", str(ours), "--force"],
+        "  ... --no-fsync": [args.ckptconv, "-q", "consolidate", str(ckpt), "--param-layout", str(ckpt / "layout.pt"),
+                             "-o", str(ours), "--force", "--no-fsync"],
+        "torch, FSDP1 gather": [sys.executable, generator, "consolidate", "--ckpt", str(ckpt), "--out", str(theirs)],
+    }
+    best = {}
+    for _ in range(2):  # the torch row takes tens of seconds: best of two
+        warm_cache(ckpt)
+        keep_best(best, {name: run_measured(cmd) for name, cmd in commands.items()})
+    a = torch.load(ours, map_location="cpu", mmap=True, weights_only=True)
+    b = torch.load(theirs, map_location="cpu", mmap=True, weights_only=True)
+    pairs = [(f"model.{k}", a["model"].get(k), v) for k, v in b["model"].items()]
+    for fqn, st in b["optim"]["state"].items():
+        pairs += [(f"optim.{fqn}.{k}", a["optim"]["state"].get(fqn, {}).get(k), v) for k, v in st.items()]
+    differ = [n for n, x, y in pairs if x is None or not bits_equal(x, y)]
+    meta = json.loads((ckpt / "bench.json").read_text())
+    print(f"checkpoint: {ckpt} (FSDP1 LOCAL_STATE_DICT + raw Adam, use_orig_params=False, ws {meta['world_size']}, "
+          f"{meta['layers']} units; {size / 1e9:.2f} GB in {len(files)} files)")
+    print(f"{'command':<26} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12}")
+    for name, (wall, rss) in best.items():
+        print(f"{name:<26} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f}")
+    (ct, cr), (tt, tr) = best["ckptconv consolidate"], best["torch, FSDP1 gather"]
+    print(f"ratios: torch/ckptconv = {tt / ct:.2f}, ckptconv/raw read = {ct / best['raw read (cat>/dev/null)'][0]:.2f}")
+    print(f"peak RSS: ckptconv {cr / 1e6:.1f} MB, torch {tr / 1e6:.1f} MB (its largest process)")
+    print("outputs: " + (f"DIFFER: {len(differ)} of {len(pairs)} tensors {differ[:5]}" if differ else
+                         f"agree: all {len(pairs)} tensors of torch's model and optimizer state bit-equal in ckptconv's"))
+    ours.unlink()
+    theirs.unlink()
+
+
 def make_hf_folder(d: Path, size: int) -> None:
     """A model of about `size` bytes of float32 (square matrices of 2048 rows
     and a few vectors) as save_pretrained leaves it: safetensors' save_file
@@ -604,9 +653,13 @@ def main() -> None:
     h.add_argument("--bytes", default="2e9", help="the Hugging Face folder's size (default 2e9)")
     h.add_argument("--work", required=True)
     h.add_argument("--ckptconv", required=True)
+    f1 = sub.add_parser("fsdp1")
+    f1.add_argument("--ckpt", required=True, help="a folder made by make_fsdp1_checkpoints.py bench")
+    f1.add_argument("--work", required=True)
+    f1.add_argument("--ckptconv", required=True)
     args = ap.parse_args()
     {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "ucp": ucp,
-     "hf": hf}[args.cmd](args)
+     "hf": hf, "fsdp1": fsdp1}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,18 @@ and, from the same job, what ckptconv has to produce and what it needs:
                        every unit's flat-parameter fqns and numels as FSDP
                        itself recorded them
 
+    python tools/make_fsdp1_checkpoints.py bench --out DIR --bytes N [--world-size 4]
+        One large flat-parameter checkpoint for scripts/bench (about N bytes of
+        parameters + Adam exp_avg + exp_avg_sq, fp32, use_orig_params=False):
+        a stack of square Linear layers, each its own FSDP unit, one real
+        step; DIR/layout.pt is the unwrapped model's state dict.
+
+    python tools/make_fsdp1_checkpoints.py consolidate --ckpt DIR --out FILE
+        What a user does without ckptconv, for the bench: world-size
+        processes build the model, load the files under LOCAL_STATE_DICT and
+        optim.load_state_dict, gather FULL_STATE_DICT and
+        FSDP.optim_state_dict and rank 0 torch.saves {"model", "optim"}.
+
 CPU only; needs no GPU. Runs on torch 2.4 and later.
 """
 
@@ -218,13 +230,68 @@ def job(rank: int, ws: int, out: Path, case: str) -> None:
     dist.barrier()
 
 
+class BenchNet(nn.Module):
+    """Square Linear layers, each wrapped as its own unit (bench)."""
+
+    def __init__(self, layers: int, width: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(width, width) for _ in range(layers)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.pow(2).mean()
+
+
+def bench_model(meta: dict) -> nn.Module:
+    torch.manual_seed(0)
+    return BenchNet(meta["layers"], meta["width"])
+
+
+def bench_wrap(model: nn.Module) -> nn.Module:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    return FSDP(model, device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+                use_orig_params=False)
+
+
+def bench_job(rank: int, ws: int, out: Path, meta: dict) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
+    if rank == 0:
+        torch.save(bench_model(meta).state_dict(), out / "layout.pt")
+        (out / "bench.json").write_text(json.dumps(meta) + "\n")
+    model = bench_wrap(bench_model(meta))
+    optim = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    g = torch.Generator().manual_seed(rank)
+    model(torch.randn(2, meta["width"], generator=g)).backward()
+    optim.step()
+    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
+        torch.save(model.state_dict(), out / f"model_rank{rank}.pt")
+    torch.save(optim.state_dict(), out / f"optim_rank{rank}.pt")
+    dist.barrier()
+
+
+def torch_consolidate_job(rank: int, ws: int, ckpt: Path, out: Path) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
+    meta = json.loads((ckpt / "bench.json").read_text())
+    model = bench_wrap(bench_model(meta))
+    optim = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
+        model.load_state_dict(torch.load(ckpt / f"model_rank{rank}.pt", weights_only=False))
+    optim.load_state_dict(torch.load(ckpt / f"optim_rank{rank}.pt", weights_only=False))
+    msd, osd = full_state(model, optim)
+    if rank == 0:
+        torch.save({"model": msd, "optim": osd}, out)
+    dist.barrier()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def entry(rank: int, ws: int, port: int, out: Path, case: str) -> None:
+def entry(rank: int, ws: int, port: int, fn, *args) -> None:
     import warnings
     warnings.filterwarnings("ignore")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -232,19 +299,40 @@ def entry(rank: int, ws: int, port: int, out: Path, case: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     try:
-        job(rank, ws, out, case)
+        fn(rank, ws, *args)
     finally:
         dist.destroy_process_group()
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["bench"]:
+        ap = argparse.ArgumentParser(description="one large FSDP1 flat-parameter checkpoint")
+        ap.add_argument("--out", type=Path, required=True)
+        ap.add_argument("--bytes", type=float, required=True)
+        ap.add_argument("--world-size", type=int, default=4)
+        args = ap.parse_args(sys.argv[2:])
+        width = 2048  # 16 MB of fp32 per layer; parameters, exp_avg and exp_avg_sq: 3x
+        meta = {"layers": max(1, round(args.bytes / 3 / (4 * (width * width + width)))), "width": width,
+                "world_size": args.world_size}
+        args.out.mkdir(parents=True, exist_ok=True)
+        mp.spawn(entry, args=(args.world_size, free_port(), bench_job, args.out, meta), nprocs=args.world_size,
+                 join=True)
+        return
+    if sys.argv[1:2] == ["consolidate"]:
+        ap = argparse.ArgumentParser(description="torch's own consolidation of a bench checkpoint")
+        ap.add_argument("--ckpt", type=Path, required=True)
+        ap.add_argument("--out", type=Path, required=True)
+        args = ap.parse_args(sys.argv[2:])
+        ws = json.loads((args.ckpt / "bench.json").read_text())["world_size"]
+        mp.spawn(entry, args=(ws, free_port(), torch_consolidate_job, args.ckpt, args.out), nprocs=ws, join=True)
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("cases", nargs="*", default=DEFAULT_CASES + [c for c in CASES if c not in DEFAULT_CASES])
     args = ap.parse_args()
     for case in args.cases:
         ws = CASES[case][0]
-        mp.spawn(entry, args=(ws, free_port(), args.out, case), nprocs=ws, join=True)
+        mp.spawn(entry, args=(ws, free_port(), job, args.out, case), nprocs=ws, join=True)
         print(f"{args.out / case}: FSDP1 ws{ws}, torch {torch.__version__}")
 
 
