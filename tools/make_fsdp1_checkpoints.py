@@ -65,16 +65,16 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+
+# The corpus generator's gloo plumbing: world-size processes on this machine.
+from make_checkpoints import spawn
 
 STEPS = 2
 VOCAB, EMB, HID = 11, 6, 9
@@ -285,25 +285,6 @@ def torch_consolidate_job(rank: int, ws: int, ckpt: Path, out: Path) -> None:
     dist.barrier()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def entry(rank: int, ws: int, port: int, fn, *args) -> None:
-    import warnings
-    warnings.filterwarnings("ignore")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
-    try:
-        fn(rank, ws, *args)
-    finally:
-        dist.destroy_process_group()
-
-
 def main() -> None:
     if sys.argv[1:2] == ["bench"]:
         ap = argparse.ArgumentParser(description="one large FSDP1 flat-parameter checkpoint")
@@ -315,8 +296,7 @@ def main() -> None:
         meta = {"layers": max(1, round(args.bytes / 3 / (4 * (width * width + width)))), "width": width,
                 "world_size": args.world_size}
         args.out.mkdir(parents=True, exist_ok=True)
-        mp.spawn(entry, args=(args.world_size, free_port(), bench_job, args.out, meta), nprocs=args.world_size,
-                 join=True)
+        spawn(args.world_size, bench_job, args.out, meta)
         return
     if sys.argv[1:2] == ["consolidate"]:
         ap = argparse.ArgumentParser(description="torch's own consolidation of a bench checkpoint")
@@ -324,7 +304,7 @@ def main() -> None:
         ap.add_argument("--out", type=Path, required=True)
         args = ap.parse_args(sys.argv[2:])
         ws = json.loads((args.ckpt / "bench.json").read_text())["world_size"]
-        mp.spawn(entry, args=(ws, free_port(), torch_consolidate_job, args.ckpt, args.out), nprocs=ws, join=True)
+        spawn(ws, torch_consolidate_job, args.ckpt, args.out)
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -332,7 +312,7 @@ def main() -> None:
     args = ap.parse_args()
     for case in args.cases:
         ws = CASES[case][0]
-        mp.spawn(entry, args=(ws, free_port(), job, args.out, case), nprocs=ws, join=True)
+        spawn(ws, job, args.out, case)
         print(f"{args.out / case}: FSDP1 ws{ws}, torch {torch.__version__}")
 
 
