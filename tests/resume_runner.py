@@ -44,7 +44,7 @@ def train(model, optim, rank: int):
     return torch.stack(losses)
 
 
-def spawn(ws: int, fn, *args) -> None:
+def _run_once(ws: int, fn, args) -> list[int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -54,6 +54,26 @@ def spawn(ws: int, fn, *args) -> None:
         p.start()
     for p in procs:
         p.join()
-    failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
-    if failed:
-        sys.exit(f"ranks {failed} failed (exit codes {[procs[r].exitcode for r in failed]})")
+    return [p.exitcode for p in procs]
+
+
+def spawn(ws: int, fn, *args) -> None:
+    """Runs the job; once more when a worker was killed by a signal. Seen
+    twice in about 40 clean CI runs of these jobs: a gloo worker of torch
+    2.15 aborting ("terminate called without an active exception", SIGABRT)
+    on a job that passes when rerun. A rerun repeats the whole job from the
+    same files, and the caller asserts on the rerun's outputs only, so
+    nothing wrong can pass (a deterministic failure fails the rerun too); a
+    job in which no worker was killed by a signal (an exception, an
+    assertion) is never retried."""
+    for attempt in (1, 2):
+        codes = _run_once(ws, fn, args)
+        failed = [r for r, c in enumerate(codes) if c != 0]
+        if not failed:
+            return
+        if attempt == 1 and any(codes[r] < 0 for r in failed):
+            killed = {r: -codes[r] for r in failed if codes[r] < 0}
+            print(f"resume_runner: exit codes {codes}, rank:signal {killed}; running the job once more",
+                  file=sys.stderr)
+            continue
+        sys.exit(f"ranks {failed} failed (exit codes {[codes[r] for r in failed]})")
