@@ -156,6 +156,26 @@ def test_written_files_resume_a_real_fsdp1_job(case, n, tmp_path, run_ckptconv):
     assert_optim_same(back["optim"], optim)
 
 
+def test_written_files_keep_the_source_names(tmp_path, run_ckptconv):
+    """veRL's names carry the world size: the written files say the new one."""
+    src = ROOT / "torch2.15" / "flat_adam_ws2"
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for kind in ("model", "optim"):
+        for r in range(2):
+            shutil.copy(src / f"{kind}_rank{r}.pt", d / f"{kind}_world_size_2_rank_{r}.pt")
+    out = tmp_path / "written"
+    r = run_ckptconv("reshard", d, "--param-layout", src / "layout.pt", "--layout", "fsdp1-flat", "--world-size", 3,
+                     "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{k}_world_size_3_rank_{i}.pt" for k in ("model", "optim") for i in range(3))
+    model, optim = refs(src)
+    back = consolidate(run_ckptconv, out, tmp_path / "back.pt", "--param-layout", src / "layout.pt")
+    assert_same(back["model"], model)
+    assert_optim_same(back["optim"], optim)
+
+
 def test_fsdp1_flat_needs_an_fsdp1_source(tmp_path, run_ckptconv):
     d = REPO / "testdata" / "fsdp_st" / "adamw_ws2"
     r = run_ckptconv("reshard", d, "--layout", "fsdp1-flat", "--world-size", 2, "-o", tmp_path / "out")

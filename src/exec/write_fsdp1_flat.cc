@@ -8,7 +8,7 @@
 
 namespace ckpt {
 
-void write_fsdp1_flat(const fsdp_flat::FlatPlan& plan, const Fsdp1FlatOutputOptions& options) {
+void write_fsdp1_flat(const fsdp_flat::FlatPlan& plan, const RankFilesOptions& options) {
   AtomicDirectory dir(options.dir, options.force, options.durable);
   for (const auto& file : plan.files) {
     auto sink = AtomicFileSink::create(dir.path_of(file.path), false, options.durable);

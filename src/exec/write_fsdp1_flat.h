@@ -4,20 +4,12 @@
 // published whole or not at all (io/atomic_dir).
 #pragma once
 
-#include <string>
-
-#include "exec/tensor_copy.h"
+#include "exec/write_rank_files.h"
 #include "formats/fsdp_flat/flat_writer.h"
 
 namespace ckpt {
 
-struct Fsdp1FlatOutputOptions {
-  std::string dir;
-  bool force = false;
-  bool durable = true;  // fsync every file before the folder is published (--no-fsync: false)
-  CopyOptions copy;
-};
-
-void write_fsdp1_flat(const fsdp_flat::FlatPlan& plan, const Fsdp1FlatOutputOptions& options);
+// Per-rank files, written with write_rank_files' options.
+void write_fsdp1_flat(const fsdp_flat::FlatPlan& plan, const RankFilesOptions& options);
 
 }  // namespace ckpt

@@ -227,13 +227,13 @@ void reshard_to_fsdp1_flat(const ReshardRequest& req, const JobOptions& job, con
         std::string(source_kind_name(model.info.kind)) + " " + model.source + " records no FSDP units)");
   if (job.cast_to) fail_invalid("--dtype: FSDP1 flat parameters keep the job's dtypes; drop --dtype");
   if (part_of(req)) fail_invalid("--part: --layout fsdp1-flat is written by one process");
-  std::string model_tmpl = "model_rank{r}.pt", optim_tmpl = "optim_rank{r}.pt";
-  for (const auto& f : model.info.families) {
-    const fsdp_ranks::RankFileName name = fsdp_ranks::name_rank_files(f.files).at(0).second;
-    (name.kind == "optim" ? optim_tmpl : model_tmpl) = name.tmpl;
-  }
+  // The source's names, as the reader found them (model_rank{r}.pt / optim_rank{r}.pt for a family it lacks).
+  fsdp_ranks::RankFileName model_name = default_name("model", "fsdp1-flat");
+  fsdp_ranks::RankFileName optim_name = default_name("optim", "fsdp1-flat");
+  for (const RankFamily& f : output_families(model, "fsdp1-flat"))
+    (f.name.kind == "optim" ? optim_name : model_name) = f.name;
   fsdp_flat::FlatPlan plan =
-      fsdp_flat::plan_fsdp1_flat(model, *model.info.fsdp1, *req.world_size, model_tmpl, optim_tmpl);
+      fsdp_flat::plan_fsdp1_flat(model, *model.info.fsdp1, *req.world_size, model_name, optim_name);
   report.bytes = plan.tensor_bytes;
   if (req.common.dry_run) {
     for (const auto& f : plan.files) out << f.path << "  " << human_bytes(f.tensor_bytes()) << "\n";
@@ -241,7 +241,7 @@ void reshard_to_fsdp1_flat(const ReshardRequest& req, const JobOptions& job, con
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);
-  write_fsdp1_flat(plan, {req.output, req.common.force, !req.common.no_fsync, copy});
+  write_fsdp1_flat(plan, RankFilesOptions{req.output, req.common.force, !req.common.no_fsync, copy});
 }
 
 // Accelerate's checkpoint folder (accelerator.save_state under FSDP's

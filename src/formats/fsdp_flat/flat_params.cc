@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <tuple>
 
 #include "core/error.h"
@@ -125,8 +124,8 @@ TensorEntry local_shard(const Unit& u, const TensorEntry& st, const RankFile& f,
 struct ModelFiles {
   std::vector<Unit> units;                     // in rank 0's key order (the optimizer's id order when flat)
   std::map<std::string, TensorEntry> buffers;  // plain tensors kept whole on every rank, by name
-  std::set<std::string> views;                 // use_orig_params=True: each parameter's view of the rank's shard
-  bool orig_params = false;                    // use_orig_params=True (the files hold views)
+  // use_orig_params=True: only then does FSDP save each parameter's view of the rank's shard
+  bool orig_params = false;
 };
 
 ModelFiles read_model_files(const Inputs& in, const std::vector<LayoutEntry>& layout, const std::string& layout_path) {
@@ -187,8 +186,8 @@ ModelFiles read_model_files(const Inputs& in, const std::vector<LayoutEntry>& la
         fail_data_loss(in.model[i].path + ": lacks '" + name + "', which " + in.model[0].path + " holds");
       whole = whole && p->second->shape == it->second->shape;
     }
-    if (!whole) {
-      mf.views.insert(name);
+    if (!whole) {  // a parameter's view
+      mf.orig_params = true;
       continue;
     }
     for (std::size_t i = 1; i < plain.size(); ++i)
@@ -205,7 +204,6 @@ ModelFiles read_model_files(const Inputs& in, const std::vector<LayoutEntry>& la
 // none with use_orig_params=False, 16 bytes of the forward dtype with True
 // (the files say which: only True keeps a view of each parameter).
 void assign_params(ModelFiles& mf, const std::vector<LayoutEntry>& layout, int ws, const std::string& layout_path) {
-  mf.orig_params = !mf.views.empty();
   for (std::size_t i = 0; i < layout.size(); ++i) {
     const LayoutEntry& e = layout[i];
     if (mf.buffers.count(e.name) || e.alias_of >= 0) continue;

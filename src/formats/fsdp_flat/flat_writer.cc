@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "formats/fsdp_flat/flat_params.h"
-#include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/torch_pt/sharded_values.h"
 #include "io/byte_source.h"
 #include "model/tree_walk.h"
@@ -156,7 +155,7 @@ class Planner {
   Planner(const CheckpointModel& model, const Fsdp1Layout& layout, int world_size)
       : model_(model), layout_(layout), ws_(world_size) {}
 
-  FlatPlan plan(const std::string& model_tmpl, const std::string& optim_tmpl) {
+  FlatPlan plan(const fsdp_ranks::RankFileName& model_name, const fsdp_ranks::RankFileName& optim_name) {
     const Value& root = *mapping_of(model_.root);
     ValuePtr m = root.is(Kind::kDict) ? root.get("model") : nullptr;
     ValuePtr o = root.is(Kind::kDict) ? root.get("optim") : nullptr;
@@ -168,15 +167,19 @@ class Planner {
     build_units();
     FlatPlan out;
     for (int r = 0; r < ws_; ++r) {
-      out.files.push_back(model_file(r, name(model_tmpl, r)));
-      if (o) out.files.push_back(optim_file(r, name(optim_tmpl, r), o));
+      out.files.push_back(model_file(r, file_name(model_name, r)));
+      if (o) out.files.push_back(optim_file(r, file_name(optim_name, r), o));
     }
     for (const auto& f : out.files) out.tensor_bytes += f.tensor_bytes();
     return out;
   }
 
  private:
-  static std::string name(const std::string& tmpl, int r) { return fsdp_ranks::name_from_template(tmpl).name_for(r); }
+  // The family's name for rank r at this world size (veRL names say it).
+  std::string file_name(fsdp_ranks::RankFileName name, int r) const {
+    name.world_size = ws_;
+    return name.name_for(r);
+  }
 
   const TensorEntry& model_tensor(const std::string& name, const std::string& what) const {
     auto it = model_entries_.values.find(name);
@@ -400,8 +403,8 @@ class Planner {
 }  // namespace
 
 FlatPlan plan_fsdp1_flat(const CheckpointModel& model, const Fsdp1Layout& layout, int world_size,
-                         const std::string& model_template, const std::string& optim_template) {
-  return Planner(model, layout, world_size).plan(model_template, optim_template);
+                         const fsdp_ranks::RankFileName& model_name, const fsdp_ranks::RankFileName& optim_name) {
+  return Planner(model, layout, world_size).plan(model_name, optim_name);
 }
 
 }  // namespace ckpt::fsdp_flat

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/torch_pt/pt_writer.h"
 #include "model/checkpoint_model.h"
 
@@ -52,10 +53,11 @@ struct FlatPlan {
 };
 
 // `model`'s root is {"model": ..., "optim": ...} (either may be absent); the
-// file names are the templates with {r} replaced. InvalidArgument naming the
+// files are named as the families `model_name` and `optim_name` name them at
+// this world size. InvalidArgument naming the
 // entry when the state dict does not fit `layout` (a unit's parameter
 // missing, a param group splitting a unit, state of another shape).
 FlatPlan plan_fsdp1_flat(const CheckpointModel& model, const Fsdp1Layout& layout, int world_size,
-                         const std::string& model_template, const std::string& optim_template);
+                         const fsdp_ranks::RankFileName& model_name, const fsdp_ranks::RankFileName& optim_name);
 
 }  // namespace ckpt::fsdp_flat
