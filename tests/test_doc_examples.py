@@ -1,4 +1,4 @@
-"""Every command README.md and docs/usage.md show, run as written (#36).
+"""Every command README.md, docs/usage.md and docs/megatron.md show, run as written (#36).
 
 Each `ckptconv ...` line of a shell code block runs in a fresh folder that
 holds what its names stand for, made from the fixtures:
@@ -12,6 +12,7 @@ holds what its names stand for, made from the fixtures:
 - outputs/checkpoint/step-100, step-200, run1/step-1000, run2/step-1000:
   copies of the DCP fixture;
 - hf-model/: a Hugging Face folder written by huggingface_hub (testdata/hf/sharded);
+- iter_0001000/: a megatron-core torch_dist checkpoint (testdata/megatron/gpt_tp2pp2/ckpt);
 - full.pt, full-bf16.safetensors, step-1000.manifest.json: made by ckptconv
   from ckpt/step-1000, unless the command itself writes that name (as for
   hf-model/).
@@ -37,7 +38,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = [REPO / "README.md", REPO / "docs" / "usage.md"]
+DOCS = [REPO / "README.md", REPO / "docs" / "usage.md", REPO / "docs" / "megatron.md"]
 TESTDATA = REPO / "testdata"
 PLACEHOLDER = re.compile(r"\b(SRC|OUT|DST|CMD)\b|\bA B\b|bash\|zsh")
 PRODUCTS = ("full.pt", "full-bf16.safetensors", "step-1000.manifest.json", "hf-model")
@@ -106,6 +107,7 @@ def sources(tmp_path_factory, ckptconv) -> Path:
     for step in ("outputs/checkpoint/step-100", "outputs/checkpoint/step-200", "run1/step-1000", "run2/step-1000"):
         shutil.copytree(dcp, root / step)
     shutil.copytree(TESTDATA / "hf" / "sharded", root / "hf-model")
+    shutil.copytree(TESTDATA / "megatron" / "gpt_tp2pp2" / "ckpt", root / "iter_0001000")
     products = tmp_path_factory.mktemp("doc-products")
     ckpt = root / "ckpt" / "step-1000"
     _run([ckptconv, "consolidate", ckpt, "-o", products / "full.pt"])

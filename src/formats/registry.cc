@@ -32,6 +32,9 @@ const InputFormat& input_format();
 namespace ds_universal {
 const InputFormat& input_format();
 }
+namespace megatron {
+const InputFormat& input_format();
+}
 #ifdef CKPT_HAVE_HDF5
 namespace hdf5 {
 const InputFormat& input_format();
@@ -67,6 +70,7 @@ const std::vector<const InputFormat*>& input_formats() {
       &zero::input_format(),        &safetensors::file_format(),
       &safetensors::index_format(), &safetensors::folder_format(),
       &dcp_hf::input_format(),      &ds_universal::input_format(),
+      &megatron::input_format(),
 #ifdef CKPT_HAVE_HDF5
       &hdf5::input_format(),
 #else

@@ -15,6 +15,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kHfFolder: return "Hugging Face model folder";
     case SourceKind::kDcpHf: return "DCP Hugging Face directory (per-rank safetensors)";
     case SourceKind::kDsUniversal: return "DeepSpeed universal checkpoint";
+    case SourceKind::kMegatron: return "Megatron-core torch_dist checkpoint";
   }
   return "?";
 }
@@ -32,6 +33,7 @@ const char* source_format_name(SourceKind kind) {
     case SourceKind::kDcpPair: return "dcp-pair";
     case SourceKind::kDcpHf: return "dcp-hf";
     case SourceKind::kDsUniversal: return "deepspeed-universal";
+    case SourceKind::kMegatron: return "megatron-torch-dist";
   }
   return "?";
 }

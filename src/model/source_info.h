@@ -24,6 +24,7 @@ namespace ckpt {
 // kDcpHf: torch's DCP Hugging Face layout (per-rank safetensors with
 // DCP_SHARDING_INFO, no .metadata).
 // kDsUniversal: a DeepSpeed universal checkpoint (zero/<fqn>/*.pt).
+// kMegatron: a Megatron-core torch_dist directory (DCP + metadata.json).
 // kHfFolder: a Hugging Face model folder (save_pretrained): safetensors
 // weights, with or without their index, beside config.json and the like.
 enum class SourceKind {
@@ -37,7 +38,8 @@ enum class SourceKind {
   kDcpPair,
   kHfFolder,
   kDcpHf,
-  kDsUniversal
+  kDsUniversal,
+  kMegatron
 };
 
 // For messages: "DCP directory", "per-rank files", ...
@@ -125,7 +127,7 @@ struct SourceInfo {
 
   bool is_sharded_source() const {
     return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks || kind == SourceKind::kZero ||
-           kind == SourceKind::kDcpPair || kind == SourceKind::kDcpHf;
+           kind == SourceKind::kDcpPair || kind == SourceKind::kDcpHf || kind == SourceKind::kMegatron;
   }
 };
 

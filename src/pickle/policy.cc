@@ -271,6 +271,14 @@ constexpr Entry kAllowed[] = {
     {"torch.distributed.checkpoint.metadata", "MetadataIndex", Use::kNew},
     {"torch.distributed.checkpoint.metadata", "StorageMeta", Use::kNew},
     {"torch.distributed.checkpoint.filesystem", "_StorageInfo", Use::kNew},
+    // Metadata.all_local_plans: megatron-core's torch_dist save keeps every
+    // rank's SavePlan in the global metadata (to reuse it on the next save).
+    // Read as data and never used (docs/megatron.md).
+    {"torch.distributed.checkpoint.planner", "SavePlan", Use::kNew},
+    {"torch.distributed.checkpoint.planner", "WriteItem", Use::kNew},
+    {"torch.distributed.checkpoint.planner", "WriteItemType", Use::kCall, &one_int},
+    {"torch.distributed.checkpoint.planner", "TensorWriteData", Use::kNew},
+    {"torch.distributed.checkpoint.planner", "BytesIOWriteData", Use::kNew},
     // StorageMeta.checkpoint_id: pathlib (Python < 3.13) or pathlib._local (>= 3.13)
     {"pathlib", "PosixPath", Use::kCall, &all_str},
     {"pathlib", "WindowsPath", Use::kCall, &all_str},

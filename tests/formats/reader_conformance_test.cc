@@ -124,6 +124,9 @@ std::vector<Case> cases() {
       {"FSDP1 flat parameters (optim)", testdata("fsdp1/torch2.4/flat_sgd_ws4"), "optim",
        testdata("fsdp1/torch2.4/flat_sgd_ws4/optim_full.pt"), SourceKind::kFsdpRanks, 4, "",
        testdata("fsdp1/torch2.4/flat_sgd_ws4/layout.pt")},
+      // megatron-core's torch_dist, against its own dist_checkpointing.load into a TP=1/PP=1 model.
+      {"Megatron torch_dist TP=2 x PP=2 (model)", testdata("megatron/gpt_tp2pp2/ckpt"), "model",
+       testdata("megatron/gpt_tp2pp2/model_ref.pt"), SourceKind::kMegatron, 4},
   };
 #ifdef CKPT_HAVE_HDF5
   out.push_back({"HDF5 file", written(OutputFormat::kHdf5, "ref.h5"), "", testdata("dcp/fsdp2_adamw_ws2.ref.pt"),

@@ -45,7 +45,7 @@ TEST_CASE("every source kind has one registered input format", "[formats][regist
   }
   for (SourceKind k : {SourceKind::kTorchPt, SourceKind::kDcpDir, SourceKind::kFsdpRanks, SourceKind::kSafetensors,
                        SourceKind::kSafetensorsIndex, SourceKind::kHdf5, SourceKind::kZero, SourceKind::kDcpPair,
-                       SourceKind::kHfFolder, SourceKind::kDcpHf, SourceKind::kDsUniversal})
+                       SourceKind::kHfFolder, SourceKind::kDcpHf, SourceKind::kDsUniversal, SourceKind::kMegatron})
     CHECK(seen.count(k) == 1);
 }
 
@@ -94,6 +94,13 @@ TEST_CASE("a directory is the format whose probe is most confident", "[formats][
   CHECK(directory_kind(testdata("zero/z2_bf16_ws2")) == SourceKind::kZero);
   CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws2_consolidated")) == SourceKind::kHfFolder);
   CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws2_consolidated/sharded")) == SourceKind::kDcpHf);
+  // A Megatron-core torch_dist directory is a DCP directory with metadata.json.
+  fs::path mcore = fresh_dir("mcore");
+  fs::copy(testdata("megatron/gpt_tp1pp2/ckpt"), mcore, fs::copy_options::recursive);
+  CHECK(directory_kind(mcore.string()) == SourceKind::kMegatron);
+  fs::remove(mcore / "metadata.json");
+  CHECK(directory_kind(mcore.string()) == SourceKind::kDcpDir);
+  fs::remove_all(mcore);
 
   // None: the message names what each directory format would have shown.
   fs::path none = fresh_dir("none");

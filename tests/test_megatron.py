@@ -1,0 +1,214 @@
+"""Megatron-core torch_dist checkpoints (testdata/megatron,
+tools/make_megatron_checkpoints.py): GPT models saved by real megatron-core
+0.16.1 at TP x PP in {1x1, 2x1, 1x2, 2x2} with a fully_reshardable
+DistributedOptimizer, and one at DP=2 with a dp_reshardable one.
+
+References are megatron-core's own reading of the same files:
+``dist_checkpointing.load`` into a model built at TP=1 x PP=1 (model_ref.pt)
+and the TP=1 parameter-shaped optimizer state it loads (optim_ref.pt). The
+stored view is compared with torch's own ``dcp_to_torch_save`` of the
+directory."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from state_compare import assert_same
+
+REPO = Path(__file__).resolve().parent.parent
+ROOT = REPO / "testdata" / "megatron"
+CASES = sorted(p.name for p in ROOT.iterdir() if p.is_dir())
+FULLY = [c for c in CASES if json.loads((ROOT / c / "case.json").read_text())["optim_ref"]]
+
+
+def load(p):
+    return torch.load(p, weights_only=True)
+
+
+def consolidate(run_ckptconv, src, out, *args):
+    r = run_ckptconv("consolidate", str(src), "-o", str(out), *args)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_the_cases_cover_the_issue():
+    grid = set()
+    for c in CASES:
+        info = json.loads((ROOT / c / "case.json").read_text())
+        assert info["megatron_core"] == "0.16.1"
+        grid.add((info["tensor_model_parallel_size"], info["pipeline_model_parallel_size"],
+                  info["data_parallel_size"], info["distrib_optim_sharding_type"]))
+    assert {(tp, pp) for tp, pp, dp, s in grid if s == "fully_reshardable"} == {(1, 1), (2, 1), (1, 2), (2, 2)}
+    assert any(s == "dp_reshardable" and dp == 2 for tp, pp, dp, s in grid)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_only_model_equals_megatron_load_at_tp1_pp1(case, tmp_path, run_ckptconv):
+    got = load(consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "m.pt", "--only", "model"))
+    # Same names in the same order (layers unstacked, layer-major), same bits;
+    # the local spec's _extra_state objects are None, as the model's.
+    assert_same(got, load(ROOT / case / "model_ref.pt"))
+
+
+@pytest.mark.parametrize("case", FULLY)
+def test_only_optim_equals_megatron_load_at_tp1(case, tmp_path, run_ckptconv):
+    got = load(consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "o.pt", "--only", "optim"))
+    want = load(ROOT / case / "optim_ref.pt")
+    assert list(got) == ["state", "param_groups"]
+    # megatron-core's load gives the state by parameter index; the names are
+    # its own sharded keys, unstacked (see the generator).
+    assert_same(got["state"], want, "state", key_order=False)
+    common = torch.load(ROOT / case / "ckpt" / "common.pt", weights_only=True)
+    assert_same(got["param_groups"], common["optimizer"]["optimizer"]["param_groups"], "param_groups")
+    assert {k for v in got["state"].values() for k in v} == {"param", "exp_avg", "exp_avg_sq"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stored_view_equals_dcp_to_torch_save(case, tmp_path, run_ckptconv):
+    src = ROOT / case / "ckpt"
+    got = load(consolidate(run_ckptconv, src, tmp_path / "all.pt"))
+    dcp_to_torch_save(src, tmp_path / "torch.pt")
+    theirs = torch.load(tmp_path / "torch.pt", weights_only=False)
+    common = torch.load(src / "common.pt", weights_only=True)
+    objects = {}
+    for key, value in theirs.items():
+        if "/shard_" in key:
+            # megatron-core saves each object shard as torch.save([obj]).
+            name, rest = key.split("/shard_")
+            offset, shape = rest.split("_")
+            objects.setdefault(name, [None] * int(shape))[int(offset)] = value[0]
+        else:
+            assert_same(got[key], value, key)
+    for name, values in objects.items():
+        assert got[name] == values, name
+    for key, value in common.items():
+        assert_same(got[key], value, key)
+    assert set(got) == {k for k in theirs if "/shard_" not in k} | set(objects) | set(common)
+
+
+def test_dp_reshardable_optimizer_is_refused_saying_what_is_missing(tmp_path, run_ckptconv):
+    src = ROOT / "gpt_tp1pp1_dp2_dpresh" / "ckpt"
+    r = run_ckptconv("consolidate", str(src), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3
+    assert "dp_reshardable" in r.stderr and "param_index_map" in r.stderr and "fully_reshardable" in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+    # The buffers themselves are read as stored.
+    got = load(consolidate(run_ckptconv, src, tmp_path / "all.pt"))
+    buckets = [k for k in got if k.startswith("optimizer.distributed.") and k.endswith(".exp_avg")]
+    assert len(buckets) == 1 and got[buckets[0]].shape == (2624,)
+
+
+@pytest.mark.parametrize("case", ["gpt_tp2pp2", "gpt_tp1pp2"])
+def test_export_hf_folder_bf16(case, tmp_path, run_ckptconv):
+    from safetensors.torch import load_file
+    out = tmp_path / "export"
+    r = run_ckptconv("consolidate", str(ROOT / case / "ckpt"), "--only", "model", "--dtype", "bf16",
+                     "-o", f"{out}/")
+    assert r.returncode == 0, r.stderr
+    got = {}
+    for f in sorted(out.glob("*.safetensors")):
+        got.update(load_file(f))
+    ref = {k: v for k, v in load(ROOT / case / "model_ref.pt").items() if isinstance(v, torch.Tensor)}
+    assert set(got) == set(ref)
+    for k, v in ref.items():
+        assert_same(got[k], v.to(torch.bfloat16), k)
+
+
+@pytest.mark.parametrize("layout,ws", [("dcp", 2), ("dcp", 3), ("fsdp-dtensor", 2), ("fsdp-sharded-tensor", 3)])
+def test_migrate_to_fsdp_layouts(layout, ws, tmp_path, run_ckptconv):
+    src = ROOT / "gpt_tp2pp2" / "ckpt"
+    out = tmp_path / "out"
+    r = run_ckptconv("reshard", str(src), "--only", "model", "--layout", layout, "--world-size", str(ws),
+                     "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    ref = load(ROOT / "gpt_tp2pp2" / "model_ref.pt")
+    # reshard --only keeps the entry's name: {"model": ...}, as an FSDP2
+    # job's DCP save of {"model": model_state_dict} holds it.
+    back = load(consolidate(run_ckptconv, out, tmp_path / "back.pt"))["model"]
+    assert_same({k: v for k, v in back.items() if isinstance(v, torch.Tensor)},
+                {k: v for k, v in ref.items() if isinstance(v, torch.Tensor)})
+    if layout == "dcp":
+        # torch's own DCP loader fills a TP=1 state dict of the unstacked
+        # names from the files written for `ws` ranks.
+        import torch.distributed.checkpoint as dcp
+        template = {k: torch.empty_like(v) for k, v in ref.items() if isinstance(v, torch.Tensor)}
+        dcp.load({"model": template}, checkpoint_id=str(out), no_dist=True)
+        for k, v in template.items():
+            assert_same(v, ref[k], k)
+
+
+def test_validate_clean_and_damaged(tmp_path, run_ckptconv):
+    src = ROOT / "gpt_tp2pp2" / "ckpt"
+    r = run_ckptconv("validate", str(src))
+    assert r.returncode == 0, r.stdout + r.stderr
+    bad = tmp_path / "ckpt"
+    shutil.copytree(src, bad)
+    # The second pipeline stage's files: layer 1 of every stacked tensor,
+    # and its shard of every _extra_state object.
+    for victim in sorted(bad.glob("__[23]_*.distcp")):
+        victim.unlink()
+    r = run_ckptconv("validate", str(bad))
+    assert r.returncode == 1
+    assert "__2_0.distcp: cannot open" in r.stdout and "__3_1.distcp: cannot open" in r.stdout
+    assert ("sharded object 'decoder.layers.mlp.linear_fc1._extra_state' of shape (2,): 1 of its 2 shards are "
+            "stored and readable; missing: (1,)") in r.stdout
+    r = run_ckptconv("consolidate", str(bad), "-o", str(tmp_path / "o.pt"))
+    assert r.returncode == 3 and not (tmp_path / "o.pt").exists()
+
+
+def test_detected_before_plain_dcp(run_ckptconv):
+    r = run_ckptconv("inspect", str(ROOT / "gpt_tp1pp2" / "ckpt"))
+    assert r.returncode == 0, r.stderr
+    assert "megatron-torch-dist" in r.stdout
+    assert "decoder.layers.self_attention.linear_qkv.weight" in r.stdout
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"sharded_backend": "zarr", "sharded_backend_version": 1}', "sharded_backend 'zarr'"),
+    ('{"sharded_backend": "torch_dist", "sharded_', "not JSON"),
+    ('{"sharded_backend": 7}', "no \\\"sharded_backend\\\" string"),
+])
+def test_bad_metadata_json_is_refused(text, message, tmp_path, run_ckptconv):
+    bad = tmp_path / "ckpt"
+    shutil.copytree(ROOT / "gpt_tp1pp1" / "ckpt", bad)
+    (bad / "metadata.json").write_text(text)
+    r = run_ckptconv("consolidate", str(bad), "-o", str(tmp_path / "o.pt"))
+    assert r.returncode == 3, r.stderr
+    assert "metadata.json" in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_hostile_common_pt_is_refused(tmp_path, run_ckptconv):
+    bad = tmp_path / "ckpt"
+    shutil.copytree(ROOT / "gpt_tp1pp1" / "ckpt", bad)
+
+    class Evil:
+        def __reduce__(self):
+            import os
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    torch.save({"iteration": 1, "args": Evil()}, bad / "common.pt")
+    r = run_ckptconv("consolidate", str(bad), "-o", str(tmp_path / "o.pt"))
+    assert r.returncode == 3
+    assert "common.pt" in r.stderr and "system" in r.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "o.pt").exists()
+    # --only model never needs the job's objects: skipped with a warning.
+    r = run_ckptconv("consolidate", str(bad), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("src", ["megatron/gpt_tp2pp1/ckpt", "ucp/z2_bf16_ws2"])
+def test_json_reports_meet_their_schemas(src, run_ckptconv):
+    # The format names of the newer readers are in the schemas' enums.
+    import jsonschema
+    schemas = REPO / "docs" / "schema"
+    r = run_ckptconv("inspect", str(REPO / "testdata" / src), "--json")
+    assert r.returncode == 0, r.stderr
+    jsonschema.validate(json.loads(r.stdout), json.loads((schemas / "inspect.schema.json").read_text()))
+    r = run_ckptconv("validate", str(REPO / "testdata" / src), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    jsonschema.validate(json.loads(r.stdout), json.loads((schemas / "validate.schema.json").read_text()))
