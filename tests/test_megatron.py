@@ -212,3 +212,81 @@ def test_json_reports_meet_their_schemas(src, run_ckptconv):
     r = run_ckptconv("validate", str(REPO / "testdata" / src), "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     jsonschema.validate(json.loads(r.stdout), json.loads((schemas / "validate.schema.json").read_text()))
+
+
+# ------------------------------------------------------------ reshard --layout megatron
+
+MEGATRON_PY = REPO / ".venv-megatron" / "bin" / "python"
+needs_megatron = pytest.mark.skipif(not MEGATRON_PY.exists(),
+                                    reason="no .venv-megatron (scripts/setup-megatron): loading with megatron-core "
+                                           "itself needs it, which CI does not install")
+
+
+def to_torch_dist(run_ckptconv, case, ws, out):
+    r = run_ckptconv("reshard", str(ROOT / case / "ckpt"), "--world-size", str(ws), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "(megatron)" in r.stderr  # the source's own layout by default
+    return out
+
+
+@pytest.mark.parametrize("case,ws", [("gpt_tp2pp2", 3), ("gpt_tp1pp1", 2), ("gpt_tp2pp1", 1)])
+def test_written_torch_dist_holds_what_the_source_holds(case, ws, tmp_path, run_ckptconv):
+    src = ROOT / case / "ckpt"
+    out = to_torch_dist(run_ckptconv, case, ws, tmp_path / "out")
+    # Items as megatron-core names and packs them (objects as KEY/shard_<i>_<n> -> [obj]).
+    dcp_to_torch_save(src, tmp_path / "a.pt")
+    dcp_to_torch_save(out, tmp_path / "b.pt")
+    assert_same(torch.load(tmp_path / "b.pt", weights_only=False), torch.load(tmp_path / "a.pt", weights_only=False),
+                key_order=False)
+    for f in ("common.pt", "metadata.json"):
+        assert (out / f).read_bytes() == (src / f).read_bytes(), f
+    assert len(list(out.glob("*.distcp"))) == ws
+    # And every view of ckptconv's own reading.
+    for only, ref in (("model", "model_ref.pt"), ("optim", "optim_ref.pt")):
+        got = load(consolidate(run_ckptconv, out, tmp_path / f"{only}.pt", "--only", only))
+        want = load(ROOT / case / ref)
+        if only == "model":
+            assert_same(got, want)
+        else:
+            assert_same(got["state"], want, "state", key_order=False)
+
+
+@needs_megatron
+@pytest.mark.parametrize("case,ws,tp,pp,dp", [
+    ("gpt_tp2pp2", 3, 1, 2, 1),
+    ("gpt_tp2pp2", 3, 2, 1, 1),
+    ("gpt_tp1pp1", 2, 2, 2, 1),
+    ("gpt_tp1pp2", 1, 1, 1, 2),
+])
+def test_megatron_core_loads_the_written_torch_dist(case, ws, tp, pp, dp, tmp_path, run_ckptconv):
+    import subprocess
+    out = to_torch_dist(run_ckptconv, case, ws, tmp_path / "out")
+    report = tmp_path / "load.json"
+    r = subprocess.run([str(MEGATRON_PY), str(REPO / "tests" / "megatron_load.py"), str(ROOT / case / "ckpt"),
+                        str(out), str(tp), str(pp), str(dp), str(report)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(report.read_text())
+    # Every rank of a model built at TP x PP x DP loads the same model and
+    # optimizer tensors from ckptconv's files as from megatron-core's own.
+    assert got["ranks"] == tp * pp * dp and got["tensors"] > 0
+    assert got["differ"] == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--only", "model"], "read whole"),
+    (["--part", "0/2"], "one process"),
+])
+def test_megatron_layout_refusals(args, message, tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(ROOT / "gpt_tp1pp1" / "ckpt"), "--layout", "megatron", "--world-size", "2",
+                     "-o", str(tmp_path / "out"), *args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_megatron_layout_needs_a_torch_dist_source(testdata, tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(testdata / "dcp" / "fsdp2_adamw_ws2"), "--layout", "megatron",
+                     "--world-size", "2", "-o", str(tmp_path / "out"))
+    assert r.returncode == 2
+    assert "torch_dist" in r.stderr

@@ -20,6 +20,10 @@ in one report comes from the same run on the same warm page cache.
     python tools/bench.py ucp --ckpt ZERO2_DIR --ckpt ZERO3_DIR --work DIR --ckptconv BIN --ds-python PY
         (ckptconv reshard --layout deepspeed-universal against DeepSpeed's ds_to_universal.py:
         wall time, peak RSS and peak extra disk, and every tensor of the two outputs compared)
+    python tools/bench.py megatron --ckpt DIR --work DIR --ckptconv BIN --megatron-python PY
+        (a megatron-core torch_dist checkpoint from tools/make_megatron_bench.py: ckptconv
+        consolidate --only model against megatron-core's load into a TP=1/PP=1 model +
+        torch.save, run by PY, a Python with megatron-core)
 """
 from __future__ import annotations
 
@@ -533,6 +537,66 @@ def fsdp1(args) -> None:
     theirs.unlink()
 
 
+def megatron(args) -> None:
+    """A megatron-core torch_dist checkpoint (model + fully_reshardable Adam,
+    TP=2 x PP=2) to one model .pt: ckptconv consolidate --only model against
+    what a user runs without it (make_megatron_bench.py consolidate in the
+    megatron Python: a TP=1/PP=1 model, dist_checkpointing.load, torch.save),
+    and the raw read of the .distcp files; every tensor of megatron-core's
+    output compared with ckptconv's."""
+    import torch
+    ckpt, work = Path(args.ckpt), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    files = sorted(ckpt.glob("*.distcp"))
+    size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file() and p.name != "bench.json")
+    names = " ".join(str(p) for p in files)
+    ours, theirs = work / "megatron-ckptconv.pt", work / "megatron-mcore.pt"
+    generator = str(Path(__file__).parent / "make_megatron_bench.py")
+    mc_env = {**os.environ, "PYTHONWARNINGS": "ignore"}  # megatron-core warns about missing Apex/TE on import
+    only = [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "-o", str(ours), "--force"]
+    commands = {
+        "raw read (cat>/dev/null)": (["sh", "-c", f"cat {names} > /dev/null"], None),
+        "ckptconv --only model": (only, None),
+        "  ... --no-fsync": (only + ["--no-fsync"], None),
+        "megatron import only": ([args.megatron_python, "-c", "import megatron.core.dist_checkpointing, "
+                                  "megatron.core.models.gpt"], mc_env),
+        "megatron load+torch.save": ([args.megatron_python, generator, "consolidate", "--ckpt", str(ckpt),
+                                      "--out", str(theirs)], mc_env),
+    }
+    best = {}
+    for _ in range(2):  # the megatron row takes tens of seconds: best of two
+        warm_cache(ckpt)
+        keep_best(best, {name: run_measured(cmd, env=env) for name, (cmd, env) in commands.items()})
+    a = torch.load(ours, map_location="cpu", mmap=True, weights_only=True)
+    b = torch.load(theirs, map_location="cpu", mmap=True, weights_only=True)
+    differ = [k for k, v in b.items() if not isinstance(a.get(k), torch.Tensor) or not bits_equal(a[k], v)]
+    extra = [k for k in a if k not in b]
+    n = sum(v.numel() for v in b.values())
+    out_size = theirs.stat().st_size
+    meta = json.loads((ckpt / "bench.json").read_text())
+    print(f"checkpoint: {ckpt} (megatron-core {meta['megatron_core']} torch_dist, TP={meta['tensor_model_parallel_size']}"
+          f" x PP={meta['pipeline_model_parallel_size']}, GPT {meta['layers']} layers, hidden {meta['hidden']}, "
+          f"ffn {meta['ffn']}, {meta['params'] / 1e6:.0f}M parameters, model + fp32 Adam "
+          f"{meta['distrib_optim_sharding_type']}; {size / 1e9:.2f} GB, {len(files)} .distcp files); "
+          f"model output: {out_size / 1e9:.2f} GB")
+    print(f"{'command':<26} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12}")
+    for name, (wall, rss) in best.items():
+        print(f"{name:<26} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f}")
+    (ct, cr), (nt, _), (mt, mr) = (best[k] for k in ("ckptconv --only model", "  ... --no-fsync",
+                                                     "megatron load+torch.save"))
+    print(f"ratios: megatron/ckptconv = {mt / ct:.2f} ({mt / nt:.2f} against --no-fsync, as torch.save does not "
+          f"fsync), ckptconv/raw read = {ct / best['raw read (cat>/dev/null)'][0]:.2f}")
+    print(f"peak RSS: ckptconv {cr / 1e6:.1f} MB, megatron-core {mr / 1e6:.1f} MB "
+          f"= {mr / out_size:.0%} of the model it writes")
+    print("outputs: " + (f"DIFFER: {len(differ)} of {len(b)} tensors {differ[:5]}" if differ else
+                         f"agree: all {len(b)} tensors of megatron-core's output ({n / 1e6:.1f}M elements, "
+                         f"{', '.join(sorted({str(v.dtype) for v in b.values()}))}) bit-equal in ckptconv's; "
+                         f"ckptconv has {len(extra)} more keys ("
+                         f"{'all _extra_state' if all(k.endswith('._extra_state') for k in extra) else extra[:5]})"))
+    ours.unlink()
+    theirs.unlink()
+
+
 def make_hf_folder(d: Path, size: int) -> None:
     """A model of about `size` bytes of float32 (square matrices of 2048 rows
     and a few vectors) as save_pretrained leaves it: safetensors' save_file
@@ -657,9 +721,14 @@ def main() -> None:
     f1.add_argument("--ckpt", required=True, help="a folder made by make_fsdp1_checkpoints.py bench")
     f1.add_argument("--work", required=True)
     f1.add_argument("--ckptconv", required=True)
+    mg = sub.add_parser("megatron")
+    mg.add_argument("--ckpt", required=True, help="a folder made by make_megatron_bench.py make")
+    mg.add_argument("--work", required=True)
+    mg.add_argument("--ckptconv", required=True)
+    mg.add_argument("--megatron-python", required=True, help="a Python that can import megatron.core")
     args = ap.parse_args()
     {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "ucp": ucp,
-     "hf": hf, "fsdp1": fsdp1}[args.cmd](args)
+     "hf": hf, "fsdp1": fsdp1, "megatron": megatron}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -40,10 +40,11 @@ void register_reshard(CLI::App& app) {
          "DeepSpeed universal checkpoint, DST = <root>/<tag>_universal, which a DeepSpeed engine with "
          "load_universal loads at any world size; <root>/latest_universal names it), fsdp1-flat (FSDP1's "
          "LOCAL_STATE_DICT model files and raw optimizer files per rank, from FSDP1 flat-parameter files read "
-         "with --param-layout); default: the "
+         "with --param-layout), megatron (a Megatron-core torch_dist checkpoint, from one read whole, which "
+         "megatron-core loads at any TP x PP x DP); default: the "
          "source's own, required for a full state dict")
-      ->check(CLI::IsMember(
-          {"dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal", "fsdp1-flat"}))
+      ->check(CLI::IsMember({"dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal",
+                             "fsdp1-flat", "megatron"}))
       ->group(kOutputGroup);
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
   sub->add_option(

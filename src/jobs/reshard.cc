@@ -19,6 +19,7 @@
 #include "formats/dcp/dcp_writer.h"
 #include "formats/detect.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
+#include "formats/megatron/megatron_writer.h"
 #include "formats/source_traits.h"
 #include "io/atomic_dir.h"
 #include "jobs/finalize.h"
@@ -131,12 +132,11 @@ void report_part(JobReport& report, const PartOutcome& done) {
   report.bytes = done.bytes;
 }
 
-void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                    const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  // A DCP source keeps its own items and planner_data; anything else (or a
-  // DCP source cut down by --only) is flattened as dcp.save would.
-  bool own_layout = model.info.flat_layout && req.common.only.empty();
-  dcp::DcpMetadata source_md = own_layout ? dcp::metadata_of(*model.info.flat_layout) : flattened_layout(model);
+// `model` as a DCP directory of `source_md`'s items for the new world
+// size, `side_files` copied beside them.
+void write_as_dcp(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                  const dcp::DcpMetadata& source_md, const std::vector<std::string>& side_files,
+                  const CopyOptions& copy, JobReport& report, std::ostream& out) {
   ReshardPlan plan = plan_reshard(model.tensors, *req.world_size, source_world_size(model));
   report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, report.bytes, req.output, "dcp");
@@ -152,17 +152,37 @@ void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const Chec
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  // A DCP source's own side files go with its own layout (Lightning's meta.pt).
-  std::vector<std::string> side_files;
-  if (own_layout)
-    for (const auto& f : model.info.files)
-      if (fs::path(f).filename() == "meta.pt") side_files.push_back(f);
   DcpOutputOptions options{req.output, req.common.force, !req.common.no_fsync, copy, side_files};
   if (auto part = part_of(req)) {
     report_part(report, write_dcp_reshard_part(model, source_md, plan, options, *part, request_json(req)));
     return;
   }
   write_dcp_reshard(model, source_md, plan, options);
+}
+
+void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                    const CopyOptions& copy, JobReport& report, std::ostream& out) {
+  // A DCP source keeps its own items and planner_data; anything else (or a
+  // DCP source cut down by --only) is flattened as dcp.save would.
+  bool own_layout = model.info.flat_layout && req.common.only.empty();
+  dcp::DcpMetadata source_md = own_layout ? dcp::metadata_of(*model.info.flat_layout) : flattened_layout(model);
+  // A DCP source's own side files go with its own layout (Lightning's meta.pt).
+  std::vector<std::string> side_files;
+  if (own_layout)
+    for (const auto& f : model.info.files)
+      if (fs::path(f).filename() == "meta.pt") side_files.push_back(f);
+  write_as_dcp(req, job, model, source_md, side_files, copy, report, out);
+}
+
+// Megatron-core torch_dist: the stored tensors and sharded objects as DCP
+// items for the new world size, common.pt and metadata.json copied
+// (formats/megatron/megatron_writer.h).
+void reshard_to_megatron(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
+                         const CopyOptions& copy, JobReport& report, std::ostream& out) {
+  if (part_of(req)) fail_invalid("--part: --layout megatron is written by one process");
+  megatron::TorchDistOutput torch_dist = megatron::torch_dist_output(model);
+  write_as_dcp(req, job, torch_dist.items, flattened_layout(torch_dist.items), torch_dist.side_files, copy, report,
+               out);
 }
 
 // torch's DCP Hugging Face layout (HuggingFaceStorageWriter with
@@ -403,6 +423,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   report.dry_run = opt.dry_run;
   if (layout == "dcp")
     reshard_to_dcp(req, job, model, copy, report, out);
+  else if (layout == "megatron")
+    reshard_to_megatron(req, job, model, copy, report, out);
   else if (layout == "hf")
     reshard_to_hf(req, job, model, copy, report, out);
   else if (layout == "accelerate")

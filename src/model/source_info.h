@@ -105,14 +105,25 @@ struct Fsdp1Layout {
   std::vector<std::pair<std::string, std::string>> aliases;  // tied name -> the parameter it shares
 };
 
+// A Megatron-core torch_dist checkpoint read whole (formats/megatron/):
+// which top-level entries of its stored view came from common.pt, and
+// which are sharded objects grouped back under their key (with their
+// shape), so that reshard --layout megatron can store them as megatron-core
+// does.
+struct MegatronLayout {
+  std::vector<std::string> common_keys;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> objects;
+};
+
 struct SourceInfo {
   SourceKind kind = SourceKind::kTorchPt;
-  std::vector<std::string> files;         // the files read, sorted (per-rank sources; else SRC itself)
-  std::vector<RankFamilyInfo> families;   // per-rank sources: the families read (after --only)
-  std::vector<int> world_sizes;           // distinct world sizes the source was written at; {1} for single files
-  std::optional<DeviceMeshInfo> mesh;     // per-rank DTensor files: the mesh of the first one that has one
-  std::optional<FlatLayout> flat_layout;  // DCP directories
-  std::optional<Fsdp1Layout> fsdp1;       // FSDP1 flat-parameter files read with --param-layout
+  std::vector<std::string> files;          // the files read, sorted (per-rank sources; else SRC itself)
+  std::vector<RankFamilyInfo> families;    // per-rank sources: the families read (after --only)
+  std::vector<int> world_sizes;            // distinct world sizes the source was written at; {1} for single files
+  std::optional<DeviceMeshInfo> mesh;      // per-rank DTensor files: the mesh of the first one that has one
+  std::optional<FlatLayout> flat_layout;   // DCP directories
+  std::optional<Fsdp1Layout> fsdp1;        // FSDP1 flat-parameter files read with --param-layout
+  std::optional<MegatronLayout> megatron;  // a torch_dist checkpoint's stored view
   // The source names tensors by flat dotted keys only (safetensors without
   // ckptconv.tree): how they nest is unknown, so diff compares paths only.
   bool flat_keys = false;

@@ -19,7 +19,8 @@ const InputFormat& input_format() {
   static const InputFormat f{.kind = SourceKind::kMegatron,
                              .probe_directory = probe_dir,
                              .read = read,
-                             .traits = {.sharded_layout = true, .reshard_layout = "dcp"},
+                             // Resharded, it stays a torch_dist checkpoint unless --layout says otherwise.
+                             .traits = {.sharded_layout = true, .reshard_layout = "megatron"},
                              .directory_shape = "Megatron-core metadata.json"};
   return f;
 }

@@ -187,8 +187,10 @@ class TorchDistReader {
     check_objects();
     ValuePtr common = read_common(model);
     find_layers(model);
+    // The views regroup the DCP items: not the directory's own item layout.
+    model.info.flat_layout.reset();
     if (only_.empty()) {
-      model.root = stored_view(common);
+      model.root = stored_view(common, model.info);
     } else {
       auto root = Value::dict();
       root->entries.emplace_back(Value::str("model"), model_view(model));
@@ -296,12 +298,14 @@ class TorchDistReader {
     }
   }
 
-  ValuePtr stored_view(const ValuePtr& common) {
+  ValuePtr stored_view(const ValuePtr& common, SourceInfo& info) {
     auto root = Value::dict();
     std::set<std::string> keys;
+    MegatronLayout layout;
     for (const Entry& e : entries_) {
       keys.insert(e.key);
       root->entries.emplace_back(Value::str(e.key), e.object ? object_value(*e.object) : e.value);
+      if (e.object) layout.objects.emplace_back(e.key, e.object->shape);
     }
     if (common) {
       ValuePtr c = mapping_of(common);
@@ -311,8 +315,10 @@ class TorchDistReader {
         if (keys.count(key))
           fail_data_loss(dir_ + "/" + kCommonFile + ": entry '" + key + "' is also a sharded key of the checkpoint");
         root->entries.push_back(entry);
+        layout.common_keys.push_back(key);
       }
     }
+    info.megatron = std::move(layout);
     return root;
   }
 
