@@ -2,9 +2,10 @@
 at TP x PP x DP and compares what each rank got (run by tests/test_megatron.py
 in the side environment .venv-megatron; CI has no megatron-core).
 
-    .venv-megatron/bin/python tests/megatron_load.py ORIGINAL OURS TP PP DP OUT.json
+    .venv-megatron/bin/python tests/megatron_load.py ORIGINAL OURS TP PP DP OUT.json [CASE.json]
 
-Every rank builds the GPT of tools/make_megatron_checkpoints.py at that
+Every rank builds the GPT of tools/make_megatron_checkpoints.py (with the
+case's model_config: MoE experts and expert parallelism) at that
 parallelism and runs ``dist_checkpointing.load`` of its model's sharded state
 dict, and of the fully_reshardable optimizer's (is_loading=True), from
 ORIGINAL (what megatron-core saved) and from OURS (what ckptconv wrote);
@@ -35,10 +36,10 @@ def flat(tree, path=""):
         yield path, tree  # a tensor, or a plain value (iteration, _extra_state, param_groups entries)
 
 
-def job(rank, ws, port, tp, pp, original, ours, out):
+def job(rank, ws, port, tp, pp, original, ours, out, extra):
     mk._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
-    model, ddp, opt = mk.build(tp, pp, {})
+    model, ddp, opt = mk.build(tp, pp, extra)
     for inner in opt.chained_optimizers:
         inner._init_optimizer_states_with_dummy_values()
     md = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -69,5 +70,6 @@ def job(rank, ws, port, tp, pp, original, ours, out):
 
 if __name__ == "__main__":
     original, ours, tp, pp, dp, out = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), sys.argv[6]
+    extra = json.loads(Path(sys.argv[7]).read_text())["model_config"] if len(sys.argv) > 7 else {}
     ws = tp * pp * dp
-    mp.spawn(job, args=(ws, mk.free_port(), tp, pp, original, ours, out), nprocs=ws, join=True)
+    mp.spawn(job, args=(ws, mk.free_port(), tp, pp, original, ours, out, extra), nprocs=ws, join=True)

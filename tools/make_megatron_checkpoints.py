@@ -9,7 +9,9 @@ machine's CPUs: TP x PP x DP gloo processes build a ``GPTModel`` from
 ``get_gpt_layer_local_spec()`` (SwiGLU MLP, biases, 2 layers, hidden 8,
 2 heads, ffn 12, vocab 16), wrap it in megatron's ``DistributedDataParallel``
 and ``DistributedOptimizer`` (Adam), give every parameter a gradient, take one
-real optimizer step and save, the way Megatron-LM's training loop does:
+real optimizer step and save, the way Megatron-LM's training loop does. One
+case (``moe_ep2``) is a mixture of experts: 4 SequentialMLP experts per
+layer, expert parallelism 2, whose optimizer is a ChainedOptimizer.
 
     dist_checkpointing.save({"model": model.sharded_state_dict(),
                              "optimizer": optimizer.sharded_state_dict(
@@ -61,6 +63,10 @@ CASES = {
     "gpt_tp1pp2": (1, 2, 1, "fully_reshardable", {}),
     "gpt_tp2pp2": (2, 2, 1, "fully_reshardable", {}),
     "gpt_tp1pp1_dp2_dpresh": (1, 1, 2, "dp_reshardable", {}),
+    # MoE: 4 SequentialMLP experts per layer (local spec, no grouped GEMM),
+    # expert parallelism 2 over the two data-parallel ranks.
+    "moe_ep2": (1, 1, 2, "fully_reshardable", {"num_moe_experts": 4, "moe_router_topk": 2,
+                                               "moe_ffn_hidden_size": 12, "expert_model_parallel_size": 2}),
 }
 NUM_LAYERS, HIDDEN, HEADS, FFN, VOCAB, SEQ = 2, 8, 2, 12, 16, 8
 
@@ -109,14 +115,17 @@ def build(tp: int, pp: int, extra: dict):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ep = extra.get("expert_model_parallel_size", 1)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=ep)
+    spec = get_gpt_layer_local_spec(num_experts=extra.get("num_moe_experts"), moe_grouped_gemm=False)
     cfg = TransformerConfig(num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
                             ffn_hidden_size=FFN, gated_linear_unit=True,
                             activation_func=torch.nn.functional.silu, use_cpu_initialization=True,
                             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                             params_dtype=torch.float32, pipeline_dtype=torch.float32, **extra)
     torch.manual_seed(1234)
-    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB,
                      max_sequence_length=SEQ, pre_process=ps.is_pipeline_first_stage(),
                      post_process=ps.is_pipeline_last_stage())
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=True), module=model)
@@ -155,25 +164,36 @@ def save_job(rank: int, ws: int, port: int, tp: int, pp: int, stype, extra: dict
 
 def unstacked_name(stored_key: str, state_key: str) -> str:
     """The stored key with the layer index of the TP=1/PP=1 state dict key
-    (``decoder.layers.3.…``) put after ``layers.``."""
+    (``decoder.layers.3.…``) put after ``layers.``, and a SequentialMLP's
+    stacked ``experts.experts.`` named as the module's own
+    ``experts.local_experts.<e>.`` (at EP=1 the local index is the global one)."""
     parts = state_key.split(".")
+    name = stored_key
     for i, part in enumerate(parts[:-1]):
         if part == "layers" and parts[i + 1].isdigit():
             head = ".".join(parts[:i + 1]) + "."
             assert stored_key.startswith(head), (stored_key, state_key)
-            return head + parts[i + 1] + "." + stored_key[len(head):]
-    return stored_key
+            name = head + parts[i + 1] + "." + stored_key[len(head):]
+            break
+    if "local_experts" in parts:
+        e = parts[parts.index("local_experts") + 1]
+        name = name.replace("experts.experts.", f"experts.local_experts.{e}.", 1)
+    return name
 
 
 def reference_job(rank: int, ws: int, port: int, stype, extra: dict, ckpt: str, out: str) -> None:
     _init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
-    model, ddp, opt = build(1, 1, extra)
+    model, ddp, opt = build(1, 1, {**extra, "expert_model_parallel_size": 1} if extra else extra)
     msd = model.sharded_state_dict()
     request = {"model": msd}
     md = {"distrib_optim_sharding_type": stype} if stype else None
-    if stype == "fully_reshardable":
+    # MoE: the EP=2 job's optimizer is a ChainedOptimizer of two (dense and
+    # expert parameters: keys chained_<i>.optimizer.…), the TP=1/EP=1 one
+    # a single optimizer, whose request megatron-core cannot match to those
+    # keys (KeyError in _validate_global_shapes): model reference only.
+    if stype == "fully_reshardable" and not extra.get("num_moe_experts"):
         # A fresh optimizer holds no state to load into: megatron-core's own
         # helper allocates it (a zero-gradient step), as its fsdp_dtensor
         # load path does.
@@ -226,10 +246,15 @@ def _pairs(request, loaded):
 
 
 def _unstack_by_offset(model_key: str, sh) -> str:
-    if getattr(sh, "prepend_axis_num", 0) == 0:
+    """unstacked_name by the ShardedTensor's prepended offsets (layer, expert)."""
+    n = getattr(sh, "prepend_axis_num", 0)
+    if n == 0:
         return model_key
     head = model_key[:model_key.index("layers.") + len("layers.")]
-    return head + str(sh.global_offset[0]) + "." + model_key[len(head):]
+    name = head + str(sh.global_offset[0]) + "." + model_key[len(head):]
+    if n == 2:
+        name = name.replace("experts.experts.", f"experts.local_experts.{sh.global_offset[1]}.", 1)
+    return name
 
 
 def free_port() -> int:
@@ -254,10 +279,10 @@ def make_case(name: str, out_root: Path) -> None:
         "megatron_core": megatron.core.__version__, "torch": torch.__version__,
         "python": sys.version.split()[0],
         "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "data_parallel_size": dp,
-        "world_size": ws, "num_layers": NUM_LAYERS, "spec": "get_gpt_layer_local_spec (SwiGLU)",
+        "world_size": ws, "num_layers": NUM_LAYERS, "spec": "get_gpt_layer_local_spec (SwiGLU" + (", SequentialMLP experts)" if extra else ")"),
         "distrib_optim_sharding_type": stype, "model_config": extra,
         "saved": ["model", "iteration"] + (["optimizer"] if stype else []),
-        "optim_ref": stype == "fully_reshardable",
+        "optim_ref": stype == "fully_reshardable" and not extra.get("num_moe_experts"),
     }
     (case / "case.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"{name}: {sum(f.stat().st_size for f in case.rglob('*') if f.is_file())} bytes")

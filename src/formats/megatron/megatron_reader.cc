@@ -26,10 +26,31 @@ constexpr const char* kMetadataJson = "metadata.json";
 constexpr const char* kCommonFile = "common.pt";
 // metadata.json holds four short fields; anything near this is not one.
 constexpr uint64_t kMaxMetadataJson = 1 << 20;
-// The optimizer's entries (both distributed-optimizer layouts) start so.
-constexpr std::string_view kOptimizerPrefix = "optimizer.";
-constexpr std::string_view kOptimizerState = "optimizer.state.";          // fully_reshardable
-constexpr std::string_view kOptimizerBuckets = "optimizer.distributed.";  // dp_reshardable
+// The optimizer's entries: optimizer.state.<kind>.<model key>
+// (fully_reshardable) or optimizer.distributed.… (dp_reshardable), each
+// under chained_<i>. when the optimizer is a ChainedOptimizer of several
+// (MoE: one for the dense parameters, one for the experts).
+constexpr std::string_view kOptimizerState = "optimizer.state.";
+constexpr std::string_view kOptimizerBuckets = "optimizer.distributed.";
+
+// `key` without its chained_<i>. prefix; the whole key when it has none.
+std::string_view unchained(std::string_view key) {
+  if (key.rfind("chained_", 0) != 0) return key;
+  std::size_t i = 8;
+  while (i < key.size() && std::isdigit(static_cast<unsigned char>(key[i]))) ++i;
+  return i > 8 && i < key.size() && key[i] == '.' ? key.substr(i + 1) : key;
+}
+
+bool is_optimizer_key(std::string_view key) { return unchained(key).rfind("optimizer.", 0) == 0; }
+
+// optimizer.state.<kind>.<model key>: {kind, model key}; empty when not one.
+std::pair<std::string, std::string> optimizer_state_key(std::string_view key) {
+  std::string_view k = unchained(key);
+  if (k.rfind(kOptimizerState, 0) != 0) return {};
+  std::size_t dot = k.find('.', kOptimizerState.size());
+  if (dot == std::string_view::npos) return {};
+  return {std::string(k.substr(kOptimizerState.size(), dot - kOptimizerState.size())), std::string(k.substr(dot + 1))};
+}
 
 nlohmann::json read_metadata_json(const std::string& dir) {
   std::string path = (fs::path(dir) / kMetadataJson).string();
@@ -128,27 +149,41 @@ ValuePtr object_value(const ObjectGroup& g, std::size_t dim = 0, Shape prefix = 
   return Value::list(std::move(items));
 }
 
-// "decoder.layers." of "decoder.layers.self_attention.linear_qkv.weight":
-// the key of a stacked layer parameter up to its `layers` component, when
-// no layer index follows it (megatron-core stores the layers of a
-// TransformerBlock stacked on a leading axis); empty otherwise.
-std::string stacked_prefix(const std::string& key) {
-  std::size_t pos = 0;
-  while ((pos = key.find("layers.", pos)) != std::string::npos) {
-    bool starts_component = pos == 0 || key[pos - 1] == '.';
+// Where a stored key is stacked on its next axis, and the names its
+// slices take. megatron-core stacks
+//   - the layers of a TransformerBlock: `decoder.layers.<param>` is
+//     [num_layers, ...]; slice i is `decoder.layers.<i>.<param>`;
+//   - the experts of a SequentialMLP (MoE): `…mlp.experts.experts.<param>`
+//     is [num_experts, ...] once the layer is taken; slice e is
+//     `…mlp.experts.local_experts.<e>.<param>`, the module's own name.
+// `head` identifies the stack (every key under it must have the same
+// count); none: the key is not stacked (any more).
+struct Stack {
+  std::string head;          // "decoder.layers.", "decoder.layers.0.mlp.experts."
+  std::string rest;          // what follows the stack's marker
+  std::string slice_marker;  // "" (layers) or "local_experts." (experts)
+  std::string name(int64_t i) const { return head + slice_marker + std::to_string(i) + "." + rest; }
+};
+
+std::optional<Stack> stack_of(const std::string& key) {
+  std::optional<Stack> best;
+  std::size_t at = std::string::npos;
+  for (std::size_t pos = 0; (pos = key.find("layers.", pos)) != std::string::npos; pos += 7) {
     std::size_t next = pos + 7;
-    if (starts_component && next < key.size() && !std::isdigit(static_cast<unsigned char>(key[next])))
-      return key.substr(0, next);
-    pos = next;
+    if ((pos == 0 || key[pos - 1] == '.') && next < key.size() &&
+        !std::isdigit(static_cast<unsigned char>(key[next]))) {
+      best = Stack{key.substr(0, next), key.substr(next), ""};
+      at = pos;
+      break;
+    }
   }
-  return "";
+  if (std::size_t pos = key.find("experts.experts.");
+      pos != std::string::npos && pos < at && (pos == 0 || key[pos - 1] == '.'))
+    best = Stack{key.substr(0, pos + 8), key.substr(pos + 16), "local_experts."};
+  return best;
 }
 
-std::string layer_name(const std::string& key, const std::string& prefix, int64_t layer) {
-  return prefix + std::to_string(layer) + "." + key.substr(prefix.size());
-}
-
-// Layer `layer` of a tensor stacked on its leading axis: the chunks that
+// Slice `layer` of a tensor stacked on its leading axis: the chunks that
 // hold it, each narrowed to that index.
 TensorEntry layer_of(const TensorEntry& t, int64_t layer, std::string name) {
   TensorEntry out = t;
@@ -186,7 +221,6 @@ class TorchDistReader {
     split_items(model);
     check_objects();
     ValuePtr common = read_common(model);
-    find_layers(model);
     // The views regroup the DCP items: not the directory's own item layout.
     model.info.flat_layout.reset();
     if (only_.empty()) {
@@ -267,37 +301,6 @@ class TorchDistReader {
     return adopt(model, std::move(part));
   }
 
-  // The number of layers under each stacked prefix: every stacked tensor
-  // and object under it must agree.
-  void find_layers(const CheckpointModel& model) {
-    for (const Entry& e : entries_) {
-      std::string key = e.key;
-      if (key.rfind(kOptimizerState, 0) == 0) {
-        std::size_t kind_end = key.find('.', kOptimizerState.size());
-        if (kind_end == std::string::npos) continue;
-        key = key.substr(kind_end + 1);
-      } else if (key.rfind(kOptimizerPrefix, 0) == 0) {
-        continue;
-      }
-      std::string prefix = stacked_prefix(key);
-      if (prefix.empty()) continue;
-      int64_t n = -1;
-      if (e.object) {
-        n = e.object->shape.empty() ? -1 : e.object->shape[0];
-      } else if (auto idx = tensor_ref_index(*e.value)) {
-        const TensorEntry& t = model.tensors.at(*idx);
-        n = t.shape.empty() ? -1 : t.shape[0];
-      } else {
-        continue;
-      }
-      auto [it, fresh] = layers_.try_emplace(prefix, n);
-      if (n < 0 || it->second != n)
-        fail_data_loss(dir_ + ": '" + e.key + "' is stored under '" + prefix + "' with " +
-                       (n < 0 ? std::string("no leading axis") : std::to_string(n) + " layers") +
-                       ", other keys there with " + std::to_string(it->second) + "; not one stack of layers");
-    }
-  }
-
   ValuePtr stored_view(const ValuePtr& common, SourceInfo& info) {
     auto root = Value::dict();
     std::set<std::string> keys;
@@ -323,72 +326,108 @@ class TorchDistReader {
   }
 
   static bool is_model_entry(const Entry& e) {
-    if (e.key.rfind(kOptimizerPrefix, 0) == 0) return false;
+    if (is_optimizer_key(e.key)) return false;
     // Objects: a module's _extra_state belongs to the model; others
     // (rng_state, a rerun state machine's) to the job.
     return !e.object || (e.key.size() >= 13 && e.key.compare(e.key.size() - 13, 13, "._extra_state") == 0);
   }
 
-  // `e` (tensor or object) under `name`, or each of its layers.
-  void add_unstacked(CheckpointModel& model, const Entry& e, int64_t layer, const std::string& name,
-                     const ValuePtr& into) {
-    if (e.object) {
-      ValuePtr whole = object_value(*e.object);
-      into->entries.emplace_back(Value::str(name), layer < 0 ? whole : whole->items.at(std::size_t(layer)));
-      return;
-    }
-    auto idx = tensor_ref_index(*e.value);
-    if (!idx || layer < 0) {
-      into->entries.emplace_back(Value::str(name), e.value);
-      return;
-    }
-    model.tensors.push_back(layer_of(model.tensors.at(*idx), layer, name));
-    into->entries.emplace_back(Value::str(name), make_tensor_ref(model.tensors.size() - 1));
+  // One value of the output: an entry, sliced at `index` along its
+  // leading axes, under `name` (its model key, indices put in).
+  struct Piece {
+    const Entry* entry;
+    std::string name;
+    std::vector<int64_t> index;
+  };
+
+  // How many slices the next stacked axis of `p` has; -1: none.
+  int64_t stack_count(const CheckpointModel& model, const Piece& p) const {
+    std::size_t axis = p.index.size();
+    if (p.entry->object) return axis < p.entry->object->shape.size() ? p.entry->object->shape[axis] : -1;
+    auto idx = tensor_ref_index(*p.entry->value);
+    if (!idx) return -1;
+    const Shape& shape = model.tensors.at(*idx).shape;
+    return axis < shape.size() ? shape[axis] : -1;
   }
 
-  // Entries `pick` selects, layers unstacked layer-major at the place of
-  // the first key of their stack; `pick` also gives the entry's model key
-  // (the stored key without optimizer.state.<kind>.).
-  template <typename Pick, typename Emit>
-  void unstack(Pick pick, Emit emit) {
+  // `pieces` (in stored order) with every stack split, index-major at the
+  // place of the stack's first key, recursively (layers, then experts):
+  // the order of a TP=1/PP=1 model's sharded_state_dict.
+  void split_stacks(const CheckpointModel& model, const std::vector<Piece>& pieces, std::vector<Piece>& out) const {
     std::set<std::string> done;
-    for (std::size_t i = 0; i < entries_.size(); ++i) {
-      const Entry& e = entries_[i];
-      std::string mkey;
-      if (!pick(e, mkey)) continue;
-      std::string prefix = stacked_prefix(mkey);
-      if (prefix.empty() || !layers_.count(prefix)) {
-        emit(e, mkey, -1, mkey);
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      std::optional<Stack> stack = stack_of(pieces[i].name);
+      if (!stack) {
+        out.push_back(pieces[i]);
         continue;
       }
-      if (!done.insert(prefix).second) continue;
-      for (int64_t layer = 0; layer < layers_.at(prefix); ++layer)
-        for (std::size_t j = i; j < entries_.size(); ++j) {
-          std::string mk;
-          if (pick(entries_[j], mk) && stacked_prefix(mk) == prefix)
-            emit(entries_[j], mk, layer, layer_name(mk, prefix, layer));
+      if (!done.insert(stack->head).second) continue;
+      const int64_t n = stack_count(model, pieces[i]);
+      std::vector<std::vector<Piece>> slices(static_cast<std::size_t>(std::max<int64_t>(n, 0)));
+      for (std::size_t j = i; j < pieces.size(); ++j) {
+        std::optional<Stack> other = stack_of(pieces[j].name);
+        if (!other || other->head != stack->head) continue;
+        int64_t m = stack_count(model, pieces[j]);
+        if (m < 1 || m != n)
+          fail_data_loss(dir_ + ": '" + pieces[j].entry->key + "' is stored under the stack '" + stack->head +
+                         "' with " + (m < 1 ? std::string("no axis for it") : std::to_string(m) + " slices") + ", '" +
+                         pieces[i].entry->key + "' with " + std::to_string(n) + "; not one stack");
+        for (int64_t k = 0; k < n; ++k) {
+          Piece p = pieces[j];
+          p.name = other->name(k);
+          p.index.push_back(k);
+          slices[static_cast<std::size_t>(k)].push_back(std::move(p));
         }
+      }
+      for (const auto& slice : slices) split_stacks(model, slice, out);
     }
+  }
+
+  // The pieces of the entries `pick` selects (it gives each one's model
+  // key: the stored key without optimizer.state.<kind>.), stacks split.
+  template <typename Pick>
+  std::vector<Piece> unstacked(const CheckpointModel& model, Pick pick) const {
+    std::vector<Piece> pieces, out;
+    for (const Entry& e : entries_) {
+      std::string mkey;
+      if (pick(e, mkey)) pieces.push_back({&e, mkey, {}});
+    }
+    split_stacks(model, pieces, out);
+    return out;
+  }
+
+  // The value of `p`: its tensor narrowed to its slice (a new entry of
+  // `model`), or its object's element.
+  ValuePtr value_of(CheckpointModel& model, const Piece& p, const std::string& name) {
+    if (p.entry->object) {
+      ValuePtr v = object_value(*p.entry->object);
+      for (int64_t k : p.index) v = v->items.at(static_cast<std::size_t>(k));
+      return v;
+    }
+    auto idx = tensor_ref_index(*p.entry->value);
+    if (!idx || p.index.empty()) return p.entry->value;
+    TensorEntry t = model.tensors.at(*idx);
+    for (int64_t k : p.index) t = layer_of(t, k, name);
+    model.tensors.push_back(std::move(t));
+    return make_tensor_ref(model.tensors.size() - 1);
   }
 
   ValuePtr model_view(CheckpointModel& model) {
     ValuePtr out = Value::dict();
-    unstack(
-        [](const Entry& e, std::string& mkey) {
-          mkey = e.key;
-          return is_model_entry(e);
-        },
-        [&](const Entry& e, const std::string& mkey, int64_t layer, const std::string& name) {
-          add_unstacked(model, e, layer, name, out);
-        });
+    auto pick = [](const Entry& e, std::string& mkey) {
+      mkey = e.key;
+      return is_model_entry(e);
+    };
+    for (const Piece& p : unstacked(model, pick))
+      out->entries.emplace_back(Value::str(p.name), value_of(model, p, p.name));
     return out;
   }
 
   ValuePtr optim_view(CheckpointModel& model, const ValuePtr& common) {
     bool fully = false, buckets = false;
     for (const Entry& e : entries_) {
-      fully = fully || e.key.rfind(kOptimizerState, 0) == 0;
-      buckets = buckets || e.key.rfind(kOptimizerBuckets, 0) == 0;
+      fully = fully || !optimizer_state_key(e.key).first.empty();
+      buckets = buckets || unchained(e.key).rfind(kOptimizerBuckets, 0) == 0;
     }
     if (buckets && !fully)
       fail(ErrorCode::kUnimplemented,
@@ -403,35 +442,25 @@ class TorchDistReader {
     if (!fully) fail(ErrorCode::kNotFound, dir_ + ": --only optim: the checkpoint holds no optimizer state");
     ValuePtr state = Value::dict();
     std::map<std::string, ValuePtr> by_name;
-    unstack(
-        [](const Entry& e, std::string& mkey) {
-          if (e.object || e.key.rfind(kOptimizerState, 0) != 0) return false;
-          std::size_t dot = e.key.find('.', kOptimizerState.size());
-          if (dot == std::string::npos) return false;
-          mkey = e.key.substr(dot + 1);
-          return true;
-        },
-        [&](const Entry& e, const std::string& mkey, int64_t layer, const std::string& name) {
-          std::string kind =
-              e.key.substr(kOptimizerState.size(), e.key.size() - kOptimizerState.size() - mkey.size() - 1);
-          ValuePtr& slot = by_name[name];
-          if (!slot) {
-            slot = Value::dict();
-            state->entries.emplace_back(Value::str(name), slot);
-          }
-          add_unstacked(model, e, layer, kind, slot);
-        });
+    auto pick = [](const Entry& e, std::string& mkey) {
+      if (e.object) return false;
+      mkey = optimizer_state_key(e.key).second;
+      return !mkey.empty();
+    };
+    for (const Piece& p : unstacked(model, pick)) {
+      std::string kind = optimizer_state_key(p.entry->key).first;
+      ValuePtr& slot = by_name[p.name];
+      if (!slot) {
+        slot = Value::dict();
+        state->entries.emplace_back(Value::str(p.name), slot);
+      }
+      slot->entries.emplace_back(Value::str(kind), value_of(model, p, p.name + "." + kind));
+    }
     ValuePtr out = Value::dict();
     out->entries.emplace_back(Value::str("state"), state);
     // megatron-core keeps the optimizer's param_groups (no params lists:
     // the state is keyed by name) in the common state.
-    ValuePtr groups;
-    if (common) {
-      ValuePtr c = mapping_of(common);
-      ValuePtr opt = c->is(Kind::kDict) ? c->get("optimizer") : nullptr;
-      ValuePtr inner = opt && mapping_of(opt)->is(Kind::kDict) ? mapping_of(opt)->get("optimizer") : nullptr;
-      groups = inner && mapping_of(inner)->is(Kind::kDict) ? mapping_of(inner)->get("param_groups") : nullptr;
-    }
+    ValuePtr groups = common ? param_groups(common) : nullptr;
     if (groups)
       out->entries.emplace_back(Value::str("param_groups"), groups);
     else
@@ -439,12 +468,37 @@ class TorchDistReader {
     return out;
   }
 
+  // The optimizer's param_groups in common.pt: {"optimizer": {"optimizer":
+  // {"param_groups": [...]}, ...}}, or for a ChainedOptimizer
+  // {"optimizer": {0: {...}, 1: {...}}}, whose groups are the chained
+  // optimizers' in order (ChainedOptimizer.param_groups).
+  static ValuePtr param_groups(const ValuePtr& common) {
+    auto get = [](const ValuePtr& v, std::string_view key) -> ValuePtr {
+      ValuePtr d = v ? mapping_of(v) : nullptr;
+      return d && d->is(Kind::kDict) ? d->get(key) : nullptr;
+    };
+    auto groups_of = [&](const ValuePtr& opt) -> ValuePtr {
+      ValuePtr g = get(get(opt, "optimizer"), "param_groups");
+      return g && g->is(Kind::kList) ? g : nullptr;
+    };
+    ValuePtr opt = get(common, "optimizer");
+    if (ValuePtr g = groups_of(opt)) return g;
+    ValuePtr d = opt ? mapping_of(opt) : nullptr;
+    if (!d || !d->is(Kind::kDict) || d->entries.empty()) return nullptr;
+    std::vector<ValuePtr> all;
+    for (const auto& [k, v] : d->entries) {
+      ValuePtr g = k->is(Kind::kInt) ? groups_of(v) : nullptr;
+      if (!g) return nullptr;
+      all.insert(all.end(), g->items.begin(), g->items.end());
+    }
+    return Value::list(std::move(all));
+  }
+
   std::string dir_;
   ProblemSink* sink_;
   std::string only_;
   std::vector<Entry> entries_;
   std::map<std::string, ObjectGroup> objects_;
-  std::map<std::string, int64_t> layers_;
 };
 
 }  // namespace
