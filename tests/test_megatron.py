@@ -320,3 +320,29 @@ def test_megatron_layout_needs_a_torch_dist_source(testdata, tmp_path, run_ckptc
                      "--world-size", "2", "-o", str(tmp_path / "out"))
     assert r.returncode == 2
     assert "torch_dist" in r.stderr
+
+
+@pytest.mark.parametrize("case,ws", [("gpt_tp2pp2", 2), ("moe_ep2", 3)])
+def test_fsdp2_job_resumes_from_the_migration(case, ws, tmp_path, run_ckptconv):
+    import subprocess
+    import sys
+    sys.path.insert(0, str(REPO / "tests"))
+    from megatron_fsdp2_resume import build, step
+    out = tmp_path / "dcp"
+    r = run_ckptconv("reshard", str(ROOT / case / "ckpt"), "--only", "model", "--layout", "dcp",
+                     "--world-size", str(ws), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    ref_path = ROOT / case / "model_ref.pt"
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "megatron_fsdp2_resume.py"), str(out), str(ref_path),
+                        str(ws), str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref = {k: v for k, v in load(ref_path).items() if isinstance(v, torch.Tensor)}
+    # (The module's key order is its registration order, not the file's.)
+    assert_same(load(tmp_path / "loaded.pt"), ref, key_order=False)
+    # The same step in one process, on megatron-core's reading of the source.
+    single = build(ref)
+    single.load_state_dict(ref)
+    step(single)
+    assert not torch.equal(single.state_dict()["output_layer.weight"], ref["output_layer.weight"])
+    assert_same(load(tmp_path / "stepped.pt"), {k: v.detach() for k, v in single.state_dict().items()},
+                key_order=False)
