@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -54,53 +53,17 @@ def choose(nbytes: float) -> dict:
             "params": params, "target_bytes": nbytes, "distrib_optim_sharding_type": "fully_reshardable"}
 
 
-def build_model(meta: dict, tp: int, pp: int, init: bool):
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    cfg = TransformerConfig(num_layers=meta["layers"], hidden_size=meta["hidden"],
-                            num_attention_heads=meta["heads"], ffn_hidden_size=meta["ffn"],
-                            gated_linear_unit=True, activation_func=torch.nn.functional.silu,
-                            use_cpu_initialization=True, perform_initialization=init,
-                            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                            params_dtype=torch.float32, pipeline_dtype=torch.float32)
-    torch.manual_seed(1234)
-    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=meta["vocab"],
-                     max_sequence_length=meta["seq"], pre_process=ps.is_pipeline_first_stage(),
-                     post_process=ps.is_pipeline_last_stage())
-    return cfg, model
-
-
-def init_dist(rank: int, ws: int, port: int) -> None:
-    mk._run_on_cpu()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
+def sizes(meta: dict) -> dict:
+    """The TransformerConfig fields the bench sets (the rest are the fixtures')."""
+    return {"num_layers": meta["layers"], "hidden_size": meta["hidden"], "num_attention_heads": meta["heads"],
+            "ffn_hidden_size": meta["ffn"]}
 
 
 def save_job(rank: int, ws: int, port: int, meta: dict, out: str) -> None:
-    init_dist(rank, ws, port)
-    from megatron.core import dist_checkpointing, parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    cfg, model = build_model(meta, TP, PP, init=True)
-    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=True), module=model)
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True,
-                                                 params_dtype=torch.float32), [ddp])
-    # One real step on per-rank gradients, so every Adam tensor holds its own values.
-    g = torch.Generator().manual_seed(100 + rank)
-    for p in ddp.parameters():
-        p.main_grad.copy_(torch.randn(p.shape, generator=g))
-    ddp.finish_grad_sync()
-    ok, _, _ = opt.step()
-    assert ok, "the optimizer step was skipped"
-    msd = model.sharded_state_dict()
-    dist_checkpointing.save({"model": msd, "iteration": 1,
-                             "optimizer": opt.sharded_state_dict(
-                                 msd, metadata={"distrib_optim_sharding_type": meta["distrib_optim_sharding_type"]})},
-                            out)
+    mk._init(rank, ws, port)
+    from megatron.core import parallel_state as ps
+    model, ddp, opt = mk.build(TP, PP, sizes(meta), meta["vocab"], meta["seq"])
+    mk.step_and_save(rank, model, ddp, opt, meta["distrib_optim_sharding_type"], out)
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
@@ -122,12 +85,12 @@ def make(out: Path, nbytes: float) -> None:
 
 def consolidate(ckpt: Path, out: Path) -> None:
     """In this process (world size 1), so the caller's peak RSS is the whole job's."""
-    init_dist(0, 1, mk.free_port())
+    mk._init(0, 1, mk.free_port())
     from megatron.core import dist_checkpointing, parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     meta = json.loads((ckpt / "bench.json").read_text())
     # No random init: load overwrites every parameter (keeps the comparison in megatron's favour).
-    _, model = build_model(meta, 1, 1, init=False)
+    _, model = mk.build_model(1, 1, sizes(meta), meta["vocab"], meta["seq"], init=False)
     msd = model.sharded_state_dict()
     keys = {k: sh.key for k, sh in msd.items() if not isinstance(sh, ShardedObject)}
     loaded = dist_checkpointing.load(msd, str(ckpt))

@@ -107,45 +107,46 @@ def _run_on_cpu() -> None:
     torch.cuda.default_stream = lambda *a: NoStream()
 
 
-def build(tp: int, pp: int, extra: dict):
+def build_model(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SEQ, init: bool = True):
+    """The GPT at TP x PP (x EP from `extra`), `extra` overriding the
+    TransformerConfig defaults (the bench's sizes, the MoE case's experts)."""
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     ep = extra.get("expert_model_parallel_size", 1)
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  expert_model_parallel_size=ep)
     spec = get_gpt_layer_local_spec(num_experts=extra.get("num_moe_experts"), moe_grouped_gemm=False)
-    cfg = TransformerConfig(num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
-                            ffn_hidden_size=FFN, gated_linear_unit=True,
-                            activation_func=torch.nn.functional.silu, use_cpu_initialization=True,
-                            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                            params_dtype=torch.float32, pipeline_dtype=torch.float32, **extra)
+    config = dict(num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=FFN,
+                  gated_linear_unit=True, activation_func=torch.nn.functional.silu, use_cpu_initialization=True,
+                  perform_initialization=init, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                  params_dtype=torch.float32, pipeline_dtype=torch.float32)
+    cfg = TransformerConfig(**{**config, **extra})
     torch.manual_seed(1234)
-    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB,
-                     max_sequence_length=SEQ, pre_process=ps.is_pipeline_first_stage(),
-                     post_process=ps.is_pipeline_last_stage())
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=vocab, max_sequence_length=seq,
+                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
+    return cfg, model
+
+
+def build(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SEQ):
+    """build_model wrapped in megatron's DDP and DistributedOptimizer (Adam)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    cfg, model = build_model(tp, pp, extra, vocab, seq)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=True), module=model)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True,
                                                  params_dtype=torch.float32), [ddp])
     return model, ddp, opt
 
 
-def _init(rank: int, ws: int, port: int) -> None:
-    _run_on_cpu()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
-
-
-def save_job(rank: int, ws: int, port: int, tp: int, pp: int, stype, extra: dict, out: str) -> None:
-    _init(rank, ws, port)
-    from megatron.core import dist_checkpointing, parallel_state as ps
-    model, ddp, opt = build(tp, pp, extra)
-    # Gradients that differ per TP x PP position and per DP rank (DDP averages
-    # the DP ones), one real step: every state tensor holds its own values.
+def step_and_save(rank: int, model, ddp, opt, stype, out: str) -> None:
+    """Gradients that differ per TP x PP position and per DP rank (DDP
+    averages the DP ones), one real step (every state tensor holds its own
+    values), then dist_checkpointing.save as Megatron-LM saves."""
+    from megatron.core import dist_checkpointing
     g = torch.Generator().manual_seed(100 + rank)
     for p in ddp.parameters():
         p.main_grad.copy_(torch.randn(p.shape, generator=g))
@@ -157,6 +158,19 @@ def save_job(rank: int, ws: int, port: int, tp: int, pp: int, stype, extra: dict
     if stype:
         state["optimizer"] = opt.sharded_state_dict(msd, metadata={"distrib_optim_sharding_type": stype})
     dist_checkpointing.save(state, out)
+
+
+def _init(rank: int, ws: int, port: int) -> None:
+    _run_on_cpu()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+
+
+def save_job(rank: int, ws: int, port: int, tp: int, pp: int, stype, extra: dict, out: str) -> None:
+    _init(rank, ws, port)
+    from megatron.core import parallel_state as ps
+    model, ddp, opt = build(tp, pp, extra)
+    step_and_save(rank, model, ddp, opt, stype, out)
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
