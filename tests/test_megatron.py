@@ -346,3 +346,19 @@ def test_fsdp2_job_resumes_from_the_migration(case, ws, tmp_path, run_ckptconv):
     assert not torch.equal(single.state_dict()["output_layer.weight"], ref["output_layer.weight"])
     assert_same(load(tmp_path / "stepped.pt"), {k: v.detach() for k, v in single.state_dict().items()},
                 key_order=False)
+
+
+def test_diff_and_parts(tmp_path, run_ckptconv):
+    src = ROOT / "gpt_tp2pp2" / "ckpt"
+    rewritten = to_torch_dist(run_ckptconv, "gpt_tp2pp2", 3, tmp_path / "ws3")
+    r = run_ckptconv("diff", str(src), str(rewritten))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_ckptconv("diff", str(src), str(ROOT / "gpt_tp1pp2" / "ckpt"))
+    assert r.returncode == 1 and "differ" in r.stdout
+    # Two processes' parts make the one-process file, byte for byte.
+    whole = consolidate(run_ckptconv, src, tmp_path / "whole.pt", "--only", "model")
+    for i in range(2):
+        r = run_ckptconv("consolidate", str(src), "--only", "model", "-o", str(tmp_path / "parted.pt"),
+                         "--part", f"{i}/2")
+        assert r.returncode == 0, r.stderr
+    assert (tmp_path / "parted.pt").read_bytes() == whole.read_bytes()
