@@ -152,9 +152,12 @@ def test_migrate_to_fsdp_layouts(layout, ws, tmp_path, run_ckptconv):
                      "-o", str(out))
     assert r.returncode == 0, r.stderr
     ref = load(ROOT / "gpt_tp2pp2" / "model_ref.pt")
-    # reshard --only keeps the entry's name: {"model": ...}, as an FSDP2
-    # job's DCP save of {"model": model_state_dict} holds it.
-    back = load(consolidate(run_ckptconv, out, tmp_path / "back.pt"))["model"]
+    # To DCP, reshard --only keeps the entry's name: {"model": ...}, as an
+    # FSDP2 job's DCP save of {"model": model_state_dict} holds it; a rank
+    # file holds the module's state dict itself.
+    back = load(consolidate(run_ckptconv, out, tmp_path / "back.pt"))
+    if layout == "dcp":
+        back = back["model"]
     assert_same({k: v for k, v in back.items() if isinstance(v, torch.Tensor)},
                 {k: v for k, v in ref.items() if isinstance(v, torch.Tensor)})
     if layout == "dcp":

@@ -451,6 +451,20 @@ def test_only_cuts_a_dcp_source_down_to_one_entry(tmp_path, run_ckptconv):
     assert_same(resharded["optim"], torch.load(tmp_path / "b.pt", weights_only=True))
 
 
+@pytest.mark.parametrize("layout", ["fsdp-sharded-tensor", "fsdp-dtensor"])
+@pytest.mark.parametrize("only", ["model", "optim"])
+def test_only_to_rank_files_writes_the_state_dict_itself(layout, only, tmp_path, run_ckptconv):
+    # A rank file holds what model.load_state_dict / FSDP.optim_state_dict_to_load
+    # take: the entry's own dict, never {"model": ...} (a DCP source's --only
+    # entry used to stay under its key here, as it does for DCP outputs).
+    src = TD / "dcp" / "fsdp2_adamw_ws2"
+    dst = reshard(run_ckptconv, src, tmp_path / "out", 3, "--only", only, "--layout", layout)
+    back = consolidated(run_ckptconv, dst, tmp_path / "back.pt")
+    r = run_ckptconv("consolidate", str(src), "-o", str(tmp_path / "want.pt"), "--only", only)
+    assert r.returncode == 0, r.stderr
+    assert_same(back, torch.load(tmp_path / "want.pt", weights_only=True))
+
+
 def test_glob_and_files_choose_the_families_to_reshard(tmp_path, run_ckptconv):
     both = reshard(run_ckptconv, f"{ST[2]}/*rank*.pt", tmp_path / "both", 3)  # model_full.pt etc. name no rank: skipped
     assert sorted(p.name for p in both.iterdir()) == sorted(names("st", 3))

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <set>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -398,10 +399,13 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(req.output.c_str(), &st) == 0)
     fail_invalid(req.output + ": output exists (use --force to overwrite)");
-  // DCP and per-rank files keep --only's entry under its key, as a resumed
-  // job's dcp.load({"model": ...}) expects; the Hugging Face layout names a
-  // model's tensors by their bare FQNs.
-  CheckpointModel model = read_selected(opt, /*keep_nesting=*/req.layout != "hf");
+  // DCP layouts keep --only's entry under its key, as a resumed job's
+  // dcp.load({"model": ...}) expects. A per-rank file holds the module's
+  // (or the optimizer's) state dict itself, which
+  // model.load_state_dict(torch.load(f)) takes, and the Hugging Face layout
+  // names a model's tensors by their bare FQNs: no key above them.
+  static const std::set<std::string> kBareLayouts = {"hf", "fsdp-sharded-tensor", "fsdp-dtensor", "fsdp1-flat"};
+  CheckpointModel model = read_selected(opt, /*keep_nesting=*/!kBareLayouts.count(req.layout));
   check_output_is_not_input(req.output, model);
   std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
   // A universal checkpoint loads at any world size; every other layout is written for one.
