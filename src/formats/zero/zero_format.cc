@@ -14,11 +14,10 @@ CheckpointModel read(const std::string& src, const ReadOptions& options) {
 }  // namespace
 
 const InputFormat& input_format() {
-  // Model and optimizer states are separate files: the reader applies --only.
+  // Read whole ({"model", "optim", ...}): plan/select applies --only.
   static const InputFormat f{.kind = SourceKind::kZero,
                              .probe_directory = probe_dir,
                              .read = read,
-                             .traits = {.reader_selects_only = true},
                              .directory_shape = "DeepSpeed `latest` or *_model_states.pt"};
   return f;
 }

@@ -747,16 +747,7 @@ std::optional<int> tag_world_size(const std::string& dir) {
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
                           ProblemSink* problems) {
   std::string dir = tag_dir(src, tag);
-  CheckpointModel model = ZeroReader(list_files(dir), problems, only).read();
-  if (!only.empty()) {
-    ValuePtr entry = model.root->get(only);
-    if (!entry) fail_invalid("--only " + only + ": a ZeRO checkpoint has 'model' and 'optim'");
-    model.root = entry;
-    prune_unreferenced(model.root, model.tensors);
-    for (auto& t : model.tensors)  // names follow the new root
-      if (t.name.rfind(only + ".", 0) == 0) t.name = t.name.substr(only.size() + 1);
-  }
-  return model;
+  return ZeroReader(list_files(dir), problems, only).read();
 }
 
 }  // namespace ckpt::zero

@@ -37,9 +37,10 @@ bool holds_zero_files(const std::string& dir);
 std::optional<int> tag_world_size(const std::string& dir);
 
 // `tag`: the tag directory to read under a root; empty: the one `latest` names.
-// `only` "model" or "optim": that entry's state dict alone (what
-// zero_to_fp32 writes, for "model"); the fp32 masters come from the optimizer
-// files either way.
+// Always {"model", "optim", ...}: --only is applied by plan/select as for
+// every source (the fp32 masters come from the optimizer files either way);
+// `only` set only lets client_state entries naming unknown globals be
+// dropped instead of refused.
 CheckpointModel read_zero(const std::string& src, const std::string& tag = "", const std::string& only = "",
                           ProblemSink* problems = nullptr);
 
