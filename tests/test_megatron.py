@@ -365,3 +365,31 @@ def test_diff_and_parts(tmp_path, run_ckptconv):
                          "--part", f"{i}/2")
         assert r.returncode == 0, r.stderr
     assert (tmp_path / "parted.pt").read_bytes() == whole.read_bytes()
+
+
+def _torch_dist(path, items):
+    """A torch_dist directory written by torch's own DCP writer (one process).
+    Its default planner stores a non-tensor value as torch.save(value): the
+    bytes megatron-core's planner stores for a sharded object, whose value
+    it torch.saves as [obj] itself."""
+    import torch.distributed.checkpoint as dcp
+    dcp.save(dict(items), checkpoint_id=str(path), no_dist=True)
+    (path / "metadata.json").write_text('{"sharded_backend": "torch_dist", "sharded_backend_version": 1, '
+                                        '"common_backend": "torch", "common_backend_version": 1}')
+    return path
+
+
+@pytest.mark.parametrize("items,message", [
+    ({"a": torch.ones(2), "a/shard_0_1": [None]}, "is both a stored item and a sharded object's key"),
+    ({"x._extra_state/shard_0_2": 5, "x._extra_state/shard_1_2": [None]}, "is not a list of one object"),
+    ({"x._extra_state/shard_0_2": [None], "x._extra_state/shard_1_3": [None]}, "has shards of shapes"),
+    ({"x._extra_state/shard_0_2": [None]}, "1 of its 2 shards"),
+    ({"x._extra_state/shard_0.0_2": [None]}, "2 offsets for a 1-d shape"),
+    ({"decoder.layers.w": torch.ones(2, 3), "decoder.layers.v": torch.ones(3, 3)}, "not one stack"),
+])
+def test_hostile_torch_dist_is_refused(items, message, tmp_path, run_ckptconv):
+    src = _torch_dist(tmp_path / "ckpt", items)
+    r = run_ckptconv("consolidate", str(src), "--only", "model", "-o", str(tmp_path / "o.pt"))
+    assert r.returncode == 3, r.stderr
+    assert message in r.stderr and str(src) in r.stderr
+    assert not (tmp_path / "o.pt").exists()

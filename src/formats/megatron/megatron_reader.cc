@@ -242,7 +242,7 @@ class TorchDistReader {
     ValuePtr root = mapping_of(model.root);
     for (const auto& [k, v] : root->entries) {
       std::string key = path_component(*k);
-      std::optional<ObjectShard> shard = parse_object_key(key);
+      std::optional<ObjectShard> shard = with_context(dir_, [&] { return parse_object_key(key); });
       if (!shard) {
         entries_.push_back({key, v});
         continue;
@@ -265,6 +265,9 @@ class TorchDistReader {
                        "saves each shard");
       g.shards[shard->offsets] = list->items[0];
     }
+    for (const Entry& e : entries_)
+      if (!e.object && objects_.count(e.key))
+        fail_data_loss(dir_ + ": '" + e.key + "' is both a stored item and a sharded object's key");
   }
 
   // Every shard of every object is stored (the DCP reader checks tensors).
