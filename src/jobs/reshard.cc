@@ -149,6 +149,7 @@ void write_as_dcp(const ReshardRequest& req, const JobOptions& job, const Checkp
     for (std::size_t r = 0; r < files.size(); ++r)
       files[r].files.emplace_back(dcp::DcpDirWriter::file_name(static_cast<int>(r)), sizes.files[r]);
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, log::verbose(), out);
+    for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
     return;
   }
   check_output_size(report.bytes, req.output, job);
