@@ -223,7 +223,7 @@ def test_hostile_common_pt_is_refused(tmp_path, run_ckptconv):
     torch.save({"iteration": 1, "args": Evil()}, bad / "common.pt")
     r = run_ckptconv("consolidate", str(bad), "-o", str(tmp_path / "o.pt"))
     assert r.returncode == 3
-    assert "common.pt" in r.stderr and "system" in r.stderr
+    assert "common.pt" in r.stderr and "system" in r.stderr and "training job's own state" in r.stderr
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "o.pt").exists()
     # --only model never needs the job's objects: skipped with a warning.
     r = run_ckptconv("consolidate", str(bad), "-o", str(tmp_path / "m.pt"), "--only", "model")

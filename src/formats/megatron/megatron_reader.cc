@@ -296,7 +296,7 @@ class TorchDistReader {
     fs::path path = fs::path(dir_) / kCommonFile;
     std::error_code ec;
     if (!fs::is_regular_file(path, ec)) return nullptr;
-    zero::Decoded d = zero::decode(path.string(), -1, sink_, only_);
+    zero::Decoded d = zero::decode(path.string(), -1, sink_, only_, "the training job's own state in common.pt");
     model.info.files.push_back(path.string());
     CheckpointModel part;
     part.root = d.root;

@@ -42,7 +42,8 @@ std::string unknown_global_in(const Value& v) { return pickle::first_quarantined
 // script's own object in client_state) is refused naming it, or, when
 // `--only` selects an output that does not need it, dropped with a warning.
 // Entries this reader uses are always refused.
-void screen_unknown_globals(Value& root, const std::string& path, const std::string& only) {
+void screen_unknown_globals(Value& root, const std::string& path, const std::string& only,
+                            std::string_view unknown_entries) {
   auto& entries = root.entries;
   for (auto it = entries.begin(); it != entries.end();) {
     std::string global = unknown_global_in(*it->second);
@@ -58,9 +59,9 @@ void screen_unknown_globals(Value& root, const std::string& path, const std::str
       fail(ErrorCode::kUnsafe,
            what + "; refusing to load it" +
                (is_read_entry(key) ? std::string()
-                                   : " (it is client_state the training script saved: with --only model or "
-                                     "--only optim, which never need it, consolidate, reshard, validate and diff "
-                                     "skip it)"));
+                                   : " (it is " + std::string(unknown_entries) +
+                                         ": with --only model or --only optim, which never need it, consolidate, "
+                                         "reshard, validate and diff skip it)"));
     log::warn(what + ": skipped, --only " + only + " does not need it");
     it = entries.erase(it);
   }
@@ -75,7 +76,8 @@ const TensorChunk& flat_chunk(const TensorEntry& t, const std::string& what) {
 
 }  // namespace
 
-Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only) {
+Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only,
+               std::string_view unknown_entries) {
   Decoded d;
   d.path = path;
   d.rank = rank;
@@ -90,7 +92,7 @@ Decoded decode(const std::string& path, int rank, ProblemSink* problems, const s
            path + ": global '" + global + "' is not one a checkpoint needs; refusing to load a pickle that names it");
     fail_data_loss(path + ": not a DeepSpeed state dict");
   }
-  screen_unknown_globals(*d.root, path, only);
+  screen_unknown_globals(*d.root, path, only, unknown_entries);
   return d;
 }
 

@@ -36,7 +36,9 @@ struct Decoded {
 // entry holding a global the checkpoint policy does not know is refused
 // (exit 3) naming it, unless `only` is set and the entry is none a reader
 // uses: then it is dropped with a warning.
-Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only);
+// `unknown_entries` says in the message what such entries are.
+Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only,
+               std::string_view unknown_entries = "client_state the training script saved");
 
 // The dict of a value (an OrderedDict with attributes is BUILD on it).
 const pickle::Value& as_dict(const pickle::Value& v);
