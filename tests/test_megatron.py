@@ -22,10 +22,38 @@ REPO = Path(__file__).resolve().parent.parent
 ROOT = REPO / "testdata" / "megatron"
 CASES = sorted(p.name for p in ROOT.iterdir() if p.is_dir())
 FULLY = [c for c in CASES if json.loads((ROOT / c / "case.json").read_text())["optim_ref"]]
+# Megatron-LM's own state beside the model (args, rng_state with numpy's
+# RNG state): readable under --only only (test_megatron_lm_state).
+MLM = "gpt_tp2pp1_mlm"
+STORED = [c for c in CASES if c != MLM]
 
 
 def load(p):
     return torch.load(p, weights_only=True)
+
+
+class _Stub:
+    """Stands in for a megatron class (an enum in Megatron-LM's args) when a
+    test reads its own fixture's common.pt without megatron-core installed."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
+def load_common(case):
+    import pickle
+    import types
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            return _Stub if module.startswith("megatron.") else super().find_class(module, name)
+
+    # weights_only=False only for our own fixture, whose args holds an argparse.Namespace.
+    return torch.load(ROOT / case / "ckpt" / "common.pt", weights_only=False,
+                      pickle_module=types.SimpleNamespace(Unpickler=Unpickler, load=pickle.load, __name__="pickle"))
 
 
 def consolidate(run_ckptconv, src, out, *args):
@@ -63,7 +91,7 @@ def test_only_optim_equals_megatron_load_at_tp1(case, tmp_path, run_ckptconv):
     # megatron-core's load gives the state by parameter index; the names are
     # its own sharded keys, unstacked (see the generator).
     assert_same(got["state"], want, "state", key_order=False)
-    common = torch.load(ROOT / case / "ckpt" / "common.pt", weights_only=True)
+    common = load_common(case)
     assert_same(got["param_groups"], common["optimizer"]["optimizer"]["param_groups"], "param_groups")
     assert {k for v in got["state"].values() for k in v} == {"param", "exp_avg", "exp_avg_sq"}
 
@@ -81,7 +109,7 @@ def test_optimizer_masters_are_the_model_weights(case, tmp_path, run_ckptconv):
     assert list(optim["state"]) and set(optim["state"]) == set(tensors)
     for k, v in tensors.items():
         assert_same(optim["state"][k]["param"], v, k)
-    common = torch.load(src / "common.pt", weights_only=True)["optimizer"]
+    common = load_common(case)["optimizer"]
     chained = [common[i] for i in sorted(common)] if 0 in common else [common]
     assert optim["param_groups"] == [g for c in chained for g in c["optimizer"]["param_groups"]]
 
@@ -90,7 +118,7 @@ def _nested(shape):
     return [None] * shape[0] if len(shape) == 1 else [_nested(shape[1:]) for _ in range(shape[0])]
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", STORED)
 def test_stored_view_equals_dcp_to_torch_save(case, tmp_path, run_ckptconv):
     src = ROOT / case / "ckpt"
     got = load(consolidate(run_ckptconv, src, tmp_path / "all.pt"))
@@ -403,3 +431,24 @@ def test_dry_run_lists_the_files_and_writes_nothing(tmp_path, run_ckptconv):
                  "metadata.json (copied)"):
         assert line in r.stdout, line
     assert not (tmp_path / "out").exists()
+
+
+def test_megatron_lm_state(tmp_path, run_ckptconv):
+    # What Megatron-LM's training loop adds: args (an argparse.Namespace
+    # holding a megatron enum) in common.pt, and rng_state, a sharded object
+    # holding numpy's RNG state. Neither is data a checkpoint policy knows:
+    # --only model|optim skip them with a warning naming each; the stored
+    # view, which would hold them, is refused naming the first.
+    src = ROOT / MLM / "ckpt"
+    r = run_ckptconv("consolidate", str(src), "--only", "model", "-o", str(tmp_path / "m.pt"))
+    assert r.returncode == 0, r.stderr
+    assert "'rng_state' names global 'numpy." in r.stderr and "entry 'args' names global" in r.stderr
+    assert_same(load(tmp_path / "m.pt"), load(ROOT / MLM / "model_ref.pt"))
+    r = run_ckptconv("consolidate", str(src), "-o", str(tmp_path / "all.pt"))
+    assert r.returncode == 3
+    assert "'rng_state' names global 'numpy." in r.stderr and "--only model or --only optim" in r.stderr
+    assert not (tmp_path / "all.pt").exists()
+    r = run_ckptconv("reshard", str(src), "--world-size", "2", "-o", str(tmp_path / "ws2"))
+    assert r.returncode == 3 and not (tmp_path / "ws2").exists()
+    r = run_ckptconv("validate", str(src))
+    assert r.returncode == 3 and "rng_state" in r.stdout and "'args'" in r.stdout  # UNSAFE

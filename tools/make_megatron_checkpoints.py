@@ -67,7 +67,13 @@ CASES = {
     # expert parallelism 2 over the two data-parallel ranks.
     "moe_ep2": (1, 1, 2, "fully_reshardable", {"num_moe_experts": 4, "moe_router_topk": 2,
                                                "moe_ffn_hidden_size": 12, "expert_model_parallel_size": 2}),
+    # What Megatron-LM's training loop adds (megatron/training/checkpointing.py
+    # generate_state_dict; Megatron-LM itself is not on PyPI): its args, the
+    # checkpoint version, and every rank's RNG states as the sharded object
+    # rng_state, numpy's among them.
+    "gpt_tp2pp1_mlm": (2, 1, 1, "fully_reshardable", {}),
 }
+MEGATRON_LM_STATE = {"gpt_tp2pp1_mlm"}
 NUM_LAYERS, HIDDEN, HEADS, FFN, VOCAB, SEQ = 2, 8, 2, 12, 16, 8
 
 
@@ -142,7 +148,31 @@ def build(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SEQ):
     return model, ddp, opt
 
 
-def step_and_save(rank: int, model, ddp, opt, stype, out: str) -> None:
+def megatron_lm_state(tp: int, pp: int) -> dict:
+    """The entries Megatron-LM's generate_state_dict adds beside model and
+    optimizer: args (an argparse.Namespace, in common.pt), checkpoint_version,
+    and rng_state, a ShardedObject of shape (PP, TP) whose value is a list
+    holding each rank's {random, numpy, torch, cuda, tracker} RNG states."""
+    import argparse
+    import random
+
+    import numpy as np
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.transformer.enums import AttnBackend
+    args = argparse.Namespace(num_layers=NUM_LAYERS, hidden_size=HIDDEN, tensor_model_parallel_size=tp,
+                              pipeline_model_parallel_size=pp, params_dtype=torch.float32,
+                              attention_backend=AttnBackend.auto, ckpt_format="torch_dist", iteration=1)
+    rng = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+           "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": None, "rng_tracker_states": {}}
+    rng_state = ShardedObject("rng_state", [rng], (pp, tp),
+                              (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
+                              replica_id=ps.get_data_parallel_rank(with_context_parallel=True))
+    return {"args": args, "checkpoint_version": 3.0, "num_floating_point_operations_so_far": 0,
+            "rng_state": rng_state}
+
+
+def step_and_save(rank: int, model, ddp, opt, stype, out: str, extra_state: dict | None = None) -> None:
     """Gradients that differ per TP x PP position and per DP rank (DDP
     averages the DP ones), one real step (every state tensor holds its own
     values), then dist_checkpointing.save as Megatron-LM saves."""
@@ -157,6 +187,7 @@ def step_and_save(rank: int, model, ddp, opt, stype, out: str) -> None:
     state = {"model": msd, "iteration": 1}
     if stype:
         state["optimizer"] = opt.sharded_state_dict(msd, metadata={"distrib_optim_sharding_type": stype})
+    state.update(extra_state or {})
     dist_checkpointing.save(state, out)
 
 
@@ -166,11 +197,11 @@ def _init(rank: int, ws: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=ws)
 
 
-def save_job(rank: int, ws: int, port: int, tp: int, pp: int, stype, extra: dict, out: str) -> None:
+def save_job(rank: int, ws: int, port: int, tp: int, pp: int, stype, extra: dict, out: str, mlm: bool) -> None:
     _init(rank, ws, port)
     from megatron.core import parallel_state as ps
     model, ddp, opt = build(tp, pp, extra)
-    step_and_save(rank, model, ddp, opt, stype, out)
+    step_and_save(rank, model, ddp, opt, stype, out, megatron_lm_state(tp, pp) if mlm else None)
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
@@ -286,7 +317,8 @@ def make_case(name: str, out_root: Path) -> None:
     ckpt = case / "ckpt"
     ckpt.mkdir(parents=True)
     ws = tp * pp * dp
-    mp.spawn(save_job, args=(ws, free_port(), tp, pp, stype, extra, str(ckpt)), nprocs=ws, join=True)
+    mp.spawn(save_job, args=(ws, free_port(), tp, pp, stype, extra, str(ckpt), name in MEGATRON_LM_STATE), nprocs=ws,
+             join=True)
     mp.spawn(reference_job, args=(1, free_port(), stype, extra, str(ckpt), str(case)), nprocs=1, join=True)
     import megatron.core
     info = {
@@ -295,7 +327,9 @@ def make_case(name: str, out_root: Path) -> None:
         "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "data_parallel_size": dp,
         "world_size": ws, "num_layers": NUM_LAYERS, "spec": "get_gpt_layer_local_spec (SwiGLU" + (", SequentialMLP experts)" if extra else ")"),
         "distrib_optim_sharding_type": stype, "model_config": extra,
-        "saved": ["model", "iteration"] + (["optimizer"] if stype else []),
+        "saved": ["model", "iteration"] + (["optimizer"] if stype else []) +
+                 (["args", "checkpoint_version", "num_floating_point_operations_so_far", "rng_state"]
+                  if name in MEGATRON_LM_STATE else []),
         "optim_ref": stype == "fully_reshardable" and not extra.get("num_moe_experts"),
     }
     (case / "case.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -96,7 +96,8 @@ std::vector<std::string> list_dcp_files(const std::string& dir) {
 
 class DcpDirReader {
  public:
-  DcpDirReader(std::string dir, ProblemSink* sink) : dir_(std::move(dir)), sink_(sink) {}
+  DcpDirReader(std::string dir, ProblemSink* sink, const pickle::GlobalPolicy& bytes_policy)
+      : dir_(std::move(dir)), sink_(sink), bytes_policy_(bytes_policy) {}
 
   CheckpointModel read() {
     DcpMetadata md = load_metadata();
@@ -364,8 +365,9 @@ class DcpDirReader {
       with_context("key '" + item.fqn + "'", [&] {
         int rank = -1;
         SourcePtr src = item_source(item.fqn, {}, md, &rank, kMaxBytesItem);
-        value = with_context(src->describe(),
-                             [&] { return torch_pt::decode_archive(src, model.tensors, item.fqn, rank, sink_); });
+        value = with_context(src->describe(), [&] {
+          return torch_pt::decode_archive(src, model.tensors, item.fqn, rank, sink_, bytes_policy_);
+        });
       });
     });
     return value;
@@ -393,6 +395,7 @@ class DcpDirReader {
 
   std::string dir_;
   ProblemSink* sink_;
+  const pickle::GlobalPolicy& bytes_policy_;
   std::map<std::string, SourcePtr> files_;
   std::set<std::string> unreadable_;  // relative paths reported by check_storage_files
   int metadata_files_ = 0;
@@ -400,7 +403,9 @@ class DcpDirReader {
 
 }  // namespace
 
-CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink) { return DcpDirReader(dir, sink).read(); }
+CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink, const pickle::GlobalPolicy& bytes_policy) {
+  return DcpDirReader(dir, sink, bytes_policy).read();
+}
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include "core/problems.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "model/checkpoint_model.h"
+#include "pickle/policy.h"
 
 namespace ckpt {
 // The model directory inside a kDcpPair folder (Accelerate names its i-th
@@ -24,7 +25,10 @@ namespace ckpt::dcp {
 // unreadable .distcp, overlapping items, a .distcp the metadata does not
 // name, rank metadata files that disagree) is reported there instead of
 // thrown; the model holds the items that could be read.
-CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink = nullptr);
+// `bytes_policy`: what a bytes item's pickle may name (a QuarantinePolicy
+// for a format whose job-state items the caller screens: Megatron's).
+CheckpointModel read_dcp_dir(const std::string& dir, ProblemSink* sink = nullptr,
+                             const pickle::GlobalPolicy& bytes_policy = pickle::checkpoint_policy());
 
 // A folder holding the model and the optimizer as separate DCP directories,
 // as Accelerate's save_state writes them (pytorch_model_fsdp_<i>/ and

@@ -13,6 +13,7 @@
 #include "formats/zero/zero_files.h"
 #include "io/byte_source.h"
 #include "model/tree_walk.h"
+#include "pickle/policy.h"
 
 namespace ckpt::megatron {
 namespace {
@@ -213,12 +214,17 @@ class TorchDistReader {
     if (backend != "torch_dist")
       fail(ErrorCode::kUnimplemented, dir_ + "/" + kMetadataJson + ": sharded_backend '" + backend +
                                           "'; ckptconv reads megatron-core's 'torch_dist' checkpoints only");
-    CheckpointModel model = dcp::read_dcp_dir(dir_, sink_);
+    // Sharded objects are the job's state too (Megatron-LM's rng_state holds
+    // numpy's): their unknown globals are recorded, never called, and
+    // screened below.
+    pickle::QuarantinePolicy quarantine(pickle::checkpoint_policy());
+    CheckpointModel model = dcp::read_dcp_dir(dir_, sink_, quarantine);
     model.info.kind = SourceKind::kMegatron;
     for (const char* field : {"sharded_backend_version", "common_backend", "common_backend_version"})
       if (meta.contains(field)) model.facts[std::string("megatron ") + field] = meta[field].dump();
     model.info.files.push_back((fs::path(dir_) / kMetadataJson).string());
     split_items(model);
+    screen_unknown_globals();
     check_objects();
     ValuePtr common = read_common(model);
     // The views regroup the DCP items: not the directory's own item layout.
@@ -268,6 +274,39 @@ class TorchDistReader {
     for (const Entry& e : entries_)
       if (!e.object && objects_.count(e.key))
         fail_data_loss(dir_ + ": '" + e.key + "' is both a stored item and a sharded object's key");
+  }
+
+  // An item or object naming a global the checkpoint policy does not know
+  // (Megatron-LM's rng_state: numpy arrays) is refused naming it, or, when
+  // --only selects a view that does not hold it, dropped with a warning;
+  // validate reports it and reads on.
+  void screen_unknown_globals() {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      std::string global;
+      if (it->object) {
+        for (const auto& [at, v] : it->object->shards)
+          if (global.empty()) global = zero::unknown_global_in(*v);
+      } else if (it->value) {
+        global = zero::unknown_global_in(*it->value);
+      }
+      if (global.empty()) {
+        ++it;
+        continue;
+      }
+      std::string what =
+          dir_ + ": '" + it->key + "' names global '" + global + "', which is not one a checkpoint needs";
+      bool needed = only_.empty() || (only_ == "model" && is_model_entry(*it));
+      if (needed) {
+        report_or_fail(sink_, Problem{ErrorCode::kUnsafe,
+                                      what + "; refusing to load it (it is the training job's own state: "
+                                             "--only model or --only optim, which never need it, skip it)",
+                                      dir_ + "/.metadata", -1, it->key});
+      } else {
+        log::warn(what + ": skipped, --only " + only_ + " does not need it");
+      }
+      if (it->object) objects_.erase(it->key);
+      it = entries_.erase(it);
+    }
   }
 
   // Every shard of every object is stored (the DCP reader checks tensors).

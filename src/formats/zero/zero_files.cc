@@ -36,8 +36,6 @@ bool known_global(std::string_view module, std::string_view name) {
   return pickle::checkpoint_policy().allows(module, name);
 }
 
-std::string unknown_global_in(const Value& v) { return pickle::first_quarantined_global(v, known_global); }
-
 // An entry holding a global the checkpoint policy does not know (a
 // script's own object in client_state) is refused naming it, or, when
 // `--only` selects an output that does not need it, dropped with a warning.
@@ -75,6 +73,8 @@ const TensorChunk& flat_chunk(const TensorEntry& t, const std::string& what) {
 }
 
 }  // namespace
+
+std::string unknown_global_in(const Value& v) { return pickle::first_quarantined_global(v, known_global); }
 
 Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only,
                std::string_view unknown_entries) {

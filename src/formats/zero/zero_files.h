@@ -36,6 +36,10 @@ struct Decoded {
 // entry holding a global the checkpoint policy does not know is refused
 // (exit 3) naming it, unless `only` is set and the entry is none a reader
 // uses: then it is dropped with a warning.
+// "module.name" of the first global under `v` the checkpoint policy does
+// not know (recorded by the quarantine); empty when there is none.
+std::string unknown_global_in(const pickle::Value& v);
+
 // `unknown_entries` says in the message what such entries are.
 Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only,
                std::string_view unknown_entries = "client_state the training script saved");
