@@ -118,13 +118,16 @@ struct Entry {
   const ObjectGroup* object = nullptr;
 };
 
-// The offsets of a row-major walk over `shape`.
-std::vector<Shape> all_offsets(const Shape& shape) {
+// Up to `limit` offsets of `shape` (row-major) that `present` lacks. The
+// walk stops there, so a hostile shape of 10^12 costs what its stored
+// shards and `limit` do, never its extent.
+template <typename Present>
+std::vector<Shape> missing_offsets(const Shape& shape, Present present, std::size_t limit) {
   std::vector<Shape> out;
   Shape idx(shape.size(), 0);
-  uint64_t n = shape_numel(shape);
-  for (uint64_t k = 0; k < n; ++k) {
-    out.push_back(idx);
+  const uint64_t n = shape_numel(shape);
+  for (uint64_t k = 0; k < n && out.size() < limit; ++k) {
+    if (!present(idx)) out.push_back(idx);
     for (std::size_t d = shape.size(); d-- > 0;) {
       if (++idx[d] < shape[d]) break;
       idx[d] = 0;
@@ -133,19 +136,16 @@ std::vector<Shape> all_offsets(const Shape& shape) {
   return out;
 }
 
-// The object's values as nested lists, by its shape (a missing shard,
-// reported under validate, is None).
-ValuePtr object_value(const ObjectGroup& g, std::size_t dim = 0, Shape prefix = {}) {
+// The object's value at `prefix` (an offset, or the leading part of one):
+// the shard itself, or the nested lists of the shards under it. Only
+// complete objects get here (check_objects).
+ValuePtr object_value(const ObjectGroup& g, Shape prefix = {}) {
+  if (prefix.size() == g.shape.size()) return g.shards.at(prefix);
   std::vector<ValuePtr> items;
-  for (int64_t i = 0; i < g.shape[dim]; ++i) {
+  for (int64_t i = 0; i < g.shape[prefix.size()]; ++i) {
     Shape at = prefix;
     at.push_back(i);
-    if (dim + 1 == g.shape.size()) {
-      auto it = g.shards.find(at);
-      items.push_back(it == g.shards.end() ? Value::none() : it->second);
-    } else {
-      items.push_back(object_value(g, dim + 1, at));
-    }
+    items.push_back(object_value(g, std::move(at)));
   }
   return Value::list(std::move(items));
 }
@@ -310,21 +310,27 @@ class TorchDistReader {
   }
 
   // Every shard of every object is stored (the DCP reader checks tensors).
+  // Under validate an incomplete object is reported and left out.
   void check_objects() {
-    for (const auto& [key, g] : objects_) {
-      if (g.shards.size() == shape_numel(g.shape)) continue;
-      std::string missing;
-      int listed = 0;
-      for (const Shape& at : all_offsets(g.shape)) {
-        if (g.shards.count(at)) continue;
-        if (listed++ < 5) missing += (missing.empty() ? "" : ", ") + shape_str(at);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      const ObjectGroup* g = it->object;
+      if (!g || g->shards.size() == shape_numel(g->shape)) {
+        ++it;
+        continue;
       }
-      report_or_fail(sink_,
-                     Problem{ErrorCode::kDataLoss,
-                             dir_ + ": sharded object '" + key + "' of shape " + shape_str(g.shape) + ": " +
-                                 std::to_string(g.shards.size()) + " of its " + std::to_string(shape_numel(g.shape)) +
-                                 " shards are stored and readable; missing: " + missing + (listed > 5 ? ", ..." : ""),
-                             dir_ + "/.metadata", -1, key});
+      std::vector<Shape> missing = missing_offsets(
+          g->shape, [&](const Shape& at) { return g->shards.count(at) > 0; }, 6);
+      std::string listed;
+      for (std::size_t i = 0; i < missing.size() && i < 5; ++i) listed += (i ? ", " : "") + shape_str(missing[i]);
+      report_or_fail(
+          sink_,
+          Problem{ErrorCode::kDataLoss,
+                  dir_ + ": sharded object '" + it->key + "' of shape " + shape_str(g->shape) + ": " +
+                      std::to_string(g->shards.size()) + " of its " + std::to_string(shape_numel(g->shape)) +
+                      " shards are stored and readable; missing: " + listed + (missing.size() > 5 ? ", ..." : ""),
+                  dir_ + "/.metadata", -1, it->key});
+      objects_.erase(it->key);
+      it = entries_.erase(it);
     }
   }
 
@@ -395,7 +401,9 @@ class TorchDistReader {
   // `pieces` (in stored order) with every stack split, index-major at the
   // place of the stack's first key, recursively (layers, then experts):
   // the order of a TP=1/PP=1 model's sharded_state_dict.
-  void split_stacks(const CheckpointModel& model, const std::vector<Piece>& pieces, std::vector<Piece>& out) const {
+  // `budget`: the pieces still allowed (see unstacked).
+  void split_stacks(const CheckpointModel& model, const std::vector<Piece>& pieces, std::vector<Piece>& out,
+                    uint64_t& budget) const {
     std::set<std::string> done;
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       std::optional<Stack> stack = stack_of(pieces[i].name);
@@ -405,6 +413,9 @@ class TorchDistReader {
       }
       if (!done.insert(stack->head).second) continue;
       const int64_t n = stack_count(model, pieces[i]);
+      if (n > 0 && static_cast<uint64_t>(n) > budget)
+        fail_data_loss(dir_ + ": '" + pieces[i].entry->key + "' is stacked " + std::to_string(n) + " deep under '" +
+                       stack->head + "', more slices than the checkpoint stores data for");
       std::vector<std::vector<Piece>> slices(static_cast<std::size_t>(std::max<int64_t>(n, 0)));
       for (std::size_t j = i; j < pieces.size(); ++j) {
         std::optional<Stack> other = stack_of(pieces[j].name);
@@ -415,13 +426,16 @@ class TorchDistReader {
                          "' with " + (m < 1 ? std::string("no axis for it") : std::to_string(m) + " slices") + ", '" +
                          pieces[i].entry->key + "' with " + std::to_string(n) + "; not one stack");
         for (int64_t k = 0; k < n; ++k) {
+          if (budget-- == 0)
+            fail_data_loss(dir_ + ": the stacks under '" + stack->head +
+                           "' split into more slices than the checkpoint stores data for");
           Piece p = pieces[j];
           p.name = other->name(k);
           p.index.push_back(k);
           slices[static_cast<std::size_t>(k)].push_back(std::move(p));
         }
       }
-      for (const auto& slice : slices) split_stacks(model, slice, out);
+      for (const auto& slice : slices) split_stacks(model, slice, out, budget);
     }
   }
 
@@ -430,22 +444,26 @@ class TorchDistReader {
   template <typename Pick>
   std::vector<Piece> unstacked(const CheckpointModel& model, Pick pick) const {
     std::vector<Piece> pieces, out;
+    // Every slice of a stack holds stored elements or a shard (a few are
+    // empty): so many pieces at most, whatever shapes the metadata claims.
+    uint64_t budget = 64 * entries_.size();
     for (const Entry& e : entries_) {
       std::string mkey;
       if (pick(e, mkey)) pieces.push_back({&e, mkey, {}});
+      if (e.object) {
+        budget += e.object->shards.size();
+      } else if (auto idx = tensor_ref_index(*e.value)) {
+        for (const TensorChunk& c : model.tensors.at(*idx).chunks) budget += c.numel();
+      }
     }
-    split_stacks(model, pieces, out);
+    split_stacks(model, pieces, out, budget);
     return out;
   }
 
   // The value of `p`: its tensor narrowed to its slice (a new entry of
   // `model`), or its object's element.
   ValuePtr value_of(CheckpointModel& model, const Piece& p, const std::string& name) {
-    if (p.entry->object) {
-      ValuePtr v = object_value(*p.entry->object);
-      for (int64_t k : p.index) v = v->items.at(static_cast<std::size_t>(k));
-      return v;
-    }
+    if (p.entry->object) return object_value(*p.entry->object, p.index);
     auto idx = tensor_ref_index(*p.entry->value);
     if (!idx || p.index.empty()) return p.entry->value;
     TensorEntry t = model.tensors.at(*idx);
