@@ -2,6 +2,7 @@
 fsynced before it is renamed into place, and the directory it is renamed
 into after (so that a power loss keeps the output, not only its bytes); with
 --no-fsync nothing is fsynced. The bytes are the same either way."""
+import os
 import re
 import shutil
 import subprocess
@@ -23,20 +24,38 @@ CASES = [
     pytest.param("reshard", ST2, "out", ["--world-size", "3"], id="reshard-rank-files"),
 ]
 
-TEMP_SUFFIX = re.compile(r"\.tmp-[A-Za-z0-9]{6}")
+SYNC = re.compile(r"f(?:data)?sync\(\d+<([^>]*)>\)\s*=\s*0")
+# rename(OLD, NEW), renameat(DIRFD, OLD, DIRFD, NEW), renameat2(..., FLAGS)
+RENAME = re.compile(r'rename(?:at2?)?\((?:[^,"]*, )?"([^"]*)", (?:[^,"]*, )?"([^"]*)".*\)\s*=\s*0')
 
 
 def synced_paths(ckptconv, args, cwd):
-    """The paths fsynced (or fdatasynced) by a run, in order, with the
-    temporary names' `.tmp-XXXXXX` taken out: what they become once published."""
+    """The paths fsynced (or fdatasynced) by a run, in order, each followed
+    through the renames made after it: where those bytes are once published
+    (a file is written and synced under a temporary name, then renamed,
+    perhaps twice, and a directory's entries move with it)."""
     log = cwd.parent / (cwd.name + ".strace")
-    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync", "-y", "-o", str(log), str(ckptconv),
-                        *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", "-y", "-o",
+                        str(log), str(ckptconv), *map(str, args)], cwd=cwd, capture_output=True, text=True)
     if "Operation not permitted" in r.stderr and "ptrace" in r.stderr:
         pytest.skip("strace cannot trace here (ptrace denied)")
     assert r.returncode == 0, r.stderr
-    calls = re.findall(r"f(?:data)?sync\(\d+<([^>]*)>\)\s*=\s*0", log.read_text())
-    return [TEMP_SUFFIX.sub("", p) for p in calls]
+    events = []  # ("sync", path) or ("rename", old, new), absolute
+    for line in log.read_text().splitlines():
+        if m := SYNC.search(line):
+            events.append(("sync", m.group(1)))
+        elif m := RENAME.search(line):
+            events.append(("rename", *(os.path.normpath(cwd / p) for p in m.groups())))
+    synced = []
+    for i, event in enumerate(events):
+        if event[0] != "sync":
+            continue
+        path = event[1]
+        for later in events[i + 1:]:
+            if later[0] == "rename" and (path == later[1] or path.startswith(later[1] + "/")):
+                path = later[2] + path[len(later[1]):]
+        synced.append(path)
+    return synced
 
 
 def output_files(where):
@@ -79,8 +98,8 @@ def test_the_finalizing_worker_syncs_what_it_publishes(no_fsync, tmp_path, ckptc
     if no_fsync:
         assert synced == []
     else:
-        # The shared data file, in the parts folder, then renamed to OUT.
-        assert any(s.startswith(str(tmp_path / "out.pt.parts-")) for s in synced), synced
+        # The shared data file, synced in the parts folder, then renamed to OUT.
+        assert str(out) in synced, synced
         assert synced[-1] == str(tmp_path), synced
 
 

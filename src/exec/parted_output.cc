@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -77,6 +78,11 @@ struct Layout {
     return out;
   }
 };
+
+void refuse_existing(const PartedWriter& w) {
+  for (const auto& d : w.destinations())
+    if (fs::exists(fs::symlink_status(d))) fail_invalid(d + ": output exists (use --force to overwrite)");
+}
 
 void skip_unit(const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip, uint32_t crc = 0) {
   if (zip)
@@ -380,9 +386,7 @@ std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout
   if (named != expected)  // each owned piece was found above; anything more is not this plan's
     fail(ErrorCode::kDataLoss,
          dir + ": receipts name pieces their parts do not own: remove " + dir + " and rerun every part");
-  if (!options.force)
-    for (const auto& d : w.destinations())
-      if (fs::exists(fs::symlink_status(d))) fail_invalid(d + ": output exists (use --force to overwrite)");
+  if (!options.force) refuse_existing(w);
   {
     DataFiles files(folder, l.names.size(), false);
     if (options.copy.verify) verify_pieces(l, by_part, files);
@@ -405,10 +409,22 @@ std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout
     }
   }
   check_interrupted();
-  std::string what = w.publish([&](std::size_t k) { return data_file(dir, k); }, options.force, options.durable);
+  std::string what = w.publish([&](std::size_t k) { return data_file(dir, k); }, options.force, options.durable).what;
   std::error_code ec;
   fs::remove_all(dir, ec);
   return "finalized " + std::to_string(parts) + " parts (" + what + ")";
+}
+
+// All of a unit's bytes, at the sink's position.
+void write_unit(const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip, const CopyOptions& copy) {
+  if (u.tensor && zip)
+    append_tensor(*u.tensor, *zip, copy);
+  else if (u.tensor)
+    append_tensor(*u.tensor, sink, copy);
+  else if (zip)
+    zip->append(u.bytes.data(), u.bytes.size());
+  else
+    sink.write(u.bytes.data(), u.bytes.size());
 }
 
 // This worker's pieces into the shared files.
@@ -426,14 +442,7 @@ nlohmann::json write_pieces(PartedWriter& w, const PartedOptions& options, const
     const std::size_t unit = seq++;
     const std::vector<Piece>& pieces = l.pieces.at(unit);
     if (pieces.size() == 1 && pieces[0].owner == part.index) {  // the whole unit
-      if (u.tensor && zip)
-        append_tensor(*u.tensor, *zip, options.copy);
-      else if (u.tensor)
-        append_tensor(*u.tensor, sink, options.copy);
-      else if (zip)
-        zip->append(u.bytes.data(), u.bytes.size());
-      else
-        sink.write(u.bytes.data(), u.bytes.size());
+      write_unit(u, sink, zip, options.copy);
       written.push_back({unit, 0, u.nbytes, zip ? zip->record_crc() : 0u});
       bytes += u.nbytes;
       return;
@@ -580,9 +589,7 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
     assign_owners(l, parts);
     return {true, finalize(w, options, l, parts, *folder), 0, 0};
   }
-  if (!options.force)  // before any work, as without --part
-    for (const auto& d : w.destinations())
-      if (fs::exists(fs::symlink_status(d))) fail_invalid(d + ": output exists (use --force to overwrite)");
+  if (!options.force) refuse_existing(w);  // before any work, as without --part
   Layout l = layout_of(w, options);
   assign_owners(l, part.count);
   std::string dir = parts_dir(options.path, l);
@@ -595,6 +602,49 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
                                       " keeps the other parts' bytes and receipts, and this part has no receipt: "
                                       "rerun it (--part " +
                                       std::to_string(part.index) + "/" + std::to_string(part.count) + ")");
+  }
+}
+
+Published write_whole(PartedWriter& w, const PartedOptions& options) {
+  if (!options.force) refuse_existing(w);
+  // A scratch folder, never committed: its destructor removes it and
+  // whatever is still in it. Its name is OUT's temporary name, so a run
+  // killed by SIGKILL leaves a folder the next run removes (io/temp_output.h).
+  AtomicDirectory scratch(options.path, /*force=*/true, /*durable=*/false);
+  std::vector<std::unique_ptr<AtomicFileSink>> files;
+  std::vector<ByteSink*> sinks;
+  const std::size_t count = w.file_names().size();
+  for (std::size_t k = 0; k < count; ++k) {
+    files.push_back(
+        AtomicFileSink::create(scratch.path_of("data-" + std::to_string(k)), false, options.durable, w.output_path(k)));
+    sinks.push_back(files.back().get());
+  }
+  w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
+    try {
+      write_unit(u, sink, zip, options.copy);
+    } catch (Error& e) {
+      e.add_context(w.output_path(u.file));  // named only on failure: a run emits thousands of units
+      throw;
+    }
+  });
+  if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
+  std::vector<std::string> paths;
+  for (auto& f : files) paths.push_back(f->detach());  // synced (durable) and closed
+  check_interrupted();  // an interrupted job leaves nothing, even when its files are done
+  return w.publish([&](std::size_t k) { return paths.at(k); }, options.force, options.durable);
+}
+
+void rename_all(const std::function<std::string(std::size_t)>& data_path, const std::vector<std::string>& to,
+                bool force) {
+  std::vector<std::string> published;
+  try {
+    for (std::size_t k = 0; k < to.size(); ++k) {
+      rename_into_place(data_path(k), to[k], force);
+      published.push_back(to[k]);
+    }
+  } catch (const Error&) {
+    for (const auto& f : published) ::unlink(f.c_str());
+    throw;
   }
 }
 
@@ -623,9 +673,9 @@ PartedOptions directory_output(const std::string& dir, bool force, bool durable,
       .path = dir, .force = force, .durable = durable, .copy = copy, .inputs = model.info.files, .request = request};
 }
 
-std::string publish_directory(const std::string& dir, const std::vector<std::string>& names,
-                              const std::function<std::string(std::size_t)>& data_path, bool force, bool durable,
-                              const std::function<void(const std::string& temp_dir)>& extra) {
+Published publish_directory(const std::string& dir, const std::vector<std::string>& names,
+                            const std::function<std::string(std::size_t)>& data_path, bool force, bool durable,
+                            const std::function<void(const std::string& temp_dir)>& extra) {
   AtomicDirectory out(dir, force, durable);
   for (std::size_t k = 0; k < names.size(); ++k) {
     std::string to = out.path_of(names[k]);
@@ -634,12 +684,11 @@ std::string publish_directory(const std::string& dir, const std::vector<std::str
       fs::create_directories(fs::path(to).parent_path(), ec);
       if (ec) fail(ErrorCode::kOutputFailed, to + ": cannot create its folder: " + ec.message());
     }
-    if (std::rename(data_path(k).c_str(), to.c_str()) != 0)
-      fail(ErrorCode::kOutputFailed, to + ": cannot move a finished file into place: " + std::strerror(errno));
+    rename_into_place(data_path(k), to, false);  // into a folder this run just made
   }
   if (extra) extra(out.temp_dir());
   out.commit();
-  return std::to_string(names.size()) + " files";
+  return {{out.destination()}, std::to_string(names.size()) + " files"};
 }
 
 std::vector<std::string> parts_folders(const std::string& output) {

@@ -59,8 +59,16 @@ struct PartUnit {
 // record of one (.pt, DCP items, rank files), else null (safetensors).
 using EmitUnit = std::function<void(const PartUnit& unit, ByteSink& sink, archive::ZipWriter* zip)>;
 
-// A format's own writer, run over all of its files at once, emitting every
-// stored tensor in a fixed order: the same bytes as its one-process writer.
+// What a writer put in place.
+struct Published {
+  std::vector<std::string> files;  // in order: OUT, a sharded output's shards then its index, or the directory
+  std::string what;                // for the log: "one file", "3 shards and the index", "12 files"
+};
+
+// A format's writer, run over all of its files at once, emitting every
+// stored tensor in a fixed order. One class serves both drivers: a run by
+// one process (write_whole) and by many (write_parted), which give the
+// same bytes because they run the same code.
 class PartedWriter {
  public:
   virtual ~PartedWriter() = default;
@@ -70,11 +78,14 @@ class PartedWriter {
   // What must not exist before the run unless --force: the output files,
   // or the output directory.
   virtual std::vector<std::string> destinations() const = 0;
+  // Where file k will be, for messages.
+  virtual std::string output_path(std::size_t k) const = 0;
   // File k into *sinks[k]; every stored tensor through `emit`.
   virtual void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) = 0;
-  // After the finalizing run(): puts the complete files (at data_path(k))
-  // in place, all or nothing; returns what it published, for the log.
-  virtual std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) = 0;
+  // After the last run(): puts the complete files (at data_path(k)) in
+  // place, all or nothing, never replacing what appeared meanwhile unless
+  // `force`; says what it published.
+  virtual Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) = 0;
 };
 
 struct PartedOptions {
@@ -91,10 +102,22 @@ struct PartedOptions {
 PartedOptions directory_output(const std::string& dir, bool force, bool durable, const CopyOptions& copy,
                                const CheckpointModel& model, const std::string& request);
 
+// The one-process run: every file written whole into a scratch folder
+// beside OUT ("OUT.tmp-XXXXXX/", removed whatever happens: an error or an
+// interrupt leaves nothing), then published by the writer as the finalizing
+// worker of a parted run publishes. `inputs` and `request` are not used.
+Published write_whole(PartedWriter& writer, const PartedOptions& options);
+
 // This worker's share of the output, and the finalization when it
 // completes the set. Exit 3 (DataLoss) when finalizing finds a receipt
 // missing, stale or not matching the plan, naming the parts to rerun.
 PartOutcome write_parted(PartedWriter& writer, const PartedOptions& options, const PartSpec& part);
+
+// Renames finished files (at data_path(k)) onto `to`, all or none (the ones
+// this call renamed are removed again when one fails); io/atomic_dir.h's
+// rename_into_place for each.
+void rename_all(const std::function<std::string(std::size_t)>& data_path, const std::vector<std::string>& to,
+                bool force);
 
 // .pt and .safetensors outputs of consolidate/convert; HDF5 is refused.
 PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
@@ -104,10 +127,10 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
 // directory for `dir` (io/atomic_dir.h) under their names (a name with '/'
 // gets its folders made), lets `extra` put
 // what else belongs there (DCP's .metadata) into it, and renames it into
-// place. Returns what it published, for the log.
-std::string publish_directory(const std::string& dir, const std::vector<std::string>& names,
-                              const std::function<std::string(std::size_t)>& data_path, bool force, bool durable,
-                              const std::function<void(const std::string& temp_dir)>& extra);
+// place.
+Published publish_directory(const std::string& dir, const std::vector<std::string>& names,
+                            const std::function<std::string(std::size_t)>& data_path, bool force, bool durable,
+                            const std::function<void(const std::string& temp_dir)>& extra);
 
 // The parts folders of OUT (OUT.parts-*), for `ckptconv finalize OUT`.
 std::vector<std::string> parts_folders(const std::string& output);

@@ -181,8 +181,8 @@ void copy_side_files(const std::vector<std::string>& side_files, const std::stri
 
 namespace {
 
-// The DCP writer for --part: rank files written by many processes, the
-// .metadata by the finalizing one.
+// The DCP writer: rank files (written by one process or by many), then the
+// .metadata, written where the directory is published.
 class DcpParted final : public PartedWriter {
  public:
   DcpParted(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
@@ -191,10 +191,13 @@ class DcpParted final : public PartedWriter {
   std::string kind() const override { return "dcp"; }
   std::vector<std::string> file_names() const override {
     std::vector<std::string> names;
-    for (int r = 0; r < plan_.world_size; ++r) names.push_back(dcp::DcpDirWriter::file_name(r));
+    for (int r = 0; r < plan_.world_size; ++r) names.push_back(dcp::rank_file_name(r));
     return names;
   }
   std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
+  std::string output_path(std::size_t k) const override {
+    return without_trailing_slashes(options_.dir) + "/" + dcp::rank_file_name(static_cast<int>(k));
+  }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     metadata_ = emit_items(
         model_, source_, plan_,
@@ -206,7 +209,7 @@ class DcpParted final : public PartedWriter {
           });
         });
   }
-  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
     return publish_directory(options_.dir, file_names(), data_path, force, durable, [&](const std::string& temp) {
       copy_side_files(options_.side_files, temp);
       auto meta = AtomicFileSink::create(temp + "/.metadata", false, durable);
@@ -227,17 +230,8 @@ class DcpParted final : public PartedWriter {
 
 void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
                        const DcpOutputOptions& options) {
-  dcp::DcpDirWriter writer(options.dir, plan.world_size, options.force, options.durable);
-  dcp::DcpMetadata out = emit_items(
-      model, source, plan,
-      [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf& entry_of) {
-        return writer.append_item(rank, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
-          append_tensor(entry_of(i), zip, options.copy);
-        });
-      });
-  if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
-  copy_side_files(options.side_files, writer.temp_dir());
-  writer.finish(out);
+  DcpParted writer(model, source, plan, options);
+  write_whole(writer, directory_output(options.dir, options.force, options.durable, options.copy, model, {}));
 }
 
 PartOutcome write_dcp_reshard_part(const CheckpointModel& model, const dcp::DcpMetadata& source,

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "exec/parted_output.h"
 #include "exec/write_dcp.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
@@ -46,23 +47,64 @@ std::vector<std::vector<std::pair<std::string, uint64_t>>> dcp_hf_output_sizes(
   return out;
 }
 
+namespace {
+
+// One safetensors file per rank with pieces (torch writes none for an empty
+// save plan), then the directory published.
+class DcpHfParted final : public PartedWriter {
+ public:
+  DcpHfParted(const CheckpointModel& model, const ReshardPlan& plan,
+              const std::vector<std::vector<dcp_hf::Piece>>& pieces, const DcpHfOutputOptions& options)
+      : options_(options) {
+    for (std::size_t r = 0; r < pieces.size(); ++r) {
+      if (pieces[r].empty()) continue;
+      files_.push_back(dcp_hf::plan_rank_file(static_cast<int>(r), pieces[r]));
+      std::vector<TensorEntry>& items = sources_.emplace_back();
+      for (const OutputItem& oi : plan.ranks.at(r)) items.push_back(item_tensor(model.tensors.at(oi.tensor), oi));
+    }
+  }
+  std::string kind() const override { return "dcp-hf"; }
+  std::vector<std::string> file_names() const override {
+    std::vector<std::string> names;
+    for (const auto& f : files_) names.push_back(f.file_name);
+    return names;
+  }
+  std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
+  std::string output_path(std::size_t k) const override {
+    return without_trailing_slashes(options_.dir) + "/" + files_.at(k).file_name;
+  }
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
+    for (std::size_t k = 0; k < files_.size(); ++k)
+      safetensors::write_safetensors_file(*sinks.at(k), files_[k], [&](std::size_t index, ByteSink& s) {
+        const TensorEntry& t = sources_[k].at(index);
+        emit({k, t.output_nbytes(), &t, {}}, s, nullptr);
+      });
+  }
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+    return publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
+  }
+
+ private:
+  const DcpHfOutputOptions& options_;
+  std::vector<safetensors::FilePlan> files_;
+  std::vector<std::vector<TensorEntry>> sources_;  // per file, by item index in its rank's plan
+};
+
+}  // namespace
+
 void write_dcp_hf_reshard(const CheckpointModel& model, const ReshardPlan& plan,
                           const std::vector<std::vector<dcp_hf::Piece>>& pieces, const DcpHfOutputOptions& options) {
-  AtomicDirectory dir(options.dir, options.force, options.durable);
-  for (std::size_t r = 0; r < pieces.size(); ++r) {
-    if (pieces[r].empty()) continue;  // torch writes no file for an empty save plan
-    safetensors::FilePlan file = dcp_hf::plan_rank_file(static_cast<int>(r), pieces[r]);
-    auto sink = AtomicFileSink::create(dir.path_of(file.file_name), false, options.durable);
-    with_context(dir.destination() + "/" + file.file_name, [&] {
-      safetensors::write_safetensors_file(*sink, file, [&](std::size_t index, ByteSink& s) {
-        const OutputItem& oi = plan.ranks[r].at(index);
-        append_tensor(item_tensor(model.tensors.at(oi.tensor), oi), s, options.copy);
-      });
-    });
-    sink->finish();
-  }
-  if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
-  dir.commit();
+  DcpHfParted writer(model, plan, pieces, options);
+  write_whole(writer, {.path = options.dir, .force = options.force, .durable = options.durable, .copy = options.copy});
+}
+
+PartOutcome write_dcp_hf_reshard_part(const CheckpointModel& model, const ReshardPlan& plan,
+                                      const std::vector<std::vector<dcp_hf::Piece>>& pieces,
+                                      const DcpHfOutputOptions& options, const PartSpec& part,
+                                      const std::string& request) {
+  DcpHfParted writer(model, plan, pieces, options);
+  return write_parted(
+      writer, directory_output(options.dir, options.force, options.durable, options.copy, model, request), part);
 }
 
 }  // namespace ckpt

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "exec/parted_output.h"
 #include "exec/tensor_copy.h"
 #include "formats/dcp_hf/dcp_hf_writer.h"
 #include "model/checkpoint_model.h"
@@ -37,5 +38,12 @@ std::vector<std::vector<std::pair<std::string, uint64_t>>> dcp_hf_output_sizes(
 
 void write_dcp_hf_reshard(const CheckpointModel& model, const ReshardPlan& plan,
                           const std::vector<std::vector<dcp_hf::Piece>>& pieces, const DcpHfOutputOptions& options);
+
+// --part: this worker's share of the files (exec/parted_output.h); the
+// finalizing worker publishes the directory.
+PartOutcome write_dcp_hf_reshard_part(const CheckpointModel& model, const ReshardPlan& plan,
+                                      const std::vector<std::vector<dcp_hf::Piece>>& pieces,
+                                      const DcpHfOutputOptions& options, const PartSpec& part,
+                                      const std::string& request);
 
 }  // namespace ckpt

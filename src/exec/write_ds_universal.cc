@@ -50,17 +50,9 @@ void write_latest(const std::string& dir, bool durable) {
   log::info("wrote " + latest.string() + " (" + tag + ")");
 }
 
-// The folder a file of the plan goes to, made inside the temporary directory.
-std::string place(const AtomicDirectory& dir, const std::string& path) {
-  const fs::path to = dir.path_of(path);
-  std::error_code ec;
-  fs::create_directories(to.parent_path(), ec);
-  if (ec) fail(ErrorCode::kOutputFailed, to.parent_path().string() + ": cannot create: " + ec.message());
-  return to.string();
-}
-
-// The writer for --part: every file written by many processes (each its
-// share of the tensors), published by the finalizing one.
+// The universal checkpoint's writer: every file (written by one process or
+// by many, each its share of the tensors), then the folder published and
+// latest_universal written beside it.
 class UniversalParted final : public PartedWriter {
  public:
   UniversalParted(const CheckpointModel& model, const UniversalPlan& plan, const UniversalOutputOptions& options)
@@ -72,6 +64,9 @@ class UniversalParted final : public PartedWriter {
     return names;
   }
   std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
+  std::string output_path(std::size_t k) const override {
+    return without_trailing_slashes(options_.dir) + "/" + plan_.files.at(k).path;
+  }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     for (std::size_t k = 0; k < plan_.files.size(); ++k) {
       const UniversalFile& f = plan_.files[k];
@@ -84,8 +79,8 @@ class UniversalParted final : public PartedWriter {
       });
     }
   }
-  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    std::string done = publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+    Published done = publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
     write_latest(options_.dir, durable);
     return done;
   }
@@ -100,24 +95,8 @@ class UniversalParted final : public PartedWriter {
 
 void write_ds_universal(const CheckpointModel& model, const UniversalPlan& plan,
                         const UniversalOutputOptions& options) {
-  const std::vector<std::vector<TensorEntry>> sources = sources_of(model, plan);
-  AtomicDirectory dir(options.dir, options.force, options.durable);
-  for (std::size_t k = 0; k < plan.files.size(); ++k) {
-    const UniversalFile& file = plan.files[k];
-    auto sink = AtomicFileSink::create(place(dir, file.path), false, options.durable);
-    with_context(dir.destination() + "/" + file.path, [&] {
-      write_file(*sink, file, [&](std::size_t i, archive::ZipWriter& zip) {
-        if (file.sources[i].literal)
-          zip.append(file.sources[i].bytes.data(), file.sources[i].bytes.size());
-        else
-          append_tensor(sources[k][i], zip, options.copy);
-      });
-    });
-    sink->finish();
-  }
-  if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
-  dir.commit();
-  write_latest(options.dir, options.durable);
+  UniversalParted writer(model, plan, options);
+  write_whole(writer, directory_output(options.dir, options.force, options.durable, options.copy, model, {}));
 }
 
 PartOutcome write_ds_universal_part(const CheckpointModel& model, const UniversalPlan& plan,

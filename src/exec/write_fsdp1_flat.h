@@ -12,4 +12,9 @@ namespace ckpt {
 // Per-rank files, written with write_rank_files' options.
 void write_fsdp1_flat(const fsdp_flat::FlatPlan& plan, const RankFilesOptions& options);
 
+// --part: this worker's share of the files (exec/parted_output.h); the
+// finalizing worker publishes the folder. `model` is the plan's source.
+PartOutcome write_fsdp1_flat_part(const CheckpointModel& model, const fsdp_flat::FlatPlan& plan,
+                                  const RankFilesOptions& options, const PartSpec& part, const std::string& request);
+
 }  // namespace ckpt

@@ -33,65 +33,11 @@ std::vector<torch_pt::OutputTensor> pt_output_tensors(const CheckpointModel& mod
   return tensors;
 }
 
-void write_pt_output(const CheckpointModel& model, const OutputOptions& options) {
-  require_valid(model);
-  std::vector<torch_pt::OutputTensor> tensors = pt_output_tensors(model);
-  auto sink = AtomicFileSink::create(options.path, options.force, options.durable);
-  with_context(options.path, [&] {
-    torch_pt::write_pt(*sink, *model.root, tensors, [&](std::size_t index, archive::ZipWriter& zip) {
-      append_tensor(model.tensors[index], zip, options.copy);
-    });
-  });
-  sink->finish();
-}
+namespace {
 
-std::vector<std::string> write_safetensors_output(const CheckpointModel& model, const OutputOptions& options) {
-  namespace fs = std::filesystem;
-  require_valid(model);
-  fs::path out(options.path);
-  auto plan = safetensors::plan_safetensors(model, out.filename().string(), options.max_shard_size);
-  auto place = [&](const std::string& name) { return (out.parent_path() / name).string(); };
-  if (!options.force) {
-    // Refuse before writing anything when any planned file exists.
-    for (const auto& f : plan.files)
-      if (fs::exists(place(f.file_name)))
-        fail_invalid(place(f.file_name) + ": output exists (use --force to overwrite)");
-  }
-  // Shards and index are all written and synced under temporary names first,
-  // then renamed, the index last: a failure or an interrupt on the way
-  // leaves none of them (each unpublished temporary removes itself).
-  std::vector<std::unique_ptr<AtomicFileSink>> sinks;
-  for (const auto& f : plan.files) {
-    std::string path = place(f.file_name);
-    sinks.push_back(AtomicFileSink::create(path, options.force, options.durable));
-    with_context(path, [&] {
-      safetensors::write_safetensors_file(*sinks.back(), f, [&](std::size_t index, ByteSink& s) {
-        append_tensor(model.tensors[index], s, options.copy);
-      });
-    });
-    sinks.back()->complete();
-  }
-  if (!plan.index_json.empty()) {
-    sinks.push_back(
-        AtomicFileSink::create(place(out.filename().string() + ".index.json"), options.force, options.durable));
-    sinks.back()->write(plan.index_json);
-    sinks.back()->complete();
-  }
-  check_interrupted();
-  std::vector<std::string> published;
-  try {
-    for (auto& sink : sinks) {
-      sink->publish();
-      published.push_back(sink->destination());
-    }
-  } catch (const Error&) {
-    for (const auto& path : published) ::unlink(path.c_str());  // this run's files: all or none
-    throw;
-  }
-  return published;
-}
-
-void write_hdf5_output(const CheckpointModel& model, const OutputOptions& options) {
+// HDF5's library writes the file by name, not into a ByteSink, so the
+// format has no PartedWriter: this is its whole writer.
+std::vector<std::string> write_hdf5(const CheckpointModel& model, const OutputOptions& options) {
 #ifdef CKPT_HAVE_HDF5
   require_valid(model);
   // HDF5 writes the file by name: it truncates and fills the sink's temp
@@ -107,48 +53,22 @@ void write_hdf5_output(const CheckpointModel& model, const OutputOptions& option
     });
   });
   temp->finish();
+  return {options.path};
 #else
   (void)model;
   fail(ErrorCode::kUnimplemented, options.path + ": this ckptconv was built without HDF5 (CKPT_WITH_HDF5=OFF)");
 #endif
 }
 
-namespace {
-
-std::vector<std::string> write_pt(const CheckpointModel& model, const OutputOptions& options) {
-  write_pt_output(model, options);
-  return {options.path};
-}
-
-std::vector<std::string> write_hdf5(const CheckpointModel& model, const OutputOptions& options) {
-  write_hdf5_output(model, options);
-  return {options.path};
-}
-
-// Renames finished files into place, all or none (the ones this call
-// renamed are removed again when one fails).
-void rename_all(const std::function<std::string(std::size_t)>& data_path, const std::vector<std::string>& to) {
-  std::vector<std::string> published;
-  try {
-    for (std::size_t k = 0; k < to.size(); ++k) {
-      if (std::rename(data_path(k).c_str(), to[k].c_str()) != 0)
-        fail(ErrorCode::kOutputFailed,
-             to[k] + ": cannot rename the finished output into place: " + std::strerror(errno));
-      published.push_back(to[k]);
-    }
-  } catch (const Error&) {
-    for (const auto& f : published) ::unlink(f.c_str());
-    throw;
-  }
-}
-
-// --part for .pt: the one archive, every tensor emitted in model order.
+// A torch.save archive of the model's structure with every tensor
+// consolidated (contiguous), every tensor emitted in model order.
 class PtParted final : public PartedWriter {
  public:
   PtParted(const CheckpointModel& model, const OutputOptions& options) : model_(model), out_(options.path) {}
   std::string kind() const override { return "pt"; }
   std::vector<std::string> file_names() const override { return {out_.filename().string()}; }
   std::vector<std::string> destinations() const override { return {out_.string()}; }
+  std::string output_path(std::size_t) const override { return out_.string(); }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     torch_pt::write_pt(*sinks.at(0), *model_.root, pt_output_tensors(model_),
                        [&](std::size_t i, archive::ZipWriter& zip) {
@@ -156,11 +76,11 @@ class PtParted final : public PartedWriter {
                          emit({0, t.output_nbytes(), &t, {}}, *sinks[0], &zip);
                        });
   }
-  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool, bool durable) override {
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
     check_interrupted();
-    rename_all(data_path, destinations());
+    rename_all(data_path, destinations(), force);
     if (durable) sync_directory_of(out_.string());
-    return "one file";
+    return {destinations(), "one file"};
   }
 
  private:
@@ -168,8 +88,10 @@ class PtParted final : public PartedWriter {
   std::filesystem::path out_;
 };
 
-// --part for safetensors, sharded too: the plan write_safetensors_output
-// follows; the shards first, the index last.
+// A safetensors file (formats/safetensors/safetensors_writer.h), or with
+// max_shard_size the shards "<stem>-0000i-of-0000N.safetensors" beside
+// OUT and "<name>.index.json" (when more than one shard is needed): the
+// shards first, the index last.
 class SafetensorsParted final : public PartedWriter {
  public:
   SafetensorsParted(const CheckpointModel& model, const OutputOptions& options)
@@ -184,8 +106,11 @@ class SafetensorsParted final : public PartedWriter {
   }
   std::vector<std::string> destinations() const override {
     std::vector<std::string> paths;
-    for (const auto& f : plan_.files) paths.push_back((out_.parent_path() / f.file_name).string());
+    for (std::size_t k = 0; k < plan_.files.size(); ++k) paths.push_back(output_path(k));
     return paths;
+  }
+  std::string output_path(std::size_t k) const override {
+    return (out_.parent_path() / plan_.files.at(k).file_name).string();
   }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     for (std::size_t k = 0; k < plan_.files.size(); ++k)
@@ -194,7 +119,7 @@ class SafetensorsParted final : public PartedWriter {
         emit({k, t.output_nbytes(), &t, {}}, s, nullptr);
       });
   }
-  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
     std::vector<std::string> to = destinations();
     std::unique_ptr<AtomicFileSink> index;
     if (!plan_.index_json.empty()) {
@@ -203,7 +128,7 @@ class SafetensorsParted final : public PartedWriter {
       index->complete();
     }
     check_interrupted();
-    rename_all(data_path, to);
+    rename_all(data_path, to, force);
     try {
       if (index) index->publish();  // its publish() syncs the directory, the renames above included
     } catch (const Error&) {
@@ -211,7 +136,9 @@ class SafetensorsParted final : public PartedWriter {
       throw;
     }
     if (durable && !index) sync_directory_of(out_.string());
-    return to.size() > 1 ? std::to_string(to.size()) + " shards and the index" : std::string("one file");
+    std::vector<std::string> files = to;
+    if (index) files.push_back(index->destination());
+    return {files, to.size() > 1 ? std::to_string(to.size()) + " shards and the index" : std::string("one file")};
   }
 
  private:
@@ -235,7 +162,6 @@ const std::vector<OutputFormatInfo>& output_formats() {
        .extensions = {".pt", ".pth", ".bin"},
        .weights_file = "pytorch_model.bin",
        .full_file = "full.pt",
-       .write = write_pt,
        .parted = parted<PtParted>},
       {.id = OutputFormat::kSafetensors,
        .name = "safetensors",
@@ -244,7 +170,6 @@ const std::vector<OutputFormatInfo>& output_formats() {
        .weights_file = "model.safetensors",
        .full_file = "full.safetensors",
        .shards = true,
-       .write = write_safetensors_output,
        .parted = parted<SafetensorsParted>},
       // Several processes cannot write one HDF5 file without an MPI-IO build of libhdf5.
       {.id = OutputFormat::kHdf5,
@@ -292,7 +217,13 @@ std::string output_extensions_text() {
 }
 
 std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options) {
-  return output_format_info(format).write(model, options);
+  require_valid(model);
+  const OutputFormatInfo& f = output_format_info(format);
+  if (!f.parted) return f.write(model, options);
+  std::unique_ptr<PartedWriter> w = f.parted(model, options);
+  return write_whole(*w,
+                     {.path = options.path, .force = options.force, .durable = options.durable, .copy = options.copy})
+      .files;
 }
 
 }  // namespace ckpt

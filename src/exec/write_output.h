@@ -38,11 +38,12 @@ struct OutputFormatInfo {
   std::string_view full_file;                // -o DIR/ of more than a model
   bool shards = false;                       // --max-shard-size
   bool compression = false;                  // --compression
-  // Writes the output; the files written, in order (OUT, or shards then index).
-  std::vector<std::string> (*write)(const CheckpointModel& model, const OutputOptions& options) = nullptr;
-  // Its writer for --part (several processes writing one output), emitting
-  // the bytes `write` writes; none when the format cannot be written so.
+  // Its writer (exec/parted_output.h), which one process runs (write_whole)
+  // or several, each writing its share (--part).
   std::unique_ptr<PartedWriter> (*parted)(const CheckpointModel& model, const OutputOptions& options) = nullptr;
+  // Only for a format whose library writes the file by name (HDF5), so that
+  // it has no PartedWriter: its whole writer, returning the files written.
+  std::vector<std::string> (*write)(const CheckpointModel& model, const OutputOptions& options) = nullptr;
 };
 
 // Every output format, in --format's order.
@@ -57,28 +58,15 @@ const char* output_format_name(OutputFormat format);
 // ".pt, .pth, .bin (pt), .safetensors (safetensors), ...": for messages.
 std::string output_extensions_text();
 
-// Writes the model in `format` (dispatches to the functions below) and
+// Writes the model in `format`, by its PartedWriter run in one process
+// (exec/parted_output.h's write_whole) or, for HDF5, its own writer, and
 // returns the files written, in order: OUT itself, or for a sharded
-// safetensors output its shards then OUT.index.json.
+// safetensors output its shards then OUT.index.json. Validates the model
+// first. A failure or an interrupt leaves nothing at the destination.
 std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);
 
 // The tensors of a .pt output as torch_pt::write_pt takes them (output
 // dtype, shape, Parameter or not), for every writer of that format.
 std::vector<torch_pt::OutputTensor> pt_output_tensors(const CheckpointModel& model);
-
-// A torch.save archive of the model's structure with every tensor
-// consolidated (contiguous). Validates the model first.
-void write_pt_output(const CheckpointModel& model, const OutputOptions& options);
-
-// A safetensors file (formats/safetensors/safetensors_writer.h), or with
-// max_shard_size the shards "<stem>-0000i-of-0000N.safetensors" beside
-// options.path and "<name>.index.json" (when more than one shard is needed).
-// Each file is atomic; the index is written last.
-std::vector<std::string> write_safetensors_output(const CheckpointModel& model, const OutputOptions& options);
-
-// An HDF5 file (formats/hdf5/hdf5_writer.h, docs/hdf5-layout.md), created
-// at "<path>.tmp-XXXXXX", fsynced and renamed onto path after it is closed.
-// Unimplemented when built without HDF5.
-void write_hdf5_output(const CheckpointModel& model, const OutputOptions& options);
 
 }  // namespace ckpt

@@ -130,8 +130,8 @@ void write_content(ByteSink& sink, const RankFileContent& content, const FillFro
                      [&](std::size_t i, archive::ZipWriter& zip) { fill(content, i, zip); });
 }
 
-// The per-rank writer for --part: every file written by many processes,
-// published by the finalizing one.
+// The per-rank writer: every file (written by one process or by many),
+// then the directory published.
 class RankFilesParted final : public PartedWriter {
  public:
   RankFilesParted(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
@@ -145,6 +145,9 @@ class RankFilesParted final : public PartedWriter {
     return names;
   }
   std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
+  std::string output_path(std::size_t k) const override {
+    return without_trailing_slashes(options_.dir) + "/" + file_names().at(k);
+  }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     std::size_t k = 0;
     emit_rank_files(model_, families_, layout_, plan_, [&](int, const std::string&, const RankFileContent& content) {
@@ -158,7 +161,7 @@ class RankFilesParted final : public PartedWriter {
       });
     });
   }
-  std::string publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
     return publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
   }
 
@@ -186,20 +189,8 @@ const char* rank_layout_name(RankLayout layout) {
 
 void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
                       const RankFilesLayout& layout, const ReshardPlan& plan, const RankFilesOptions& options) {
-  AtomicDirectory dir(options.dir, options.force, options.durable);
-  emit_rank_files(model, families, layout, plan, [&](int, const std::string& name, const RankFileContent& content) {
-    auto sink = AtomicFileSink::create(dir.path_of(name), false, options.durable);
-    write_content(*sink, content, [&](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
-      if (c.mesh_index == i) {
-        zip.append(c.mesh_bytes.data(), c.mesh_bytes.size());
-      } else {
-        append_tensor(c.sources.at(i), zip, options.copy);
-      }
-    });
-    sink->finish();
-  });
-  if (options.copy.verify) options.copy.verify->check_deferred();  // before the directory is published
-  dir.commit();
+  RankFilesParted writer(model, families, layout, plan, options);
+  write_whole(writer, directory_output(options.dir, options.force, options.durable, options.copy, model, {}));
 }
 
 std::vector<RankFilesOut> rank_files_sizes(const CheckpointModel& model, const std::vector<RankFamily>& families,

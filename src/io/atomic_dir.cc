@@ -44,6 +44,14 @@ void sync_directory_of(const std::string& path) {
   if (fd >= 0) ::close(fd);
 }
 
+void rename_into_place(const std::string& from, const std::string& to, bool overwrite) {
+  unsigned flags = overwrite ? 0 : RENAME_NOREPLACE;
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags) == 0) return;
+  int err = errno;
+  if (err == EEXIST) fail_invalid(to + ": output exists (use --force to overwrite)");
+  fail(ErrorCode::kOutputFailed, to + ": cannot rename the finished output into place: " + std::strerror(err));
+}
+
 AtomicDirectory::AtomicDirectory(std::string dir, bool force, bool durable)
     : dir_(without_trailing_slashes(std::move(dir))), force_(force), durable_(durable) {
   if (!force_ && path_exists(dir_)) fail_invalid(dir_ + ": output exists (use --force to overwrite)");

@@ -21,6 +21,11 @@ std::string without_trailing_slashes(std::string dir);
 // place: a failure is logged, not thrown, as nothing is left to undo.
 void sync_directory_of(const std::string& path);
 
+// Renames the finished file `from` onto `to`, with RENAME_NOREPLACE unless
+// `overwrite`: a file that appeared at `to` meanwhile is kept, and the
+// output refused (InvalidArgument, "output exists"). OutputFailed otherwise.
+void rename_into_place(const std::string& from, const std::string& to, bool overwrite);
+
 class AtomicDirectory {
  public:
   // InvalidArgument when `dir` exists and !force (nothing is created then);

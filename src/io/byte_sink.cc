@@ -62,7 +62,8 @@ void ByteSink::write_zeros(std::size_t n) {
 
 void MemorySink::write(const void* data, std::size_t n) { bytes_.append(static_cast<const char*>(data), n); }
 
-std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, bool overwrite, bool durable) {
+std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, bool overwrite, bool durable,
+                                                       std::string label) {
   struct stat st {};
   if (!overwrite && ::lstat(dest.c_str(), &st) == 0) fail_invalid(dest + ": output exists (use --force to overwrite)");
   remove_stale_temps(dest);
@@ -81,11 +82,19 @@ std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, 
     }
   }
   ::fchmod(fd, 0644);  // mkostemp makes 0600; outputs should look like any other file
-  return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(dest, name.data(), fd, overwrite, durable));
+  if (label.empty()) label = dest;
+  return std::unique_ptr<AtomicFileSink>(
+      new AtomicFileSink(dest, name.data(), fd, overwrite, durable, std::move(label)));
 }
 
-AtomicFileSink::AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable)
-    : dest_(std::move(dest)), temp_(std::move(temp)), fd_(fd), overwrite_(overwrite), durable_(durable) {
+AtomicFileSink::AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable,
+                               std::string label)
+    : dest_(std::move(dest)),
+      temp_(std::move(temp)),
+      label_(std::move(label)),
+      fd_(fd),
+      overwrite_(overwrite),
+      durable_(durable) {
   buffer_.reserve(kWriteBuffer);
   // --no-fsync: the page cache absorbs the output, as the user asked.
   if (durable_) writeback_.emplace(fd_);
@@ -97,7 +106,7 @@ AtomicFileSink::~AtomicFileSink() {
 }
 
 void AtomicFileSink::fail_io(const std::string& what, int err) const {
-  fail(ErrorCode::kOutputFailed, dest_ + ": " + what + ": " + std::strerror(err));
+  fail(ErrorCode::kOutputFailed, label_ + ": " + what + ": " + std::strerror(err));
 }
 
 void AtomicFileSink::write_fully(const void* data, std::size_t n) {
@@ -122,7 +131,7 @@ void AtomicFileSink::flush_buffer() {
 }
 
 void AtomicFileSink::write(const void* data, std::size_t n) {
-  if (finished_) fail(ErrorCode::kInternal, dest_ + ": write after finish");
+  if (finished_) fail(ErrorCode::kInternal, label_ + ": write after finish");
   if (buffer_.size() + n > kWriteBuffer) {
     flush_buffer();
     if (n >= kWriteBuffer) {
@@ -174,23 +183,27 @@ void AtomicFileSink::complete() {
   completed_ = true;
 }
 
+void AtomicFileSink::close_file() {
+  complete();
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail_io("close failed", errno);
+}
+
 void AtomicFileSink::publish() {
   if (finished_) return;
-  complete();
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    fail_io("close failed", errno);
-  }
-  fd_ = -1;
-  // RENAME_NOREPLACE keeps a file that appeared meanwhile unless --force was given.
-  unsigned flags = overwrite_ ? 0 : RENAME_NOREPLACE;
-  if (::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, dest_.c_str(), flags) != 0) {
-    int err = errno;
-    if (err == EEXIST) fail_invalid(dest_ + ": output exists (use --force to overwrite)");
-    fail_io("cannot rename temporary file into place", err);
-  }
+  close_file();
+  rename_into_place(temp_, dest_, overwrite_);
   finished_ = true;
   if (durable_) sync_directory_of(dest_);
+}
+
+const std::string& AtomicFileSink::detach() {
+  if (!finished_) {
+    close_file();
+    finished_ = true;
+  }
+  return temp_;
 }
 
 }  // namespace ckpt

@@ -52,7 +52,10 @@ class AtomicFileSink final : public ByteSink {
   // InvalidArgument if dest exists and !overwrite. `durable` fsyncs the
   // data before the rename (crash-safe on power loss); without it the rename
   // still makes the output appear whole or not at all to other processes.
-  static std::unique_ptr<AtomicFileSink> create(const std::string& dest, bool overwrite, bool durable = true);
+  // `label` names the file in messages instead of `dest` (a staged file of
+  // a larger output is named as the output will be).
+  static std::unique_ptr<AtomicFileSink> create(const std::string& dest, bool overwrite, bool durable = true,
+                                                std::string label = {});
   ~AtomicFileSink() override;
   AtomicFileSink(const AtomicFileSink&) = delete;
   AtomicFileSink& operator=(const AtomicFileSink&) = delete;
@@ -70,18 +73,25 @@ class AtomicFileSink final : public ByteSink {
   void complete();
   // Renames the completed temporary file into place.
   void publish();
+  // Completes the file and hands it over unpublished: it stays at
+  // temp_path(), closed, and this sink no longer removes it. For a file
+  // staged in a scratch folder that the caller renames into place
+  // (exec/parted_output.h's one-process run) and whose folder cleans up.
+  const std::string& detach();
 
   const std::string& destination() const { return dest_; }
   const std::string& temp_path() const { return temp_; }
 
  private:
-  AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable);
+  AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable, std::string label);
+  void close_file();
   void flush_buffer();
   void write_fully(const void* data, std::size_t n);
   [[noreturn]] void fail_io(const std::string& what, int err) const;
 
   std::string dest_;
   std::string temp_;
+  std::string label_;  // for messages
   int fd_;
   bool overwrite_;
   bool durable_;

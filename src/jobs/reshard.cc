@@ -147,7 +147,7 @@ void write_as_dcp(const ReshardRequest& req, const JobOptions& job, const Checkp
     DcpOutputSizes sizes = dcp_output_sizes(model, source_md, plan, req.output);
     std::vector<RankFilesOut> files(sizes.files.size());
     for (std::size_t r = 0; r < files.size(); ++r)
-      files[r].files.emplace_back(dcp::DcpDirWriter::file_name(static_cast<int>(r)), sizes.files[r]);
+      files[r].files.emplace_back(dcp::rank_file_name(static_cast<int>(r)), sizes.files[r]);
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, log::verbose(), out);
     for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
     return;
@@ -192,7 +192,6 @@ void reshard_to_megatron(const ReshardRequest& req, const JobOptions& job, const
 // rank that holds a piece.
 void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
                    const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  if (part_of(req)) fail_invalid("--part: not available for --layout hf; use --layout dcp");
   ReshardPlan plan = plan_reshard(model.tensors, *req.world_size, source_world_size(model));
   std::vector<std::vector<dcp_hf::Piece>> pieces = dcp_hf_pieces(model, plan);
   report.bytes = plan_output_bytes(model, plan);
@@ -205,7 +204,12 @@ void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const Check
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  write_dcp_hf_reshard(model, plan, pieces, {req.output, req.common.force, !req.common.no_fsync, copy});
+  DcpHfOutputOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
+  if (auto part = part_of(req)) {
+    report_part(report, write_dcp_hf_reshard_part(model, plan, pieces, options, *part, request_json(req)));
+    return;
+  }
+  write_dcp_hf_reshard(model, plan, pieces, options);
 }
 
 // A DeepSpeed universal checkpoint: per parameter its full fp32 master and
@@ -248,7 +252,6 @@ void reshard_to_fsdp1_flat(const ReshardRequest& req, const JobOptions& job, con
         "its source must be FSDP1 flat-parameter files read with --param-layout (" +
         std::string(source_kind_name(model.info.kind)) + " " + model.source + " records no FSDP units)");
   if (job.cast_to) fail_invalid("--dtype: FSDP1 flat parameters keep the job's dtypes; drop --dtype");
-  if (part_of(req)) fail_invalid("--part: --layout fsdp1-flat is written by one process");
   // The source's names, as the reader found them (model_rank{r}.pt / optim_rank{r}.pt for a family it lacks).
   fsdp_ranks::RankFileName model_name = default_name("model", "fsdp1-flat");
   fsdp_ranks::RankFileName optim_name = default_name("optim", "fsdp1-flat");
@@ -263,7 +266,12 @@ void reshard_to_fsdp1_flat(const ReshardRequest& req, const JobOptions& job, con
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);
-  write_fsdp1_flat(plan, RankFilesOptions{req.output, req.common.force, !req.common.no_fsync, copy});
+  RankFilesOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
+  if (auto part = part_of(req)) {
+    report_part(report, write_fsdp1_flat_part(model, plan, options, *part, request_json(req)));
+    return;
+  }
+  write_fsdp1_flat(plan, options);
 }
 
 // Accelerate's checkpoint folder (accelerator.save_state under FSDP's
@@ -324,7 +332,7 @@ void reshard_to_accelerate(const ReshardRequest& req, const JobOptions& job, con
       DcpOutputSizes sizes = dcp_output_sizes(part, flattened_layout(part), plan, req.output + "/" + p.dir);
       std::vector<RankFilesOut> files(sizes.files.size());
       for (std::size_t r = 0; r < files.size(); ++r)
-        files[r].files.emplace_back(dcp::DcpDirWriter::file_name(static_cast<int>(r)), sizes.files[r]);
+        files[r].files.emplace_back(dcp::rank_file_name(static_cast<int>(r)), sizes.files[r]);
       describe_reshard(part, plan, 0, false, files, {{".metadata", sizes.metadata}}, log::verbose(), out);
       continue;
     }

@@ -62,7 +62,7 @@ TEST_CASE("every output format writes a model its readers give back equal", "[ex
       options.path = (dir / ((sharded ? "sharded" : "whole") + std::string(f.extensions.front()))).string();
       options.durable = false;
       options.max_shard_size = sharded ? 300 : 0;
-      std::vector<std::string> files = f.write(model, options);
+      std::vector<std::string> files = write_output(model, f.id, options);
       REQUIRE_FALSE(files.empty());
       for (const auto& file : files) CHECK(fs::is_regular_file(file));
       // what a user names to read it back: OUT, or the index of the shards
@@ -119,7 +119,7 @@ TEST_CASE("every format that takes --part writes the one-process bytes from its 
       whole.durable = false;
       whole.max_shard_size = sharded ? 300 : 0;
       fs::create_directories(dir / "one");
-      std::vector<std::string> expected = f.write(model, whole);
+      std::vector<std::string> expected = write_output(model, f.id, whole);
       OutputOptions parted = whole;
       parted.path = (dir / "parts" / name).string();
       fs::create_directories(dir / "parts");

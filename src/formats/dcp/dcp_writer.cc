@@ -172,35 +172,11 @@ std::string random_save_id() { return uuid4(); }
 StorageInfo append_item_to(ByteSink& sink, int rank, const pickle::Value& root,
                            const std::vector<torch_pt::OutputTensor>& tensors, const torch_pt::FillTensor& fill) {
   StorageInfo info;
-  info.relative_path = DcpDirWriter::file_name(rank);
+  info.relative_path = rank_file_name(rank);
   info.offset = sink.position();
   torch_pt::write_pt(sink, root, tensors, fill);
   info.length = sink.position() - info.offset;
   return info;
-}
-
-DcpDirWriter::DcpDirWriter(std::string dir, int world_size, bool force, bool durable)
-    : dir_(std::move(dir), force, durable), durable_(durable) {
-  for (int r = 0; r < world_size; ++r)
-    files_.push_back(AtomicFileSink::create(dir_.path_of(file_name(r)), false, durable_));
-}
-
-DcpDirWriter::~DcpDirWriter() {
-  files_.clear();  // unfinished sinks remove their own temp files before dir_ removes the folder
-}
-
-StorageInfo DcpDirWriter::append_item(int rank, const pickle::Value& root,
-                                      const std::vector<torch_pt::OutputTensor>& tensors,
-                                      const torch_pt::FillTensor& fill) {
-  return append_item_to(*files_.at(static_cast<std::size_t>(rank)), rank, root, tensors, fill);
-}
-
-void DcpDirWriter::finish(const DcpMetadata& md) {
-  for (auto& f : files_) f->finish();
-  auto meta = AtomicFileSink::create(dir_.path_of(".metadata"), false, durable_);
-  meta->write(encode_metadata(md, dir_.destination(), random_save_id()));
-  meta->finish();
-  dir_.commit();
 }
 
 }  // namespace ckpt::dcp

@@ -16,9 +16,8 @@
 //            version: "1.0.0"}
 // Bytes items' MetadataIndex carry no offset (torch leaves it at the class default).
 //
-// Atomic (AtomicDirectory): everything goes to DST.tmp-XXXXXX/ and the
-// directory is renamed onto DST by finish(); destroyed unfinished, the
-// writer removes it.
+// These are the format's encoders; exec/write_dcp.h drives them into a
+// directory that appears complete or not at all.
 #pragma once
 
 #include <memory>
@@ -28,7 +27,6 @@
 
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/torch_pt/pt_writer.h"
-#include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 
 namespace ckpt::dcp {
@@ -47,31 +45,7 @@ std::string random_save_id();
 StorageInfo append_item_to(ByteSink& sink, int rank, const pickle::Value& root,
                            const std::vector<torch_pt::OutputTensor>& tensors, const torch_pt::FillTensor& fill);
 
-class DcpDirWriter {
- public:
-  // InvalidArgument when `dir` exists and !force (nothing is created then);
-  // OutputFailed when the temporary directory cannot be made. `durable`:
-  // every file fsynced before the directory is renamed into place (--no-fsync: false).
-  DcpDirWriter(std::string dir, int world_size, bool force, bool durable = true);
-  ~DcpDirWriter();
-  DcpDirWriter(const DcpDirWriter&) = delete;
-  DcpDirWriter& operator=(const DcpDirWriter&) = delete;
-
-  static std::string file_name(int rank) { return "__" + std::to_string(rank) + "_0.distcp"; }
-
-  // Appends one item, a torch.save archive of `root`, to rank `rank`'s file.
-  StorageInfo append_item(int rank, const pickle::Value& root, const std::vector<torch_pt::OutputTensor>& tensors,
-                          const torch_pt::FillTensor& fill);
-  // Writes .metadata (storage_meta.checkpoint_id = the destination path),
-  // finishes every file and renames the directory into place.
-  void finish(const DcpMetadata& md);
-
-  const std::string& temp_dir() const { return dir_.temp_dir(); }
-
- private:
-  AtomicDirectory dir_;
-  bool durable_;
-  std::vector<std::unique_ptr<AtomicFileSink>> files_;
-};
+// The name of rank r's file in a DCP directory, as FileSystemWriter names it.
+inline std::string rank_file_name(int rank) { return "__" + std::to_string(rank) + "_0.distcp"; }
 
 }  // namespace ckpt::dcp
