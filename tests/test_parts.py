@@ -261,6 +261,7 @@ RESHARDS = {
     "sharded-tensor": (TD / "fsdp_st" / "adamw_ws2", ["--world-size", "3"]),
     "dtensor": (TD / "fsdp_dt" / "adamw_ws3", ["--world-size", "2"]),
     "zero-to-dcp": (TD / "zero" / "z2_bf16_ws2", ["--world-size", "3", "--layout", "dcp", "--dtype", "fp32"]),
+    "megatron": (TD / "megatron" / "gpt_tp2pp2" / "ckpt", ["--world-size", "3"]),
     "hf": (TD / "dcp" / "fsdp2_adamw_ws2", ["--world-size", "3", "--layout", "hf", "--only", "model"]),
     "fsdp1-flat": (TD / "fsdp1" / "torch2.15" / "orig_adamw_ws3",
                    ["--param-layout", TD / "fsdp1" / "torch2.15" / "orig_adamw_ws3" / "layout.pt", "--world-size", "2",

@@ -634,6 +634,17 @@ Published write_whole(PartedWriter& w, const PartedOptions& options) {
   return w.publish([&](std::size_t k) { return paths.at(k); }, options.force, options.durable);
 }
 
+std::vector<uint64_t> output_sizes(PartedWriter& w) {
+  std::vector<PartSink> counters;
+  for (const auto& name : w.file_names()) counters.emplace_back(-1, PartSink::Ranges{}, name);
+  std::vector<ByteSink*> sinks;
+  for (auto& c : counters) sinks.push_back(&c);
+  w.run(sinks, [](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) { skip_unit(u, sink, zip); });
+  std::vector<uint64_t> sizes;
+  for (const auto& c : counters) sizes.push_back(c.position());
+  return sizes;
+}
+
 void rename_all(const std::function<std::string(std::size_t)>& data_path, const std::vector<std::string>& to,
                 bool force) {
   std::vector<std::string> published;

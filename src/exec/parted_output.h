@@ -108,6 +108,10 @@ PartedOptions directory_output(const std::string& dir, bool force, bool durable,
 // worker of a parted run publishes. `inputs` and `request` are not used.
 Published write_whole(PartedWriter& writer, const PartedOptions& options);
 
+// Each of the writer's files' exact size, from a run against counting
+// sinks that skips every unit's bytes (no tensor data is read): --dry-run.
+std::vector<uint64_t> output_sizes(PartedWriter& writer);
+
 // This worker's share of the output, and the finalization when it
 // completes the set. Exit 3 (DataLoss) when finalizing finds a receipt
 // missing, stale or not matching the plan, naming the parts to rerun.

@@ -152,24 +152,6 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
 
 }  // namespace
 
-DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
-                                const std::string& dir) {
-  std::vector<CountingSink> sinks(static_cast<std::size_t>(plan.world_size));
-  dcp::DcpMetadata out = emit_items(
-      model, source, plan,
-      [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf&) {
-        return dcp::append_item_to(sinks.at(static_cast<std::size_t>(rank)), rank, root, tensors,
-                                   [&](std::size_t i, archive::ZipWriter& zip) {
-                                     uint64_t n = shape_numel(tensors[i].shape) * dtype_size(tensors[i].dtype);
-                                     zip.append_from(ZeroSource(n), 0, n, 0u);
-                                   });
-      });
-  DcpOutputSizes sizes;
-  for (const auto& s : sinks) sizes.files.push_back(s.position());
-  sizes.metadata = dcp::encode_metadata(out, without_trailing_slashes(dir), std::string(36, '0')).size();
-  return sizes;
-}
-
 void copy_side_files(const std::vector<std::string>& side_files, const std::string& into) {
   for (const auto& file : side_files) {
     std::error_code ec;
@@ -179,67 +161,45 @@ void copy_side_files(const std::vector<std::string>& side_files, const std::stri
   }
 }
 
-namespace {
+DcpWriter::DcpWriter(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
+                     std::string dir, std::vector<std::string> side_files)
+    : model_(model),
+      source_(source),
+      plan_(plan),
+      dir_(without_trailing_slashes(std::move(dir))),
+      side_files_(std::move(side_files)) {}
 
-// The DCP writer: rank files (written by one process or by many), then the
-// .metadata, written where the directory is published.
-class DcpParted final : public PartedWriter {
- public:
-  DcpParted(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
-            const DcpOutputOptions& options)
-      : model_(model), source_(source), plan_(plan), options_(options) {}
-  std::string kind() const override { return "dcp"; }
-  std::vector<std::string> file_names() const override {
-    std::vector<std::string> names;
-    for (int r = 0; r < plan_.world_size; ++r) names.push_back(dcp::rank_file_name(r));
-    return names;
-  }
-  std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
-  std::string output_path(std::size_t k) const override {
-    return without_trailing_slashes(options_.dir) + "/" + dcp::rank_file_name(static_cast<int>(k));
-  }
-  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
-    metadata_ = emit_items(
-        model_, source_, plan_,
-        [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf& entry_of) {
-          ByteSink& sink = *sinks.at(static_cast<std::size_t>(rank));
-          return dcp::append_item_to(sink, rank, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
-            const TensorEntry& t = entry_of(i);
-            emit({static_cast<std::size_t>(rank), t.output_nbytes(), &t, {}}, sink, &zip);
-          });
+std::vector<std::string> DcpWriter::file_names() const {
+  std::vector<std::string> names;
+  for (int r = 0; r < plan_.world_size; ++r) names.push_back(dcp::rank_file_name(r));
+  return names;
+}
+
+std::string DcpWriter::output_path(std::size_t k) const {
+  return dir_ + "/" + dcp::rank_file_name(static_cast<int>(k));
+}
+
+void DcpWriter::run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) {
+  metadata_ = emit_items(
+      model_, source_, plan_,
+      [&](int rank, const Value& root, const std::vector<torch_pt::OutputTensor>& tensors, const EntryOf& entry_of) {
+        ByteSink& sink = *sinks.at(static_cast<std::size_t>(rank));
+        return dcp::append_item_to(sink, rank, root, tensors, [&](std::size_t i, archive::ZipWriter& zip) {
+          const TensorEntry& t = entry_of(i);
+          emit({static_cast<std::size_t>(rank), t.output_nbytes(), &t, {}}, sink, &zip);
         });
-  }
-  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    return publish_directory(options_.dir, file_names(), data_path, force, durable, [&](const std::string& temp) {
-      copy_side_files(options_.side_files, temp);
-      auto meta = AtomicFileSink::create(temp + "/.metadata", false, durable);
-      meta->write(dcp::encode_metadata(metadata_, without_trailing_slashes(options_.dir), dcp::random_save_id()));
-      meta->finish();
-    });
-  }
-
- private:
-  const CheckpointModel& model_;
-  const dcp::DcpMetadata& source_;
-  const ReshardPlan& plan_;
-  const DcpOutputOptions& options_;
-  dcp::DcpMetadata metadata_;  // of the last run
-};
-
-}  // namespace
-
-void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
-                       const DcpOutputOptions& options) {
-  DcpParted writer(model, source, plan, options);
-  write_whole(writer, directory_output(options.dir, options.force, options.durable, options.copy, model, {}));
+      });
 }
 
-PartOutcome write_dcp_reshard_part(const CheckpointModel& model, const dcp::DcpMetadata& source,
-                                   const ReshardPlan& plan, const DcpOutputOptions& options, const PartSpec& part,
-                                   const std::string& request) {
-  DcpParted writer(model, source, plan, options);
-  return write_parted(
-      writer, directory_output(options.dir, options.force, options.durable, options.copy, model, request), part);
+Published DcpWriter::publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) {
+  return publish_directory(dir_, file_names(), data_path, force, durable, [&](const std::string& temp) {
+    copy_side_files(side_files_, temp);
+    auto meta = AtomicFileSink::create(temp + "/.metadata", false, durable);
+    meta->write(dcp::encode_metadata(metadata_, dir_, dcp::random_save_id()));
+    meta->finish();
+  });
 }
+
+uint64_t DcpWriter::metadata_size() const { return dcp::encode_metadata(metadata_, dir_, std::string(36, '0')).size(); }
 
 }  // namespace ckpt

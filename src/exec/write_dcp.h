@@ -1,7 +1,5 @@
-// Executes a reshard plan into a DCP directory: one __<r>_0.distcp per
-// output rank, each tensor item assembled from the overlapping source
-// ranges only (append_tensor, bounded memory), non-tensor items written once
-// by rank 0, then .metadata, then the directory renamed into place.
+// Writes a reshard plan as a DCP directory (DcpWriter, run by either driver
+// of exec/parted_output.h), and flattens a .pt state dict into DCP items.
 #pragma once
 
 #include <cstdint>
@@ -17,38 +15,40 @@
 
 namespace ckpt {
 
-struct DcpOutputOptions {
-  std::string dir;
-  bool force = false;
-  bool durable = true;  // fsync every file before the directory is published (--no-fsync: false)
-  CopyOptions copy;
-  // Files copied unchanged into the output directory under their own names
-  // (Lightning's meta.pt, which its loader reads beside the DCP items).
-  std::vector<std::string> side_files = {};
-};
-
 // Copies `side_files` unchanged into directory `into` under their own names.
 void copy_side_files(const std::vector<std::string>& side_files, const std::string& into);
 
-// `source` is the metadata the model was read from, or flattened_layout()
-// of a .pt model (its item order and planner_data are kept). The model must have passed require_valid().
-void write_dcp_reshard(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
-                       const DcpOutputOptions& options);
+// The DCP directory `dir` for the plan's world size: a PartedWriter
+// (exec/parted_output.h) whose files are the ranks' __<r>_0.distcp, each
+// tensor item assembled from the overlapping source ranges only, non-tensor
+// items written once by rank 0; its publish writes .metadata (checkpoint_id:
+// `dir`) and copies `side_files` unchanged (Lightning's meta.pt, which its
+// loader reads beside the DCP items) into the directory it renames into
+// place. `source` is the metadata the model was read from, or
+// flattened_layout() of a .pt model (its item order and planner_data are
+// kept). The model must have passed require_valid(); model, source and plan
+// must outlive the writer.
+class DcpWriter final : public PartedWriter {
+ public:
+  DcpWriter(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan, std::string dir,
+            std::vector<std::string> side_files = {});
+  std::string kind() const override { return "dcp"; }
+  std::vector<std::string> file_names() const override;
+  std::vector<std::string> destinations() const override { return {dir_}; }
+  std::string output_path(std::size_t k) const override;
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
+  // The exact size of .metadata, after a run (its random save id has a fixed length).
+  uint64_t metadata_size() const;
 
-// --part: this worker's share of the rank files (exec/parted_output.h); the
-// finalizing worker writes .metadata and publishes the directory.
-PartOutcome write_dcp_reshard_part(const CheckpointModel& model, const dcp::DcpMetadata& source,
-                                   const ReshardPlan& plan, const DcpOutputOptions& options, const PartSpec& part,
-                                   const std::string& request);
-
-// The exact bytes the rank files and .metadata will hold, found by running
-// the writer against counting sinks (no tensor data is read).
-struct DcpOutputSizes {
-  std::vector<uint64_t> files;  // per rank
-  uint64_t metadata = 0;
+ private:
+  const CheckpointModel& model_;
+  const dcp::DcpMetadata& source_;
+  const ReshardPlan& plan_;
+  std::string dir_;
+  std::vector<std::string> side_files_;
+  dcp::DcpMetadata metadata_;  // of the last run
 };
-DcpOutputSizes dcp_output_sizes(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
-                                const std::string& dir);
 
 // The items and planner_data dcp.save records for the state dict `model.root`
 // (a .pt source): flattened as torch's _traverse.traverse_state_dict does —

@@ -36,75 +36,34 @@ std::vector<std::vector<dcp_hf::Piece>> dcp_hf_pieces(const CheckpointModel& mod
   return out;
 }
 
-std::vector<std::vector<std::pair<std::string, uint64_t>>> dcp_hf_output_sizes(
-    const std::vector<std::vector<dcp_hf::Piece>>& pieces) {
-  std::vector<std::vector<std::pair<std::string, uint64_t>>> out(pieces.size());
+DcpHfWriter::DcpHfWriter(const CheckpointModel& model, const ReshardPlan& plan,
+                         const std::vector<std::vector<dcp_hf::Piece>>& pieces, std::string dir)
+    : dir_(without_trailing_slashes(std::move(dir))) {
   for (std::size_t r = 0; r < pieces.size(); ++r) {
     if (pieces[r].empty()) continue;
-    safetensors::FilePlan file = dcp_hf::plan_rank_file(static_cast<int>(r), pieces[r]);
-    out[r].emplace_back(file.file_name, 8 + file.header.size() + file.data_size);
+    files_.push_back(dcp_hf::plan_rank_file(static_cast<int>(r), pieces[r]));
+    ranks_.push_back(static_cast<int>(r));
+    std::vector<TensorEntry>& items = sources_.emplace_back();
+    for (const OutputItem& oi : plan.ranks.at(r)) items.push_back(item_tensor(model.tensors.at(oi.tensor), oi));
   }
-  return out;
 }
 
-namespace {
-
-// One safetensors file per rank with pieces (torch writes none for an empty
-// save plan), then the directory published.
-class DcpHfParted final : public PartedWriter {
- public:
-  DcpHfParted(const CheckpointModel& model, const ReshardPlan& plan,
-              const std::vector<std::vector<dcp_hf::Piece>>& pieces, const DcpHfOutputOptions& options)
-      : options_(options) {
-    for (std::size_t r = 0; r < pieces.size(); ++r) {
-      if (pieces[r].empty()) continue;
-      files_.push_back(dcp_hf::plan_rank_file(static_cast<int>(r), pieces[r]));
-      std::vector<TensorEntry>& items = sources_.emplace_back();
-      for (const OutputItem& oi : plan.ranks.at(r)) items.push_back(item_tensor(model.tensors.at(oi.tensor), oi));
-    }
-  }
-  std::string kind() const override { return "dcp-hf"; }
-  std::vector<std::string> file_names() const override {
-    std::vector<std::string> names;
-    for (const auto& f : files_) names.push_back(f.file_name);
-    return names;
-  }
-  std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
-  std::string output_path(std::size_t k) const override {
-    return without_trailing_slashes(options_.dir) + "/" + files_.at(k).file_name;
-  }
-  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
-    for (std::size_t k = 0; k < files_.size(); ++k)
-      safetensors::write_safetensors_file(*sinks.at(k), files_[k], [&](std::size_t index, ByteSink& s) {
-        const TensorEntry& t = sources_[k].at(index);
-        emit({k, t.output_nbytes(), &t, {}}, s, nullptr);
-      });
-  }
-  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    return publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
-  }
-
- private:
-  const DcpHfOutputOptions& options_;
-  std::vector<safetensors::FilePlan> files_;
-  std::vector<std::vector<TensorEntry>> sources_;  // per file, by item index in its rank's plan
-};
-
-}  // namespace
-
-void write_dcp_hf_reshard(const CheckpointModel& model, const ReshardPlan& plan,
-                          const std::vector<std::vector<dcp_hf::Piece>>& pieces, const DcpHfOutputOptions& options) {
-  DcpHfParted writer(model, plan, pieces, options);
-  write_whole(writer, {.path = options.dir, .force = options.force, .durable = options.durable, .copy = options.copy});
+std::vector<std::string> DcpHfWriter::file_names() const {
+  std::vector<std::string> names;
+  for (const auto& f : files_) names.push_back(f.file_name);
+  return names;
 }
 
-PartOutcome write_dcp_hf_reshard_part(const CheckpointModel& model, const ReshardPlan& plan,
-                                      const std::vector<std::vector<dcp_hf::Piece>>& pieces,
-                                      const DcpHfOutputOptions& options, const PartSpec& part,
-                                      const std::string& request) {
-  DcpHfParted writer(model, plan, pieces, options);
-  return write_parted(
-      writer, directory_output(options.dir, options.force, options.durable, options.copy, model, request), part);
+void DcpHfWriter::run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) {
+  for (std::size_t k = 0; k < files_.size(); ++k)
+    safetensors::write_safetensors_file(*sinks.at(k), files_[k], [&](std::size_t index, ByteSink& s) {
+      const TensorEntry& t = sources_[k].at(index);
+      emit({k, t.output_nbytes(), &t, {}}, s, nullptr);
+    });
+}
+
+Published DcpHfWriter::publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) {
+  return publish_directory(dir_, file_names(), data_path, force, durable, nullptr);
 }
 
 }  // namespace ckpt

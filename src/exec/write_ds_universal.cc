@@ -50,61 +50,36 @@ void write_latest(const std::string& dir, bool durable) {
   log::info("wrote " + latest.string() + " (" + tag + ")");
 }
 
-// The universal checkpoint's writer: every file (written by one process or
-// by many, each its share of the tensors), then the folder published and
-// latest_universal written beside it.
-class UniversalParted final : public PartedWriter {
- public:
-  UniversalParted(const CheckpointModel& model, const UniversalPlan& plan, const UniversalOutputOptions& options)
-      : plan_(plan), options_(options), sources_(sources_of(model, plan)) {}
-  std::string kind() const override { return "deepspeed-universal"; }
-  std::vector<std::string> file_names() const override {
-    std::vector<std::string> names;
-    for (const auto& f : plan_.files) names.push_back(f.path);
-    return names;
-  }
-  std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
-  std::string output_path(std::size_t k) const override {
-    return without_trailing_slashes(options_.dir) + "/" + plan_.files.at(k).path;
-  }
-  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
-    for (std::size_t k = 0; k < plan_.files.size(); ++k) {
-      const UniversalFile& f = plan_.files[k];
-      ByteSink& sink = *sinks.at(k);
-      write_file(sink, f, [&](std::size_t i, archive::ZipWriter& zip) {
-        if (f.sources[i].literal)
-          emit({k, f.sources[i].bytes.size(), nullptr, f.sources[i].bytes}, sink, &zip);
-        else
-          emit({k, sources_[k][i].output_nbytes(), &sources_[k][i], {}}, sink, &zip);
-      });
-    }
-  }
-  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    Published done = publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
-    write_latest(options_.dir, durable);
-    return done;
-  }
-
- private:
-  const UniversalPlan& plan_;
-  const UniversalOutputOptions& options_;
-  std::vector<std::vector<TensorEntry>> sources_;
-};
-
 }  // namespace
 
-void write_ds_universal(const CheckpointModel& model, const UniversalPlan& plan,
-                        const UniversalOutputOptions& options) {
-  UniversalParted writer(model, plan, options);
-  write_whole(writer, directory_output(options.dir, options.force, options.durable, options.copy, model, {}));
+UniversalWriter::UniversalWriter(const CheckpointModel& model, const UniversalPlan& plan, std::string dir)
+    : plan_(plan), dir_(without_trailing_slashes(std::move(dir))), sources_(sources_of(model, plan)) {}
+
+std::vector<std::string> UniversalWriter::file_names() const {
+  std::vector<std::string> names;
+  for (const auto& f : plan_.files) names.push_back(f.path);
+  return names;
 }
 
-PartOutcome write_ds_universal_part(const CheckpointModel& model, const UniversalPlan& plan,
-                                    const UniversalOutputOptions& options, const PartSpec& part,
-                                    const std::string& request) {
-  UniversalParted writer(model, plan, options);
-  return write_parted(
-      writer, directory_output(options.dir, options.force, options.durable, options.copy, model, request), part);
+std::string UniversalWriter::output_path(std::size_t k) const { return dir_ + "/" + plan_.files.at(k).path; }
+
+void UniversalWriter::run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) {
+  for (std::size_t k = 0; k < plan_.files.size(); ++k) {
+    const UniversalFile& f = plan_.files[k];
+    ByteSink& sink = *sinks.at(k);
+    write_file(sink, f, [&](std::size_t i, archive::ZipWriter& zip) {
+      if (f.sources[i].literal)
+        emit({k, f.sources[i].bytes.size(), nullptr, f.sources[i].bytes}, sink, &zip);
+      else
+        emit({k, sources_[k][i].output_nbytes(), &sources_[k][i], {}}, sink, &zip);
+    });
+  }
+}
+
+Published UniversalWriter::publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) {
+  Published done = publish_directory(dir_, file_names(), data_path, force, durable, nullptr);
+  write_latest(dir_, durable);
+  return done;
 }
 
 }  // namespace ckpt

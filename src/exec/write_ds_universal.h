@@ -1,13 +1,14 @@
 // Writes a DeepSpeed universal checkpoint (formats/ds_universal/
 // ds_universal_writer.h) to `dir`, the tag folder (<root>/<tag>_universal):
 // one torch.save file per parameter and state, streamed from the source's
-// chunks, the folder published whole or not at all (io/atomic_dir), then
+// chunks, the folder published whole or not at all, then
 // <root>/latest_universal naming it, as ds_to_universal.py does. No
 // temporary copy of the checkpoint: each tensor is read once; --part splits
 // the files' tensors across processes.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "exec/parted_output.h"
 #include "exec/tensor_copy.h"
@@ -16,20 +17,24 @@
 
 namespace ckpt {
 
-struct UniversalOutputOptions {
-  std::string dir;
-  bool force = false;
-  bool durable = true;  // fsync every file before the folder is published (--no-fsync: false)
-  CopyOptions copy;
+// The universal checkpoint folder `dir`, a PartedWriter
+// (exec/parted_output.h): every file of the plan; its publish renames the
+// folder into place and writes latest_universal beside it. The model and
+// the plan must outlive the writer.
+class UniversalWriter final : public PartedWriter {
+ public:
+  UniversalWriter(const CheckpointModel& model, const ds_universal::UniversalPlan& plan, std::string dir);
+  std::string kind() const override { return "deepspeed-universal"; }
+  std::vector<std::string> file_names() const override;
+  std::vector<std::string> destinations() const override { return {dir_}; }
+  std::string output_path(std::size_t k) const override;
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
+
+ private:
+  const ds_universal::UniversalPlan& plan_;
+  std::string dir_;
+  std::vector<std::vector<TensorEntry>> sources_;  // per file, the tensors as the copy engine reads them
 };
-
-void write_ds_universal(const CheckpointModel& model, const ds_universal::UniversalPlan& plan,
-                        const UniversalOutputOptions& options);
-
-// --part: this worker's share of the same files; the worker completing the
-// set publishes the folder and latest_universal (exec/parted_output.h).
-PartOutcome write_ds_universal_part(const CheckpointModel& model, const ds_universal::UniversalPlan& plan,
-                                    const UniversalOutputOptions& options, const PartSpec& part,
-                                    const std::string& request);
 
 }  // namespace ckpt

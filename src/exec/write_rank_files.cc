@@ -101,8 +101,6 @@ class RankFileBuilder {
   ValuePtr mesh_;
 };
 
-// Writes one file's archive into `sink`; `fill` appends the bytes of a stored tensor.
-using FillFrom = std::function<void(const RankFileContent&, std::size_t, archive::ZipWriter&)>;
 using WriteFile = std::function<void(int rank, const std::string& name, const RankFileContent& content)>;
 
 std::string output_file_name(const RankFamily& family, int rank, int world_size) {
@@ -125,87 +123,37 @@ void emit_rank_files(const CheckpointModel& model, const std::vector<RankFamily>
   }
 }
 
-void write_content(ByteSink& sink, const RankFileContent& content, const FillFrom& fill) {
-  torch_pt::write_pt(sink, *content.root, content.tensors,
-                     [&](std::size_t i, archive::ZipWriter& zip) { fill(content, i, zip); });
-}
-
-// The per-rank writer: every file (written by one process or by many),
-// then the directory published.
-class RankFilesParted final : public PartedWriter {
- public:
-  RankFilesParted(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
-                  const ReshardPlan& plan, const RankFilesOptions& options)
-      : model_(model), families_(families), layout_(layout), plan_(plan), options_(options) {}
-  std::string kind() const override { return rank_layout_name(layout_.values); }
-  std::vector<std::string> file_names() const override {
-    std::vector<std::string> names;
-    for (int r = 0; r < plan_.world_size; ++r)
-      for (const RankFamily& family : families_) names.push_back(output_file_name(family, r, plan_.world_size));
-    return names;
-  }
-  std::vector<std::string> destinations() const override { return {without_trailing_slashes(options_.dir)}; }
-  std::string output_path(std::size_t k) const override {
-    return without_trailing_slashes(options_.dir) + "/" + file_names().at(k);
-  }
-  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
-    std::size_t k = 0;
-    emit_rank_files(model_, families_, layout_, plan_, [&](int, const std::string&, const RankFileContent& content) {
-      const std::size_t file = k++;
-      ByteSink& sink = *sinks.at(file);
-      write_content(sink, content, [&](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
-        if (c.mesh_index == i)
-          emit({file, c.mesh_bytes.size(), nullptr, c.mesh_bytes}, sink, &zip);
-        else
-          emit({file, c.sources.at(i).output_nbytes(), &c.sources[i], {}}, sink, &zip);
-      });
-    });
-  }
-  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    return publish_directory(options_.dir, file_names(), data_path, force, durable, nullptr);
-  }
-
- private:
-  const CheckpointModel& model_;
-  const std::vector<RankFamily>& families_;
-  const RankFilesLayout& layout_;
-  const ReshardPlan& plan_;
-  const RankFilesOptions& options_;
-};
-
 }  // namespace
 
-PartOutcome write_rank_files_part(const CheckpointModel& model, const std::vector<RankFamily>& families,
-                                  const RankFilesLayout& layout, const ReshardPlan& plan,
-                                  const RankFilesOptions& options, const PartSpec& part, const std::string& request) {
-  RankFilesParted writer(model, families, layout, plan, options);
-  return write_parted(
-      writer, directory_output(options.dir, options.force, options.durable, options.copy, model, request), part);
+RankFilesWriter::RankFilesWriter(const CheckpointModel& model, const std::vector<RankFamily>& families,
+                                 const RankFilesLayout& layout, const ReshardPlan& plan, std::string dir)
+    : model_(model), families_(families), layout_(layout), plan_(plan), dir_(without_trailing_slashes(std::move(dir))) {
+  for (int r = 0; r < plan_.world_size; ++r)
+    for (const RankFamily& family : families_) names_.push_back(output_file_name(family, r, plan_.world_size));
+}
+
+std::string RankFilesWriter::kind() const { return rank_layout_name(layout_.values); }
+
+void RankFilesWriter::run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) {
+  std::size_t k = 0;
+  emit_rank_files(model_, families_, layout_, plan_, [&](int, const std::string&, const RankFileContent& content) {
+    const std::size_t file = k++;
+    ByteSink& sink = *sinks.at(file);
+    torch_pt::write_pt(sink, *content.root, content.tensors, [&](std::size_t i, archive::ZipWriter& zip) {
+      if (content.mesh_index == i)
+        emit({file, content.mesh_bytes.size(), nullptr, content.mesh_bytes}, sink, &zip);
+      else
+        emit({file, content.sources.at(i).output_nbytes(), &content.sources[i], {}}, sink, &zip);
+    });
+  });
+}
+
+Published RankFilesWriter::publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) {
+  return publish_directory(dir_, names_, data_path, force, durable, nullptr);
 }
 
 const char* rank_layout_name(RankLayout layout) {
   return layout == RankLayout::kShardedTensor ? "fsdp-sharded-tensor" : "fsdp-dtensor";
-}
-
-void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
-                      const RankFilesLayout& layout, const ReshardPlan& plan, const RankFilesOptions& options) {
-  RankFilesParted writer(model, families, layout, plan, options);
-  write_whole(writer, directory_output(options.dir, options.force, options.durable, options.copy, model, {}));
-}
-
-std::vector<RankFilesOut> rank_files_sizes(const CheckpointModel& model, const std::vector<RankFamily>& families,
-                                           const RankFilesLayout& layout, const ReshardPlan& plan) {
-  std::vector<RankFilesOut> out(static_cast<std::size_t>(plan.world_size));
-  emit_rank_files(model, families, layout, plan,
-                  [&](int rank, const std::string& name, const RankFileContent& content) {
-                    CountingSink sink;
-                    write_content(sink, content, [](const RankFileContent& c, std::size_t i, archive::ZipWriter& zip) {
-                      uint64_t n = shape_numel(c.tensors.at(i).shape) * dtype_size(c.tensors.at(i).dtype);
-                      zip.append_from(ZeroSource(n), 0, n, 0u);
-                    });
-                    out.at(static_cast<std::size_t>(rank)).files.emplace_back(name, sink.position());
-                  });
-  return out;
 }
 
 }  // namespace ckpt

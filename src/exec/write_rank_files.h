@@ -5,7 +5,7 @@
 // or DTensor values wrapping rank r's torch.chunk piece of dim 0, other
 // tensors (optimizer `step`) whole, every other value as the source has it.
 // Each local piece is assembled from the overlapping source ranges only
-// (append_tensor, bounded memory). All files go to one AtomicDirectory.
+// (append_tensor, bounded memory). The directory is published whole.
 #pragma once
 
 #include <string>
@@ -37,28 +37,31 @@ struct RankFamily {
   pickle::ValuePtr root;
 };
 
-struct RankFilesOptions {
-  std::string dir;
-  bool force = false;
-  bool durable = true;  // fsync every file before the directory is published (--no-fsync: false)
-  CopyOptions copy;
+// Every output rank's files in directory `dir`, a PartedWriter
+// (exec/parted_output.h): for rank r and each family, in that order, its
+// file named by the family's template at the plan's world size N. The plan
+// must come from plan_rank_files for these tensors, the model must have
+// passed require_valid(); both, the families and the layout must outlive
+// the writer.
+class RankFilesWriter final : public PartedWriter {
+ public:
+  RankFilesWriter(const CheckpointModel& model, const std::vector<RankFamily>& families, const RankFilesLayout& layout,
+                  const ReshardPlan& plan, std::string dir);
+  std::string kind() const override;
+  std::vector<std::string> file_names() const override { return names_; }
+  std::vector<std::string> destinations() const override { return {dir_}; }
+  std::string output_path(std::size_t k) const override { return dir_ + "/" + names_.at(k); }
+  void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
+  Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
+
+ private:
+  const CheckpointModel& model_;
+  const std::vector<RankFamily>& families_;
+  const RankFilesLayout& layout_;
+  const ReshardPlan& plan_;
+  std::string dir_;
+  std::vector<std::string> names_;
 };
-
-// The plan must come from plan_rank_files for these tensors; its world size
-// is N. The model must have passed require_valid().
-void write_rank_files(const CheckpointModel& model, const std::vector<RankFamily>& families,
-                      const RankFilesLayout& layout, const ReshardPlan& plan, const RankFilesOptions& options);
-
-// --part: this worker's share of the files (exec/parted_output.h); the
-// finalizing worker publishes the directory.
-PartOutcome write_rank_files_part(const CheckpointModel& model, const std::vector<RankFamily>& families,
-                                  const RankFilesLayout& layout, const ReshardPlan& plan,
-                                  const RankFilesOptions& options, const PartSpec& part, const std::string& request);
-
-// The files each rank will write and their exact sizes, from the writer run
-// against counting sinks (no tensor data is read).
-std::vector<RankFilesOut> rank_files_sizes(const CheckpointModel& model, const std::vector<RankFamily>& families,
-                                           const RankFilesLayout& layout, const ReshardPlan& plan);
 
 // "fsdp-sharded-tensor" / "fsdp-dtensor".
 const char* rank_layout_name(RankLayout layout);

@@ -17,7 +17,6 @@
 #include "exec/write_fsdp1_flat.h"
 #include "exec/write_rank_files.h"
 #include "formats/dcp/dcp_metadata.h"
-#include "formats/dcp/dcp_writer.h"
 #include "formats/detect.h"
 #include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/megatron/megatron_writer.h"
@@ -133,6 +132,27 @@ void report_part(JobReport& report, const PartOutcome& done) {
   report.bytes = done.bytes;
 }
 
+// Runs a layout's writer: this process's --part share, or the whole output.
+void write_layout(PartedWriter& writer, const ReshardRequest& req, const CheckpointModel& model,
+                  const CopyOptions& copy, JobReport& report) {
+  PartedOptions options =
+      directory_output(req.output, req.common.force, !req.common.no_fsync, copy, model, request_json(req));
+  if (auto part = part_of(req)) {
+    report_part(report, write_parted(writer, options, *part));
+    return;
+  }
+  write_whole(writer, options);
+}
+
+// --dry-run's files of a writer whose file k is rank k's (DCP): name and size.
+std::vector<RankFilesOut> one_file_per_rank(PartedWriter& writer) {
+  std::vector<std::string> names = writer.file_names();
+  std::vector<uint64_t> sizes = output_sizes(writer);
+  std::vector<RankFilesOut> files(names.size());
+  for (std::size_t r = 0; r < names.size(); ++r) files[r].files.emplace_back(names[r], sizes[r]);
+  return files;
+}
+
 // `model` as a DCP directory of `source_md`'s items for the new world
 // size, `side_files` copied beside them.
 void write_as_dcp(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
@@ -141,25 +161,19 @@ void write_as_dcp(const ReshardRequest& req, const JobOptions& job, const Checkp
   ReshardPlan plan = plan_reshard(model.tensors, *req.world_size, source_world_size(model));
   report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, report.bytes, req.output, "dcp");
+  DcpWriter writer(model, source_md, plan, req.output, side_files);
   if (req.common.dry_run) {
     std::size_t bytes_items = 0;
     for (const auto& item : source_md.items) bytes_items += item.is_tensor ? 0 : 1;
-    DcpOutputSizes sizes = dcp_output_sizes(model, source_md, plan, req.output);
-    std::vector<RankFilesOut> files(sizes.files.size());
-    for (std::size_t r = 0; r < files.size(); ++r)
-      files[r].files.emplace_back(dcp::rank_file_name(static_cast<int>(r)), sizes.files[r]);
-    describe_reshard(model, plan, bytes_items, false, files, {{".metadata", sizes.metadata}}, log::verbose(), out);
+    std::vector<RankFilesOut> files = one_file_per_rank(writer);
+    describe_reshard(model, plan, bytes_items, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(),
+                     out);
     for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
     return;
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  DcpOutputOptions options{req.output, req.common.force, !req.common.no_fsync, copy, side_files};
-  if (auto part = part_of(req)) {
-    report_part(report, write_dcp_reshard_part(model, source_md, plan, options, *part, request_json(req)));
-    return;
-  }
-  write_dcp_reshard(model, source_md, plan, options);
+  write_layout(writer, req, model, copy, report);
 }
 
 void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
@@ -181,7 +195,6 @@ void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const Chec
 // (formats/megatron/megatron_writer.h).
 void reshard_to_megatron(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
                          const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  if (part_of(req)) fail_invalid("--part: --layout megatron is written by one process");
   megatron::TorchDistOutput torch_dist = megatron::torch_dist_output(model);
   write_as_dcp(req, job, torch_dist.items, flattened_layout(torch_dist.items), torch_dist.side_files, copy, report,
                out);
@@ -196,20 +209,19 @@ void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const Check
   std::vector<std::vector<dcp_hf::Piece>> pieces = dcp_hf_pieces(model, plan);
   report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, report.bytes, req.output, "hf");
+  DcpHfWriter writer(model, plan, pieces, req.output);
   if (req.common.dry_run) {
-    std::vector<RankFilesOut> files;
-    for (auto& rank : dcp_hf_output_sizes(pieces)) files.push_back({std::move(rank)});
+    std::vector<RankFilesOut> files(pieces.size());  // none for a rank with no pieces
+    std::vector<std::string> names = writer.file_names();
+    std::vector<uint64_t> sizes = output_sizes(writer);
+    for (std::size_t k = 0; k < names.size(); ++k)
+      files.at(static_cast<std::size_t>(writer.rank_of(k))).files.emplace_back(names[k], sizes[k]);
     describe_reshard(model, plan, 0, false, files, {}, log::verbose(), out);
     return;
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  DcpHfOutputOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
-  if (auto part = part_of(req)) {
-    report_part(report, write_dcp_hf_reshard_part(model, plan, pieces, options, *part, request_json(req)));
-    return;
-  }
-  write_dcp_hf_reshard(model, plan, pieces, options);
+  write_layout(writer, req, model, copy, report);
 }
 
 // A DeepSpeed universal checkpoint: per parameter its full fp32 master and
@@ -233,12 +245,8 @@ void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, cons
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  UniversalOutputOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
-  if (auto part = part_of(req)) {
-    report_part(report, write_ds_universal_part(model, plan, options, *part, request_json(req)));
-    return;
-  }
-  write_ds_universal(model, plan, options);
+  UniversalWriter writer(model, plan, req.output);
+  write_layout(writer, req, model, copy, report);
 }
 
 // FSDP1's fast save for another world size: LOCAL_STATE_DICT model files and
@@ -266,12 +274,8 @@ void reshard_to_fsdp1_flat(const ReshardRequest& req, const JobOptions& job, con
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);
-  RankFilesOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
-  if (auto part = part_of(req)) {
-    report_part(report, write_fsdp1_flat_part(model, plan, options, *part, request_json(req)));
-    return;
-  }
-  write_fsdp1_flat(plan, options);
+  FlatWriter writer(plan, req.output);
+  write_layout(writer, req, model, copy, report);
 }
 
 // Accelerate's checkpoint folder (accelerator.save_state under FSDP's
@@ -326,18 +330,18 @@ void reshard_to_accelerate(const ReshardRequest& req, const JobOptions& job, con
   for (const AcceleratePart& p : parts) {
     CheckpointModel part = accelerate_part(model, p);
     ReshardPlan plan = plan_reshard(part.tensors, *req.world_size, source_world_size(model));
+    const dcp::DcpMetadata layout = flattened_layout(part);
     report.bytes += plan_output_bytes(part, plan);
     if (req.common.dry_run) {
       out << p.dir << "/\n";
-      DcpOutputSizes sizes = dcp_output_sizes(part, flattened_layout(part), plan, req.output + "/" + p.dir);
-      std::vector<RankFilesOut> files(sizes.files.size());
-      for (std::size_t r = 0; r < files.size(); ++r)
-        files[r].files.emplace_back(dcp::rank_file_name(static_cast<int>(r)), sizes.files[r]);
-      describe_reshard(part, plan, 0, false, files, {{".metadata", sizes.metadata}}, log::verbose(), out);
+      DcpWriter writer(part, layout, plan, req.output + "/" + p.dir);
+      std::vector<RankFilesOut> files = one_file_per_rank(writer);
+      describe_reshard(part, plan, 0, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(), out);
       continue;
     }
     ProgressScope progress("reshard " + req.output + "/" + p.dir, plan_output_bytes(part, plan));
-    write_dcp_reshard(part, flattened_layout(part), plan, {dir->path_of(p.dir), false, !req.common.no_fsync, copy, {}});
+    DcpWriter writer(part, layout, plan, dir->path_of(p.dir));
+    write_whole(writer, {.path = dir->path_of(p.dir), .force = false, .durable = !req.common.no_fsync, .copy = copy});
   }
   if (req.common.dry_run) {
     for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
@@ -379,19 +383,19 @@ void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, con
   RankFilesLayout rank_layout = rank_files_layout(req, model, layout);
   report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, report.bytes, req.output, layout);
+  RankFilesWriter writer(model, families, rank_layout, plan, req.output);
   if (req.common.dry_run) {
-    describe_reshard(model, plan, count_values(*model.root), true, rank_files_sizes(model, families, rank_layout, plan),
-                     {}, log::verbose(), out);
+    // File k is rank k / F's, F files (families) per rank.
+    std::vector<RankFilesOut> files(static_cast<std::size_t>(plan.world_size));
+    std::vector<std::string> names = writer.file_names();
+    std::vector<uint64_t> sizes = output_sizes(writer);
+    for (std::size_t k = 0; k < names.size(); ++k) files.at(k / families.size()).files.emplace_back(names[k], sizes[k]);
+    describe_reshard(model, plan, count_values(*model.root), true, files, {}, log::verbose(), out);
     return;
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  RankFilesOptions options{req.output, req.common.force, !req.common.no_fsync, copy};
-  if (auto part = part_of(req)) {
-    report_part(report, write_rank_files_part(model, families, rank_layout, plan, options, *part, request_json(req)));
-    return;
-  }
-  write_rank_files(model, families, rank_layout, plan, options);
+  write_layout(writer, req, model, copy, report);
 }
 
 }  // namespace
