@@ -259,6 +259,31 @@ def test_hostile_common_pt_is_refused(tmp_path, run_ckptconv):
     assert not (tmp_path / "pwned").exists()
 
 
+def test_hostile_optimizer_entry_of_common_pt_is_refused_where_it_is_read(tmp_path, run_ckptconv):
+    """--only optim reads param_groups from common.pt's 'optimizer': that
+    entry naming an unknown global is refused there (not dropped, which
+    would read on without it), and skipped by --only model, which does not read it."""
+    bad = tmp_path / "ckpt"
+    shutil.copytree(ROOT / "gpt_tp1pp1" / "ckpt", bad)
+    common = torch.load(bad / "common.pt", weights_only=False)
+
+    class Evil:
+        def __reduce__(self):
+            import os
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    common["optimizer"]["evil"] = Evil()
+    torch.save(common, bad / "common.pt")
+    r = run_ckptconv("consolidate", str(bad), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "entry 'optimizer' names global" in r.stderr and "system" in r.stderr
+    assert "skip it" not in r.stderr  # not offered as skippable: this view needs the entry
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "o.pt").exists()
+    r = run_ckptconv("consolidate", str(bad), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "pwned").exists()
+
+
 @pytest.mark.parametrize("src", ["megatron/gpt_tp2pp1/ckpt", "ucp/z2_bf16_ws2"])
 def test_json_reports_meet_their_schemas(src, run_ckptconv):
     # The format names of the newer readers are in the schemas' enums.

@@ -14,6 +14,7 @@
 #include "formats/torch_pt/pt_reader.h"
 #include "formats/zero/zero_files.h"
 #include "io/containment.h"
+#include "model/flat_range.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::ds_universal {
@@ -168,7 +169,7 @@ class UniversalReader {
       TensorEntry flat = t;
       t.shape = *shape;
       t.chunks.clear();
-      zero::add_range(t, flat, 0, 0, shape_numel(*shape), -1, d.path + ": '" + out_name + "'");
+      add_flat_range(t, flat, 0, 0, shape_numel(*shape), -1, d.path + ": '" + out_name + "'");
     }
     return idx;
   }

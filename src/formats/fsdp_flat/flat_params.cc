@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "formats/fsdp_ranks/rank_merge.h"
-#include "formats/zero/zero_files.h"
+#include "model/flat_range.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::fsdp_flat {
@@ -283,7 +283,7 @@ TensorEntry gather(const std::vector<const TensorEntry*>& slices, const std::vec
     const uint64_t b = starts[r], e = b + uint64_t(slices[r]->shape.at(0));
     const uint64_t lo = std::max(b, offset), hi = std::min(e, end);
     if (lo >= hi) continue;
-    zero::add_range(t, *slices[r], lo - b, lo - offset, hi - lo, int(r), what);
+    add_flat_range(t, *slices[r], lo - b, lo - offset, hi - lo, int(r), what);
     covered += hi - lo;
   }
   if (covered != numel)

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/dcp/dcp_reader.h"
-#include "formats/zero/zero_files.h"
+#include "formats/torch_pt/quarantined_pt.h"
 #include "io/byte_source.h"
 #include "model/tree_walk.h"
 #include "pickle/policy.h"
@@ -285,9 +285,9 @@ class TorchDistReader {
       std::string global;
       if (it->object) {
         for (const auto& [at, v] : it->object->shards)
-          if (global.empty()) global = zero::unknown_global_in(*v);
+          if (global.empty()) global = torch_pt::unknown_global_in(*v);
       } else if (it->value) {
-        global = zero::unknown_global_in(*it->value);
+        global = torch_pt::unknown_global_in(*it->value);
       }
       if (global.empty()) {
         ++it;
@@ -341,7 +341,11 @@ class TorchDistReader {
     fs::path path = fs::path(dir_) / kCommonFile;
     std::error_code ec;
     if (!fs::is_regular_file(path, ec)) return nullptr;
-    zero::Decoded d = zero::decode(path.string(), -1, sink_, only_, "the training job's own state in common.pt");
+    // Of common.pt this reader uses the optimizer's param_groups (--only optim).
+    torch_pt::QuarantinedPt d = torch_pt::decode_quarantined(
+        path.string(), -1, sink_, only_,
+        [this](const std::string& key) { return only_ == "optim" && key == "optimizer"; },
+        "the training job's own state in common.pt", "a state dict (megatron-core's common.pt)");
     model.info.files.push_back(path.string());
     CheckpointModel part;
     part.root = d.root;

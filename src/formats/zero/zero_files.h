@@ -14,32 +14,18 @@
 
 #include "core/error.h"
 #include "core/problems.h"
+#include "formats/torch_pt/quarantined_pt.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::zero {
 
-// One decoded .pt: its tree and the tensors it references.
-struct Decoded {
-  std::string path;
-  int rank = -1;
-  pickle::ValuePtr root;
-  std::vector<TensorEntry> tensors;
+// One decoded .pt (formats/torch_pt/quarantined_pt.h).
+using Decoded = torch_pt::QuarantinedPt;
 
-  const TensorEntry& tensor(const pickle::Value& ref, const std::string& what) const {
-    auto idx = tensor_ref_index(ref);
-    if (!idx) fail_data_loss(what + " is not a tensor");
-    return tensors.at(*idx);
-  }
-};
-
-// `path` (of `rank`, -1 when none) decoded; its root must be a dict. An
-// entry holding a global the checkpoint policy does not know is refused
-// (exit 3) naming it, unless `only` is set and the entry is none a reader
-// uses: then it is dropped with a warning.
-// "module.name" of the first global under `v` the checkpoint policy does
-// not know (recorded by the quarantine); empty when there is none.
-std::string unknown_global_in(const pickle::Value& v);
-
+// `path` (of `rank`, -1 when none) decoded under the quarantine; its root
+// must be a dict. An entry naming a global the checkpoint policy does not
+// know is refused (exit 3) naming it, unless `only` is set and the entry is
+// none a DeepSpeed reader uses: then it is dropped with a warning.
 // `unknown_entries` says in the message what such entries are.
 Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only,
                std::string_view unknown_entries = "client_state the training script saved");
@@ -48,11 +34,6 @@ Decoded decode(const std::string& path, int rank, ProblemSink* problems, const s
 const pickle::Value& as_dict(const pickle::Value& v);
 // v[key]; DataLoss naming `file` when absent.
 pickle::ValuePtr at(const pickle::Value& v, std::string_view key, const std::string& file);
-
-// Adds to `out` the chunks holding its flattened elements [begin, begin+n),
-// read from `src` (a flat 1-D partition) from its element `src_elem`.
-void add_range(TensorEntry& out, const TensorEntry& src, uint64_t src_elem, uint64_t begin, uint64_t n, int rank,
-               const std::string& what);
 
 // `out` (its shape set) as ZeRO-3 keeps a frozen parameter: ceil(numel/ws)
 // elements in each rank's fragment, rank r's in frags[r] (read from its

@@ -21,6 +21,7 @@
 #include "formats/torch_pt/pt_reader.h"
 #include "formats/zero/zero_files.h"
 #include "io/containment.h"
+#include "model/flat_range.h"
 #include "model/tree_walk.h"
 #include "pickle/policy.h"
 
@@ -310,8 +311,8 @@ class ZeroReader {
           uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
           if (k >= parts[r].size())
             fail_data_loss(optims_[r].path + ": fewer flat groups than param_shapes needs ('" + params_[i].name + "')");
-          add_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, r,
-                    optims_[r].path + ": '" + params_[i].name + "'");
+          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, r,
+                         optims_[r].path + ": '" + params_[i].name + "'");
         }
         off += part;
       }
@@ -331,8 +332,8 @@ class ZeroReader {
           uint64_t lo = std::max(off, uint64_t(r) * p), hi = std::min(off + numel, uint64_t(r + 1) * p);
           if (lo >= hi) continue;
           if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
-          add_range(model.tensors[out[groups_[g][j]]], *parts[r][g], lo - uint64_t(r) * p, lo - off, hi - lo, r,
-                    optims_[r].path + ": '" + slot.name + "'");
+          add_flat_range(model.tensors[out[groups_[g][j]]], *parts[r][g], lo - uint64_t(r) * p, lo - off, hi - lo, r,
+                         optims_[r].path + ": '" + slot.name + "'");
         }
         off += numel + uint64_t(j < pads.size() ? pads[j] : 0);
       }
