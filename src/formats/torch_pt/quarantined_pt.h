@@ -3,7 +3,7 @@
 // decoded under the quarantine: a global the checkpoint policy does not know
 // is recorded, never called, and the entry naming it is refused (exit 3,
 // naming entry and global) or, when --only selects a view that does not
-// need it, dropped with a warning (docs/safety.md).
+// need it, dropped with a warning (docs/deepspeed.md "client_state").
 #pragma once
 
 #include <functional>
