@@ -258,6 +258,25 @@ def test_small_memory_limit_and_reruns_give_the_same_bytes(tmp_path, run_ckptcon
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
+def test_one_process_holds_one_output_file_open_at_a_time(tmp_path, ckptconv, run_ckptconv):
+    """128 rank files written under a limit of 64 open descriptors: a layout
+    that fills its files in order keeps one open (a universal checkpoint has
+    thousands), and the bytes are those of a run without the limit."""
+    import resource
+
+    def few_descriptors():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    limited = tmp_path / "limited"
+    r = subprocess.run([str(ckptconv), "reshard", str(ST[2]), "-o", str(limited), "--world-size", "64"],
+                       capture_output=True, text=True, preexec_fn=few_descriptors, timeout=600)
+    assert r.returncode == 0, r.stderr
+    free = reshard(run_ckptconv, ST[2], tmp_path / "free", 64)
+    assert sorted(p.name for p in limited.iterdir()) == sorted(names("st", 64))
+    for name in names("st", 64):
+        assert (limited / name).read_bytes() == (free / name).read_bytes(), name
+
+
 def test_existing_output_is_kept_without_force(tmp_path, run_ckptconv):
     dst = tmp_path / "out"
     dst.mkdir()

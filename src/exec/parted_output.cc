@@ -605,20 +605,65 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
   }
 }
 
+namespace {
+
+// File k of a one-process run: made in the scratch folder on its first
+// byte, so that a writer filling its files in order has one open at a time
+// (a universal checkpoint has thousands of files; the default limit on open
+// descriptors is 1,024).
+class StagedFile final : public ByteSink {
+ public:
+  StagedFile(std::string path, std::string label, bool durable, std::function<void()> on_open)
+      : path_(std::move(path)), label_(std::move(label)), durable_(durable), on_open_(std::move(on_open)) {}
+  using ByteSink::write;
+  void write(const void* data, std::size_t n) override { open().write(data, n); }
+  uint64_t position() const override { return file_ ? file_->position() : 0; }
+  void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override { open().copy_from(src, pos, n); }
+  // Complete (synced when durable) and closed; where it is. A later write
+  // is an Internal error: the writer did not fill its files in order.
+  std::string close() {
+    open();
+    return file_->detach();
+  }
+
+ private:
+  AtomicFileSink& open() {
+    if (!file_) {
+      if (on_open_) on_open_();
+      file_ = AtomicFileSink::create_staged(path_, durable_, label_);
+    }
+    return *file_;
+  }
+
+  std::string path_, label_;
+  bool durable_;
+  std::function<void()> on_open_;
+  std::unique_ptr<AtomicFileSink> file_;
+};
+
+}  // namespace
+
 Published write_whole(PartedWriter& w, const PartedOptions& options) {
   if (!options.force) refuse_existing(w);
   // A scratch folder, never committed: its destructor removes it and
   // whatever is still in it. Its name is OUT's temporary name, so a run
   // killed by SIGKILL leaves a folder the next run removes (io/temp_output.h).
   AtomicDirectory scratch(options.path, /*force=*/true, /*durable=*/false);
-  std::vector<std::unique_ptr<AtomicFileSink>> files;
-  std::vector<ByteSink*> sinks;
   const std::size_t count = w.file_names().size();
+  std::vector<std::unique_ptr<StagedFile>> files;
+  std::vector<std::string> paths(count);
+  std::size_t closed = 0;  // files [0, closed) are complete
   for (std::size_t k = 0; k < count; ++k) {
-    files.push_back(
-        AtomicFileSink::create(scratch.path_of("data-" + std::to_string(k)), false, options.durable, w.output_path(k)));
-    sinks.push_back(files.back().get());
+    std::function<void()> on_open;
+    if (w.fills_files_in_order())
+      on_open = [&, k] {
+        for (; closed < k; ++closed) paths[closed] = files[closed]->close();
+      };
+    files.push_back(std::make_unique<StagedFile>(scratch.path_of("data-" + std::to_string(k)), w.output_path(k),
+                                                 options.durable, std::move(on_open)));
   }
+  std::vector<ByteSink*> sinks;
+  for (auto& f : files) sinks.push_back(f.get());
   w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
     try {
       write_unit(u, sink, zip, options.copy);
@@ -628,8 +673,7 @@ Published write_whole(PartedWriter& w, const PartedOptions& options) {
     }
   });
   if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
-  std::vector<std::string> paths;
-  for (auto& f : files) paths.push_back(f->detach());  // synced (durable) and closed
+  for (; closed < count; ++closed) paths[closed] = files[closed]->close();
   check_interrupted();  // an interrupted job leaves nothing, even when its files are done
   return w.publish([&](std::size_t k) { return paths.at(k); }, options.force, options.durable);
 }

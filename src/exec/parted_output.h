@@ -82,6 +82,10 @@ class PartedWriter {
   virtual std::string output_path(std::size_t k) const = 0;
   // File k into *sinks[k]; every stored tensor through `emit`.
   virtual void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) = 0;
+  // Whether run() fills its files one after another (never writing file j
+  // once it has begun a later one), so that one process needs one file open
+  // at a time. DCP fills its ranks' files together, item by item.
+  virtual bool fills_files_in_order() const { return true; }
   // After the last run(): puts the complete files (at data_path(k)) in
   // place, all or nothing, never replacing what appeared meanwhile unless
   // `force`; says what it published.

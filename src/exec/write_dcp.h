@@ -37,6 +37,7 @@ class DcpWriter final : public PartedWriter {
   std::vector<std::string> destinations() const override { return {dir_}; }
   std::string output_path(std::size_t k) const override;
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
+  bool fills_files_in_order() const override { return false; }
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
   // The exact size of .metadata, after a run (its random save id has a fixed length).
   uint64_t metadata_size() const;

@@ -39,7 +39,6 @@ namespace {
 // format has no PartedWriter: this is its whole writer.
 std::vector<std::string> write_hdf5(const CheckpointModel& model, const OutputOptions& options) {
 #ifdef CKPT_HAVE_HDF5
-  require_valid(model);
   // HDF5 writes the file by name: it truncates and fills the sink's temp
   // file, and the sink's finish() then syncs that inode and renames it into
   // place exactly as for the other formats (NOREPLACE without --force).
@@ -62,9 +61,9 @@ std::vector<std::string> write_hdf5(const CheckpointModel& model, const OutputOp
 
 // A torch.save archive of the model's structure with every tensor
 // consolidated (contiguous), every tensor emitted in model order.
-class PtParted final : public PartedWriter {
+class PtWriter final : public PartedWriter {
  public:
-  PtParted(const CheckpointModel& model, const OutputOptions& options) : model_(model), out_(options.path) {}
+  PtWriter(const CheckpointModel& model, const OutputOptions& options) : model_(model), out_(options.path) {}
   std::string kind() const override { return "pt"; }
   std::vector<std::string> file_names() const override { return {out_.filename().string()}; }
   std::vector<std::string> destinations() const override { return {out_.string()}; }
@@ -77,7 +76,6 @@ class PtParted final : public PartedWriter {
                        });
   }
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
-    check_interrupted();
     rename_all(data_path, destinations(), force);
     if (durable) sync_directory_of(out_.string());
     return {destinations(), "one file"};
@@ -92,9 +90,9 @@ class PtParted final : public PartedWriter {
 // max_shard_size the shards "<stem>-0000i-of-0000N.safetensors" beside
 // OUT and "<name>.index.json" (when more than one shard is needed): the
 // shards first, the index last.
-class SafetensorsParted final : public PartedWriter {
+class SafetensorsWriter final : public PartedWriter {
  public:
-  SafetensorsParted(const CheckpointModel& model, const OutputOptions& options)
+  SafetensorsWriter(const CheckpointModel& model, const OutputOptions& options)
       : model_(model),
         out_(options.path),
         plan_(safetensors::plan_safetensors(model, out_.filename().string(), options.max_shard_size)) {}
@@ -162,7 +160,7 @@ const std::vector<OutputFormatInfo>& output_formats() {
        .extensions = {".pt", ".pth", ".bin"},
        .weights_file = "pytorch_model.bin",
        .full_file = "full.pt",
-       .parted = parted<PtParted>},
+       .parted = parted<PtWriter>},
       {.id = OutputFormat::kSafetensors,
        .name = "safetensors",
        .aliases = {},
@@ -170,7 +168,7 @@ const std::vector<OutputFormatInfo>& output_formats() {
        .weights_file = "model.safetensors",
        .full_file = "full.safetensors",
        .shards = true,
-       .parted = parted<SafetensorsParted>},
+       .parted = parted<SafetensorsWriter>},
       // Several processes cannot write one HDF5 file without an MPI-IO build of libhdf5.
       {.id = OutputFormat::kHdf5,
        .name = "hdf5",

@@ -87,6 +87,14 @@ std::unique_ptr<AtomicFileSink> AtomicFileSink::create(const std::string& dest, 
       new AtomicFileSink(dest, name.data(), fd, overwrite, durable, std::move(label)));
 }
 
+std::unique_ptr<AtomicFileSink> AtomicFileSink::create_staged(const std::string& path, bool durable,
+                                                              std::string label) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) fail(ErrorCode::kOutputFailed, label + ": cannot create " + path + ": " + std::strerror(errno));
+  ::fchmod(fd, 0644);  // as create() makes them, whatever the umask
+  return std::unique_ptr<AtomicFileSink>(new AtomicFileSink(path, path, fd, false, durable, std::move(label)));
+}
+
 AtomicFileSink::AtomicFileSink(std::string dest, std::string temp, int fd, bool overwrite, bool durable,
                                std::string label)
     : dest_(std::move(dest)),
@@ -185,6 +193,7 @@ void AtomicFileSink::complete() {
 
 void AtomicFileSink::close_file() {
   complete();
+  std::vector<char>().swap(buffer_);  // a closed file keeps no write buffer (a run may hold thousands of them)
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail_io("close failed", errno);

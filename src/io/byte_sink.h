@@ -56,6 +56,12 @@ class AtomicFileSink final : public ByteSink {
   // a larger output is named as the output will be).
   static std::unique_ptr<AtomicFileSink> create(const std::string& dest, bool overwrite, bool durable = true,
                                                 std::string label = {});
+  // A file of a larger output, made at `path` in a scratch folder that only
+  // this run writes and that removes itself (exec/parted_output.h's
+  // one-process run): no temporary name of its own, so no sweep of the
+  // folder for stale ones. Finished with detach(); `label` names it in
+  // messages. OutputFailed when it cannot be made.
+  static std::unique_ptr<AtomicFileSink> create_staged(const std::string& path, bool durable, std::string label);
   ~AtomicFileSink() override;
   AtomicFileSink(const AtomicFileSink&) = delete;
   AtomicFileSink& operator=(const AtomicFileSink&) = delete;
@@ -74,9 +80,8 @@ class AtomicFileSink final : public ByteSink {
   // Renames the completed temporary file into place.
   void publish();
   // Completes the file and hands it over unpublished: it stays at
-  // temp_path(), closed, and this sink no longer removes it. For a file
-  // staged in a scratch folder that the caller renames into place
-  // (exec/parted_output.h's one-process run) and whose folder cleans up.
+  // temp_path(), closed, and this sink no longer removes it (a staged file,
+  // which the caller renames into place).
   const std::string& detach();
 
   const std::string& destination() const { return dest_; }

@@ -55,8 +55,8 @@ CheckpointModel read_selected(const CommonOptions& opt, bool keep_nesting) {
 
 CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, bool keep_nesting) {
   std::optional<DType> cast_to = settle(opt).cast_to;
-  // Per-rank families and ZeRO keep model and optimizer in separate files:
-  // their readers applied --only already.
+  // Per-rank families keep model and optimizer in separate files: their
+  // reader read only the family --only names.
   bool read_only = source_traits(model.info.kind).reader_selects_only;
   std::string only = read_only ? "" : opt.only;
   if (opt.exclude_frozen && !model.info.records_frozen)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 
@@ -144,14 +145,18 @@ void write_layout(PartedWriter& writer, const ReshardRequest& req, const Checkpo
   write_whole(writer, options);
 }
 
-// --dry-run's files of a writer whose file k is rank k's (DCP): name and size.
-std::vector<RankFilesOut> one_file_per_rank(PartedWriter& writer) {
+// --dry-run's files of a writer, name and exact size, under the output rank
+// `rank_of(k)` says file k is written for.
+std::vector<RankFilesOut> files_by_rank(PartedWriter& writer, int world_size,
+                                        const std::function<std::size_t(std::size_t k)>& rank_of) {
   std::vector<std::string> names = writer.file_names();
   std::vector<uint64_t> sizes = output_sizes(writer);
-  std::vector<RankFilesOut> files(names.size());
-  for (std::size_t r = 0; r < names.size(); ++r) files[r].files.emplace_back(names[r], sizes[r]);
+  std::vector<RankFilesOut> files(static_cast<std::size_t>(world_size));
+  for (std::size_t k = 0; k < names.size(); ++k) files.at(rank_of(k)).files.emplace_back(names[k], sizes[k]);
   return files;
 }
+
+std::size_t same_rank(std::size_t k) { return k; }  // DCP: file k is rank k's
 
 // `model` as a DCP directory of `source_md`'s items for the new world
 // size, `side_files` copied beside them.
@@ -165,7 +170,7 @@ void write_as_dcp(const ReshardRequest& req, const JobOptions& job, const Checkp
   if (req.common.dry_run) {
     std::size_t bytes_items = 0;
     for (const auto& item : source_md.items) bytes_items += item.is_tensor ? 0 : 1;
-    std::vector<RankFilesOut> files = one_file_per_rank(writer);
+    std::vector<RankFilesOut> files = files_by_rank(writer, plan.world_size, same_rank);
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(),
                      out);
     for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
@@ -211,11 +216,9 @@ void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const Check
   log_plan(plan, report.bytes, req.output, "hf");
   DcpHfWriter writer(model, plan, pieces, req.output);
   if (req.common.dry_run) {
-    std::vector<RankFilesOut> files(pieces.size());  // none for a rank with no pieces
-    std::vector<std::string> names = writer.file_names();
-    std::vector<uint64_t> sizes = output_sizes(writer);
-    for (std::size_t k = 0; k < names.size(); ++k)
-      files.at(static_cast<std::size_t>(writer.rank_of(k))).files.emplace_back(names[k], sizes[k]);
+    // No file for a rank with no pieces.
+    std::vector<RankFilesOut> files = files_by_rank(
+        writer, plan.world_size, [&](std::size_t k) { return static_cast<std::size_t>(writer.rank_of(k)); });
     describe_reshard(model, plan, 0, false, files, {}, log::verbose(), out);
     return;
   }
@@ -335,7 +338,7 @@ void reshard_to_accelerate(const ReshardRequest& req, const JobOptions& job, con
     if (req.common.dry_run) {
       out << p.dir << "/\n";
       DcpWriter writer(part, layout, plan, req.output + "/" + p.dir);
-      std::vector<RankFilesOut> files = one_file_per_rank(writer);
+      std::vector<RankFilesOut> files = files_by_rank(writer, plan.world_size, same_rank);
       describe_reshard(part, plan, 0, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(), out);
       continue;
     }
@@ -385,11 +388,9 @@ void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, con
   log_plan(plan, report.bytes, req.output, layout);
   RankFilesWriter writer(model, families, rank_layout, plan, req.output);
   if (req.common.dry_run) {
-    // File k is rank k / F's, F files (families) per rank.
-    std::vector<RankFilesOut> files(static_cast<std::size_t>(plan.world_size));
-    std::vector<std::string> names = writer.file_names();
-    std::vector<uint64_t> sizes = output_sizes(writer);
-    for (std::size_t k = 0; k < names.size(); ++k) files.at(k / families.size()).files.emplace_back(names[k], sizes[k]);
+    // One file per family and rank, rank by rank.
+    std::vector<RankFilesOut> files =
+        files_by_rank(writer, plan.world_size, [&](std::size_t k) { return k / families.size(); });
     describe_reshard(model, plan, count_values(*model.root), true, files, {}, log::verbose(), out);
     return;
   }
@@ -407,7 +408,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid("--world-size must be at least 1 (got " + std::to_string(*req.world_size) + ")");
   const JobOptions job = settle(opt);
   if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
-  require_layout_for_full_state_dict(req, source_kind_of(opt.source, read_options(opt)));
+  const SourceKind kind = source_kind_of(opt.source, read_options(opt));
+  require_layout_for_full_state_dict(req, kind);
   check_output_place(req.output, true);
   struct stat st {};
   if (!opt.dry_run && !opt.force && ::lstat(req.output.c_str(), &st) == 0)
@@ -416,9 +418,11 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   // dcp.load({"model": ...}) expects. A per-rank file holds the module's
   // (or the optimizer's) state dict itself, which
   // model.load_state_dict(torch.load(f)) takes, and the Hugging Face layout
-  // names a model's tensors by their bare FQNs: no key above them.
-  static const std::set<std::string> kBareLayouts = {"hf", "fsdp-sharded-tensor", "fsdp-dtensor", "fsdp1-flat"};
-  CheckpointModel model = read_selected(opt, /*keep_nesting=*/!kBareLayouts.count(req.layout));
+  // names a model's tensors by their bare FQNs: no key above them. The
+  // layout is the one named, else the source's own (none: per-rank files).
+  static const std::set<std::string> kBareLayouts = {"", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "fsdp1-flat"};
+  const std::string planned = req.layout.empty() ? std::string(source_traits(kind).reshard_layout) : req.layout;
+  CheckpointModel model = read_selected(opt, /*keep_nesting=*/!kBareLayouts.count(planned));
   check_output_is_not_input(req.output, model);
   std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
   // A universal checkpoint loads at any world size; every other layout is written for one.
