@@ -35,8 +35,10 @@ def synced_paths(ckptconv, args, cwd):
     (a file is written and synced under a temporary name, then renamed,
     perhaps twice, and a directory's entries move with it)."""
     log = cwd.parent / (cwd.name + ".strace")
-    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", "-y", "-o",
-                        str(log), str(ckptconv), *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    # -s: whole paths (strace cuts strings at 32 characters by default, and a
+    # cut rename would not be followed).
+    r = subprocess.run(["strace", "-f", "-qq", "-s", "4096", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2",
+                        "-y", "-o", str(log), str(ckptconv), *map(str, args)], cwd=cwd, capture_output=True, text=True)
     if "Operation not permitted" in r.stderr and "ptrace" in r.stderr:
         pytest.skip("strace cannot trace here (ptrace denied)")
     assert r.returncode == 0, r.stderr
