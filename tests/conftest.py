@@ -5,8 +5,8 @@
                   tools/make_checkpoints.py; lists every real-torch fixture).
     testdata      Path of testdata/.
     ckptconv      Path of the built binary: $CKPTCONV if set, else
-                  build/ckptconv. Tests that use it are skipped (with the
-                  reason) when it does not exist.
+                  build/ckptconv. Tests that use it fail (saying how to
+                  build it) when it does not exist.
     run_ckptconv  run_ckptconv(*args, input=None, cwd=None) ->
                   subprocess.CompletedProcess with text stdout/stderr; never
                   raises on a non-zero exit code (tests assert returncode).
@@ -14,6 +14,9 @@
 Inputs untouched: every file under testdata/ is hashed when the session
 starts and again when it ends; any file changed, removed or added fails the
 run, naming it (no command may write into or beside the checkpoints it reads).
+
+Every proof runs: with CKPT_REQUIRE_PROOFS=1 (scripts/test) or CI=true, a
+skip whose reason does not name a GPU is a failure (tests/proofs_guard.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+import proofs_guard
+
 REPO = Path(__file__).resolve().parent.parent
 _TESTDATA_DIGESTS: dict[str, str] = {}
 
@@ -34,6 +39,10 @@ def _testdata_digests() -> dict[str, str]:
     root = REPO / "testdata"
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(proofs_guard, "proofs_guard")
 
 
 def pytest_sessionstart(session):
@@ -71,7 +80,7 @@ def manifest(testdata: Path) -> dict:
 def ckptconv(repo: Path) -> Path:
     path = Path(os.environ.get("CKPTCONV", repo / "build" / "ckptconv"))
     if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.skip(f"ckptconv binary not found at {path} (build it with scripts/build or set $CKPTCONV)")
+        pytest.fail(f"ckptconv binary not found at {path} (build it with scripts/build or set $CKPTCONV)")
     return path
 
 

@@ -1,6 +1,6 @@
 """Loads two torch_dist checkpoints with real megatron-core into a model built
 at TP x PP x DP and compares what each rank got (run by tests/test_megatron.py
-in the side environment .venv-megatron; CI has no megatron-core).
+in the side environment .venv-megatron, which scripts/test makes).
 
     .venv-megatron/bin/python tests/megatron_load.py ORIGINAL OURS TP PP DP OUT.json [CASE.json]
 

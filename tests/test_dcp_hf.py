@@ -15,8 +15,7 @@ import struct
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 DCP_HF = Path(__file__).resolve().parent.parent / "testdata" / "dcp_hf"
 WS3 = DCP_HF / "fsdp2_ws3"

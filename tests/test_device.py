@@ -26,7 +26,7 @@ def auto_backend(run_ckptconv) -> str:
 def cuda_or_skip(run_ckptconv) -> None:
     backend = auto_backend(run_ckptconv)
     if not backend.startswith("cuda"):
-        pytest.skip(f"no CUDA device: --device auto picks {backend}")
+        pytest.skip(f"needs a GPU: no CUDA device, --device auto picks {backend} (scripts/gpu-check runs these on one)")
 
 
 def test_version_says_what_auto_picks(run_ckptconv):
@@ -37,7 +37,7 @@ def test_version_says_what_auto_picks(run_ckptconv):
 def test_device_cuda_without_a_device_is_a_usage_error(run_ckptconv, testdata, tmp_path):
     backend = auto_backend(run_ckptconv)
     if backend.startswith("cuda"):
-        pytest.skip(f"a CUDA device is visible ({backend})")
+        pytest.skip(f"needs a machine without a GPU: a CUDA device is visible ({backend})")
     r = run_ckptconv("consolidate", testdata / "dcp/fsdp2_adamw_ws2", "-o", tmp_path / "o.pt",
                      "--dtype", "bf16", "--device", "cuda")
     assert r.returncode == 2, r.stderr

@@ -34,8 +34,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", REPO / "docs" / "usage.md", REPO / "docs" / "megatron.md"]

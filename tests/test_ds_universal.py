@@ -8,7 +8,8 @@ Against what real DeepSpeed 0.19.8 writes and loads:
   tensor equal, except the differences docs/deepspeed.md lists;
 - a real DeepSpeed engine with ``load_universal`` loads ckptconv's UCP at
   another world size (tests/ds_universal_load.py, in the DeepSpeed side
-  environment; skipped without it, as in CI): fp32 masters, AdamW moments and
+  environment .venv-deepspeed that scripts/test makes; these tests fail
+  without it): fp32 masters, AdamW moments and
   step bit-equal the source engine's live values (reference_live.pt), and the
   next two steps bit-equal those of an engine that loaded ds_to_universal's
   output at that world size (same machine, same run);
@@ -35,9 +36,15 @@ TRAINABLE = ["out_bias", "l1.weight", "l1.bias", "l2.weight", "head.weight"]
 CASES = ["z1_fp16_ws2", "z2_bf16_ws2", "z2_2groups_ws2", "z2_fp32_ws3", "z3_bf16_ws2", "z3_fp32_ws2",
          "z3_2groups_ws2"]
 
-needs_deepspeed = pytest.mark.skipif(not DS_PY.exists(),
-                                     reason="no .venv-deepspeed (scripts/setup-deepspeed): the real-engine "
-                                            "load tests need DeepSpeed, which CI does not install")
+
+@pytest.fixture
+def deepspeed_env():
+    if not DS_PY.exists():
+        pytest.fail(f"no {DS_PY}: the real-engine load tests run DeepSpeed in the side environment that "
+                    "scripts/setup-deepspeed makes (scripts/test does)")
+
+
+needs_deepspeed = pytest.mark.usefixtures("deepspeed_env")
 
 
 def load(p: Path):

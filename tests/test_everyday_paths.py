@@ -17,8 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 from safetensors.torch import load_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,8 +205,7 @@ def test_exclude_frozen_is_refused_where_the_source_does_not_record_it(tmp_path,
 # ---- --version, log levels, inspect, diff --summary, read-only outputs ---------
 
 def test_version_does_not_load_libtorch(ckptconv):
-    if not shutil.which("strace"):
-        pytest.skip("strace not installed")
+    assert shutil.which("strace"), "strace not installed (scripts/setup installs it)"
     r = subprocess.run(["strace", "-f", "-e", "trace=openat", str(ckptconv), "--version"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("ckptconv ") and "LibTorch " in r.stdout, r.stdout
@@ -260,8 +258,7 @@ def test_read_only_output_directory_is_named(ckptconv):
     ro.chmod(0o555)
     cmd = [str(ckptconv), "consolidate", str(DCP), "-o", str(ro / "a.pt")]
     if os.geteuid() == 0:  # root writes anywhere: run as nobody
-        if not shutil.which("setpriv"):
-            pytest.skip("running as root without setpriv")
+        assert shutil.which("setpriv"), "running as root without setpriv (util-linux) to drop to nobody"
         cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True)

@@ -6,22 +6,26 @@ place, an existing one is replaced (--force) by one exchange, keeping its
 other files, and a failed job leaves it as it was.
 
 The source is a folder transformers' save_pretrained wrote
-(testdata/hf/llama_tiny, tools/make_transformers_checkpoint.py). When
-transformers is importable (run under .venv-hf, scripts/setup-hf),
-from_pretrained loads the export and its logits equal the original's."""
+(testdata/hf/llama_tiny, tools/make_transformers_checkpoint.py).
+transformers' from_pretrained, in the side environment .venv-hf
+(scripts/setup-hf, which scripts/test runs), loads the export and its logits
+equal the original's (tests/hf_from_pretrained.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 from safetensors.torch import load_file  # noqa: E402
 
-HF = Path(__file__).resolve().parent.parent / "testdata" / "hf"
+REPO = Path(__file__).resolve().parent.parent
+HF = REPO / "testdata" / "hf"
+HF_PY = REPO / ".venv-hf" / "bin" / "python"
 LLAMA = HF / "llama_tiny"
 SIDE = ["config.json", "generation_config.json"]
 
@@ -69,18 +73,14 @@ def test_export_is_a_complete_hugging_face_folder(shard, tmp_path, run_ckptconv)
 
 
 def test_from_pretrained_loads_the_export(tmp_path, run_ckptconv):
-    transformers = pytest.importorskip(
-        "transformers", reason="transformers is not installed; scripts/setup-hf installs it into .venv-hf: "
-                               ".venv-hf/bin/python -m pytest tests/test_hf_export.py")
+    """transformers runs in the side environment .venv-hf (scripts/setup-hf,
+    which scripts/test runs): tests/hf_from_pretrained.py."""
+    assert HF_PY.exists(), f"no {HF_PY}: scripts/setup-hf makes it (scripts/test does)"
     out = tmp_path / "export"
     assert run_ckptconv("consolidate", LLAMA, "--dtype", "bf16", "-o", f"{out}/").returncode == 0
-    original = transformers.AutoModelForCausalLM.from_pretrained(LLAMA, dtype=torch.bfloat16)
-    exported = transformers.AutoModelForCausalLM.from_pretrained(out)
-    assert exported.dtype == torch.bfloat16
-    assert _equal(exported.state_dict(), original.state_dict())
-    ids = torch.tensor([[1, 5, 9, 3, 7]])
-    with torch.no_grad():
-        assert torch.equal(exported(ids).logits, original(ids).logits)
+    r = subprocess.run([str(HF_PY), str(REPO / "tests" / "hf_from_pretrained.py"), str(LLAMA), str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0 and r.stdout.startswith("ok "), r.stdout + r.stderr
 
 
 def test_force_replaces_an_existing_folder_in_one_exchange(tmp_path, run_ckptconv):

@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 from safetensors.torch import load_file  # noqa: E402
 
 HF = Path(__file__).resolve().parent.parent / "testdata" / "hf"

@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO / "tools"))
 import hostile_pickles  # noqa: E402
 from pt_files import pt_with_data_pkl  # noqa: E402
 
-torch = pytest.importorskip("torch")
-dcp = pytest.importorskip("torch.distributed.checkpoint")
+import torch
+import torch.distributed.checkpoint as dcp
 
 OBJECT_ATTACKS = sorted(hostile_pickles.OBJECT_ATTACKS)
 # Opcode-level attacks that fit a torch.save data.pkl (a dict at the root is

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pt_files import pt_with_data_pkl, replace_record, save_big_endian
 
-torch = pytest.importorskip("torch")
-dcp = pytest.importorskip("torch.distributed.checkpoint")
+import torch
+import torch.distributed.checkpoint as dcp
 
 COMMANDS = ("inspect", "validate", "consolidate")
 
@@ -110,7 +110,7 @@ def test_dcp_metadata_of_an_unknown_version_is_refused(tmp_path, run_ckptconv):
 
 
 def test_big_endian_hdf5_dataset_is_refused(tmp_path, run_ckptconv, testdata):
-    h5py = pytest.importorskip("h5py")
+    import h5py
     import numpy as np
     h5 = tmp_path / "le.h5"
     assert run_ckptconv("convert", testdata / "pt" / "dtypes.pt", "-o", h5).returncode == 0

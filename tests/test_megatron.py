@@ -300,9 +300,16 @@ def test_json_reports_meet_their_schemas(src, run_ckptconv):
 # ------------------------------------------------------------ reshard --layout megatron
 
 MEGATRON_PY = REPO / ".venv-megatron" / "bin" / "python"
-needs_megatron = pytest.mark.skipif(not MEGATRON_PY.exists(),
-                                    reason="no .venv-megatron (scripts/setup-megatron): loading with megatron-core "
-                                           "itself needs it, which CI does not install")
+
+
+@pytest.fixture
+def megatron_env():
+    if not MEGATRON_PY.exists():
+        pytest.fail(f"no {MEGATRON_PY}: loading with megatron-core itself runs in the side environment that "
+                    "scripts/setup-megatron makes (scripts/test does)")
+
+
+needs_megatron = pytest.mark.usefixtures("megatron_env")
 
 
 def to_torch_dist(run_ckptconv, case, ws, out):

@@ -11,9 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
-dcp = pytest.importorskip("torch.distributed.checkpoint")
+import torch
+import torch.distributed.checkpoint as dcp
 
 
 def _one_tensor_dcp(path: Path, mib: int) -> None:
@@ -56,7 +55,7 @@ def test_hdf5_datasets_are_not_held_open(tmp_path, ckptconv):
     dataset (100,000 datasets: 1.5 GB, now 0.3 GB), in the structure-reading
     child and again in the tool. 20,000 datasets: inspect 335 MB before, 95 MB
     now; convert 406 MB before, 200 MB now."""
-    h5py = pytest.importorskip("h5py")
+    import h5py
     src = tmp_path / "many.pt"
     torch.save({f"layer{i // 10}.p{i % 10}": torch.full((2, 2), float(i)) for i in range(20000)}, src)
     h5 = tmp_path / "many.h5"

@@ -2,9 +2,11 @@
 directory consolidates to the same state, torch's own dcp_to_torch_save and
 FileSystemReader read it, and FSDP2 training resumes from it at the new
 world size exactly as from the original directory."""
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -196,19 +198,23 @@ def test_output_under_a_file_fails_with_exit_4_and_leaves_nothing(tmp_path, run_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-def test_unwritable_parent_fails_and_leaves_nothing(tmp_path, run_ckptconv):
-    parent = tmp_path / "ro"
-    parent.mkdir()
-    parent.chmod(0o500)
+def test_unwritable_parent_fails_and_leaves_nothing(ckptconv):
+    # A directory of its own under the system temp dir: pytest's tmp_path sits
+    # in a 0700 folder that another user could not even reach.
+    parent = Path(tempfile.mkdtemp(prefix="ckptconv-ro-"))
+    parent.chmod(0o555)
+    cmd = [str(ckptconv), "reshard", str(WS2), "-o", str(parent / "out"), "--world-size", "2"]
+    if os.geteuid() == 0:  # root writes anywhere: run as nobody
+        assert shutil.which("setpriv"), "running as root without setpriv (util-linux) to drop to nobody"
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
     try:
-        r = run_ckptconv("reshard", str(WS2), "-o", str(parent / "out"), "--world-size", "2")
-        if r.returncode == 0:
-            pytest.skip("running as a user who can write anywhere")
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert r.returncode == 4, r.stderr
         assert "this user may not write in" in r.stderr and str(parent) in r.stderr
         assert not list(parent.iterdir())
     finally:
-        parent.chmod(0o700)
+        parent.chmod(0o755)
+        shutil.rmtree(parent)
 
 
 def test_reshard_reads_the_checkpoint_tag_names_in_a_folder(tmp_path, run_ckptconv):

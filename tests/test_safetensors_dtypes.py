@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 FLOATS = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]

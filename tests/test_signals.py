@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 WRITERS = {
     # name: (command after SRC, the temporary output's glob, the output)

@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 ZERO = REPO / "testdata" / "zero"

@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 ZERO = REPO / "testdata" / "zero"
