@@ -141,9 +141,16 @@ std::string bash_completion(const CLI::App& app) {
     << "      if [[ -e \"${COMP_WORDS[i]}\" ]]; then n=$((n + 1)); [[ $n == \"$tagof\" ]] && src=\"${COMP_WORDS[i]}\"; "
        "fi\n"
     << "    done\n"
-    << "    [[ -n \"$src\" ]] && COMPREPLY=($(compgen -W \"$(\"${COMP_WORDS[0]}\" inspect \"$src\" --tags "
-       "2>/dev/null)\" "
-       "-- \"$cur\"))\n"
+    // Tag names come from folder names, which a checkpoint's author chose: they
+    // are never handed to compgen -W (which expands $(...) in its word list),
+    // only compared as strings and offered quoted (%q), so neither completing
+    // nor running the completed line evaluates them.
+    << "    [[ -n \"$src\" ]] || return\n"
+    << "    local tag quoted\n"
+    << "    while IFS= read -r tag; do\n"
+    << "      [[ \"$tag\" == \"$cur\"* ]] || continue\n"
+    << "      printf -v quoted '%q' \"$tag\"; COMPREPLY+=(\"$quoted\")\n"
+    << "    done < <(\"${COMP_WORDS[0]}\" inspect \"$src\" --tags 2>/dev/null)\n"
     << "    return\n"
     << "  fi\n"
     << "  if [[ -n \"$takes\" ]]; then COMPREPLY=($(compgen -f -- \"$cur\")); compopt -o filenames 2>/dev/null; "

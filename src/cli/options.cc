@@ -40,23 +40,37 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
                   "Leave out parameters the job did not train (DeepSpeed ZeRO checkpoints record them), as "
                   "zero_to_fp32 --exclude_frozen_parameters does")
         ->group(kSelectionGroup);
-  if (which & kDtype)
+  if (which & kDtype) {
+    // torch's names are accepted for the short ones inspect does not print.
+    auto dtype_names = [] {
+      return CLI::Validator(
+          [](std::string& value) {
+            static const std::map<std::string, std::string> kTorchNames = {
+                {"float32", "fp32"},        {"float", "fp32"}, {"bfloat16", "bf16"},
+                {"float16", "fp16"},        {"half", "fp16"},  {"float8_e4m3fn", "fp8_e4m3"},
+                {"float8_e5m2", "fp8_e5m2"}};
+            if (auto it = kTorchNames.find(value); it != kTorchNames.end()) value = it->second;
+            return std::string();
+          },
+          "");
+    };
+    const auto dtypes = CLI::IsMember({"keep", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"});
     sub->add_option("--dtype", opt.dtype,
-                    "Cast floating-point tensors (optimizer step counters excepted); torch's names (float32, float, "
-                    "bfloat16, float16, half, float8_e4m3fn, float8_e5m2) are accepted too")
-        ->transform(CLI::Validator(
-            [](std::string& value) {
-              static const std::map<std::string, std::string> kTorchNames = {
-                  {"float32", "fp32"},        {"float", "fp32"}, {"bfloat16", "bf16"},
-                  {"float16", "fp16"},        {"half", "fp16"},  {"float8_e4m3fn", "fp8_e4m3"},
-                  {"float8_e5m2", "fp8_e5m2"}};
-              if (auto it = kTorchNames.find(value); it != kTorchNames.end()) value = it->second;
-              return std::string();
-            },
-            ""))
-        ->check(CLI::IsMember({"keep", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2"}))
+                    "Cast the model's floating-point tensors; an optimizer's state keeps its dtypes (see "
+                    "--optim-dtype); torch's names (float32, float, bfloat16, float16, half, float8_e4m3fn, "
+                    "float8_e5m2) are accepted too")
+        ->transform(dtype_names())
+        ->check(dtypes)
         ->capture_default_str()
         ->group(kConversionGroup);
+    sub->add_option("--optim-dtype", opt.optim_dtype,
+                    "Cast the optimizer's floating-point state (exp_avg, exp_avg_sq, momentum buffers, fp32 "
+                    "masters; step counters excepted); default keep: a resumed job reads the state it saved")
+        ->transform(dtype_names())
+        ->check(dtypes)
+        ->capture_default_str()
+        ->group(kConversionGroup);
+  }
   if (which & kThreads) sub->add_option("--threads", opt.threads, help.threads)->group(kPerformanceGroup);
   if (which & kDevice)
     sub->add_option("--device", opt.device, help.device)

@@ -38,13 +38,18 @@ void register_reshard(CLI::App& app) {
          "file per rank and family, as FSDP1 SHARDED_STATE_DICT), accelerate (an Accelerate checkpoint "
          "folder: pytorch_model_fsdp_0/ and optimizer_0/ as DCP, its other files copied), deepspeed-universal (a "
          "DeepSpeed universal checkpoint, DST = <root>/<tag>_universal, which a DeepSpeed engine with "
-         "load_universal loads at any world size; <root>/latest_universal names it), fsdp1-flat (FSDP1's "
+         "load_universal loads at any world size; <root>/latest_universal names it, unless one exists: see "
+         "--update-latest), fsdp1-flat (FSDP1's "
          "LOCAL_STATE_DICT model files and raw optimizer files per rank, from FSDP1 flat-parameter files read "
          "with --param-layout), megatron (a Megatron-core torch_dist checkpoint, from one read whole, which "
          "megatron-core loads at any TP x PP x DP); default: the "
          "source's own, required for a full state dict")
       ->check(CLI::IsMember({"dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal",
                              "fsdp1-flat", "megatron"}))
+      ->group(kOutputGroup);
+  sub->add_flag("--update-latest", req->update_latest,
+                "deepspeed-universal: point an existing <root>/latest_universal at the new tag folder (without it "
+                "an existing one is kept; a missing one is always written)")
       ->group(kOutputGroup);
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
   sub->add_option(

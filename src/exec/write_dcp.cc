@@ -9,6 +9,7 @@
 #include "formats/dcp/dcp_writer.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
+#include "io/byte_source.h"
 #include "io/counting_sink.h"
 #include "model/tree_walk.h"
 
@@ -152,12 +153,15 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
 
 }  // namespace
 
+// Through a file source, as every input is read: a side file linked out of
+// the checkpoint is refused like any other (io/containment.h).
 void copy_side_files(const std::vector<std::string>& side_files, const std::string& into) {
   for (const auto& file : side_files) {
-    std::error_code ec;
     std::filesystem::path to = std::filesystem::path(into) / std::filesystem::path(file).filename();
-    std::filesystem::copy_file(file, to, ec);
-    if (ec) fail(ErrorCode::kOutputFailed, to.string() + ": cannot copy " + file + ": " + ec.message());
+    SourcePtr from = open_file_source(file);
+    auto sink = AtomicFileSink::create(to.string(), false, false);
+    sink->copy_from(*from, 0, from->size());
+    sink->finish();
   }
 }
 
@@ -167,7 +171,9 @@ DcpWriter::DcpWriter(const CheckpointModel& model, const dcp::DcpMetadata& sourc
       source_(source),
       plan_(plan),
       dir_(without_trailing_slashes(std::move(dir))),
-      side_files_(std::move(side_files)) {}
+      side_files_(std::move(side_files)) {
+  require_distinct_paths(*model.root, "a DCP checkpoint");
+}
 
 std::vector<std::string> DcpWriter::file_names() const {
   std::vector<std::string> names;

@@ -39,6 +39,7 @@ std::vector<std::vector<dcp_hf::Piece>> dcp_hf_pieces(const CheckpointModel& mod
 DcpHfWriter::DcpHfWriter(const CheckpointModel& model, const ReshardPlan& plan,
                          const std::vector<std::vector<dcp_hf::Piece>>& pieces, std::string dir)
     : dir_(without_trailing_slashes(std::move(dir))) {
+  require_distinct_paths(*model.root, "a DCP Hugging Face checkpoint");
   for (std::size_t r = 0; r < pieces.size(); ++r) {
     if (pieces[r].empty()) continue;
     files_.push_back(dcp_hf::plan_rank_file(static_cast<int>(r), pieces[r]));

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -37,23 +38,39 @@ void write_file(ByteSink& sink, const UniversalFile& f, const torch_pt::FillTens
   torch_pt::write_pt(sink, *f.root, f.tensors, fill, fs::path(f.path).stem().string());
 }
 
-// ds_to_universal.py writes the folder's name, no newline, beside it; a
-// loader with load_universal and no tag reads it. An existing one is replaced.
-void write_latest(const std::string& dir, bool durable) {
+fs::path latest_beside(const std::string& dir) {
   const fs::path dest(without_trailing_slashes(dir));
-  const fs::path latest =
-      dest.parent_path().empty() ? fs::path("latest_universal") : dest.parent_path() / "latest_universal";
+  return dest.parent_path().empty() ? fs::path("latest_universal") : dest.parent_path() / "latest_universal";
+}
+
+// ds_to_universal.py writes the folder's name, no newline, beside it; a
+// loader with load_universal and no tag reads it. An existing pointer may be
+// what this job read its source through, and other jobs resume from what it
+// names: it is replaced only when asked (--update-latest). The sink is made
+// and written before the folder is published, so a pointer that cannot be
+// written fails the job with nothing published; nullptr: none to write.
+std::unique_ptr<AtomicFileSink> prepare_latest(const std::string& dir, bool update, bool durable) {
+  const fs::path latest = latest_beside(dir);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(latest, ec)) && !update) {
+    log::info("kept " + latest.string() + " as it is; --update-latest points it at " +
+              fs::path(without_trailing_slashes(dir)).filename().string());
+    return nullptr;
+  }
   auto sink = AtomicFileSink::create(latest.string(), true, durable);
-  const std::string tag = dest.filename().string();
+  const std::string tag = fs::path(without_trailing_slashes(dir)).filename().string();
   sink->write(tag.data(), tag.size());
-  sink->finish();
-  log::info("wrote " + latest.string() + " (" + tag + ")");
+  return sink;
 }
 
 }  // namespace
 
-UniversalWriter::UniversalWriter(const CheckpointModel& model, const UniversalPlan& plan, std::string dir)
-    : plan_(plan), dir_(without_trailing_slashes(std::move(dir))), sources_(sources_of(model, plan)) {}
+UniversalWriter::UniversalWriter(const CheckpointModel& model, const UniversalPlan& plan, std::string dir,
+                                 bool update_latest)
+    : plan_(plan),
+      dir_(without_trailing_slashes(std::move(dir))),
+      update_latest_(update_latest),
+      sources_(sources_of(model, plan)) {}
 
 std::vector<std::string> UniversalWriter::file_names() const {
   std::vector<std::string> names;
@@ -77,8 +94,12 @@ void UniversalWriter::run(const std::vector<ByteSink*>& sinks, const EmitUnit& e
 }
 
 Published UniversalWriter::publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) {
+  std::unique_ptr<AtomicFileSink> latest = prepare_latest(dir_, update_latest_, durable);
   Published done = publish_directory(dir_, file_names(), data_path, force, durable, nullptr);
-  write_latest(dir_, durable);
+  if (latest) {
+    latest->finish();
+    log::info("wrote " + latest_beside(dir_).string() + " (" + fs::path(dir_).filename().string() + ")");
+  }
   return done;
 }
 

@@ -23,7 +23,9 @@ namespace ckpt {
 // the plan must outlive the writer.
 class UniversalWriter final : public PartedWriter {
  public:
-  UniversalWriter(const CheckpointModel& model, const ds_universal::UniversalPlan& plan, std::string dir);
+  // update_latest: replace an existing latest_universal (see write_latest).
+  UniversalWriter(const CheckpointModel& model, const ds_universal::UniversalPlan& plan, std::string dir,
+                  bool update_latest);
   std::string kind() const override { return "deepspeed-universal"; }
   std::vector<std::string> file_names() const override;
   std::vector<std::string> destinations() const override { return {dir_}; }
@@ -34,6 +36,7 @@ class UniversalWriter final : public PartedWriter {
  private:
   const ds_universal::UniversalPlan& plan_;
   std::string dir_;
+  bool update_latest_;
   std::vector<std::vector<TensorEntry>> sources_;  // per file, the tensors as the copy engine reads them
 };
 

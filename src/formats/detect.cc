@@ -10,6 +10,7 @@
 #include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/registry.h"
 #include "formats/zero/zero_reader.h"
+#include "io/containment.h"
 #include "model/plain_values.h"
 
 namespace ckpt {
@@ -153,6 +154,16 @@ CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& opt
   // A folder of checkpoints: the one --tag chose, resolved once.
   const std::string src = options.files.empty() ? resolve_checkpoint(given, options.tag) : given;
   if (src != given) log::info("reading " + src + " (of the checkpoints in " + given + ")");
+  // Every file read from here on that is named through the checkpoint's
+  // folder must lie in it (io/containment.h); the paths given are trusted.
+  if (options.files.empty()) {
+    trust_given_path(given);
+    std::error_code ec;
+    std::string parent = std::filesystem::path(given).parent_path().string();
+    add_checkpoint_root(std::filesystem::is_directory(given, ec) ? given : parent.empty() ? "." : parent);
+  } else {
+    for (const auto& f : options.files) trust_given_path(f);
+  }
   SourceKind kind = kind_of_resolved(src, options);
   if (!options.files.empty() && !src.empty()) fail_invalid("give either SRC or --files, not both");
   CheckpointModel model = input_format(kind).read(src, options);

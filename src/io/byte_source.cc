@@ -6,11 +6,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <list>
+#include <mutex>
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "io/containment.h"
 
 namespace ckpt {
 
@@ -36,19 +42,102 @@ std::string ByteSource::read_string(uint64_t pos, std::size_t n) const {
 
 namespace {
 
-class FileDescriptor {
+// An open descriptor; closed when the pool and every lease let go of it.
+class OpenFd {
  public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  explicit OpenFd(int fd) : fd_(fd) {}
+  ~OpenFd() { ::close(fd_); }
+  OpenFd(const OpenFd&) = delete;
+  OpenFd& operator=(const OpenFd&) = delete;
   int get() const { return fd_; }
 
  private:
   int fd_;
 };
+
+class FileDescriptor;
+
+// Every file source's descriptor, least recently used first. Past
+// open_file_limit() the oldest are let go (closed once no lease holds
+// them) and reopened by path when read again, the reopened file checked
+// to be the one first opened.
+class DescriptorPool {
+ public:
+  static DescriptorPool& get() {
+    static DescriptorPool pool;
+    return pool;
+  }
+  std::mutex mutex;
+  std::list<FileDescriptor*> open;  // holding a descriptor, least recently used first
+
+  // `f` holds a descriptor now and is the most recently used; the oldest
+  // others let go of theirs past the limit. Called with `mutex` held.
+  void touch(FileDescriptor* f, std::list<FileDescriptor*>::iterator& at, bool listed);
+};
+
+class FileDescriptor {
+ public:
+  FileDescriptor(std::string path, std::shared_ptr<OpenFd> fd, const struct stat& st)
+      : path_(std::move(path)), dev_(st.st_dev), ino_(st.st_ino), fd_(std::move(fd)) {
+    DescriptorPool& pool = DescriptorPool::get();
+    std::lock_guard lock(pool.mutex);
+    pool.touch(this, at_, false);
+  }
+  ~FileDescriptor() {
+    DescriptorPool& pool = DescriptorPool::get();
+    std::lock_guard lock(pool.mutex);
+    if (fd_) pool.open.erase(at_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+
+  // The descriptor, open until the lease is dropped.
+  std::shared_ptr<const OpenFd> lease() {
+    DescriptorPool& pool = DescriptorPool::get();
+    std::lock_guard lock(pool.mutex);
+    const bool listed = fd_ != nullptr;
+    if (!fd_) fd_ = reopen();
+    pool.touch(this, at_, listed);
+    return fd_;
+  }
+
+ private:
+  friend class DescriptorPool;
+
+  std::shared_ptr<OpenFd> reopen() const {
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+      int err = errno;
+      fail(err == EMFILE || err == ENFILE ? ErrorCode::kResourceExhausted : ErrorCode::kDataLoss,
+           path_ + ": cannot open again: " + std::strerror(err));
+    }
+    auto held = std::make_shared<OpenFd>(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_)
+      fail_data_loss(path_ + ": replaced by another file while it was being read");
+    if (int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    return held;
+  }
+
+  std::string path_;
+  dev_t dev_;
+  ino_t ino_;
+  std::shared_ptr<OpenFd> fd_;  // null while let go
+  std::list<FileDescriptor*>::iterator at_;
+};
+
+void DescriptorPool::touch(FileDescriptor* f, std::list<FileDescriptor*>::iterator& at, bool listed) {
+  if (listed)
+    open.splice(open.end(), open, at);
+  else
+    at = open.insert(open.end(), f);
+  const std::size_t limit = open_file_limit();
+  while (open.size() > limit && open.front() != f) {
+    FileDescriptor* oldest = open.front();
+    open.pop_front();
+    oldest->fd_.reset();  // closed now, or when its last lease ends
+  }
+}
 
 const char* file_type_name(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
@@ -63,12 +152,17 @@ const char* file_type_name(mode_t mode) {
 // file belongs cannot block the open itself, then refused after fstat
 // before a single byte is read.
 std::shared_ptr<FileDescriptor> open_readonly(const std::string& path, uint64_t* size) {
+  require_contained(path);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     int err = errno;
-    fail(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kDataLoss, path + ": cannot open: " + std::strerror(err));
+    // Out of descriptors is this process's limit, not a fault of the input.
+    fail(err == ENOENT                    ? ErrorCode::kNotFound
+         : err == EMFILE || err == ENFILE ? ErrorCode::kResourceExhausted
+                                          : ErrorCode::kDataLoss,
+         path + ": cannot open: " + std::strerror(err));
   }
-  auto holder = std::make_shared<FileDescriptor>(fd);
+  auto held = std::make_shared<OpenFd>(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail_data_loss(path + ": cannot stat: " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) {
@@ -77,7 +171,7 @@ std::shared_ptr<FileDescriptor> open_readonly(const std::string& path, uint64_t*
   }
   if (int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   *size = static_cast<uint64_t>(st.st_size);
-  return holder;
+  return std::make_shared<FileDescriptor>(path, std::move(held), st);
 }
 
 // n bytes at `offset` of fd, retrying short reads and EINTR; DataLoss
@@ -102,11 +196,15 @@ class FileSource final : public ByteSource {
       : path_(std::move(path)), fd_(std::move(fd)), size_(size) {}
   uint64_t size() const override { return size_; }
   std::string describe() const override { return path_; }
-  std::optional<FileSpan> file_span(uint64_t pos) const override { return FileSpan{fd_->get(), pos}; }
+  std::optional<FileSpan> file_span(uint64_t pos) const override {
+    auto held = fd_->lease();
+    return FileSpan{held->get(), pos, held};
+  }
 
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);
-    pread_exact(fd_->get(), pos, buf, n, path_);
+    auto held = fd_->lease();
+    pread_exact(held->get(), pos, buf, n, path_);
   }
 
  private:
@@ -130,7 +228,10 @@ class MappedSource final : public ByteSource {
   uint64_t size() const override { return size_; }
   std::string describe() const override { return path_; }
   const std::byte* data() const override { return base_; }
-  std::optional<FileSpan> file_span(uint64_t pos) const override { return FileSpan{fd_->get(), pos}; }
+  std::optional<FileSpan> file_span(uint64_t pos) const override {
+    auto held = fd_->lease();
+    return FileSpan{held->get(), pos, held};
+  }
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);
     if (n) std::memcpy(buf, base_ + pos, n);
@@ -207,7 +308,7 @@ SourcePtr open_mapped_source(const std::string& path) {
   uint64_t size = 0;
   auto fd = open_readonly(path, &size);
   if (size == 0) return std::make_shared<FileSource>(path, std::move(fd), size);
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd->get(), 0);
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd->lease()->get(), 0);
   if (base == MAP_FAILED) return std::make_shared<FileSource>(path, std::move(fd), size);
   return std::make_shared<MappedSource>(path, std::move(fd), static_cast<const std::byte*>(base), size);
 }
@@ -221,6 +322,19 @@ SourcePtr make_sub_source(SourcePtr parent, uint64_t offset, uint64_t length) {
     fail_data_loss(parent->describe() + ": range [" + std::to_string(offset) + ", +" + std::to_string(length) +
                    ") exceeds its " + std::to_string(parent->size()) + " bytes");
   return std::make_shared<SubSource>(std::move(parent), offset, length);
+}
+
+std::size_t open_file_limit() {
+  static const std::size_t limit = [] {
+    struct rlimit rl {};
+    uint64_t soft = 1024;
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+      soft = rl.rlim_cur;
+    else if (rl.rlim_cur == RLIM_INFINITY)
+      soft = 4096;
+    return static_cast<std::size_t>(std::clamp<uint64_t>(soft / 4, 16, 1024));
+  }();
+  return limit;
 }
 
 void ByteSource::read_unmapped(uint64_t pos, void* buf, std::size_t n) const {

@@ -12,11 +12,21 @@
 
 namespace ckpt {
 
-// Where a source's bytes live in an open file, for copy_file_range.
+// Where a source's bytes live in an open file, for copy_file_range. File
+// sources share a bounded pool of open descriptors (a checkpoint may have
+// more files than a process may open: a Llama-7B universal checkpoint has
+// ~1,200): `keep` holds this one open while the span lives, so use the
+// span, never a copy of `fd`, after it is gone.
 struct FileSpan {
   int fd;
-  uint64_t offset;  // absolute offset in fd of the source position asked for
+  uint64_t offset;                   // absolute offset in fd of the source position asked for
+  std::shared_ptr<const void> keep;  // the descriptor's lease
 };
+
+// The most file descriptors the sources of one process hold open at once,
+// taken from RLIMIT_NOFILE when first asked (a quarter of it, at least 16
+// and at most 1,024): the rest stay free for outputs, libraries and pipes.
+std::size_t open_file_limit();
 
 class ByteSource {
  public:

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/units.h"
 #include "formats/detect.h"
 #include "formats/source_traits.h"
@@ -18,6 +19,7 @@ namespace ckpt::jobs {
 JobOptions settle(const CommonOptions& opt) {
   JobOptions out;
   out.cast_to = parse_dtype_option(opt.dtype);
+  out.optim_cast_to = parse_dtype_option(opt.optim_dtype);
   out.device = parse_device(opt.device);
   out.threads = opt.threads;
   out.memory = MemoryBudget(parse_size(opt.memory_limit));
@@ -54,7 +56,8 @@ CheckpointModel read_selected(const CommonOptions& opt, bool keep_nesting) {
 }
 
 CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, bool keep_nesting) {
-  std::optional<DType> cast_to = settle(opt).cast_to;
+  const JobOptions job = settle(opt);
+  const std::optional<DType> cast_to = job.cast_to;
   // Per-rank families keep model and optimizer in separate files: their
   // reader read only the family --only names.
   bool read_only = source_traits(model.info.kind).reader_selects_only;
@@ -65,7 +68,13 @@ CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, b
                  "leave them out by name with --keys");
   if (!only.empty() || !opt.keys.empty() || cast_to || opt.exclude_frozen)
     model = select_entries(model, {only, opt.keys, cast_to, keep_nesting, opt.exclude_frozen});
-  if (cast_to) apply_cast(model, *cast_to);
+  if (cast_to || job.optim_cast_to) {
+    CastCounts n = apply_cast(model, cast_to, job.optim_cast_to);
+    if (cast_to && !job.optim_cast_to && n.optim_kept > 0)
+      log::info("--dtype " + opt.dtype + ": " + std::to_string(n.model_cast) + " model tensors cast; " +
+                std::to_string(n.optim_kept) +
+                " tensors of optimizer state keep their dtypes (--optim-dtype casts them)");
+  }
   require_valid(model);
   return model;
 }

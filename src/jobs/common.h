@@ -20,16 +20,17 @@
 namespace ckpt::jobs {
 
 struct CommonOptions {
-  std::string source;              // SRC
-  std::vector<std::string> files;  // --files: per-rank files listed one by one, instead of SRC
-  std::string tag;                 // --tag: DeepSpeed tag directory (default: `latest`)
-  std::string param_layout;        // --param-layout FILE: FSDP1 flat parameters' names, shapes and order
-  std::string only;                // --only model|optim
-  std::string keys;                // --keys REGEX
-  bool exclude_frozen = false;     // --exclude-frozen: drop parameters the job did not train
-  std::string dtype = "keep";      // --dtype keep|fp32|bf16|fp16
-  std::string device = "auto";     // --device auto|cpu|cuda
-  int threads = 0;                 // --threads (0: all)
+  std::string source;                // SRC
+  std::vector<std::string> files;    // --files: per-rank files listed one by one, instead of SRC
+  std::string tag;                   // --tag: DeepSpeed tag directory (default: `latest`)
+  std::string param_layout;          // --param-layout FILE: FSDP1 flat parameters' names, shapes and order
+  std::string only;                  // --only model|optim
+  std::string keys;                  // --keys REGEX
+  bool exclude_frozen = false;       // --exclude-frozen: drop parameters the job did not train
+  std::string dtype = "keep";        // --dtype keep|fp32|bf16|fp16: the model's tensors
+  std::string optim_dtype = "keep";  // --optim-dtype: the optimizer's state
+  std::string device = "auto";       // --device auto|cpu|cuda
+  int threads = 0;                   // --threads (0: all)
   std::string memory_limit = "256M";
   bool dry_run = false;
   bool force = false;
@@ -41,6 +42,7 @@ struct CommonOptions {
 // CommonOptions settled: every value parsed once, in one place, typed.
 struct JobOptions {
   std::optional<DType> cast_to;        // --dtype; nullopt: keep
+  std::optional<DType> optim_cast_to;  // --optim-dtype; nullopt: keep
   Device device = Device::kAuto;       // --device
   int threads = 0;                     // --threads (0: all)
   MemoryBudget memory;                 // --memory-limit

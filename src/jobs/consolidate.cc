@@ -128,7 +128,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
                   casts, human_bytes(report.bytes), req.output, output_format_name(format));
   }
   check_output_size(report.bytes, req.output, job);
-  auto backend = choose_backend(job, job.cast_to || req.finite);
+  auto backend = choose_backend(job, job.cast_to || job.optim_cast_to || req.finite);
   OutputOptions output;
   output.path = folder ? folder->file_path() : req.output;
   output.force = opt.force;

@@ -114,7 +114,8 @@ std::string request_json(const ReshardRequest& r) {
             {"world_size", r.world_size ? json(*r.world_size) : json(nullptr)},
             {"layout", r.layout},
             {"mesh_device", r.mesh_device},
-            {"mesh_dim_names", r.mesh_dim_names}};
+            {"mesh_dim_names", r.mesh_dim_names},
+            {"update_latest", r.update_latest}};
   return j.dump(1);
 }
 
@@ -156,6 +157,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       r.layout = j.at("layout").get<std::string>();
       r.mesh_device = j.at("mesh_device").get<std::string>();
       r.mesh_dim_names = j.at("mesh_dim_names").get<std::vector<std::string>>();
+      r.update_latest = j.value("update_latest", false);
       r.common.force = req.force;  // only from this command line, never from the stored request
       r.common.no_fsync = r.common.no_fsync || req.no_fsync;
       r.part = "finalize";

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "io/byte_sink.h"
 #include "io/byte_source.h"
+#include "model/ordered_json.h"
 
 namespace ckpt::jobs {
 namespace {
@@ -40,8 +41,13 @@ std::optional<std::string> recast_config(const fs::path& from, DType cast_to) {
   auto source = open_file_source(from.string());
   std::string text(source->size(), '\0');
   source->read(0, text.data(), text.size());
-  nlohmann::json config = nlohmann::json::parse(text, nullptr, false);
-  if (config.is_discarded() || !config.is_object()) return std::nullopt;
+  nlohmann::json config;
+  try {
+    config = nlohmann::json(parse_checkpoint_json(text, from.string()));
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  if (!config.is_object()) return std::nullopt;
   bool changed = false;
   for (const char* key : {"torch_dtype", "dtype"})
     if (auto it = config.find(key); it != config.end() && it->is_string()) {

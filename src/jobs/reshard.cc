@@ -233,7 +233,15 @@ void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const Check
 // --dtype is refused.
 void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  if (job.cast_to) fail_invalid("--dtype: a universal checkpoint holds fp32 masters and states; drop --dtype");
+  if (job.cast_to || job.optim_cast_to)
+    fail_invalid("--dtype, --optim-dtype: a universal checkpoint holds fp32 masters and states; drop them");
+  // The tag folder's name goes into <root>/latest_universal, and DeepSpeed
+  // reads <root>/<that name>: a folder named like a pointer file would take
+  // the pointer's place.
+  const std::string tag = std::filesystem::path(without_trailing_slashes(req.output)).filename().string();
+  if (tag == "latest_universal" || tag == "latest")
+    fail_invalid("-o " + req.output + ": a universal checkpoint's tag folder cannot be named '" + tag +
+                 "', the name of DeepSpeed's pointer file beside it; name it <tag>_universal");
   if (req.world_size)
     log::info("--world-size " + std::to_string(*req.world_size) +
               ": not used, a universal checkpoint loads at the world size of the engine that loads it");
@@ -248,7 +256,7 @@ void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, cons
   }
   check_output_size(report.bytes, req.output, job);
   ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  UniversalWriter writer(model, plan, req.output);
+  UniversalWriter writer(model, plan, req.output, req.update_latest);
   write_layout(writer, req, model, copy, report);
 }
 
@@ -262,7 +270,8 @@ void reshard_to_fsdp1_flat(const ReshardRequest& req, const JobOptions& job, con
         "--layout fsdp1-flat writes the files of an FSDP1 job whose units and use_orig_params are known: "
         "its source must be FSDP1 flat-parameter files read with --param-layout (" +
         std::string(source_kind_name(model.info.kind)) + " " + model.source + " records no FSDP units)");
-  if (job.cast_to) fail_invalid("--dtype: FSDP1 flat parameters keep the job's dtypes; drop --dtype");
+  if (job.cast_to || job.optim_cast_to)
+    fail_invalid("--dtype, --optim-dtype: FSDP1 flat parameters keep the job's dtypes; drop them");
   // The source's names, as the reader found them (model_rank{r}.pt / optim_rank{r}.pt for a family it lacks).
   fsdp_ranks::RankFileName model_name = default_name("model", "fsdp1-flat");
   fsdp_ranks::RankFileName optim_name = default_name("optim", "fsdp1-flat");
@@ -428,7 +437,7 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   // A universal checkpoint loads at any world size; every other layout is written for one.
   if (layout != "deepspeed-universal" && !req.world_size)
     fail_invalid("--world-size N is required (the number of ranks to write)");
-  auto backend = choose_backend(job, job.cast_to.has_value());
+  auto backend = choose_backend(job, job.cast_to || job.optim_cast_to);
   CopyOptions copy;
   copy.memory_limit = job.memory.copy();
   copy.backend = backend.get();

@@ -95,6 +95,26 @@ Json parse_ordered_json(std::string_view text, std::size_t max_depth, const std:
   return std::move(builder.root());
 }
 
+Json parse_checkpoint_json(std::string_view text, const std::string& what) {
+  if (text.size() > kCheckpointJsonMaxBytes)
+    fail_data_loss(what + " is " + std::to_string(text.size()) + " bytes of JSON, more than the " +
+                   std::to_string(kCheckpointJsonMaxBytes) + " ckptconv reads");
+  return parse_ordered_json(text, kCheckpointJsonMaxDepth, what);
+}
+
+JsonMembers::JsonMembers(const Json& object, const std::string& what) {
+  if (!object.is_object()) fail_data_loss(what + " is not a JSON object");
+  const auto& members = object.get_ref<const Json::object_t&>();
+  index_.reserve(members.size());
+  for (const auto& [key, value] : members)
+    if (!index_.emplace(key, &value).second) fail_data_loss(what + " names '" + key.substr(0, 200) + "' twice");
+}
+
+const Json* JsonMembers::find(const std::string& key) const {
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : it->second;
+}
+
 void append_member(Json& object, std::string key, Json value) {
   object.get_ref<Json::object_t&>().push_back({std::move(key), std::move(value)});
 }

@@ -1,5 +1,7 @@
 #include "model/tree_walk.h"
 
+#include <unordered_map>
+
 #include "core/error.h"
 
 namespace ckpt {
@@ -96,5 +98,18 @@ pickle::ValuePtr value_at_path(const pickle::ValuePtr& root, const std::vector<p
 }
 
 void walk_leaves(const Value& root, const std::function<void(const Leaf&)>& visit) { walk(root, "", "", visit); }
+
+void require_distinct_paths(const Value& root, const std::string& output) {
+  std::unordered_map<std::string, std::string> seen;  // path -> the containers it went through
+  walk_leaves(root, [&](const Leaf& leaf) {
+    auto [it, fresh] = seen.emplace(leaf.path, leaf.structure);
+    if (fresh) return;
+    const std::string shown = leaf.path.size() > 200 ? leaf.path.substr(0, 200) + "..." : leaf.path;
+    fail(ErrorCode::kUnimplemented, "two entries are both named '" + shown + "' as dotted paths (one through " +
+                                        it->second + ", the other through " + leaf.structure +
+                                        ", e.g. the keys 7 and '7'): " + output +
+                                        " names each entry by its path, so one would be lost; refused");
+  });
+}
 
 }  // namespace ckpt

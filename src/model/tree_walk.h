@@ -25,6 +25,12 @@ struct Leaf {
 // lists and tuples; everything else is a leaf.
 void walk_leaves(const pickle::Value& root, const std::function<void(const Leaf&)>& visit);
 
+// Outputs that name every entry by its dotted path (DCP, safetensors,
+// HDF5, a universal or DCP-HF checkpoint) would keep one of two entries
+// whose paths agree ({7: a, '7': b}, or {'a.b': a, 'a': {'b': b}}) and
+// drop the other: Unimplemented (exit 3) naming both, for `output`.
+void require_distinct_paths(const pickle::Value& root, const std::string& output);
+
 // A path component for a dict key: the string itself, an int in decimal,
 // anything else its repr.
 std::string path_component(const pickle::Value& key);

@@ -149,9 +149,45 @@ CheckpointModel select_entries(const CheckpointModel& model, const SelectOptions
   return out;
 }
 
-void apply_cast(CheckpointModel& model, DType to) {
-  for (auto& t : model.tensors)
-    if (dtype_info(t.dtype).is_floating && !is_step_counter(t.name)) t.out_dtype = to;
+std::vector<bool> optimizer_state_tensors(const CheckpointModel& model) {
+  std::vector<bool> out(model.tensors.size(), false);
+  ValuePtr root = model.root ? mapping_of(model.root) : nullptr;
+  if (!root || !root->is(Kind::kDict)) return out;
+  auto mark = [&](const Value& v) {
+    walk_leaves(v, [&](const Leaf& leaf) {
+      if (leaf.tensor) out.at(*leaf.tensor) = true;
+    });
+  };
+  if (root->get("state") && root->get("param_groups")) {
+    mark(*root);
+    return out;
+  }
+  const bool several = root->get("optimizer_1") != nullptr;
+  for (const auto& [key, child] : root->entries) {
+    const std::string name = path_component(*key);
+    const bool numbered = name.rfind("optimizer_", 0) == 0 && name.size() > 10 &&
+                          name.find_first_not_of("0123456789", 10) == std::string::npos;
+    if (names_part(name, "optim", several) || numbered || name.rfind("optimizer.", 0) == 0 ||
+        name.rfind("optim.", 0) == 0)
+      mark(*child);
+  }
+  return out;
+}
+
+CastCounts apply_cast(CheckpointModel& model, std::optional<DType> model_to, std::optional<DType> optim_to) {
+  CastCounts n;
+  const std::vector<bool> optim = optimizer_state_tensors(model);
+  for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+    TensorEntry& t = model.tensors[i];
+    if (!dtype_info(t.dtype).is_floating || is_step_counter(t.name)) continue;
+    const std::optional<DType>& to = optim[i] ? optim_to : model_to;
+    if (to) t.out_dtype = *to;
+    if (optim[i])
+      ++(to ? n.optim_cast : n.optim_kept);
+    else if (to)
+      ++n.model_cast;
+  }
+  return n;
 }
 
 std::optional<DType> parse_dtype_option(const std::string& text) {

@@ -29,9 +29,25 @@ struct SelectOptions {
 // ones are gone. InvalidArgument when nothing is selected or the regex is bad.
 CheckpointModel select_entries(const CheckpointModel& model, const SelectOptions& options);
 
-// Sets TensorEntry::out_dtype for floating-point tensors, except optimizer
-// `step` counters, which keep their dtype as torch optimizers expect.
-void apply_cast(CheckpointModel& model, DType to);
+// Which tensors are an optimizer's state: every tensor when the root is an
+// optimizer's own state dict (state + param_groups); else those under a
+// top-level entry --only optim names (optim, optimizer, optimizer_<n>) or
+// a flat top-level key under one ("optimizer.state.exp_avg.w": Megatron's
+// stored view).
+std::vector<bool> optimizer_state_tensors(const CheckpointModel& model);
+
+// --dtype and --optim-dtype: sets TensorEntry::out_dtype of the model's
+// floating-point tensors to `model_to` and of the optimizer's state to
+// `optim_to` (nullopt: kept). A resumed job must read the state it saved,
+// so the optimizer's is cast only when asked; `step` counters never are,
+// as torch optimizers expect. Returns what was cast and kept, for the note
+// the job prints.
+struct CastCounts {
+  std::size_t model_cast = 0;
+  std::size_t optim_cast = 0;
+  std::size_t optim_kept = 0;  // floating-point optimizer state left as it is
+};
+CastCounts apply_cast(CheckpointModel& model, std::optional<DType> model_to, std::optional<DType> optim_to);
 
 // "keep" -> nullopt; "fp32"/"float32", "bf16"/"bfloat16", "fp16"/"float16".
 std::optional<DType> parse_dtype_option(const std::string& text);

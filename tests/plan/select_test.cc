@@ -77,12 +77,22 @@ TEST_CASE("selection errors are usage errors", "[plan]") {
   }
 }
 
-TEST_CASE("dtype option casts floating tensors but not step counters", "[plan]") {
+TEST_CASE("dtype option casts the model's floating tensors, the optimizer's only when asked", "[plan]") {
   auto m = two_part_model();
-  apply_cast(m, DType::kBFloat16);
+  CastCounts n = apply_cast(m, DType::kBFloat16, std::nullopt);
   CHECK(m.tensors[0].output_dtype() == DType::kBFloat16);
-  CHECK(m.tensors[1].output_dtype() == DType::kBFloat16);
+  CHECK(m.tensors[1].output_dtype() == DType::kFloat32);  // exp_avg: a resumed job reads what it saved
   CHECK(m.tensors[2].output_dtype() == DType::kFloat32);
+  CHECK((n.model_cast == 1 && n.optim_cast == 0 && n.optim_kept == 1));
+  n = apply_cast(m, std::nullopt, DType::kFloat16);
+  CHECK(m.tensors[1].output_dtype() == DType::kFloat16);
+  CHECK(m.tensors[2].output_dtype() == DType::kFloat32);  // step counters never
+  CHECK((n.model_cast == 0 && n.optim_cast == 1 && n.optim_kept == 0));
+  // an optimizer's own state dict is all optimizer state
+  auto optim = select_entries(two_part_model(), {"optim", "", std::nullopt});
+  CHECK(optimizer_state_tensors(optim) == std::vector<bool>{true, true});
+  CHECK(apply_cast(optim, DType::kBFloat16, std::nullopt).optim_kept == 1);
+  CHECK(optim.tensors[0].output_dtype() == DType::kFloat32);
   CHECK(parse_dtype_option("keep") == std::nullopt);
   CHECK_THROWS_AS(parse_dtype_option("int8"), Error);
 }

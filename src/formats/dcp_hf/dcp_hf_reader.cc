@@ -10,6 +10,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "formats/safetensors/safetensors_format.h"
+#include "model/ordered_json.h"
 
 namespace ckpt::dcp_hf {
 namespace {
@@ -78,18 +79,18 @@ CheckpointModel read_dcp_hf_dir(const std::string& dir, ProblemSink* sink) {
         if (info_text == header.metadata.end())
           fail_data_loss(std::string("no ") + kShardingInfo +
                          " in its __metadata__: not a file of this DCP Hugging Face checkpoint");
-        Json info = Json::parse(info_text->second, nullptr, false);
-        if (info.is_discarded() || !info.is_object())
-          fail_data_loss(std::string(kShardingInfo) + " is not a JSON object");
+        Json info = parse_checkpoint_json(info_text->second, kShardingInfo);
+        const JsonMembers placed_at(info, kShardingInfo);
         if (auto v = header.metadata.find("DCP_VERSION"); v != header.metadata.end())
           model.facts["dcp_version"] = v->second;
         for (auto it = info.begin(); it != info.end(); ++it)
           if (ordered.insert(it.key()).second) order.push_back(it.key());
         for (const auto& h : header.tensors) {
-          auto placed = info.find(h.name);
-          const Json* offsets = placed != info.end() && placed->is_object() && placed->contains("saved_offsets")
-                                    ? &(*placed)["saved_offsets"]
-                                    : nullptr;
+          const Json* placed = placed_at.find(h.name);
+          const Json* offsets = nullptr;
+          if (placed && placed->is_object())
+            for (const auto& [field, value] : placed->items())
+              if (field == "saved_offsets") offsets = &value;
           if (!offsets || !offsets->is_array() || offsets->size() != h.shape.size()) {
             report_or_fail(sink, {ErrorCode::kDataLoss,
                                   path + ": tensor '" + h.name + "' has no saved_offsets of rank " +

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
@@ -116,10 +119,19 @@ class UniversalReader {
         frozen_shapes_[k->as_str()] = pyobj::int_sequence(*v, "frozen param shape");
       }
     if (ValuePtr buffers = root.get("buffer_names"); buffers && buffers->is(Kind::kList))
-      for (const auto& b : buffers->items) buffers_.push_back(b->as_str());
+      for (const auto& b : buffers->items) {
+        buffers_.push_back(b->as_str());
+        buffer_set_.insert(buffers_.back());
+      }
     if (ValuePtr shared = root.get("shared_params"); shared && zero::as_dict(*shared).is(Kind::kDict))
-      for (const auto& [k, v] : zero::as_dict(*shared).entries) shared_.emplace_back(k->as_str(), v->as_str());
-    if (ValuePtr m = root.get("module"); m && zero::as_dict(*m).is(Kind::kDict)) module_ = m;
+      for (const auto& [k, v] : zero::as_dict(*shared).entries) {
+        shared_.emplace_back(k->as_str(), v->as_str());
+        owners_.emplace(shared_.back().first, shared_.back().second);
+      }
+    if (ValuePtr m = root.get("module"); m && zero::as_dict(*m).is(Kind::kDict)) {
+      module_ = m;
+      module_index_ = name_index(zero::as_dict(*m));
+    }
   }
 
   // zero/<fqn>/ and the .pt files in each.
@@ -177,18 +189,21 @@ class UniversalReader {
   // The step of a parameter with no step.pt: optimizer_state.pt's
   // optimizer_state_dict.state[k].step, k its sub-group (ds_to_universal's ZeRO-3 path).
   std::optional<std::size_t> saved_step(CheckpointModel& model, const std::string& name) {
-    ValuePtr osd = zero::as_dict(*optim_.root).get("optimizer_state_dict");
-    ValuePtr state = osd ? zero::as_dict(*osd).get("state") : nullptr;
-    if (!state) return std::nullopt;
+    if (!step_states_) {
+      step_states_.emplace();
+      ValuePtr osd = zero::as_dict(*optim_.root).get("optimizer_state_dict");
+      ValuePtr state = osd ? zero::as_dict(*osd).get("state") : nullptr;
+      if (state)
+        for (const auto& [key, v] : zero::as_dict(*state).entries)
+          if (key->is(Kind::kInt)) step_states_->emplace(key->int_value, v);
+    }
     auto sub = sub_group_.find(name);
     const int64_t k = sub == sub_group_.end() ? 0 : int64_t(sub->second);
-    for (const auto& [key, v] : zero::as_dict(*state).entries) {
-      if (!key->is(Kind::kInt) || key->int_value != k) continue;
-      ValuePtr step = zero::as_dict(*v).get("step");
-      if (!step || !tensor_ref_index(*step)) return std::nullopt;
-      return zero::copy_tensor(model, optim_, *step, "optim.state." + name + ".step");
-    }
-    return std::nullopt;
+    auto found = step_states_->find(k);
+    if (found == step_states_->end()) return std::nullopt;
+    ValuePtr step = zero::as_dict(*found->second).get("step");
+    if (!step || !tensor_ref_index(*step)) return std::nullopt;
+    return zero::copy_tensor(model, optim_, *step, "optim.state." + name + ".step");
   }
 
   // Names in the module's order where the model-states file has `module`
@@ -214,14 +229,23 @@ class UniversalReader {
     return out;
   }
 
+  // Looked up once per name: a model lists 10^4-10^5 names, so every lookup
+  // goes through an index (a scan per name was quadratic: 25 s at 40k).
   std::optional<std::string> owner_of(const std::string& name) const {
-    for (const auto& [alias, owner] : shared_)
-      if (alias == name) return owner;
-    return std::nullopt;
+    auto it = owners_.find(name);
+    return it == owners_.end() ? std::nullopt : std::optional<std::string>(it->second);
   }
 
-  bool is_buffer(const std::string& name) const {
-    return std::find(buffers_.begin(), buffers_.end(), name) != buffers_.end();
+  bool is_buffer(const std::string& name) const { return buffer_set_.count(name) > 0; }
+
+  // A dict's str keys to their values; the first of a repeated key wins, as
+  // Value::get finds it.
+  static std::unordered_map<std::string, ValuePtr> name_index(const Value& dict) {
+    std::unordered_map<std::string, ValuePtr> out;
+    out.reserve(dict.entries.size());
+    for (const auto& [k, v] : dict.entries)
+      if (k->is(Kind::kStr)) out.emplace(k->text, v);
+    return out;
   }
 
   // A frozen parameter or buffer: the module's value as saved, ZeRO-3's
@@ -229,7 +253,8 @@ class UniversalReader {
   std::optional<std::size_t> other_tensor(CheckpointModel& model, const std::string& name) {
     const std::string out_name = "model." + name;
     if (module_) {
-      ValuePtr v = zero::as_dict(*module_).get(name);
+      auto found = module_index_.find(name);
+      ValuePtr v = found == module_index_.end() ? nullptr : found->second;
       if (v && tensor_ref_index(*v) && states_.tensor(*v, states_.path).numel() > 0)
         return zero::copy_tensor(model, states_, *v, out_name);
     }
@@ -255,13 +280,17 @@ class UniversalReader {
       for (const auto& [r, path] : found) {
         rank_states_.push_back(zero::decode(path, r, problems_, only_));
         files_.push_back(path);
+        ValuePtr all = zero::as_dict(*rank_states_.back().root).get("frozen_param_fragments");
+        fragments_.push_back(all && zero::as_dict(*all).is(Kind::kDict) ? name_index(zero::as_dict(*all))
+                                                                        : std::unordered_map<std::string, ValuePtr>{});
       }
     }
     std::vector<const TensorEntry*> frags;
     std::vector<std::string> paths;
-    for (const Decoded& m : rank_states_) {
-      ValuePtr all = zero::as_dict(*m.root).get("frozen_param_fragments");
-      ValuePtr frag = all && zero::as_dict(*all).is(Kind::kDict) ? zero::as_dict(*all).get(name) : nullptr;
+    for (std::size_t r = 0; r < rank_states_.size(); ++r) {
+      const Decoded& m = rank_states_[r];
+      auto found = fragments_[r].find(name);
+      ValuePtr frag = found == fragments_[r].end() ? nullptr : found->second;
       if (!frag || !tensor_ref_index(*frag)) return std::nullopt;
       frags.push_back(&m.tensor(*frag, m.path));
       paths.push_back(m.path);
@@ -388,6 +417,7 @@ class UniversalReader {
   std::string only_;
   Decoded states_, optim_;
   std::vector<Decoded> rank_states_;  // ZeRO-3 per-rank model states, read for frozen fragments
+  std::vector<std::unordered_map<std::string, ValuePtr>> fragments_;  // each rank's frozen_param_fragments
   std::vector<std::string> files_;
   std::vector<std::vector<std::string>> groups_;  // param_shapes: names per group or sub-group
   std::map<std::string, Shape> shapes_;
@@ -396,7 +426,11 @@ class UniversalReader {
   std::map<std::string, Shape> frozen_shapes_;
   std::vector<std::string> buffers_;
   std::vector<std::pair<std::string, std::string>> shared_;  // alias -> owner
+  std::unordered_map<std::string, std::string> owners_;      // the same, looked up
+  std::unordered_set<std::string> buffer_set_;
   ValuePtr module_;
+  std::unordered_map<std::string, ValuePtr> module_index_;
+  std::optional<std::map<int64_t, ValuePtr>> step_states_;  // optimizer_state_dict.state by sub-group
   std::map<std::string, std::set<std::string>> folders_;  // zero/<fqn>/ -> its file stems
 };
 

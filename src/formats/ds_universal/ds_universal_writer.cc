@@ -323,6 +323,7 @@ class Planner {
 }  // namespace
 
 UniversalPlan plan_universal(const CheckpointModel& model, int source_world_size) {
+  require_distinct_paths(*model.root, "a universal checkpoint");
   return Planner(model, source_world_size).plan();
 }
 

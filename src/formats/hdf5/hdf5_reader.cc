@@ -18,6 +18,7 @@
 #include "formats/hdf5/hdf5_handle.h"
 #include "formats/hdf5/hdf5_structure.h"
 #include "io/isolate.h"
+#include "model/ordered_json.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
 
@@ -101,7 +102,7 @@ class Hdf5Reader {
     if (!kind) fail_data_loss("group '" + where + "' has no ckptconv.kind attribute");
     if (*kind == "dict") {
       auto keys_text = read_string_attribute(group, "ckptconv.keys");
-      Json keys = Json::parse(keys_text.value_or(""), nullptr, false);
+      Json keys = parse_checkpoint_json(keys_text.value_or(""), "group '" + where + "': ckptconv.keys");
       if (!keys.is_array()) fail_data_loss("group '" + where + "': ckptconv.keys is not a JSON array");
       std::vector<std::pair<ValuePtr, ValuePtr>> entries;
       std::set<std::string> seen;  // a dict has each key once: the writer never repeats one
@@ -157,8 +158,7 @@ class Hdf5Reader {
     }
     auto text = read_string_attribute(group, name);
     if (!text) fail_data_loss("'" + path + "' is listed but has no dataset, group or attribute");
-    Json j = Json::parse(*text, nullptr, false);
-    if (j.is_discarded()) fail_data_loss("value '" + path + "' is not valid JSON");
+    Json j = parse_checkpoint_json(*text, "value '" + path + "'");
     return value_from_json(j, [&](const Json&) -> ValuePtr { fail_data_loss("value '" + path + "' names a tensor"); });
   }
 

@@ -287,6 +287,7 @@ void write_root_attributes(hid_t root, const CheckpointModel& model) {
 void write_hdf5(const std::string& path, const CheckpointModel& model, const WriteOptions& options,
                 const FillTensor& fill) {
   silence_hdf5_errors();
+  require_distinct_paths(*model.root, "an HDF5 file");
   // What the input holds, not how it was asked for: exit 3, as for any input the output cannot take.
   if (!is_group(*model.root))
     fail(ErrorCode::kUnimplemented,

@@ -12,6 +12,7 @@
 #include "formats/dcp/dcp_reader.h"
 #include "formats/torch_pt/quarantined_pt.h"
 #include "io/byte_source.h"
+#include "model/ordered_json.h"
 #include "model/tree_walk.h"
 #include "pickle/policy.h"
 
@@ -53,20 +54,26 @@ std::pair<std::string, std::string> optimizer_state_key(std::string_view key) {
   return {std::string(k.substr(kOptimizerState.size(), dot - kOptimizerState.size())), std::string(k.substr(dot + 1))};
 }
 
-nlohmann::json read_metadata_json(const std::string& dir) {
+nlohmann::ordered_json read_metadata_json(const std::string& dir) {
   std::string path = (fs::path(dir) / kMetadataJson).string();
   SourcePtr src = open_mapped_source(path);
   if (src->size() > kMaxMetadataJson)
     fail_data_loss(path + ": " + std::to_string(src->size()) + " bytes, not megatron-core's metadata.json");
-  try {
-    nlohmann::json j = nlohmann::json::parse(src->read_string(0, src->size()));
-    if (!j.is_object() || !j.contains("sharded_backend") || !j["sharded_backend"].is_string())
-      fail_data_loss(path + ": no \"sharded_backend\" string (not megatron-core's metadata.json)");
-    return j;
-  } catch (const nlohmann::json::exception& e) {
-    fail_data_loss(path + ": not JSON (" + e.what() + ")");
-  }
+  nlohmann::ordered_json j = parse_checkpoint_json(src->read_string(0, src->size()), path);
+  const nlohmann::ordered_json* backend = j.is_object() ? JsonMembers(j, path).find("sharded_backend") : nullptr;
+  if (!backend || !backend->is_string())
+    fail_data_loss(path + ": no \"sharded_backend\" string (not megatron-core's metadata.json)");
+  return j;
 }
+
+constexpr std::size_t kMaxObjectRank = 8;
+// Splitting stacks costs memory per slice made (a piece, then a tensor
+// entry and its name: ~1 KB), whatever the stored bytes: a zstd record of
+// 4 KB can claim a [10^6, 1] stack. No model has more than a few hundred
+// layers or experts, nor more than 10^5 tensors per view, so the splits
+// stop well before they cost more than the default --memory-limit.
+constexpr int64_t kMaxStackSlices = int64_t{1} << 14;
+constexpr uint64_t kMaxPieces = uint64_t{1} << 18;
 
 // A sharded object's stored item: KEY/shard_<offsets>_<global shape>, each
 // a dot-joined list of integers (mapping.py ShardedObject.unique_key).
@@ -94,6 +101,13 @@ std::optional<ObjectShard> parse_object_key(const std::string& item) {
     return out;
   };
   ObjectShard s{m[1].str(), ints(m[2].str()), ints(m[3].str())};
+  // megatron-core shards objects over at most 3 axes (TP, PP, DP/EP); an
+  // object's value nests one list per axis, so a claimed rank of thousands
+  // would build a tree deeper than any reader (this one included) takes.
+  if (s.shape.size() > kMaxObjectRank)
+    fail_data_loss("sharded object '" + item.substr(0, 200) + (item.size() > 200 ? "..." : "") + "': a " +
+                   std::to_string(s.shape.size()) + "-d shape; megatron-core's objects have at most " +
+                   std::to_string(kMaxObjectRank) + " axes");
   if (s.offsets.size() != s.shape.size())
     fail_data_loss("sharded object '" + item + "': " + std::to_string(s.offsets.size()) + " offsets for a " +
                    std::to_string(s.shape.size()) + "-d shape");
@@ -209,7 +223,7 @@ class TorchDistReader {
       : dir_(std::move(dir)), sink_(sink), only_(std::move(only)) {}
 
   CheckpointModel read() {
-    nlohmann::json meta = read_metadata_json(dir_);
+    nlohmann::ordered_json meta = read_metadata_json(dir_);
     const std::string backend = meta["sharded_backend"].get<std::string>();
     if (backend != "torch_dist")
       fail(ErrorCode::kUnimplemented, dir_ + "/" + kMetadataJson + ": sharded_backend '" + backend +
@@ -417,10 +431,15 @@ class TorchDistReader {
       }
       if (!done.insert(stack->head).second) continue;
       const int64_t n = stack_count(model, pieces[i]);
+      if (n > kMaxStackSlices)
+        fail_data_loss(dir_ + ": '" + pieces[i].entry->key + "' is stacked " + std::to_string(n) + " deep under '" +
+                       stack->head + "', more than the " + std::to_string(kMaxStackSlices) +
+                       " layers or experts ckptconv splits a stack into");
       if (n > 0 && static_cast<uint64_t>(n) > budget)
         fail_data_loss(dir_ + ": '" + pieces[i].entry->key + "' is stacked " + std::to_string(n) + " deep under '" +
                        stack->head + "', more slices than the checkpoint stores data for");
       std::vector<std::vector<Piece>> slices(static_cast<std::size_t>(std::max<int64_t>(n, 0)));
+      uint64_t made = 0;  // pieces put in `slices`, not yet in `out`
       for (std::size_t j = i; j < pieces.size(); ++j) {
         std::optional<Stack> other = stack_of(pieces[j].name);
         if (!other || other->head != stack->head) continue;
@@ -433,6 +452,9 @@ class TorchDistReader {
           if (budget-- == 0)
             fail_data_loss(dir_ + ": the stacks under '" + stack->head +
                            "' split into more slices than the checkpoint stores data for");
+          if (out.size() + ++made > kMaxPieces)
+            fail_data_loss(dir_ + ": the stacks under '" + stack->head + "' split into more than " +
+                           std::to_string(kMaxPieces) + " tensors, more than ckptconv builds from one checkpoint");
           Piece p = pieces[j];
           p.name = other->name(k);
           p.index.push_back(k);
@@ -578,6 +600,10 @@ bool is_dist_checkpoint(const std::string& dir) {
   try {
     SourcePtr src = open_mapped_source(path.string());
     return src->read_string(0, src->size()).find("\"sharded_backend\"") != std::string::npos;
+  } catch (const Error& e) {
+    // Linked out of the directory: claimed, so the read refuses it by name
+    // instead of the directory being read as plain DCP without it.
+    return e.code() == ErrorCode::kUnsafe;
   } catch (const std::exception&) {
     return false;
   }

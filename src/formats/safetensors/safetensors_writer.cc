@@ -26,12 +26,10 @@ struct Named {
 std::vector<Named> name_tensors(const CheckpointModel& model) {
   std::vector<Named> out;
   std::vector<bool> seen(model.tensors.size(), false);
-  std::map<std::string, std::size_t> by_name;
+  require_distinct_paths(*model.root, "safetensors");
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor || seen[*leaf.tensor]) return;
     seen[*leaf.tensor] = true;
-    if (!by_name.emplace(leaf.path, *leaf.tensor).second)
-      fail_invalid("two tensors are both named '" + leaf.path + "' as dotted paths; safetensors needs unique names");
     out.push_back({*leaf.tensor, leaf.path});
   });
   return out;
