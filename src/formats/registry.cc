@@ -25,6 +25,7 @@ namespace safetensors {
 const InputFormat& file_format();
 const InputFormat& index_format();
 const InputFormat& folder_format();
+const InputFormat& bin_folder_format();
 }  // namespace safetensors
 namespace dcp_hf {
 const InputFormat& input_format();
@@ -70,7 +71,7 @@ const std::vector<const InputFormat*>& input_formats() {
       &zero::input_format(),        &safetensors::file_format(),
       &safetensors::index_format(), &safetensors::folder_format(),
       &dcp_hf::input_format(),      &ds_universal::input_format(),
-      &megatron::input_format(),
+      &megatron::input_format(),    &safetensors::bin_folder_format(),
 #ifdef CKPT_HAVE_HDF5
       &hdf5::input_format(),
 #else

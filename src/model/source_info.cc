@@ -16,6 +16,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kDcpHf: return "DCP Hugging Face directory (per-rank safetensors)";
     case SourceKind::kDsUniversal: return "DeepSpeed universal checkpoint";
     case SourceKind::kMegatron: return "Megatron-core torch_dist checkpoint";
+    case SourceKind::kHfBinFolder: return "Hugging Face model folder (pytorch_model.bin)";
   }
   return "?";
 }
@@ -34,6 +35,7 @@ const char* source_format_name(SourceKind kind) {
     case SourceKind::kDcpHf: return "dcp-hf";
     case SourceKind::kDsUniversal: return "deepspeed-universal";
     case SourceKind::kMegatron: return "megatron-torch-dist";
+    case SourceKind::kHfBinFolder: return "pt";
   }
   return "?";
 }

@@ -27,6 +27,8 @@ namespace ckpt {
 // kMegatron: a Megatron-core torch_dist directory (DCP + metadata.json).
 // kHfFolder: a Hugging Face model folder (save_pretrained): safetensors
 // weights, with or without their index, beside config.json and the like.
+// kHfBinFolder: the same with pytorch_model.bin weights (older
+// save_pretrained, or --format pt), read when it has no safetensors ones.
 enum class SourceKind {
   kTorchPt,
   kDcpDir,
@@ -39,7 +41,8 @@ enum class SourceKind {
   kHfFolder,
   kDcpHf,
   kDsUniversal,
-  kMegatron
+  kMegatron,
+  kHfBinFolder
 };
 
 // For messages: "DCP directory", "per-rank files", ...

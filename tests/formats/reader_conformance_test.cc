@@ -95,6 +95,12 @@ std::vector<Case> cases() {
        SourceKind::kHfFolder, 1},
       {"Hugging Face folder (shards, no index)", testdata("hf/shards_no_index"), "", testdata("hf/reference.pt"),
        SourceKind::kHfFolder, 1},
+      // transformers' save_pretrained of tied embeddings (lm_head.weight not stored), and the same weights as
+      // pytorch_model.bin shards with their index, against torch.save(model.state_dict()).
+      {"Hugging Face folder (tied embeddings)", testdata("hf/llama_tied"), "", testdata("hf/llama_tied.ref.pt"),
+       SourceKind::kHfFolder, 1},
+      {"Hugging Face folder (pytorch_model.bin, index)", testdata("hf/llama_tied_bin"), "",
+       testdata("hf/llama_tied.ref.pt"), SourceKind::kHfBinFolder, 1},
       // torch's DCP Hugging Face layout, against the job's own full state dict.
       {"DCP Hugging Face layout", testdata("dcp_hf/fsdp2_ws3"), "", testdata("dcp_hf/fsdp2_ws3.ref.pt"),
        SourceKind::kDcpHf, 3},

@@ -45,7 +45,8 @@ TEST_CASE("every source kind has one registered input format", "[formats][regist
   }
   for (SourceKind k : {SourceKind::kTorchPt, SourceKind::kDcpDir, SourceKind::kFsdpRanks, SourceKind::kSafetensors,
                        SourceKind::kSafetensorsIndex, SourceKind::kHdf5, SourceKind::kZero, SourceKind::kDcpPair,
-                       SourceKind::kHfFolder, SourceKind::kDcpHf, SourceKind::kDsUniversal, SourceKind::kMegatron})
+                       SourceKind::kHfFolder, SourceKind::kDcpHf, SourceKind::kDsUniversal, SourceKind::kMegatron,
+                       SourceKind::kHfBinFolder})
     CHECK(seen.count(k) == 1);
 }
 
@@ -84,6 +85,20 @@ TEST_CASE("a directory is the format whose probe is most confident", "[formats][
   touch(hf / ".metadata");
   CHECK(directory_kind(hf.string()) == SourceKind::kDcpDir);
   fs::remove_all(hf);
+
+  // pytorch_model.bin weights are read when there are no safetensors ones;
+  // a PEFT adapter alone is an HF folder whose reader names the file to pass.
+  fs::path bin = fresh_dir("hf-bin");
+  touch(bin / "pytorch_model-00001-of-00002.bin");
+  CHECK(directory_kind(bin.string()) == SourceKind::kHfBinFolder);
+  touch(bin / "model.safetensors");
+  CHECK(directory_kind(bin.string()) == SourceKind::kHfFolder);
+  fs::path adapter = fresh_dir("hf-adapter");
+  touch(adapter / "adapter_model.safetensors");
+  CHECK(directory_kind(adapter.string()) == SourceKind::kHfFolder);
+  touch(adapter / "pytorch_model.bin");
+  CHECK(directory_kind(adapter.string()) == SourceKind::kHfBinFolder);
+  CHECK(directory_kind(testdata("hf/llama_tied_bin")) == SourceKind::kHfBinFolder);
 
   // torch's DCP Hugging Face files refine a Hugging Face folder.
   CHECK(directory_kind(testdata("dcp_hf/fsdp2_ws3")) == SourceKind::kDcpHf);

@@ -21,11 +21,22 @@ int probe_index(const std::string& path, const ByteSource&) {
 
 // A folder holding safetensors weights or their index: what save_pretrained
 // writes. (torch's DCP Hugging Face layout, shard-*-model-*.safetensors with
-// DCP_SHARDING_INFO, is a refinement that will answer above it.)
+// DCP_SHARDING_INFO, is a refinement that will answer above it.) A folder
+// holding only a PEFT adapter answers too, and its reader says what to pass.
 int probe_folder(const std::string& dir) {
   HfFolderFiles files = list_hf_folder(dir);
   if (!files.indexes.empty()) return confidence::kIndex;
-  return files.weights.empty() ? confidence::kNo : confidence::kLoose;
+  if (!files.weights.empty()) return confidence::kLoose;
+  return files.adapters.empty() || files.has_bin_model() ? confidence::kNo : confidence::kLoose;
+}
+
+// The same with pytorch_model.bin weights, when there are no safetensors ones
+// (from_pretrained's order too).
+int probe_bin_folder(const std::string& dir) {
+  HfFolderFiles files = list_hf_folder(dir);
+  if (files.has_safetensors_model()) return confidence::kNo;
+  if (!files.bin_indexes.empty()) return confidence::kIndex;
+  return files.bin_weights.empty() ? confidence::kNo : confidence::kLoose;
 }
 
 CheckpointModel read_folder(const std::string& src, const ReadOptions& options) {
@@ -58,6 +69,14 @@ const InputFormat& folder_format() {
                              .probe_directory = probe_folder,
                              .read = read_folder,
                              .directory_shape = "Hugging Face *.safetensors weights or their index"};
+  return f;
+}
+
+const InputFormat& bin_folder_format() {
+  static const InputFormat f{.kind = SourceKind::kHfBinFolder,
+                             .probe_directory = probe_bin_folder,
+                             .read = read_folder,
+                             .directory_shape = "Hugging Face pytorch_model.bin weights or their index"};
   return f;
 }
 

@@ -1,16 +1,23 @@
 #include "formats/safetensors/safetensors_reader.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/problems.h"
+#include "formats/safetensors/hf_tied_weights.h"
 #include "formats/safetensors/safetensors_format.h"
+#include "formats/torch_pt/pt_reader.h"
 #include "model/ordered_json.h"
+#include "model/tree_walk.h"
 #include "model/value_json.h"
 
 namespace ckpt::safetensors {
@@ -22,20 +29,19 @@ using pickle::ValuePtr;
 
 constexpr int kMaxDepth = 200;
 
-// True when every {"__tensor__": name} in the tree names a tensor of this
-// file (one shard of a sharded output names tensors of the others).
-bool all_tensors_present(const Json& j, const std::map<std::string, std::size_t>& tensors, int depth) {
+// Every {"__tensor__": name} the tree holds, into `names`.
+void tree_tensor_names(const Json& j, std::set<std::string>& names, int depth) {
   if (depth > kMaxDepth) fail_data_loss("ckptconv.tree nests too deeply");
   if (j.is_object()) {
     auto it = j.find("__tensor__");
-    if (j.size() == 1 && it != j.end() && it->is_string()) return tensors.count(it->get<std::string>()) > 0;
-    for (const auto& v : j)
-      if (!all_tensors_present(v, tensors, depth + 1)) return false;
+    if (j.size() == 1 && it != j.end() && it->is_string()) {
+      names.insert(it->get<std::string>());
+      return;
+    }
+    for (const auto& v : j) tree_tensor_names(v, names, depth + 1);
   } else if (j.is_array()) {
-    for (const auto& v : j)
-      if (!all_tensors_present(v, tensors, depth + 1)) return false;
+    for (const auto& v : j) tree_tensor_names(v, names, depth + 1);
   }
-  return true;
 }
 
 // Collects the tensors of one or more files (the shards of one state dict)
@@ -51,20 +57,33 @@ class ModelBuilder {
       Header header = read_header(*file, data_start);
       for (const auto& h : header.tensors) add_tensor(h, file, data_start, path);
       for (const auto& [k, v] : header.metadata) {
-        if (k == "ckptconv.tree")
-          tree_ = v;
-        else if (k != "ckptconv.values")
+        if (k == "ckptconv.tree") {
+          if (!tree_) {
+            tree_ = v;
+            tree_file_ = path;
+          } else if (*tree_ != v && tree_conflict_.empty()) {
+            tree_conflict_ = tree_file_ + " and " + path +
+                             " carry different ckptconv.tree metadata: they are not shards of one state dict";
+          }
+        } else if (k != "ckptconv.values") {
           model_.facts["metadata." + k] = v;
+        }
       }
     });
   }
 
+  // The files are the whole source (a folder without an index): a tree
+  // naming a tensor none of them holds means a file is missing.
+  void require_whole() { whole_ = true; }
+
   CheckpointModel finish() && {
+    if (!tree_conflict_.empty()) fail(ErrorCode::kUnimplemented, tree_conflict_ + "; read the files apart");
     Json j;
     if (tree_) {
-      j = parse_ordered_json(*tree_, kMaxDepth + 1, "__metadata__ ckptconv.tree");
+      j = with_context(tree_file_,
+                       [&] { return parse_ordered_json(*tree_, kMaxDepth + 1, "__metadata__ ckptconv.tree"); });
     }
-    if (tree_ && all_tensors_present(j, by_name_, 0)) {
+    if (tree_ && follow_tree(j)) {
       model_.root = value_from_json(
           j,
           [&](const Json& ref) {
@@ -81,6 +100,38 @@ class ModelBuilder {
   }
 
  private:
+  // The tree ckptconv wrote is the state dict only when it names every
+  // tensor read: a tree naming fewer (a file of ckptconv's beside other
+  // files) would drop the others, so it is refused. One naming more is one
+  // shard of a sharded output read alone: its tensors are read as stored
+  // (flat), unless the files are the whole source.
+  bool follow_tree(const Json& tree) {
+    std::set<std::string> named;
+    tree_tensor_names(tree, named, 0);
+    std::size_t unnamed = 0;
+    const TensorEntry* first = nullptr;
+    for (const auto& t : model_.tensors)
+      if (!named.count(t.name) && !unnamed++) first = &t;
+    if (first)  // unsupported, not corrupt: validate too cannot vouch for what these files hold (exit 3)
+      fail(ErrorCode::kUnimplemented,
+           tree_file_ + ": its ckptconv.tree (the state dict ckptconv wrote) does not name tensor '" + first->name +
+               "' of " + first->chunks.at(0).file +
+               (unnamed > 1 ? " (nor " + std::to_string(unnamed - 1) + " more)" : "") +
+               ": the tree describes only part of the files read, and following it would drop the rest; read "
+               "the files apart");
+    std::vector<std::string> absent;
+    for (const auto& n : named)
+      if (!by_name_.count(n)) absent.push_back(n);
+    if (absent.empty()) return true;
+    if (whole_)
+      report_or_fail(sink_, {ErrorCode::kDataLoss,
+                             tree_file_ + ": its ckptconv.tree names tensor '" + absent.front() + "'" +
+                                 (absent.size() > 1 ? " (and " + std::to_string(absent.size() - 1) + " more)" : "") +
+                                 " that no file here holds: a file of the checkpoint is missing",
+                             tree_file_, -1, absent.front()});
+    return false;
+  }
+
   void add_tensor(const HeaderTensor& h, const SourcePtr& file, uint64_t data_start, const std::string& path) {
     if (by_name_.count(h.name)) {
       const std::string& first = model_.tensors[by_name_[h.name]].chunks[0].file;
@@ -108,10 +159,177 @@ class ModelBuilder {
   std::map<std::string, std::size_t> by_name_;
   std::vector<std::pair<ValuePtr, ValuePtr>> flat_;
   std::optional<std::string> tree_;
+  std::string tree_file_;      // the first file carrying tree_
+  std::string tree_conflict_;  // two files carrying different trees
+  bool whole_ = false;
   ProblemSink* sink_;
 };
 
 constexpr uint64_t kMaxIndexSize = 100'000'000;
+
+namespace fs = std::filesystem;
+
+// A Hugging Face index (<weights>.index.json): its weight_map and the files
+// it names, in the order of their names (model-00001-of-...), each once.
+struct WeightIndex {
+  Json index;
+  const Json* map = nullptr;
+  std::set<std::string> files;
+};
+
+void read_weight_index(const std::string& path, WeightIndex& out) {
+  SourcePtr src = open_file_source(path);
+  if (src->size() > kMaxIndexSize) fail_data_loss("index larger than " + std::to_string(kMaxIndexSize) + " bytes");
+  out.index = parse_checkpoint_json(src->read_string(0, static_cast<std::size_t>(src->size())), "the index");
+  if (!out.index.is_object()) fail_data_loss("not a JSON object");
+  out.map = JsonMembers(out.index, "the index").find("weight_map");
+  if (!out.map || !out.map->is_object()) fail_data_loss("no weight_map object");
+  // An index that lists nothing would read as an empty checkpoint however
+  // many shards lie beside it.
+  if (out.map->empty()) fail_data_loss("weight_map lists no tensor");
+  for (const auto& file : *out.map) {
+    if (!file.is_string()) fail_data_loss("weight_map value is not a file name");
+    const std::string& name = file.get_ref<const std::string&>();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+      fail(ErrorCode::kUnsafe, "weight_map names '" + name + "', not a file beside the index");
+    out.files.insert(name);
+  }
+}
+
+// The index must agree with what the shards hold (`held`: tensor -> the
+// name of the shard holding it, in the shards' order): a tensor listed in
+// another shard, listed but held nowhere (its shard read), or held but not
+// listed is DataLoss, reported to `sink` when there is one.
+void check_weight_map(const Json& map, const std::vector<std::pair<std::string, std::string>>& held,
+                      const fs::path& dir, const std::set<std::string>& unreadable, ProblemSink* sink) {
+  const JsonMembers listed_in(map, "weight_map");
+  std::unordered_map<std::string, std::string> where;  // tensor -> the shard that holds it
+  where.reserve(held.size());
+  for (const auto& [tensor, shard] : held) where.emplace(tensor, shard);
+  for (const auto& [tensor, file] : map.items()) {
+    const std::string& listed = file.get_ref<const std::string&>();
+    auto h = where.find(tensor);
+    if (h == where.end() && !unreadable.count(listed))
+      report_or_fail(sink, {ErrorCode::kDataLoss,
+                            "weight_map lists tensor '" + tensor + "' that no shard holds (" + listed + " does not)",
+                            (dir / listed).string(), -1, tensor});
+    else if (h != where.end() && h->second != listed)
+      report_or_fail(sink, {ErrorCode::kDataLoss,
+                            "weight_map puts tensor '" + tensor + "' in " + listed + ", but " + h->second +
+                                " holds it: the index does not match the shards",
+                            (dir / h->second).string(), -1, tensor});
+  }
+  for (const auto& [tensor, shard] : held)
+    if (!listed_in.find(tensor))
+      report_or_fail(sink, {ErrorCode::kDataLoss,
+                            shard + " holds tensor '" + tensor +
+                                "', which the index does not list: the index does not match the shards",
+                            (dir / shard).string(), -1, tensor});
+}
+
+// The state dicts of torch.save files, the shards of one model, as one
+// dict: a name in two shards is DataLoss, as for safetensors.
+class BinModelBuilder {
+ public:
+  BinModelBuilder(const std::string& source, ProblemSink* sink) : sink_(sink) { model_.source = source; }
+
+  void add_file(const std::string& path) {
+    with_context(path, [&] {
+      pickle::ValuePtr root = adopt(model_, torch_pt::read_pt_file(path, sink_));
+      pickle::ValuePtr dict = root ? mapping_of(root) : nullptr;
+      if (!dict || !dict->is(pickle::Kind::kDict)) fail_data_loss("not a state dict (a dict of tensors by name)");
+      for (const auto& [k, v] : dict->entries) {
+        if (!k->is(pickle::Kind::kStr)) fail_data_loss("a state dict key that is not a str");
+        auto [first, fresh] = where_.emplace(k->text, path);
+        if (!fresh) {
+          report_or_fail(sink_, {ErrorCode::kDataLoss,
+                                 "tensor '" + k->text + "' is in two shards (" + first->second + " and " + path + ")",
+                                 path, -1, k->text});
+          continue;
+        }
+        entries_.emplace_back(k, v);
+        held_.emplace_back(k->text, fs::path(path).filename().string());
+      }
+    });
+  }
+
+  // tensor -> the name of the shard holding it, in the shards' order.
+  const std::vector<std::pair<std::string, std::string>>& held() const { return held_; }
+
+  CheckpointModel finish() && {
+    model_.root = pickle::Value::dict(std::move(entries_));
+    prune_unreferenced(model_.root, model_.tensors);  // a name read twice keeps its first tensor
+    return std::move(model_);
+  }
+
+ private:
+  CheckpointModel model_;
+  std::unordered_map<std::string, std::string> where_;  // name -> the file holding it
+  std::vector<std::pair<pickle::ValuePtr, pickle::ValuePtr>> entries_;
+  std::vector<std::pair<std::string, std::string>> held_;
+  ProblemSink* sink_;
+};
+
+// pytorch_model.bin, or a shard pytorch_model-00001-of-00003.bin: the
+// weights transformers' save_pretrained wrote before safetensors (and
+// huggingface_hub's save_torch_state_dict with safe_serialization=False).
+bool is_bin_weights_name(const std::string& name) {
+  if (name == "pytorch_model.bin") return true;
+  const std::string prefix = "pytorch_model-", suffix = ".bin";
+  if (name.size() != prefix.size() + 14 + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix))
+    return false;
+  std::string_view mid = std::string_view(name).substr(prefix.size(), 14);  // 00001-of-00003
+  for (std::size_t i = 0; i < mid.size(); ++i)
+    if (i >= 5 && i < 9 ? mid[i] != "-of-"[i - 5] : !std::isdigit(static_cast<unsigned char>(mid[i]))) return false;
+  return true;
+}
+
+// A PEFT adapter (get_peft_model(...).save_pretrained): never the model's.
+bool is_adapter_name(const std::string& name) {
+  return name == "adapter_model.safetensors" || name == "adapter_model.bin";
+}
+
+// With several indexes, the one named `main`; else InvalidArgument naming them.
+std::string the_index(const std::string& dir, const std::vector<std::string>& indexes, const std::string& main,
+                      const std::string& kind) {
+  if (indexes.size() == 1) return indexes.front();
+  for (const auto& i : indexes)
+    if (fs::path(i).filename() == main) return i;
+  std::string names;
+  for (const auto& i : indexes) names += (names.empty() ? "" : ", ") + fs::path(i).filename().string();
+  fail_invalid(dir + " holds several " + kind + " indexes (" + names + "): pass the one to read");
+}
+
+CheckpointModel read_bin_weights(const std::string& dir, const HfFolderFiles& files, ProblemSink* sink) {
+  BinModelBuilder builder(dir, sink);
+  std::vector<std::string> read;
+  if (!files.bin_indexes.empty()) {
+    std::string path = the_index(dir, files.bin_indexes, "pytorch_model.bin.index.json", "pytorch_model.bin");
+    return with_context(path, [&] {
+      WeightIndex index;
+      read_weight_index(path, index);
+      std::set<std::string> unreadable;
+      read.push_back(path);
+      for (const auto& name : index.files) {
+        std::string shard = (fs::path(dir) / name).string();
+        if (run_reporting(sink, shard, -1, "", [&] { builder.add_file(shard); }))
+          read.push_back(shard);
+        else
+          unreadable.insert(name);
+      }
+      std::vector<std::pair<std::string, std::string>> held = builder.held();
+      CheckpointModel model = std::move(builder).finish();
+      check_weight_map(*index.map, held, dir, unreadable, sink);
+      model.info.files = read;
+      return model;
+    });
+  }
+  for (const auto& w : files.bin_weights)
+    if (run_reporting(sink, w, -1, "", [&] { builder.add_file(w); })) read.push_back(w);
+  CheckpointModel model = std::move(builder).finish();
+  model.info.files = read;
+  return model;
+}
 
 }  // namespace
 
@@ -125,51 +343,20 @@ bool is_safetensors_index(const std::string& path) { return path.ends_with(".saf
 
 CheckpointModel read_safetensors_index(const std::string& path, ProblemSink* sink) {
   return with_context(path, [&] {
-    SourcePtr src = open_file_source(path);
-    if (src->size() > kMaxIndexSize) fail_data_loss("index larger than " + std::to_string(kMaxIndexSize) + " bytes");
-    Json index = Json::parse(src->read_string(0, static_cast<std::size_t>(src->size())), nullptr, false);
-    if (index.is_discarded() || !index.is_object()) fail_data_loss("not a JSON object");
-    auto map = index.find("weight_map");
-    if (map == index.end() || !map->is_object()) fail_data_loss("no weight_map object");
-    // Shards in the order of their names (model-00001-of-...), each once.
-    std::set<std::string> files;
-    for (const auto& file : *map) {
-      if (!file.is_string()) fail_data_loss("weight_map value is not a file name");
-      const std::string& name = file.get_ref<const std::string&>();
-      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-        fail(ErrorCode::kUnsafe, "weight_map names '" + name + "', not a file beside the index");
-      files.insert(name);
-    }
-    std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    WeightIndex index;
+    read_weight_index(path, index);
+    fs::path dir = fs::path(path).parent_path();
     ModelBuilder builder(path, sink);
     std::set<std::string> unreadable;
-    for (const auto& name : files) {
+    for (const auto& name : index.files) {
       std::string shard = (dir / name).string();
       if (!run_reporting(sink, shard, -1, "", [&] { builder.add_file(shard); })) unreadable.insert(name);
     }
     CheckpointModel model = std::move(builder).finish();
-    std::map<std::string, std::string> held;  // tensor -> the shard that holds it
-    for (const auto& t : model.tensors) held[t.name] = std::filesystem::path(t.chunks.at(0).file).filename().string();
-    for (auto it = map->begin(); it != map->end(); ++it) {
-      const std::string& listed = it->get_ref<const std::string&>();
-      auto h = held.find(it.key());
-      if (h == held.end() && !unreadable.count(listed))
-        report_or_fail(sink,
-                       {ErrorCode::kDataLoss,
-                        "weight_map lists tensor '" + it.key() + "' that no shard holds (" + listed + " does not)",
-                        (dir / listed).string(), -1, it.key()});
-      else if (h != held.end() && h->second != listed)
-        report_or_fail(sink, {ErrorCode::kDataLoss,
-                              "weight_map puts tensor '" + it.key() + "' in " + listed + ", but " + h->second +
-                                  " holds it: the index does not match the shards",
-                              (dir / h->second).string(), -1, it.key()});
-    }
-    for (const auto& [name, shard] : held)
-      if (!map->contains(name))
-        report_or_fail(sink, {ErrorCode::kDataLoss,
-                              shard + " holds tensor '" + name +
-                                  "', which the index does not list: the index does not match the shards",
-                              (dir / shard).string(), -1, name});
+    std::vector<std::pair<std::string, std::string>> held;
+    held.reserve(model.tensors.size());
+    for (const auto& t : model.tensors) held.emplace_back(t.name, fs::path(t.chunks.at(0).file).filename().string());
+    check_weight_map(*index.map, held, dir, unreadable, sink);
     return model;
   });
 }
@@ -183,7 +370,6 @@ bool is_weights_file_name(const std::string& name) {
 }
 
 HfFolderFiles list_hf_folder(const std::string& dir) {
-  namespace fs = std::filesystem;
   HfFolderFiles out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
@@ -191,51 +377,76 @@ HfFolderFiles list_hf_folder(const std::string& dir) {
     std::string name = entry.path().filename().string();
     if (is_safetensors_index(name))
       out.indexes.push_back(entry.path().string());
+    else if (is_adapter_name(name))
+      out.adapters.push_back(entry.path().string());
     else if (name.ends_with(".safetensors"))
       out.weights.push_back(entry.path().string());
+    else if (name.ends_with(".bin.index.json"))
+      out.bin_indexes.push_back(entry.path().string());
+    else if (is_bin_weights_name(name))
+      out.bin_weights.push_back(entry.path().string());
     else
       out.others.push_back(name);
   }
-  for (auto* v : {&out.indexes, &out.weights, &out.others}) std::sort(v->begin(), v->end());
+  for (auto* v : {&out.indexes, &out.weights, &out.bin_indexes, &out.bin_weights, &out.adapters, &out.others})
+    std::sort(v->begin(), v->end());
   return out;
 }
 
 CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
-  namespace fs = std::filesystem;
   HfFolderFiles files = list_hf_folder(dir);
   CheckpointModel model;
   if (!files.indexes.empty()) {
-    std::string index = files.indexes.front();
-    if (files.indexes.size() > 1) {
-      std::string names;
-      for (const auto& i : files.indexes) names += (names.empty() ? "" : ", ") + fs::path(i).filename().string();
-      auto main = std::find_if(files.indexes.begin(), files.indexes.end(), [](const std::string& i) {
-        return fs::path(i).filename() == "model.safetensors.index.json";
-      });
-      if (main == files.indexes.end())
-        fail_invalid(dir + " holds several safetensors indexes (" + names + "): pass the one to read");
-      index = *main;
-    }
+    std::string index = the_index(dir, files.indexes, "model.safetensors.index.json", "safetensors");
     model = read_safetensors_index(index, sink);
     std::set<std::string> read{index};
     for (const auto& t : model.tensors) read.insert(t.chunks.at(0).file);
     model.info.files.assign(read.begin(), read.end());
-  } else {
-    if (files.weights.empty()) fail(ErrorCode::kNotFound, dir + ": no .safetensors file and no index");
+  } else if (!files.weights.empty()) {
     // Without an index the files together are the model (a tensor in two of
     // them is DataLoss, as with an index).
     ModelBuilder builder(dir, sink);
-    for (const auto& w : files.weights) run_reporting(sink, w, -1, "", [&] { builder.add_file(w); });
+    std::size_t read = 0;
+    for (const auto& w : files.weights) read += run_reporting(sink, w, -1, "", [&] { builder.add_file(w); });
+    if (read == files.weights.size()) builder.require_whole();
     model = std::move(builder).finish();
     model.info.files = files.weights;
+  } else if (files.has_bin_model()) {
+    model = read_bin_weights(dir, files, sink);
+  } else if (!files.adapters.empty()) {
+    fail_invalid(dir + " holds a PEFT adapter (" + fs::path(files.adapters.front()).filename().string() +
+                 ") and no model weights: an adapter is not read as the model; name its file to read it alone (" +
+                 files.adapters.front() + ")");
+  } else {
+    fail(ErrorCode::kNotFound, dir + ": no .safetensors file and no index");
   }
   model.source = dir;
-  std::string others;
-  for (const auto& o : files.others) {
-    others += (others.empty() ? "" : ", ") + o;
-    if (!is_weights_file_name(o)) model.info.side_files.push_back((fs::path(dir) / o).string());
+  // What was not read is listed; what is no weights is carried by -o DIR/
+  // (not adapter_config.json: an export holds no adapter).
+  std::set<std::string> read;  // every file read lies in `dir`
+  for (const auto& f : model.info.files) read.insert(fs::path(f).filename().string());
+  std::string not_read;
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_regular_file(ec) && !read.count(entry.path().filename().string()))
+      names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  for (const auto& o : names) {
+    not_read += (not_read.empty() ? "" : ", ") + o;
+    if (!is_weights_file_name(o) && o != "adapter_config.json")
+      model.info.side_files.push_back((fs::path(dir) / o).string());
   }
-  if (!others.empty()) model.facts["hf_folder_files"] = others;
+  if (!not_read.empty()) model.facts["hf_folder_files"] = not_read;
+  if (!files.adapters.empty()) {
+    std::string adapters;
+    for (const auto& a : files.adapters) adapters += (adapters.empty() ? "" : ", ") + fs::path(a).filename().string();
+    model.facts["hf_adapter"] = adapters +
+                                ": a PEFT adapter (adapter_config.json), not part of the model; read it alone as " +
+                                files.adapters.front();
+    log::info(dir + ": " + adapters + " is a PEFT adapter, not part of the model: not read (name the file to read it)");
+  }
+  add_tied_weights(model, dir);
   return model;
 }
 
