@@ -48,10 +48,26 @@ def assert_optim_same(got, want):
 def test_the_cases_cover_the_issue():
     seen = {(json.loads((d / "case.json").read_text())["torch"].split("+")[0], d.name) for d in CASES}
     assert {v for v, _ in seen} == {"2.15.0", "2.4.1"}
-    everywhere = {"flat_adam_ws2", "orig_adamw_ws3", "flat_sgd_ws4", "orig_adam_ws4"}
+    everywhere = {"flat_adam_ws2", "orig_adamw_ws3", "flat_sgd_ws4", "orig_adam_ws4",
+                  # two param groups split by name (weight decay for weights, none for biases and
+                  # gains), a frozen parameter in neither: the optimizer most training scripts build
+                  "orig_adamw_wdgroups_ws2", "orig_adamw_wdgroups_ws3"}
     assert {n for v, n in seen if v == "2.4.1"} == everywhere
     assert {n for v, n in seen if v == "2.15.0"} == everywhere | {"orig_adamw_trainable_ws2",
                                                                   "flat_adam_trainable_ws3"}
+
+
+@pytest.mark.parametrize("d", [d for d in CASES if "wdgroups" in d.name], ids=ids)
+def test_param_groups_split_by_name_are_matched_group_by_group(d, tmp_path, run_ckptconv):
+    """Each group is its own order-keeping subsequence of the model's
+    parameters: their ids, concatenated, are not in model order."""
+    _, optim = refs(d)
+    got = consolidate(run_ckptconv, d, tmp_path / "out.pt", "--param-layout", d / "layout.pt")["optim"]
+    decay, plain = (g["params"] for g in got["param_groups"])
+    assert decay == [n for n in optim["param_groups"][0]["params"]] and "blocks.0.lin1.weight" in decay
+    assert plain == optim["param_groups"][1]["params"] and "blocks.0.lin1.bias" in plain
+    assert [g["weight_decay"] for g in got["param_groups"]] == [0.05, 0.0]
+    assert "blocks.1.lin2.bias" not in decay + plain  # frozen: in no group
 
 
 @pytest.mark.parametrize("d", CASES, ids=ids)

@@ -80,7 +80,9 @@ STEPS = 2
 VOCAB, EMB, HID = 11, 6, 9
 
 # name: (world size, use_orig_params, optimizer, the optimizer's parameters:
-# all of model.parameters(), or only those that require grad)
+# all of model.parameters(), only those that require grad, or those split
+# by name into two param groups as most training scripts do: weights with
+# weight decay, biases and norm-like vectors without, frozen ones in neither)
 CASES = {
     "flat_adam_ws2": (2, False, "adam", "all"),
     "orig_adamw_ws3": (3, True, "adamw", "all"),
@@ -88,6 +90,8 @@ CASES = {
     "orig_adam_ws4": (4, True, "adam", "all"),
     "orig_adamw_trainable_ws2": (2, True, "adamw", "trainable"),
     "flat_adam_trainable_ws3": (3, False, "adam", "trainable"),
+    "orig_adamw_wdgroups_ws2": (2, True, "adamw", "wd_groups"),
+    "orig_adamw_wdgroups_ws3": (3, True, "adamw", "wd_groups"),
 }
 DEFAULT_CASES = [c for c in CASES if CASES[c][3] == "all"]
 
@@ -140,7 +144,18 @@ def fresh_model(use_orig_params: bool) -> Net:
     return model
 
 
+def no_decay(name: str) -> bool:
+    """A bias or a vector of gains: what a training script leaves out of
+    weight decay (a name rule, as HF's get_parameter_names-based split is)."""
+    return name.endswith(".bias") or name.endswith("gain") or name == "scale"
+
+
 def make_optim(model: nn.Module, kind: str, which: str = "all") -> torch.optim.Optimizer:
+    if which == "wd_groups":
+        named = [(n.replace("_fsdp_wrapped_module.", ""), p) for n, p in model.named_parameters() if p.requires_grad]
+        groups = [{"params": [p for n, p in named if not no_decay(n)], "weight_decay": 0.05},
+                  {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=1e-2, foreach=False)
     params = [p for p in model.parameters() if which == "all" or p.requires_grad]
     if kind == "adam":
         return torch.optim.Adam(params, lr=1e-2, betas=(0.9, 0.99), foreach=False)

@@ -378,51 +378,105 @@ bool fits(const IdLengths& got, const IdLengths& want) {
   return true;
 }
 
-// Which optimizer parameter each id is. All of them in order, when the
-// optimizer was built from model.parameters(); when it holds fewer (built
-// from the trainable ones), the one order-keeping choice of them that fits
-// every rank's lengths, or DataLoss when none or more than one does.
+// The leftmost and the rightmost order-keeping choice of targets for the
+// ids got[b, e), among the targets not yet `taken`: greedy matching from
+// either end finds one whenever any exists (each id's fit depends on its
+// target alone), and every choice lies between the two id by id, so the
+// choice is unique exactly when they agree. O(K + T) memory: a table of
+// choices counted per (id, target) held K x T entries (7 GB at 40k).
+struct Choices {
+  bool found = true;
+  std::vector<std::size_t> left, right;
+};
+Choices choices(const std::vector<IdLengths>& got, std::size_t b, std::size_t e, const std::vector<IdLengths>& want,
+                const std::vector<bool>& taken) {
+  const std::size_t T = want.size();
+  auto free_fit = [&](std::size_t k, std::size_t t) { return !taken[t] && fits(got[k], want[t]); };
+  Choices c;
+  c.left.resize(e - b);
+  c.right.resize(e - b);
+  for (std::size_t k = b, t = 0; k < e && c.found; ++k, ++t) {
+    while (t < T && !free_fit(k, t)) ++t;
+    if (t == T)
+      c.found = false;
+    else
+      c.left[k - b] = t;
+  }
+  for (std::size_t k = e, t = T; k-- > b && c.found;) {
+    while (t > 0 && !free_fit(k, t - 1)) --t;
+    if (t == 0)
+      c.found = false;
+    else
+      c.right[k - b] = --t;
+  }
+  return c;
+}
+
+// Which optimizer parameter each id is. The ids come in param groups
+// (`group_sizes`, in order), each built from parameters in model order:
+// all of the model's, or a subset (the trainable ones; weights with weight
+// decay in one group, biases and norms in another). Each group's ids are
+// matched to the one order-keeping choice of parameters that fits every
+// rank's state lengths, among those no other group's certain choice holds;
+// groups are settled in turn until none is left, else DataLoss naming the
+// group whose ids more than one choice (or none) fits.
 std::vector<IdTarget> id_targets(const ModelFiles& mf, const std::vector<LayoutEntry>& layout, int ws,
-                                 const std::vector<IdLengths>& got, const std::string& file) {
+                                 const std::vector<IdLengths>& got, const std::vector<std::size_t>& group_sizes,
+                                 const std::string& file) {
   std::vector<IdLengths> want;
   std::vector<IdTarget> all = all_targets(mf, layout, ws, want);
   const std::string kind = mf.orig_params ? " parameters (use_orig_params=True)" : " flat parameters";
   const std::size_t K = got.size(), T = all.size();
-  if (K == T) return all;
   if (K > T)
     fail_data_loss(file + ": its param_groups list " + std::to_string(K) + " parameter ids, but the model has " +
                    std::to_string(T) + kind + " (a layout of another model?)");
-  // The leftmost and the rightmost order-keeping choice: greedy matching
-  // from either end finds one whenever any exists (each id's fit depends on
-  // its target alone), and every choice lies between the two id by id, so
-  // the choice is unique exactly when they agree. O(K + T) memory; a table
-  // of choices counted per (id, target) held K x T entries (7 GB at 40k).
-  std::vector<std::size_t> left(K), right(K);
-  bool found = true;
-  for (std::size_t k = 0, t = 0; k < K && found; ++k, ++t) {
-    while (t < T && !fits(got[k], want[t])) ++t;
-    if (t == T)
-      found = false;
-    else
-      left[k] = t;
+  const std::size_t G = group_sizes.size();
+  std::vector<std::size_t> begin(G + 1, 0);
+  for (std::size_t g = 0; g < G; ++g) begin[g + 1] = begin[g] + group_sizes[g];
+  std::vector<bool> taken(T, false), settled(G, false);
+  std::vector<std::size_t> target(K);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t g = 0; g < G; ++g) {
+      if (settled[g]) continue;
+      Choices c = choices(got, begin[g], begin[g + 1], want, taken);
+      const std::string which = G == 1 ? std::string() : " (param group " + std::to_string(g) + ")";
+      if (!c.found)
+        fail_data_loss(file + ": its param_groups list " + std::to_string(K) + " parameter ids" + which +
+                       ", the model has " + std::to_string(T) + kind +
+                       ", and no choice of them in model order fits every rank's state lengths: each param group "
+                       "must be built from parameters in model order (model.parameters() or a subset of it)");
+      if (c.left != c.right) continue;
+      for (std::size_t i = 0; i < c.left.size(); ++i) {
+        target[begin[g] + i] = c.left[i];
+        taken[c.left[i]] = true;
+      }
+      settled[g] = progress = true;
+    }
   }
-  for (std::size_t k = K, t = T; k-- > 0 && found;) {
-    while (t > 0 && !fits(got[k], want[t - 1])) --t;
-    if (t == 0)
-      found = false;
-    else
-      right[k] = --t;
+  for (std::size_t g = 0; g < G; ++g) {
+    if (settled[g]) continue;
+    Choices c = choices(got, begin[g], begin[g + 1], want, taken);
+    std::string example;
+    for (std::size_t i = 0; i < c.left.size() && example.empty(); ++i)
+      if (c.left[i] != c.right[i]) {
+        auto name = [&](std::size_t t) {
+          return mf.orig_params ? layout[std::size_t(all[t].unit->params[all[t].members[0]])].name
+                                : all[t].unit->label();
+        };
+        example =
+            "; its id " + std::to_string(begin[g] + i) + " could be " + name(c.left[i]) + " or " + name(c.right[i]);
+      }
+    fail_data_loss(file + ": its param_groups list " + std::to_string(K) + " parameter ids" +
+                   (G == 1 ? std::string() : " (param group " + std::to_string(g) + ")") + ", the model has " +
+                   std::to_string(T) + kind + ", and more than one choice of them fits every rank's state lengths" +
+                   example +
+                   ": the optimizer must be built from model.parameters(), or from subsets of it in that order "
+                   "that the state tells apart");
   }
-  if (!found || left != right)
-    fail_data_loss(
-        file + ": its param_groups list " + std::to_string(K) + " parameter ids, the model has " + std::to_string(T) +
-        kind + ", and " +
-        (!found ? std::string("no choice of them in model order") : std::string("more than one choice of them")) +
-        " fits every rank's state lengths: the optimizer must be built from model.parameters(), or "
-        "from a subset of it in that order that the state tells apart");
   std::vector<IdTarget> out;
   out.reserve(K);
-  for (std::size_t t : left) out.push_back(all[t]);
+  for (std::size_t t : target) out.push_back(all[t]);
   return out;
 }
 
@@ -459,9 +513,11 @@ ValuePtr build_optim(Builder& b, const ModelFiles& mf, const std::vector<LayoutE
   ValuePtr groups = root0.get("param_groups");
   if (!groups || !groups->is(Kind::kList)) fail_data_loss(f0.path + ": no param_groups list");
   std::vector<int64_t> ids;
+  std::vector<std::size_t> group_sizes;
   for (const auto& g : groups->items) {
     ValuePtr params = dict_of(g, f0.path + ": a param group").get("params");
     if (!params || !params->is(Kind::kList)) fail_data_loss(f0.path + ": a param group without a params list");
+    group_sizes.push_back(params->items.size());
     for (const auto& p : params->items) {
       if (!p->is(Kind::kInt)) fail_data_loss(f0.path + ": param_groups params " + p->repr(1) + " is not an id");
       ids.push_back(p->int_value);
@@ -488,7 +544,7 @@ ValuePtr build_optim(Builder& b, const ModelFiles& mf, const std::vector<LayoutE
     }
     lengths.push_back(std::move(len));
   }
-  std::vector<IdTarget> targets = id_targets(mf, layout, in.world_size, lengths, f0.path);
+  std::vector<IdTarget> targets = id_targets(mf, layout, in.world_size, lengths, group_sizes, f0.path);
   // The name of the id's m-th parameter.
   auto name_of = [&](const IdTarget& t, std::size_t m) {
     return layout[std::size_t(t.unit->params[t.members[m]])].name;
