@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "formats/detect.h"
+#include "formats/ds_universal/ds_universal_reader.h"
 #include "formats/latest_file.h"
 #include "formats/zero/zero_reader.h"
 #include "io/containment.h"
@@ -49,7 +50,14 @@ std::optional<RootEntry> entry_of(const fs::path& dir) {
   e.name = dir.filename().string();
   e.path = dir.string();
   e.step = last_number(e.name);
-  if (zero::holds_zero_files(e.path)) {  // a DeepSpeed tag: its file names say whether every rank's are there
+  std::error_code ec;
+  if (ds_universal::is_universal_tag(e.path) ||
+      (zero::holds_zero_files(e.path) && fs::is_directory(dir / "zero", ec))) {
+    // A DeepSpeed universal tag (model states beside zero/): complete with
+    // zero/optimizer_state.pt; it loads at any world size (-1).
+    e.kind = source_format_name(SourceKind::kDsUniversal);
+    e.complete = ds_universal::is_universal_tag(e.path);
+  } else if (zero::holds_zero_files(e.path)) {  // a DeepSpeed tag: its file names say whether every rank's are there
     e.kind = source_format_name(SourceKind::kZero);
     std::optional<int> ws = zero::tag_world_size(e.path);
     e.complete = ws.has_value();
@@ -76,6 +84,89 @@ std::string listing(const std::string& dir, const std::vector<RootEntry>& entrie
   return dir + " holds " + std::to_string(entries.size()) + " checkpoints: " + names;
 }
 
+// The tag a pointer file (`latest`, `latest_universal`) of `root` names;
+// nullopt when there is no such file or it names no tag (a malformed one is
+// reported where it is read).
+std::optional<std::string> pointer_tag(const fs::path& root, const char* pointer) {
+  try {
+    return read_latest_tag(root / pointer);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// A DeepSpeed root: no tag itself, and its `latest` names a folder of
+// DeepSpeed files (a ZeRO tag, finished or not, or a universal tag), or its
+// `latest_universal` names a universal tag.
+bool is_deepspeed_pointer_root(const std::string& dir) {
+  if (zero::holds_zero_files(dir)) return false;
+  const fs::path root(dir);
+  std::optional<std::string> latest = pointer_tag(root, "latest");
+  std::optional<std::string> universal = pointer_tag(root, "latest_universal");
+  return (latest && zero::holds_zero_files((root / *latest).string())) ||
+         (universal && ds_universal::is_universal_tag((root / *universal).string()));
+}
+
+// `--tag latest` where there is no `latest` file.
+ChosenCheckpoint highest_complete(const std::string& src, const std::vector<RootEntry>& entries) {
+  const RootEntry* best = nullptr;
+  for (const auto& e : entries)
+    if (e.complete && e.step) best = &e;  // sorted by step: the last one wins
+  if (!best) fail(ErrorCode::kNotFound, listing(src, entries) + "; none is complete and numbered: give --tag NAME");
+  return {best->path, "--tag latest: the highest-numbered complete checkpoint (there is no `latest` file)"};
+}
+
+void require_tag_name(const std::string& src, const std::string& name) {
+  if (name.find('/') != std::string::npos || name == "." || name == "..")
+    fail_invalid("--tag '" + name + "' must name a checkpoint directly inside " + src);
+}
+
+// SRC a DeepSpeed root: the tag folder to read (ZeRO or universal), by the
+// rule of checkpoint_root.h. Only the chosen folder is looked at, as
+// DeepSpeed's loader does; the folder is listed only to say what it holds.
+ChosenCheckpoint choose_deepspeed_tag(const std::string& src, const std::string& tag) {
+  const fs::path root(src);
+  std::error_code ec;
+  std::string name, why, pointer;
+  if (tag.empty() || tag == "latest") {
+    if (std::optional<std::string> named = read_latest_tag(root / "latest")) {
+      name = *named;
+      pointer = "latest";
+      why = tag.empty() ? "the tag `latest` names" : "--tag latest: the tag `latest` names";
+      std::optional<std::string> universal = pointer_tag(root, "latest_universal");
+      if (tag.empty() && universal && *universal != name)
+        why += "; `latest_universal` names " + *universal + ", read with --tag latest_universal";
+    } else if (tag.empty()) {
+      name = read_latest_tag(root / "latest_universal").value_or("");
+      pointer = "latest_universal";
+      why = "the tag `latest_universal` names (there is no `latest`)";
+    } else {
+      return highest_complete(src, list_checkpoints(src));
+    }
+  } else if (tag == "latest_universal" && fs::is_regular_file(root / "latest_universal", ec)) {
+    name = read_latest_tag(root / "latest_universal").value_or("");
+    pointer = "latest_universal";
+    why = "--tag latest_universal: the tag `latest_universal` names";
+  } else {
+    require_tag_name(src, tag);
+    name = tag;
+    why = "--tag " + tag;
+  }
+  const fs::path dir = root / name;
+  if (!fs::is_directory(dir, ec)) {
+    if (!pointer.empty())
+      fail(ErrorCode::kNotFound, src + ": `" + pointer + "` names tag '" + name + "', which is not a directory here");
+    fail(ErrorCode::kNotFound, src + ": no tag directory '" + name + "'; " + listing(src, list_checkpoints(src)));
+  }
+  require_inside(dir.string(), src);
+  std::optional<RootEntry> e = entry_of(dir);
+  if (!e) fail(ErrorCode::kNotFound, dir.string() + " (" + why + ") holds no checkpoint");
+  // A ZeRO tag with a rank's files missing is read: its reader names them.
+  if (!e->complete && e->kind != source_format_name(SourceKind::kZero))
+    fail_data_loss(e->path + ": this checkpoint is incomplete (its save never finished); choose another with --tag");
+  return {dir.string(), why};
+}
+
 }  // namespace
 
 std::vector<RootEntry> list_checkpoints(const std::string& dir) {
@@ -93,9 +184,12 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir) {
   std::sort(out.begin(), out.end(), [](const RootEntry& a, const RootEntry& b) {
     return a.step != b.step ? a.step.value_or(-1) < b.step.value_or(-1) : a.name < b.name;
   });
-  if (!out.empty())
+  if (!out.empty()) {
     if (auto latest = read_latest_tag(fs::path(dir) / "latest"))
       for (auto& e : out) e.latest = e.latest || e.name == *latest;
+    if (auto universal = pointer_tag(fs::path(dir), "latest_universal"))
+      for (auto& e : out) e.latest_universal = e.name == *universal;
+  }
   return out;
 }
 
@@ -108,6 +202,10 @@ std::optional<UnfinishedSave> unfinished_save(const std::string& dir) {
     return UnfinishedSave{e->kind, dir +
                                        " is a DeepSpeed tag whose save did not finish: a rank's optimizer or "
                                        "model-states file is missing"};
+  if (e->kind == source_format_name(SourceKind::kDsUniversal))
+    return UnfinishedSave{e->kind, dir +
+                                       " is a DeepSpeed universal tag whose save did not finish: its "
+                                       "zero/optimizer_state.pt or model-states file is missing"};
   return UnfinishedSave{e->kind, dir + " is a " + e->kind +
                                      " checkpoint whose save did not finish: its .distcp "
                                      "files are there, its .metadata (written last) is not"};
@@ -119,45 +217,50 @@ bool is_checkpoint_root(const std::string& src) {
   return !list_checkpoints(src).empty();
 }
 
-std::string resolve_checkpoint(const std::string& src, const std::string& tag) {
+ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& tag) {
   std::error_code ec;
-  if (!fs::is_directory(src, ec) || zero::is_zero_checkpoint(src)) return src;  // ZeRO reads --tag itself
+  if (!fs::is_directory(src, ec)) {
+    if (!tag.empty() && fs::exists(src, ec))
+      fail_invalid("--tag " + tag + ": " + src + " is one checkpoint file, not a folder of checkpoints; drop --tag");
+    return {src, ""};
+  }
+  if (is_deepspeed_pointer_root(src)) return choose_deepspeed_tag(src, tag);
   if (directory_kind(src)) {
     if (!tag.empty())
       fail_invalid("--tag " + tag + ": " + src + " is one checkpoint, not a folder of checkpoints; drop --tag");
-    return src;
+    return {src, ""};
   }
   std::vector<RootEntry> entries = list_checkpoints(src);
-  if (entries.empty()) return src;  // detect_source names what is missing
+  if (entries.empty()) return {src, ""};  // detect_source names what is missing
   if (tag.empty()) {
     read_latest_tag(fs::path(src) / "latest");  // a `latest` there must name a tag, read or not
-    if (entries.size() == 1 && entries[0].complete) return entries[0].path;
+    if (entries.size() == 1 && entries[0].complete) return {entries[0].path, "the only checkpoint in " + src};
     fail_invalid(listing(src, entries) + "; choose one with --tag NAME, or --tag latest for " +
                  (fs::exists(fs::path(src) / "latest") ? "the one the file `latest` names"
                                                        : "the highest-numbered complete one"));
   }
-  std::string name = tag;
+  std::string name = tag, why = "--tag " + tag;
   if (tag == "latest") {
-    if (fs::is_regular_file(fs::path(src) / "latest")) {
-      name = *read_latest_tag(fs::path(src) / "latest");
-    } else {
-      const RootEntry* best = nullptr;
-      for (const auto& e : entries)
-        if (e.complete && e.step) best = &e;  // sorted by step: the last one wins
-      if (!best) fail(ErrorCode::kNotFound, listing(src, entries) + "; none is complete and numbered: give --tag NAME");
-      return best->path;
-    }
+    if (!fs::is_regular_file(fs::path(src) / "latest")) return highest_complete(src, entries);
+    name = *read_latest_tag(fs::path(src) / "latest");
+    why = "--tag latest: the tag `latest` names";
   }
-  if (name.find('/') != std::string::npos || name == "." || name == "..")
-    fail_invalid("--tag '" + name + "' must name a checkpoint directly inside " + src);
+  require_tag_name(src, name);
   for (const auto& e : entries)
     if (e.name == name) {
       if (!e.complete)
         fail_data_loss(e.path + ": this checkpoint is incomplete (its save never wrote its metadata); " +
                        "choose another with --tag");
-      return e.path;
+      return {e.path, why};
     }
+  if (name != tag)
+    fail(ErrorCode::kNotFound, "--tag latest: " + (fs::path(src) / "latest").string() + " names '" + name +
+                                   "', which is no checkpoint here; " + listing(src, entries));
   fail(ErrorCode::kNotFound, "--tag " + name + ": no such checkpoint; " + listing(src, entries));
+}
+
+std::string resolve_checkpoint(const std::string& src, const std::string& tag) {
+  return choose_checkpoint(src, tag).path;
 }
 
 uint64_t directory_bytes(const std::string& dir) {
@@ -176,13 +279,15 @@ std::string describe_root(const std::string& dir, const std::vector<RootEntry>& 
   for (const auto& e : entries) width = std::max(width, e.name.size());
   for (const auto& e : entries) {
     std::string line = "  " + e.name + std::string(width - e.name.size() + 2, ' ');
+    const bool universal = e.kind == source_format_name(SourceKind::kDsUniversal);
     line += "step " + (e.step ? std::to_string(*e.step) : std::string("?")) + "  " + e.kind + "  world size " +
-            (e.world_size > 0 ? std::to_string(e.world_size) : std::string("?")) + "  " +
+            (e.world_size > 0 ? std::to_string(e.world_size) : std::string(universal ? "any" : "?")) + "  " +
             human_bytes(static_cast<double>(directory_bytes(e.path))) + "  " +
             (e.complete                                        ? "complete"
              : e.kind == source_format_name(SourceKind::kZero) ? "INCOMPLETE (a rank's files are missing)"
+             : universal                                       ? "INCOMPLETE (no zero/optimizer_state.pt)"
                                                                : "INCOMPLETE (no metadata)") +
-            (e.latest ? "  <- latest" : "");
+            (e.latest ? "  <- latest" : "") + (e.latest_universal ? "  <- latest_universal" : "");
     out += line + "\n";
   }
   return out;

@@ -152,8 +152,9 @@ SourceKind source_kind_of(const std::string& src, const ReadOptions& options) {
 
 CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& options) {
   // A folder of checkpoints: the one --tag chose, resolved once.
-  const std::string src = options.files.empty() ? resolve_checkpoint(given, options.tag) : given;
-  if (src != given) log::info("reading " + src + " (of the checkpoints in " + given + ")");
+  const ChosenCheckpoint chosen =
+      options.files.empty() ? choose_checkpoint(given, options.tag) : ChosenCheckpoint{given, ""};
+  const std::string& src = chosen.path;
   // Every file read from here on that is named through the checkpoint's
   // folder must lie in it (io/containment.h); the paths given are trusted.
   if (options.files.empty()) {
@@ -166,7 +167,13 @@ CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& opt
   }
   SourceKind kind = kind_of_resolved(src, options);
   if (!options.files.empty() && !src.empty()) fail_invalid("give either SRC or --files, not both");
-  CheckpointModel model = input_format(kind).read(src, options);
+  if (!options.files.empty() && !options.tag.empty())
+    fail_invalid("--tag " + options.tag + ": --files names the files to read; drop --tag");
+  // The run's first line names what is read and why, so a wrong choice shows.
+  if (!chosen.why.empty()) log::info("reading " + src + " (" + source_format_name(kind) + ", " + chosen.why + ")");
+  ReadOptions read = options;
+  read.tag.clear();  // chosen above: the reader gets the checkpoint itself
+  CheckpointModel model = input_format(kind).read(src, read);
   complete_info(model, src, kind);
   if (model.root) {
     with_context(model.source, [&] {

@@ -26,9 +26,9 @@ struct ReadOptions {
   // problem they can read past here instead of failing on the first (see
   // core/problems.h); nullptr reads fail-fast, as consolidate needs.
   ProblemSink* problems = nullptr;
-  // --tag: a DeepSpeed checkpoint's tag directory under SRC (default: the
-  // one `latest` names), or the checkpoint to read in a folder of them
-  // (formats/checkpoint_root.h).
+  // --tag: the checkpoint to read in a folder of them, a DeepSpeed root's
+  // tag included (formats/checkpoint_root.h). read_checkpoint chooses it
+  // before a reader runs, and readers get it empty.
   std::string tag = {};
   // inspect: one rank's file of a per-rank family or DeepSpeed tag may be
   // read alone, as the file it is (with a warning); other commands refuse

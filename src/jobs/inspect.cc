@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "formats/checkpoint_root.h"
 #include "formats/detect.h"
 #include "formats/zero/zero_reader.h"
@@ -27,7 +29,8 @@ JobReport list_root(const InspectRequest& req, std::ostream& out) {
            {"world_size", e.world_size > 0 ? nlohmann::ordered_json(e.world_size) : nlohmann::ordered_json()},
            {"bytes", directory_bytes(e.path)},
            {"complete", e.complete},
-           {"latest", e.latest}});
+           {"latest", e.latest},
+           {"latest_universal", e.latest_universal}});
     out << j.dump(2) << "\n";
   } else {
     out << describe_root(req.common.source, entries);
@@ -39,10 +42,13 @@ JobReport list_root(const InspectRequest& req, std::ostream& out) {
 }
 
 // --tags: the names --tag accepts for SRC, one per line, `latest` first when
-// SRC has a checkpoint it names; nothing for a single checkpoint.
+// SRC has a checkpoint it names (and `latest_universal` when a DeepSpeed
+// root's file of that name names one); nothing for a single checkpoint.
 JobReport list_tags(const InspectRequest& req, std::ostream& out) {
   std::vector<RootEntry> entries = list_checkpoints(req.common.source);
   if (!entries.empty()) out << "latest\n";
+  if (std::any_of(entries.begin(), entries.end(), [](const RootEntry& e) { return e.latest_universal; }))
+    out << "latest_universal\n";
   for (const auto& e : entries) out << e.name << "\n";
   JobReport report;
   report.summary = "listed " + std::to_string(entries.size()) + " tags of " + req.common.source;

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "formats/checkpoint_root.h"
+#include "formats/detect.h"
 
 using namespace ckpt;
 namespace fs = std::filesystem;
@@ -72,4 +73,57 @@ TEST_CASE("a tag chooses a checkpoint and latest is the highest complete one or 
   std::ofstream(root.dir / "latest") << "step-20\n";
   CHECK(resolve_checkpoint(root.path(), "latest") == root.path("step-20"));
   CHECK(resolve_checkpoint(root.path("step-20"), "") == root.path("step-20"));
+}
+
+// A DeepSpeed root with ZeRO tags and a universal tag side by side, as a
+// job leaves it after `reshard ROOT --tag global_step10 -o
+// ROOT/global_step10_universal --layout deepspeed-universal` (#47): the
+// names are what decides (fake files).
+TEST_CASE("a DeepSpeed root reads what latest names, and --tag what it names, of either kind", "[formats][root]") {
+  Root root;
+  fs::remove_all(root.dir);
+  for (const char* tag : {"global_step10", "global_step20"}) {
+    fs::create_directories(root.dir / tag);
+    Root::touch(root.dir / tag / "mp_rank_00_model_states.pt");
+    Root::touch(root.dir / tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  }
+  fs::create_directories(root.dir / "global_step10_universal" / "zero");
+  Root::touch(root.dir / "global_step10_universal" / "mp_rank_00_model_states.pt");
+  Root::touch(root.dir / "global_step10_universal" / "zero" / "optimizer_state.pt");
+  std::ofstream(root.dir / "latest") << "global_step20";
+  std::ofstream(root.dir / "latest_universal") << "global_step10_universal";
+
+  CHECK(directory_kind(root.path()) == SourceKind::kZero);  // latest_universal does not take the root over
+  ChosenCheckpoint none = choose_checkpoint(root.path(), "");
+  CHECK(none.path == root.path("global_step20"));
+  CHECK(none.why.find("`latest` names") != std::string::npos);
+  CHECK(none.why.find("--tag latest_universal") != std::string::npos);
+  CHECK(resolve_checkpoint(root.path(), "latest") == root.path("global_step20"));
+  CHECK(resolve_checkpoint(root.path(), "global_step10") == root.path("global_step10"));
+  CHECK(resolve_checkpoint(root.path(), "global_step10_universal") == root.path("global_step10_universal"));
+  CHECK(resolve_checkpoint(root.path(), "latest_universal") == root.path("global_step10_universal"));
+  CHECK(choose_checkpoint(root.path(), "global_step10").why == "--tag global_step10");
+  CHECK(code_of([&] { resolve_checkpoint(root.path(), "global_step30"); }) == ErrorCode::kNotFound);
+  CHECK(code_of([&] { resolve_checkpoint(root.path(), "../x"); }) == ErrorCode::kInvalidArgument);
+  CHECK(code_of([&] { resolve_checkpoint(root.path("global_step20"), "global_step10"); }) ==
+        ErrorCode::kInvalidArgument);
+
+  auto entries = list_checkpoints(root.path());
+  REQUIRE(entries.size() == 3);
+  CHECK(entries[1].name == "global_step10_universal");
+  CHECK(entries[1].kind == "deepspeed-universal");
+  CHECK(entries[1].complete);
+  CHECK(entries[1].latest_universal);
+  CHECK(entries[2].latest);
+  CHECK_FALSE(entries[2].latest_universal);
+
+  // `latest` naming a tag that is not there: exit 3, never the universal tag instead.
+  std::ofstream(root.dir / "latest", std::ios::trunc) << "global_step30";
+  CHECK(code_of([&] { resolve_checkpoint(root.path(), ""); }) == ErrorCode::kNotFound);
+  CHECK(code_of([&] { resolve_checkpoint(root.path(), "latest"); }) == ErrorCode::kNotFound);
+  // No `latest`: the root is the universal checkpoint latest_universal names.
+  fs::remove(root.dir / "latest");
+  CHECK(directory_kind(root.path()) == SourceKind::kDsUniversal);
+  CHECK(resolve_checkpoint(root.path(), "") == root.path("global_step10_universal"));
+  CHECK(resolve_checkpoint(root.path(), "latest") == root.path("global_step20"));  // the highest complete step
 }

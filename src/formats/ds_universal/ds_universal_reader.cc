@@ -436,15 +436,24 @@ class UniversalReader {
 
 }  // namespace
 
+bool is_universal_tag(const std::string& dir) { return is_tag(dir); }
+
 bool is_universal_checkpoint(const std::string& dir) {
   if (is_tag(dir)) return true;
-  std::optional<std::string> tag;
+  // A root is the checkpoint it reads without --tag. DeepSpeed's engine reads
+  // what `latest` names unless load_universal is set, and a job resuming
+  // from the root expects that: where there is a `latest`, latest_universal
+  // does not make the root a universal checkpoint (`latest` may name a
+  // universal tag itself).
+  const fs::path root(dir);
+  std::error_code ec;
   try {
-    tag = read_latest_tag(fs::path(dir) / "latest_universal");
+    const bool has_latest = fs::exists(fs::symlink_status(root / "latest", ec));
+    std::optional<std::string> tag = read_latest_tag(root / (has_latest ? "latest" : "latest_universal"));
+    return tag && is_tag(root / *tag);
   } catch (const Error&) {
     return false;
   }
-  return tag && is_tag(fs::path(dir) / *tag);
 }
 
 CheckpointModel read_universal(const std::string& src, ProblemSink* problems, const std::string& only) {

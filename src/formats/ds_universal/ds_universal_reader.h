@@ -23,8 +23,13 @@
 namespace ckpt::ds_universal {
 
 // A tag folder (zero/optimizer_state.pt beside a *model_states.pt), or a
-// folder whose latest_universal names one.
+// root that reads one without --tag: its `latest` names one, or it has no
+// `latest` and its latest_universal names one (formats/checkpoint_root.h
+// chooses the tag a root reads).
 bool is_universal_checkpoint(const std::string& dir);
+
+// A universal checkpoint's tag folder itself, not a root.
+bool is_universal_tag(const std::string& dir);
 
 // `only`: --only, for dropping client-state entries that name unknown globals.
 CheckpointModel read_universal(const std::string& src, ProblemSink* problems = nullptr, const std::string& only = "");
