@@ -63,8 +63,14 @@ def test_keys(keys, tmp_path, run_ckptconv):
 @pytest.mark.parametrize("name,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)])
 def test_dtype(name, dtype, tmp_path, run_ckptconv):
     d = RICH
+    ref = reference(d)
+    assert set(ref) == {"model", "optim"}
+    # --dtype casts the model; the optimizer's state keeps its dtypes unless --optim-dtype
     got = consolidate(run_ckptconv, d, tmp_path / "out.pt", "--dtype", name, "--memory-limit", "64")
-    assert_same(got, cast_floats(reference(d), dtype))
+    assert_same(got, {"model": cast_floats(ref["model"], dtype), "optim": ref["optim"]})
+    got = consolidate(run_ckptconv, d, tmp_path / "both.pt", "--dtype", name, "--optim-dtype", name,
+                      "--memory-limit", "64")
+    assert_same(got, cast_floats(ref, dtype))
 
 
 def test_small_memory_limit_gives_same_bytes(tmp_path, run_ckptconv):

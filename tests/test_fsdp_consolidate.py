@@ -72,7 +72,8 @@ def test_glob_and_file_list_select_one_family(d, tmp_path, run_ckptconv):
 def test_dtype_cast_keeps_step_counters(tmp_path, run_ckptconv):
     d = RANK_DIRS[1]
     model, optim = full(d)
-    got = consolidate(run_ckptconv, d, tmp_path / "out.pt", "--dtype", "bf16", "--memory-limit", "64")
+    got = consolidate(run_ckptconv, d, tmp_path / "out.pt", "--dtype", "bf16", "--optim-dtype", "bf16",
+                      "--memory-limit", "64")
     assert_same(got, cast_floats({"model": model, "optim": optim}, torch.bfloat16))
 
 

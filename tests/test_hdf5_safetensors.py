@@ -239,7 +239,8 @@ def test_cast_output_goes_through_the_slab_path(ext, tmp_path, run_ckptconv):
     """--dtype and a tiny budget: tensors assembled in one-row slabs, cast, then written."""
     src = TD / "dcp" / "fsdp2_adamw_ws3"
     out = tmp_path / f"out.{ext}"
-    run_ok(run_ckptconv, "consolidate", src, "-o", out, "--dtype", "bf16", "--memory-limit", "64")
+    run_ok(run_ckptconv, "consolidate", src, "-o", out, "--dtype", "bf16", "--optim-dtype", "bf16", "--memory-limit",
+           "64")
     expected = cast_floats(reference(src), torch.bfloat16)
     if ext == "safetensors":
         assert_tensors_equal(load_file(out), flat_tensors(expected))

@@ -18,7 +18,8 @@ COMMANDS = [
     ["consolidate", "dcp/fsdp2_adamw_ws3", "-o", "c_dcp.pt"],
     ["consolidate", "dcp/fsdp2_adamw_ws3", "-o", "c_dcp.safetensors"],
     ["consolidate", "fsdp_st/adamw_ws3", "-o", "c_st.pt"],
-    ["consolidate", "fsdp_dt/adamw_ws2", "-o", "c_dt_bf16.pt", "--dtype", "bf16"],
+    # model and optimizer state cast (--dtype alone keeps the optimizer's dtypes)
+    ["consolidate", "fsdp_dt/adamw_ws2", "-o", "c_dt_bf16.pt", "--dtype", "bf16", "--optim-dtype", "bf16"],
     ["consolidate", "fsdp_st/adamw_ws2", "--only", "optim", "-o", "c_st_optim.pt"],
     ["convert", "pt/dtypes.pt", "-o", "conv.pt"],
     ["reshard", "dcp/fsdp2_adamw_ws3", "-o", "r_dcp_5", "--world-size", "5"],
