@@ -7,8 +7,9 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
-#include <regex>
 #include <string>
+
+#include "core/linear_regex.h"
 
 namespace ckpt {
 namespace {
@@ -35,11 +36,11 @@ std::string release_of(const std::string& version) { return version.substr(0, ve
 // it; empty when there is none (a plain LibTorch zip).
 std::string wheel_version(const std::string& lib_dir) {
   std::ifstream in(lib_dir + "/../version.py");
-  static const std::regex re(R"(^__version__\s*=\s*'([^']+)')");
+  static const LinearRegex re = LinearRegex::compile(R"(^__version__\s*=\s*'([^']+)')");
   std::string line;
-  std::smatch m;
+  RegexMatch m;
   while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) return m[1];
+    if (re.search(line, m)) return m.str(1);
   return "";
 }
 

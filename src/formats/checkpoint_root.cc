@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "core/units.h"
 #include "formats/detect.h"
 #include "formats/ds_universal/ds_universal_reader.h"
@@ -19,24 +19,31 @@ namespace fs = std::filesystem;
 namespace {
 
 std::optional<int64_t> last_number(const std::string& name) {
-  static const std::regex kNumber(R"((\d+))");
+  auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
   std::optional<int64_t> out;
-  for (auto it = std::sregex_iterator(name.begin(), name.end(), kNumber); it != std::sregex_iterator(); ++it) {
-    const std::string digits = (*it)[1].str();
+  for (std::size_t at = 0; at < name.size();) {  // each run of digits
+    if (!is_digit(name[at])) {
+      ++at;
+      continue;
+    }
+    std::size_t end = at;
+    while (end < name.size() && is_digit(name[end])) ++end;
+    const std::string digits = name.substr(at, end - at);
     if (digits.size() < 19) out = std::stoll(digits);
+    at = end;
   }
   return out;
 }
 
 // The largest rank + 1 named by `__<rank>_0.distcp` files in `dir`.
 int distcp_world_size(const fs::path& dir) {
-  static const std::regex kDistcp(R"(__(\d+)_\d+\.distcp)");
+  static const LinearRegex kDistcp = LinearRegex::compile(R"(__(\d+)_\d+\.distcp)");
   int ws = -1;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
+    RegexMatch m;
     std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, kDistcp) && m[1].str().size() < 6) ws = std::max(ws, std::stoi(m[1].str()) + 1);
+    if (kDistcp.match(name, m) && m.length(1) < 6) ws = std::max(ws, std::stoi(m.str(1)) + 1);
   }
   return ws;
 }

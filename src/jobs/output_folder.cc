@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -110,15 +109,22 @@ CreatedDirectories::~CreatedDirectories() {
 std::vector<std::string> file_family_in(const std::string& dir, const std::string& file) {
   fs::path f(file);
   std::string stem = f.stem().string(), ext = f.extension().string();
-  auto quote = [](const std::string& s) {
-    return std::regex_replace(s, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+  // STEM-NNNNN-of-NNNNNEXT, as a sharded output names its files.
+  auto is_shard = [&](const std::string& name) {
+    auto digits = [&](std::size_t at) {
+      for (std::size_t i = at; i < at + 5; ++i)
+        if (name[i] < '0' || name[i] > '9') return false;
+      return true;
+    };
+    const std::size_t at = stem.size();
+    return name.size() == at + 15 + ext.size() && name.compare(0, at, stem) == 0 && name[at] == '-' && digits(at + 1) &&
+           name.compare(at + 6, 4, "-of-") == 0 && digits(at + 10) && name.compare(at + 15, ext.size(), ext) == 0;
   };
-  std::regex shard(quote(stem) + R"(-\d{5}-of-\d{5})" + quote(ext));
   std::vector<std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::string name = e.path().filename().string();
-    if (name == file || name == file + ".index.json" || std::regex_match(name, shard)) out.push_back(name);
+    if (name == file || name == file + ".index.json" || is_shard(name)) out.push_back(name);
   }
   std::sort(out.begin(), out.end());
   return out;

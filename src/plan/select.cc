@@ -1,9 +1,9 @@
 #include "plan/select.h"
 
 #include <optional>
-#include <regex>
 
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "model/tree_walk.h"
 
 namespace ckpt {
@@ -19,9 +19,9 @@ class Selector {
       : in_(in), out_(out), exclude_frozen_(exclude_frozen) {
     if (!keys.empty()) {
       try {
-        keys_ = std::regex(keys, std::regex::ECMAScript);
-      } catch (const std::regex_error& e) {
-        fail_invalid("--keys '" + keys + "' is not a valid regular expression: " + e.what());
+        keys_ = LinearRegex::compile(keys);
+      } catch (const Error& e) {
+        fail_invalid("--keys '" + keys + "' is not a valid regular expression: " + e.message());
       }
     }
   }
@@ -49,7 +49,7 @@ class Selector {
   }
 
  private:
-  bool matches(const std::string& path) const { return !keys_ || std::regex_search(path, *keys_); }
+  bool matches(const std::string& path) const { return !keys_ || keys_->search(path); }
 
   // Copies a kept subtree, moving its tensors to the output model.
   ValuePtr copy_with_tensors(const ValuePtr& v) {
@@ -70,7 +70,7 @@ class Selector {
 
   const CheckpointModel& in_;
   CheckpointModel& out_;
-  std::optional<std::regex> keys_;
+  std::optional<LinearRegex> keys_;
   bool exclude_frozen_;
   std::map<std::size_t, ValuePtr> renumbered_;
 };

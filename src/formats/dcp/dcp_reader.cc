@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "core/problems.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/torch_pt/pt_reader.h"
@@ -35,9 +35,9 @@ void check_relative_path(const std::string& path) {
 }
 
 int rank_of_file(const std::string& name) {
-  static const std::regex kDistcp(R"(__(\d+)_(\d+)\.distcp)");
-  std::smatch m;
-  if (std::regex_match(name, m, kDistcp)) return std::stoi(m[1].str());
+  static const LinearRegex kDistcp = LinearRegex::compile(R"(__(\d+)_(\d+)\.distcp)");
+  RegexMatch m;
+  if (kDistcp.match(name, m)) return std::stoi(m.str(1));
   return -1;
 }
 
@@ -84,12 +84,11 @@ std::string zstd_decompress(const ByteSource& src, uint64_t limit) {
 // The files of a DCP directory: its metadata files and every .distcp in it
 // (those the metadata does not name included: validate reports them).
 std::vector<std::string> list_dcp_files(const std::string& dir) {
-  static const std::regex kDcpFile(R"(\.metadata|__\d+\.metadata|.*\.distcp)");
+  static const LinearRegex kDcpFile = LinearRegex::compile(R"(\.metadata|__\d+\.metadata|.*\.distcp)");
   std::vector<std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && std::regex_match(e.path().filename().string(), kDcpFile))
-      out.push_back(e.path().string());
+    if (e.is_regular_file() && kDcpFile.match(e.path().filename().string())) out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -421,15 +420,15 @@ ValuePtr entry_or_root(const ValuePtr& root, const std::string& key) {
 }  // namespace
 
 CheckpointModel read_dcp_pair(const std::string& dir, ProblemSink* sink) {
-  static const std::regex kPart(R"((pytorch_model_fsdp|optimizer)_(\d+))");
+  static const LinearRegex kPart = LinearRegex::compile(R"((pytorch_model_fsdp|optimizer)_(\d+))");
   std::vector<std::pair<std::string, fs::path>> parts;  // output key, directory
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
+    RegexMatch m;
     std::string name = e.path().filename().string();
-    if (!e.is_directory() || !std::regex_match(name, m, kPart)) continue;
-    bool model = m[1].str() == "pytorch_model_fsdp";
-    std::string index = m[2].str();
+    if (!e.is_directory() || !kPart.match(name, m)) continue;
+    bool model = m[1] == "pytorch_model_fsdp";
+    std::string index = m.str(2);
     parts.emplace_back(std::string(model ? "model" : "optim") + (index == "0" ? "" : "_" + index), e.path());
   }
   std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second < b.second; });

@@ -4,11 +4,11 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "formats/safetensors/safetensors_format.h"
 #include "model/ordered_json.h"
 
@@ -22,11 +22,11 @@ constexpr const char* kShardingInfo = "DCP_SHARDING_INFO";
 
 // "shard-00003-model-00001-of-00001.safetensors" -> rank 2; -1 for other names.
 int rank_of(const std::string& path) {
-  static const std::regex kName(R"(^shard-(\d{1,9})-.*\.safetensors$)");
-  std::smatch m;
+  static const LinearRegex kName = LinearRegex::compile(R"(^shard-(\d{1,9})-.*\.safetensors$)");
+  RegexMatch m;
   std::string name = fs::path(path).filename().string();
-  if (!std::regex_match(name, m, kName)) return -1;
-  int n = std::stoi(m[1].str());
+  if (!kName.match(name, m)) return -1;
+  int n = std::stoi(m.str(1));
   return n >= 1 ? n - 1 : -1;
 }
 

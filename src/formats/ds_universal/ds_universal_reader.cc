@@ -4,13 +4,13 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "core/log.h"
 #include "formats/latest_file.h"
 #include "formats/pyobj.h"
@@ -267,14 +267,14 @@ class UniversalReader {
   // frozen_param_fragments, in the per-rank model-states files DeepSpeed's
   // converter copied.
   std::optional<std::size_t> from_fragments(CheckpointModel& model, const std::string& name) {
-    static const std::regex rank_re(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
+    static const LinearRegex rank_re = LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
     if (rank_states_.empty()) {
       std::map<int, std::string> found;
       std::error_code ec;
       for (const auto& e : fs::directory_iterator(dir_, ec)) {
-        std::smatch m;
+        RegexMatch m;
         const std::string file = e.path().filename().string();
-        if (std::regex_match(file, m, rank_re)) found[std::stoi(m[1])] = e.path().string();
+        if (rank_re.match(file, m)) found[std::stoi(m.str(1))] = e.path().string();
       }
       if (found.empty() || found.rbegin()->first + 1 != int(found.size())) return std::nullopt;
       for (const auto& [r, path] : found) {

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "core/log.h"
 #include "core/problems.h"
 #include "formats/detect.h"
@@ -231,8 +231,14 @@ CheckpointModel merge_family(FamilyFiles&& read, ProblemSink* sink) {
   }
   std::size_t dropped = drop_replica_chunks(merged);
   // Rank 0 described its own mesh coordinate; the merged tensor has every rank's.
-  static const std::regex kCoordinate(R"( at \([0-9, ]*\))");
-  for (auto& t : merged.tensors) t.sharding = std::regex_replace(t.sharding, kCoordinate, "");
+  static const LinearRegex kCoordinate = LinearRegex::compile(R"( at \([0-9, ]*\))");
+  for (auto& t : merged.tensors) {
+    std::string kept;
+    std::string_view rest = t.sharding;
+    for (RegexMatch m; kCoordinate.search(rest, m); rest.remove_prefix(m.position(0) + m.length(0)))
+      kept.append(rest.substr(0, m.position(0)));
+    t.sharding = kept.append(rest);
+  }
   merged.facts["world_size"] = std::to_string(world_size);
   merged.facts[family.kind.empty() ? "files" : family.kind + "_files"] =
       std::to_string(files.size()) + " x " + family.tmpl + " in " + fs::path(files.front().path).parent_path().string();

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "core/log.h"
 #include "io/containment.h"
 
@@ -18,8 +18,8 @@ namespace {
 namespace fs = std::filesystem;
 
 bool has_extension(const std::string& name) {
-  static const std::regex kExt(R"(.*\.(pt|pth|bin))");
-  return std::regex_match(name, kExt);
+  static const LinearRegex kExt = LinearRegex::compile(R"(.*\.(pt|pth|bin))");
+  return kExt.match(name);
 }
 
 std::string kind_of(const std::string& tmpl) {
@@ -47,18 +47,18 @@ std::string RankFileName::name_for(int r) const {
 
 std::optional<RankFileName> parse_rank_file_name(const std::string& filename) {
   if (!has_extension(filename)) return std::nullopt;
-  static const std::regex kVerl(R"(^(.*)_world_size_(\d+)_rank_(\d+)(\.[A-Za-z]+)$)");
-  static const std::regex kGeneric(R"(^(.*?rank[_-]?)(\d+)(.*)$)", std::regex::icase);
-  std::smatch m;
+  static const LinearRegex kVerl = LinearRegex::compile(R"(^(.*)_world_size_(\d+)_rank_(\d+)(\.[A-Za-z]+)$)");
+  static const LinearRegex kGeneric = LinearRegex::compile(R"(^(.*?rank[_-]?)(\d+)(.*)$)", LinearRegex::kIcase);
+  RegexMatch m;
   RankFileName out;
-  if (std::regex_match(filename, m, kVerl)) {
-    out.world_size = parse_int(m[2].str());
-    out.rank = parse_int(m[3].str());
-    out.tmpl = m[1].str() + "_world_size_{N}_rank_{r}" + m[4].str();
-    out.auxiliary = m[1].str() == "extra_state";
-  } else if (std::regex_match(filename, m, kGeneric)) {
-    out.rank = parse_int(m[2].str());
-    out.tmpl = m[1].str() + "{r}" + m[3].str();
+  if (kVerl.match(filename, m)) {
+    out.world_size = parse_int(m.str(2));
+    out.rank = parse_int(m.str(3));
+    out.tmpl = m.str(1) + "_world_size_{N}_rank_{r}" + m.str(4);
+    out.auxiliary = m[1] == "extra_state";
+  } else if (kGeneric.match(filename, m)) {
+    out.rank = parse_int(m.str(2));
+    out.tmpl = m.str(1) + "{r}" + m.str(3);
   } else {
     return std::nullopt;
   }
@@ -85,14 +85,18 @@ struct Numbered {
 };
 
 std::vector<Numbered> numbered_readings(const std::string& name) {
-  static const std::regex kDigits(R"(\d+)");
+  auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
   std::vector<Numbered> out;
   if (!has_extension(name)) return out;
-  for (auto it = std::sregex_iterator(name.begin(), name.end(), kDigits); it != std::sregex_iterator(); ++it) {
-    const std::string run = it->str();
+  for (std::size_t at = 0, end = 0; at < name.size(); at = end) {  // each run of digits
+    if (!is_digit(name[at])) {
+      end = at + 1;
+      continue;
+    }
+    for (end = at; end < name.size() && is_digit(name[end]);) ++end;
+    const std::string run = name.substr(at, end - at);
     int value = parse_int(run);
     if (value < 0) continue;
-    auto at = static_cast<std::size_t>(it->position());
     out.push_back({name.substr(0, at) + "{r}" + name.substr(at + run.size()), value,
                    run.size() > 1 && run[0] == '0' ? static_cast<int>(run.size()) : 0});
   }

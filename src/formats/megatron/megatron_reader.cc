@@ -4,10 +4,10 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "core/log.h"
 #include "formats/dcp/dcp_reader.h"
 #include "formats/torch_pt/quarantined_pt.h"
@@ -84,9 +84,9 @@ struct ObjectShard {
 };
 
 std::optional<ObjectShard> parse_object_key(const std::string& item) {
-  static const std::regex kShard(R"((.+)/shard_(\d+(?:\.\d+)*)_(\d+(?:\.\d+)*))");
-  std::smatch m;
-  if (!std::regex_match(item, m, kShard)) return std::nullopt;
+  static const LinearRegex kShard = LinearRegex::compile(R"((.+)/shard_(\d+(?:\.\d+)*)_(\d+(?:\.\d+)*))");
+  RegexMatch m;
+  if (!kShard.match(item, m)) return std::nullopt;
   auto ints = [&](const std::string& text) {
     Shape out;
     std::size_t pos = 0;
@@ -100,7 +100,7 @@ std::optional<ObjectShard> parse_object_key(const std::string& item) {
     }
     return out;
   };
-  ObjectShard s{m[1].str(), ints(m[2].str()), ints(m[3].str())};
+  ObjectShard s{m.str(1), ints(m.str(2)), ints(m.str(3))};
   // megatron-core shards objects over at most 3 axes (TP, PP, DP/EP); an
   // object's value nests one list per axis, so a claimed rank of thousands
   // would build a tree deeper than any reader (this one included) takes.

@@ -7,7 +7,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string_view>
 #include <utility>
@@ -15,6 +14,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "core/log.h"
 #include "formats/latest_file.h"
 #include "formats/pyobj.h"
@@ -81,9 +81,11 @@ std::string tag_dir(const std::string& src, const std::string& tag) {
 }
 
 TagFiles list_files(const std::string& dir) {
-  static const std::regex optim_re(R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$)");
-  static const std::regex rank_model_re(R"(^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$)");
-  static const std::regex model_re(R"(^mp_rank_(\d+)_model_states\.pt$)");
+  static const LinearRegex optim_re =
+      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$)");
+  static const LinearRegex rank_model_re =
+      LinearRegex::compile(R"(^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$)");
+  static const LinearRegex model_re = LinearRegex::compile(R"(^mp_rank_(\d+)_model_states\.pt$)");
   TagFiles out;
   out.dir = dir;
   std::map<int, std::string> optim, rank_model;
@@ -92,15 +94,15 @@ TagFiles list_files(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    std::smatch m;
-    if (std::regex_match(name, m, optim_re)) {
-      mp_ranks.insert(m[3]);
-      if (m[3] == "00") optim[std::stoi(m[2])] = e.path().string();
-    } else if (std::regex_match(name, m, rank_model_re)) {
-      mp_ranks.insert(m[2]);
-      if (m[2] == "00") rank_model[std::stoi(m[1])] = e.path().string();
-    } else if (std::regex_match(name, m, model_re)) {
-      mp_ranks.insert(m[1]);
+    RegexMatch m;
+    if (optim_re.match(name, m)) {
+      mp_ranks.insert(m.str(3));
+      if (m[3] == "00") optim[std::stoi(m.str(2))] = e.path().string();
+    } else if (rank_model_re.match(name, m)) {
+      mp_ranks.insert(m.str(2));
+      if (m[2] == "00") rank_model[std::stoi(m.str(1))] = e.path().string();
+    } else if (model_re.match(name, m)) {
+      mp_ranks.insert(m.str(1));
       if (m[1] == "00") single_model = e.path().string();
     } else {
       log::debug("ignoring " + e.path().string() + ": not a ZeRO model or optimizer states file");
@@ -727,17 +729,19 @@ bool holds_zero_files(const std::string& dir) {
 }
 
 std::optional<int> tag_world_size(const std::string& dir) {
-  static const std::regex optim_re(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_00_optim_states\.pt$)");
-  static const std::regex rank_model_re(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
+  static const LinearRegex optim_re =
+      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_00_optim_states\.pt$)");
+  static const LinearRegex rank_model_re =
+      LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
   std::set<int> optim, model;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    std::smatch m;
-    if (std::regex_match(name, m, optim_re))
-      optim.insert(std::stoi(m[2]));
-    else if (std::regex_match(name, m, rank_model_re))
-      model.insert(std::stoi(m[1]));
+    RegexMatch m;
+    if (optim_re.match(name, m))
+      optim.insert(std::stoi(m.str(2)));
+    else if (rank_model_re.match(name, m))
+      model.insert(std::stoi(m.str(1)));
   }
   const int n = static_cast<int>(optim.size());
   if (n == 0 || *optim.rbegin() != n - 1 || !has_model_states(fs::path(dir))) return std::nullopt;
