@@ -442,3 +442,21 @@ def test_fsdp1_optimizer_over_all_but_one_of_20k_parameters(tmp_path, ckptconv):
         held = [o["state"][k]["exp_avg"] for o in raw if k in o["state"] and o["state"][k]["exp_avg"].numel()]
         assert len(held) == 1 and torch.equal(got["state"][names[k]]["exp_avg"].flatten(), held[0].flatten())
     assert mb < 1024, mb  # the choice table alone was 1.7 GB
+
+
+# ---- the sweep: rank numbers no job has ----------------------------------------
+
+def test_a_rank_file_numbered_past_any_world_size_is_no_internal_error(tmp_path, run_ckptconv):
+    """A ZeRO file whose rank has 11 digits threw std::out_of_range from
+    stoi (exit 5, "internal error"); rank numbers are read as at most 6
+    digits, so such a file is no rank file of the job."""
+    root = tmp_path / "zero"
+    shutil.copytree(TESTDATA / "zero" / "z2_bf16_ws2", root)
+    tag = root / (root / "latest").read_text().strip()
+    first = sorted(tag.glob("*zero_pp_rank_0_mp_rank_00_optim_states.pt"))[0]
+    shutil.copyfile(first, tag / first.name.replace("rank_0_mp", "rank_99999999999_mp"))
+    for cmd in (["inspect", root], ["validate", root], ["consolidate", root, "-o", tmp_path / "o.pt"]):
+        r = run_ckptconv(*cmd)
+        _not_a_signal(r)
+        assert r.returncode in (0, 1, 3), (cmd[0], r.returncode, r.stderr)
+        assert "internal error" not in r.stderr

@@ -35,7 +35,8 @@ void check_relative_path(const std::string& path) {
 }
 
 int rank_of_file(const std::string& name) {
-  static const LinearRegex kDistcp = LinearRegex::compile(R"(__(\d+)_(\d+)\.distcp)");
+  // At most 6 digits (no job has a million ranks): the number always fits an int.
+  static const LinearRegex kDistcp = LinearRegex::compile(R"(__(\d{1,6})_(\d{1,6})\.distcp)");
   RegexMatch m;
   if (kDistcp.match(name, m)) return std::stoi(m.str(1));
   return -1;

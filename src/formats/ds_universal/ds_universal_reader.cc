@@ -431,7 +431,7 @@ class UniversalReader {
   ValuePtr module_;
   std::unordered_map<std::string, ValuePtr> module_index_;
   std::optional<std::map<int64_t, ValuePtr>> step_states_;  // optimizer_state_dict.state by sub-group
-  std::map<std::string, std::set<std::string>> folders_;  // zero/<fqn>/ -> its file stems
+  std::map<std::string, std::set<std::string>> folders_;    // zero/<fqn>/ -> its file stems
 };
 
 }  // namespace

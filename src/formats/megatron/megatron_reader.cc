@@ -66,7 +66,6 @@ nlohmann::ordered_json read_metadata_json(const std::string& dir) {
   return j;
 }
 
-constexpr std::size_t kMaxObjectRank = 8;
 // Splitting stacks costs memory per slice made (a piece, then a tensor
 // entry and its name: ~1 KB), whatever the stored bytes: a zstd record of
 // 4 KB can claim a [10^6, 1] stack. No model has more than a few hundred
@@ -75,25 +74,22 @@ constexpr std::size_t kMaxObjectRank = 8;
 constexpr int64_t kMaxStackSlices = int64_t{1} << 14;
 constexpr uint64_t kMaxPieces = uint64_t{1} << 18;
 
-// A sharded object's stored item: KEY/shard_<offsets>_<global shape>, each
-// a dot-joined list of integers (mapping.py ShardedObject.unique_key).
-struct ObjectShard {
-  std::string key;
-  Shape offsets;
-  Shape shape;
-};
+}  // namespace
 
 std::optional<ObjectShard> parse_object_key(const std::string& item) {
   static const LinearRegex kShard = LinearRegex::compile(R"((.+)/shard_(\d+(?:\.\d+)*)_(\d+(?:\.\d+)*))");
   RegexMatch m;
   if (!kShard.match(item, m)) return std::nullopt;
+  const std::string shown = item.size() > 200 ? item.substr(0, 200) + "..." : item;  // keys may be 40k long
   auto ints = [&](const std::string& text) {
     Shape out;
     std::size_t pos = 0;
     while (pos <= text.size()) {
       std::size_t dot = text.find('.', pos);
       std::string part = text.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
-      if (part.size() > 12) fail_data_loss("sharded object '" + item + "': an offset or extent of " + part);
+      if (part.size() > 12)
+        fail_data_loss("sharded object '" + shown + "': an offset or extent of more than 12 digits (" +
+                       part.substr(0, 20) + (part.size() > 20 ? "...)" : ")"));
       out.push_back(std::stoll(part));
       if (dot == std::string::npos) break;
       pos = dot + 1;
@@ -101,22 +97,20 @@ std::optional<ObjectShard> parse_object_key(const std::string& item) {
     return out;
   };
   ObjectShard s{m.str(1), ints(m.str(2)), ints(m.str(3))};
-  // megatron-core shards objects over at most 3 axes (TP, PP, DP/EP); an
-  // object's value nests one list per axis, so a claimed rank of thousands
-  // would build a tree deeper than any reader (this one included) takes.
   if (s.shape.size() > kMaxObjectRank)
-    fail_data_loss("sharded object '" + item.substr(0, 200) + (item.size() > 200 ? "..." : "") + "': a " +
-                   std::to_string(s.shape.size()) + "-d shape; megatron-core's objects have at most " +
-                   std::to_string(kMaxObjectRank) + " axes");
+    fail_data_loss("sharded object '" + shown + "': a " + std::to_string(s.shape.size()) +
+                   "-d shape; megatron-core's objects have at most " + std::to_string(kMaxObjectRank) + " axes");
   if (s.offsets.size() != s.shape.size())
-    fail_data_loss("sharded object '" + item + "': " + std::to_string(s.offsets.size()) + " offsets for a " +
+    fail_data_loss("sharded object '" + shown + "': " + std::to_string(s.offsets.size()) + " offsets for a " +
                    std::to_string(s.shape.size()) + "-d shape");
   for (std::size_t d = 0; d < s.shape.size(); ++d)
     if (s.offsets[d] >= s.shape[d])
-      fail_data_loss("sharded object '" + item + "': offset " + std::to_string(s.offsets[d]) + " outside its shape " +
+      fail_data_loss("sharded object '" + shown + "': offset " + std::to_string(s.offsets[d]) + " outside its shape " +
                      shape_str(s.shape));
   return s;
 }
+
+namespace {
 
 // One sharded object: its shards' values by offset.
 struct ObjectGroup {

@@ -22,6 +22,8 @@
 //           saying so.
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
 
 #include "core/problems.h"
@@ -32,6 +34,24 @@ namespace ckpt::megatron {
 // A directory whose metadata.json names a sharded backend (megatron-core's
 // dist_checkpointing writes it for every backend).
 bool is_dist_checkpoint(const std::string& dir);
+
+// A sharded object's stored item: KEY/shard_<offsets>_<global shape>, each
+// a dot-joined list of integers (mapping.py ShardedObject.unique_key).
+struct ObjectShard {
+  std::string key;
+  Shape offsets;
+  Shape shape;
+};
+// megatron-core shards objects over at most 3 axes (TP, PP, DP/EP); an
+// object's value nests one list per axis, so a claimed rank of thousands
+// would build a tree deeper than any reader (this one included) takes.
+inline constexpr std::size_t kMaxObjectRank = 8;
+
+// An item's key as a sharded object's; nullopt when it is no object key,
+// DataLoss when it claims one it cannot be (offsets outside the shape, a
+// rank above kMaxObjectRank, a number of more than 12 digits). Linear in
+// the key's length.
+std::optional<ObjectShard> parse_object_key(const std::string& item);
 
 // `problems` (validate): problems the reader can read past are reported
 // there (an object's missing shards, items that do not decode).

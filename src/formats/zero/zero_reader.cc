@@ -82,9 +82,9 @@ std::string tag_dir(const std::string& src, const std::string& tag) {
 
 TagFiles list_files(const std::string& dir) {
   static const LinearRegex optim_re =
-      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$)");
+      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_optim_states\.pt$)");
   static const LinearRegex rank_model_re =
-      LinearRegex::compile(R"(^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$)");
+      LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_model_states\.pt$)");
   static const LinearRegex model_re = LinearRegex::compile(R"(^mp_rank_(\d+)_model_states\.pt$)");
   TagFiles out;
   out.dir = dir;
