@@ -334,6 +334,17 @@ def _safe_get_would_raise(p, key: str):
     return None
 
 
+def param_groups_of(engine, group_names) -> list:
+    """The live optimizer's param groups as the reference records them: its
+    hyper-parameters (tuples as lists) and each group's parameter names."""
+    groups = []
+    for gi, g in enumerate(engine.optimizer.optimizer.param_groups[:len(group_names)]):
+        h = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+        h["params"] = list(group_names[gi])
+        groups.append(h)
+    return groups
+
+
 def step_of(engine, cls: str, group_idx: int, param):
     opt = engine.optimizer
     base = opt.optimizer
@@ -463,12 +474,7 @@ def job(rank: int, ws: int, out: str, name: str) -> None:
         lp = {n: p.data.detach().clone() for n, p in named.items()}
     for n in trainable:
         assert lp[n].dtype == lp_dtype and torch.equal(lp[n], model_ref[n].to(lp_dtype)), (name, n, "lp != fp32 master")
-    base = engine.optimizer.optimizer
-    pgroups = []
-    for gi, g in enumerate(base.param_groups[:len(group_names)]):
-        h = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-        h["params"] = list(group_names[gi])
-        pgroups.append(h)
+    pgroups = param_groups_of(engine, group_names)
     buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
     if rank != 0:
         return

@@ -59,13 +59,7 @@ def live_values(engine, c, cls, group_names) -> dict:
         model[n] = safe_get_full_fp32_param(p).detach().clone().float()
         optim[n] = {k: safe_get_full_optimizer_state(p, k).detach().clone().float() for k in ("exp_avg", "exp_avg_sq")}
         optim[n]["step"] = mz.step_of(engine, cls, 0, p)
-    base = engine.optimizer.optimizer
-    groups = []
-    for gi, g in enumerate(base.param_groups[:len(group_names)]):
-        h = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-        h["params"] = list(group_names[gi])
-        groups.append(h)
-    return {"model": model, "optim": optim, "param_groups": groups,
+    return {"model": model, "optim": optim, "param_groups": mz.param_groups_of(engine, group_names),
             "lp": {n: p.data.detach().clone() for n, p in named.items()},
             "buffers": {n: b.detach().clone() for n, b in engine.module.named_buffers()},
             "tied": dict(mz.TIED), "global_steps": engine.global_steps}
