@@ -81,3 +81,10 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session, exitstatus):
     if _SKIPPED_MODULES and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def require_side_env(python, what: str, script: str) -> None:
+    """Fails the test (never skips it) when the side environment whose
+    interpreter is `python` is missing: `what` runs in it, `script` makes it."""
+    if not python.exists():
+        pytest.fail(f"no {python}: {what} in the side environment that {script} makes (scripts/test does)")

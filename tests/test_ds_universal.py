@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from proofs_guard import require_side_env
+
 REPO = Path(__file__).resolve().parent.parent
 DS_PY = REPO / ".venv-deepspeed" / "bin" / "python"
 TAG = "global_step3_universal"
@@ -39,9 +41,7 @@ CASES = ["z1_fp16_ws2", "z2_bf16_ws2", "z2_2groups_ws2", "z2_fp32_ws3", "z3_bf16
 
 @pytest.fixture
 def deepspeed_env():
-    if not DS_PY.exists():
-        pytest.fail(f"no {DS_PY}: the real-engine load tests run DeepSpeed in the side environment that "
-                    "scripts/setup-deepspeed makes (scripts/test does)")
+    require_side_env(DS_PY, "the real-engine load tests run DeepSpeed", "scripts/setup-deepspeed")
 
 
 needs_deepspeed = pytest.mark.usefixtures("deepspeed_env")

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from proofs_guard import require_side_env
 from state_compare import assert_same
 
 REPO = Path(__file__).resolve().parent.parent
@@ -304,9 +305,7 @@ MEGATRON_PY = REPO / ".venv-megatron" / "bin" / "python"
 
 @pytest.fixture
 def megatron_env():
-    if not MEGATRON_PY.exists():
-        pytest.fail(f"no {MEGATRON_PY}: loading with megatron-core itself runs in the side environment that "
-                    "scripts/setup-megatron makes (scripts/test does)")
+    require_side_env(MEGATRON_PY, "loading with megatron-core itself runs", "scripts/setup-megatron")
 
 
 needs_megatron = pytest.mark.usefixtures("megatron_env")
