@@ -1,4 +1,5 @@
 #include "io/byte_source.h"
+
 #include "io/mapped_inputs.h"
 
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "io/containment.h"
+#include "io/local_files.h"
 
 namespace ckpt {
 
@@ -298,13 +300,13 @@ class SubSource final : public ByteSource {
 
 }  // namespace
 
-SourcePtr open_file_source(const std::string& path) {
+SourcePtr open_local_file(const std::string& path) {
   uint64_t size = 0;
   auto fd = open_readonly(path, &size);
   return std::make_shared<FileSource>(path, std::move(fd), size);
 }
 
-SourcePtr open_mapped_source(const std::string& path) {
+SourcePtr open_local_mapped(const std::string& path) {
   uint64_t size = 0;
   auto fd = open_readonly(path, &size);
   if (size == 0) return std::make_shared<FileSource>(path, std::move(fd), size);

@@ -67,7 +67,8 @@ class ByteSource {
 
 using SourcePtr = std::shared_ptr<const ByteSource>;
 
-// Opens a file for positional reads (pread). NotFound if missing.
+// Opens a file for positional reads (pread), through the storage that holds
+// it (io/storage.h, which defines these two). NotFound if missing.
 SourcePtr open_file_source(const std::string& path);
 // Maps a whole file read-only (falls back to pread for empty files).
 SourcePtr open_mapped_source(const std::string& path);

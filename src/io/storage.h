@@ -1,0 +1,110 @@
+// The storage layer: the one way the rest of ckptconv lists, stats, opens,
+// creates and removes anything. Readers, probes, checks, jobs and writers
+// name paths; where those paths live is decided here, by the `Storage`
+// that storage_for() picks for a path (LocalStorage, the POSIX file system,
+// is the only backend today). The containment rule (io/containment.h,
+// --follow-links) is applied by every open, so no caller can read a file a
+// checkpoint folder links out to by going another way.
+//
+// A new backend (object storage: s3://bucket/prefix) is one file
+// implementing Storage: stat and list by prefix, open as a ByteSource doing
+// ranged reads, and the output side as multipart uploads published on
+// rename(). local_path() is optional: callers that need a local file
+// (copy_file_range, libhdf5) ask for it and fall back, or refuse by name,
+// when a backend has none. docs/architecture.md has the recipe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/byte_source.h"
+
+namespace ckpt {
+
+enum class EntryKind { kNone, kFile, kDirectory, kOther };
+
+// What stat() learns about a path. `kind` follows symbolic links (a link to
+// a file is a file); `link` says the name itself is one.
+struct EntryStat {
+  EntryKind kind = EntryKind::kNone;
+  bool link = false;
+  uint64_t size = 0;  // files only
+  // Identity: two names of one file have equal (device, inode).
+  uint64_t device = 0;
+  uint64_t inode = 0;
+
+  bool exists() const { return kind != EntryKind::kNone || link; }
+  bool is_file() const { return kind == EntryKind::kFile; }
+  bool is_directory() const { return kind == EntryKind::kDirectory; }
+};
+
+// One name in a directory listing; `path` is the directory joined with it.
+// `kind` follows links, as EntryStat's does.
+struct DirEntry {
+  std::string name;
+  std::string path;
+  EntryKind kind = EntryKind::kNone;
+  bool link = false;
+
+  bool is_file() const { return kind == EntryKind::kFile; }
+  bool is_directory() const { return kind == EntryKind::kDirectory; }
+};
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+
+  // ---- reading ----
+  // kNone (never throws) when the path does not exist or cannot be looked at.
+  virtual EntryStat stat(const std::string& path) const = 0;
+  // The names in `dir`, sorted bytewise (so every run sees one order); empty
+  // when `dir` is not a readable directory. "." and ".." are never listed.
+  virtual std::vector<DirEntry> list(const std::string& dir) const = 0;
+  // For positional reads; NotFound when missing, Unsafe when it escapes its
+  // checkpoint folder (io/containment.h), Unimplemented when not a regular
+  // file. `mapped`: all bytes addressable (data()) where the backend can.
+  virtual SourcePtr open(const std::string& path, bool mapped) const = 0;
+  // The path as a local file for APIs that need one (copy_file_range,
+  // libhdf5); nullopt on a backend without local files.
+  virtual std::optional<std::string> local_path(const std::string& path) const = 0;
+  // Absolute, symlinks resolved where they exist ("a/../b" made lexical past
+  // the first missing component): to compare two paths naming one place.
+  virtual std::string resolved(const std::string& path) const = 0;
+
+  // ---- writing outputs ----
+  // Makes `dir` (not its parents); false when it already existed as a
+  // directory; OutputFailed naming it otherwise.
+  virtual bool make_directory(const std::string& dir) const = 0;
+  // Removes a file, a link or an empty directory; false when it was not there
+  // or could not be removed (best effort: used to undo).
+  virtual bool remove(const std::string& path) const = 0;
+  // Removes a tree (best effort; links are removed, never followed).
+  virtual void remove_tree(const std::string& path) const = 0;
+  // `to` as a copy of the file `from`: a hard link where the backend can (no
+  // bytes copied), else the bytes. OutputFailed naming both on failure.
+  virtual void link_or_copy(const std::string& from, const std::string& to) const = 0;
+  // A symbolic link at `to` saying what `from` says (never followed).
+  virtual void copy_link(const std::string& from, const std::string& to) const = 0;
+};
+
+// The storage holding `path`: LocalStorage today, for every path.
+const Storage& storage_for(const std::string& path);
+
+// Shorthands through storage_for(path), for the common questions.
+inline EntryStat stat_path(const std::string& path) { return storage_for(path).stat(path); }
+inline bool path_exists(const std::string& path) { return stat_path(path).exists(); }
+inline bool is_directory(const std::string& path) { return stat_path(path).is_directory(); }
+inline bool is_regular_file(const std::string& path) { return stat_path(path).is_file(); }
+inline std::vector<DirEntry> list_directory(const std::string& dir) { return storage_for(dir).list(dir); }
+inline std::string resolved_path(const std::string& path) { return storage_for(path).resolved(path); }
+// An existing directory with nothing in it.
+inline bool is_empty_directory(const std::string& dir) { return is_directory(dir) && list_directory(dir).empty(); }
+
+// The whole file, for small text files (`latest`, config.json, a manifest):
+// NotFound when missing, InvalidArgument naming it and `max_bytes` when
+// larger (a file named `latest` that is a 10 GB blob is not a tag).
+std::string read_small_file(const std::string& path, uint64_t max_bytes);
+
+}  // namespace ckpt
