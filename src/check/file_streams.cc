@@ -1,9 +1,5 @@
 #include "check/file_streams.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -13,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/interrupt.h"
+#include "io/storage.h"
 
 namespace ckpt::check {
 namespace {
@@ -43,7 +40,7 @@ struct FileStreams::Stream {
   std::vector<std::pair<uint64_t, uint64_t>> scanned;         // records the scan reads: sorted, disjoint
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> reading;  // id -> [begin, end) being read by a scan
   std::condition_variable moved;                              // position advanced or a reading ended
-  int fd = -1;                                                // for the bytes no scan reads
+  SourcePtr file;                                             // for the bytes no scan reads
   std::string error;                                          // a direct read failed
   std::string checksum;
   bool done = false;
@@ -56,12 +53,11 @@ FileStreams::FileStreams(const std::vector<std::string>& files, ChecksumAlgorith
     auto s = std::make_unique<Stream>();
     s->path = f;
     s->hasher = std::make_unique<Hasher>(algorithm);
-    struct stat st {};
-    if (::stat(f.c_str(), &st) == 0) {
-      s->size = static_cast<uint64_t>(st.st_size);
-      by_inode_[{st.st_dev, st.st_ino}] = s.get();
+    if (EntryStat st = stat_path(f); st.is_file()) {
+      s->size = st.size;
+      by_inode_[{st.device, st.inode}] = s.get();
     } else {
-      s->error = std::string("cannot open: ") + std::strerror(errno);
+      s->error = st.resolves() ? "cannot open: not a regular file" : "cannot open: No such file or directory";
     }
     streams_.push_back(std::move(s));
   }
@@ -73,7 +69,7 @@ FileStreams::FileStreams(const std::vector<std::string>& files, ChecksumAlgorith
       if (!c.storage || !seen.insert(c.storage.get()).second) continue;
       auto span = c.storage->file_span(0);
       if (!span) continue;
-      if (Stream* s = stream_of(span->fd)) s->scanned.emplace_back(span->offset, span->offset + c.storage->size());
+      if (Stream* s = stream_of(*span)) s->scanned.emplace_back(span->offset, span->offset + c.storage->size());
     }
   for (auto& s : streams_) {
     auto& r = s->scanned;
@@ -89,20 +85,16 @@ FileStreams::FileStreams(const std::vector<std::string>& files, ChecksumAlgorith
   }
 }
 
-FileStreams::~FileStreams() {
-  for (auto& s : streams_)
-    if (s->fd >= 0) ::close(s->fd);
-}
+FileStreams::~FileStreams() = default;
 
-FileStreams::Stream* FileStreams::stream_of(int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return nullptr;
-  auto it = by_inode_.find({st.st_dev, st.st_ino});
+FileStreams::Stream* FileStreams::stream_of(const FileSpan& at) {
+  auto it = by_inode_.find({at.device, at.inode});
   return it == by_inode_.end() ? nullptr : it->second;
 }
 
-FileStreams::Reading::Reading(FileStreams& streams, int fd, uint64_t offset, uint64_t n) {
-  stream_ = streams.stream_of(fd);
+FileStreams::Reading::Reading(FileStreams& streams, const FileSpan& at, uint64_t n) {
+  const uint64_t offset = at.offset;
+  stream_ = streams.stream_of(at);
   if (!stream_) return;
   id_ = streams.next_reading_.fetch_add(1);
   std::lock_guard<std::mutex> lock(stream_->mutex);
@@ -126,9 +118,10 @@ bool FileStreams::others_reading_before(const Stream& s, uint64_t offset) const 
   return false;
 }
 
-void FileStreams::feed(int fd, uint64_t offset, const std::byte* data, std::size_t n) noexcept {
+void FileStreams::feed(const FileSpan& at, const std::byte* data, std::size_t n) noexcept {
   try {
-    Stream* s = stream_of(fd);
+    const uint64_t offset = at.offset;
+    Stream* s = stream_of(at);
     if (!s) return;
     std::unique_lock<std::mutex> lock(s->mutex);
     // Another worker is reading bytes before these: wait for it to feed
@@ -198,23 +191,28 @@ bool FileStreams::read_gap(Stream& s, uint64_t to, bool anything) {
                                [](uint64_t at, const std::pair<uint64_t, uint64_t>& r) { return at < r.second; });
     if (it != s.scanned.end() && it->first < to) return false;
   }
-  if (s.fd < 0) s.fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (s.fd < 0) {
-    s.error = std::string("cannot open: ") + std::strerror(errno);
+  try {
+    if (!s.file) s.file = open_file_source(s.path);
+  } catch (const Error& e) {
+    s.error = e.what();
     return false;
   }
   std::vector<std::byte> buf(static_cast<std::size_t>(std::min<uint64_t>(to - s.position, kSlice)));
   while (s.position < to) {
-    auto step = static_cast<std::size_t>(std::min<uint64_t>(to - s.position, buf.size()));
-    ssize_t got = ::pread(s.fd, buf.data(), step, static_cast<off_t>(s.position));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      s.error = got < 0 ? std::string("read failed: ") + std::strerror(errno)
-                        : "the file ended at byte " + std::to_string(s.position) + " of " + std::to_string(s.size);
+    if (s.position >= s.file->size()) {
+      s.error = "the file ended at byte " + std::to_string(s.position) + " of " + std::to_string(s.size);
       return false;
     }
-    s.hasher->update(buf.data(), static_cast<std::size_t>(got));
-    s.position += static_cast<uint64_t>(got);
+    auto step =
+        static_cast<std::size_t>(std::min<uint64_t>({to - s.position, buf.size(), s.file->size() - s.position}));
+    try {
+      s.file->read_unmapped(s.position, buf.data(), step);
+    } catch (const Error& e) {
+      s.error = std::string("read failed: ") + e.what();
+      return false;
+    }
+    s.hasher->update(buf.data(), step);
+    s.position += step;
   }
   return true;
 }

@@ -29,6 +29,7 @@
 
 #include "core/problems.h"
 #include "exec/checksum.h"
+#include "io/byte_source.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::check {
@@ -45,10 +46,10 @@ class FileStreams {
   FileStreams& operator=(const FileStreams&) = delete;
 
   // While alive: a scan is reading bytes [offset, offset + n) of the file
-  // open as `fd`, and will feed them in order.
+  // `at` is in (at.offset is where), and will feed them in order.
   class Reading {
    public:
-    Reading(FileStreams& streams, int fd, uint64_t offset, uint64_t n);
+    Reading(FileStreams& streams, const FileSpan& at, uint64_t n);
     ~Reading();
     Reading(const Reading&) = delete;
     Reading& operator=(const Reading&) = delete;
@@ -58,9 +59,9 @@ class FileStreams {
     uint64_t id_ = 0;
   };
 
-  // Bytes [offset, offset + n) of the file open as `fd`, as a scan read
+  // Bytes [at.offset, at.offset + n) of the file `at` is in, as a scan read
   // them. Never throws: a file it cannot follow is read again by finish().
-  void feed(int fd, uint64_t offset, const std::byte* data, std::size_t n) noexcept;
+  void feed(const FileSpan& at, const std::byte* data, std::size_t n) noexcept;
 
   // Completes files one at a time until none is left; several threads may
   // call it at once. A file that cannot be read is reported to `problems`
@@ -70,7 +71,7 @@ class FileStreams {
   uint64_t size(std::size_t k) const;
 
  private:
-  Stream* stream_of(int fd);
+  Stream* stream_of(const FileSpan& at);
   bool others_reading_before(const Stream& s, uint64_t offset) const;
   void advance(Stream& s, uint64_t offset, const std::byte* data, std::size_t n);
   void drain(Stream& s);
@@ -78,7 +79,7 @@ class FileStreams {
   void complete(Stream& s);
 
   std::vector<std::unique_ptr<Stream>> streams_;
-  std::map<std::pair<dev_t, ino_t>, Stream*> by_inode_;
+  std::map<std::pair<uint64_t, uint64_t>, Stream*> by_inode_;  // (device, inode)
   std::atomic<std::size_t> next_to_finish_{0};
   std::mutex budget_mutex_;
   uint64_t budget_;

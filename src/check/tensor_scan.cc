@@ -60,14 +60,14 @@ class ScanSink final : public ByteSink {
     uint32_t crc = 0;
     std::optional<FileStreams::Reading> announced;
     if (files_)
-      if (auto at = src.file_span(pos)) announced.emplace(*files_, at->fd, at->offset, n);
+      if (auto at = src.file_span(pos)) announced.emplace(*files_, *at, n);
     buffer_.resize(static_cast<std::size_t>(std::min<uint64_t>(n, kSlice)));
     for (uint64_t done = 0; done < n;) {
       auto step = static_cast<std::size_t>(std::min<uint64_t>(n - done, kSlice));
       src.read_unmapped(pos + done, buffer_.data(), step);
       if (summing) crc = archive::crc32_update(crc, buffer_.data(), step);
       if (files_)
-        if (auto at = src.file_span(pos + done)) files_->feed(at->fd, at->offset, buffer_.data(), step);
+        if (auto at = src.file_span(pos + done)) files_->feed(*at, buffer_.data(), step);
       write(buffer_.data(), step);
       done += step;
     }

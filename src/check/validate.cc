@@ -16,6 +16,7 @@
 #include "formats/checkpoint_root.h"
 #include "formats/detect.h"
 #include "io/containment.h"
+#include "io/storage.h"
 #include "model/tree_walk.h"
 #include "model/validate.h"
 
@@ -30,10 +31,9 @@ namespace fs = std::filesystem;
 // `ckpt --tag latest` matches `ckpt/step-200`, or the same checkpoint named
 // through another path, a link or a copy.
 fs::path checkpoint_home(const std::vector<std::string>& files) {
-  std::error_code ec;
   fs::path home;
   for (const auto& f : files) {
-    fs::path dir = fs::weakly_canonical(fs::absolute(f, ec), ec).parent_path();
+    fs::path dir = fs::path(resolved_path(f)).parent_path();
     if (home.empty()) {
       home = dir;
       continue;
@@ -46,8 +46,7 @@ fs::path checkpoint_home(const std::vector<std::string>& files) {
 }
 
 std::string manifest_path_of(const std::string& file, const fs::path& home) {
-  std::error_code ec;
-  fs::path rel = fs::weakly_canonical(fs::absolute(file, ec), ec).lexically_relative(home);
+  fs::path rel = fs::path(resolved_path(file)).lexically_relative(home);
   return rel.empty() || rel.native().starts_with("..") ? fs::path(file).filename().string() : rel.string();
 }
 
@@ -60,8 +59,7 @@ std::string family_world_sizes(const SourceInfo& info) {
 }
 
 std::vector<std::string> read_key_list(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) fail_invalid("--expect-keys " + path + ": no such file");
+  if (!is_regular_file(path)) fail_invalid("--expect-keys " + path + ": no such file");
   trust_given_path(path);  // named by the user: read wherever it links
   SourcePtr src = open_file_source(path);
   std::istringstream in(src->read_string(0, static_cast<std::size_t>(src->size())));
@@ -428,8 +426,7 @@ int ValidateReport::exit_code() const {
 ValidateReport validate_checkpoint(const std::string& src, const ValidateOptions& options) {
   if (options.expect_world_size == 0 || options.expect_world_size < -1)
     fail_invalid("--expect-world-size must be at least 1");
-  std::error_code ec;
-  if (!options.write_manifest.empty() && !options.force && fs::exists(fs::symlink_status(options.write_manifest, ec)))
+  if (!options.write_manifest.empty() && !options.force && stat_path(options.write_manifest).exists())
     fail_invalid(options.write_manifest + ": output exists (use --force to overwrite)");
   return Validator(src, options).run();
 }

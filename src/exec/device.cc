@@ -13,6 +13,7 @@
 #include "exec/backend.h"
 #include "exec/runtime_info.h"
 #include "exec/torch_plugin.h"
+#include "io/storage.h"
 
 namespace ckpt {
 namespace {
@@ -116,9 +117,8 @@ class CudaBackend final : public Backend {
 // cost every run on a CPU machine ~1 s and ~500 MB of resident memory
 // (libtorch_cuda and its libraries).
 bool nvidia_device_node_present() {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev", ec)) {
-    std::string name = entry.path().filename().string();
+  for (const DirEntry& entry : list_directory("/dev")) {
+    const std::string& name = entry.name;
     if (name.size() > 6 && name.starts_with("nvidia") && std::isdigit(static_cast<unsigned char>(name[6]))) return true;
   }
   return false;

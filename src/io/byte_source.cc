@@ -93,6 +93,9 @@ class FileDescriptor {
   FileDescriptor(const FileDescriptor&) = delete;
   FileDescriptor& operator=(const FileDescriptor&) = delete;
 
+  uint64_t device() const { return static_cast<uint64_t>(dev_); }
+  uint64_t inode() const { return static_cast<uint64_t>(ino_); }
+
   // The descriptor, open until the lease is dropped.
   std::shared_ptr<const OpenFd> lease() {
     DescriptorPool& pool = DescriptorPool::get();
@@ -200,7 +203,7 @@ class FileSource final : public ByteSource {
   std::string describe() const override { return path_; }
   std::optional<FileSpan> file_span(uint64_t pos) const override {
     auto held = fd_->lease();
-    return FileSpan{held->get(), pos, held};
+    return FileSpan{held->get(), pos, held, fd_->device(), fd_->inode()};
   }
 
   void read(uint64_t pos, void* buf, std::size_t n) const override {
@@ -232,7 +235,7 @@ class MappedSource final : public ByteSource {
   const std::byte* data() const override { return base_; }
   std::optional<FileSpan> file_span(uint64_t pos) const override {
     auto held = fd_->lease();
-    return FileSpan{held->get(), pos, held};
+    return FileSpan{held->get(), pos, held, fd_->device(), fd_->inode()};
   }
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);

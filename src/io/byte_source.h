@@ -21,6 +21,10 @@ struct FileSpan {
   int fd;
   uint64_t offset;                   // absolute offset in fd of the source position asked for
   std::shared_ptr<const void> keep;  // the descriptor's lease
+  // The file's identity as opened: two spans of one file have equal
+  // (device, inode) whatever descriptor each went through.
+  uint64_t device = 0;
+  uint64_t inode = 0;
 };
 
 // The most file descriptors the sources of one process hold open at once,

@@ -34,8 +34,14 @@ struct EntryStat {
   // Identity: two names of one file have equal (device, inode).
   uint64_t device = 0;
   uint64_t inode = 0;
+  // Last modification, nanoseconds since the epoch: with `size`, whether a
+  // file changed between two looks.
+  int64_t mtime_ns = 0;
 
+  // The name is there (a dangling link included, as lstat sees it).
   bool exists() const { return kind != EntryKind::kNone || link; }
+  // The name leads to something (links followed, as std::filesystem::exists).
+  bool resolves() const { return kind != EntryKind::kNone; }
   bool is_file() const { return kind == EntryKind::kFile; }
   bool is_directory() const { return kind == EntryKind::kDirectory; }
 };

@@ -11,6 +11,7 @@
 #include "formats/detect.h"
 #include "formats/source_traits.h"
 #include "io/disk_space.h"
+#include "io/storage.h"
 #include "model/validate.h"
 #include "plan/select.h"
 
@@ -124,14 +125,13 @@ bool is_within(const std::filesystem::path& inner, const std::filesystem::path& 
 
 void check_output_is_not_input(const std::string& output, const CheckpointModel& model) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path out = fs::weakly_canonical(fs::absolute(output, ec), ec);
+  fs::path out = resolved_path(output);
   std::vector<std::string> inputs = model.info.files;
   inputs.push_back(model.source);
   for (const auto& input : inputs) {
-    if (input.empty() || !fs::exists(input, ec)) continue;  // a glob or listed files: each is in `files`
-    fs::path in = fs::weakly_canonical(fs::absolute(input, ec), ec);
-    bool in_dir = fs::is_directory(in, ec);
+    if (input.empty() || !stat_path(input).resolves()) continue;  // a glob or listed files: each is in `files`
+    fs::path in = resolved_path(input);
+    bool in_dir = is_directory(in.string());
     if (out == in || (in_dir && is_within(out, in)))
       fail_invalid(output + ": the output would be " + (out == in ? "" : "inside ") + "the input " + input +
                    "; write it elsewhere (--force does not change this)");
@@ -144,16 +144,15 @@ void check_output_is_not_input(const std::string& output, const CheckpointModel&
 void check_output_place(const std::string& output, bool directory) {
   namespace fs = std::filesystem;
   if (output.empty()) fail_invalid("no output given (-o OUT)");
-  std::error_code ec;
-  if (!directory && (output.back() == '/' || fs::is_directory(output, ec))) {
+  if (!directory && (output.back() == '/' || is_directory(output))) {
     std::string dir = output.back() == '/' ? output : output + "/";
-    fail_invalid(output + (fs::is_directory(output, ec) ? ": is a directory" : ": names a directory (it ends in '/')") +
+    fail_invalid(output + (is_directory(output) ? ": is a directory" : ": names a directory (it ends in '/')") +
                  "; give the file to write, e.g. -o " + dir +
                  "model.safetensors (the extension picks the format: .pt, .safetensors, .h5)");
   }
   fs::path parent = fs::path(output.back() == '/' ? output.substr(0, output.size() - 1) : output).parent_path();
-  if (parent.empty() || fs::is_directory(parent, ec)) return;
-  if (fs::exists(parent, ec))
+  if (parent.empty() || is_directory(parent.string())) return;
+  if (stat_path(parent.string()).resolves())
     fail(ErrorCode::kOutputFailed, output + ": " + parent.string() + " is a file, not a directory");
   fail(ErrorCode::kOutputFailed, output + ": the directory " + parent.string() +
                                      " does not exist; create it first (mkdir -p " + parent.string() + ")");

@@ -1,7 +1,5 @@
 #include "jobs/output_folder.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
@@ -9,6 +7,7 @@
 #include "core/log.h"
 #include "io/byte_sink.h"
 #include "io/byte_source.h"
+#include "io/storage.h"
 #include "model/ordered_json.h"
 
 namespace ckpt::jobs {
@@ -20,10 +19,7 @@ namespace fs = std::filesystem;
 // anything far larger beside the weights is not a config).
 constexpr uintmax_t kMaxSideFile = 256ull << 20;
 
-bool exists_no_follow(const fs::path& p) {
-  struct stat st {};
-  return ::lstat(p.c_str(), &st) == 0;
-}
+bool exists_no_follow(const fs::path& p) { return stat_path(p.string()).exists(); }
 
 // Copies `from` to `to` through an atomic sink (fsynced when durable).
 void copy_file_to(const fs::path& from, const fs::path& to, bool durable) {
@@ -61,35 +57,36 @@ std::optional<std::string> recast_config(const fs::path& from, DType cast_to) {
 // links (a copy where a link is refused: another file system below DIR),
 // symlinks as symlinks, folders entry by entry.
 void carry(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  fs::file_status st = fs::symlink_status(from, ec);
-  if (fs::is_symlink(st)) {
-    fs::copy_symlink(from, to, ec);
-  } else if (fs::is_directory(st)) {
-    if (fs::create_directory(to, ec); !ec)
-      for (const auto& e : fs::directory_iterator(from, ec)) carry(e.path(), to / e.path().filename());
-  } else if (fs::is_regular_file(st)) {
-    fs::create_hard_link(from, to, ec);
-    if (ec) fs::copy_file(from, to, ec);
+  const Storage& storage = storage_for(from.string());
+  EntryStat st = storage.stat(from.string());
+  if (st.link) {
+    storage.copy_link(from.string(), to.string());
+  } else if (st.is_directory()) {
+    storage.make_directory(to.string());
+    for (const DirEntry& e : storage.list(from.string())) carry(e.path, to / e.name);
+  } else if (st.is_file()) {
+    storage.link_or_copy(from.string(), to.string());
   } else {
     log::warn(from.string() + ": not a file, folder or link; not carried into the new folder");
-    return;
   }
-  if (ec) fail(ErrorCode::kOutputFailed, to.string() + ": cannot carry " + from.string() + ": " + ec.message());
 }
 
 }  // namespace
 
 CreatedDirectories::CreatedDirectories(const std::string& dir) {
-  std::error_code ec;
   fs::path path = fs::path(dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();
-  for (fs::path p = path; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made_.insert(made_.begin(), p);
-  if (!made_.empty() && !fs::is_directory(made_.front().parent_path().empty() ? "." : made_.front().parent_path(), ec))
+  for (fs::path p = path; !p.empty() && !stat_path(p.string()).resolves(); p = p.parent_path())
+    made_.insert(made_.begin(), p);
+  if (!made_.empty() && !is_directory(made_.front().parent_path().empty() ? "." : made_.front().parent_path().string()))
     fail(ErrorCode::kOutputFailed, dir + ": " + made_.front().parent_path().string() + " is not a directory");
-  for (const auto& p : made_)
-    if (!fs::create_directory(p, ec) && ec)
-      fail(ErrorCode::kOutputFailed, dir + ": cannot create the directory " + p.string() + ": " + ec.message());
+  std::vector<fs::path> wanted = std::move(made_);
+  made_.clear();
+  for (const auto& p : wanted) {
+    // Made one by one, so that a failure part way removes what was made.
+    storage_for(p.string()).make_directory(p.string());
+    made_.push_back(p);
+  }
 }
 
 CreatedDirectories::CreatedDirectories(CreatedDirectories&& other) noexcept : made_(std::move(other.made_)) {
@@ -102,8 +99,8 @@ CreatedDirectories& CreatedDirectories::operator=(CreatedDirectories&& other) no
 }
 
 CreatedDirectories::~CreatedDirectories() {
-  std::error_code ec;
-  for (auto it = made_.rbegin(); it != made_.rend(); ++it) fs::remove(*it, ec);  // only if empty
+  for (auto it = made_.rbegin(); it != made_.rend(); ++it)
+    storage_for(it->string()).remove(it->string());  // only if empty
 }
 
 std::vector<std::string> file_family_in(const std::string& dir, const std::string& file) {
@@ -121,19 +118,14 @@ std::vector<std::string> file_family_in(const std::string& dir, const std::strin
            name.compare(at + 6, 4, "-of-") == 0 && digits(at + 10) && name.compare(at + 15, ext.size(), ext) == 0;
   };
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (name == file || name == file + ".index.json" || is_shard(name)) out.push_back(name);
-  }
-  std::sort(out.begin(), out.end());
+  for (const DirEntry& e : list_directory(dir))
+    if (e.name == file || e.name == file + ".index.json" || is_shard(e.name)) out.push_back(e.name);
   return out;
 }
 
 OutputFolder::OutputFolder(const std::string& dir, const std::string& file, bool force, bool durable)
     : dir_(without_trailing_slashes(dir)), file_(file), durable_(durable) {
-  std::error_code ec;
-  if (!fs::exists(dir_, ec)) {
+  if (!stat_path(dir_).resolves()) {
     fs::path parent = fs::path(dir_).parent_path();
     if (!parent.empty()) parents_ = CreatedDirectories(parent.string());
     staging_ = std::make_unique<AtomicDirectory>(dir_, false, durable);
@@ -155,15 +147,15 @@ std::string OutputFolder::published_path(const std::string& path) const {
 
 void OutputFolder::publish(const std::vector<std::string>& side_files, std::optional<DType> cast_to) {
   fs::path into = staging_ ? fs::path(staging_->temp_dir()) : fs::path(dir_);
-  std::error_code ec;
   for (const auto& side : side_files) {
     fs::path to = into / fs::path(side).filename();
     if (exists_no_follow(to)) {
       log::info(published_path(to.string()) + " is there already: kept as it is (not the source's)");
       continue;
     }
-    if (uintmax_t size = fs::file_size(side, ec); ec || size > kMaxSideFile) {
-      log::warn(side + ": not copied into " + dir_ + " (" + (ec ? ec.message() : "larger than 256 MiB") + ")");
+    if (EntryStat st = stat_path(side); !st.is_file() || st.size > kMaxSideFile) {
+      log::warn(side + ": not copied into " + dir_ + " (" + (st.is_file() ? "larger than 256 MiB" : "not a file") +
+                ")");
       continue;
     }
     std::optional<std::string> recast;
@@ -178,10 +170,9 @@ void OutputFolder::publish(const std::vector<std::string>& side_files, std::opti
   }
   if (!staging_) return;
   if (!replaced_.empty())
-    for (const auto& e : fs::directory_iterator(dir_, ec)) {
-      std::string name = e.path().filename().string();
-      if (std::find(replaced_.begin(), replaced_.end(), name) == replaced_.end() && !exists_no_follow(into / name))
-        carry(e.path(), into / name);
+    for (const DirEntry& e : list_directory(dir_)) {
+      if (std::find(replaced_.begin(), replaced_.end(), e.name) == replaced_.end() && !exists_no_follow(into / e.name))
+        carry(e.path, into / e.name);
     }
   staging_->commit();
   parents_.keep();

@@ -1,4 +1,3 @@
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 
 #include "check/file_streams.h"
 #include "exec/checksum.h"
+#include "io/byte_source.h"
 
 using namespace ckpt;
 using namespace ckpt::check;
@@ -21,7 +21,7 @@ namespace {
 struct Sample {
   std::string dir, path;
   std::string bytes;
-  int fd = -1;
+  SourcePtr file;
   explicit Sample(std::size_t n) {
     char tmpl[] = "/tmp/ckpt-streams-XXXXXX";
     dir = ::mkdtemp(tmpl);
@@ -32,12 +32,14 @@ struct Sample {
     std::FILE* f = std::fopen(path.c_str(), "wb");
     std::fwrite(bytes.data(), 1, bytes.size(), f);
     std::fclose(f);
-    fd = ::open(path.c_str(), O_RDONLY);
+    file = open_file_source(path);
   }
   ~Sample() {
-    ::close(fd);
+    file.reset();
     std::filesystem::remove_all(dir);
   }
+  // Where byte `off` lies, as a scan reading the file sees it.
+  FileSpan span(std::size_t off) const { return *file->file_span(off); }
   std::string want() const {
     Hasher h(ChecksumAlgorithm::kXxh3_64);
     h.update(bytes.data(), bytes.size());
@@ -73,7 +75,7 @@ TEST_CASE("file streams give the file's checksum whatever the scan feeds, in wha
   SECTION("fed in order, with gaps the stream reads itself") {
     FileStreams streams({s.path}, ChecksumAlgorithm::kXxh3_64, empty, 1 << 20);
     for (auto [off, n] : slices(s.bytes.size(), 100'000))
-      if ((off / 100'000) % 3 != 1) streams.feed(s.fd, off, s.at(off), n);
+      if ((off / 100'000) % 3 != 1) streams.feed(s.span(off), s.at(off), n);
     CHECK(finished(streams) == s.want());
   }
   for (uint64_t budget : {uint64_t{0}, uint64_t{200'000}, uint64_t{64} << 20}) {
@@ -83,7 +85,7 @@ TEST_CASE("file streams give the file's checksum whatever the scan feeds, in wha
       auto more = slices(s.bytes.size(), 123'457);  // the same bytes again, cut elsewhere
       parts.insert(parts.end(), more.begin(), more.end());
       std::shuffle(parts.begin(), parts.end(), std::mt19937(11));
-      for (auto [off, n] : parts) streams.feed(s.fd, off, s.at(off), n);
+      for (auto [off, n] : parts) streams.feed(s.span(off), s.at(off), n);
       CHECK(finished(streams) == s.want());
     }
   }
@@ -91,9 +93,9 @@ TEST_CASE("file streams give the file's checksum whatever the scan feeds, in wha
     FileStreams streams({s.path}, ChecksumAlgorithm::kXxh3_64, empty, 0);
     std::size_t half = s.bytes.size() / 2;
     auto worker = [&](std::size_t begin, std::size_t end) {
-      FileStreams::Reading reading(streams, s.fd, begin, end - begin);
+      FileStreams::Reading reading(streams, s.span(begin), end - begin);
       for (std::size_t off = begin; off < end; off += 65'536)
-        streams.feed(s.fd, off, s.at(off), std::min<std::size_t>(65'536, end - off));
+        streams.feed(s.span(off), s.at(off), std::min<std::size_t>(65'536, end - off));
     };
     std::thread late(worker, half, s.bytes.size());
     std::thread early(worker, 0, half);

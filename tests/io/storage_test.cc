@@ -40,7 +40,7 @@ TEST_CASE("stat tells files, directories, links and missing names apart", "[io][
   CHECK(l.device == f.device);
   CHECK(l.inode == f.inode);  // one file, two names
   EntryStat dangling = stat_path((d / "dangling").string());
-  CHECK(dangling.exists());  // the name is there ...
+  CHECK(dangling.exists());                  // the name is there ...
   CHECK(dangling.kind == EntryKind::kNone);  // ... and names nothing
   CHECK_FALSE(path_exists((d / "missing").string()));
   CHECK_FALSE(path_exists(""));

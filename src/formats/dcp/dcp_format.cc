@@ -4,6 +4,7 @@
 
 #include "formats/dcp/dcp_reader.h"
 #include "formats/input_format.h"
+#include "io/storage.h"
 
 namespace ckpt::dcp {
 namespace {
@@ -12,8 +13,7 @@ namespace fs = std::filesystem;
 // A global .metadata, or per-rank __<rank>.metadata files when it was saved
 // without rank coordination.
 bool has_dcp_metadata(const fs::path& dir) {
-  std::error_code ec;
-  return fs::exists(dir / ".metadata", ec) || fs::exists(dir / "__0.metadata", ec);
+  return stat_path((dir / ".metadata").string()).resolves() || stat_path((dir / "__0.metadata").string()).resolves();
 }
 
 int probe_dir(const std::string& dir) { return has_dcp_metadata(dir) ? confidence::kMarker : confidence::kNo; }

@@ -14,6 +14,7 @@
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/torch_pt/pt_reader.h"
 #include "io/containment.h"
+#include "io/storage.h"
 #include "model/tree_walk.h"
 #include "model/unflatten.h"
 #include "pickle/unpickler.h"
@@ -87,10 +88,8 @@ std::string zstd_decompress(const ByteSource& src, uint64_t limit) {
 std::vector<std::string> list_dcp_files(const std::string& dir) {
   static const LinearRegex kDcpFile = LinearRegex::compile(R"(\.metadata|__\d+\.metadata|.*\.distcp)");
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && kDcpFile.match(e.path().filename().string())) out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
+  for (const DirEntry& e : list_directory(dir))
+    if (e.is_file() && kDcpFile.match(e.name)) out.push_back(e.path);
   return out;
 }
 
@@ -156,8 +155,7 @@ class DcpDirReader {
   // meta.pt's entries. Read the same way, through the safe unpickler.
   void merge_meta_file(CheckpointModel& model) {
     fs::path meta = fs::path(dir_) / "meta.pt";
-    std::error_code ec;
-    if (!fs::is_regular_file(meta, ec)) return;
+    if (!is_regular_file(meta.string())) return;
     CheckpointModel extra = torch_pt::read_pt_file(meta.string(), sink_);
     model.info.files.push_back(meta.string());
     std::sort(model.info.files.begin(), model.info.files.end());
@@ -218,14 +216,12 @@ class DcpDirReader {
       }
       report_overlaps(path, rank, items);
     }
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-      std::string name = entry.path().filename().string();
-      if (entry.path().extension() != ".distcp" || by_file.count(name)) continue;
-      int rank = rank_of_file(name);
+    for (const DirEntry& entry : list_directory(dir_)) {
+      if (fs::path(entry.name).extension() != ".distcp" || by_file.count(entry.name)) continue;
+      int rank = rank_of_file(entry.name);
       sink_->report(Problem{ErrorCode::kDataLoss,
-                            entry.path().string() + ": not referenced by the metadata (a file of another save?)",
-                            entry.path().string(), rank, ""});
+                            entry.path + ": not referenced by the metadata (a file of another save?)", entry.path, rank,
+                            ""});
     }
   }
 
@@ -276,14 +272,14 @@ class DcpDirReader {
   // The global .metadata, or else every rank's __<rank>.metadata merged.
   DcpMetadata load_metadata() {
     fs::path global = fs::path(dir_) / ".metadata";
-    if (fs::exists(global)) {
+    if (stat_path(global.string()).resolves()) {
       metadata_files_ = 1;
       return parse_file(global.string());
     }
     std::vector<DcpMetadata> ranks;
     for (int r = 0;; ++r) {
       fs::path p = fs::path(dir_) / ("__" + std::to_string(r) + ".metadata");
-      if (!fs::exists(p)) break;
+      if (!stat_path(p.string()).resolves()) break;
       ++metadata_files_;
       run_reporting(sink_, p.string(), r, "", [&] { ranks.push_back(parse_file(p.string())); });
     }
@@ -423,14 +419,13 @@ ValuePtr entry_or_root(const ValuePtr& root, const std::string& key) {
 CheckpointModel read_dcp_pair(const std::string& dir, ProblemSink* sink) {
   static const LinearRegex kPart = LinearRegex::compile(R"((pytorch_model_fsdp|optimizer)_(\d+))");
   std::vector<std::pair<std::string, fs::path>> parts;  // output key, directory
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (const DirEntry& e : list_directory(dir)) {
     RegexMatch m;
-    std::string name = e.path().filename().string();
+    const std::string& name = e.name;
     if (!e.is_directory() || !kPart.match(name, m)) continue;
     bool model = m[1] == "pytorch_model_fsdp";
     std::string index = m.str(2);
-    parts.emplace_back(std::string(model ? "model" : "optim") + (index == "0" ? "" : "_" + index), e.path());
+    parts.emplace_back(std::string(model ? "model" : "optim") + (index == "0" ? "" : "_" + index), fs::path(e.path));
   }
   std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   std::stable_partition(parts.begin(), parts.end(), [](const auto& p) { return p.first.rfind("model", 0) == 0; });

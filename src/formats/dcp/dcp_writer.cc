@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -141,12 +142,11 @@ class MetadataBuilder {
 };
 
 std::string uuid4() {
-  FILE* f = std::fopen("/dev/urandom", "rb");
+  // random_device draws from the kernel's generator (getrandom), as
+  // Python's uuid.uuid4 does through os.urandom.
+  std::random_device rd;
   unsigned char b[16] = {};
-  if (f) {
-    if (std::fread(b, 1, sizeof b, f) != sizeof b) std::memset(b, 0, sizeof b);
-    std::fclose(f);
-  }
+  for (auto& byte : b) byte = static_cast<unsigned char>(rd());
   b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);
   b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);
   static const char* kHex = "0123456789abcdef";

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/linear_regex.h"
 #include "formats/safetensors/safetensors_format.h"
+#include "io/storage.h"
 #include "model/ordered_json.h"
 
 namespace ckpt::dcp_hf {
@@ -39,10 +40,8 @@ struct Piece {
 
 std::vector<std::string> list_safetensors(const std::string& dir) {
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.is_regular_file(ec) && entry.path().extension() == ".safetensors") out.push_back(entry.path().string());
-  std::sort(out.begin(), out.end());
+  for (const DirEntry& entry : list_directory(dir))
+    if (entry.is_file() && fs::path(entry.name).extension() == ".safetensors") out.push_back(entry.path);
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include "formats/torch_pt/pt_reader.h"
 #include "formats/zero/zero_files.h"
 #include "io/containment.h"
+#include "io/storage.h"
 #include "model/flat_range.h"
 #include "model/tree_walk.h"
 
@@ -33,9 +34,8 @@ constexpr const char* kModelStates = "mp_rank_00_model_states.pt";              
 constexpr const char* kRank0States = "zero_pp_rank_0_mp_rank_00_model_states.pt";  // ZeRO-3's rank 0
 
 bool is_tag(const fs::path& dir) {
-  std::error_code ec;
-  return fs::is_regular_file(dir / "zero" / "optimizer_state.pt", ec) &&
-         (fs::is_regular_file(dir / kModelStates, ec) || fs::is_regular_file(dir / kRank0States, ec));
+  return is_regular_file((dir / "zero" / "optimizer_state.pt").string()) &&
+         (is_regular_file((dir / kModelStates).string()) || is_regular_file((dir / kRank0States).string()));
 }
 
 std::string tag_dir(const std::string& src) {
@@ -73,7 +73,7 @@ class UniversalReader {
 
   CheckpointModel read() {
     fs::path states = fs::path(dir_) / kModelStates;
-    if (!fs::exists(states)) states = fs::path(dir_) / kRank0States;
+    if (!stat_path(states.string()).resolves()) states = fs::path(dir_) / kRank0States;
     states_ = zero::decode(states.string(), 0, problems_, only_);
     optim_ = zero::decode((fs::path(dir_) / "zero" / "optimizer_state.pt").string(), -1, problems_, only_);
     files_ = {states_.path, optim_.path};
@@ -136,19 +136,17 @@ class UniversalReader {
 
   // zero/<fqn>/ and the .pt files in each.
   void list_folders() {
-    const fs::path zero = fs::path(dir_) / "zero";
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(zero, ec)) {
-      if (!e.is_directory(ec) || e.is_symlink(ec)) continue;
-      std::set<std::string>& files = folders_[e.path().filename().string()];
-      for (const auto& f : fs::directory_iterator(e.path(), ec)) {
-        const std::string name = f.path().filename().string();
-        if (!name.ends_with(".pt") || !f.is_regular_file(ec)) continue;
-        require_inside(f.path().string(), dir_);
-        files.insert(name.substr(0, name.size() - 3));
+    const std::string zero = (fs::path(dir_) / "zero").string();
+    if (!is_directory(zero)) fail(ErrorCode::kNotFound, zero + ": cannot list: not a directory");
+    for (const DirEntry& e : list_directory(zero)) {
+      if (!e.is_directory() || e.link) continue;
+      std::set<std::string>& files = folders_[e.name];
+      for (const DirEntry& f : list_directory(e.path)) {
+        if (!f.name.ends_with(".pt") || !f.is_file()) continue;
+        require_inside(f.path, dir_);
+        files.insert(f.name.substr(0, f.name.size() - 3));
       }
     }
-    if (ec) fail(ErrorCode::kNotFound, zero.string() + ": cannot list: " + ec.message());
   }
 
   bool trainable(const std::string& name) const {
@@ -270,11 +268,9 @@ class UniversalReader {
     static const LinearRegex rank_re = LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
     if (rank_states_.empty()) {
       std::map<int, std::string> found;
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      for (const DirEntry& e : list_directory(dir_)) {
         RegexMatch m;
-        const std::string file = e.path().filename().string();
-        if (rank_re.match(file, m)) found[std::stoi(m.str(1))] = e.path().string();
+        if (rank_re.match(e.name, m)) found[std::stoi(m.str(1))] = e.path;
       }
       if (found.empty() || found.rbegin()->first + 1 != int(found.size())) return std::nullopt;
       for (const auto& [r, path] : found) {
@@ -446,9 +442,8 @@ bool is_universal_checkpoint(const std::string& dir) {
   // does not make the root a universal checkpoint (`latest` may name a
   // universal tag itself).
   const fs::path root(dir);
-  std::error_code ec;
   try {
-    const bool has_latest = fs::exists(fs::symlink_status(root / "latest", ec));
+    const bool has_latest = stat_path((root / "latest").string()).exists();
     std::optional<std::string> tag = read_latest_tag(root / (has_latest ? "latest" : "latest_universal"));
     return tag && is_tag(root / *tag);
   } catch (const Error&) {

@@ -18,6 +18,7 @@
 #include "formats/hdf5/hdf5_handle.h"
 #include "formats/hdf5/hdf5_structure.h"
 #include "io/isolate.h"
+#include "io/storage.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
@@ -313,9 +314,9 @@ CheckpointModel read_with_libhdf5(const std::string& path) {
     CheckpointModel model;
     model.source = path;
     if (auto src = read_string_attribute(root, "ckptconv.source_format")) model.facts["source_format"] = *src;
-    std::error_code ec;
-    uint64_t file_size = std::filesystem::file_size(path, ec);
-    if (ec) fail_data_loss("cannot stat: " + ec.message());
+    EntryStat st = stat_path(path);
+    if (!st.is_file()) fail_data_loss("cannot stat: not a regular file");
+    uint64_t file_size = st.size;
     Hdf5Reader reader(path, file, model, file_size);
     model.root = reader.read_group(root, "", 0);
     return model;
@@ -364,14 +365,14 @@ std::string read_request(uint64_t index, uint64_t pos, uint64_t n) {
 
 // The file as the structure was read: its size and modification time.
 struct FileState {
-  off_t size = 0;
-  timespec mtime{};
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
 };
 
 FileState file_state(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) fail_data_loss(path + ": cannot stat: " + std::strerror(errno));
-  return {st.st_size, st.st_mtim};
+  EntryStat st = stat_path(path);
+  if (!st.is_file()) fail_data_loss(path + ": cannot stat: not a regular file");
+  return {st.size, st.mtime_ns};
 }
 
 // The child's side: the model libhdf5 read, kept between requests.
@@ -401,8 +402,7 @@ void serve_request(const std::string& path, ChildState& state, const std::string
   // rewritten) while the job ran gave exit 0 and zeros. Checked after the
   // read, so that a change before or during it is seen.
   FileState now = file_state(path);
-  if (now.size != state.opened.size || now.mtime.tv_sec != state.opened.mtime.tv_sec ||
-      now.mtime.tv_nsec != state.opened.mtime.tv_nsec)
+  if (now.size != state.opened.size || now.mtime_ns != state.opened.mtime_ns)
     fail_data_loss(path + " changed while it was read (" + std::to_string(state.opened.size) + " bytes, now " +
                    std::to_string(now.size) + "); nothing was written");
 }
@@ -417,9 +417,8 @@ CheckpointModel read_hdf5_file(const std::string& path, double timeout_s) {
   // structure, then each slab of tensor bytes the work asks for. A crash or
   // a hang there is a refusal (exit 3); this process builds the model from
   // the child's message (hdf5_structure.h) and copies the bytes it sends.
-  std::error_code ec;
-  uint64_t file_bytes = std::filesystem::file_size(path, ec);
-  IsolationLimits limits{timeout_s, hdf5_memory_budget(ec ? 0 : file_bytes), "hdf5-memory"};
+  const uint64_t file_bytes = stat_path(path).size;  // 0 when missing: the open names it
+  IsolationLimits limits{timeout_s, hdf5_memory_budget(file_bytes), "hdf5-memory"};
   auto reader = std::make_shared<IsolatedServer>(
       "reading " + path + " with libhdf5", limits,
       [path, state = ChildState()](const std::string& request, std::string& reply) mutable {

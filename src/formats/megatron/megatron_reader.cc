@@ -12,6 +12,7 @@
 #include "formats/dcp/dcp_reader.h"
 #include "formats/torch_pt/quarantined_pt.h"
 #include "io/byte_source.h"
+#include "io/storage.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
 #include "pickle/policy.h"
@@ -347,8 +348,7 @@ class TorchDistReader {
   // objects in it are quarantined like DeepSpeed's client_state.
   ValuePtr read_common(CheckpointModel& model) {
     fs::path path = fs::path(dir_) / kCommonFile;
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) return nullptr;
+    if (!is_regular_file(path.string())) return nullptr;
     // Of common.pt this reader uses the optimizer's param_groups (--only optim).
     torch_pt::QuarantinedPt d = torch_pt::decode_quarantined(
         path.string(), -1, sink_, only_,
@@ -584,11 +584,9 @@ class TorchDistReader {
 }  // namespace
 
 bool is_dist_checkpoint(const std::string& dir) {
-  std::error_code ec;
   fs::path path = fs::path(dir) / kMetadataJson;
-  if (!fs::is_regular_file(path, ec)) return false;
-  uint64_t size = fs::file_size(path, ec);
-  if (ec || size > kMaxMetadataJson) return false;
+  EntryStat st = stat_path(path.string());
+  if (!st.is_file() || st.size > kMaxMetadataJson) return false;
   // Claimed by the field's name alone, so that a damaged metadata.json is
   // refused as one rather than its directory read as plain DCP.
   try {

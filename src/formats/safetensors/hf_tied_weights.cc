@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/byte_source.h"
+#include "io/storage.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
 
@@ -67,8 +68,7 @@ const std::vector<TiedPair>& known_tied_pairs() {
 void add_tied_weights(CheckpointModel& model, const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string path = (fs::path(dir) / "config.json").string();
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return;  // no model config: nothing says a weight is tied
+  if (!is_regular_file(path)) return;  // no model config: nothing says a weight is tied
   SourcePtr file = open_file_source(path);
   auto unknown = [&](const std::string& why) {
     log::warn(path + ": " + why + "; tied weights (tie_word_embeddings) are unknown: the state dict holds the " +

@@ -16,6 +16,7 @@
 #include "formats/safetensors/hf_tied_weights.h"
 #include "formats/safetensors/safetensors_format.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "io/storage.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
@@ -371,20 +372,19 @@ bool is_weights_file_name(const std::string& name) {
 
 HfFolderFiles list_hf_folder(const std::string& dir) {
   HfFolderFiles out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file(ec)) continue;
-    std::string name = entry.path().filename().string();
+  for (const DirEntry& entry : list_directory(dir)) {
+    if (!entry.is_file()) continue;
+    const std::string& name = entry.name;
     if (is_safetensors_index(name))
-      out.indexes.push_back(entry.path().string());
+      out.indexes.push_back(entry.path);
     else if (is_adapter_name(name))
-      out.adapters.push_back(entry.path().string());
+      out.adapters.push_back(entry.path);
     else if (name.ends_with(".safetensors"))
-      out.weights.push_back(entry.path().string());
+      out.weights.push_back(entry.path);
     else if (name.ends_with(".bin.index.json"))
-      out.bin_indexes.push_back(entry.path().string());
+      out.bin_indexes.push_back(entry.path);
     else if (is_bin_weights_name(name))
-      out.bin_weights.push_back(entry.path().string());
+      out.bin_weights.push_back(entry.path);
     else
       out.others.push_back(name);
   }
@@ -426,12 +426,9 @@ CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
   std::set<std::string> read;  // every file read lies in `dir`
   for (const auto& f : model.info.files) read.insert(fs::path(f).filename().string());
   std::string not_read;
-  std::error_code ec;
   std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.is_regular_file(ec) && !read.count(entry.path().filename().string()))
-      names.push_back(entry.path().filename().string());
-  std::sort(names.begin(), names.end());
+  for (const DirEntry& entry : list_directory(dir))
+    if (entry.is_file() && !read.count(entry.name)) names.push_back(entry.name);
   for (const auto& o : names) {
     not_read += (not_read.empty() ? "" : ", ") + o;
     if (!is_weights_file_name(o) && o != "adapter_config.json")

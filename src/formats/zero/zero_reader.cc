@@ -21,6 +21,7 @@
 #include "formats/torch_pt/pt_reader.h"
 #include "formats/zero/zero_files.h"
 #include "io/containment.h"
+#include "io/storage.h"
 #include "model/flat_range.h"
 #include "model/tree_walk.h"
 #include "pickle/policy.h"
@@ -48,9 +49,8 @@ struct TagFiles {
 };
 
 bool has_model_states(const fs::path& dir) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  for (const DirEntry& e : list_directory(dir.string())) {
+    const std::string& name = e.name;
     static const std::string kSuffix = "_model_states.pt";
     if (name.size() > kSuffix.size() && name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0)
       return true;
@@ -65,7 +65,7 @@ std::string tag_dir(const std::string& src, const std::string& tag) {
     if (tag.find('/') != std::string::npos || tag == ".." || tag == ".")
       fail_invalid("--tag '" + tag + "' must name a directory inside " + src);
     fs::path dir = root / tag;
-    if (!fs::is_directory(dir)) fail(ErrorCode::kNotFound, src + ": no tag directory '" + tag + "'");
+    if (!is_directory(dir.string())) fail(ErrorCode::kNotFound, src + ": no tag directory '" + tag + "'");
     require_inside(dir.string(), src);
     return dir.string();
   }
@@ -74,7 +74,7 @@ std::string tag_dir(const std::string& src, const std::string& tag) {
   if (!named) fail(ErrorCode::kNotFound, src + ": no `latest` file and no --tag: give --tag NAME");
   const std::string& latest = *named;
   fs::path dir = root / latest;
-  if (!fs::is_directory(dir))
+  if (!is_directory(dir.string()))
     fail(ErrorCode::kNotFound, src + ": `latest` names tag '" + latest + "', which is not a directory here");
   require_inside(dir.string(), src);
   return dir.string();
@@ -91,26 +91,25 @@ TagFiles list_files(const std::string& dir) {
   std::map<int, std::string> optim, rank_model;
   std::set<std::string> mp_ranks;
   std::string single_model;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  if (!is_directory(dir)) fail(ErrorCode::kNotFound, dir + ": cannot list directory: not a directory");
+  for (const DirEntry& e : list_directory(dir)) {
+    const std::string& name = e.name;
     RegexMatch m;
     if (optim_re.match(name, m)) {
       mp_ranks.insert(m.str(3));
-      if (m[3] == "00") optim[std::stoi(m.str(2))] = e.path().string();
+      if (m[3] == "00") optim[std::stoi(m.str(2))] = e.path;
     } else if (rank_model_re.match(name, m)) {
       mp_ranks.insert(m.str(2));
-      if (m[2] == "00") rank_model[std::stoi(m.str(1))] = e.path().string();
+      if (m[2] == "00") rank_model[std::stoi(m.str(1))] = e.path;
     } else if (model_re.match(name, m)) {
       mp_ranks.insert(m.str(1));
-      if (m[1] == "00") single_model = e.path().string();
+      if (m[1] == "00") single_model = e.path;
     } else {
-      log::debug("ignoring " + e.path().string() + ": not a ZeRO model or optimizer states file");
+      log::debug("ignoring " + e.path + ": not a ZeRO model or optimizer states file");
       continue;
     }
-    require_inside(e.path().string(), dir);
+    require_inside(e.path, dir);
   }
-  if (ec) fail(ErrorCode::kNotFound, dir + ": cannot list directory: " + ec.message());
   if (mp_ranks.size() > 1 || (mp_ranks.size() == 1 && *mp_ranks.begin() != "00")) {
     std::string found;
     for (const auto& r : mp_ranks) found += (found.empty() ? "mp_rank_" : ", mp_rank_") + r;
@@ -699,7 +698,6 @@ class ZeroReader {
 }  // namespace
 
 bool is_zero_checkpoint(const std::string& dir) {
-  std::error_code ec;
   fs::path root(dir);
   if (has_model_states(root)) return true;
   std::optional<std::string> tag;
@@ -708,21 +706,19 @@ bool is_zero_checkpoint(const std::string& dir) {
   } catch (const Error&) {
     return false;  // a `latest` that names no tag: the folder's listing says so
   }
-  return tag && fs::is_directory(root / *tag, ec) && has_model_states(root / *tag);
+  return tag && is_directory((root / *tag).string()) && has_model_states(root / *tag);
 }
 
 bool is_deepspeed_root(const std::string& dir) {
-  std::error_code ec;
   if (has_model_states(fs::path(dir))) return false;
-  for (const auto& sub : fs::directory_iterator(dir, ec))
-    if (sub.is_directory(ec) && has_model_states(sub.path())) return true;
+  for (const DirEntry& sub : list_directory(dir))
+    if (sub.is_directory() && has_model_states(sub.path)) return true;
   return false;
 }
 
 bool holds_zero_files(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  for (const DirEntry& e : list_directory(dir)) {
+    const std::string& name = e.name;
     if (name.ends_with("_optim_states.pt") || name.ends_with("_model_states.pt")) return true;
   }
   return false;
@@ -734,9 +730,8 @@ std::optional<int> tag_world_size(const std::string& dir) {
   static const LinearRegex rank_model_re =
       LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
   std::set<int> optim, model;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  for (const DirEntry& e : list_directory(dir)) {
+    const std::string& name = e.name;
     RegexMatch m;
     if (optim_re.match(name, m))
       optim.insert(std::stoi(m.str(2)));
