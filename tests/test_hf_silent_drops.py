@@ -124,9 +124,11 @@ def test_a_tie_that_cannot_be_established_is_said_naming_config_json(tmp_path, r
     assert r.returncode == 0, r.stderr
     assert f"{d}/config.json: tie_word_embeddings is true, but no tied pair ckptconv knows fits" in r.stderr, \
         r.stderr
+    # a config.json that is not JSON is a damaged folder, refused naming it
+    # (reading on would drop the tied key with exit 0), as from_pretrained does
     (d / "config.json").write_text("{not json")
     r = run_ckptconv("inspect", d)
-    assert r.returncode == 0 and f"{d}/config.json: not readable as JSON" in r.stderr, r.stderr
+    assert r.returncode == 3 and f"{d}/config.json: not readable as JSON" in r.stderr, r.stderr
     (d / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
     r = run_ckptconv("inspect", d)
     assert r.returncode == 0 and "config.json" not in r.stderr, r.stderr

@@ -365,12 +365,9 @@ TEST_CASE("reader conformance: deepspeed-universal: from ZeRO-2 (model)", "[form
                 SourceKind::kDsUniversal, 2});
 }
 
-// [!mayfail] BUG: SourceInfo::files lists zero_pp_rank_0_mp_rank_00_model_states.pt twice
-// (ds_universal_reader.cc: read() seeds files_ with the rank-0 states file when
-// there is no mp_rank_00_model_states.pt, then the per-rank loop adds every
-// zero_pp_rank_*_model_states.pt again; the list is sorted, never made unique).
-TEST_CASE("reader conformance: deepspeed-universal: from ZeRO-3, tag folder (model)",
-          "[formats][conformance][!mayfail]") {
+// Found by this case: SourceInfo::files listed the rank-0 states file twice
+// (read as the model states, and again among the ranks' frozen fragments).
+TEST_CASE("reader conformance: deepspeed-universal: from ZeRO-3, tag folder (model)", "[formats][conformance]") {
   check_reader({testdata("ucp/z3_bf16_ws2/global_step3_universal"), "model",
                 testdata("zero/z3_bf16_ws2/reference_fp32.pt"), SourceKind::kDsUniversal, 2});
 }
@@ -378,13 +375,10 @@ TEST_CASE("reader conformance: deepspeed-universal: from ZeRO-3, tag folder (mod
 // ---- megatron-core's torch_dist, against its own dist_checkpointing.load
 // into a TP=1/PP=1 model
 
-// [!mayfail] BUG: metadata.json cut to 0 bytes makes the folder a plain DCP
-// directory to detect (the Megatron probe answers kNo, .metadata still says
-// DCP): it reads silently as kind dcp with another tree (`ckptconv inspect`
-// exits 0); with --only model the error is exit 2 ("no top-level 'model'
-// entry") and names no metadata.json. Cut to half, it fails as it should.
-TEST_CASE("reader conformance: megatron-torch-dist: torch_dist TP=2 x PP=2 (model)",
-          "[formats][conformance][!mayfail]") {
+// Found by this case: metadata.json cut to 0 bytes made the folder a plain
+// DCP directory, read with another tree and exit 0; the probe now claims an
+// empty metadata.json, and the read refuses it by name.
+TEST_CASE("reader conformance: megatron-torch-dist: torch_dist TP=2 x PP=2 (model)", "[formats][conformance]") {
   check_reader({testdata("megatron/gpt_tp2pp2/ckpt"), "model", testdata("megatron/gpt_tp2pp2/model_ref.pt"),
                 SourceKind::kMegatron, 4});
 }
@@ -407,11 +401,10 @@ TEST_CASE("reader conformance: hf-folder: shards, no index", "[formats][conforma
   check_reader({testdata("hf/shards_no_index"), "", testdata("hf/reference.pt"), SourceKind::kHfFolder, 1});
 }
 
-// [!mayfail] BUG: config.json cut to half or to 0 bytes is only a warning
-// ("not readable as JSON ... tied weights are unknown"), and the model read
-// lacks lm_head.weight, the tied alias: a smaller result from a corrupt file,
-// which SourceInfo::files does not list although the reader reads it.
-TEST_CASE("reader conformance: hf-folder: tied embeddings", "[formats][conformance][!mayfail]") {
+// Found by this case: config.json cut to half or to 0 bytes was a warning,
+// and the model read lacked lm_head.weight, the tied alias; a config.json
+// that is not JSON is now DataLoss naming it.
+TEST_CASE("reader conformance: hf-folder: tied embeddings", "[formats][conformance]") {
   check_reader({testdata("hf/llama_tied"), "", testdata("hf/llama_tied.ref.pt"), SourceKind::kHfFolder, 1});
 }
 

@@ -86,6 +86,9 @@ class UniversalReader {
     model.info.kind = SourceKind::kDsUniversal;
     model.info.records_frozen = true;
     std::sort(files_.begin(), files_.end());
+    // ZeRO-3's rank-0 states file is read as the model states and again
+    // among the ranks' frozen fragments: one file, listed once.
+    files_.erase(std::unique(files_.begin(), files_.end()), files_.end());
     model.info.files = files_;
     int ws = 1;
     if (ValuePtr dp = states_.root->get("dp_world_size"); dp && dp->is(Kind::kInt) && dp->int_value > 0)

@@ -587,6 +587,10 @@ bool is_dist_checkpoint(const std::string& dir) {
   fs::path path = fs::path(dir) / kMetadataJson;
   EntryStat st = stat_path(path.string());
   if (!st.is_file() || st.size > kMaxMetadataJson) return false;
+  // An empty one is megatron-core's, truncated (nothing else writes a
+  // metadata.json beside DCP items): claimed, so the read refuses it by
+  // name instead of reading the folder as plain DCP with another tree.
+  if (st.size == 0) return true;
   // Claimed by the field's name alone, so that a damaged metadata.json is
   // refused as one rather than its directory read as plain DCP.
   try {

@@ -80,8 +80,12 @@ void add_tied_weights(CheckpointModel& model, const std::string& dir) {
   try {
     config = parse_checkpoint_json(file->read_string(0, static_cast<std::size_t>(file->size())), path);
   } catch (const Error& e) {
+    // A config.json that is not JSON is a damaged folder (from_pretrained
+    // refuses it too), not a model without ties: reading on would give a
+    // state dict smaller than the model's with exit 0.
     if (e.code() != ErrorCode::kDataLoss) throw;
-    return unknown("not readable as JSON (" + e.message() + ")");
+    fail_data_loss(path + ": not readable as JSON (" + e.message() +
+                   "): the model's config, which says whether its weights are tied; repair or remove it");
   }
   if (!config.is_object()) return unknown("not a JSON object");
   TieSetting tie = tie_setting(config);
