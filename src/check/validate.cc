@@ -15,10 +15,12 @@
 #include "core/progress.h"
 #include "formats/checkpoint_root.h"
 #include "formats/detect.h"
+#include "formats/source_traits.h"
 #include "io/containment.h"
 #include "io/storage.h"
 #include "model/tree_walk.h"
 #include "model/validate.h"
+#include "plan/select.h"
 
 namespace ckpt::check {
 namespace {
@@ -95,7 +97,7 @@ class Validator {
     std::vector<std::string> files = model ? model->info.files : std::vector<std::string>{};
     report_.files = files.size();
     if (model && model->info.declared) count_declared(*model->info.declared);
-    if (model && (opt_.finite || wants_manifest())) data_pass(*model, files);
+    if (model && (opt_.finite || wants_manifest())) data_pass(selected(*model), files);
     report_.problems = sink_.problems();
     return std::move(report_);
   }
@@ -110,6 +112,22 @@ class Validator {
       report_.tensors_unread = d.tensors - report_.tensors;
       report_.tensors = d.tensors;
       report_.tensor_bytes = d.tensor_bytes;
+    }
+  }
+
+  // What the data pass covers: with --only, the state dict it names, its
+  // tensors named as model.state_dict() names them, which is how an export
+  // of it (consolidate --only, reshard --only) names them: a manifest
+  // written with --only then verifies that export in any layout. Files are
+  // still checksummed whole. Without such an entry (an export itself), all.
+  CheckpointModel selected(const CheckpointModel& model) {
+    if (opt_.only.empty() || source_traits(model.info.kind).reader_selects_only) return model;
+    try {
+      return select_entries(model, {opt_.only});
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+      report_.notes.push_back("--only " + opt_.only + ": no such top-level entry; every tensor scanned");
+      return model;
     }
   }
 
