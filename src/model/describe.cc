@@ -57,11 +57,19 @@ std::string grouped(uint64_t n) {
 std::optional<std::pair<uint64_t, std::size_t>> model_parameters(const CheckpointModel& model) {
   const pickle::Value* top = top_dict(model);
   bool nested = top && top->get("model");
-  if (!nested && !holds_weights_only(model)) return std::nullopt;
+  // Megatron's stored view keeps the model's modules at the top, beside the
+  // optimizer and the training loop's state.
+  bool megatron = !nested && model.info.kind == SourceKind::kMegatron;
+  if (!nested && !megatron && !holds_weights_only(model)) return std::nullopt;
+  static const std::set<std::string> kTrainingLoop = {"optimizer",          "optim",
+                                                      "rng_state",          "args",
+                                                      "iteration",          "opt_param_scheduler",
+                                                      "checkpoint_version", "num_floating_point_operations_so_far"};
   uint64_t numel = 0;
   std::size_t tensors = 0;
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor || (nested && leaf.path.rfind("model.", 0) != 0)) return;
+    if (megatron && kTrainingLoop.count(leaf.path.substr(0, leaf.path.find('.')))) return;
     numel += model.tensors[*leaf.tensor].numel();
     ++tensors;
   });

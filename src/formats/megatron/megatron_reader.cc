@@ -232,6 +232,10 @@ class TorchDistReader {
     for (const char* field : {"sharded_backend_version", "common_backend", "common_backend_version"})
       if (meta.contains(field)) model.facts[std::string("megatron ") + field] = meta[field].dump();
     model.info.files.push_back((fs::path(dir_) / kMetadataJson).string());
+    // The ranks that wrote files: of a job with data parallelism, only one
+    // replica of each shard writes it, so the job was at least this large.
+    if (auto ws = model.facts.find("world_size"); ws != model.facts.end())
+      ws->second = "≥ " + ws->second + " (the ranks that wrote files; data-parallel replicas write none)";
     split_items(model);
     screen_unknown_globals();
     check_objects();
