@@ -3,11 +3,15 @@
 // everything else opens through the storage layer (io/storage.h).
 #pragma once
 
+#include <memory>
 #include <string>
 
-#include "io/byte_source.h"
-
 namespace ckpt {
+
+// As io/byte_source.h declares them: this header is included by the file
+// defining them (byte_source.cc), so it names them without including it.
+class ByteSource;
+using SourcePtr = std::shared_ptr<const ByteSource>;
 
 // pread source from the bounded descriptor pool; containment applied.
 SourcePtr open_local_file(const std::string& path);
