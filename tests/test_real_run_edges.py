@@ -34,3 +34,20 @@ def test_inspect_a_megatron_job_gives_its_world_size_as_a_bound_and_its_paramete
             n *= d
         want += n
     assert numel == want, (line, want)
+
+
+def test_a_cast_export_into_a_folder_with_its_own_config_sets_that_configs_dtype(tmp_path, run_ckptconv):
+    out = tmp_path / "hf-model"
+    out.mkdir()
+    mine = json.loads((TD / "hf" / "llama_tied" / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**mine, "note": "the user's own"}))
+    r = run_ckptconv("consolidate", TD / "hf" / "llama_tied", "--dtype", "bf16", "-o", f"{out}/")
+    assert r.returncode == 0, r.stderr
+    kept = json.loads((out / "config.json").read_text())
+    assert kept["note"] == "the user's own"  # the folder's config is kept ...
+    assert kept["dtype"] == "bfloat16", kept  # ... and says the dtype written beside it
+    assert "its dtype set to bfloat16" in r.stderr
+    # without a cast nothing is rewritten: byte for byte the source's
+    plain = tmp_path / "plain"
+    assert run_ckptconv("consolidate", TD / "hf" / "llama_tied", "-o", f"{plain}/").returncode == 0
+    assert (plain / "config.json").read_bytes() == (TD / "hf" / "llama_tied" / "config.json").read_bytes()

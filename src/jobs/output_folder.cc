@@ -31,7 +31,8 @@ void copy_file_to(const fs::path& from, const fs::path& to, bool durable) {
 
 // config.json with its dtype keys set to `cast_to`, as transformers writes a
 // config (json.dumps(indent=2, sort_keys=True) + "\n"); nullopt when it has
-// none of them or is not a JSON object (then it is copied unchanged).
+// none of them, says `cast_to` already or is not a JSON object (then it is
+// copied unchanged, byte for byte).
 std::optional<std::string> recast_config(const fs::path& from, DType cast_to) {
   auto source = open_file_source(from.string());
   std::string text(source->size(), '\0');
@@ -45,7 +46,7 @@ std::optional<std::string> recast_config(const fs::path& from, DType cast_to) {
   if (!config.is_object()) return std::nullopt;
   bool changed = false;
   for (const char* key : {"torch_dtype", "dtype"})
-    if (auto it = config.find(key); it != config.end() && it->is_string()) {
+    if (auto it = config.find(key); it != config.end() && it->is_string() && *it != dtype_name(cast_to)) {
       *it = std::string(dtype_name(cast_to));
       changed = true;
     }
@@ -145,12 +146,22 @@ std::string OutputFolder::published_path(const std::string& path) const {
   return (fs::path(dir_) / fs::path(path).filename()).string();
 }
 
-void OutputFolder::publish(const std::vector<std::string>& side_files, std::optional<DType> cast_to) {
+void OutputFolder::publish(const std::vector<std::string>& side_files, std::optional<DType> config_dtype) {
   fs::path into = staging_ ? fs::path(staging_->temp_dir()) : fs::path(dir_);
   for (const auto& side : side_files) {
     fs::path to = into / fs::path(side).filename();
     if (exists_no_follow(to)) {
       log::info(published_path(to.string()) + " is there already: kept as it is (not the source's)");
+      // Kept, but it must say the dtype the weights beside it have.
+      if (config_dtype && to.filename() == "config.json" && stat_path(to.string()).is_file() &&
+          !stat_path(to.string()).link)
+        if (std::optional<std::string> recast = recast_config(to, *config_dtype)) {
+          auto sink = AtomicFileSink::create(to.string(), true, durable_);
+          sink->write(*recast);
+          sink->finish();
+          log::info(published_path(to.string()) + ": its dtype set to " + std::string(dtype_name(*config_dtype)) +
+                    ", the dtype written");
+        }
       continue;
     }
     if (EntryStat st = stat_path(side); !st.is_file() || st.size > kMaxSideFile) {
@@ -159,7 +170,7 @@ void OutputFolder::publish(const std::vector<std::string>& side_files, std::opti
       continue;
     }
     std::optional<std::string> recast;
-    if (cast_to && to.filename() == "config.json") recast = recast_config(side, *cast_to);
+    if (config_dtype && to.filename() == "config.json") recast = recast_config(side, *config_dtype);
     if (recast) {
       auto sink = AtomicFileSink::create(to.string(), false, durable_);
       sink->write(*recast);

@@ -58,11 +58,12 @@ class OutputFolder {
   // `path`, written under file_path()'s folder, as it will be named once published.
   std::string published_path(const std::string& path) const;
   // Copies `side_files` in, carries DIR's other entries when replacing, and
-  // publishes. The weights files must be complete. `cast_to` (--dtype): a
-  // config.json's top-level "torch_dtype" / "dtype" is rewritten to it, as
+  // publishes. The weights files must be complete. `config_dtype` (the
+  // dtype written, when the job cast or took its config from elsewhere): a
+  // config.json's top-level "torch_dtype" / "dtype" is set to it, as
   // save_pretrained records the dtype it saved (from_pretrained's "auto"
-  // loads that).
-  void publish(const std::vector<std::string>& side_files, std::optional<DType> cast_to);
+  // loads that): the one copied in, or the one DIR kept.
+  void publish(const std::vector<std::string>& side_files, std::optional<DType> config_dtype);
 
  private:
   std::string dir_, file_;
