@@ -44,6 +44,8 @@ class LocalStorage final : public Storage {
     out.size = out.kind == EntryKind::kFile ? static_cast<uint64_t>(st.st_size) : 0;
     out.device = static_cast<uint64_t>(st.st_dev);
     out.inode = static_cast<uint64_t>(st.st_ino);
+    out.modified_sec = static_cast<int64_t>(st.st_mtim.tv_sec);
+    out.modified_nsec = static_cast<int64_t>(st.st_mtim.tv_nsec);
     return out;
   }
 

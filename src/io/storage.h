@@ -31,6 +31,9 @@ struct EntryStat {
   EntryKind kind = EntryKind::kNone;
   bool link = false;
   uint64_t size = 0;  // files only
+  // Last modification (st_mtim): seconds and nanoseconds since the epoch.
+  int64_t modified_sec = 0;
+  int64_t modified_nsec = 0;
   // Identity: two names of one file have equal (device, inode).
   uint64_t device = 0;
   uint64_t inode = 0;
