@@ -46,5 +46,4 @@ std::string directory_shapes() {
   return out;
 }
 
-
 }  // namespace ckpt
