@@ -55,6 +55,23 @@ def _formats_node(rel: str) -> str | None:
     return "/".join(parts[:2])
 
 
+# Cycles this test knows of and lets pass, each until its own change removes
+# it (then its entry must go: a stale entry fails too). Every other cycle,
+# and any of these growing by a member, fails.
+KNOWN_FILE_CYCLES = {
+    # local_files.h declares the POSIX file sources byte_source.cc defines
+    # (one implementation file, two headers): splitting the descriptor pool
+    # and FileSource/MappedSource into io/local_files.cc removes it.
+    frozenset({"io/byte_source", "io/local_files"}): "io: the file sources live in byte_source.cc",
+    # unpickler_machine.h is unpickler.cc's own detail header, and needs the
+    # public header's options.
+    frozenset({"pickle/unpickler", "pickle/unpickler_machine"}): "pickle: the machine's detail header",
+    # finalize reruns consolidate and reshard, which write the request
+    # finalize reads (request_json in finalize.h): moving request_json
+    # beside each request (consolidate.h, reshard.h) removes it.
+    frozenset({"jobs/consolidate", "jobs/finalize", "jobs/reshard"}): "jobs: request_json lives in finalize",
+}
+
 Graph = dict[str, dict[str, list[str]]]  # node -> target -> the include lines that make the edge
 
 
@@ -154,9 +171,11 @@ def _closed_path(graph: Graph, component: list[str]) -> list[str]:
     return component + [component[0]]
 
 
-def _describe(graph: Graph) -> str:
+def _describe(graph: Graph, known: dict = {}) -> str:
     lines = []
     for component in _components(graph):
+        if frozenset(component) in known:
+            continue
         members = set(component)
         lines.append(" -> ".join(_closed_path(graph, component)) + f"  (all of: {', '.join(component)})")
         # Every edge inside the component, not only the cycle's: all of them must go.
@@ -186,8 +205,13 @@ def test_graph_parser_finds_a_cycle():
 def test_no_file_include_cycle():
     graph = _graph(_file_node)
     assert len(graph) > 50, "src/ was not found or read"
-    cycles = _cycles(graph)
-    assert not cycles, "include cycles between files (a .h and its .cc are one node):\n" + _describe(graph)
+    components = [frozenset(c) for c in _components(graph)]
+    new = [c for c in components if c not in KNOWN_FILE_CYCLES]
+    assert not new, "include cycles between files (a .h and its .cc are one node):\n" + _describe(
+        graph, KNOWN_FILE_CYCLES
+    )
+    stale = [sorted(c) for c in KNOWN_FILE_CYCLES if c not in components]
+    assert not stale, f"KNOWN_FILE_CYCLES names cycles that are gone, remove them: {stale}"
 
 
 def test_no_formats_folder_cycle():
