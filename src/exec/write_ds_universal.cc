@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
+#include "io/storage.h"
 
 namespace ckpt {
 namespace {
@@ -51,8 +52,7 @@ fs::path latest_beside(const std::string& dir) {
 // written fails the job with nothing published; nullptr: none to write.
 std::unique_ptr<AtomicFileSink> prepare_latest(const std::string& dir, bool update, bool durable) {
   const fs::path latest = latest_beside(dir);
-  std::error_code ec;
-  if (fs::exists(fs::symlink_status(latest, ec)) && !update) {
+  if (path_exists(latest.string()) && !update) {  // a link too, dangling or not
     log::info("kept " + latest.string() + " as it is; --update-latest points it at " +
               fs::path(without_trailing_slashes(dir)).filename().string());
     return nullptr;

@@ -1,7 +1,5 @@
 #include "exec/write_output.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -21,6 +19,7 @@
 #include "formats/torch_pt/pt_writer.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
+#include "io/storage.h"
 #include "model/validate.h"
 
 namespace ckpt {
@@ -130,7 +129,7 @@ class SafetensorsWriter final : public PartedWriter {
     try {
       if (index) index->publish();  // its publish() syncs the directory, the renames above included
     } catch (const Error&) {
-      for (const auto& f : to) ::unlink(f.c_str());
+      for (const auto& f : to) storage_for(f).remove(f);
       throw;
     }
     if (durable && !index) sync_directory_of(out_.string());
@@ -222,6 +221,25 @@ std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat
   return write_whole(*w,
                      {.path = options.path, .force = options.force, .durable = options.durable, .copy = options.copy})
       .files;
+}
+
+PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
+                              const PartSpec& part, const std::string& request) {
+  require_valid(model);
+  const OutputFormatInfo& f = output_format_info(format);
+  if (!f.parted)
+    fail_invalid("--part: " + std::string(f.name) +
+                 " output cannot be written by several processes (HDF5 needs an MPI-IO build of libhdf5); write "
+                 ".pt or .safetensors, or run without --part");
+  std::unique_ptr<PartedWriter> w = f.parted(model, options);
+  return write_parted(*w,
+                      {.path = options.path,
+                       .force = options.force,
+                       .durable = options.durable,
+                       .copy = options.copy,
+                       .inputs = model.info.files,
+                       .request = request},
+                      part);
 }
 
 }  // namespace ckpt

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "exec/part_protocol.h"
 #include "exec/tensor_copy.h"
 #include "formats/torch_pt/pt_writer.h"
 #include "model/checkpoint_model.h"
@@ -25,8 +26,6 @@ struct OutputOptions {
 
 enum class OutputFormat { kPt, kSafetensors, kHdf5 };
 
-class PartedWriter;  // exec/parted_output.h
-
 // An output format's descriptor: its names, what it can do, and its
 // one-process writer. Jobs ask these instead of naming a format.
 struct OutputFormatInfo {
@@ -38,7 +37,7 @@ struct OutputFormatInfo {
   std::string_view full_file;                // -o DIR/ of more than a model
   bool shards = false;                       // --max-shard-size
   bool compression = false;                  // --compression
-  // Its writer (exec/parted_output.h), which one process runs (write_whole)
+  // Its writer (exec/parted_writer.h), which one process runs (write_whole)
   // or several, each writing its share (--part).
   std::unique_ptr<PartedWriter> (*parted)(const CheckpointModel& model, const OutputOptions& options) = nullptr;
   // Only for a format whose library writes the file by name (HDF5), so that
@@ -64,6 +63,11 @@ std::string output_extensions_text();
 // safetensors output its shards then OUT.index.json. Validates the model
 // first. A failure or an interrupt leaves nothing at the destination.
 std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat format, const OutputOptions& options);
+
+// .pt and .safetensors outputs of consolidate/convert written by several
+// processes (--part; exec/part_protocol.h); HDF5 is refused.
+PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,
+                              const PartSpec& part, const std::string& request);
 
 // The tensors of a .pt output as torch_pt::write_pt takes them (output
 // dtype, shape, Parameter or not), for every writer of that format.

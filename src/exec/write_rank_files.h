@@ -13,7 +13,7 @@
 
 #include "exec/parted_output.h"
 #include "exec/tensor_copy.h"
-#include "formats/fsdp_ranks/rank_file_names.h"
+#include "formats/rank_file_names.h"
 #include "formats/torch_pt/sharded_values.h"
 #include "model/checkpoint_model.h"
 #include "plan/reshard.h"

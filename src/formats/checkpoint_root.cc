@@ -2,16 +2,17 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 #include "core/linear_regex.h"
 #include "core/units.h"
-#include "formats/detect.h"
+#include "formats/dcp/dcp_reader.h"
 #include "formats/ds_universal/ds_universal_reader.h"
 #include "formats/latest_file.h"
+#include "formats/probe.h"
 #include "formats/zero/zero_reader.h"
 #include "io/containment.h"
+#include "io/storage.h"
 
 namespace ckpt {
 namespace fs = std::filesystem;
@@ -39,10 +40,9 @@ std::optional<int64_t> last_number(const std::string& name) {
 int distcp_world_size(const fs::path& dir) {
   static const LinearRegex kDistcp = LinearRegex::compile(R"(__(\d+)_\d+\.distcp)");
   int ws = -1;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
+  for (const DirEntry& e : list_directory(dir.string())) {
     RegexMatch m;
-    std::string name = e.path().filename().string();
+    const std::string& name = e.name;
     if (kDistcp.match(name, m) && m.length(1) < 6) ws = std::max(ws, std::stoi(m.str(1)) + 1);
   }
   return ws;
@@ -57,9 +57,8 @@ std::optional<RootEntry> entry_of(const fs::path& dir) {
   e.name = dir.filename().string();
   e.path = dir.string();
   e.step = last_number(e.name);
-  std::error_code ec;
   if (ds_universal::is_universal_tag(e.path) ||
-      (zero::holds_zero_files(e.path) && fs::is_directory(dir / "zero", ec))) {
+      (zero::holds_zero_files(e.path) && is_directory((dir / "zero").string()))) {
     // A DeepSpeed universal tag (model states beside zero/): complete with
     // zero/optimizer_state.pt; it loads at any world size (-1).
     e.kind = source_format_name(SourceKind::kDsUniversal);
@@ -76,7 +75,7 @@ std::optional<RootEntry> entry_of(const fs::path& dir) {
   } else if (holds_distcp(dir)) {  // a DCP save that never wrote .metadata
     e.kind = "dcp";
     e.world_size = distcp_world_size(dir);
-  } else if (fs::is_directory(dir / dcp_pair_model_dir)) {  // Accelerate, its model save unfinished
+  } else if (is_directory((dir / dcp_pair_model_dir).string())) {  // Accelerate, its model save unfinished
     e.kind = source_format_name(SourceKind::kDcpPair);
     e.world_size = distcp_world_size(dir / dcp_pair_model_dir);
   } else {
@@ -133,7 +132,6 @@ void require_tag_name(const std::string& src, const std::string& name) {
 // DeepSpeed's loader does; the folder is listed only to say what it holds.
 ChosenCheckpoint choose_deepspeed_tag(const std::string& src, const std::string& tag) {
   const fs::path root(src);
-  std::error_code ec;
   std::string name, why, pointer;
   if (tag.empty() || tag == "latest") {
     if (std::optional<std::string> named = read_latest_tag(root / "latest")) {
@@ -150,7 +148,7 @@ ChosenCheckpoint choose_deepspeed_tag(const std::string& src, const std::string&
     } else {
       return highest_complete(src, list_checkpoints(src));
     }
-  } else if (tag == "latest_universal" && fs::is_regular_file(root / "latest_universal", ec)) {
+  } else if (tag == "latest_universal" && is_regular_file((root / "latest_universal").string())) {
     name = read_latest_tag(root / "latest_universal").value_or("");
     pointer = "latest_universal";
     why = "--tag latest_universal: the tag `latest_universal` names";
@@ -160,7 +158,7 @@ ChosenCheckpoint choose_deepspeed_tag(const std::string& src, const std::string&
     why = "--tag " + tag;
   }
   const fs::path dir = root / name;
-  if (!fs::is_directory(dir, ec)) {
+  if (!is_directory(dir.string())) {
     if (!pointer.empty())
       fail(ErrorCode::kNotFound, src + ": `" + pointer + "` names tag '" + name + "', which is not a directory here");
     fail(ErrorCode::kNotFound, src + ": no tag directory '" + name + "'; " + listing(src, list_checkpoints(src)));
@@ -178,15 +176,15 @@ ChosenCheckpoint choose_deepspeed_tag(const std::string& src, const std::string&
 
 std::vector<RootEntry> list_checkpoints(const std::string& dir) {
   std::vector<RootEntry> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& sub : fs::directory_iterator(dir, ec))
-    if (sub.is_directory(ec)) {
+  if (!is_directory(dir)) return out;
+  for (const DirEntry& sub : list_directory(dir))
+    if (sub.is_directory()) {
+      const fs::path path = fs::path(dir) / sub.name;
       // A step directory that is a link out of the folder (`step-9 ->
       // ../secret`) would be read as one of its checkpoints: Unsafe unless
       // --follow-links.
-      require_inside(sub.path().string(), dir);
-      if (auto e = entry_of(sub.path())) out.push_back(std::move(*e));
+      require_inside(path.string(), dir);
+      if (auto e = entry_of(path)) out.push_back(std::move(*e));
     }
   std::sort(out.begin(), out.end(), [](const RootEntry& a, const RootEntry& b) {
     return a.step != b.step ? a.step.value_or(-1) < b.step.value_or(-1) : a.name < b.name;
@@ -201,8 +199,7 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir) {
 }
 
 std::optional<UnfinishedSave> unfinished_save(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  if (!is_directory(dir)) return std::nullopt;
   std::optional<RootEntry> e = entry_of(fs::path(dir));
   if (!e || e->complete) return std::nullopt;
   if (e->kind == source_format_name(SourceKind::kZero))
@@ -219,15 +216,13 @@ std::optional<UnfinishedSave> unfinished_save(const std::string& dir) {
 }
 
 bool is_checkpoint_root(const std::string& src) {
-  std::error_code ec;
-  if (!fs::is_directory(src, ec) || directory_kind(src)) return false;
+  if (!is_directory(src) || directory_kind(src)) return false;
   return !list_checkpoints(src).empty();
 }
 
 ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& tag) {
-  std::error_code ec;
-  if (!fs::is_directory(src, ec)) {
-    if (!tag.empty() && fs::exists(src, ec))
+  if (!is_directory(src)) {
+    if (!tag.empty() && stat_path(src).kind != EntryKind::kNone)
       fail_invalid("--tag " + tag + ": " + src + " is one checkpoint file, not a folder of checkpoints; drop --tag");
     return {src, ""};
   }
@@ -243,12 +238,13 @@ ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& ta
     read_latest_tag(fs::path(src) / "latest");  // a `latest` there must name a tag, read or not
     if (entries.size() == 1 && entries[0].complete) return {entries[0].path, "the only checkpoint in " + src};
     fail_invalid(listing(src, entries) + "; choose one with --tag NAME, or --tag latest for " +
-                 (fs::exists(fs::path(src) / "latest") ? "the one the file `latest` names"
-                                                       : "the highest-numbered complete one"));
+                 (stat_path((fs::path(src) / "latest").string()).kind != EntryKind::kNone
+                      ? "the one the file `latest` names"
+                      : "the highest-numbered complete one"));
   }
   std::string name = tag, why = "--tag " + tag;
   if (tag == "latest") {
-    if (!fs::is_regular_file(fs::path(src) / "latest")) return highest_complete(src, entries);
+    if (!is_regular_file((fs::path(src) / "latest").string())) return highest_complete(src, entries);
     name = *read_latest_tag(fs::path(src) / "latest");
     why = "--tag latest: the tag `latest` names";
   }
@@ -271,11 +267,14 @@ std::string resolve_checkpoint(const std::string& src, const std::string& tag) {
 }
 
 uint64_t directory_bytes(const std::string& dir) {
+  // Files (through links) count; folders are entered unless they are links.
   uint64_t total = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec))
-    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  for (const DirEntry& e : list_directory(dir)) {
+    if (e.is_file())
+      total += stat_path(e.path).size;
+    else if (e.is_directory() && !e.link)
+      total += directory_bytes(e.path);
+  }
   return total;
 }
 

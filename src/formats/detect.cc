@@ -7,10 +7,12 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/checkpoint_root.h"
-#include "formats/fsdp_ranks/rank_file_names.h"
+#include "formats/probe.h"
+#include "formats/rank_file_names.h"
 #include "formats/registry.h"
 #include "formats/zero/zero_reader.h"
 #include "io/containment.h"
+#include "io/storage.h"
 #include "model/plain_values.h"
 
 namespace ckpt {
@@ -23,8 +25,8 @@ namespace {
 // file: its bf16 weights, exit 0). Refused, except for inspect, which shows
 // the file as what it is, with a warning.
 void check_not_one_rank_alone(const std::string& src, bool allowed) {
-  std::error_code ec;
-  if (fs::is_directory(src, ec) || !fs::exists(src, ec)) return;
+  const EntryStat st = stat_path(src);
+  if (st.is_directory() || st.kind == EntryKind::kNone) return;
   fs::path file(src);
   fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
   std::string part_of;
@@ -56,53 +58,14 @@ void check_not_one_rank_alone(const std::string& src, bool allowed) {
 
 }  // namespace
 
-namespace {
-
-// The registered format whose probe answers highest for `probe`, or null
-// when none recognises the source. On a tie the first registered wins.
-template <typename Probe>
-const InputFormat* best_format(Probe probe) {
-  const InputFormat* best = nullptr;
-  int best_confidence = confidence::kNo;
-  for (const InputFormat* f : input_formats()) {
-    int c = probe(*f);
-    if (c > best_confidence) {
-      best = f;
-      best_confidence = c;
-    }
-  }
-  return best;
-}
-
-const InputFormat* directory_format(const std::string& dir) {
-  return best_format([&](const InputFormat& f) { return f.probe_directory ? f.probe_directory(dir) : 0; });
-}
-
-// "no DCP .metadata, no DeepSpeed `latest` or *_model_states.pt, ...": what
-// each directory format would have shown.
-std::string directory_shapes() {
-  std::string out;
-  for (const InputFormat* f : input_formats())
-    if (!f->directory_shape.empty())
-      out += std::string(out.empty() ? "no " : ", no ") + std::string(f->directory_shape);
-  return out;
-}
-
-}  // namespace
-
-std::optional<SourceKind> directory_kind(const std::string& dir) {
-  if (const InputFormat* f = directory_format(dir)) return f->kind;
-  return std::nullopt;
-}
-
 SourceKind detect_source(const std::string& src) {
-  std::error_code ec;
-  auto status = fs::status(src, ec);
-  if ((ec || !fs::exists(status)) && fsdp_ranks::is_glob_pattern(src)) return SourceKind::kFsdpRanks;
-  if (ec || !fs::exists(status)) fail(ErrorCode::kNotFound, src + ": no such file or directory");
-  if (fs::is_directory(status)) {
+  const EntryStat st = stat_path(src);  // links followed: a dangling one is no source
+  if (st.kind == EntryKind::kNone && fsdp_ranks::is_glob_pattern(src)) return SourceKind::kFsdpRanks;
+  if (st.kind == EntryKind::kNone) fail(ErrorCode::kNotFound, src + ": no such file or directory");
+  if (st.is_directory()) {
     if (auto kind = directory_kind(src)) return *kind;
-    if (fs::is_empty(src, ec)) fail(ErrorCode::kNotFound, "no checkpoint found in " + src + ": the directory is empty");
+    if (list_directory(src).empty())
+      fail(ErrorCode::kNotFound, "no checkpoint found in " + src + ": the directory is empty");
     fail(ErrorCode::kUnimplemented, src + ": directory is not a recognised checkpoint (" + directory_shapes() +
                                         ") and holds no checkpoint directories");
   }
@@ -114,8 +77,7 @@ SourceKind detect_source(const std::string& src) {
   if (dcp_member && directory_kind(dir.string()) == SourceKind::kDcpDir)
     fail_invalid(src + " is one file of the DCP checkpoint " + dir.string() + ": pass the directory");
   SourcePtr source = open_file_source(src);
-  auto probe = [&](const InputFormat& f) { return f.probe_file ? f.probe_file(src, *source) : 0; };
-  if (const InputFormat* format = best_format(probe)) return format->kind;
+  if (std::optional<SourceKind> kind = file_kind(src, *source)) return *kind;
   fail_data_loss(
       src +
       ": not a recognised checkpoint file (expected a torch.save zip, safetensors, a .safetensors.index.json or HDF5)");
@@ -159,9 +121,8 @@ CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& opt
   // folder must lie in it (io/containment.h); the paths given are trusted.
   if (options.files.empty()) {
     trust_given_path(given);
-    std::error_code ec;
     std::string parent = std::filesystem::path(given).parent_path().string();
-    add_checkpoint_root(std::filesystem::is_directory(given, ec) ? given : parent.empty() ? "." : parent);
+    add_checkpoint_root(is_directory(given) ? given : parent.empty() ? "." : parent);
   } else {
     for (const auto& f : options.files) trust_given_path(f);
   }
@@ -173,6 +134,10 @@ CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& opt
   if (!chosen.why.empty()) log::info("reading " + src + " (" + source_format_name(kind) + ", " + chosen.why + ")");
   ReadOptions read = options;
   read.tag.clear();  // chosen above: the reader gets the checkpoint itself
+  // --param-layout is another checkpoint, read here (the layer that reads
+  // sources) when the reader asks for it: no reader reads one itself.
+  if (!read.param_layout.empty() && !read.param_layout_model)
+    read.param_layout_model = [path = read.param_layout] { return read_checkpoint(path, {}); };
   CheckpointModel model = input_format(kind).read(src, read);
   complete_info(model, src, kind);
   if (model.root) {

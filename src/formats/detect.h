@@ -8,13 +8,10 @@
 
 #include "formats/dcp/dcp_reader.h"
 #include "formats/input_format.h"
+#include "formats/probe.h"  // directory_kind, for detect's callers
 #include "model/checkpoint_model.h"
 
 namespace ckpt {
-
-// The kind of checkpoint the directory `dir` is, or nullopt when it is none
-// (it may still be a folder of checkpoints: formats/checkpoint_root.h).
-std::optional<SourceKind> directory_kind(const std::string& dir);
 
 // InvalidArgument/NotFound/DataLoss with a message naming SRC when it is none
 // of the known kinds.

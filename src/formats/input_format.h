@@ -5,6 +5,7 @@
 // one registration point. Adding a format is a folder and a line there.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,11 @@ struct ReadOptions {
   // the parameter names, shapes and order that FSDP1 flat-parameter files
   // lack (formats/fsdp_flat/flat_params.h); other sources refuse it.
   std::string param_layout = {};
+  // That checkpoint's model, read when called. read_checkpoint
+  // (formats/detect.h), which reads sources, sets it; a reader calls it only
+  // once it needs the layout (so a source refused first never reads it) and
+  // never reads another checkpoint itself.
+  std::function<CheckpointModel()> param_layout_model = {};
 };
 
 // How sure a probe is that a source is of its format. The highest answer

@@ -1,9 +1,9 @@
 #include "formats/latest_file.h"
 
-#include <fstream>
-#include <iterator>
+#include <algorithm>
 
 #include "core/error.h"
+#include "io/storage.h"
 
 namespace ckpt {
 namespace {
@@ -19,14 +19,12 @@ std::string excerpt(const std::string& text) {
 
 }  // namespace
 
-std::optional<std::string> read_latest_tag(const std::filesystem::path& file) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(file, ec)) return std::nullopt;
-  std::ifstream in(file, std::ios::binary);
+std::optional<std::string> read_latest_tag(const std::string& path) {
+  if (!is_regular_file(path)) return std::nullopt;
+  const std::filesystem::path file(path);
+  SourcePtr in = open_file_source(path);
   // One byte past what a tag and its line end can take: enough to tell.
-  std::string text(kMaxTag + 3, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
+  std::string text = in->read_string(0, static_cast<std::size_t>(std::min<uint64_t>(in->size(), kMaxTag + 3)));
   std::string tag = text.substr(0, text.find('\n'));
   while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ' || tag.back() == '\t')) tag.pop_back();
   const std::string name = file.string();
@@ -38,5 +36,7 @@ std::optional<std::string> read_latest_tag(const std::filesystem::path& file) {
                    file.parent_path().string());
   return tag;
 }
+
+std::optional<std::string> read_latest_tag(const std::filesystem::path& file) { return read_latest_tag(file.string()); }
 
 }  // namespace ckpt

@@ -15,6 +15,8 @@ namespace ckpt {
 // the first 64 bytes of what it holds) when it is longer than a directory
 // name can be (NAME_MAX, 255 bytes), or when the tag is empty, ".", "..",
 // or holds '/' or NUL: not a directory directly inside the folder.
+// Read through the storage layer (io/storage.h), as every file is.
+std::optional<std::string> read_latest_tag(const std::string& file);
 std::optional<std::string> read_latest_tag(const std::filesystem::path& file);
 
 }  // namespace ckpt

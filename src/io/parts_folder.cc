@@ -118,6 +118,26 @@ std::optional<std::string> PartsFolder::read_file(const std::string& name) const
   return text;
 }
 
+void PartsFolder::replace_file(const std::string& name, const std::string& text) const {
+  const std::string mine = name + "." + std::to_string(::getpid());
+  int fd = open_file(mine, true);
+  if (fd < 0) fail(ErrorCode::kOutputFailed, path_of(mine) + ": " + std::strerror(errno));
+  bool ok = ::ftruncate(fd, 0) == 0;
+  for (std::size_t at = 0; ok && at < text.size();) {
+    ssize_t put = ::pwrite(fd, text.data() + at, text.size() - at, static_cast<off_t>(at));
+    if (put < 0 && errno == EINTR) continue;
+    ok = put > 0;
+    if (ok) at += static_cast<std::size_t>(put);
+  }
+  int err = errno;
+  ::close(fd);
+  if (!ok) fail(ErrorCode::kOutputFailed, path_of(mine) + ": " + std::strerror(err));
+  if (::renameat(fd_, mine.c_str(), fd_, name.c_str()) != 0)
+    fail(ErrorCode::kOutputFailed, path_of(name) + ": " + std::strerror(errno));
+}
+
+bool PartsFolder::remove_file(const std::string& name) const { return ::unlinkat(fd_, name.c_str(), 0) == 0; }
+
 bool PartsFolder::create_exclusive(const std::string& name) const {
   int fd = ::openat(fd_, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -126,6 +146,37 @@ bool PartsFolder::create_exclusive(const std::string& name) const {
   }
   ::close(fd);
   return true;
+}
+
+PartsFiles::PartsFiles(const PartsFolder& folder, const std::vector<std::string>& names, bool create,
+                       const std::string& when_missing) {
+  for (const auto& name : names) {
+    int fd = folder.open_file(name, create);
+    if (fd < 0) fail(ErrorCode::kDataLoss, folder.path_of(name) + when_missing);
+    fds_.push_back(fd);
+    paths_.push_back(folder.path_of(name));
+  }
+}
+
+PartsFiles::~PartsFiles() {
+  for (int fd : fds_) ::close(fd);
+}
+
+std::size_t PartsFiles::read_at(std::size_t k, uint64_t at, void* buf, std::size_t n, const std::string& what) const {
+  for (;;) {
+    ssize_t got = ::pread(fds_.at(k), buf, n, static_cast<off_t>(at));
+    if (got >= 0) return static_cast<std::size_t>(got);
+    if (errno != EINTR) fail(ErrorCode::kOutputFailed, paths_[k] + ": " + what + ": " + std::strerror(errno));
+  }
+}
+
+void PartsFiles::set_length(std::size_t k, uint64_t length, bool durable) const {
+  if (::ftruncate(fds_.at(k), static_cast<off_t>(length)) != 0 || (durable && ::fsync(fds_[k]) != 0))
+    fail(ErrorCode::kOutputFailed, paths_[k] + ": " + std::strerror(errno));
+}
+
+void PartsFiles::sync_data(std::size_t k) const {
+  if (::fdatasync(fds_.at(k)) != 0) fail(ErrorCode::kOutputFailed, paths_[k] + ": " + std::strerror(errno));
 }
 
 }  // namespace ckpt

@@ -9,8 +9,11 @@
 // is Unsafe (exit 3) naming it.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ckpt {
 
@@ -40,6 +43,13 @@ class PartsFolder {
   // Creates entry `name`, failing if anything (a link too) is there: false
   // with errno EEXIST when something is, ENOENT when the folder was removed.
   bool create_exclusive(const std::string& name) const;
+  // Entry `name` replaced whole by `text`, atomically: written under a name
+  // of this process ("name.<pid>", checked as open_file does) and renamed
+  // over `name`, so that workers storing the same text at once each replace
+  // it in one step. OutputFailed naming it on failure.
+  void replace_file(const std::string& name, const std::string& text) const;
+  // Removes entry `name` (best effort: false when it was not there).
+  bool remove_file(const std::string& name) const;
 
  private:
   PartsFolder(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
@@ -47,6 +57,36 @@ class PartsFolder {
 
   std::string path_;
   int fd_ = -1;
+};
+
+// Entries of a parts folder open read-write together for one pass (a --part
+// run's shared output files), each opened as PartsFolder::open_file opens
+// it; closed when destroyed.
+class PartsFiles {
+ public:
+  // Opens each of `names`, creating it when `create`; DataLoss naming the
+  // first one absent, followed by `when_missing`.
+  PartsFiles(const PartsFolder& folder, const std::vector<std::string>& names, bool create,
+             const std::string& when_missing);
+  ~PartsFiles();
+  PartsFiles(const PartsFiles&) = delete;
+  PartsFiles& operator=(const PartsFiles&) = delete;
+
+  std::size_t size() const { return fds_.size(); }
+  int fd(std::size_t k) const { return fds_.at(k); }  // for positional writes (io/part_sink.h)
+  const std::string& path(std::size_t k) const { return paths_.at(k); }
+
+  // Up to `n` bytes of file k at `at` (a read interrupted is retried): how
+  // many, 0 at its end. OutputFailed naming the file and `what` on an error.
+  std::size_t read_at(std::size_t k, uint64_t at, void* buf, std::size_t n, const std::string& what) const;
+  // File k cut (or extended) to `length`, then fsynced when `durable`.
+  void set_length(std::size_t k, uint64_t length, bool durable) const;
+  // File k's data sent to the disk (fdatasync).
+  void sync_data(std::size_t k) const;
+
+ private:
+  std::vector<int> fds_;
+  std::vector<std::string> paths_;
 };
 
 }  // namespace ckpt

@@ -130,6 +130,8 @@ const Storage& storage_for(const std::string& path) {
 SourcePtr open_file_source(const std::string& path) { return storage_for(path).open(path, false); }
 SourcePtr open_mapped_source(const std::string& path) { return storage_for(path).open(path, true); }
 
+bool enter_directory(const std::string& dir) { return ::chdir(dir.c_str()) == 0; }
+
 std::string read_small_file(const std::string& path, uint64_t max_bytes) {
   SourcePtr src = open_file_source(path);
   if (src->size() > max_bytes)

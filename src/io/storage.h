@@ -108,6 +108,10 @@ inline std::string resolved_path(const std::string& path) { return storage_for(p
 // An existing directory with nothing in it.
 inline bool is_empty_directory(const std::string& dir) { return is_directory(dir) && list_directory(dir).empty(); }
 
+// Makes `dir` the directory relative paths start from (finalize reruns a
+// --part request where its workers ran); false when it cannot.
+bool enter_directory(const std::string& dir);
+
 // The whole file, for small text files (`latest`, config.json, a manifest):
 // NotFound when missing, InvalidArgument naming it and `max_bytes` when
 // larger (a file named `latest` that is a 10 GB blob is not a tag).

@@ -1,19 +1,23 @@
 #include "jobs/finalize.h"
 
-#include <unistd.h>
-
 #include <spdlog/spdlog.h>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "exec/parted_output.h"
+#include "io/storage.h"
+#include "model/ordered_json.h"
 
 namespace ckpt::jobs {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using nlohmann::ordered_json;
+
+// Where this process runs: the workers' paths are relative to it.
+std::string here() { return resolved_path("."); }
 
 json common_json(const CommonOptions& o) {
   return {{"source", o.source},
@@ -33,7 +37,7 @@ json common_json(const CommonOptions& o) {
           {"max_output_size", o.max_output_size}};
 }
 
-CommonOptions common_from(const json& j) {
+CommonOptions common_from(const ordered_json& j) {
   CommonOptions o;
   o.source = j.at("source").get<std::string>();
   o.files = j.at("files").get<std::vector<std::string>>();
@@ -51,12 +55,6 @@ CommonOptions common_from(const json& j) {
   o.no_verify = j.at("no_verify").get<bool>();
   o.max_output_size = j.at("max_output_size").get<std::string>();
   return o;
-}
-
-std::string here() {
-  std::error_code ec;
-  fs::path cwd = fs::current_path(ec);
-  return ec ? std::string(".") : cwd.string();
 }
 
 // The one folder of OUT's parts that holds a request; usage errors naming
@@ -82,18 +80,17 @@ std::string the_parts_folder(const std::string& output) {
 // output (a planted or stale request.json) would make `finalize OUT` write
 // there.
 void require_same_output(const std::string& folder, const std::string& output, const std::string& cwd,
-                         const json& request) {
+                         const ordered_json& request) {
   std::string named;
   try {
     named = request.at("output").get<std::string>();
   } catch (const json::exception& e) {
     fail(ErrorCode::kDataLoss, folder + "/request.json: not a request ckptconv wrote (" + e.what() + ")");
   }
-  std::error_code ec;
-  fs::path given = fs::weakly_canonical(fs::absolute(output), ec);
-  fs::path theirs = fs::weakly_canonical(fs::path(cwd) / named, ec);
+  const std::string given = resolved_path(output);
+  const std::string theirs = resolved_path((fs::path(cwd) / named).string());
   if (given != theirs)
-    fail(ErrorCode::kUnsafe, folder + "/request.json: its output is " + theirs.string() + ", not " + given.string() +
+    fail(ErrorCode::kUnsafe, folder + "/request.json: its output is " + theirs + ", not " + given +
                                  " (the OUT given to finalize); refused");
 }
 
@@ -121,10 +118,11 @@ std::string request_json(const ReshardRequest& r) {
 
 JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
   std::string folder = the_parts_folder(req.output);
-  json j;
+  ordered_json j;
   std::string command, cwd;
   try {
-    j = json::parse(*stored_request(folder));
+    // Read as every JSON a checkpoint carries: someone else may have written it.
+    j = parse_checkpoint_json(*stored_request(folder), folder + "/request.json");
     command = j.at("command").get<std::string>();
     cwd = j.at("cwd").get<std::string>();
   } catch (const std::exception& e) {
@@ -132,7 +130,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
   }
   require_same_output(folder, req.output, cwd, j);
   // The workers' paths are relative to where they ran.
-  if (::chdir(cwd.c_str()) != 0)
+  if (!enter_directory(cwd))
     fail(ErrorCode::kDataLoss, folder + "/request.json: the workers ran in " + cwd + ", which is gone");
   spdlog::info("finalizing the {} of {} (parts in {}, run in {})", command, req.output, folder, cwd);
   try {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "pickle/policy.h"
-#include "pickle/unpickler.h"
+#include "pickle/unpickle_limits.h"
 #include "pickle/value.h"
 
 namespace ckpt::pickle {

@@ -4,8 +4,9 @@
 #include <utility>
 #include <vector>
 
-#include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/fsdp_ranks/rank_merge.h"
+#include "formats/rank_file_names.h"
+#include "model/tensor_compare.h"
 
 using namespace ckpt;
 using namespace ckpt::fsdp_ranks;

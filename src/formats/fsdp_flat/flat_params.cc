@@ -6,8 +6,8 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "formats/fsdp_ranks/rank_merge.h"
 #include "model/flat_range.h"
+#include "model/tensor_compare.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::fsdp_flat {
@@ -192,7 +192,7 @@ ModelFiles read_model_files(const Inputs& in, const std::vector<LayoutEntry>& la
       continue;
     }
     for (std::size_t i = 1; i < plain.size(); ++i)
-      if (!fsdp_ranks::same_tensor_bytes(*t0, *plain[i].at(name)))
+      if (!same_tensor_bytes(*t0, *plain[i].at(name)))
         fail_data_loss("'" + name + "' is kept whole on every rank, but its bytes in " + in.model[0].path + " and " +
                        in.model[i].path + " differ");
     mf.buffers.emplace(name, *t0);

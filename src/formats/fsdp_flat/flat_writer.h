@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "formats/fsdp_ranks/rank_file_names.h"
+#include "formats/rank_file_names.h"
 #include "formats/torch_pt/pt_writer.h"
 #include "model/checkpoint_model.h"
 

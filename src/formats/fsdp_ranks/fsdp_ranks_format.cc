@@ -1,7 +1,7 @@
 // Per-rank FSDP files: a directory of them, a glob pattern, or --files.
 #include "formats/fsdp_ranks/fsdp_ranks_reader.h"
-#include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/input_format.h"
+#include "formats/rank_file_names.h"
 
 namespace ckpt::fsdp_ranks {
 namespace {
@@ -14,8 +14,8 @@ CheckpointModel read(const std::string& src, const ReadOptions& options) {
   if (!options.files.empty())
     return read_fsdp_rank_files(
         options.files, options.files.front() + " (and " + std::to_string(options.files.size() - 1) + " more files)",
-        options.only, options.problems, options.param_layout);
-  return read_fsdp_ranks(src, options.only, options.problems, options.param_layout);
+        options.only, options.problems, options.param_layout, options.param_layout_model);
+  return read_fsdp_ranks(src, options.only, options.problems, options.param_layout, options.param_layout_model);
 }
 
 }  // namespace

@@ -9,12 +9,12 @@
 #include "core/linear_regex.h"
 #include "core/log.h"
 #include "core/problems.h"
-#include "formats/detect.h"
 #include "formats/fsdp_flat/flat_params.h"
-#include "formats/fsdp_ranks/rank_file_names.h"
 #include "formats/fsdp_ranks/rank_merge.h"
+#include "formats/rank_file_names.h"
 #include "formats/torch_pt/pt_reader.h"
 #include "formats/torch_pt/sharded_values.h"
+#include "io/storage.h"
 
 namespace ckpt::fsdp_ranks {
 namespace {
@@ -249,8 +249,7 @@ CheckpointModel merge_family(FamilyFiles&& read, ProblemSink* sink) {
 
 std::vector<Family> group_families(const std::vector<std::string>& paths) {
   for (const auto& path : paths) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) {
+    if (stat_path(path).kind == EntryKind::kNone) {  // missing, or a dangling link
       // A quoted pattern given to --files is the user's mistake (exit 2), a
       // listed file that is gone is missing input (exit 3), as for SRC.
       if (path.find_first_of("*?[") != std::string::npos) fail_invalid(path + ": no file matches this pattern");
@@ -348,7 +347,8 @@ bool holds_flat(const FamilyFiles& f) {
 // is missing. `chosen` are the families --only picked; the model family is
 // read even under --only optim, for its units.
 CheckpointModel read_flat(const std::vector<Family>& families, std::vector<FamilyFiles>& chosen,
-                          const std::string& only, const std::string& param_layout, ProblemSink* sink) {
+                          const std::string& only, const std::string& param_layout,
+                          const std::function<CheckpointModel()>& param_layout_model, ProblemSink* sink) {
   const FamilyFiles& flat = *std::find_if(chosen.begin(), chosen.end(), holds_flat);
   const bool optim = fsdp_flat::holds_flat_optimizer_state(flat.base().model);
   const std::string units_note =
@@ -399,7 +399,9 @@ CheckpointModel read_flat(const std::vector<Family>& families, std::vector<Famil
     else
       merge_info(info, fi);
   }
-  CheckpointModel layout = read_checkpoint(param_layout, {});
+  if (!param_layout_model)
+    fail(ErrorCode::kInternal, "--param-layout " + param_layout + ": given without a reader of its checkpoint");
+  CheckpointModel layout = param_layout_model();
   CheckpointModel model = fsdp_flat::unflatten(in, layout, param_layout);
   info.fsdp1 = std::move(model.info.fsdp1);
   model.info = std::move(info);
@@ -410,13 +412,14 @@ CheckpointModel read_flat(const std::vector<Family>& families, std::vector<Famil
 }  // namespace
 
 CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
-                                     const std::string& only, ProblemSink* sink, const std::string& param_layout) {
+                                     const std::string& only, ProblemSink* sink, const std::string& param_layout,
+                                     const std::function<CheckpointModel()>& param_layout_model) {
   std::vector<Family> families = group_families(files);
   std::vector<const Family*> chosen = choose_families(families, only, sink);
   std::vector<FamilyFiles> read;
   for (const Family* f : chosen) read.push_back(read_family_files(*f, sink));
   if (std::any_of(read.begin(), read.end(), holds_flat)) {
-    CheckpointModel model = read_flat(families, read, only, param_layout, sink);
+    CheckpointModel model = read_flat(families, read, only, param_layout, param_layout_model, sink);
     model.source = source;
     return model;
   }
@@ -444,12 +447,12 @@ CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, cons
 }
 
 CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only, ProblemSink* sink,
-                                const std::string& param_layout) {
-  std::error_code ec;
-  if (fs::is_directory(src, ec)) {
+                                const std::string& param_layout,
+                                const std::function<CheckpointModel()>& param_layout_model) {
+  if (is_directory(src)) {
     std::vector<std::string> files = list_rank_files(src);
     if (files.empty()) fail(ErrorCode::kNotFound, src + ": no per-rank files (*rank{r}*.pt) in this directory");
-    return read_fsdp_rank_files(files, src, only, sink, param_layout);
+    return read_fsdp_rank_files(files, src, only, sink, param_layout, param_layout_model);
   }
   // Like a directory, a glob may catch files that name no rank (model_full.pt): they are skipped.
   std::vector<std::string> files, unnamed;
@@ -457,7 +460,7 @@ CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only,
   for (const auto& path : unnamed) log::info("skipping " + path + ": no rank in its file name");
   std::sort(files.begin(), files.end());
   if (files.empty()) fail(ErrorCode::kNotFound, src + ": matches no per-rank files (*rank{r}*.pt)");
-  return read_fsdp_rank_files(files, src, only, sink, param_layout);
+  return read_fsdp_rank_files(files, src, only, sink, param_layout, param_layout_model);
 }
 
 }  // namespace ckpt::fsdp_ranks

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
 #include "core/problems.h"
 #include "model/checkpoint_model.h"
 
@@ -37,11 +39,15 @@ namespace ckpt::fsdp_ranks {
 // reader can continue past (an unreadable file, a rank missing, duplicated
 // or of another world size, values that differ between ranks) is reported
 // there instead of thrown; the model holds what could be merged.
+// `param_layout` names the --param-layout checkpoint; `param_layout_model`
+// reads it (ReadOptions::param_layout_model), called only for flat parameters.
 CheckpointModel read_fsdp_ranks(const std::string& src, const std::string& only = "", ProblemSink* sink = nullptr,
-                                const std::string& param_layout = "");
+                                const std::string& param_layout = "",
+                                const std::function<CheckpointModel()>& param_layout_model = {});
 // Files given one by one; `source` names them in messages.
 CheckpointModel read_fsdp_rank_files(const std::vector<std::string>& files, const std::string& source,
                                      const std::string& only = "", ProblemSink* sink = nullptr,
-                                     const std::string& param_layout = "");
+                                     const std::string& param_layout = "",
+                                     const std::function<CheckpointModel()>& param_layout_model = {});
 
 }  // namespace ckpt::fsdp_ranks

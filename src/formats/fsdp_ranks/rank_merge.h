@@ -21,7 +21,4 @@ void merge_rank_model(CheckpointModel& base, const std::string& base_file, const
 // (lower) rank already holds, i.e. HSDP replicas. Returns how many it dropped.
 std::size_t drop_replica_chunks(CheckpointModel& model);
 
-// True when two plain (single-chunk) tensors hold the same elements bytewise.
-bool same_tensor_bytes(const TensorEntry& a, const TensorEntry& b);
-
 }  // namespace ckpt::fsdp_ranks

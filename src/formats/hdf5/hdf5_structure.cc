@@ -7,12 +7,16 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "model/ordered_json.h"
 #include "pickle/encodings.h"
 
 namespace ckpt::hdf5 {
 namespace {
 
 using Json = nlohmann::json;
+// What the child sent, read as every JSON a checkpoint carries
+// (model/ordered_json.h parse_checkpoint_json: bounded size and depth).
+using InJson = nlohmann::ordered_json;
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
@@ -79,30 +83,30 @@ class NodeTable {
 // Reading the message: every check names what the child got wrong.
 [[noreturn]] void bad(const std::string& what) { fail_data_loss("the HDF5 reader process sent " + what); }
 
-const Json& field(const Json& object, const char* name, Json::value_t type) {
+const InJson& field(const InJson& object, const char* name, InJson::value_t type) {
   auto it = object.find(name);
   if (it == object.end() || it->type() != type) bad(std::string("a message without a valid '") + name + "'");
   return *it;
 }
 
-int64_t integer(const Json& j, const char* what) {
+int64_t integer(const InJson& j, const char* what) {
   if (j.is_number_integer() && (!j.is_number_unsigned() || j.get<uint64_t>() <= INT64_MAX)) return j.get<int64_t>();
   bad(std::string("a ") + what + " that is not an integer");
 }
 
-std::size_t id(const Json& j, std::size_t below) {
+std::size_t id(const InJson& j, std::size_t below) {
   int64_t v = integer(j, "node id");
   if (v < 0 || static_cast<uint64_t>(v) >= below) bad("a node that names one not before it");
   return static_cast<std::size_t>(v);
 }
 
-ValuePtr decode_node(const Json& node, const std::vector<ValuePtr>& done, std::size_t tensors) {
+ValuePtr decode_node(const InJson& node, const std::vector<ValuePtr>& done, std::size_t tensors) {
   if (!node.is_array() || node.empty() || !node[0].is_string() || node[0].get_ref<const std::string&>().size() != 1)
     bad("a node that is not [tag, ...]");
   char tag = node[0].get_ref<const std::string&>()[0];
   if (tag == 'n' && node.size() == 1) return Value::none();
   if (node.size() != 2) bad(std::string("a node '") + tag + "' of " + std::to_string(node.size()) + " fields");
-  const Json& arg = node[1];
+  const InJson& arg = node[1];
   std::size_t below = done.size();
   switch (tag) {
     case 'b':
@@ -148,7 +152,7 @@ ValuePtr decode_node(const Json& node, const std::vector<ValuePtr>& done, std::s
   }
 }
 
-TensorEntry decode_tensor(const Json& t, const std::string& path) {
+TensorEntry decode_tensor(const InJson& t, const std::string& path) {
   if (!t.is_object()) bad("a tensor that is not an object");
   TensorEntry entry;
   entry.name = field(t, "name", Json::value_t::string).get<std::string>();
@@ -189,8 +193,13 @@ std::string structure_message(const CheckpointModel& model) {
 
 CheckpointModel model_from_structure(const std::string& message, const std::string& path,
                                      const DatasetSourceFactory& source) {
-  Json j = Json::parse(message, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) bad("a message that is not a JSON object");
+  InJson j;
+  try {
+    j = parse_checkpoint_json(message, path + ": the HDF5 reader process's message");
+  } catch (const Error& e) {
+    bad(std::string("a message that is not a JSON object (") + e.what() + ")");
+  }
+  if (!j.is_object()) bad("a message that is not a JSON object");
   CheckpointModel model;
   model.source = path;
   for (const auto& [k, v] : field(j, "facts", Json::value_t::object).items()) {
@@ -198,7 +207,7 @@ CheckpointModel model_from_structure(const std::string& message, const std::stri
     model.facts[k] = v.get<std::string>();
   }
   for (const auto& t : field(j, "tensors", Json::value_t::array)) model.tensors.push_back(decode_tensor(t, path));
-  const Json& nodes = field(j, "nodes", Json::value_t::array);
+  const InJson& nodes = field(j, "nodes", Json::value_t::array);
   if (nodes.empty()) bad("a message without a root");
   std::vector<ValuePtr> done;
   done.reserve(nodes.size());

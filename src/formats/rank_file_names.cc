@@ -1,4 +1,4 @@
-#include "formats/fsdp_ranks/rank_file_names.h"
+#include "formats/rank_file_names.h"
 
 #include <glob.h>
 
@@ -11,6 +11,7 @@
 #include "core/linear_regex.h"
 #include "core/log.h"
 #include "io/containment.h"
+#include "io/storage.h"
 
 namespace ckpt::fsdp_ranks {
 namespace {
@@ -155,10 +156,12 @@ bool is_glob_pattern(const std::string& src) { return src.find_first_of("*?[") !
 
 std::vector<std::string> list_rank_files(const std::string& dir) {
   std::vector<std::string> files, unnamed, out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.is_regular_file(ec)) files.push_back(entry.path().string());
-  if (ec) fail(ErrorCode::kNotFound, dir + ": cannot list directory: " + ec.message());
+  const EntryStat st = stat_path(dir);
+  if (!st.is_directory())
+    fail(ErrorCode::kNotFound,
+         dir + ": cannot list directory: " + (st.exists() ? "Not a directory" : "No such file or directory"));
+  for (const DirEntry& entry : list_directory(dir))
+    if (entry.is_file()) files.push_back(entry.path);
   for (const auto& [path, name] : name_rank_files(files, &unnamed)) {
     if (name.auxiliary) {
       log::debug("ignoring " + path + ": not a state dict (veRL extra state)");
