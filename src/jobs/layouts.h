@@ -3,7 +3,7 @@
 // and asks its entry (never compares names); the CLI's `--layout` choices,
 // its help text and the shell completions are generated from this table.
 // Adding a layout is its writer function (jobs/layout_writers.h) and a row
-// in layouts.cc (docs/architecture.md, "Reshard layouts").
+// in layouts.cc (docs/architecture.md, "The layout table").
 #pragma once
 
 #include <optional>
