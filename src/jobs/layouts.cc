@@ -10,10 +10,7 @@ namespace ckpt::jobs {
 
 const std::vector<LayoutInfo>& reshard_layouts() {
   static const std::vector<LayoutInfo> layouts = {
-      {.name = "dcp",
-       .help = "one __<r>_0.distcp per rank + .metadata",
-       .any_source = true,
-       .write = write_dcp_layout},
+      {.name = "dcp", .help = "one __<r>_0.distcp per rank + .metadata", .any_source = true, .write = write_dcp_layout},
       {.name = "hf",
        .help = "torch's DCP Hugging Face layout: one shard-0000<r+1>-model-00001-of-00001.safetensors per rank, a "
                "model's tensors only",

@@ -7,7 +7,8 @@ namespace ckpt::jobs {
 
 std::string source_kind_names() {
   std::string out;
-  for (const InputFormat* f : input_formats()) out += (out.empty() ? "" : ", ") + std::string(source_kind_name(f->kind));
+  for (const InputFormat* f : input_formats())
+    out += (out.empty() ? "" : ", ") + std::string(source_kind_name(f->kind));
   return out;
 }
 

@@ -24,10 +24,8 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-const std::vector<std::string> kNames = {"dcp",        "hf",
-                                         "fsdp-sharded-tensor", "fsdp-dtensor",
-                                         "accelerate", "deepspeed-universal",
-                                         "fsdp1-flat", "megatron"};
+const std::vector<std::string> kNames = {
+    "dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal", "fsdp1-flat", "megatron"};
 
 }  // namespace
 
@@ -108,8 +106,7 @@ TEST_CASE("reshard --layout with a name not in the table is a usage error naming
   }
 }
 
-TEST_CASE("source kinds help: every registered format, by its kind's name and its own description",
-          "[jobs][layouts]") {
+TEST_CASE("source kinds help: every registered format, by its kind's name and its own description", "[jobs][layouts]") {
   const std::string help = source_kinds_help();
   const std::string names = source_kind_names();
   for (const InputFormat* f : input_formats()) {
