@@ -88,6 +88,14 @@ std::string directory_shapes() {
   return out;
 }
 
+// "torch.save file, safetensors file, ...": the kinds a single file may be.
+std::string file_kinds() {
+  std::string out;
+  for (const InputFormat* f : input_formats())
+    if (f->probe_file) out += std::string(out.empty() ? "" : ", ") + source_kind_name(f->kind);
+  return out;
+}
+
 }  // namespace
 
 std::optional<SourceKind> directory_kind(const std::string& dir) {
@@ -116,9 +124,7 @@ SourceKind detect_source(const std::string& src) {
   SourcePtr source = open_file_source(src);
   auto probe = [&](const InputFormat& f) { return f.probe_file ? f.probe_file(src, *source) : 0; };
   if (const InputFormat* format = best_format(probe)) return format->kind;
-  fail_data_loss(
-      src +
-      ": not a recognised checkpoint file (expected a torch.save zip, safetensors, a .safetensors.index.json or HDF5)");
+  fail_data_loss(src + ": not a recognised checkpoint file (expected one of: " + file_kinds() + ")");
 }
 
 namespace {
