@@ -59,10 +59,6 @@ def _formats_node(rel: str) -> str | None:
 # it (then its entry must go: a stale entry fails too). Every other cycle,
 # and any of these growing by a member, fails.
 KNOWN_FILE_CYCLES = {
-    # finalize reruns consolidate and reshard, which write the request
-    # finalize reads (request_json in finalize.h): moving request_json
-    # beside each request (consolidate.h, reshard.h) removes it.
-    frozenset({"jobs/consolidate", "jobs/finalize", "jobs/reshard"}): "jobs: request_json lives in finalize",
 }
 
 Graph = dict[str, dict[str, list[str]]]  # node -> target -> the include lines that make the edge

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "jobs/consolidate.h"
+#include "jobs/source_kinds.h"
 
 namespace ckpt::cli {
 namespace {
@@ -60,7 +61,7 @@ void register_consolidate(CLI::App& app) {
              {"ckptconv consolidate ckpt/step-1000 -o full.pt",
               "ckptconv consolidate ckpt/step-1000 --only model --dtype bf16 -o model.safetensors --max-shard-size 5G",
               "ckptconv consolidate 'ckpt/model_rank*.pt' --dry-run -o full.pt"},
-             kWriteExitCodes, kSourceKinds);
+             kWriteExitCodes, jobs::source_kinds_help());
 }
 
 void register_convert(CLI::App& app) {
@@ -71,7 +72,8 @@ void register_convert(CLI::App& app) {
              {"ckptconv convert model.pt -o model.safetensors", "ckptconv convert model.safetensors -o model.h5",
               "ckptconv convert full.pt --dtype bf16 -o full-bf16.pt"},
              kWriteExitCodes,
-             "convert and consolidate are one job under two names: any SRC, one full state dict written.");
+             "convert and consolidate are one job under two names: any SRC, one full state dict written.\n\n" +
+                 jobs::source_kinds_help());
 }
 
 }  // namespace ckpt::cli

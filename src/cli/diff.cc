@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "jobs/diff.h"
+#include "jobs/source_kinds.h"
 
 namespace ckpt::cli {
 
@@ -13,7 +14,7 @@ void register_diff(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "diff",
       "Compare two checkpoints of any formats and layouts (keys, dtypes, shapes, values); exit 0 equal, 1 different");
-  sub->add_option("A", req->a, "First checkpoint (any SRC ckptconv reads)")->required();
+  sub->add_option("A", req->a, "First checkpoint (of any kind listed below)")->required();
   sub->add_option("B", req->b, "Second checkpoint; relative differences are taken against B")->required();
   const char* comparison = "Comparison";
   sub->add_option("--rtol", req->rtol, "Relative tolerance (of |b|)")->capture_default_str()->group(comparison);
@@ -51,7 +52,8 @@ void register_diff(CLI::App& app) {
       "or internal error.",
       "Elements a (of A) and b (of B) are equal when a == b, both are NaN, or |a - b| <= atol + rtol * |b|\n"
       "(torch.isclose with equal_nan=True: relative to B). The defaults, rtol 0 and atol 0, ask for numerically\n"
-      "identical values. A dtype difference is a difference unless --ignore-dtype; a shape difference always is.");
+      "identical values. A dtype difference is a difference unless --ignore-dtype; a shape difference always is.\n\n" +
+          jobs::source_kinds_help());
   add_runner(sub, [req] { return jobs::run_diff(*req, std::cout).exit_code; });
 }
 

@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "jobs/inspect.h"
+#include "jobs/source_kinds.h"
 
 namespace ckpt::cli {
 
@@ -11,9 +12,7 @@ void register_inspect(CLI::App& app) {
   auto req = std::make_shared<jobs::InspectRequest>();
   CLI::App* sub =
       app.add_subcommand("inspect", "Show the tensors (dtype, global shape, chunks) and values of a checkpoint");
-  bind_common(sub, req->common, kSource | kFiles,
-              {.source = "Checkpoint: a DCP directory, per-rank FSDP files (a directory or a quoted glob), a DeepSpeed "
-                         "ZeRO checkpoint, or a .pt/.safetensors/.h5 file"});
+  bind_common(sub, req->common, kSource | kFiles);
   bind_common(sub, req->common, kOnly | kKeys);
   sub->add_flag("--json", req->json, "Print JSON (schema in docs/inspect-json.md)")->group(kOutputGroup);
   sub->add_flag("--tags", req->tags,
@@ -25,7 +24,7 @@ void register_inspect(CLI::App& app) {
               "ckptconv inspect ckpt --tag latest --only model --keys 'layers\\.0\\.'"},
              "0 printed; 2 usage error; 3 input unreadable, corrupt, unsupported or unsafe; 5 installation problem or\n"
              "internal error.",
-             kSourceKinds);
+             jobs::source_kinds_help());
   add_runner(sub, [req] { return jobs::run_inspect(*req, std::cout).exit_code; });
 }
 

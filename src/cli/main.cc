@@ -14,13 +14,13 @@
 #include "core/interrupt.h"
 #include "core/logging.h"
 #include "core/progress.h"
+#include "jobs/source_kinds.h"
 #include "jobs/version.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{
-      "ckptconv: inspect, validate, diff, consolidate and reshard sharded PyTorch checkpoints (DCP directories, "
-      "per-rank FSDP files, DeepSpeed ZeRO checkpoints)",
-      "ckptconv"};
+  CLI::App app{"ckptconv: inspect, validate, diff, consolidate and reshard sharded PyTorch checkpoints (" +
+                   ckpt::jobs::source_kind_names() + ")",
+               "ckptconv"};
   app.require_subcommand(0, 1);
   // -q/-v also after the subcommand (`ckptconv diff A B -q` in a CI script).
   app.fallthrough();

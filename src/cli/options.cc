@@ -4,9 +4,10 @@
 
 namespace ckpt::cli {
 
-void set_footer(CLI::App* sub, std::initializer_list<const char*> examples, const char* exit_codes, const char* notes) {
+void set_footer(CLI::App* sub, std::initializer_list<const char*> examples, const char* exit_codes,
+                const std::string& notes) {
   std::string text;
-  if (*notes) text += std::string(notes) + "\n\n";
+  if (!notes.empty()) text += notes + "\n\n";
   text += "Examples:\n";
   for (const char* e : examples) text += std::string("  ") + e + "\n";
   text += std::string("\nExit codes: ") + exit_codes;

@@ -34,21 +34,14 @@ inline constexpr const char* kConversionGroup = "Conversion";
 inline constexpr const char* kOutputGroup = "Output";
 inline constexpr const char* kPerformanceGroup = "Performance";
 
-// Every kind of SRC the readers detect, for help texts.
-inline constexpr const char* kSourceKinds =
-    "SRC is detected: a DCP directory (.metadata); per-rank FSDP files (a directory, a quoted glob, or --files);\n"
-    "a DeepSpeed ZeRO checkpoint (the folder holding `latest`, or a tag folder; --tag picks another tag);\n"
-    "a .pt/.pth/.bin torch.save file; a .safetensors file, its .safetensors.index.json or a Hugging Face model\n"
-    "folder (save_pretrained's) or torch's DCP Hugging Face layout; an .h5/.hdf5 file.";
-
 // The help's footer: examples, the exit codes this command can return, and
-// any notes.
+// any notes (a command reading a SRC: jobs::source_kinds_help(), every kind
+// of SRC the registered formats detect).
 void set_footer(CLI::App* sub, std::initializer_list<const char*> examples, const char* exit_codes,
-                const char* notes = "");
+                const std::string& notes = "");
 
 struct CommonHelp {
-  const char* source =
-      "Checkpoint: a DCP directory, a .pt/.safetensors/.h5 file, or per-rank files (a directory or a quoted glob)";
+  const char* source = "Checkpoint of any kind listed below; per-rank files: a directory or a quoted glob";
   const char* only = "Keep only this top-level entry (per-rank files: read only that family)";
   const char* keys = "Keep only entries whose dotted path matches this regex (searched)";
   const char* device =

@@ -1,7 +1,8 @@
 #include "cli/usage_errors.h"
 
 #include <algorithm>
-#include <filesystem>
+
+#include "jobs/source_kinds.h"
 
 namespace ckpt::cli {
 
@@ -176,7 +177,7 @@ std::string usage_hint(CLI::App& app, const std::vector<std::string>& args) {
   }
   std::size_t files = 0;
   for (const auto& a : typed.positionals)
-    if (std::error_code ec; std::filesystem::is_regular_file(a, ec)) ++files;
+    if (jobs::is_file_path(a)) ++files;
   if (files > 2)
     hints +=
         "several files were given where one SRC is expected: if the shell expanded a glob, quote it "

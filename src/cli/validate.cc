@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "jobs/source_kinds.h"
 #include "jobs/validate.h"
 
 namespace ckpt::cli {
@@ -16,15 +17,12 @@ void register_validate(CLI::App& app) {
                          "chunk coverage, ranks, "
                          "optimizer state; optionally NaN/Inf, expected keys and world size, checksum manifests. "
                          "Exit 0 valid, 1 problems found, 3 unreadable or unsafe, 2 usage");
-  bind_common(
-      sub, req->common, kSource | kFiles | kOnly | kDevice | kThreads | kMemoryLimit | kForce,
-      {.source = "Checkpoint: a DCP directory, a .pt/.safetensors/.safetensors.index.json/.h5 file, or per-rank files "
-                 "(a directory or a quoted glob)",
-       .only = "Per-rank families: check only the model or the optimizer files",
-       .device = "Backend for the finite scan",
-       .threads = "Threads for the finite scan (0: all cores)",
-       .memory_limit = "Budget for reassembling a tensor's rows, e.g. 512M",
-       .force = "Overwrite an existing --write-manifest file"});
+  bind_common(sub, req->common, kSource | kFiles | kOnly | kDevice | kThreads | kMemoryLimit | kForce,
+              {.only = "Per-rank families: check only the model or the optimizer files",
+               .device = "Backend for the finite scan",
+               .threads = "Threads for the finite scan (0: all cores)",
+               .memory_limit = "Budget for reassembling a tensor's rows, e.g. 512M",
+               .force = "Overwrite an existing --write-manifest file"});
   const char* checks = "Checks";
   sub->add_flag("--finite", req->check.finite, "Scan every floating-point tensor for NaN and Inf (any is a problem)")
       ->group(checks);
@@ -49,7 +47,7 @@ void register_validate(CLI::App& app) {
               "ckptconv validate ckpt/step-1000 --write-manifest m.json   # later: --manifest m.json"},
              "0 valid; 1 problems found (each listed); 2 usage error; 3 input unreadable or unsafe; 4 the manifest\n"
              "could not be written; 5 installation problem or internal error.",
-             kSourceKinds);
+             jobs::source_kinds_help());
   add_runner(sub, [req] { return jobs::run_validate(*req, std::cout).exit_code; });
 }
 

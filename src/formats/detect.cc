@@ -78,9 +78,7 @@ SourceKind detect_source(const std::string& src) {
     fail_invalid(src + " is one file of the DCP checkpoint " + dir.string() + ": pass the directory");
   SourcePtr source = open_file_source(src);
   if (std::optional<SourceKind> kind = file_kind(src, *source)) return *kind;
-  fail_data_loss(
-      src +
-      ": not a recognised checkpoint file (expected a torch.save zip, safetensors, a .safetensors.index.json or HDF5)");
+  fail_data_loss(src + ": not a recognised checkpoint file (expected one of: " + file_kinds() + ")");
 }
 
 namespace {

@@ -19,9 +19,15 @@ namespace ckpt {
 
 struct ReadOptions {
   std::vector<std::string> files;  // --files: per-rank files given one by one (SRC is then empty)
-  // --only: per-rank families hold model and optimizer in separate files, so
-  // their reader reads only that kind and gives its state dict alone. Other
-  // readers ignore it (select_entries applies it to their top-level keys).
+  // --only model|optim. Per-rank families hold model and optimizer in
+  // separate files, so their reader reads only that family and gives its
+  // state dict alone (SourceTraits::reader_selects_only). The ZeRO and
+  // DeepSpeed universal readers drop, with a warning, entries with globals
+  // the policy does not know that the selection does not need (refused
+  // without --only); Megatron's regroups its items into the model's own
+  // names (layers unstacked) under "model" (and "optim"). The other readers
+  // ignore it. Except for per-rank families, plan/select then applies it to
+  // the tree's top-level keys.
   std::string only;
   // validate: readers verify the CRC-32 of every zip record and report each
   // problem they can read past here instead of failing on the first (see
@@ -71,6 +77,9 @@ struct InputFormat {
   // What a directory of the format holds, for "not a recognised checkpoint"
   // ("DCP .metadata"); empty for file formats.
   std::string_view directory_shape = {};
+  // For help texts (jobs/source_kinds.h), after the kind's name
+  // (source_kind_name): how a source of the format is given and recognised.
+  std::string_view description = {};
 };
 
 }  // namespace ckpt

@@ -1,6 +1,7 @@
 #include "formats/probe.h"
 
 #include "formats/registry.h"
+#include "model/source_info.h"
 
 namespace ckpt {
 namespace {
@@ -43,6 +44,13 @@ std::string directory_shapes() {
   for (const InputFormat* f : input_formats())
     if (!f->directory_shape.empty())
       out += std::string(out.empty() ? "no " : ", no ") + std::string(f->directory_shape);
+  return out;
+}
+
+std::string file_kinds() {
+  std::string out;
+  for (const InputFormat* f : input_formats())
+    if (f->probe_file) out += std::string(out.empty() ? "" : ", ") + source_kind_name(f->kind);
   return out;
 }
 

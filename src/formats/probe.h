@@ -25,4 +25,8 @@ std::optional<SourceKind> file_kind(const std::string& path, const ByteSource& f
 // each directory format would have shown, for "not a recognised checkpoint".
 std::string directory_shapes();
 
+// "pt, safetensors, ...": the kinds a single file may be, for "not a
+// recognised checkpoint file".
+std::string file_kinds();
+
 }  // namespace ckpt

@@ -57,7 +57,8 @@ const InputFormat& hdf5_unavailable() {
           },
       .read = [](const std::string& src, const ReadOptions&) -> CheckpointModel {
         fail(ErrorCode::kUnimplemented, src + ": this ckptconv was built without HDF5 (CKPT_WITH_HDF5=OFF)");
-      }};
+      },
+      .description = "an .h5/.hdf5 file (not read by this build: CKPT_WITH_HDF5=OFF)"};
   return f;
 }
 #endif

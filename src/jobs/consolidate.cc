@@ -2,15 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include <filesystem>
-
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/units.h"
 #include "exec/parted_output.h"
 #include "exec/write_output.h"
-#include "jobs/finalize.h"
+#include "io/storage.h"
 #include "jobs/output_folder.h"
 #include "model/describe.h"
 #include "plan/select.h"
@@ -57,8 +55,7 @@ OutputFormat resolve_output_format(const ConsolidateRequest& req) {
 // (optimizer state, training state) is full.safetensors, full.pt or full.h5,
 // since a loader given model.* expects weights only.
 bool is_output_directory(const std::string& output) {
-  std::error_code ec;
-  return !output.empty() && (output.back() == '/' || std::filesystem::is_directory(output, ec));
+  return !output.empty() && (output.back() == '/' || is_directory(output));
 }
 
 // The weights file's name in -o DIR/: model.* for a model's weights alone, full.* otherwise.

@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "exec/parted_output.h"
 #include "io/storage.h"
+#include "jobs/consolidate.h"
+#include "jobs/reshard.h"
 #include "model/ordered_json.h"
 
 namespace ckpt::jobs {
@@ -15,47 +17,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using nlohmann::ordered_json;
-
-// Where this process runs: the workers' paths are relative to it.
-std::string here() { return resolved_path("."); }
-
-json common_json(const CommonOptions& o) {
-  return {{"source", o.source},
-          {"files", o.files},
-          {"tag", o.tag},
-          {"param_layout", o.param_layout},
-          {"only", o.only},
-          {"keys", o.keys},
-          {"exclude_frozen", o.exclude_frozen},
-          {"dtype", o.dtype},
-          {"device", o.device},
-          {"threads", o.threads},
-          {"memory_limit", o.memory_limit},
-          {"force", o.force},
-          {"no_fsync", o.no_fsync},
-          {"no_verify", o.no_verify},
-          {"max_output_size", o.max_output_size}};
-}
-
-CommonOptions common_from(const ordered_json& j) {
-  CommonOptions o;
-  o.source = j.at("source").get<std::string>();
-  o.files = j.at("files").get<std::vector<std::string>>();
-  o.tag = j.at("tag").get<std::string>();
-  o.param_layout = j.value("param_layout", "");  // absent in requests of earlier versions
-  o.only = j.at("only").get<std::string>();
-  o.keys = j.at("keys").get<std::string>();
-  o.exclude_frozen = j.value("exclude_frozen", false);  // absent in requests of earlier versions
-  o.dtype = j.at("dtype").get<std::string>();
-  o.device = j.at("device").get<std::string>();
-  o.threads = j.at("threads").get<int>();
-  o.memory_limit = j.at("memory_limit").get<std::string>();
-  o.force = j.at("force").get<bool>();
-  o.no_fsync = j.at("no_fsync").get<bool>();
-  o.no_verify = j.at("no_verify").get<bool>();
-  o.max_output_size = j.at("max_output_size").get<std::string>();
-  return o;
-}
 
 // The one folder of OUT's parts that holds a request; usage errors naming
 // what to do otherwise.
@@ -96,26 +57,6 @@ void require_same_output(const std::string& folder, const std::string& output, c
 
 }  // namespace
 
-std::string request_json(const ConsolidateRequest& r) {
-  json j = {{"command", "consolidate"},     {"cwd", here()},      {"common", common_json(r.common)},
-            {"output", r.output},           {"format", r.format}, {"max_shard_size", r.max_shard_size},
-            {"compression", r.compression}, {"finite", r.finite}};
-  return j.dump(1);
-}
-
-std::string request_json(const ReshardRequest& r) {
-  json j = {{"command", "reshard"},
-            {"cwd", here()},
-            {"common", common_json(r.common)},
-            {"output", r.output},
-            {"world_size", r.world_size ? json(*r.world_size) : json(nullptr)},
-            {"layout", r.layout},
-            {"mesh_device", r.mesh_device},
-            {"mesh_dim_names", r.mesh_dim_names},
-            {"update_latest", r.update_latest}};
-  return j.dump(1);
-}
-
 JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
   std::string folder = the_parts_folder(req.output);
   ordered_json j;
@@ -136,7 +77,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
   try {
     if (command == "consolidate") {
       ConsolidateRequest c;
-      c.common = common_from(j.at("common"));
+      c.common = common_options_from_json(j.at("common"));
       c.output = j.at("output").get<std::string>();
       c.format = j.at("format").get<std::string>();
       c.max_shard_size = j.at("max_shard_size").get<std::string>();
@@ -149,7 +90,7 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
     }
     if (command == "reshard") {
       ReshardRequest r;
-      r.common = common_from(j.at("common"));
+      r.common = common_options_from_json(j.at("common"));
       r.output = j.at("output").get<std::string>();
       if (!j.at("world_size").is_null()) r.world_size = j.at("world_size").get<int>();
       r.layout = j.at("layout").get<std::string>();

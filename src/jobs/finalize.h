@@ -1,7 +1,7 @@
 // `ckptconv finalize OUT`: completes a --part output whose workers all
 // finished but whose finalizing step did not (its process died, or the
 // disk filled while it published). The workers keep their request beside
-// the parts (OUT.parts-<plan>/request.json, written by request_json); this
+// the parts (OUT.parts-<plan>/request.json, written by request_json, jobs/requests.h); this
 // job reruns that request's finalizing step (--part finalize), in the
 // directory the workers ran in, so it needs no SRC.
 #pragma once
@@ -9,8 +9,7 @@
 #include <ostream>
 #include <string>
 
-#include "jobs/consolidate.h"
-#include "jobs/reshard.h"
+#include "jobs/common.h"
 
 namespace ckpt::jobs {
 
@@ -21,10 +20,5 @@ struct FinalizeRequest {
 };
 
 JobReport run_finalize(const FinalizeRequest& request, std::ostream& out);
-
-// The request as the parts folder keeps it: the command, the directory it
-// ran in, and every option that shapes the output.
-std::string request_json(const ConsolidateRequest& request);
-std::string request_json(const ReshardRequest& request);
 
 }  // namespace ckpt::jobs

@@ -1,12 +1,9 @@
 #include "jobs/reshard.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <set>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -23,7 +20,9 @@
 #include "formats/megatron/megatron_writer.h"
 #include "formats/source_traits.h"
 #include "io/atomic_dir.h"
-#include "jobs/finalize.h"
+#include "io/storage.h"
+#include "jobs/layout_writers.h"
+#include "jobs/layouts.h"
 #include "model/describe.h"
 #include "model/tree_walk.h"
 #include "plan/reshard.h"
@@ -40,15 +39,7 @@ using pickle::ValuePtr;
 void require_layout_for_full_state_dict(const ReshardRequest& req, SourceKind kind) {
   if (!req.layout.empty() || source_traits(kind).sharded_layout) return;
   fail_invalid(req.common.source + ": a full state dict (" + source_kind_name(kind) +
-               ") has no sharded layout of its own; choose one with --layout dcp|hf|fsdp-sharded-tensor|fsdp-dtensor");
-}
-
-// The layout written when --layout is not given: the source's own.
-std::string default_layout(const CheckpointModel& model) {
-  if (std::string_view own = source_traits(model.info.kind).reshard_layout; !own.empty()) return std::string(own);
-  for (const auto& t : model.tensors)
-    if (t.storage == StorageKind::kDTensor) return "fsdp-dtensor";
-  return "fsdp-sharded-tensor";
+               ") has no sharded layout of its own; choose one with --layout " + any_source_layouts());
 }
 
 ValuePtr top_level(const CheckpointModel& model, const std::string& key) {
@@ -56,8 +47,9 @@ ValuePtr top_level(const CheckpointModel& model, const std::string& key) {
   return root && root->is(Kind::kDict) ? root->get(key) : nullptr;
 }
 
-fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string& layout) {
-  std::string file = layout == "fsdp-dtensor" ? kind + "_world_size_1_rank_0.pt" : kind + "_rank0.pt";
+// model_rank0.pt (ShardedTensor values) or veRL's model_world_size_1_rank_0.pt (DTensor).
+fsdp_ranks::RankFileName default_name(const std::string& kind, RankLayout values) {
+  std::string file = values == RankLayout::kDTensor ? kind + "_world_size_1_rank_0.pt" : kind + "_rank0.pt";
   return *fsdp_ranks::parse_rank_file_name(file);
 }
 
@@ -66,7 +58,7 @@ fsdp_ranks::RankFileName default_name(const std::string& kind, const std::string
 // (ShardedTensor) or veRL's {model,optim}_world_size_{N}_rank_{r}.pt
 // (DTensor). A root of exactly {"model", "optim"} (our consolidate output,
 // DCP) gives both families.
-std::vector<RankFamily> output_families(const CheckpointModel& model, const std::string& layout) {
+std::vector<RankFamily> output_families(const CheckpointModel& model, RankLayout values) {
   ValuePtr m = top_level(model, "model"), o = top_level(model, "optim");
   bool pair = m && o;
   if (pair && mapping_of(model.root)->entries.size() > 2 && !source_traits(model.info.kind).per_rank_files) {
@@ -88,9 +80,9 @@ std::vector<RankFamily> output_families(const CheckpointModel& model, const std:
     fail(ErrorCode::kInternal, model.source + ": cannot match the per-rank families to the state dict read");
   }
   require_state_dict(model, "each per-rank file");
-  if (pair) return {{default_name("model", layout), m}, {default_name("optim", layout), o}};
+  if (pair) return {{default_name("model", values), m}, {default_name("optim", values), o}};
   bool optim = top_level(model, "state") && top_level(model, "param_groups");
-  return {{default_name(optim ? "optim" : "model", layout), model.root}};
+  return {{default_name(optim ? "optim" : "model", values), model.root}};
 }
 
 std::size_t count_values(const pickle::Value& root) {
@@ -108,12 +100,12 @@ uint64_t plan_output_bytes(const CheckpointModel& model, const ReshardPlan& plan
 }
 
 // -v: the plan in one line.
-void log_plan(const ReshardPlan& plan, uint64_t bytes, const std::string& output, const std::string& layout) {
+void log_plan(const ReshardPlan& plan, uint64_t bytes, const std::string& output, std::string_view layout) {
   if (!log::verbose()) return;
   std::size_t items = 0;
   for (const auto& rank : plan.ranks) items += rank.size();
   log::debug("plan: " + std::to_string(items) + " tensor items over " + std::to_string(plan.ranks.size()) + " ranks, " +
-             human_bytes(bytes) + " of tensor data -> " + output + " (" + layout + ")");
+             human_bytes(bytes) + " of tensor data -> " + output + " (" + std::string(layout) + ")");
 }
 
 // --part: this process's share (logged with where it came from), or nullopt.
@@ -133,18 +125,6 @@ void report_part(JobReport& report, const PartOutcome& done) {
   report.bytes = done.bytes;
 }
 
-// Runs a layout's writer: this process's --part share, or the whole output.
-void write_layout(PartedWriter& writer, const ReshardRequest& req, const CheckpointModel& model,
-                  const CopyOptions& copy, JobReport& report) {
-  PartedOptions options =
-      directory_output(req.output, req.common.force, !req.common.no_fsync, copy, model, request_json(req));
-  if (auto part = part_of(req)) {
-    report_part(report, write_parted(writer, options, *part));
-    return;
-  }
-  write_whole(writer, options);
-}
-
 // --dry-run's files of a writer, name and exact size, under the output rank
 // `rank_of(k)` says file k is written for.
 std::vector<RankFilesOut> files_by_rank(PartedWriter& writer, int world_size,
@@ -158,136 +138,50 @@ std::vector<RankFilesOut> files_by_rank(PartedWriter& writer, int world_size,
 
 std::size_t same_rank(std::size_t k) { return k; }  // DCP: file k is rank k's
 
+// The tail every layout shares once it has planned (report.bytes set):
+// --dry-run runs `describe` and writes nothing; otherwise the output's size is
+// checked, then `write` runs under one progress bar (tensor_copy counts every
+// slab written).
+void finish_layout(const LayoutJob& j, const std::function<void()>& describe, const std::function<void()>& write) {
+  if (j.req.common.dry_run) {
+    describe();
+    return;
+  }
+  check_output_size(j.report.bytes, j.req.output, j.job);
+  ProgressScope progress("reshard " + j.req.output, j.report.bytes);
+  write();
+}
+
+// The same for a layout of one writer: this process's --part share, or the
+// whole output.
+void finish_layout(const LayoutJob& j, PartedWriter& writer, const std::function<void()>& describe) {
+  finish_layout(j, describe, [&] {
+    PartedOptions options = directory_output(j.req.output, j.req.common.force, !j.req.common.no_fsync, j.copy, j.model,
+                                             request_json(j.req));
+    if (auto part = part_of(j.req)) {
+      report_part(j.report, write_parted(writer, options, *part));
+      return;
+    }
+    write_whole(writer, options);
+  });
+}
+
 // `model` as a DCP directory of `source_md`'s items for the new world
 // size, `side_files` copied beside them.
-void write_as_dcp(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                  const dcp::DcpMetadata& source_md, const std::vector<std::string>& side_files,
-                  const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  ReshardPlan plan = plan_reshard(model.tensors, *req.world_size, source_world_size(model));
-  report.bytes = plan_output_bytes(model, plan);
-  log_plan(plan, report.bytes, req.output, "dcp");
-  DcpWriter writer(model, source_md, plan, req.output, side_files);
-  if (req.common.dry_run) {
+void write_as_dcp(const LayoutJob& j, const CheckpointModel& model, const dcp::DcpMetadata& source_md,
+                  const std::vector<std::string>& side_files) {
+  ReshardPlan plan = plan_reshard(model.tensors, *j.req.world_size, source_world_size(model));
+  j.report.bytes = plan_output_bytes(model, plan);
+  log_plan(plan, j.report.bytes, j.req.output, j.layout.name);
+  DcpWriter writer(model, source_md, plan, j.req.output, side_files);
+  finish_layout(j, writer, [&] {
     std::size_t bytes_items = 0;
     for (const auto& item : source_md.items) bytes_items += item.is_tensor ? 0 : 1;
     std::vector<RankFilesOut> files = files_by_rank(writer, plan.world_size, same_rank);
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(),
-                     out);
-    for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
-    return;
-  }
-  check_output_size(report.bytes, req.output, job);
-  ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  write_layout(writer, req, model, copy, report);
-}
-
-void reshard_to_dcp(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                    const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  // A DCP source keeps its own items and planner_data; anything else (or a
-  // DCP source cut down by --only) is flattened as dcp.save would.
-  bool own_layout = model.info.flat_layout && req.common.only.empty();
-  dcp::DcpMetadata source_md = own_layout ? dcp::metadata_of(*model.info.flat_layout) : flattened_layout(model);
-  // A DCP source's own side files go with its own layout (Lightning's meta.pt).
-  std::vector<std::string> side_files;
-  if (own_layout)
-    for (const auto& f : model.info.files)
-      if (fs::path(f).filename() == "meta.pt") side_files.push_back(f);
-  write_as_dcp(req, job, model, source_md, side_files, copy, report, out);
-}
-
-// Megatron-core torch_dist: the stored tensors and sharded objects as DCP
-// items for the new world size, common.pt and metadata.json copied
-// (formats/megatron/megatron_writer.h).
-void reshard_to_megatron(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                         const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  megatron::TorchDistOutput torch_dist = megatron::torch_dist_output(model);
-  write_as_dcp(req, job, torch_dist.items, flattened_layout(torch_dist.items), torch_dist.side_files, copy, report,
-               out);
-}
-
-// torch's DCP Hugging Face layout (HuggingFaceStorageWriter with
-// save_distributed=True): a model's tensors only, one safetensors file per
-// rank that holds a piece.
-void reshard_to_hf(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                   const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  ReshardPlan plan = plan_reshard(model.tensors, *req.world_size, source_world_size(model));
-  std::vector<std::vector<dcp_hf::Piece>> pieces = dcp_hf_pieces(model, plan);
-  report.bytes = plan_output_bytes(model, plan);
-  log_plan(plan, report.bytes, req.output, "hf");
-  DcpHfWriter writer(model, plan, pieces, req.output);
-  if (req.common.dry_run) {
-    // No file for a rank with no pieces.
-    std::vector<RankFilesOut> files = files_by_rank(
-        writer, plan.world_size, [&](std::size_t k) { return static_cast<std::size_t>(writer.rank_of(k)); });
-    describe_reshard(model, plan, 0, false, files, {}, log::verbose(), out);
-    return;
-  }
-  check_output_size(report.bytes, req.output, job);
-  ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  write_layout(writer, req, model, copy, report);
-}
-
-// A DeepSpeed universal checkpoint: per parameter its full fp32 master and
-// optimizer states, which an engine with load_universal partitions for any
-// world size (so --world-size plays no part). DeepSpeed loads fp32 masters:
-// --dtype is refused.
-void reshard_to_universal(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                          const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  if (job.cast_to || job.optim_cast_to)
-    fail_invalid("--dtype, --optim-dtype: a universal checkpoint holds fp32 masters and states; drop them");
-  // The tag folder's name goes into <root>/latest_universal, and DeepSpeed
-  // reads <root>/<that name>: a folder named like a pointer file would take
-  // the pointer's place.
-  const std::string tag = std::filesystem::path(without_trailing_slashes(req.output)).filename().string();
-  if (tag == "latest_universal" || tag == "latest")
-    fail_invalid("-o " + req.output + ": a universal checkpoint's tag folder cannot be named '" + tag +
-                 "', the name of DeepSpeed's pointer file beside it; name it <tag>_universal");
-  if (req.world_size)
-    log::info("--world-size " + std::to_string(*req.world_size) +
-              ": not used, a universal checkpoint loads at the world size of the engine that loads it");
-  ds_universal::UniversalPlan plan = ds_universal::plan_universal(model, source_world_size(model));
-  report.bytes = plan.tensor_bytes;
-  report.summary = "wrote " + req.output + " (deepspeed-universal): " + std::to_string(plan.params) +
-                   " parameters with optimizer state, " + std::to_string(plan.others) + " without";
-  if (req.common.dry_run) {
-    for (const auto& f : plan.files) out << f.path << "  " << human_bytes(f.tensor_bytes()) << "\n";
-    out << "latest_universal (beside " << req.output << ")\n";
-    return;
-  }
-  check_output_size(report.bytes, req.output, job);
-  ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  UniversalWriter writer(model, plan, req.output, req.update_latest);
-  write_layout(writer, req, model, copy, report);
-}
-
-// FSDP1's fast save for another world size: LOCAL_STATE_DICT model files and
-// raw optimizer files (formats/fsdp_flat/flat_writer.h), with the units,
-// use_orig_params and tied names of the FSDP1 source they were read from.
-void reshard_to_fsdp1_flat(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  if (!model.info.fsdp1)
-    fail_invalid(
-        "--layout fsdp1-flat writes the files of an FSDP1 job whose units and use_orig_params are known: "
-        "its source must be FSDP1 flat-parameter files read with --param-layout (" +
-        std::string(source_kind_name(model.info.kind)) + " " + model.source + " records no FSDP units)");
-  if (job.cast_to || job.optim_cast_to)
-    fail_invalid("--dtype, --optim-dtype: FSDP1 flat parameters keep the job's dtypes; drop them");
-  // The source's names, as the reader found them (model_rank{r}.pt / optim_rank{r}.pt for a family it lacks).
-  fsdp_ranks::RankFileName model_name = default_name("model", "fsdp1-flat");
-  fsdp_ranks::RankFileName optim_name = default_name("optim", "fsdp1-flat");
-  for (const RankFamily& f : output_families(model, "fsdp1-flat"))
-    (f.name.kind == "optim" ? optim_name : model_name) = f.name;
-  fsdp_flat::FlatPlan plan =
-      fsdp_flat::plan_fsdp1_flat(model, *model.info.fsdp1, *req.world_size, model_name, optim_name);
-  report.bytes = plan.tensor_bytes;
-  if (req.common.dry_run) {
-    for (const auto& f : plan.files) out << f.path << "  " << human_bytes(f.tensor_bytes()) << "\n";
-    return;
-  }
-  check_output_size(report.bytes, req.output, job);
-  ProgressScope progress("reshard " + req.output, report.bytes);
-  FlatWriter writer(plan, req.output);
-  write_layout(writer, req, model, copy, report);
+                     j.out);
+    for (const auto& f : side_files) j.out << fs::path(f).filename().string() << " (copied)\n";
+  });
 }
 
 // Accelerate's checkpoint folder (accelerator.save_state under FSDP's
@@ -324,52 +218,12 @@ CheckpointModel accelerate_part(const CheckpointModel& model, const AcceleratePa
   return part;
 }
 
-void reshard_to_accelerate(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                           const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  if (source_traits(model.info.kind).reshard_layout != "accelerate" || !req.common.only.empty())
-    fail_invalid(
-        "--layout accelerate: the source must be an Accelerate checkpoint folder (pytorch_model_fsdp_0/, "
-        "optimizer_0/), read whole (no --only)");
-  if (part_of(req)) fail_invalid("--part: not available for --layout accelerate; use --layout dcp");
-  std::vector<AcceleratePart> parts = accelerate_parts(model);
-  std::vector<std::string> side_files;  // what Accelerate saved whole, copied unchanged
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(model.source, ec))
-    if (e.is_regular_file(ec) && !e.is_symlink(ec)) side_files.push_back(e.path().string());
-  std::sort(side_files.begin(), side_files.end());
-  std::unique_ptr<AtomicDirectory> dir;
-  if (!req.common.dry_run) dir = std::make_unique<AtomicDirectory>(req.output, req.common.force, !req.common.no_fsync);
-  for (const AcceleratePart& p : parts) {
-    CheckpointModel part = accelerate_part(model, p);
-    ReshardPlan plan = plan_reshard(part.tensors, *req.world_size, source_world_size(model));
-    const dcp::DcpMetadata layout = flattened_layout(part);
-    report.bytes += plan_output_bytes(part, plan);
-    if (req.common.dry_run) {
-      out << p.dir << "/\n";
-      DcpWriter writer(part, layout, plan, req.output + "/" + p.dir);
-      std::vector<RankFilesOut> files = files_by_rank(writer, plan.world_size, same_rank);
-      describe_reshard(part, plan, 0, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(), out);
-      continue;
-    }
-    ProgressScope progress("reshard " + req.output + "/" + p.dir, plan_output_bytes(part, plan));
-    DcpWriter writer(part, layout, plan, dir->path_of(p.dir));
-    write_whole(writer, {.path = dir->path_of(p.dir), .force = false, .durable = !req.common.no_fsync, .copy = copy});
-  }
-  if (req.common.dry_run) {
-    for (const auto& f : side_files) out << fs::path(f).filename().string() << " (copied)\n";
-    return;
-  }
-  check_output_size(report.bytes, req.output, job);
-  copy_side_files(side_files, dir->temp_dir());
-  dir->commit();
-}
-
 // ShardedTensor or DTensor values; a DTensor mesh like the source's (per-rank
 // DTensor files, as the reader found it) unless --mesh-device /
 // --mesh-dim-names say otherwise.
-RankFilesLayout rank_files_layout(const ReshardRequest& req, const CheckpointModel& model, const std::string& layout) {
+RankFilesLayout rank_files_layout(const ReshardRequest& req, const CheckpointModel& model, RankLayout values) {
   RankFilesLayout out;
-  if (layout != "fsdp-dtensor") return out;
+  if (values != RankLayout::kDTensor) return out;
   out.values = RankLayout::kDTensor;
   if (source_traits(model.info.kind).per_rank_files && model.info.mesh) out.mesh = *model.info.mesh;
   if (!req.mesh_device.empty()) out.mesh.device_type = req.mesh_device;
@@ -380,9 +234,155 @@ RankFilesLayout rank_files_layout(const ReshardRequest& req, const CheckpointMod
   return out;
 }
 
-void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, const CheckpointModel& model,
-                           const std::string& layout, const CopyOptions& copy, JobReport& report, std::ostream& out) {
-  std::vector<RankFamily> families = output_families(model, layout);
+}  // namespace
+
+void write_dcp_layout(const LayoutJob& j) {
+  const CheckpointModel& model = j.model;
+  // A DCP source keeps its own items and planner_data; anything else (or a
+  // DCP source cut down by --only) is flattened as dcp.save would.
+  bool own_layout = model.info.flat_layout && j.req.common.only.empty();
+  dcp::DcpMetadata source_md = own_layout ? dcp::metadata_of(*model.info.flat_layout) : flattened_layout(model);
+  // A DCP source's own side files go with its own layout (Lightning's meta.pt).
+  std::vector<std::string> side_files;
+  if (own_layout)
+    for (const auto& f : model.info.files)
+      if (fs::path(f).filename() == "meta.pt") side_files.push_back(f);
+  write_as_dcp(j, model, source_md, side_files);
+}
+
+// Megatron-core torch_dist: the stored tensors and sharded objects as DCP
+// items for the new world size, common.pt and metadata.json copied
+// (formats/megatron/megatron_writer.h).
+void write_megatron_layout(const LayoutJob& j) {
+  megatron::TorchDistOutput torch_dist = megatron::torch_dist_output(j.model);
+  write_as_dcp(j, torch_dist.items, flattened_layout(torch_dist.items), torch_dist.side_files);
+}
+
+// torch's DCP Hugging Face layout (HuggingFaceStorageWriter with
+// save_distributed=True): a model's tensors only, one safetensors file per
+// rank that holds a piece.
+void write_hf_layout(const LayoutJob& j) {
+  const CheckpointModel& model = j.model;
+  ReshardPlan plan = plan_reshard(model.tensors, *j.req.world_size, source_world_size(model));
+  std::vector<std::vector<dcp_hf::Piece>> pieces = dcp_hf_pieces(model, plan);
+  j.report.bytes = plan_output_bytes(model, plan);
+  log_plan(plan, j.report.bytes, j.req.output, j.layout.name);
+  DcpHfWriter writer(model, plan, pieces, j.req.output);
+  finish_layout(j, writer, [&] {
+    // No file for a rank with no pieces.
+    std::vector<RankFilesOut> files = files_by_rank(
+        writer, plan.world_size, [&](std::size_t k) { return static_cast<std::size_t>(writer.rank_of(k)); });
+    describe_reshard(model, plan, 0, false, files, {}, log::verbose(), j.out);
+  });
+}
+
+// A DeepSpeed universal checkpoint: per parameter its full fp32 master and
+// optimizer states, which an engine with load_universal partitions for any
+// world size (so --world-size plays no part). DeepSpeed loads fp32 masters:
+// --dtype is refused.
+void write_universal_layout(const LayoutJob& j) {
+  const ReshardRequest& req = j.req;
+  if (j.job.cast_to || j.job.optim_cast_to)
+    fail_invalid("--dtype, --optim-dtype: a universal checkpoint holds fp32 masters and states; drop them");
+  // The tag folder's name goes into <root>/latest_universal, and DeepSpeed
+  // reads <root>/<that name>: a folder named like a pointer file would take
+  // the pointer's place.
+  const std::string tag = fs::path(without_trailing_slashes(req.output)).filename().string();
+  if (tag == "latest_universal" || tag == "latest")
+    fail_invalid("-o " + req.output + ": a universal checkpoint's tag folder cannot be named '" + tag +
+                 "', the name of DeepSpeed's pointer file beside it; name it <tag>_universal");
+  if (req.world_size)
+    log::info("--world-size " + std::to_string(*req.world_size) +
+              ": not used, a universal checkpoint loads at the world size of the engine that loads it");
+  ds_universal::UniversalPlan plan = ds_universal::plan_universal(j.model, source_world_size(j.model));
+  j.report.bytes = plan.tensor_bytes;
+  j.report.summary = "wrote " + req.output + " (" + std::string(j.layout.name) + "): " + std::to_string(plan.params) +
+                     " parameters with optimizer state, " + std::to_string(plan.others) + " without";
+  UniversalWriter writer(j.model, plan, req.output, req.update_latest);
+  finish_layout(j, writer, [&] {
+    for (const auto& f : plan.files) j.out << f.path << "  " << human_bytes(f.tensor_bytes()) << "\n";
+    j.out << "latest_universal (beside " << req.output << ")\n";
+  });
+}
+
+// FSDP1's fast save for another world size: LOCAL_STATE_DICT model files and
+// raw optimizer files (formats/fsdp_flat/flat_writer.h), with the units,
+// use_orig_params and tied names of the FSDP1 source they were read from.
+void write_fsdp1_flat_layout(const LayoutJob& j) {
+  const CheckpointModel& model = j.model;
+  if (!model.info.fsdp1)
+    fail_invalid("--layout " + std::string(j.layout.name) +
+                 " writes the files of an FSDP1 job whose units and use_orig_params are known: "
+                 "its source must be FSDP1 flat-parameter files read with --param-layout (" +
+                 std::string(source_kind_name(model.info.kind)) + " " + model.source + " records no FSDP units)");
+  if (j.job.cast_to || j.job.optim_cast_to)
+    fail_invalid("--dtype, --optim-dtype: FSDP1 flat parameters keep the job's dtypes; drop them");
+  // The source's names, as the reader found them (model_rank{r}.pt / optim_rank{r}.pt for a family it lacks).
+  fsdp_ranks::RankFileName model_name = default_name("model", j.layout.values);
+  fsdp_ranks::RankFileName optim_name = default_name("optim", j.layout.values);
+  for (const RankFamily& f : output_families(model, j.layout.values))
+    (f.name.kind == "optim" ? optim_name : model_name) = f.name;
+  fsdp_flat::FlatPlan plan =
+      fsdp_flat::plan_fsdp1_flat(model, *model.info.fsdp1, *j.req.world_size, model_name, optim_name);
+  j.report.bytes = plan.tensor_bytes;
+  FlatWriter writer(plan, j.req.output);
+  finish_layout(j, writer, [&] {
+    for (const auto& f : plan.files) j.out << f.path << "  " << human_bytes(f.tensor_bytes()) << "\n";
+  });
+}
+
+// Several DCP directories in one folder, written by one process (no --part).
+void write_accelerate_layout(const LayoutJob& j) {
+  const ReshardRequest& req = j.req;
+  const CheckpointModel& model = j.model;
+  if (source_traits(model.info.kind).reshard_layout != j.layout.name || !req.common.only.empty())
+    fail_invalid(
+        "--layout accelerate: the source must be an Accelerate checkpoint folder (pytorch_model_fsdp_0/, "
+        "optimizer_0/), read whole (no --only)");
+  std::vector<AcceleratePart> parts = accelerate_parts(model);
+  std::vector<std::string> side_files;  // what Accelerate saved whole, copied unchanged
+  for (const DirEntry& e : list_directory(model.source))
+    if (e.is_file() && !e.link) side_files.push_back(e.path);
+  // Each part planned first, so that its size is checked before anything is written.
+  struct Planned {
+    const AcceleratePart& part;
+    CheckpointModel model;
+    ReshardPlan plan;
+    dcp::DcpMetadata layout;
+  };
+  std::vector<Planned> planned;
+  for (const AcceleratePart& p : parts) {
+    CheckpointModel part = accelerate_part(model, p);
+    ReshardPlan plan = plan_reshard(part.tensors, *req.world_size, source_world_size(model));
+    dcp::DcpMetadata layout = flattened_layout(part);
+    j.report.bytes += plan_output_bytes(part, plan);
+    planned.push_back({p, std::move(part), std::move(plan), std::move(layout)});
+  }
+  auto describe = [&] {
+    for (const Planned& p : planned) {
+      j.out << p.part.dir << "/\n";
+      DcpWriter writer(p.model, p.layout, p.plan, req.output + "/" + p.part.dir);
+      std::vector<RankFilesOut> files = files_by_rank(writer, p.plan.world_size, same_rank);
+      describe_reshard(p.model, p.plan, 0, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(),
+                       j.out);
+    }
+    for (const auto& f : side_files) j.out << fs::path(f).filename().string() << " (copied)\n";
+  };
+  finish_layout(j, describe, [&] {
+    AtomicDirectory dir(req.output, req.common.force, !req.common.no_fsync);
+    for (const Planned& p : planned) {
+      DcpWriter writer(p.model, p.layout, p.plan, dir.path_of(p.part.dir));
+      write_whole(writer,
+                  {.path = dir.path_of(p.part.dir), .force = false, .durable = !req.common.no_fsync, .copy = j.copy});
+    }
+    copy_side_files(side_files, dir.temp_dir());
+    dir.commit();
+  });
+}
+
+void write_rank_files_layout(const LayoutJob& j) {
+  const CheckpointModel& model = j.model;
+  std::vector<RankFamily> families = output_families(model, j.layout.values);
   // Per-rank sources say which tensors were sharded; in a full state dict
   // every tensor with a dimension is (FSDP1 shards parameters and their
   // optimizer states, never the 0-dim `step`), except the buffers a reader
@@ -391,52 +391,46 @@ void reshard_to_rank_files(const ReshardRequest& req, const JobOptions& job, con
   std::vector<bool> sharded;
   for (const auto& t : model.tensors)
     sharded.push_back(per_rank ? t.is_sharded() : !t.shape.empty() && t.storage != StorageKind::kBuffer);
-  ReshardPlan plan = plan_rank_files(model.tensors, sharded, *req.world_size);
-  RankFilesLayout rank_layout = rank_files_layout(req, model, layout);
-  report.bytes = plan_output_bytes(model, plan);
-  log_plan(plan, report.bytes, req.output, layout);
-  RankFilesWriter writer(model, families, rank_layout, plan, req.output);
-  if (req.common.dry_run) {
+  ReshardPlan plan = plan_rank_files(model.tensors, sharded, *j.req.world_size);
+  RankFilesLayout rank_layout = rank_files_layout(j.req, model, j.layout.values);
+  j.report.bytes = plan_output_bytes(model, plan);
+  log_plan(plan, j.report.bytes, j.req.output, j.layout.name);
+  RankFilesWriter writer(model, families, rank_layout, plan, j.req.output);
+  finish_layout(j, writer, [&] {
     // One file per family and rank, rank by rank.
     std::vector<RankFilesOut> files =
         files_by_rank(writer, plan.world_size, [&](std::size_t k) { return k / families.size(); });
-    describe_reshard(model, plan, count_values(*model.root), true, files, {}, log::verbose(), out);
-    return;
-  }
-  check_output_size(report.bytes, req.output, job);
-  ProgressScope progress("reshard " + req.output, report.bytes);  // tensor_copy counts every slab written
-  write_layout(writer, req, model, copy, report);
+    describe_reshard(model, plan, count_values(*model.root), true, files, {}, log::verbose(), j.out);
+  });
 }
-
-}  // namespace
 
 JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   JobClock clock;
   const CommonOptions& opt = req.common;
   if (req.world_size && *req.world_size < 1)
     fail_invalid("--world-size must be at least 1 (got " + std::to_string(*req.world_size) + ")");
+  if (!req.layout.empty() && !find_layout(req.layout)) {
+    std::string names;
+    for (const std::string& n : layout_choices()) names += (names.empty() ? "" : ", ") + n;
+    fail_invalid("--layout " + req.layout + ": not a layout (" + names + ")");
+  }
   const JobOptions job = settle(opt);
   if (opt.source.empty() == opt.files.empty()) fail_invalid("give SRC or --files (one of them)");
   const SourceKind kind = source_kind_of(opt.source, read_options(opt));
   require_layout_for_full_state_dict(req, kind);
   check_output_place(req.output, true);
-  struct stat st {};
-  if (!opt.dry_run && !opt.force && ::lstat(req.output.c_str(), &st) == 0)
+  // The name itself, a dangling symlink included (lstat).
+  if (!opt.dry_run && !opt.force && stat_path(req.output).exists())
     fail_invalid(req.output + ": output exists (use --force to overwrite)");
-  // DCP layouts keep --only's entry under its key, as a resumed job's
-  // dcp.load({"model": ...}) expects. A per-rank file holds the module's
-  // (or the optimizer's) state dict itself, which
-  // model.load_state_dict(torch.load(f)) takes, and the Hugging Face layout
-  // names a model's tensors by their bare FQNs: no key above them. The
-  // layout is the one named, else the source's own (none: per-rank files).
-  static const std::set<std::string> kBareLayouts = {"", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "fsdp1-flat"};
-  const std::string planned = req.layout.empty() ? std::string(source_traits(kind).reshard_layout) : req.layout;
-  CheckpointModel model = read_selected(opt, /*keep_nesting=*/!kBareLayouts.count(planned));
+  // The layout named, else the source's own, decides whether --only's entry
+  // stays under its key (LayoutInfo::bare).
+  CheckpointModel model = read_selected(opt, /*keep_nesting=*/!reads_bare(req.layout, kind));
   check_output_is_not_input(req.output, model);
-  std::string layout = req.layout.empty() ? default_layout(model) : req.layout;
-  // A universal checkpoint loads at any world size; every other layout is written for one.
-  if (layout != "deepspeed-universal" && !req.world_size)
+  const LayoutInfo& layout = req.layout.empty() ? default_layout(model) : *find_layout(req.layout);
+  if (layout.world_size == WorldSizeRule::kRequired && !req.world_size)
     fail_invalid("--world-size N is required (the number of ranks to write)");
+  if (!layout.part && !req.part.empty())
+    fail_invalid("--part: not available for --layout " + std::string(layout.name) + "; use --layout dcp");
   auto backend = choose_backend(job, job.cast_to || job.optim_cast_to);
   CopyOptions copy;
   copy.memory_limit = job.memory.copy();
@@ -447,24 +441,11 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   // (the writers check what is left before publishing).
   if (copy.verify) copy.verify->defer_partial_records();
   JobReport report;
-  report.summary =
-      "wrote " + req.output + " (" + layout + "): " + std::to_string(req.world_size.value_or(0)) + " ranks";
+  report.summary = "wrote " + req.output + " (" + std::string(layout.name) +
+                   "): " + std::to_string(req.world_size.value_or(0)) + " ranks";
   report.tensors = model.tensors.size();
   report.dry_run = opt.dry_run;
-  if (layout == "dcp")
-    reshard_to_dcp(req, job, model, copy, report, out);
-  else if (layout == "megatron")
-    reshard_to_megatron(req, job, model, copy, report, out);
-  else if (layout == "hf")
-    reshard_to_hf(req, job, model, copy, report, out);
-  else if (layout == "accelerate")
-    reshard_to_accelerate(req, job, model, copy, report, out);
-  else if (layout == "deepspeed-universal")
-    reshard_to_universal(req, job, model, copy, report, out);
-  else if (layout == "fsdp1-flat")
-    reshard_to_fsdp1_flat(req, job, model, copy, report, out);
-  else
-    reshard_to_rank_files(req, job, model, layout, copy, report, out);
+  layout.write({.layout = layout, .req = req, .job = job, .model = model, .copy = copy, .report = report, .out = out});
   clock.finish(report);
   return report;
 }

@@ -37,7 +37,8 @@ const InputFormat& dir_format() {
                              .probe_directory = probe_dir,
                              .read = read_dir,
                              .traits = {.sharded_layout = true, .reshard_layout = "dcp"},
-                             .directory_shape = "DCP .metadata"};
+                             .directory_shape = "DCP .metadata",
+                             .description = "a directory with .metadata (or per-rank __<r>.metadata)"};
   return f;
 }
 
@@ -46,7 +47,8 @@ const InputFormat& pair_format() {
                              .probe_directory = probe_pair,
                              .read = read_pair,
                              .traits = {.sharded_layout = true, .reshard_layout = "accelerate"},
-                             .directory_shape = "Accelerate pytorch_model_fsdp_0/"};
+                             .directory_shape = "Accelerate pytorch_model_fsdp_0/",
+                             .description = "a folder holding pytorch_model_fsdp_0/ and optimizer_0/"};
   return f;
 }
 

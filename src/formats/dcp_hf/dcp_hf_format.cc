@@ -20,7 +20,10 @@ const InputFormat& input_format() {
                              .probe_directory = probe_dir,
                              .read = read,
                              .traits = {.sharded_layout = true, .reshard_layout = "hf"},
-                             .directory_shape = "DCP Hugging Face shard-*.safetensors with DCP_SHARDING_INFO"};
+                             .directory_shape = "DCP Hugging Face shard-*.safetensors with DCP_SHARDING_INFO",
+                             .description =
+                                 "torch's DCP Hugging Face layout, shard-*.safetensors with "
+                                 "DCP_SHARDING_INFO"};
   return f;
 }
 

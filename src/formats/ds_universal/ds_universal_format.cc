@@ -21,7 +21,10 @@ const InputFormat& input_format() {
                              .probe_directory = probe_dir,
                              .read = read,
                              .traits = {.sharded_layout = true, .reshard_layout = "deepspeed-universal"},
-                             .directory_shape = "DeepSpeed universal zero/optimizer_state.pt or latest_universal"};
+                             .directory_shape = "DeepSpeed universal zero/optimizer_state.pt or latest_universal",
+                             .description =
+                                 "a tag folder holding zero/, or the folder whose latest_universal "
+                                 "names one"};
   return f;
 }
 

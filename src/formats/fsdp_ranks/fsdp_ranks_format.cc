@@ -25,7 +25,10 @@ const InputFormat& input_format() {
                              .probe_directory = probe_dir,
                              .read = read,
                              .traits = {.sharded_layout = true, .reader_selects_only = true, .per_rank_files = true},
-                             .directory_shape = "per-rank *rank{r}*.pt files"};
+                             .directory_shape = "per-rank *rank{r}*.pt files",
+                             .description =
+                                 "per-rank FSDP files named *rank{r}*.pt: a directory, a quoted glob, or "
+                                 "--files (FSDP1 flat parameters with --param-layout)"};
   return f;
 }
 

@@ -16,7 +16,8 @@ CheckpointModel read(const std::string& src, const ReadOptions&) { return read_h
 }  // namespace
 
 const InputFormat& input_format() {
-  static const InputFormat f{.kind = SourceKind::kHdf5, .probe_file = probe_file, .read = read};
+  static const InputFormat f{
+      .kind = SourceKind::kHdf5, .probe_file = probe_file, .read = read, .description = "an .h5/.hdf5 file"};
   return f;
 }
 

@@ -21,7 +21,8 @@ const InputFormat& input_format() {
                              .read = read,
                              // Resharded, it stays a torch_dist checkpoint unless --layout says otherwise.
                              .traits = {.sharded_layout = true, .reshard_layout = "megatron"},
-                             .directory_shape = "Megatron-core metadata.json"};
+                             .directory_shape = "Megatron-core metadata.json",
+                             .description = "a dist_checkpointing directory (metadata.json beside DCP files)"};
   return f;
 }
 

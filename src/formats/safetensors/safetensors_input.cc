@@ -60,7 +60,10 @@ CheckpointModel read_index(const std::string& src, const ReadOptions& options) {
 }  // namespace
 
 const InputFormat& file_format() {
-  static const InputFormat f{.kind = SourceKind::kSafetensors, .probe_file = probe_file, .read = read_file};
+  static const InputFormat f{.kind = SourceKind::kSafetensors,
+                             .probe_file = probe_file,
+                             .read = read_file,
+                             .description = "a .safetensors file"};
   return f;
 }
 
@@ -68,7 +71,8 @@ const InputFormat& folder_format() {
   static const InputFormat f{.kind = SourceKind::kHfFolder,
                              .probe_directory = probe_folder,
                              .read = read_folder,
-                             .directory_shape = "Hugging Face *.safetensors weights or their index"};
+                             .directory_shape = "Hugging Face *.safetensors weights or their index",
+                             .description = "save_pretrained's folder of *.safetensors weights or their index"};
   return f;
 }
 
@@ -76,12 +80,16 @@ const InputFormat& bin_folder_format() {
   static const InputFormat f{.kind = SourceKind::kHfBinFolder,
                              .probe_directory = probe_bin_folder,
                              .read = read_folder,
-                             .directory_shape = "Hugging Face pytorch_model.bin weights or their index"};
+                             .directory_shape = "Hugging Face pytorch_model.bin weights or their index",
+                             .description = "save_pretrained's folder of pytorch_model.bin weights or their index"};
   return f;
 }
 
 const InputFormat& index_format() {
-  static const InputFormat f{.kind = SourceKind::kSafetensorsIndex, .probe_file = probe_index, .read = read_index};
+  static const InputFormat f{.kind = SourceKind::kSafetensorsIndex,
+                             .probe_file = probe_index,
+                             .read = read_index,
+                             .description = "a .safetensors.index.json and the shards it names"};
   return f;
 }
 

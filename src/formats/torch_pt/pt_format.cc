@@ -14,7 +14,10 @@ CheckpointModel read(const std::string& src, const ReadOptions& options) { retur
 }  // namespace
 
 const InputFormat& input_format() {
-  static const InputFormat f{.kind = SourceKind::kTorchPt, .probe_file = probe_file, .read = read};
+  static const InputFormat f{.kind = SourceKind::kTorchPt,
+                             .probe_file = probe_file,
+                             .read = read,
+                             .description = "a .pt/.pth/.bin file (zip or legacy format)"};
   return f;
 }
 

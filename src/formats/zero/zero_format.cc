@@ -18,7 +18,10 @@ const InputFormat& input_format() {
   static const InputFormat f{.kind = SourceKind::kZero,
                              .probe_directory = probe_dir,
                              .read = read,
-                             .directory_shape = "DeepSpeed `latest` or *_model_states.pt"};
+                             .directory_shape = "DeepSpeed `latest` or *_model_states.pt",
+                             .description =
+                                 "the folder holding `latest`, or a tag folder (--tag picks another "
+                                 "tag)"};
   return f;
 }
 

@@ -1,0 +1,51 @@
+// The requests of the commands that write (consolidate, reshard), and how a
+// --part run keeps one beside its parts (OUT.parts-<plan>/request.json) for
+// `ckptconv finalize` to rerun: apart from the jobs themselves, so that
+// finalize, which reruns them, and the jobs, which store their request,
+// include this and not each other.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "jobs/common.h"
+
+namespace ckpt::jobs {
+
+struct ConsolidateRequest {
+  CommonOptions common;
+  std::string output;
+  std::string format;                // pt|safetensors|hdf5; empty: by the output's extension
+  std::string max_shard_size;        // safetensors
+  std::string compression = "none";  // HDF5: none|gzip
+  bool finite = false;               // count NaN/Inf in every tensor written (exit 1 when any)
+  std::string part;                  // --part I/N|auto|finalize: this process's share (exec/parted_output.h)
+};
+
+struct ReshardRequest {
+  CommonOptions common;
+  std::string output;
+  // --world-size; absent only where the layout needs none (deepspeed-universal loads at any)
+  std::optional<int> world_size;
+  // dcp | hf | fsdp-sharded-tensor | fsdp-dtensor | accelerate | deepspeed-universal; empty: the source's own
+  std::string layout;
+  std::string mesh_device;                  // DTensor layout: the mesh's device type; empty: the source's, else cpu
+  std::vector<std::string> mesh_dim_names;  // and its dimension name (veRL: fsdp); empty: the source's, else none
+  std::string part;                         // --part I/N|auto|finalize: this process's share (exec/parted_output.h)
+  // --update-latest: a deepspeed-universal output replaces an existing
+  // latest_universal beside it (which the job may have read its source
+  // through); without it an existing pointer is kept and only a missing one written.
+  bool update_latest = false;
+};
+
+// The request as the parts folder keeps it: the command, the directory it
+// ran in, and every option that shapes the output.
+std::string request_json(const ConsolidateRequest& request);
+std::string request_json(const ReshardRequest& request);
+// The common options of a kept request (nlohmann's exceptions when a field
+// is missing or of another type: finalize reports them naming the file).
+CommonOptions common_options_from_json(const nlohmann::ordered_json& json);
+
+}  // namespace ckpt::jobs
