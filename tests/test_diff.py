@@ -399,10 +399,20 @@ def test_diff_takes_a_tag_for_each_side(tmp_path, run_ckptconv):
     root.mkdir()
     for step in (100, 200):
         shutil.copytree(DCP, root / f"step-{step}")
+    # a folder of steps without a tag is read at its latest complete step, said in a note (#48 row 6)
     r = run_ckptconv("diff", root, root / "step-200")
-    assert r.returncode == 2 and "A: " in r.stderr and "choose one with --tag NAME" in r.stderr, r.stderr
-    r = run_ckptconv("diff", root / "step-200", root)
-    assert r.returncode == 2 and "B: " in r.stderr and "choose one with --tag-b NAME" in r.stderr, r.stderr
+    assert r.returncode == 0 and f"reading {root}/step-200" in r.stderr and "no --tag" in r.stderr, r.stderr
+    r = run_ckptconv("diff", root / "step-100", root)
+    assert r.returncode == 0 and f"reading {root}/step-200" in r.stderr, r.stdout + r.stderr
+    # an incomplete folder of steps: the message names the side's option
+    for step in (100, 200):
+        (root / f"step-{step}" / ".metadata").unlink()
+    r = run_ckptconv("diff", DCP, root)
+    assert r.returncode == 2 and "B: " in r.stderr and "--tag-b NAME" in r.stderr, r.stderr
+    r = run_ckptconv("diff", root, DCP)
+    assert r.returncode == 2 and "A: " in r.stderr and "--tag NAME" in r.stderr, r.stderr
+    for step in (100, 200):
+        shutil.copy(DCP / ".metadata", root / f"step-{step}" / ".metadata")
     r = run_ckptconv("diff", root, root / "step-200", "--tag", "latest")
     assert r.returncode == 0 and "equal" in r.stdout, r.stdout + r.stderr
     r = run_ckptconv("diff", root, root, "--tag", "step-100", "--tag-b", "step-200")

@@ -55,11 +55,11 @@ def test_accelerate_only_model_and_optim(tmp_path, run_ckptconv):
         assert_same(load(out), accelerate_ref(1)[key])
 
 
-def test_accelerate_root_needs_a_tag_and_latest_is_the_highest(tmp_path, run_ckptconv):
-    r = run_ckptconv("consolidate", ACC_ROOT, "-o", tmp_path / "x.pt")
-    assert r.returncode == 2
-    assert "checkpoint_0, checkpoint_1" in r.stderr and "--tag" in r.stderr
-    assert not (tmp_path / "x.pt").exists()
+def test_accelerate_root_is_read_at_its_highest_and_a_tag_chooses(tmp_path, run_ckptconv):
+    # no --tag: the highest-numbered complete checkpoint, said in a note (#48 row 6)
+    r = run_ok(run_ckptconv, "consolidate", ACC_ROOT, "-o", tmp_path / "x.pt")
+    assert "checkpoint_1" in r.stderr and "no --tag" in r.stderr and "--tag NAME reads another" in r.stderr
+    assert_same(load(tmp_path / "x.pt"), accelerate_ref(1))
     out = tmp_path / "latest.pt"
     r = run_ok(run_ckptconv, "consolidate", ACC_ROOT, "--tag", "latest", "-o", out)
     assert "checkpoint_1" in r.stderr

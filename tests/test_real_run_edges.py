@@ -51,3 +51,58 @@ def test_a_cast_export_into_a_folder_with_its_own_config_sets_that_configs_dtype
     plain = tmp_path / "plain"
     assert run_ckptconv("consolidate", TD / "hf" / "llama_tied", "-o", f"{plain}/").returncode == 0
     assert (plain / "config.json").read_bytes() == (TD / "hf" / "llama_tied" / "config.json").read_bytes()
+
+
+DCP = TD / "dcp" / "fsdp2_adamw_ws2"
+
+
+def test_reshard_makes_the_outputs_parents_and_removes_them_when_it_fails(tmp_path, run_ckptconv):
+    out = tmp_path / "new" / "dir" / "ws4"
+    r = run_ckptconv("reshard", DCP, "-o", out, "--world-size", "4")
+    assert r.returncode == 0, r.stderr
+    assert run_ckptconv("diff", out, DCP).returncode == 0
+    # a job that fails after making them leaves no empty folders behind
+    failed = tmp_path / "other" / "deeper" / "ws4"
+    r = run_ckptconv("reshard", DCP, "-o", failed, "--world-size", "4", "--max-output-size", "1B")
+    assert r.returncode == 4, r.stderr
+    assert not (tmp_path / "other").exists()
+    # and consolidate's file outputs the same
+    assert run_ckptconv("consolidate", DCP, "-o", tmp_path / "a" / "b" / "c.pt").returncode == 0
+    assert (tmp_path / "a" / "b" / "c.pt").is_file()
+    # a parent that is a file is still refused, naming it
+    (tmp_path / "afile").write_text("x")
+    r = run_ckptconv("reshard", DCP, "-o", tmp_path / "afile" / "ws2", "--world-size", "2")
+    assert r.returncode == 4 and "afile is a file, not a directory" in r.stderr, r.stderr
+
+
+def test_a_run_folder_is_read_at_its_latest_complete_step_with_a_note(tmp_path, run_ckptconv):
+    import shutil
+    run = tmp_path / "run"
+    for step in (100, 200):
+        shutil.copytree(DCP, run / f"step-{step}")
+    (run / "step-300").mkdir()  # a save that did not finish: items, no .metadata
+    shutil.copy(DCP / "__0_0.distcp", run / "step-300")
+    # docs/usage.md's own example, on a folder of several steps
+    r = run_ckptconv("consolidate", run, "--only", "model", "--dtype", "bf16", "-o", f"{tmp_path}/hf-model/")
+    assert r.returncode == 0, r.stderr
+    assert f"reading {run}/step-200" in r.stderr and "no --tag" in r.stderr and "step-300 is incomplete" in r.stderr
+    # --tag still chooses
+    r = run_ckptconv("consolidate", run, "--tag", "step-100", "--only", "model", "-o", tmp_path / "s100.safetensors")
+    assert r.returncode == 0 and f"{run}/step-100" in r.stderr, r.stderr
+    # a `latest` file is what it names
+    (run / "latest").write_text("step-100")
+    r = run_ckptconv("validate", run)
+    assert r.returncode == 0 and "the file `latest` names" in r.stderr, r.stderr
+    # none complete: a usage error listing them
+    (run / "latest").unlink()
+    for step in (100, 200):
+        (run / f"step-{step}" / ".metadata").unlink()
+    r = run_ckptconv("consolidate", run, "-o", tmp_path / "x.pt")
+    assert r.returncode == 2 and "none is complete" in r.stderr, r.stderr
+
+
+def test_an_output_without_extension_is_offered_as_a_folder(tmp_path, run_ckptconv):
+    r = run_ckptconv("consolidate", DCP, "--only", "model", "-o", tmp_path / "hf-noslash")
+    assert r.returncode == 2
+    assert f"-o {tmp_path}/hf-noslash/" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -691,6 +691,66 @@ def hf(args) -> None:
           f"HF->HF layout ckptconv/raw = {t['ckptconv HF -> HF layout ws4'] / a:.2f}")
 
 
+def ab(args) -> None:
+    """The same ckptconv commands with two binaries, alternately (old, new,
+    old, new, ...) over one warm cache, so that the machine's drift hits
+    both alike: each row's best of --rounds for each binary, the new/old
+    ratio, and whether their outputs are byte-identical."""
+    ckpt, work = Path(args.ckpt), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    binaries = {"old": args.baseline, "new": args.ckptconv}
+    manifest = work / "ab-manifest.json"
+    manifest.unlink(missing_ok=True)
+    run_measured([args.baseline, "-q", "validate", str(ckpt), "--write-manifest", str(manifest)])
+
+    def rows(exe: str, tag: str) -> dict[str, tuple[list[str], Path | None]]:
+        out = work / f"ab-{tag}"
+        return {
+            "consolidate .pt": ([exe, "-q", "consolidate", str(ckpt), "-o", str(out / "full.pt")], out / "full.pt"),
+            "consolidate --no-fsync": ([exe, "-q", "consolidate", str(ckpt), "--no-fsync", "-o",
+                                        str(out / "nofsync.pt")], out / "nofsync.pt"),
+            "consolidate --dtype bf16": ([exe, "-q", "consolidate", str(ckpt), "--dtype", "bf16", "-o",
+                                          str(out / "bf16.safetensors")], out / "bf16.safetensors"),
+            "reshard ws4 -> ws2": ([exe, "-q", "reshard", str(ckpt), "--world-size", "2", "-o", str(out / "ws2")],
+                                   out / "ws2"),
+            "validate": ([exe, "-q", "validate", str(ckpt)], None),
+            "validate --manifest": ([exe, "-q", "validate", str(ckpt), "--manifest", str(manifest)], None),
+            "inspect": ([exe, "-q", "inspect", str(ckpt)], None),
+        }
+
+    best: dict[str, dict[str, float]] = {}
+    same: dict[str, bool] = {}
+    for _ in range(args.rounds):
+        for tag, exe in binaries.items():
+            shutil.rmtree(work / f"ab-{tag}", ignore_errors=True)
+            (work / f"ab-{tag}").mkdir()
+            warm_cache(ckpt)
+            for name, (cmd, _) in rows(exe, tag).items():
+                wall, _rss = run_measured(cmd)
+                best.setdefault(name, {})
+                best[name][tag] = min(wall, best[name].get(tag, wall))
+        for name, (_, out_old) in rows(args.baseline, "old").items():
+            out_new = rows(args.ckptconv, "new")[name][1]
+            if out_old is None:
+                continue
+            files_old = sorted(p.relative_to(out_old) for p in tree_files(out_old)) if out_old.is_dir() else [Path()]
+            files_new = sorted(p.relative_to(out_new) for p in tree_files(out_new)) if out_new.is_dir() else [Path()]
+            # DCP's .metadata holds a random save id (as torch's does): every other byte must match
+            equal = files_old == files_new and all(
+                (out_old / f).read_bytes() == (out_new / f).read_bytes() for f in files_old if f.name != ".metadata")
+            same[name] = same.get(name, True) and equal
+    manifest.unlink(missing_ok=True)
+    size = dir_bytes(ckpt)
+    print(f"checkpoint: {ckpt} ({size / 1e9:.2f} GB); old {args.baseline}, new {args.ckptconv}; "
+          f"best of {args.rounds} rounds each, alternately")
+    print(f"{'command':<26} {'old s':>7} {'new s':>7} {'new/old':>8}  outputs")
+    for name, t in best.items():
+        outputs = "" if name not in same else ("byte-identical" if same[name] else "DIFFER")
+        print(f"{name:<26} {t['old']:7.2f} {t['new']:7.2f} {t['new'] / t['old']:8.2f}  {outputs}")
+    if not all(same.values()):
+        raise SystemExit("bench ab: the outputs of the two binaries differ")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -726,9 +786,15 @@ def main() -> None:
     mg.add_argument("--work", required=True)
     mg.add_argument("--ckptconv", required=True)
     mg.add_argument("--megatron-python", required=True, help="a Python that can import megatron.core")
+    abp = sub.add_parser("ab")
+    abp.add_argument("--ckpt", required=True)
+    abp.add_argument("--work", required=True)
+    abp.add_argument("--ckptconv", required=True, help="the new binary")
+    abp.add_argument("--baseline", required=True, help="the binary to compare with (an earlier build)")
+    abp.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "ucp": ucp,
-     "hf": hf, "fsdp1": fsdp1, "megatron": megatron}[args.cmd](args)
+     "hf": hf, "fsdp1": fsdp1, "megatron": megatron, "ab": ab}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -237,10 +237,22 @@ ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& ta
   if (tag.empty()) {
     read_latest_tag(fs::path(src) / "latest");  // a `latest` there must name a tag, read or not
     if (entries.size() == 1 && entries[0].complete) return {entries[0].path, "the only checkpoint in " + src};
-    fail_invalid(listing(src, entries) + "; choose one with --tag NAME, or --tag latest for " +
-                 (stat_path((fs::path(src) / "latest").string()).kind != EntryKind::kNone
-                      ? "the one the file `latest` names"
-                      : "the highest-numbered complete one"));
+    // A run's folder of steps: the latest, as a job resuming from it reads
+    // (torchtitan, Accelerate, Lightning load the last one), said in a note.
+    if (!is_regular_file((fs::path(src) / "latest").string())) {
+      const RootEntry* best = nullptr;
+      for (const auto& e : entries)
+        if (e.complete && e.step) best = &e;  // sorted by step: the last one wins
+      if (!best) fail_invalid(listing(src, entries) + "; none is complete and numbered: choose one with --tag NAME");
+      std::string why =
+          "no --tag: the highest-numbered complete of the " + std::to_string(entries.size()) + " checkpoints in " + src;
+      if (const RootEntry& last = entries.back(); &last != best && !last.complete)
+        why += " (" + last.name + " is incomplete: its save did not finish)";
+      return {best->path, why + "; --tag NAME reads another"};
+    }
+    ChosenCheckpoint chosen = choose_checkpoint(src, "latest");
+    chosen.why = "no --tag: the checkpoint the file `latest` names; --tag NAME reads another";
+    return chosen;
   }
   std::string name = tag, why = "--tag " + tag;
   if (tag == "latest") {

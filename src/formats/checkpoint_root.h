@@ -33,8 +33,11 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir);
 //   error: it would name nothing that is read);
 // - SRC holds checkpoints: the one --tag NAME names, whatever its kind;
 //   `--tag latest` is the one the file `latest` names when present, else
-//   the highest-numbered complete one; with no --tag, the only one, or
-//   InvalidArgument (exit 2) listing them;
+//   the highest-numbered complete one; with no --tag, the only one, else
+//   as --tag latest (a run's folder of steps is read at its latest, as a
+//   resuming job reads it; `why` says which and that --tag reads another),
+//   or InvalidArgument (exit 2) listing them when none is complete and
+//   numbered;
 // - a DeepSpeed root (its `latest` names a DeepSpeed tag, or its
 //   `latest_universal` a universal one): the same, except that with no --tag
 //   it is what `latest` names (what DeepSpeed's engine.load_checkpoint(ROOT)

@@ -151,11 +151,14 @@ void check_output_place(const std::string& output, bool directory) {
                  "model.safetensors (the extension picks the format: .pt, .safetensors, .h5)");
   }
   fs::path parent = fs::path(output.back() == '/' ? output.substr(0, output.size() - 1) : output).parent_path();
-  if (parent.empty() || is_directory(parent.string())) return;
-  if (stat_path(parent.string()).resolves())
-    fail(ErrorCode::kOutputFailed, output + ": " + parent.string() + " is a file, not a directory");
-  fail(ErrorCode::kOutputFailed, output + ": the directory " + parent.string() +
-                                     " does not exist; create it first (mkdir -p " + parent.string() + ")");
+  // A missing parent is made by the job (CreatedDirectories::parents_of) once
+  // nothing else refuses the output; a parent that is something else is not.
+  for (fs::path p = parent; !p.empty(); p = p.parent_path()) {
+    if (is_directory(p.string())) return;
+    if (EntryStat st = stat_path(p.string()); st.exists())
+      fail(ErrorCode::kOutputFailed,
+           output + ": " + p.string() + (st.is_file() ? " is a file, not a directory" : " is not a directory"));
+  }
 }
 
 void JobClock::finish(JobReport& report) const {

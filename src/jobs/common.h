@@ -83,8 +83,10 @@ void check_output_size(uint64_t bytes, const std::string& output, const JobOptio
 // Before reading the source: the mistakes a user makes with OUT, each
 // answered with what to do. A file output (`directory` false) that is an
 // existing directory or ends in '/' is a usage error naming a file to give;
-// a missing parent directory is OutputFailed (exit 4) naming that directory,
-// for both kinds of output.
+// a parent that exists but is no directory is OutputFailed (exit 4) naming
+// it, for both kinds of output. Missing parents are the job's to make
+// (CreatedDirectories::parents_of in jobs/output_folder.h), once nothing
+// else refuses the output, and to remove again when it fails.
 void check_output_place(const std::string& output, bool directory);
 
 // After reading: InvalidArgument (exit 2) when OUT is an input file, lies

@@ -36,7 +36,9 @@ OutputFormat resolve_output_format(const ConsolidateRequest& req) {
   if (req.format.empty()) {
     if (!by_path)
       fail_invalid(req.output + ": the extension names no output format; use one of " + kKnown +
-                   ", or give --format pt|safetensors|hdf5");
+                   ", give --format pt|safetensors|hdf5, or end it in '/' for a folder (-o " +
+                   without_trailing_slashes(req.output) + "/: model.safetensors and the source's config, as " +
+                   "save_pretrained writes)");
     format = *by_path;
   } else {
     format = *output_format_from_name(req.format);
@@ -125,6 +127,8 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
                   casts, human_bytes(report.bytes), req.output, output_format_name(format));
   }
   check_output_size(report.bytes, req.output, job);
+  // -o new/dir/x.pt: its folders are made now, and removed if the job fails.
+  CreatedDirectories parents = folder ? CreatedDirectories() : CreatedDirectories::parents_of(req.output);
   auto backend = choose_backend(job, job.cast_to || job.optim_cast_to || req.finite);
   OutputOptions output;
   output.path = folder ? folder->file_path() : req.output;
@@ -155,6 +159,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
       done = write_output_part(model, format, output, part, request_json(req));
     }
     created.keep();
+    parents.keep();
     report.summary = done.summary;
     report.tensors = done.tensors;  // this worker's share, for the success line
     report.bytes = done.bytes;
@@ -166,6 +171,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     ProgressScope progress("write " + req.output, report.bytes);  // tensor_copy counts every slab written
     files = write_output(model, format, output);
   }
+  parents.keep();
   if (folder) {
     folder->publish(model.info.side_files, job.cast_to);
     for (auto& f : files) f = folder->published_path(f);

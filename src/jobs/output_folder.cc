@@ -83,11 +83,13 @@ CreatedDirectories::CreatedDirectories(const std::string& dir) {
     fail(ErrorCode::kOutputFailed, dir + ": " + made_.front().parent_path().string() + " is not a directory");
   std::vector<fs::path> wanted = std::move(made_);
   made_.clear();
-  for (const auto& p : wanted) {
-    // Made one by one, so that a failure part way removes what was made.
-    storage_for(p.string()).make_directory(p.string());
-    made_.push_back(p);
-  }
+  for (const auto& p : wanted)  // one by one, so that a failure part way removes what was made
+    if (storage_for(p.string()).make_directory(p.string())) made_.push_back(p);  // false: a sibling made it
+}
+
+CreatedDirectories CreatedDirectories::parents_of(const std::string& path) {
+  const fs::path parent = fs::path(without_trailing_slashes(path)).parent_path();
+  return parent.empty() ? CreatedDirectories() : CreatedDirectories(parent.string());
 }
 
 CreatedDirectories::CreatedDirectories(CreatedDirectories&& other) noexcept : made_(std::move(other.made_)) {

@@ -34,6 +34,8 @@ class CreatedDirectories {
  public:
   CreatedDirectories() = default;
   explicit CreatedDirectories(const std::string& dir);
+  // The missing parents of the output `path` (a file or a folder).
+  static CreatedDirectories parents_of(const std::string& path);
   CreatedDirectories(CreatedDirectories&& other) noexcept;
   CreatedDirectories& operator=(CreatedDirectories&& other) noexcept;
   ~CreatedDirectories();

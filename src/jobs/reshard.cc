@@ -23,6 +23,7 @@
 #include "io/storage.h"
 #include "jobs/layout_writers.h"
 #include "jobs/layouts.h"
+#include "jobs/output_folder.h"
 #include "model/describe.h"
 #include "model/tree_walk.h"
 #include "plan/reshard.h"
@@ -445,7 +446,11 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
                    "): " + std::to_string(req.world_size.value_or(0)) + " ranks";
   report.tensors = model.tensors.size();
   report.dry_run = opt.dry_run;
+  // -o new/dir/ws4: its parents are made now (as consolidate's -o DIR/
+  // makes them), and removed again if the job fails.
+  CreatedDirectories parents = opt.dry_run ? CreatedDirectories() : CreatedDirectories::parents_of(req.output);
   layout.write({.layout = layout, .req = req, .job = job, .model = model, .copy = copy, .report = report, .out = out});
+  parents.keep();
   clock.finish(report);
   return report;
 }
