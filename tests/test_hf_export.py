@@ -138,3 +138,43 @@ def test_a_cast_export_records_its_dtype_in_config_json(tmp_path, run_ckptconv):
     assert config == original
     assert (out / "generation_config.json").read_bytes() == (LLAMA / "generation_config.json").read_bytes()
     assert {t.dtype for t in _weights(out).values()} == {torch.bfloat16}
+
+
+def test_config_from_makes_a_training_checkpoints_export_loadable(tmp_path, run_ckptconv):
+    """#48 row 7: a training checkpoint (here a DCP of the model, as a job
+    saves it: no config, no tokenizer) exported with -o DIR/ had nothing
+    from_pretrained needs; --config-from copies the HF folder's config and
+    tokenizer files in, config.json's dtype set to the dtype written, and
+    from_pretrained loads it equal to the original."""
+    assert HF_PY.exists(), f"no {HF_PY}: scripts/setup-hf makes it (scripts/test does)"
+    cfg = tmp_path / "hf-config"
+    cfg.mkdir()
+    for name in SIDE:
+        (cfg / name).write_bytes((LLAMA / name).read_bytes())
+    (cfg / "tokenizer_config.json").write_text('{"model_max_length": 8}\n')
+    (cfg / "stray.safetensors").write_bytes(b"not copied: weights are never side files")
+    dcp = tmp_path / "step-100"
+    assert run_ckptconv("reshard", LLAMA, "--layout", "dcp", "--world-size", "2", "-o", dcp).returncode == 0
+    bare = tmp_path / "bare"
+    assert run_ckptconv("consolidate", dcp, "--dtype", "bf16", "-o", f"{bare}/").returncode == 0
+    assert not (bare / "config.json").exists()  # what a user got before
+    out = tmp_path / "export"
+    r = run_ckptconv("consolidate", dcp, "--dtype", "bf16", "--config-from", cfg, "-o", f"{out}/")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(SIDE + ["model.safetensors", "tokenizer_config.json"])
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert (out / "tokenizer_config.json").read_bytes() == (cfg / "tokenizer_config.json").read_bytes()
+    r = subprocess.run([str(HF_PY), str(REPO / "tests" / "hf_from_pretrained.py"), str(LLAMA), str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0 and r.stdout.startswith("ok "), r.stdout + r.stderr
+    # without a cast the config says what was written (float32 here)
+    (cfg / "config.json").write_text(json.dumps({**json.loads((LLAMA / "config.json").read_text()),
+                                                 "dtype": "bfloat16"}))
+    out32 = tmp_path / "export32"
+    assert run_ckptconv("consolidate", dcp, "--config-from", cfg, "-o", f"{out32}/").returncode == 0
+    assert json.loads((out32 / "config.json").read_text())["dtype"] == "float32"
+    # usage errors: a file output, --part, a folder that is not there
+    r = run_ckptconv("consolidate", dcp, "--config-from", cfg, "-o", tmp_path / "x.safetensors")
+    assert r.returncode == 2 and "end -o with '/'" in r.stderr, r.stderr
+    r = run_ckptconv("consolidate", dcp, "--config-from", tmp_path / "nope", "-o", f"{tmp_path}/y/")
+    assert r.returncode == 2 and "not a directory" in r.stderr and not (tmp_path / "y").exists(), r.stderr

@@ -37,6 +37,11 @@ CLI::App* register_write_command(CLI::App& app, const char* name, const char* de
   sub->add_option("--max-shard-size", req->max_shard_size,
                   "safetensors: split into <stem>-0000i-of-0000N.safetensors files of at most SIZE, with an index")
       ->group(kOutputGroup);
+  sub->add_option("--config-from", req->config_from,
+                  "-o DIR/: copy DIR2's config.json, generation_config.json and tokenizer files (every file of it "
+                  "that holds no weights) into the output folder, config.json's dtype set to the dtype written")
+      ->type_name("DIR2")
+      ->group(kOutputGroup);
   sub->add_option("--compression", req->compression, "HDF5: compress datasets (shuffle + deflate)")
       ->check(CLI::IsMember({"none", "gzip"}))
       ->capture_default_str()

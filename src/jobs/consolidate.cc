@@ -67,6 +67,19 @@ std::string file_in_directory(const ConsolidateRequest& req, OutputFormat format
   return std::string(weights ? f.weights_file : f.full_file);
 }
 
+// The one dtype the floating-point tensors are written in; nullopt when
+// they are written in several (a config then keeps what it says).
+std::optional<DType> written_float_dtype(const CheckpointModel& model) {
+  std::optional<DType> out;
+  for (const auto& t : model.tensors) {
+    const DType d = t.output_dtype();
+    if (!dtype_info(d).is_floating) continue;
+    if (out && *out != d) return std::nullopt;
+    out = d;
+  }
+  return out;
+}
+
 constexpr uint64_t kHuggingFaceShardSize = 5'000'000'000;  // save_pretrained's max_shard_size="5GB"
 
 }  // namespace
@@ -91,6 +104,14 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     if (req.format.empty()) req.format = "safetensors";
   } else {
     check_output_place(req.output, false);
+  }
+  if (!req.config_from.empty()) {
+    if (directory.empty())
+      fail_invalid("--config-from applies to a folder output: end -o with '/' (-o " +
+                   without_trailing_slashes(req.output) + "/)");
+    if (!req.part.empty())
+      fail_invalid("--config-from: not with --part (a folder's config is copied by the one process writing it)");
+    if (!is_directory(req.config_from)) fail_invalid("--config-from " + req.config_from + ": not a directory");
   }
   OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
   if (!directory.empty()) check_format_options(req, format);
@@ -173,7 +194,14 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   }
   parents.keep();
   if (folder) {
-    folder->publish(model.info.side_files, job.cast_to);
+    std::optional<DType> config_dtype = job.cast_to;
+    std::vector<std::string> side_files = model.info.side_files;
+    if (!req.config_from.empty()) {
+      side_files = side_files_with_config_from(req.config_from, side_files);
+      // A config from elsewhere says the dtype of the weights written beside it.
+      if (!config_dtype) config_dtype = written_float_dtype(model);
+    }
+    folder->publish(side_files, config_dtype);
     for (auto& f : files) f = folder->published_path(f);
   }
   if (files.size() > 1)

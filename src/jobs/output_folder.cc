@@ -1,12 +1,14 @@
 #include "jobs/output_folder.h"
 
 #include <algorithm>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "io/byte_sink.h"
 #include "io/byte_source.h"
+#include "formats/safetensors/safetensors_reader.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
 
@@ -104,6 +106,23 @@ CreatedDirectories& CreatedDirectories::operator=(CreatedDirectories&& other) no
 CreatedDirectories::~CreatedDirectories() {
   for (auto it = made_.rbegin(); it != made_.rend(); ++it)
     storage_for(it->string()).remove(it->string());  // only if empty
+}
+
+std::vector<std::string> side_files_with_config_from(const std::string& dir2,
+                                                     const std::vector<std::string>& side_files) {
+  if (!is_directory(dir2)) fail_invalid("--config-from " + dir2 + ": not a directory");
+  std::vector<std::string> out;
+  std::set<std::string> names;
+  for (const DirEntry& e : list_directory(dir2))
+    if (e.is_file() && !safetensors::is_weights_file_name(e.name) && e.name != "adapter_config.json") {
+      out.push_back(e.path);
+      names.insert(e.name);
+    }
+  if (!names.count("config.json"))
+    log::warn("--config-from " + dir2 + ": no config.json there; from_pretrained needs one");
+  for (const auto& f : side_files)
+    if (!names.count(fs::path(f).filename().string())) out.push_back(f);
+  return out;
 }
 
 std::vector<std::string> file_family_in(const std::string& dir, const std::string& file) {

@@ -45,6 +45,13 @@ class CreatedDirectories {
   std::vector<std::filesystem::path> made_;
 };
 
+// --config-from DIR2: the files of DIR2 an output folder takes (config.json,
+// generation_config.json, tokenizer files: every regular file that holds no
+// weights, adapter_config.json aside), with `side_files` (the source's) whose
+// names DIR2 lacks. InvalidArgument when DIR2 is no directory.
+std::vector<std::string> side_files_with_config_from(const std::string& dir2,
+                                                     const std::vector<std::string>& side_files);
+
 // The names in `dir` of `file`'s family (see above), sorted.
 std::vector<std::string> file_family_in(const std::string& dir, const std::string& file);
 

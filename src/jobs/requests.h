@@ -22,6 +22,9 @@ struct ConsolidateRequest {
   std::string compression = "none";  // HDF5: none|gzip
   bool finite = false;               // count NaN/Inf in every tensor written (exit 1 when any)
   std::string part;                  // --part I/N|auto|finalize: this process's share (exec/parted_output.h)
+  // -o DIR/: a folder whose config and tokenizer files the output folder
+  // gets, instead of the source's (a training checkpoint has none)
+  std::string config_from;
 };
 
 struct ReshardRequest {
