@@ -4,6 +4,7 @@
 // plain data that are folded into the value they would make (see fold_call).
 #include "core/error.h"
 #include "pickle/encodings.h"
+#include "pickle/framework_objects.h"
 #include "pickle/unpickler_machine.h"
 
 namespace ckpt::pickle {
@@ -125,8 +126,53 @@ void PickleMachine::op_reduce() {
     push_new(std::move(folded));
   } else {
     policy_.check_call(*callable, *args, nullptr, CallOp::kCall);
+    if (ValuePtr plain = fold_framework_call(callable, args)) {
+      push(std::move(plain));
+      return;
+    }
     push_new(Value::call(std::move(callable), std::move(args)));
   }
+}
+
+ValuePtr PickleMachine::fold_framework_call(const ValuePtr& callable, const ValuePtr& args) {
+  if (!callable->is(Kind::kGlobal) || !args->is(Kind::kTuple)) return nullptr;
+  ValuePtr plain;
+  MakeValue counted = [this](ValuePtr v) { return make(std::move(v)); };
+  if (is_numpy_multiarray(*callable, "scalar") && numpy_scalar_args(args->items)) {
+    plain = numpy_scalar_plain(args->items, counted);
+  } else if (auto n = framework_enum_value(*callable, args->items)) {
+    plain = Value::integer(*n);
+  } else {
+    return nullptr;
+  }
+  // A fresh node (small ints and bools are shared constants): it carries
+  // the call as the pickle made it.
+  ValuePtr out = make(std::make_shared<Value>(*plain));
+  out->stored = make(Value::call(callable, args));
+  arena_.push_back(out);
+  return out;
+}
+
+bool PickleMachine::fold_framework_build(const ValuePtr& target, const ValuePtr& state) {
+  if (is_decoded_namespace(*target)) {
+    std::vector<ValuePtr> flat;
+    for (const auto& [key, value] : state->entries) {
+      flat.push_back(key);
+      flat.push_back(value);
+    }
+    add_entries(target, std::move(flat));
+    return true;
+  }
+  if (!target->is(Kind::kCall) || !target->callable) return false;
+  const bool array = is_numpy_multiarray(*target->callable, "_reconstruct");
+  if (!array && !target->callable->is_global("numpy", "dtype")) return false;
+  MakeValue counted = [this](ValuePtr v) { return make(std::move(v)); };
+  ValuePtr plain = array ? numpy_array_plain(*state, counted) : make(numpy_dtype_plain(*target, *state));
+  ValuePtr object = make(std::make_shared<Value>(std::move(*target)));
+  ValuePtr stored = make(Value::built(std::move(object), state));
+  *target = Value(*plain);
+  target->stored = std::move(stored);
+  return true;
 }
 
 void PickleMachine::op_newobj() {
@@ -139,6 +185,13 @@ void PickleMachine::op_newobj() {
   policy_.check_call(*cls, *args, nullptr, CallOp::kNew);
   ValuePtr v = Value::call(std::move(cls), std::move(args));
   v->newobj = true;
+  if (is_namespace_class(*v->callable)) {
+    // argparse.Namespace(): its attribute dict, empty until BUILD.
+    ValuePtr attributes = make(Value::dict());
+    attributes->stored = make(std::move(v));
+    push(std::move(attributes));
+    return;
+  }
   push_new(std::move(v));
 }
 
@@ -168,6 +221,7 @@ void PickleMachine::op_build() {
     fail_data_loss(std::string("BUILD on a ") + kind_name(target->kind));
   }
   policy_.check_build(*target, *state);
+  if (fold_framework_build(target, state)) return;
   bool registered = holds_values(target->kind);
   ValuePtr object = make(std::make_shared<Value>(std::move(*target)));
   *target = Value(Kind::kBuilt);
