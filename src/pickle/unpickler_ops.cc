@@ -333,24 +333,47 @@ void PickleMachine::add_entries(const ValuePtr& target_ptr, std::vector<ValuePtr
   }
 }
 
+namespace {
+
+// APPENDS / SETITEMS on a decoded framework object (a Namespace's dict, an
+// array's list) would call the object's methods in Python: refused like on
+// any other object.
+void refuse_fill_of_decoded(const Value& target) {
+  if (!target.stored) return;
+  const Value* made = target.stored.get();
+  if (made->is(Kind::kBuilt) && made->object) made = made->object.get();
+  std::string what = made->is(Kind::kCall) && made->callable && made->callable->is(Kind::kGlobal)
+                         ? made->callable->text + "." + made->callable->name
+                         : kind_name(made->kind);
+  fail(ErrorCode::kUnsafe, "the pickle adds items to the " + what +
+                               " object (APPENDS/SETITEMS on an object calls its methods), which a checkpoint never "
+                               "does; refusing to load it");
+}
+
+}  // namespace
+
 void PickleMachine::op_append() {
   ValuePtr v = pop();
+  refuse_fill_of_decoded(*top());
   add_items(*top(), {std::move(v)});
 }
 
 void PickleMachine::op_appends() {
   std::vector<ValuePtr> values = pop_mark();
+  refuse_fill_of_decoded(*top());
   add_items(*top(), std::move(values));
 }
 
 void PickleMachine::op_setitem() {
   ValuePtr value = pop();
   ValuePtr key = pop();
+  refuse_fill_of_decoded(*top());
   add_entries(top(), {std::move(key), std::move(value)});
 }
 
 void PickleMachine::op_setitems() {
   std::vector<ValuePtr> flat = pop_mark();
+  refuse_fill_of_decoded(*top());
   add_entries(top(), std::move(flat));
 }
 

@@ -140,6 +140,16 @@ TEST_CASE("near misses of the framework shapes are refused naming the global", "
       {&kNamespaceWithArgs, "argparse.Namespace.__new__(1)"},
       {&kNamespaceIntKey, "argparse.Namespace() to {1: 2}"},
   };
+  // SETITEMS on a Namespace, APPENDS on an array: methods of the object in Python
+  std::string setitems = bytes_of(
+      "\x80\x02"
+      "cargparse\nNamespace\n)\x81X\x01\x00\x00\x00"
+      "aK\x01s.");
+  CHECK(contains(refusal(setitems), "adds items to the argparse.Namespace object"));
+  std::string appends = kUint32Array.substr(0, kUint32Array.size() - 1) +
+                        "K\x01"
+                        "a.";
+  CHECK(contains(refusal(appends), "adds items to the numpy._core.multiarray._reconstruct object"));
   for (const Case& c : cases) {
     std::string said = refusal(*c.bytes);
     INFO(said);
