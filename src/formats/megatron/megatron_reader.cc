@@ -224,8 +224,8 @@ class TorchDistReader {
       fail(ErrorCode::kUnimplemented, dir_ + "/" + kMetadataJson + ": sharded_backend '" + backend +
                                           "'; ckptconv reads megatron-core's 'torch_dist' checkpoints only");
     // Sharded objects are the job's state too (Megatron-LM's rng_state holds
-    // numpy's): their unknown globals are recorded, never called, and
-    // screened below.
+    // numpy's, read as data: docs/pickle-globals.md): other globals are
+    // recorded, never called, and screened below.
     pickle::QuarantinePolicy quarantine(pickle::checkpoint_policy());
     CheckpointModel model = dcp::read_dcp_dir(dir_, sink_, quarantine);
     model.info.kind = SourceKind::kMegatron;
@@ -286,7 +286,7 @@ class TorchDistReader {
   }
 
   // An item or object naming a global the checkpoint policy does not know
-  // (Megatron-LM's rng_state: numpy arrays) is refused naming it, or, when
+  // (a job's own class in its state) is refused naming it, or, when
   // --only selects a view that does not hold it, dropped with a warning;
   // validate reports it and reads on.
   void screen_unknown_globals() {
