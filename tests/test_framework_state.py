@@ -166,3 +166,81 @@ def test_numpy_dcp_reshard_keeps_numpy_as_stored(ws, tmp_path, run_ckptconv):
             assert w == v, k
     for k, v in orig["model"].items():
         assert torch.equal(back["model"][k], v)
+
+
+# ---- row 4: --allow-global MODULE.NAME ----
+
+class TrainConfig:
+    """A training script's own class (registered below as myjob.config.TrainConfig)."""
+
+    def __init__(self, lr, name):
+        self.lr, self.name = lr, name
+
+
+class Payload:
+    """What a hostile file would hold: its __reduce__ names os.system."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _myjob_module():
+    import types
+    mod = types.ModuleType("myjob.config")
+    sys_modules = __import__("sys").modules
+    sys_modules.setdefault("myjob", types.ModuleType("myjob"))
+    sys_modules["myjob.config"] = mod
+    TrainConfig.__module__ = "myjob.config"
+    TrainConfig.__qualname__ = "TrainConfig"
+    mod.TrainConfig = TrainConfig
+    return mod
+
+
+def test_allow_global_reads_calls_as_opaque_records(tmp_path, run_ckptconv):
+    _myjob_module()
+    src = tmp_path / "x.pt"
+    torch.save({"w": torch.arange(4.0), "cfg": TrainConfig(0.1, "run")}, src)
+    r = run_ckptconv("inspect", src)
+    assert r.returncode == 3
+    assert "myjob.config.TrainConfig" in r.stderr and "--allow-global myjob.config.TrainConfig" in r.stderr
+    out = tmp_path / "o.pt"
+    r = run_ckptconv("consolidate", src, "--allow-global", "myjob.config.TrainConfig", "-o", out)
+    assert r.returncode == 0, r.stderr
+    got = torch.load(out, weights_only=True)  # a plain record: nothing to import or call
+    assert got["cfg"] == {"__global__": "myjob.config.TrainConfig", "args": (), "state": {"lr": 0.1, "name": "run"}}
+    assert torch.equal(got["w"], torch.arange(4.0))
+    r = run_ckptconv("validate", src, "--allow-global", "myjob.config.TrainConfig")
+    assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
+
+
+def test_allow_global_never_calls_it(tmp_path, run_ckptconv):
+    marker = tmp_path / "ran"
+    src = tmp_path / "x.pt"
+    torch.save({"w": torch.ones(2), "p": Payload(marker)}, src)
+    import os
+    name = f"{os.system.__module__}.system"  # posix.system
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "a.pt")
+    assert r.returncode == 3 and f"--allow-global {name}" in r.stderr, r.stderr
+    r = run_ckptconv("consolidate", src, "--allow-global", name, "-o", tmp_path / "b.pt")
+    assert r.returncode == 0, r.stderr
+    got = torch.load(tmp_path / "b.pt", weights_only=True)
+    assert got["p"] == {"__global__": name, "args": (f"touch {marker}",)}
+    assert not marker.exists()
+
+
+def test_allow_global_dcp_reshard_keeps_the_object(tmp_path, run_ckptconv):
+    _myjob_module()
+    src = tmp_path / "ckpt"
+    dcp.save({"model": torch.nn.Linear(3, 2).state_dict(), "cfg": TrainConfig(0.5, "job")}, checkpoint_id=str(src))
+    out = tmp_path / "ws2"
+    r = run_ckptconv("reshard", src, "--world-size", "2", "-o", out)
+    assert r.returncode == 3 and "--allow-global myjob.config.TrainConfig" in r.stderr
+    r = run_ckptconv("reshard", src, "--world-size", "2", "--allow-global", "myjob.config.TrainConfig", "-o", out)
+    assert r.returncode == 0, r.stderr
+    back = {"model": torch.nn.Linear(3, 2).state_dict(), "cfg": None}
+    dcp.load(back, checkpoint_id=str(out))
+    assert isinstance(back["cfg"], TrainConfig) and vars(back["cfg"]) == {"lr": 0.5, "name": "job"}

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <string>
 
 namespace ckpt::pickle {
@@ -227,6 +228,37 @@ std::optional<int64_t> framework_enum_value(const Value& callable, const std::ve
   for (const FrameworkEnumMember& m : kFrameworkEnums)
     if (m.value == args[0]->int_value && callable.is_global(m.module, m.cls)) return m.value;
   return std::nullopt;
+}
+
+namespace {
+
+std::set<std::string, std::less<>>& opaque_globals() {
+  static std::set<std::string, std::less<>> globals;
+  return globals;
+}
+
+}  // namespace
+
+void allow_opaque_global(const std::string& dotted) { opaque_globals().insert(dotted); }
+
+bool is_opaque_global(std::string_view module, std::string_view name) {
+  if (opaque_globals().empty()) return false;
+  std::string dotted;
+  dotted.reserve(module.size() + 1 + name.size());
+  dotted.append(module).append(".").append(name);
+  return opaque_globals().count(dotted) > 0;
+}
+
+bool is_opaque_global(const Value& g) { return g.is(Kind::kGlobal) && is_opaque_global(g.text, g.name); }
+
+bool is_opaque_record(const Value& v) {
+  return v.is(Kind::kDict) && v.stored && v.stored->is(Kind::kCall) && v.stored->callable &&
+         is_opaque_global(*v.stored->callable);
+}
+
+std::string allow_global_hint(const std::string& dotted) {
+  return " (if it is data, --allow-global " + dotted +
+         " reads its calls as opaque records, never calling it: docs/pickle-globals.md)";
 }
 
 ValuePtr numpy_dtype_plain(const Value& call, const Value& state) {

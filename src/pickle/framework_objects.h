@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -54,6 +55,22 @@ bool framework_enum_class(const Value& g);
 std::optional<int64_t> framework_enum_value(const Value& callable, const std::vector<ValuePtr>& args);
 // The (class, name, value) rows, for enum_member_value's getattr form.
 std::optional<int64_t> framework_enum_member(const Value& cls, std::string_view name);
+
+// ---- --allow-global MODULE.NAME: opaque records ----
+// Globals the user allowed (process-wide, set once from the command line
+// before anything is read). Their calls (REDUCE, NEWOBJ, NEWOBJ_EX, INST,
+// OBJ; any arguments) and BUILDs on what those made are read as an opaque
+// record, a dict {'__global__': 'MODULE.NAME', 'args': (...)[, 'kwargs':
+// {...}][, 'state': ...]}: never called, and written into outputs torch.load
+// reads as that dict, never as a callable. DCP outputs write the object as
+// stored again (with_bytes_io_objects), as for the decode table.
+void allow_opaque_global(const std::string& dotted);
+bool is_opaque_global(std::string_view module, std::string_view name);
+bool is_opaque_global(const Value& g);
+// A record the unpickler made of an allowed global's call.
+bool is_opaque_record(const Value& v);
+// The hint refusals of an unknown global give.
+std::string allow_global_hint(const std::string& dotted);
 
 // ---- plain values (made by the unpickler once the shape was accepted) ----
 // `make` counts each new node against the unpickler's budgets.

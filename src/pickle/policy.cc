@@ -407,6 +407,7 @@ std::string describe_call(const Value& callable, const Value& args, CallOp op) {
 // given a dict of str keys.
 bool framework_object_build(const Value& target, const Value& state) {
   if (is_decoded_namespace(target)) return namespace_state(state);
+  if (is_opaque_record(target)) return true;
   if (!target.is(Kind::kCall) || target.newobj || !target.callable || !target.args || target.kwargs ||
       !target.args->is(Kind::kTuple) || !target.items.empty() || !target.entries.empty())
     return false;
@@ -419,12 +420,14 @@ bool framework_object_build(const Value& target, const Value& state) {
 class CheckpointPolicy final : public GlobalPolicy {
  public:
   bool allows(std::string_view module, std::string_view name) const override {
-    return table().find(module, name) != nullptr;
+    return table().find(module, name) != nullptr || is_opaque_global(module, name);
   }
 
   void check_call(const Value& callable, const Value& args, const Value* kwargs, CallOp op) const override {
     bool ok = false;
-    if (args.is(Kind::kTuple)) {
+    if (args.is(Kind::kTuple) && is_opaque_global(callable)) {
+      ok = !kwargs || kwargs->is(Kind::kDict);  // --allow-global: recorded, never called
+    } else if (args.is(Kind::kTuple)) {
       if (op == CallOp::kNew) {
         ok = new_accepted(callable) && (!kwargs || kwargs->is(Kind::kDict));
         // A Namespace is made empty, then given its attributes by BUILD.

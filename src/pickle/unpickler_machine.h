@@ -100,6 +100,7 @@ class PickleMachine {
   // any other BUILD).
   ValuePtr fold_framework_call(const ValuePtr& callable, const ValuePtr& args);
   bool fold_framework_build(const ValuePtr& target, const ValuePtr& state);
+  ValuePtr opaque_or_call(const ValuePtr& call);
   void add_items(Value& target, std::vector<ValuePtr> values);
   void add_entries(const ValuePtr& target, std::vector<ValuePtr> flat);
 

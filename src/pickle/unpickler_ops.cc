@@ -31,8 +31,9 @@ bool is_empty_tuple(const ValuePtr& v) { return v && v->kind == Kind::kTuple && 
 
 void PickleMachine::check_global(const std::string& module, const std::string& name) const {
   if (!policy_.allows(module, name)) {
-    fail(ErrorCode::kUnsafe,
-         "global '" + module + "." + name + "' is not one a checkpoint needs; refusing to load a pickle that names it");
+    fail(ErrorCode::kUnsafe, "global '" + module + "." + name +
+                                 "' is not one a checkpoint needs; refusing to load a pickle that names it" +
+                                 allow_global_hint(module + "." + name));
   }
 }
 
@@ -66,7 +67,7 @@ void PickleMachine::op_inst() {
   ValuePtr cls = make_global(std::move(module), std::move(name));
   ValuePtr args = make(Value::tuple(pop_mark()));
   policy_.check_call(*cls, *args, nullptr, CallOp::kCall);
-  push_new(Value::call(std::move(cls), std::move(args)));
+  push(opaque_or_call(make(Value::call(std::move(cls), std::move(args)))));
 }
 
 // OBJ: class and arguments down to the top mark.
@@ -77,7 +78,7 @@ void PickleMachine::op_obj() {
   items.erase(items.begin());
   ValuePtr args = make(Value::tuple(std::move(items)));
   policy_.check_call(*cls, *args, nullptr, CallOp::kCall);
-  push_new(Value::call(std::move(cls), std::move(args)));
+  push(opaque_or_call(make(Value::call(std::move(cls), std::move(args)))));
 }
 
 // The built-in constructors of plain data become that data: OrderedDict()
@@ -130,7 +131,7 @@ void PickleMachine::op_reduce() {
       push(std::move(plain));
       return;
     }
-    push_new(Value::call(std::move(callable), std::move(args)));
+    push(opaque_or_call(make(Value::call(std::move(callable), std::move(args)))));
   }
 }
 
@@ -153,7 +154,35 @@ ValuePtr PickleMachine::fold_framework_call(const ValuePtr& callable, const Valu
   return out;
 }
 
+// A call of a global allowed by --allow-global: the opaque record
+// {'__global__': 'MODULE.NAME', 'args': args[, 'kwargs': kwargs]}, the call
+// kept as stored. Any other call as it is.
+ValuePtr PickleMachine::opaque_or_call(const ValuePtr& call) {
+  if (!call->callable || !is_opaque_global(*call->callable)) return call;
+  ValuePtr record = make(Value::dict());
+  std::vector<ValuePtr> flat = {make(Value::str("__global__")),
+                                make(Value::str(call->callable->text + "." + call->callable->name)),
+                                make(Value::str("args")), call->args};
+  if (call->kwargs) {
+    flat.push_back(make(Value::str("kwargs")));
+    flat.push_back(call->kwargs);
+  }
+  add_entries(record, std::move(flat));
+  record->stored = call;
+  return record;
+}
+
 bool PickleMachine::fold_framework_build(const ValuePtr& target, const ValuePtr& state) {
+  if (is_opaque_record(*target)) {
+    // BUILD (__setstate__ or a __dict__ update): recorded as 'state', the last one kept.
+    for (auto& [key, value] : target->entries)
+      if (key->is(Kind::kStr) && key->text == "state") {
+        value = state;
+        return true;
+      }
+    add_entries(target, {make(Value::str("state")), state});
+    return true;
+  }
   if (is_decoded_namespace(*target)) {
     std::vector<ValuePtr> flat;
     for (const auto& [key, value] : state->entries) {
@@ -192,7 +221,7 @@ void PickleMachine::op_newobj() {
     push(std::move(attributes));
     return;
   }
-  push_new(std::move(v));
+  push(opaque_or_call(make(std::move(v))));
 }
 
 void PickleMachine::op_newobj_ex() {
@@ -202,7 +231,7 @@ void PickleMachine::op_newobj_ex() {
   policy_.check_call(*cls, *args, kwargs.get(), CallOp::kNew);
   ValuePtr v = Value::call(std::move(cls), std::move(args), std::move(kwargs));
   v->newobj = true;
-  push_new(std::move(v));
+  push(opaque_or_call(make(std::move(v))));
 }
 
 // BUILD changes the object in place in Python, and the memo or a container

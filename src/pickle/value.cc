@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "pickle/encodings.h"
+#include "pickle/framework_objects.h"
 
 namespace ckpt::pickle {
 
@@ -249,10 +250,18 @@ ValuePtr rebuild_bytes_io(const ValuePtr& value, std::unordered_map<const Value*
     // A decoded framework object: the object as stored (its parts may be
     // decoded ones too: an array's dtype). A Namespace's stored NEWOBJ is
     // built again with its attribute dict, rebuilt without the mark.
-    if (value->stored->is(Kind::kCall) && value->stored->newobj && value->is(Kind::kDict)) {
+    if (is_decoded_namespace(*value)) {
       auto attributes = std::make_shared<Value>(*value);
       attributes->stored.reset();
       out = Value::built(value->stored, rebuild_bytes_io(attributes, memo));
+    } else if (is_opaque_record(*value)) {
+      // --allow-global: the call again, from the record's (decoded) parts.
+      ValuePtr kwargs = value->get("kwargs");
+      ValuePtr call = Value::call(value->stored->callable, rebuild_bytes_io(value->get("args"), memo),
+                                  kwargs ? rebuild_bytes_io(kwargs, memo) : nullptr);
+      call->newobj = value->stored->newobj;
+      ValuePtr state = value->get("state");
+      out = state ? Value::built(call, rebuild_bytes_io(state, memo)) : call;
     } else {
       out = rebuild_bytes_io(value->stored, memo);
     }

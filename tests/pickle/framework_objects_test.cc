@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "framework_samples.h"
+#include "pickle/framework_objects.h"
 #include "pickle/pickler.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
@@ -156,4 +157,29 @@ TEST_CASE("near misses of the framework shapes are refused naming the global", "
     CHECK(contains(said, c.names));
     CHECK(!contains(said, "not Unsafe"));
   }
+}
+
+TEST_CASE("--allow-global reads a global's calls as opaque records", "[pickle][framework]") {
+  // ckpt_test_only.Opaque(1) with BUILD {'a': 2}; the name is this test's alone
+  // (allow_opaque_global is process-wide).
+  std::string opaque = bytes_of(
+      "\x80\x02"
+      "cckpt_test_only\nOpaque\nK\x01\x85R}X\x01\x00\x00\x00"
+      "aK\x02sb.");
+  std::string said = refusal(opaque);
+  CHECK(contains(said, "global 'ckpt_test_only.Opaque'"));
+  CHECK(contains(said, "--allow-global ckpt_test_only.Opaque"));
+  allow_opaque_global("ckpt_test_only.Opaque");
+  ValuePtr v = unpickle(opaque, checkpoint_policy());
+  REQUIRE(v->is(Kind::kDict));
+  CHECK(v->at("__global__")->as_str() == "ckpt_test_only.Opaque");
+  CHECK(v->at("args")->items.at(0)->as_int() == 1);
+  CHECK(v->at("state")->at("a")->as_int() == 2);
+  // DCP outputs write the object again; it reads back to the same record
+  std::string again = pickle_protocol2(*with_bytes_io_objects(v));
+  CHECK(contains(again, "ckpt_test_only"));
+  CHECK(unpickle(again, checkpoint_policy())->repr(6, 100) == v->repr(6, 100));
+  // SETITEMS on it would call its __setitem__
+  std::string fill = opaque.substr(0, opaque.size() - 1) + "K\x03K\x04s.";
+  CHECK(contains(refusal(fill), "adds items to the ckpt_test_only.Opaque object"));
 }

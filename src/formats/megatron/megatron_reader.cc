@@ -15,6 +15,7 @@
 #include "io/storage.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
+#include "pickle/framework_objects.h"
 #include "pickle/policy.h"
 
 namespace ckpt::megatron {
@@ -307,8 +308,10 @@ class TorchDistReader {
       bool needed = only_.empty() || (only_ == "model" && is_model_entry(*it));
       if (needed) {
         report_or_fail(sink_, Problem{ErrorCode::kUnsafe,
-                                      what + "; refusing to load it (it is the training job's own state: "
-                                             "--only model or --only optim, which never need it, skip it)",
+                                      what +
+                                          "; refusing to load it (it is the training job's own state: "
+                                          "--only model or --only optim, which never need it, skip it)" +
+                                          pickle::allow_global_hint(global),
                                       dir_ + "/.metadata", -1, it->key});
       } else {
         log::warn(what + ": skipped, --only " + only_ + " does not need it");
