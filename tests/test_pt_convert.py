@@ -10,8 +10,9 @@ import torch
 from state_compare import assert_same
 
 REPO = Path(__file__).resolve().parent.parent
-# Megatron-LM's common.pt holds its args (an argparse.Namespace), which no
-# checkpoint policy reads: tests/test_megatron.py covers its refusal.
+# Megatron-LM's common.pt holds its args (an argparse.Namespace), which
+# torch.load(weights_only=True) refuses, so it has no reference here:
+# tests/test_framework_state.py compares it with megatron-core's reading.
 PT_FILES = sorted(p for p in (REPO / "testdata").rglob("*") if p.suffix in (".pt", ".bin") and p.is_file()
                   and not (p.name == "common.pt" and p.parent.parent.name.endswith("_mlm")))
 

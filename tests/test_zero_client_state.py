@@ -1,7 +1,8 @@
 """DeepSpeed client_state: `engine.save_checkpoint(dir, client_state={...})`
 merges the script's own dict into the model-states file, so a ZeRO checkpoint
-may hold objects of classes ckptconv's pickle allow-list does not know (an
-argparse.Namespace of the run's arguments is the common one). Such an entry is
+may hold objects of classes ckptconv's pickle allow-list does not know (here a
+types.SimpleNamespace; an argparse.Namespace of the run's arguments, the common
+one, is read as its dict: docs/pickle-globals.md). Such an entry is
 refused naming the global, unless --only model or --only optim, which never
 need it, is given: then it is skipped with a warning naming it. Nothing in it
 is ever called, and nothing of it reaches an output.
@@ -14,6 +15,7 @@ top-level dict), pickled by CPython's own pickler at torch.save's protocol 2.
 from __future__ import annotations
 
 import argparse
+import types
 import pickle
 import pickletools
 import shutil
@@ -67,24 +69,34 @@ def test_an_added_plain_entry_changes_nothing(tmp_path, run_ckptconv):
     assert all(torch.equal(got[k], v) for k, v in ref.items())
 
 
-def test_unknown_client_state_object_is_refused_naming_it(tmp_path, run_ckptconv):
+def test_an_argparse_namespace_is_read_as_its_dict(tmp_path, run_ckptconv):
+    """The common client_state entry (issue #48): the run's args, kept as
+    plain data in the output."""
     root = _with_entry(tmp_path, "args", argparse.Namespace(lr=0.1, seed=7))
+    r = run_ckptconv("consolidate", root, "-o", tmp_path / "o.pt")
+    assert r.returncode == 0, r.stderr
+    got = torch.load(tmp_path / "o.pt", weights_only=True)
+    assert got["client_state"]["args"] == {"lr": 0.1, "seed": 7}
+
+
+def test_unknown_client_state_object_is_refused_naming_it(tmp_path, run_ckptconv):
+    root = _with_entry(tmp_path, "args", types.SimpleNamespace(lr=0.1, seed=7))
     for cmd in (["consolidate", root, "-o", tmp_path / "o.pt"], ["validate", root], ["inspect", root]):
         r = run_ckptconv(*cmd)
         assert r.returncode == 3, (cmd, r.stdout, r.stderr)
         said = r.stdout + r.stderr  # validate reports on stdout
-        assert "'args'" in said and "argparse.Namespace" in said, said
+        assert "'args'" in said and "types.SimpleNamespace" in said, said
         assert "--only model" in said
     assert not (tmp_path / "o.pt").exists()
 
 
 @pytest.mark.parametrize("only", ["model", "optim"])
 def test_only_skips_an_unknown_client_state_object_with_a_warning(only, tmp_path, run_ckptconv):
-    root = _with_entry(tmp_path, "args", argparse.Namespace(lr=0.1, seed=7))
+    root = _with_entry(tmp_path, "args", types.SimpleNamespace(lr=0.1, seed=7))
     out = tmp_path / "o.pt"
     r = run_ckptconv("consolidate", root, "--only", only, "-o", out)
     assert r.returncode == 0, r.stderr
-    assert "'args'" in r.stderr and "argparse.Namespace" in r.stderr and "skipped" in r.stderr
+    assert "'args'" in r.stderr and "types.SimpleNamespace" in r.stderr and "skipped" in r.stderr
     got = torch.load(out, weights_only=True)
     if only == "model":
         ref = torch.load(ZERO / CASE / "reference_fp32.pt", weights_only=True)
@@ -97,11 +109,11 @@ def test_only_skips_an_unknown_client_state_object_with_a_warning(only, tmp_path
 
 
 def test_unknown_global_in_an_entry_the_reader_uses_is_refused_even_with_only(tmp_path, run_ckptconv):
-    root = _with_entry(tmp_path, "optimizer_state_dict", argparse.Namespace(lr=0.1),
+    root = _with_entry(tmp_path, "optimizer_state_dict", types.SimpleNamespace(lr=0.1),
                        file="bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
     r = run_ckptconv("consolidate", root, "--only", "model", "-o", tmp_path / "o.pt")
     assert r.returncode == 3, r.stderr
-    assert "optimizer_state_dict" in r.stderr and "argparse.Namespace" in r.stderr
+    assert "optimizer_state_dict" in r.stderr and "types.SimpleNamespace" in r.stderr
     assert "rank_1" in r.stderr
     assert not (tmp_path / "o.pt").exists()
 

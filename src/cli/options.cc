@@ -33,8 +33,16 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
                     "full or sharded files, a DCP checkpoint)")
         ->check(CLI::ExistingFile | CLI::ExistingDirectory)
         ->group(kInputGroup);
-  if (which & kOnly)
+  if (which & kOnly) {
     sub->add_option("--only", opt.only, help.only)->check(CLI::IsMember({"model", "optim"}))->group(kSelectionGroup);
+    sub->add_option("--allow-global", opt.allow_globals,
+                    "Read calls of this global (MODULE.NAME, repeatable) as opaque records {'__global__', 'args', "
+                    "'state'}: never called, never written as a callable (docs/pickle-globals.md)")
+        ->check(CLI::Validator(
+            [](std::string& g) { return g.find('.') == std::string::npos ? std::string("not MODULE.NAME") : ""; },
+            "MODULE.NAME"))
+        ->group(kInputGroup);
+  }
   if (which & kKeys) sub->add_option("--keys", opt.keys, help.keys)->group(kSelectionGroup);
   if (which & kExcludeFrozen)
     sub->add_flag("--exclude-frozen", opt.exclude_frozen,

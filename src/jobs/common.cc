@@ -13,11 +13,15 @@
 #include "io/disk_space.h"
 #include "io/storage.h"
 #include "model/validate.h"
+#include "pickle/framework_objects.h"
 #include "plan/select.h"
 
 namespace ckpt::jobs {
 
+void allow_globals(const CommonOptions& opt);
+
 JobOptions settle(const CommonOptions& opt) {
+  allow_globals(opt);
   JobOptions out;
   out.cast_to = parse_dtype_option(opt.dtype);
   out.optim_cast_to = parse_dtype_option(opt.optim_dtype);
@@ -29,7 +33,14 @@ JobOptions settle(const CommonOptions& opt) {
   return out;
 }
 
+// --allow-global: process-wide, as torch.serialization.add_safe_globals is
+// (pickle/framework_objects.h), set before anything is read.
+void allow_globals(const CommonOptions& opt) {
+  for (const std::string& g : opt.allow_globals) pickle::allow_opaque_global(g);
+}
+
 ReadOptions read_options(const CommonOptions& opt) {
+  allow_globals(opt);
   ReadOptions r{opt.files, opt.only, nullptr, opt.tag};
   r.param_layout = opt.param_layout;
   return r;

@@ -20,17 +20,18 @@
 namespace ckpt::jobs {
 
 struct CommonOptions {
-  std::string source;                // SRC
-  std::vector<std::string> files;    // --files: per-rank files listed one by one, instead of SRC
-  std::string tag;                   // --tag: DeepSpeed tag directory (default: `latest`)
-  std::string param_layout;          // --param-layout FILE: FSDP1 flat parameters' names, shapes and order
-  std::string only;                  // --only model|optim
-  std::string keys;                  // --keys REGEX
-  bool exclude_frozen = false;       // --exclude-frozen: drop parameters the job did not train
-  std::string dtype = "keep";        // --dtype keep|fp32|bf16|fp16: the model's tensors
-  std::string optim_dtype = "keep";  // --optim-dtype: the optimizer's state
-  std::string device = "auto";       // --device auto|cpu|cuda
-  int threads = 0;                   // --threads (0: all)
+  std::string source;                      // SRC
+  std::vector<std::string> files;          // --files: per-rank files listed one by one, instead of SRC
+  std::string tag;                         // --tag: DeepSpeed tag directory (default: `latest`)
+  std::string param_layout;                // --param-layout FILE: FSDP1 flat parameters' names, shapes and order
+  std::string only;                        // --only model|optim
+  std::vector<std::string> allow_globals;  // --allow-global MODULE.NAME: its calls read as opaque records
+  std::string keys;                        // --keys REGEX
+  bool exclude_frozen = false;             // --exclude-frozen: drop parameters the job did not train
+  std::string dtype = "keep";              // --dtype keep|fp32|bf16|fp16: the model's tensors
+  std::string optim_dtype = "keep";        // --optim-dtype: the optimizer's state
+  std::string device = "auto";             // --device auto|cpu|cuda
+  int threads = 0;                         // --threads (0: all)
   std::string memory_limit = "256M";
   bool dry_run = false;
   bool force = false;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "pickle/framework_objects.h"
 #include "pickle/policy.h"
 
 namespace ckpt::pickle {
@@ -120,7 +121,13 @@ bool process_group_state_lookup(const std::vector<ValuePtr>& a) {
 bool enum_member_lookup(const std::vector<ValuePtr>& a) {
   return a.size() == 2 && a[1]->is(Kind::kStr) && enum_member_value(*a[0], a[1]->text).has_value();
 }
-bool getattr_args(const std::vector<ValuePtr>& a) { return process_group_state_lookup(a) || enum_member_lookup(a); }
+// getattr(EnumClass, 'NAME') for a framework enum (Megatron's): decoded as its value.
+bool framework_enum_lookup(const std::vector<ValuePtr>& a) {
+  return a.size() == 2 && a[1]->is(Kind::kStr) && framework_enum_member(*a[0], a[1]->text).has_value();
+}
+bool getattr_args(const std::vector<ValuePtr>& a) {
+  return process_group_state_lookup(a) || enum_member_lookup(a) || framework_enum_lookup(a);
+}
 // _rebuild_tensor(storage, storage_offset, size, stride)
 // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
 // _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype[, metadata])
@@ -293,6 +300,27 @@ constexpr Entry kAllowed[] = {
     {"deepspeed.runtime.fp16.loss_scaler", "LossScaler", Use::kNew},
     {"deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler", Use::kNew},
     {"deepspeed.utils.tensor_fragment", "fragment_address", Use::kNew},
+
+    // ---- framework objects, decoded as data (src/pickle/framework_objects.h) ----
+    // numpy (np.random.get_state() in a DCP item, Megatron-LM's rng_state),
+    // under numpy 1.x's numpy.core and numpy 2.x's numpy._core: each in its
+    // one pickle shape, then replaced by its plain value.
+    {"numpy", "ndarray", Use::kValue},
+    {"numpy", "dtype", Use::kCall, &numpy_dtype_args},
+    {"numpy.core.multiarray", "_reconstruct", Use::kCall, &numpy_reconstruct_args},
+    {"numpy._core.multiarray", "_reconstruct", Use::kCall, &numpy_reconstruct_args},
+    {"numpy.core.multiarray", "scalar", Use::kCall, &numpy_scalar_args},
+    {"numpy._core.multiarray", "scalar", Use::kCall, &numpy_scalar_args},
+    // Megatron-LM's args: NEWOBJ with no arguments, BUILD with its dict.
+    {"argparse", "Namespace", Use::kNew},
+    // Megatron's enums (in args): called with one int, a member's value.
+    {"megatron.core.enums", "ModelType", Use::kCall, &one_int},
+    {"megatron.core.transformer.enums", "ModelType", Use::kCall, &one_int},
+    {"megatron.core.transformer.enums", "LayerType", Use::kCall, &one_int},
+    {"megatron.core.transformer.enums", "AttnType", Use::kCall, &one_int},
+    {"megatron.core.transformer.enums", "AttnMaskType", Use::kCall, &one_int},
+    {"megatron.core.transformer.enums", "AttnBackend", Use::kCall, &one_int},
+    {"megatron.core.transformer.enums", "CudaGraphScope", Use::kCall, &one_int},
 };
 
 // Every torch.dtype by its str() name in torch 2.15 (torch.<name>): values.
@@ -374,19 +402,40 @@ std::string describe_call(const Value& callable, const Value& args, CallOp op) {
   return (op == CallOp::kNew ? fn + ".__new__(" : fn + "(") + rendered + ")";
 }
 
+// BUILD of a framework object in its one shape: a numpy array made by
+// _reconstruct, a numpy dtype, a Namespace (decoded to a dict at NEWOBJ)
+// given a dict of str keys.
+bool framework_object_build(const Value& target, const Value& state) {
+  if (is_decoded_namespace(target)) return namespace_state(state);
+  if (is_opaque_record(target)) return true;
+  if (!target.is(Kind::kCall) || target.newobj || !target.callable || !target.args || target.kwargs ||
+      !target.args->is(Kind::kTuple) || !target.items.empty() || !target.entries.empty())
+    return false;
+  if (is_numpy_multiarray(*target.callable, "_reconstruct"))
+    return numpy_reconstruct_args(target.args->items) && numpy_array_state(state);
+  if (target.callable->is_global("numpy", "dtype")) return numpy_dtype_state(target, state);
+  return false;
+}
+
 class CheckpointPolicy final : public GlobalPolicy {
  public:
   bool allows(std::string_view module, std::string_view name) const override {
-    return table().find(module, name) != nullptr;
+    return table().find(module, name) != nullptr || is_opaque_global(module, name);
   }
 
   void check_call(const Value& callable, const Value& args, const Value* kwargs, CallOp op) const override {
     bool ok = false;
-    if (args.is(Kind::kTuple)) {
+    if (args.is(Kind::kTuple) && is_opaque_global(callable)) {
+      ok = !kwargs || kwargs->is(Kind::kDict);  // --allow-global: recorded, never called
+    } else if (args.is(Kind::kTuple)) {
       if (op == CallOp::kNew) {
         ok = new_accepted(callable) && (!kwargs || kwargs->is(Kind::kDict));
+        // A Namespace is made empty, then given its attributes by BUILD.
+        if (is_namespace_class(callable)) ok = ok && args.items.empty() && !kwargs;
       } else {
         ok = !kwargs && call_accepted(callable, args.items);
+        // A framework enum only by a value it has.
+        if (framework_enum_class(callable)) ok = ok && framework_enum_value(callable, args.items).has_value();
       }
     }
     if (!ok) {
@@ -399,11 +448,13 @@ class CheckpointPolicy final : public GlobalPolicy {
     // An OrderedDict's attributes (state_dict()._metadata), or the state of
     // an instance NEWOBJ made of an allowed class.
     bool attributes_of_dict = target.is(Kind::kDict) && target.ordered && state.is(Kind::kDict);
-    bool allowed_instance = target.is(Kind::kCall) && target.newobj && new_accepted(*target.callable);
-    if (!attributes_of_dict && !allowed_instance) {
-      std::string what = target.is(Kind::kCall) ? describe_call(*target.callable, *target.args,
+    bool allowed_instance = target.is(Kind::kCall) && target.newobj && new_accepted(*target.callable) &&
+                            !is_namespace_class(*target.callable);
+    if (!attributes_of_dict && !allowed_instance && !framework_object_build(target, state)) {
+      std::string what = target.is(Kind::kCall)         ? describe_call(*target.callable, *target.args,
                                                                 target.newobj ? CallOp::kNew : CallOp::kCall)
-                                                : target.repr(2, 4);
+                         : is_decoded_namespace(target) ? "argparse.Namespace() to " + state.repr(2, 4)
+                                                        : target.repr(2, 4);
       fail(ErrorCode::kUnsafe, "the pickle sets the state of " + what +
                                    " (BUILD), which is not something a checkpoint does; refusing to load it");
     }

@@ -24,9 +24,11 @@ bool holds_values(Kind kind) {
 
 namespace {
 
-// Children of a value by index: the six single slots, then items, then the
-// keys and values of entries.
-constexpr std::size_t kSlots = 6;
+// Children of a value by index: the seven single slots, then items, then
+// the keys and values of entries. `stored` (a decoded framework object's
+// form as the pickle made it) is walked too: it is checked and kept like
+// the rest of the result.
+constexpr std::size_t kSlots = 7;
 
 std::size_t child_count(const Value& v) { return kSlots + v.items.size() + 2 * v.entries.size(); }
 
@@ -38,6 +40,7 @@ const Value* child_at(const Value& v, std::size_t i) {
     case 3: return v.object.get();
     case 4: return v.state.get();
     case 5: return v.pid.get();
+    case 6: return v.stored.get();
     default: break;
   }
   i -= kSlots;
@@ -58,7 +61,7 @@ struct Frame {
 PickleMachine::Heights PickleMachine::check_graph(const Value* root) const {
   // 0 while a value is on the current path (seeing it again is a cycle).
   Heights heights;
-  if (root == nullptr || !holds_values(root->kind)) return heights;
+  if (root == nullptr || !(holds_values(root->kind) || root->stored)) return heights;
   std::vector<Frame> path;
   auto too_deep = [&] {
     fail_data_loss("pickle value nests containers deeper than " + std::to_string(limits_.max_depth) + " levels");
@@ -76,7 +79,7 @@ PickleMachine::Heights PickleMachine::check_graph(const Value* root) const {
       continue;
     }
     const Value* child = child_at(*frame.value, frame.next_child++);
-    if (child == nullptr || !holds_values(child->kind)) continue;
+    if (child == nullptr || !(holds_values(child->kind) || child->stored)) continue;
     auto [it, inserted] = heights.try_emplace(child, 0);
     if (!inserted) {
       if (it->second == 0) fail_data_loss("pickle value contains a reference cycle, which no checkpoint has");
@@ -102,6 +105,7 @@ void PickleMachine::cut_children(const Heights& keep) {
     v->object.reset();
     v->state.reset();
     v->pid.reset();
+    v->stored.reset();
   }
 }
 

@@ -93,6 +93,14 @@ class PickleMachine {
   void op_collection(Kind kind);  // LIST / TUPLE / FROZENSET from the top mark
   ValuePtr fold_call(const ValuePtr& callable, const ValuePtr& args) const;
   void fold_bytes_io(Value& target, const Value& state);
+  // Framework objects (framework_objects.h), once the policy accepted their
+  // shape: a numpy scalar or enum member call becomes its plain value (null
+  // for any other call); BUILD of a numpy array or dtype replaces the
+  // object in place, of a decoded Namespace adds its attributes (false for
+  // any other BUILD).
+  ValuePtr fold_framework_call(const ValuePtr& callable, const ValuePtr& args);
+  bool fold_framework_build(const ValuePtr& target, const ValuePtr& state);
+  ValuePtr opaque_or_call(const ValuePtr& call);
   void add_items(Value& target, std::vector<ValuePtr> values);
   void add_entries(const ValuePtr& target, std::vector<ValuePtr> flat);
 

@@ -4,6 +4,7 @@
 // plain data that are folded into the value they would make (see fold_call).
 #include "core/error.h"
 #include "pickle/encodings.h"
+#include "pickle/framework_objects.h"
 #include "pickle/unpickler_machine.h"
 
 namespace ckpt::pickle {
@@ -30,8 +31,9 @@ bool is_empty_tuple(const ValuePtr& v) { return v && v->kind == Kind::kTuple && 
 
 void PickleMachine::check_global(const std::string& module, const std::string& name) const {
   if (!policy_.allows(module, name)) {
-    fail(ErrorCode::kUnsafe,
-         "global '" + module + "." + name + "' is not one a checkpoint needs; refusing to load a pickle that names it");
+    fail(ErrorCode::kUnsafe, "global '" + module + "." + name +
+                                 "' is not one a checkpoint needs; refusing to load a pickle that names it" +
+                                 allow_global_hint(module + "." + name));
   }
 }
 
@@ -65,7 +67,7 @@ void PickleMachine::op_inst() {
   ValuePtr cls = make_global(std::move(module), std::move(name));
   ValuePtr args = make(Value::tuple(pop_mark()));
   policy_.check_call(*cls, *args, nullptr, CallOp::kCall);
-  push_new(Value::call(std::move(cls), std::move(args)));
+  push(opaque_or_call(make(Value::call(std::move(cls), std::move(args)))));
 }
 
 // OBJ: class and arguments down to the top mark.
@@ -76,7 +78,7 @@ void PickleMachine::op_obj() {
   items.erase(items.begin());
   ValuePtr args = make(Value::tuple(std::move(items)));
   policy_.check_call(*cls, *args, nullptr, CallOp::kCall);
-  push_new(Value::call(std::move(cls), std::move(args)));
+  push(opaque_or_call(make(Value::call(std::move(cls), std::move(args)))));
 }
 
 // The built-in constructors of plain data become that data: OrderedDict()
@@ -125,8 +127,81 @@ void PickleMachine::op_reduce() {
     push_new(std::move(folded));
   } else {
     policy_.check_call(*callable, *args, nullptr, CallOp::kCall);
-    push_new(Value::call(std::move(callable), std::move(args)));
+    if (ValuePtr plain = fold_framework_call(callable, args)) {
+      push(std::move(plain));
+      return;
+    }
+    push(opaque_or_call(make(Value::call(std::move(callable), std::move(args)))));
   }
+}
+
+ValuePtr PickleMachine::fold_framework_call(const ValuePtr& callable, const ValuePtr& args) {
+  if (!callable->is(Kind::kGlobal) || !args->is(Kind::kTuple)) return nullptr;
+  ValuePtr plain;
+  MakeValue counted = [this](ValuePtr v) { return make(std::move(v)); };
+  if (is_numpy_multiarray(*callable, "scalar") && numpy_scalar_args(args->items)) {
+    plain = numpy_scalar_plain(args->items, counted);
+  } else if (auto n = framework_enum_value(*callable, args->items)) {
+    plain = Value::integer(*n);
+  } else {
+    return nullptr;
+  }
+  // A fresh node (small ints and bools are shared constants): it carries
+  // the call as the pickle made it.
+  ValuePtr out = make(std::make_shared<Value>(*plain));
+  out->stored = make(Value::call(callable, args));
+  arena_.push_back(out);
+  return out;
+}
+
+// A call of a global allowed by --allow-global: the opaque record
+// {'__global__': 'MODULE.NAME', 'args': args[, 'kwargs': kwargs]}, the call
+// kept as stored. Any other call as it is.
+ValuePtr PickleMachine::opaque_or_call(const ValuePtr& call) {
+  if (!call->callable || !is_opaque_global(*call->callable)) return call;
+  ValuePtr record = make(Value::dict());
+  std::vector<ValuePtr> flat = {make(Value::str("__global__")),
+                                make(Value::str(call->callable->text + "." + call->callable->name)),
+                                make(Value::str("args")), call->args};
+  if (call->kwargs) {
+    flat.push_back(make(Value::str("kwargs")));
+    flat.push_back(call->kwargs);
+  }
+  add_entries(record, std::move(flat));
+  record->stored = call;
+  return record;
+}
+
+bool PickleMachine::fold_framework_build(const ValuePtr& target, const ValuePtr& state) {
+  if (is_opaque_record(*target)) {
+    // BUILD (__setstate__ or a __dict__ update): recorded as 'state', the last one kept.
+    for (auto& [key, value] : target->entries)
+      if (key->is(Kind::kStr) && key->text == "state") {
+        value = state;
+        return true;
+      }
+    add_entries(target, {make(Value::str("state")), state});
+    return true;
+  }
+  if (is_decoded_namespace(*target)) {
+    std::vector<ValuePtr> flat;
+    for (const auto& [key, value] : state->entries) {
+      flat.push_back(key);
+      flat.push_back(value);
+    }
+    add_entries(target, std::move(flat));
+    return true;
+  }
+  if (!target->is(Kind::kCall) || !target->callable) return false;
+  const bool array = is_numpy_multiarray(*target->callable, "_reconstruct");
+  if (!array && !target->callable->is_global("numpy", "dtype")) return false;
+  MakeValue counted = [this](ValuePtr v) { return make(std::move(v)); };
+  ValuePtr plain = array ? numpy_array_plain(*state, counted) : make(numpy_dtype_plain(*target, *state));
+  ValuePtr object = make(std::make_shared<Value>(std::move(*target)));
+  ValuePtr stored = make(Value::built(std::move(object), state));
+  *target = Value(*plain);
+  target->stored = std::move(stored);
+  return true;
 }
 
 void PickleMachine::op_newobj() {
@@ -139,7 +214,14 @@ void PickleMachine::op_newobj() {
   policy_.check_call(*cls, *args, nullptr, CallOp::kNew);
   ValuePtr v = Value::call(std::move(cls), std::move(args));
   v->newobj = true;
-  push_new(std::move(v));
+  if (is_namespace_class(*v->callable)) {
+    // argparse.Namespace(): its attribute dict, empty until BUILD.
+    ValuePtr attributes = make(Value::dict());
+    attributes->stored = make(std::move(v));
+    push(std::move(attributes));
+    return;
+  }
+  push(opaque_or_call(make(std::move(v))));
 }
 
 void PickleMachine::op_newobj_ex() {
@@ -149,7 +231,7 @@ void PickleMachine::op_newobj_ex() {
   policy_.check_call(*cls, *args, kwargs.get(), CallOp::kNew);
   ValuePtr v = Value::call(std::move(cls), std::move(args), std::move(kwargs));
   v->newobj = true;
-  push_new(std::move(v));
+  push(opaque_or_call(make(std::move(v))));
 }
 
 // BUILD changes the object in place in Python, and the memo or a container
@@ -168,6 +250,7 @@ void PickleMachine::op_build() {
     fail_data_loss(std::string("BUILD on a ") + kind_name(target->kind));
   }
   policy_.check_build(*target, *state);
+  if (fold_framework_build(target, state)) return;
   bool registered = holds_values(target->kind);
   ValuePtr object = make(std::make_shared<Value>(std::move(*target)));
   *target = Value(Kind::kBuilt);
@@ -279,24 +362,47 @@ void PickleMachine::add_entries(const ValuePtr& target_ptr, std::vector<ValuePtr
   }
 }
 
+namespace {
+
+// APPENDS / SETITEMS on a decoded framework object (a Namespace's dict, an
+// array's list) would call the object's methods in Python: refused like on
+// any other object.
+void refuse_fill_of_decoded(const Value& target) {
+  if (!target.stored) return;
+  const Value* made = target.stored.get();
+  if (made->is(Kind::kBuilt) && made->object) made = made->object.get();
+  std::string what = made->is(Kind::kCall) && made->callable && made->callable->is(Kind::kGlobal)
+                         ? made->callable->text + "." + made->callable->name
+                         : kind_name(made->kind);
+  fail(ErrorCode::kUnsafe, "the pickle adds items to the " + what +
+                               " object (APPENDS/SETITEMS on an object calls its methods), which a checkpoint never "
+                               "does; refusing to load it");
+}
+
+}  // namespace
+
 void PickleMachine::op_append() {
   ValuePtr v = pop();
+  refuse_fill_of_decoded(*top());
   add_items(*top(), {std::move(v)});
 }
 
 void PickleMachine::op_appends() {
   std::vector<ValuePtr> values = pop_mark();
+  refuse_fill_of_decoded(*top());
   add_items(*top(), std::move(values));
 }
 
 void PickleMachine::op_setitem() {
   ValuePtr value = pop();
   ValuePtr key = pop();
+  refuse_fill_of_decoded(*top());
   add_entries(top(), {std::move(key), std::move(value)});
 }
 
 void PickleMachine::op_setitems() {
   std::vector<ValuePtr> flat = pop_mark();
+  refuse_fill_of_decoded(*top());
   add_entries(top(), std::move(flat));
 }
 

@@ -15,6 +15,7 @@
 #include "io/storage.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
+#include "pickle/framework_objects.h"
 #include "pickle/policy.h"
 
 namespace ckpt::megatron {
@@ -224,8 +225,8 @@ class TorchDistReader {
       fail(ErrorCode::kUnimplemented, dir_ + "/" + kMetadataJson + ": sharded_backend '" + backend +
                                           "'; ckptconv reads megatron-core's 'torch_dist' checkpoints only");
     // Sharded objects are the job's state too (Megatron-LM's rng_state holds
-    // numpy's): their unknown globals are recorded, never called, and
-    // screened below.
+    // numpy's, read as data: docs/pickle-globals.md): other globals are
+    // recorded, never called, and screened below.
     pickle::QuarantinePolicy quarantine(pickle::checkpoint_policy());
     CheckpointModel model = dcp::read_dcp_dir(dir_, sink_, quarantine);
     model.info.kind = SourceKind::kMegatron;
@@ -290,7 +291,7 @@ class TorchDistReader {
   }
 
   // An item or object naming a global the checkpoint policy does not know
-  // (Megatron-LM's rng_state: numpy arrays) is refused naming it, or, when
+  // (a job's own class in its state) is refused naming it, or, when
   // --only selects a view that does not hold it, dropped with a warning;
   // validate reports it and reads on.
   void screen_unknown_globals() {
@@ -311,8 +312,10 @@ class TorchDistReader {
       bool needed = only_.empty() || (only_ == "model" && is_model_entry(*it));
       if (needed) {
         report_or_fail(sink_, Problem{ErrorCode::kUnsafe,
-                                      what + "; refusing to load it (it is the training job's own state: "
-                                             "--only model or --only optim, which never need it, skip it)",
+                                      what +
+                                          "; refusing to load it (it is the training job's own state: "
+                                          "--only model or --only optim, which never need it, skip it)" +
+                                          pickle::allow_global_hint(global),
                                       dir_ + "/.metadata", -1, it->key});
       } else {
         log::warn(what + ": skipped, --only " + only_ + " does not need it");

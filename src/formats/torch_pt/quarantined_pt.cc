@@ -4,6 +4,7 @@
 #include "formats/torch_pt/pt_reader.h"
 #include "io/byte_source.h"
 #include "model/tree_walk.h"
+#include "pickle/framework_objects.h"
 #include "pickle/policy.h"
 
 namespace ckpt::torch_pt {
@@ -41,7 +42,8 @@ void screen_unknown_globals(Value& root, const std::string& path, const std::str
                                    (used ? std::string()
                                          : " (it is " + std::string(unknown_entries) +
                                                ": with --only model or --only optim, which never need it, consolidate, "
-                                               "reshard, validate and diff skip it)"));
+                                               "reshard, validate and diff skip it)") +
+                                   pickle::allow_global_hint(global));
     log::warn(what + ": skipped, --only " + only + " does not need it");
     it = entries.erase(it);
   }
@@ -64,8 +66,9 @@ QuarantinedPt decode_quarantined(const std::string& path, int rank, ProblemSink*
   if (!d.root || !d.root->is(Kind::kDict)) {
     std::string global = d.root ? unknown_global_in(*d.root) : "";
     if (!global.empty())
-      fail(ErrorCode::kUnsafe,
-           path + ": global '" + global + "' is not one a checkpoint needs; refusing to load a pickle that names it");
+      fail(ErrorCode::kUnsafe, path + ": global '" + global +
+                                   "' is not one a checkpoint needs; refusing to load a pickle that names it" +
+                                   pickle::allow_global_hint(global));
     fail_data_loss(path + ": not " + std::string(expected));
   }
   screen_unknown_globals(*d.root, path, only, reader_uses, unknown_entries);
