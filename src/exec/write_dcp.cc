@@ -12,6 +12,7 @@
 #include "io/byte_source.h"
 #include "io/counting_sink.h"
 #include "model/tree_walk.h"
+#include "pickle/framework_objects.h"
 
 namespace ckpt {
 namespace {
@@ -124,7 +125,7 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
         ValuePtr value = pd != source.planner_data.end()
                              ? value_at_path(model.root, pd->second, src_item.fqn)
                              : value_at_path(model.root, {Value::str(src_item.fqn)}, src_item.fqn);
-        out.storage[{item.fqn, {}}] = append(0, *pickle::with_bytes_io_objects(value), all_tensors, model_entry);
+        out.storage[{item.fqn, {}}] = append(0, *pickle::with_stored_objects(value), all_tensors, model_entry);
         out.items.push_back(std::move(item));
         return;
       }

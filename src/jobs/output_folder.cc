@@ -1,14 +1,14 @@
 #include "jobs/output_folder.h"
 
 #include <algorithm>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "formats/safetensors/safetensors_reader.h"
 #include "io/byte_sink.h"
 #include "io/byte_source.h"
-#include "formats/safetensors/safetensors_reader.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <unordered_map>
 
 namespace ckpt::pickle {
 namespace {
@@ -303,6 +304,67 @@ ValuePtr numpy_array_plain(const Value& state, const MakeValue& make) {
 ValuePtr numpy_scalar_plain(const std::vector<ValuePtr>& a, const MakeValue& make) {
   Element e = *element_of(*a[0]);
   return make(element_value(e, reinterpret_cast<const unsigned char*>(a[1]->text.data())));
+}
+
+namespace {
+
+// with_stored_objects over a graph whose nodes may be shared: each node is
+// rebuilt once (memo), and a subtree without a BytesIO or a decoded
+// framework object is returned as it is.
+// Before, every level asked find_node of its whole subtree and copied shared
+// subtrees once per path, so a value of 40 levels of [a, a] holding one
+// BytesIO took 2^40 steps. Recursion is bounded by the unpickler's depth limit.
+ValuePtr rebuild_bytes_io(const ValuePtr& value, std::unordered_map<const Value*, ValuePtr>& memo) {
+  if (!value) return value;
+  if (auto it = memo.find(value.get()); it != memo.end()) return it->second;
+  ValuePtr out = value;
+  if (value->stored) {
+    // A decoded framework object: the object as stored (its parts may be
+    // decoded ones too: an array's dtype). A Namespace's stored NEWOBJ is
+    // built again with its attribute dict, rebuilt without the mark.
+    if (is_decoded_namespace(*value)) {
+      auto attributes = std::make_shared<Value>(*value);
+      attributes->stored.reset();
+      out = Value::built(value->stored, rebuild_bytes_io(attributes, memo));
+    } else if (is_opaque_record(*value)) {
+      // --allow-global: the call again, from the record's (decoded) parts.
+      ValuePtr kwargs = value->get("kwargs");
+      ValuePtr call = Value::call(value->stored->callable, rebuild_bytes_io(value->get("args"), memo),
+                                  kwargs ? rebuild_bytes_io(kwargs, memo) : nullptr);
+      call->newobj = value->stored->newobj;
+      ValuePtr state = value->get("state");
+      out = state ? Value::built(call, rebuild_bytes_io(state, memo)) : call;
+    } else {
+      out = rebuild_bytes_io(value->stored, memo);
+    }
+  } else if (value->is(Kind::kBytes)) {
+    if (value->bytes_io) out = bytes_io_object(*value);
+  } else {
+    std::shared_ptr<Value> copy;  // made when the first child changes
+    auto child = [&](const ValuePtr& old, auto&& slot_of) {
+      ValuePtr now = rebuild_bytes_io(old, memo);
+      if (now == old) return;
+      if (!copy) copy = std::make_shared<Value>(*value);
+      slot_of(*copy) = now;
+    };
+    for (std::size_t i = 0; i < value->items.size(); ++i)
+      child(value->items[i], [i](Value& v) -> ValuePtr& { return v.items[i]; });
+    for (std::size_t i = 0; i < value->entries.size(); ++i)
+      child(value->entries[i].second, [i](Value& v) -> ValuePtr& { return v.entries[i].second; });
+    child(value->object, [](Value& v) -> ValuePtr& { return v.object; });
+    child(value->state, [](Value& v) -> ValuePtr& { return v.state; });
+    child(value->args, [](Value& v) -> ValuePtr& { return v.args; });
+    if (copy) out = copy;
+  }
+  memo.emplace(value.get(), out);
+  return out;
+}
+
+}  // namespace
+
+ValuePtr with_stored_objects(const ValuePtr& value) {
+  std::unordered_map<const Value*, ValuePtr> memo;
+  return rebuild_bytes_io(value, memo);
 }
 
 }  // namespace ckpt::pickle

@@ -63,7 +63,7 @@ std::optional<int64_t> framework_enum_member(const Value& cls, std::string_view 
 // record, a dict {'__global__': 'MODULE.NAME', 'args': (...)[, 'kwargs':
 // {...}][, 'state': ...]}: never called, and written into outputs torch.load
 // reads as that dict, never as a callable. DCP outputs write the object as
-// stored again (with_bytes_io_objects), as for the decode table.
+// stored again (with_stored_objects), as for the decode table.
 void allow_opaque_global(const std::string& dotted);
 bool is_opaque_global(std::string_view module, std::string_view name);
 bool is_opaque_global(const Value& g);
@@ -79,5 +79,11 @@ using MakeValue = std::function<ValuePtr(ValuePtr)>;
 ValuePtr numpy_dtype_plain(const Value& call, const Value& state);
 ValuePtr numpy_array_plain(const Value& state, const MakeValue& make);
 ValuePtr numpy_scalar_plain(const std::vector<ValuePtr>& a, const MakeValue& make);
+
+// `value` with every `bytes_io` kBytes under it made a BytesIO object again,
+// and every value the unpickler decoded from a framework object (`stored`)
+// that object again (the same node when there is none): what a DCP item
+// writes, so that dcp.load hands the job back what it saved.
+ValuePtr with_stored_objects(const ValuePtr& value);
 
 }  // namespace ckpt::pickle

@@ -13,7 +13,6 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "pickle/encodings.h"
-#include "pickle/framework_objects.h"
 
 namespace ckpt::pickle {
 
@@ -232,67 +231,6 @@ ValuePtr bytes_io_object(const Value& bytes) {
   object->newobj = true;
   ValuePtr data = Value::bytes(bytes.text);
   return Value::built(std::move(object), Value::tuple({data, Value::integer(bytes.int_value), Value::none()}));
-}
-
-namespace {
-
-// with_bytes_io_objects over a graph whose nodes may be shared: each node is
-// rebuilt once (memo), and a subtree without a BytesIO or a decoded
-// framework object is returned as it is.
-// Before, every level asked find_node of its whole subtree and copied shared
-// subtrees once per path, so a value of 40 levels of [a, a] holding one
-// BytesIO took 2^40 steps. Recursion is bounded by the unpickler's depth limit.
-ValuePtr rebuild_bytes_io(const ValuePtr& value, std::unordered_map<const Value*, ValuePtr>& memo) {
-  if (!value) return value;
-  if (auto it = memo.find(value.get()); it != memo.end()) return it->second;
-  ValuePtr out = value;
-  if (value->stored) {
-    // A decoded framework object: the object as stored (its parts may be
-    // decoded ones too: an array's dtype). A Namespace's stored NEWOBJ is
-    // built again with its attribute dict, rebuilt without the mark.
-    if (is_decoded_namespace(*value)) {
-      auto attributes = std::make_shared<Value>(*value);
-      attributes->stored.reset();
-      out = Value::built(value->stored, rebuild_bytes_io(attributes, memo));
-    } else if (is_opaque_record(*value)) {
-      // --allow-global: the call again, from the record's (decoded) parts.
-      ValuePtr kwargs = value->get("kwargs");
-      ValuePtr call = Value::call(value->stored->callable, rebuild_bytes_io(value->get("args"), memo),
-                                  kwargs ? rebuild_bytes_io(kwargs, memo) : nullptr);
-      call->newobj = value->stored->newobj;
-      ValuePtr state = value->get("state");
-      out = state ? Value::built(call, rebuild_bytes_io(state, memo)) : call;
-    } else {
-      out = rebuild_bytes_io(value->stored, memo);
-    }
-  } else if (value->is(Kind::kBytes)) {
-    if (value->bytes_io) out = bytes_io_object(*value);
-  } else {
-    std::shared_ptr<Value> copy;  // made when the first child changes
-    auto child = [&](const ValuePtr& old, auto&& slot_of) {
-      ValuePtr now = rebuild_bytes_io(old, memo);
-      if (now == old) return;
-      if (!copy) copy = std::make_shared<Value>(*value);
-      slot_of(*copy) = now;
-    };
-    for (std::size_t i = 0; i < value->items.size(); ++i)
-      child(value->items[i], [i](Value& v) -> ValuePtr& { return v.items[i]; });
-    for (std::size_t i = 0; i < value->entries.size(); ++i)
-      child(value->entries[i].second, [i](Value& v) -> ValuePtr& { return v.entries[i].second; });
-    child(value->object, [](Value& v) -> ValuePtr& { return v.object; });
-    child(value->state, [](Value& v) -> ValuePtr& { return v.state; });
-    child(value->args, [](Value& v) -> ValuePtr& { return v.args; });
-    if (copy) out = copy;
-  }
-  memo.emplace(value.get(), out);
-  return out;
-}
-
-}  // namespace
-
-ValuePtr with_bytes_io_objects(const ValuePtr& value) {
-  std::unordered_map<const Value*, ValuePtr> memo;
-  return rebuild_bytes_io(value, memo);
 }
 
 const Value* find_node(const Value& root, const std::function<bool(const Value&)>& match) {

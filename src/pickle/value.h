@@ -69,7 +69,7 @@ class Value {
   // objects as data": a numpy array, dtype or scalar, an enum member, an
   // argparse.Namespace). Walks of the tree (find_node, inspect, writers)
   // never look here; outputs that keep what was stored (DCP items, through
-  // with_bytes_io_objects) write it instead of the plain value. It is the
+  // with_stored_objects (pickle/framework_objects.h)) write it instead of the plain value. It is the
   // whole object, except for a Namespace, whose plain value is its
   // attribute dict: there it is the NEWOBJ call alone, built again with
   // that dict.
@@ -132,11 +132,6 @@ std::optional<std::string> dict_key_identity(const Value& key, std::size_t max_s
 // (_io.BytesIO NEWOBJ, then BUILD with (bytes, position, None)); DCP
 // loaders hand it back to the job's load_state_dict, which may seek it.
 ValuePtr bytes_io_object(const Value& bytes);
-// `value` with every `bytes_io` kBytes under it made a BytesIO object again,
-// and every value the unpickler decoded from a framework object (`stored`)
-// that object again (the same node when there is none): what a DCP item
-// writes, so that dcp.load hands the job back what it saved.
-ValuePtr with_bytes_io_objects(const ValuePtr& value);
 
 // The first node under `root` (root included, in any part of any node:
 // items, keys, values, callables, arguments, states, persistent ids) for

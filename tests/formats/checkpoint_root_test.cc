@@ -65,7 +65,11 @@ TEST_CASE("a tag chooses a checkpoint and latest is the highest complete one or 
   Root root;
   CHECK(resolve_checkpoint(root.path(), "latest") == root.path("step-100"));
   CHECK(resolve_checkpoint(root.path(), "step-20") == root.path("step-20"));
-  CHECK(code_of([&] { resolve_checkpoint(root.path(), ""); }) == ErrorCode::kInvalidArgument);
+  // No --tag: the latest complete one, as --tag latest, with why (the
+  // incomplete last step named as skipped).
+  ChosenCheckpoint untagged = choose_checkpoint(root.path(), "");
+  CHECK(untagged.path == root.path("step-100"));
+  CHECK_THAT(untagged.why, Catch::Contains("no --tag") && Catch::Contains("step-300 is incomplete"));
   CHECK(code_of([&] { resolve_checkpoint(root.path(), "step-300"); }) == ErrorCode::kDataLoss);
   CHECK(code_of([&] { resolve_checkpoint(root.path(), "step-7"); }) == ErrorCode::kNotFound);
   CHECK(code_of([&] { resolve_checkpoint(root.path(), "../x"); }) == ErrorCode::kInvalidArgument);

@@ -111,11 +111,11 @@ TEST_CASE("an argparse.Namespace reads as its dict, Megatron's enums as their va
 }
 
 TEST_CASE("what was stored is written back for DCP items", "[pickle][framework]") {
-  // with_bytes_io_objects puts every stored object back: the pickle it
+  // with_stored_objects puts every stored object back: the pickle it
   // makes names numpy and argparse again, and reads back to the same data.
   for (const std::string* sample : {&kRandomState, &kNamespace, &kScalars, &kFortranInt64}) {
     ValuePtr v = unpickle(*sample, checkpoint_policy());
-    std::string again = pickle_protocol2(*with_bytes_io_objects(v));
+    std::string again = pickle_protocol2(*with_stored_objects(v));
     bool names_framework = contains(again, "numpy") || contains(again, "argparse");
     CHECK(names_framework);
     ValuePtr back = unpickle(again, checkpoint_policy());
@@ -176,7 +176,7 @@ TEST_CASE("--allow-global reads a global's calls as opaque records", "[pickle][f
   CHECK(v->at("args")->items.at(0)->as_int() == 1);
   CHECK(v->at("state")->at("a")->as_int() == 2);
   // DCP outputs write the object again; it reads back to the same record
-  std::string again = pickle_protocol2(*with_bytes_io_objects(v));
+  std::string again = pickle_protocol2(*with_stored_objects(v));
   CHECK(contains(again, "ckpt_test_only"));
   CHECK(unpickle(again, checkpoint_policy())->repr(6, 100) == v->repr(6, 100));
   // SETITEMS on it would call its __setitem__

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "cpython_samples.h"
 #include "pickle/encodings.h"
+#include "pickle/framework_objects.h"
 #include "pickle/pickler.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
@@ -452,10 +453,10 @@ TEST_CASE("a BytesIO turned back into an object pickles as a BytesIO again", "[p
   ValuePtr back = unpickle(again, checkpoint_policy());
   CHECK((back->bytes_io && back->text == v->text && back->int_value == 3));
   ValuePtr list = Value::list({v, Value::integer(1)});
-  ValuePtr restored = with_bytes_io_objects(list);
+  ValuePtr restored = with_stored_objects(list);
   CHECK(restored != list);
   CHECK(restored->items[0]->is(Kind::kBuilt));
-  CHECK(with_bytes_io_objects(Value::list({Value::bytes("x")}))->items[0]->is(Kind::kBytes));
+  CHECK(with_stored_objects(Value::list({Value::bytes("x")}))->items[0]->is(Kind::kBytes));
 }
 
 TEST_CASE("BytesIO objects come back in one visit per node of a shared graph", "[pickle]") {
@@ -463,7 +464,7 @@ TEST_CASE("BytesIO objects come back in one visit per node of a shared graph", "
   // path never ends; the rebuilt graph shares its nodes as the input did.
   ValuePtr a = unpickle(kBytesIoProtocol2, checkpoint_policy());
   for (int i = 0; i < 60; ++i) a = Value::list({a, a});
-  ValuePtr out = with_bytes_io_objects(a);
+  ValuePtr out = with_stored_objects(a);
   CHECK(out != a);
   CHECK(out->items[0] == out->items[1]);
   const Value* leaf = out.get();
@@ -471,7 +472,7 @@ TEST_CASE("BytesIO objects come back in one visit per node of a shared graph", "
   CHECK(leaf->is(Kind::kBuilt));
   ValuePtr plain = Value::list({Value::integer(1)});
   for (int i = 0; i < 60; ++i) plain = Value::list({plain, plain});
-  CHECK(with_bytes_io_objects(plain) == plain);  // nothing to change: the same node
+  CHECK(with_stored_objects(plain) == plain);  // nothing to change: the same node
 }
 
 TEST_CASE("a BytesIO with attributes or constructor arguments is refused", "[pickle][hostile]") {
