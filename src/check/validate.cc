@@ -108,7 +108,9 @@ class Validator {
   void count_declared(const DeclaredContents& d) {
     report_.files = std::max<uint64_t>(report_.files, d.files);
     report_.files_missing = d.missing_files;
-    if (d.tensors > report_.tensors) {
+    // --only reads a part on purpose: fewer tensors then are no unread
+    // chunks, unless files are missing.
+    if (d.tensors > report_.tensors && (d.missing_files > 0 || opt_.only.empty())) {
       report_.tensors_unread = d.tensors - report_.tensors;
       report_.tensors = d.tensors;
       report_.tensor_bytes = d.tensor_bytes;
