@@ -15,6 +15,7 @@ as data (docs/pickle-globals.md, "Framework objects as data").
 """
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from proofs_guard import require_side_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from make_numpy_checkpoints import plain  # noqa: E402  (the one definition of what ckptconv writes)
 
 REPO = Path(__file__).resolve().parent.parent
 MLM = REPO / "testdata" / "megatron" / "gpt_tp2pp1_mlm"
@@ -37,22 +41,6 @@ def dcp_load(path) -> dict:
     dcp.load(state, checkpoint_id=str(path))
     return state
 
-
-def plain(v):
-    """numpy values as the plain data ckptconv writes; tuples as lists."""
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, np.dtype):
-        return v.str
-    if isinstance(v, (tuple, list)):
-        return [plain(x) for x in v]
-    if isinstance(v, dict):
-        return {k: plain(x) for k, x in v.items()}
-    if isinstance(v, torch.Tensor):
-        return v.tolist()
-    return v
 
 
 # ---- row 1: Megatron-LM ----

@@ -64,16 +64,20 @@ def numpy_extra_item() -> tuple:
 
 
 def plain(v):
+    """numpy values as the plain data ckptconv writes (tolist(), item(),
+    dtype.str); tuples as lists; tensors as lists (tests compare with it)."""
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):
         return v.item()
     if isinstance(v, np.dtype):
         return v.str
-    if isinstance(v, tuple):
+    if isinstance(v, (tuple, list)):
         return [plain(x) for x in v]
     if isinstance(v, dict):
         return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, torch.Tensor):
+        return v.tolist()
     return v
 
 

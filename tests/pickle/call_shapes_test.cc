@@ -11,28 +11,13 @@
 #include "hostile_samples.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
+#include "refusals.h"
 
 using namespace ckpt;
 using namespace ckpt::pickle;
+using refusals::contains;
+using refusals::refusal;
 using namespace cpython_samples;
-
-namespace {
-
-std::string refusal(const std::string& bytes) {
-  try {
-    unpickle(bytes, checkpoint_policy());
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kUnsafe) return "not Unsafe: " + std::string(e.what());
-    return e.message();
-  }
-  return "accepted";
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-}  // namespace
 
 TEST_CASE("every hostile pickle is refused as Unsafe", "[pickle][hostile]") {
   REQUIRE(hostile_samples::kAll.size() >= 20);

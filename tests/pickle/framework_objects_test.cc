@@ -13,26 +13,15 @@
 #include "pickle/pickler.h"
 #include "pickle/policy.h"
 #include "pickle/unpickler.h"
+#include "refusals.h"
 
 using namespace ckpt;
 using namespace ckpt::pickle;
+using refusals::contains;
+using refusals::refusal;
 using namespace framework_samples;
 
 namespace {
-
-std::string refusal(const std::string& bytes) {
-  try {
-    unpickle(bytes, checkpoint_policy());
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kUnsafe) return "not Unsafe: " + std::string(e.what());
-    return e.message();
-  }
-  return "accepted";
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 
 std::vector<int64_t> ints(const Value& list) {
   std::vector<int64_t> out;
@@ -159,7 +148,7 @@ TEST_CASE("near misses of the framework shapes are refused naming the global", "
   }
 }
 
-TEST_CASE("--allow-global reads a global's calls as opaque records", "[pickle][framework]") {
+TEST_CASE("allow-global: a global's calls read as opaque records", "[pickle][framework]") {
   // ckpt_test_only.Opaque(1) with BUILD {'a': 2}; the name is this test's alone
   // (allow_opaque_global is process-wide).
   std::string opaque = bytes_of(
