@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/paths.h"
 #include "formats/dcp/dcp_writer.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
@@ -158,9 +159,9 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
 // the checkpoint is refused like any other (io/containment.h).
 void copy_side_files(const std::vector<std::string>& side_files, const std::string& into) {
   for (const auto& file : side_files) {
-    std::filesystem::path to = std::filesystem::path(into) / std::filesystem::path(file).filename();
+    const std::string to = path_join(into, file_name(file));
     SourcePtr from = open_file_source(file);
-    auto sink = AtomicFileSink::create(to.string(), false, false);
+    auto sink = AtomicFileSink::create(to, false, false);
     sink->copy_from(*from, 0, from->size());
     sink->finish();
   }

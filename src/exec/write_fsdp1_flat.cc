@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/paths.h"
 #include "io/atomic_dir.h"
 
 namespace ckpt {
@@ -26,7 +27,7 @@ void FlatWriter::run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) 
         [&](std::size_t i, archive::ZipWriter& zip) {
           emit({k, file.sources.at(i).output_nbytes(), &file.sources[i], {}}, sink, &zip);
         },
-        std::filesystem::path(file.path).stem().string());
+        file_stem(file.path));
   }
 }
 

@@ -16,6 +16,7 @@
 #ifdef CKPT_HAVE_HDF5
 #include "formats/hdf5/hdf5_writer.h"
 #endif
+#include "core/paths.h"
 #include "formats/torch_pt/pt_writer.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
@@ -64,9 +65,9 @@ class PtWriter final : public PartedWriter {
  public:
   PtWriter(const CheckpointModel& model, const OutputOptions& options) : model_(model), out_(options.path) {}
   std::string kind() const override { return "pt"; }
-  std::vector<std::string> file_names() const override { return {out_.filename().string()}; }
-  std::vector<std::string> destinations() const override { return {out_.string()}; }
-  std::string output_path(std::size_t) const override { return out_.string(); }
+  std::vector<std::string> file_names() const override { return {file_name(out_)}; }
+  std::vector<std::string> destinations() const override { return {out_}; }
+  std::string output_path(std::size_t) const override { return out_; }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     torch_pt::write_pt(*sinks.at(0), *model_.root, pt_output_tensors(model_),
                        [&](std::size_t i, archive::ZipWriter& zip) {
@@ -76,13 +77,13 @@ class PtWriter final : public PartedWriter {
   }
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override {
     rename_all(data_path, destinations(), force);
-    if (durable) sync_directory_of(out_.string());
+    if (durable) sync_directory_of(out_);
     return {destinations(), "one file"};
   }
 
  private:
   const CheckpointModel& model_;
-  std::filesystem::path out_;
+  std::string out_;
 };
 
 // A safetensors file (formats/safetensors/safetensors_writer.h), or with
@@ -94,7 +95,7 @@ class SafetensorsWriter final : public PartedWriter {
   SafetensorsWriter(const CheckpointModel& model, const OutputOptions& options)
       : model_(model),
         out_(options.path),
-        plan_(safetensors::plan_safetensors(model, out_.filename().string(), options.max_shard_size)) {}
+        plan_(safetensors::plan_safetensors(model, file_name(out_), options.max_shard_size)) {}
   std::string kind() const override { return "safetensors"; }
   std::vector<std::string> file_names() const override {
     std::vector<std::string> names;
@@ -107,7 +108,7 @@ class SafetensorsWriter final : public PartedWriter {
     return paths;
   }
   std::string output_path(std::size_t k) const override {
-    return (out_.parent_path() / plan_.files.at(k).file_name).string();
+    return path_join(parent_dir(out_), plan_.files.at(k).file_name);
   }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override {
     for (std::size_t k = 0; k < plan_.files.size(); ++k)
@@ -120,7 +121,7 @@ class SafetensorsWriter final : public PartedWriter {
     std::vector<std::string> to = destinations();
     std::unique_ptr<AtomicFileSink> index;
     if (!plan_.index_json.empty()) {
-      index = AtomicFileSink::create(out_.string() + ".index.json", force, durable);
+      index = AtomicFileSink::create(out_ + ".index.json", force, durable);
       index->write(plan_.index_json);
       index->complete();
     }
@@ -132,7 +133,7 @@ class SafetensorsWriter final : public PartedWriter {
       for (const auto& f : to) storage_for(f).remove(f);
       throw;
     }
-    if (durable && !index) sync_directory_of(out_.string());
+    if (durable && !index) sync_directory_of(out_);
     std::vector<std::string> files = to;
     if (index) files.push_back(index->destination());
     return {files, to.size() > 1 ? std::to_string(to.size()) + " shards and the index" : std::string("one file")};
@@ -140,7 +141,7 @@ class SafetensorsWriter final : public PartedWriter {
 
  private:
   const CheckpointModel& model_;
-  std::filesystem::path out_;
+  std::string out_;
   safetensors::Plan plan_;
 };
 
@@ -194,7 +195,7 @@ std::optional<OutputFormat> output_format_from_name(const std::string& name) {
 }
 
 std::optional<OutputFormat> output_format_from_path(const std::string& path) {
-  std::string ext = std::filesystem::path(path).extension().string();
+  std::string ext = file_extension(path);
   for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (const auto& f : output_formats())
     if (std::find(f.extensions.begin(), f.extensions.end(), ext) != f.extensions.end()) return f.id;

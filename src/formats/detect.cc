@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "formats/checkpoint_root.h"
 #include "formats/probe.h"
 #include "formats/rank_file_names.h"
@@ -119,7 +120,7 @@ CheckpointModel read_checkpoint(const std::string& given, const ReadOptions& opt
   // folder must lie in it (io/containment.h); the paths given are trusted.
   if (options.files.empty()) {
     trust_given_path(given);
-    std::string parent = std::filesystem::path(given).parent_path().string();
+    std::string parent = parent_dir(given);
     add_checkpoint_root(is_directory(given) ? given : parent.empty() ? "." : parent);
   } else {
     for (const auto& f : options.files) trust_given_path(f);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/paths.h"
 #include "io/storage.h"
 
 namespace ckpt {
@@ -21,22 +22,18 @@ std::string excerpt(const std::string& text) {
 
 std::optional<std::string> read_latest_tag(const std::string& path) {
   if (!is_regular_file(path)) return std::nullopt;
-  const std::filesystem::path file(path);
   SourcePtr in = open_file_source(path);
   // One byte past what a tag and its line end can take: enough to tell.
   std::string text = in->read_string(0, static_cast<std::size_t>(std::min<uint64_t>(in->size(), kMaxTag + 3)));
   std::string tag = text.substr(0, text.find('\n'));
   while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ' || tag.back() == '\t')) tag.pop_back();
-  const std::string name = file.string();
+  const std::string& name = path;
   if (tag.size() > kMaxTag)
     fail_data_loss(name + ": holds " + excerpt(tag) + ", longer than a directory name can be; not a tag");
   if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
       tag.find('\0') != std::string::npos)
-    fail_data_loss(name + ": names " + excerpt(tag) + ", which is not a directory inside " +
-                   file.parent_path().string());
+    fail_data_loss(name + ": names " + excerpt(tag) + ", which is not a directory inside " + parent_dir(path));
   return tag;
 }
-
-std::optional<std::string> read_latest_tag(const std::filesystem::path& file) { return read_latest_tag(file.string()); }
 
 }  // namespace ckpt

@@ -4,7 +4,6 @@
 // and checked before it names a directory or appears in a message.
 #pragma once
 
-#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -17,6 +16,5 @@ namespace ckpt {
 // or holds '/' or NUL: not a directory directly inside the folder.
 // Read through the storage layer (io/storage.h), as every file is.
 std::optional<std::string> read_latest_tag(const std::string& file);
-std::optional<std::string> read_latest_tag(const std::filesystem::path& file);
 
 }  // namespace ckpt

@@ -125,8 +125,10 @@ void check_output_size(uint64_t bytes, const std::string& output, const JobOptio
 }
 
 namespace {
+namespace fs = std::filesystem;
+
 // `inner` is `outer` or lies below it (both canonical).
-bool is_within(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+bool is_within(const fs::path& inner, const fs::path& outer) {
   auto i = inner.begin();
   for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
     if (i == inner.end() || *i != *o) return false;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "formats/safetensors/safetensors_reader.h"
 #include "io/byte_sink.h"
 #include "io/byte_source.h"
@@ -79,14 +80,16 @@ void carry(const fs::path& from, const fs::path& to) {
 CreatedDirectories::CreatedDirectories(const std::string& dir) {
   fs::path path = fs::path(dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();
+  std::vector<std::string> wanted;  // outermost first
   for (fs::path p = path; !p.empty() && !stat_path(p.string()).resolves(); p = p.parent_path())
-    made_.insert(made_.begin(), p);
-  if (!made_.empty() && !is_directory(made_.front().parent_path().empty() ? "." : made_.front().parent_path().string()))
-    fail(ErrorCode::kOutputFailed, dir + ": " + made_.front().parent_path().string() + " is not a directory");
-  std::vector<fs::path> wanted = std::move(made_);
-  made_.clear();
+    wanted.insert(wanted.begin(), p.string());
+  if (!wanted.empty()) {
+    const std::string above = parent_dir(wanted.front());
+    if (!is_directory(above.empty() ? "." : above))
+      fail(ErrorCode::kOutputFailed, dir + ": " + above + " is not a directory");
+  }
   for (const auto& p : wanted)  // one by one, so that a failure part way removes what was made
-    if (storage_for(p.string()).make_directory(p.string())) made_.push_back(p);  // false: a sibling made it
+    if (storage_for(p).make_directory(p)) made_.push_back(p);  // false: a sibling made it
 }
 
 CreatedDirectories CreatedDirectories::parents_of(const std::string& path) {
@@ -104,8 +107,7 @@ CreatedDirectories& CreatedDirectories::operator=(CreatedDirectories&& other) no
 }
 
 CreatedDirectories::~CreatedDirectories() {
-  for (auto it = made_.rbegin(); it != made_.rend(); ++it)
-    storage_for(it->string()).remove(it->string());  // only if empty
+  for (auto it = made_.rbegin(); it != made_.rend(); ++it) storage_for(*it).remove(*it);  // only if empty
 }
 
 std::vector<std::string> side_files_with_config_from(const std::string& dir2,

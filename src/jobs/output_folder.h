@@ -17,7 +17,6 @@
 //   the new one mixed.
 #pragma once
 
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,7 +41,7 @@ class CreatedDirectories {
   void keep() { made_.clear(); }
 
  private:
-  std::vector<std::filesystem::path> made_;
+  std::vector<std::string> made_;
 };
 
 // --config-from DIR2: the files of DIR2 an output folder takes (config.json,

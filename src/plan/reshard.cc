@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/paths.h"
 #include "core/units.h"
 #include "model/describe.h"
 
@@ -92,9 +93,8 @@ void describe_reshard(const CheckpointModel& model, const ReshardPlan& plan, std
         const SourcePiece& piece = item.pieces[p];
         const TensorChunk& c = t.chunks[piece.chunk];
         out << (p ? ", " : " ")
-            << (c.rank >= 0 ? "source rank " + std::to_string(c.rank)
-                            : "source " + std::filesystem::path(c.file).filename().string())
-            << " " << box_str(piece.offsets, piece.sizes);
+            << (c.rank >= 0 ? "source rank " + std::to_string(c.rank) : "source " + file_name(c.file)) << " "
+            << box_str(piece.offsets, piece.sizes);
       }
       out << "\n";
     }

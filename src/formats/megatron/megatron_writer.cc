@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/paths.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::megatron {
@@ -65,7 +66,7 @@ TorchDistOutput torch_dist_output(const CheckpointModel& stored) {
   out.items.root = root;
   prune_unreferenced(out.items.root, out.items.tensors);
   for (const std::string& f : stored.info.files) {
-    std::string name = std::filesystem::path(f).filename().string();
+    std::string name = file_name(f);
     if (name == "common.pt" || name == "metadata.json") out.side_files.push_back(f);
   }
   return out;
