@@ -115,3 +115,14 @@ def test_validate_only_model_of_megatron_names_no_missing_chunks(run_ckptconv):
         r = run_ckptconv("validate", TD / "megatron" / case / "ckpt", "--only", "model")
         assert r.returncode == 0, r.stdout + r.stderr
         assert "not read" not in r.stdout and "missing" not in r.stdout, r.stdout
+
+
+def test_hdf5_export_of_megatron_keeps_the_world_size_attribute(tmp_path, run_ckptconv):
+    """The world size fact says '≥ N (...)' for Megatron now: the HDF5 writer
+    takes the number from the reader's SourceInfo, not from that text."""
+    import h5py
+    out = tmp_path / "m.h5"
+    r = run_ckptconv("consolidate", TD / "megatron" / "gpt_tp2pp2" / "ckpt", "--only", "model", "-o", out)
+    assert r.returncode == 0, r.stderr
+    files = {int(p.name.split("_")[2]) for p in (TD / "megatron" / "gpt_tp2pp2" / "ckpt").glob("__*_*.distcp")}
+    assert h5py.File(out)["/"].attrs["ckptconv.world_size"] == len(files)

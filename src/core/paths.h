@@ -9,10 +9,10 @@
 
 namespace ckpt {
 
-std::string file_name(const std::string& path);       // "a/b.pt" -> "b.pt"
-std::string file_stem(const std::string& path);       // "a/b.pt" -> "b"
-std::string file_extension(const std::string& path);  // "a/b.pt" -> ".pt"; "" without one
-std::string parent_dir(const std::string& path);      // "a/b.pt" -> "a"; "" for "b.pt"
+std::string file_name(const std::string& path);                          // "a/b.pt" -> "b.pt"
+std::string file_stem(const std::string& path);                          // "a/b.pt" -> "b"
+std::string file_extension(const std::string& path);                     // "a/b.pt" -> ".pt"; "" without one
+std::string parent_dir(const std::string& path);                         // "a/b.pt" -> "a"; "" for "b.pt"
 std::string path_join(const std::string& dir, const std::string& name);  // "a" + "b.pt" -> "a/b.pt"
 
 }  // namespace ckpt

@@ -274,8 +274,9 @@ void write_root_attributes(hid_t root, const CheckpointModel& model) {
   write_string_attribute(root, "ckptconv.source_format", model.format());
   int world_size = -1;
   for (const auto& t : model.tensors) world_size = std::max(world_size, t.world_size);
-  if (auto it = model.facts.find("world_size"); world_size < 0 && it != model.facts.end())
-    world_size = std::atoi(it->second.c_str());
+  // Else the source's (the ranks that wrote it, as its reader counted them).
+  if (world_size < 0)
+    for (int ws : model.info.world_sizes) world_size = std::max(world_size, ws);
   if (world_size > 0) write_int_attribute(root, "ckptconv.world_size", world_size);
   nlohmann::ordered_json facts = nlohmann::ordered_json::object();
   for (const auto& [k, v] : model.facts) facts[k] = v;
