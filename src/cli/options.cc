@@ -19,7 +19,8 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
     sub->add_option("SRC", opt.source, help.source);
     sub->add_option("--tag", opt.tag,
                     "SRC holds several checkpoints (step-100/, checkpoint_3/, DeepSpeed tags): read this one; "
-                    "'latest' = the one the file `latest` names, else the highest-numbered complete one")
+                    "'latest' (also what is read without --tag, said in a note) = the one the file `latest` "
+                    "names, else the highest-numbered complete one")
         ->group(kInputGroup);
   }
   if (which & kFiles)
