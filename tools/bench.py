@@ -217,7 +217,8 @@ def consolidate(args) -> None:
     print(f"ratios to the raw floor: .safetensors = {st / a:.2f}, .h5 = {h5 / a:.2f}, "
           f"reshard 4->3 = {rs[0] / a:.2f} (peak RSS {rs[1] / size:.1%} of the checkpoint)")
     print(f"--part over 2 and 4 processes on this machine: {results['ckptconv --part x2'][0] / c:.2f}x and "
-          f"{results['ckptconv --part x4'][0] / c:.2f}x the single process's time (docs/scaling.md)")
+          f"{results['ckptconv --part x4'][0] / c:.2f}x the single process's time (target <= 1.1 on one disk; "
+          "docs/scaling.md)")
     print_validate_ratios(results)
 
 
@@ -450,12 +451,20 @@ def ucp(args) -> None:
                     pass
         results, disk = {}, {}
         results["raw read (cat>/dev/null)"] = run_measured(["sh", "-c", f"cat {names} > /dev/null"])
-        for name, extra in (("ckptconv universal", []), ("  ... --no-fsync", ["--no-fsync"])):
-            shutil.rmtree(ours, ignore_errors=True)
-            with DiskPeak(work) as peak:
-                results[name] = run_measured([args.ckptconv, "-q", "reshard", str(ckpt), "-o", str(ours),
-                                              "--layout", "deepspeed-universal", *extra])
-            disk[name] = peak.peak
+        # Best of 3 passes, the pair in alternating order: one run of each,
+        # fsync first, had --no-fsync slower (ZeRO-3 3.10 s against 1.42 s),
+        # and by hand the same --no-fsync run took 0.41 s three times and
+        # 1.26 s once (the VM's free page reporting: PASSES says why).
+        pair = (("ckptconv universal", []), ("  ... --no-fsync", ["--no-fsync"]))
+        for pass_index in range(3):
+            for name, extra in (pair if pass_index % 2 == 0 else reversed(pair)):
+                shutil.rmtree(ours, ignore_errors=True)
+                with DiskPeak(work) as peak:
+                    r = run_measured([args.ckptconv, "-q", "reshard", str(ckpt), "-o", str(ours),
+                                      "--layout", "deepspeed-universal", *extra])
+                if name not in results or r[0] < results[name][0]:
+                    results[name] = r
+                disk[name] = max(disk.get(name, 0), peak.peak)
         # DeepSpeed's converter with its default worker counts; --inject_missing_state:
         # engine.save_checkpoint without a UCP-aware model writes no universal_checkpoint_info.
         with DiskPeak(work) as peak:
@@ -663,14 +672,23 @@ def hf(args) -> None:
         clear(dcp_torch)
         results["ckptconv HF -> HF layout ws4"] = run_measured(
             [args.ckptconv, "-q", "reshard", str(src), "-o", str(hf4), "--world-size", "4", "--layout", "hf"])
+        # The rows below read what the rows above wrote, which ckptconv's
+        # writer drops from the page cache as it streams it to the disk
+        # (io/writeback.h): warmed first, so that every row, like the raw
+        # copy, reads a warm cache (read cold, the 2 GB DCP -> HF folder row
+        # took 4.13 s, 2.16x the warm raw copy; warm, 1.7-2.1 s).
+        warm_cache(dcp4)
         results["ckptconv DCP -> HF folder"] = run_measured(
             [args.ckptconv, "-q", "consolidate", str(dcp4), "-o", f"{out_ours}/"])
         clear(out_ours)
+        warm_cache(dcp4)
         results["torch DCP -> HF folder"] = run_measured([py, torch_side, "dcp-to-hf", str(dcp4), str(out_torch)])
         clear(out_torch)
+        warm_cache(hf4)
         results["ckptconv HF layout -> folder"] = run_measured(
             [args.ckptconv, "-q", "consolidate", str(hf4), "-o", f"{out_ours}/"])
         clear(out_ours)
+        warm_cache(hf4)
         results["torch consolidate_safetensors"] = run_measured([py, torch_side, "consolidate", str(hf4), str(out_torch)])
         clear(out_torch)
         keep_best(best, results)
@@ -684,11 +702,11 @@ def hf(args) -> None:
     print("torch's paths hold the whole model in memory and do not fsync; ckptconv fsyncs every file.")
     print(f"ratios: HF->DCP ckptconv/raw = {t['ckptconv HF -> DCP ws4'] / a:.2f}, "
           f"torch/ckptconv = {t['torch HF -> DCP ws1'] / t['ckptconv HF -> DCP ws4']:.2f}; "
-          f"DCP->HF folder ckptconv/raw = {t['ckptconv DCP -> HF folder'] / a:.2f}, "
-          f"torch/ckptconv = {t['torch DCP -> HF folder'] / t['ckptconv DCP -> HF folder']:.2f}; "
-          f"HF layout->folder torch consolidate/ckptconv = "
+          f"DCP->HF folder ckptconv/raw = {t['ckptconv DCP -> HF folder'] / a:.2f} (target <= 1.3), "
+          f"torch/ckptconv = {t['torch DCP -> HF folder'] / t['ckptconv DCP -> HF folder']:.2f} (target >= 5); "
+          f"HF layout->folder ckptconv/raw = {t['ckptconv HF layout -> folder'] / a:.2f}, torch consolidate/ckptconv = "
           f"{t['torch consolidate_safetensors'] / t['ckptconv HF layout -> folder']:.2f}; "
-          f"HF->HF layout ckptconv/raw = {t['ckptconv HF -> HF layout ws4'] / a:.2f}")
+          f"HF->HF layout ckptconv/raw = {t['ckptconv HF -> HF layout ws4'] / a:.2f} (target <= 1.3)")
 
 
 def ab(args) -> None:

@@ -323,6 +323,12 @@ class Validator {
       }
     ProgressScope progress("validate", total);  // drawn only on a terminal, without -q
     int workers = opt_.threads > 0 ? opt_.threads : static_cast<int>(std::thread::hardware_concurrency());
+    // With file checksums, a worker whose slice is ahead of its file's
+    // stream waits for the worker reading the bytes before it (file order),
+    // leaving its core idle: two more workers keep the cores busy. On 2
+    // cores, validate --manifest of a 2 GB DCP took 0.64 s with 2 workers
+    // and 0.49 s with 4 (the raw read: 0.34 s), the plain scan the same.
+    if (opt_.threads <= 0 && streams) workers += 2;
     workers = std::clamp(workers, 1, 16);
     uint64_t budget = opt_.memory.scan_worker(workers, streams != nullptr);
     std::vector<std::optional<TensorScan>> scanned(model.tensors.size());
