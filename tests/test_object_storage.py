@@ -285,3 +285,59 @@ def test_retries_are_bounded_and_then_a_clear_error(run_s3):
     assert "HTTP 503" in r.stderr and "after 5 tries" in r.stderr
     assert server.count == 5  # the first try and four retries, then the error
     assert r.seconds < 60
+
+
+class CaptureHandler(http.server.BaseHTTPRequestHandler):
+    """Records each request and answers as S3 does for a missing bucket."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def capture(self):
+        self.server.requests.append((self.command, self.path, dict(self.headers)))
+        xml = b"<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message></Error>"
+        self.send_response(404)
+        self.send_header("Content-Length", str(len(xml)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(xml)
+
+    do_GET = do_HEAD = capture
+
+
+def test_requests_carry_the_sigv4_signature_botocore_computes(run_s3):
+    """moto does not check signatures; AWS does. Each request's Authorization
+    header must be the one botocore's S3 signer computes for the same
+    request (method, encoded key, sorted query, the headers it signed,
+    x-amz-date, the payload hash) with the same credentials."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CaptureHandler)
+    server.requests = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        r = run_s3("inspect", f"s3://{BUCKET}/dir/a key+x (1)/model.pt", endpoint=endpoint,
+                   env={"AWS_REGION": "eu-west-3"})
+    finally:
+        server.shutdown()
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr
+    methods = [m for m, _, _ in server.requests]
+    assert "HEAD" in methods and "GET" in methods  # the object, then the listing of its prefix
+    creds = Credentials(KEY_ID, SECRET, "tok-NEVER-PRINTED")
+    for method, path, headers in server.requests:
+        auth = headers["Authorization"]
+        assert auth.startswith(f"AWS4-HMAC-SHA256 Credential={KEY_ID}/")
+        assert "/eu-west-3/s3/aws4_request" in auth
+        signed = auth.split("SignedHeaders=")[1].split(",")[0].split(";")
+        assert "x-amz-security-token" in signed and "x-amz-content-sha256" in signed
+        lower = {k.lower(): v for k, v in headers.items()}
+        request = AWSRequest(method=method, url=endpoint + path, headers={h: lower[h] for h in signed})
+        signer = S3SigV4Auth(creds, "s3", "eu-west-3")
+        request.context["timestamp"] = lower["x-amz-date"]
+        canonical = signer.canonical_request(request)
+        expected = signer.signature(signer.string_to_sign(request, canonical), request)
+        assert auth.endswith("Signature=" + expected), (method, path, canonical)

@@ -308,7 +308,8 @@ S3Response S3Client::send(const S3Request& req, const std::string& what) const {
       token = "x-amz-security-token: " + config_.credentials.session_token;
       headers = curl_slist_append(headers, token.c_str());
     }
-    headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip per part
+    // No "Expect:" line to drop 100-continue: libcurl 7.88 would sign the
+    // emptied header it never sends, and S3 would reject the signature.
     std::string range;
     if (req.range) range = std::to_string(req.range->first) + "-" + std::to_string(req.range->second);
     char errbuf[CURL_ERROR_SIZE] = "";
