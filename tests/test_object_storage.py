@@ -29,6 +29,8 @@ SECRET = "s3cr3t-NEVER-PRINTED-4f9a"
 KEY_ID = "AKIDTESTNEVERPRINTED"
 # One checkpoint of each kind the issue names: DCP, ZeRO (a root with
 # `latest`), an HF folder, Megatron torch_dist, a single torch.save file.
+# FSDP1 flat-parameter files, read with --param-layout.
+FLAT = "fsdp1/torch2.15/flat_adam_ws2"
 SOURCES = ["dcp/fsdp2_adamw_ws2", "zero/z1_bf16_ws2", "hf/sharded", "megatron/gpt_tp2pp2/ckpt", "pt/dtypes.pt"]
 
 
@@ -41,7 +43,7 @@ def moto(testdata: Path):
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
                           region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
-    for src in SOURCES:
+    for src in SOURCES + [FLAT]:
         root = testdata / src
         files = [root] if root.is_file() else [p for p in sorted(root.rglob("*")) if p.is_file()]
         for f in files:
@@ -341,3 +343,34 @@ def test_requests_carry_the_sigv4_signature_botocore_computes(run_s3):
         canonical = signer.canonical_request(request)
         expected = signer.signature(signer.string_to_sign(request, canonical), request)
         assert auth.endswith("Signature=" + expected), (method, path, canonical)
+
+
+def test_an_hdf5_object_is_refused_by_name_as_libhdf5_needs_a_local_file(run_s3, moto, testdata, tmp_path):
+    made = run_s3("consolidate", testdata / "hf/sharded", "-o", tmp_path / "model.h5", "-q")
+    assert made.returncode == 0, made.stderr
+    boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                 region_name="us-east-1").upload_file(str(tmp_path / "model.h5"), BUCKET, "h5/model.h5")
+    r = run_s3("inspect", f"s3://{BUCKET}/h5/model.h5")
+    assert r.returncode == 3
+    assert f"s3://{BUCKET}/h5/model.h5" in r.stderr and "needs a local file" in r.stderr
+
+
+def test_config_from_an_s3_folder_copies_what_the_local_folder_gives(run_s3, testdata, tmp_path):
+    remote = run_s3("consolidate", url("dcp/fsdp2_adamw_ws2"), "--config-from", url("hf/sharded"),
+                    "-o", f"{tmp_path}/r/", "--format", "safetensors", "-q")
+    local = run_s3("consolidate", testdata / "dcp/fsdp2_adamw_ws2", "--config-from", testdata / "hf/sharded",
+                   "-o", f"{tmp_path}/l/", "--format", "safetensors", "-q")
+    assert remote.returncode == 0 and local.returncode == 0, remote.stderr + local.stderr
+    names = sorted(p.name for p in (tmp_path / "l").iterdir())
+    assert "config.json" in names and "tokenizer_config.json" in names
+    assert names == sorted(p.name for p in (tmp_path / "r").iterdir())
+    for n in names:
+        assert (tmp_path / "r" / n).read_bytes() == (tmp_path / "l" / n).read_bytes(), n
+
+
+def test_param_layout_from_s3_unflattens_as_the_local_file_does(run_s3, testdata, tmp_path):
+    remote = run_s3("consolidate", url(FLAT), "--param-layout", url(FLAT) + "/layout.pt", "-o", tmp_path / "r.pt", "-q")
+    local = run_s3("consolidate", testdata / FLAT, "--param-layout", testdata / FLAT / "layout.pt",
+                   "-o", tmp_path / "l.pt", "-q")
+    assert remote.returncode == 0 and local.returncode == 0, remote.stderr + local.stderr
+    assert (tmp_path / "r.pt").read_bytes() == (tmp_path / "l.pt").read_bytes()
