@@ -129,6 +129,27 @@ def test_validate_manifest_across_local_and_s3_copies_is_zero(run_s3, testdata, 
     assert run_s3("validate", testdata / src, "--manifest", tmp_path / "m2.json").returncode == 0
 
 
+def test_manifest_and_expected_keys_may_be_s3_objects(run_s3, moto, testdata, tmp_path):
+    src = "dcp/fsdp2_adamw_ws2"
+    assert run_s3("validate", testdata / src, "--write-manifest", tmp_path / "m.json").returncode == 0
+    listed = run_s3("inspect", testdata / src, "--json")
+    report = json.loads(listed.stdout)
+    keys = [t["path"] for t in report["tensors"] + report["values"]]
+    (tmp_path / "keys.txt").write_text("\n".join(keys) + "\n")
+    s3 = boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                      region_name="us-east-1")
+    s3.upload_file(str(tmp_path / "m.json"), BUCKET, "side/m.json")
+    s3.upload_file(str(tmp_path / "keys.txt"), BUCKET, "side/keys.txt")
+    r = run_s3("validate", url(src), "--manifest", f"s3://{BUCKET}/side/m.json", "--expect-keys",
+               f"s3://{BUCKET}/side/keys.txt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 changed, 0 missing, 0 new" in r.stdout
+    (tmp_path / "more.txt").write_text("\n".join(keys + ["model.not_there"]) + "\n")
+    s3.upload_file(str(tmp_path / "more.txt"), BUCKET, "side/more.txt")
+    r = run_s3("validate", url(src), "--expect-keys", f"s3://{BUCKET}/side/more.txt")
+    assert r.returncode == 1 and "model.not_there" in r.stdout + r.stderr
+
+
 def test_diff_of_an_s3_copy_and_the_local_one_is_equal(run_s3, testdata):
     r = run_s3("diff", url("hf/sharded"), testdata / "hf/sharded")
     assert r.returncode == 0, r.stdout + r.stderr
