@@ -395,3 +395,23 @@ def test_param_layout_from_s3_unflattens_as_the_local_file_does(run_s3, testdata
                    "-o", tmp_path / "l.pt", "-q")
     assert remote.returncode == 0 and local.returncode == 0, remote.stderr + local.stderr
     assert (tmp_path / "r.pt").read_bytes() == (tmp_path / "l.pt").read_bytes()
+
+
+def test_ctrl_c_stops_a_request_to_a_silent_endpoint_at_once(ckptconv, moto):
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    try:
+        p = subprocess.Popen([str(ckptconv), "inspect", url("hf/sharded")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env=s3_env(f"http://127.0.0.1:{silent.getsockname()[1]}"))
+        time.sleep(1.5)  # inside the first request, which waits for an answer that never comes
+        p.send_signal(2)
+        started = time.monotonic()
+        _, err = p.communicate(timeout=30)
+        stopped = time.monotonic() - started
+    finally:
+        silent.close()
+    assert p.returncode == 130, err
+    assert stopped < 3, f"took {stopped:.1f} s to stop"
+    assert "SIGINT" in err

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace ckpt {
 
@@ -232,6 +233,11 @@ std::size_t on_header(char* data, std::size_t size, std::size_t count, void* use
   return n;
 }
 
+// libcurl calls this at least once a second, also while a request waits
+// on a silent server: Ctrl-C stops a transfer within a second instead of
+// after its timeouts and retries.
+int on_progress(void*, curl_off_t, curl_off_t, curl_off_t, curl_off_t) { return interrupted_signal() != 0 ? 1 : 0; }
+
 bool retryable_status(const S3Response& r) {
   if (r.status == 429 || r.status >= 500) return true;
   const std::string code = r.error_code();
@@ -258,7 +264,13 @@ void back_off(int attempt) {
   thread_local std::mt19937_64 rng(std::random_device{}());
   const double cap = std::min(10000.0, 200.0 * static_cast<double>(1u << std::min(attempt, 16)));
   std::uniform_real_distribution<double> wait(0.0, cap);
-  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(wait(rng) * 1000)));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(static_cast<int64_t>(wait(rng) * 1000));
+  while (std::chrono::steady_clock::now() < until) {  // in short naps, so that Ctrl-C is not kept waiting
+    check_interrupted();
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(until - std::chrono::steady_clock::now(),
+                                                                              std::chrono::milliseconds(50)));
+  }
 }
 
 }  // namespace
@@ -327,6 +339,8 @@ S3Response S3Client::send(const S3Request& req, const std::string& what) const {
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     if (!range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, range.c_str());
     if (req.method == "HEAD") {
       curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
@@ -340,10 +354,12 @@ S3Response S3Client::send(const S3Request& req, const std::string& what) const {
       curl_easy_setopt(h, CURLOPT_USERNAME, config_.credentials.access_key_id.c_str());
       curl_easy_setopt(h, CURLOPT_PASSWORD, config_.credentials.secret_access_key.c_str());
     }
+    check_interrupted();
     in_flight.acquire();
     const CURLcode rc = curl_easy_perform(h);
     in_flight.release();
     curl_slist_free_all(headers);
+    if (rc == CURLE_ABORTED_BY_CALLBACK) check_interrupted();  // throws Interrupted
     if (rc == CURLE_OK) {
       curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
       curl_off_t filetime = -1;
