@@ -415,3 +415,44 @@ def test_ctrl_c_stops_a_request_to_a_silent_endpoint_at_once(ckptconv, moto):
     assert p.returncode == 130, err
     assert stopped < 3, f"took {stopped:.1f} s to stop"
     assert "SIGINT" in err
+
+
+def test_part_workers_reading_s3_write_the_one_process_bytes(run_s3, testdata, tmp_path):
+    for i in range(3):
+        r = run_s3("consolidate", url("dcp/fsdp2_adamw_ws2"), "-o", tmp_path / "parted.safetensors", "--part",
+                   f"{i}/3", "-q")
+        assert r.returncode == 0, r.stderr
+    whole = run_s3("consolidate", testdata / "dcp/fsdp2_adamw_ws2", "-o", tmp_path / "whole.safetensors", "-q")
+    assert whole.returncode == 0
+    assert (tmp_path / "parted.safetensors").read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
+
+
+class DenyingHandler(http.server.BaseHTTPRequestHandler):
+    """Answers as S3 does to keys it does not accept."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def deny(self):
+        xml = (b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message>"
+               b"<AWSAccessKeyId>" + KEY_ID.encode() + b"</AWSAccessKeyId></Error>")
+        self.send_response(403)
+        self.send_header("Content-Length", str(len(xml)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(xml)
+
+    do_GET = do_HEAD = deny
+
+
+def test_access_denied_is_exit_3_saying_where_to_look(run_s3):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DenyingHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = run_s3("inspect", url("hf/sharded") + "/", endpoint=f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    assert r.returncode == 3
+    assert "access denied" in r.stderr and "AWS_ACCESS_KEY_ID, AWS_PROFILE" in r.stderr
+    assert KEY_ID not in r.stderr  # S3 echoes the key id; the message leaves it out
