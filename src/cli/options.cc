@@ -32,7 +32,13 @@ void bind_common(CLI::App* sub, jobs::CommonOptions& opt, unsigned which, const 
                     "FSDP1 flat-parameter files (LOCAL_STATE_DICT, raw optimizer.state_dict()): a checkpoint of the "
                     "same model giving its parameter names, shapes and order (a torch.save'd state_dict(), FSDP "
                     "full or sharded files, a DCP checkpoint)")
-        ->check(CLI::ExistingFile | CLI::ExistingDirectory)
+        ->check(CLI::Validator(
+            [](std::string& path) {
+              // An s3:// object is looked up when read (exit 3 when missing), not by CLI11.
+              if (path.rfind("s3://", 0) == 0) return std::string();
+              return (CLI::ExistingFile | CLI::ExistingDirectory)(path);
+            },
+            "PATH(existing)"))
         ->group(kInputGroup);
   if (which & kOnly) {
     sub->add_option("--only", opt.only, help.only)->check(CLI::IsMember({"model", "optim"}))->group(kSelectionGroup);

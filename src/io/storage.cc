@@ -11,6 +11,8 @@
 
 #include "core/error.h"
 #include "io/local_files.h"
+#include "io/s3_storage.h"
+#include "io/s3_url.h"
 
 namespace ckpt {
 
@@ -122,13 +124,20 @@ class LocalStorage final : public Storage {
 }  // namespace
 
 const Storage& storage_for(const std::string& path) {
-  (void)path;  // one backend today; a URL scheme ("s3://") will choose here
+  if (is_s3_url(path)) return s3_storage();
   static const LocalStorage local;
   return local;
 }
 
 SourcePtr open_file_source(const std::string& path) { return storage_for(path).open(path, false); }
 SourcePtr open_mapped_source(const std::string& path) { return storage_for(path).open(path, true); }
+
+void refuse_remote_output(const std::string& path) {
+  if (is_s3_url(path))
+    fail(ErrorCode::kOutputFailed, path +
+                                       ": writing to s3:// is not supported yet: write a local output and upload "
+                                       "it (docs/object-storage.md)");
+}
 
 bool enter_directory(const std::string& dir) { return ::chdir(dir.c_str()) == 0; }
 

@@ -2,11 +2,11 @@
 // creates and removes anything. Readers, probes, checks, jobs and writers
 // name paths; where those paths live is decided here, by the `Storage`
 // that storage_for() picks for a path (LocalStorage, the POSIX file system,
-// is the only backend today). The containment rule (io/containment.h,
+// and for s3:// URLs the S3 backend of io/s3_storage.h). The containment rule (io/containment.h,
 // --follow-links) is applied by every open, so no caller can read a file a
 // checkpoint folder links out to by going another way.
 //
-// A new backend (object storage: s3://bucket/prefix) is one file
+// A backend (object storage: s3://bucket/prefix, io/s3_backend.cc) is one file
 // implementing Storage: stat and list by prefix, open as a ByteSource doing
 // ranged reads, and the output side as multipart uploads published on
 // rename(). local_path() is optional: callers that need a local file
@@ -63,7 +63,9 @@ class Storage {
   virtual ~Storage() = default;
 
   // ---- reading ----
-  // kNone (never throws) when the path does not exist or cannot be looked at.
+  // kNone when the path does not exist or cannot be looked at. A local
+  // stat never throws; a remote one throws when the service cannot answer
+  // (unreachable, access denied, no such bucket): kNone would hide why.
   virtual EntryStat stat(const std::string& path) const = 0;
   // The names in `dir`, sorted bytewise (so every run sees one order); empty
   // when `dir` is not a readable directory. "." and ".." are never listed.
@@ -95,7 +97,7 @@ class Storage {
   virtual void copy_link(const std::string& from, const std::string& to) const = 0;
 };
 
-// The storage holding `path`: LocalStorage today, for every path.
+// The storage holding `path`: the S3 backend for "s3://...", else LocalStorage.
 const Storage& storage_for(const std::string& path);
 
 // Shorthands through storage_for(path), for the common questions.
@@ -107,6 +109,11 @@ inline std::vector<DirEntry> list_directory(const std::string& dir) { return sto
 inline std::string resolved_path(const std::string& path) { return storage_for(path).resolved(path); }
 // An existing directory with nothing in it.
 inline bool is_empty_directory(const std::string& dir) { return is_directory(dir) && list_directory(dir).empty(); }
+
+// OutputFailed naming `path` when it is on a backend that cannot take
+// outputs yet (s3://: reading only, docs/object-storage.md), before anything
+// is written.
+void refuse_remote_output(const std::string& path);
 
 // Makes `dir` the directory relative paths start from (finalize reruns a
 // --part request where its workers ran); false when it cannot.

@@ -157,6 +157,7 @@ void check_output_is_not_input(const std::string& output, const CheckpointModel&
 void check_output_place(const std::string& output, bool directory) {
   namespace fs = std::filesystem;
   if (output.empty()) fail_invalid("no output given (-o OUT)");
+  refuse_remote_output(output);
   if (!directory && (output.back() == '/' || is_directory(output))) {
     std::string dir = output.back() == '/' ? output : output + "/";
     fail_invalid(output + (is_directory(output) ? ": is a directory" : ": names a directory (it ends in '/')") +

@@ -417,6 +417,10 @@ CheckpointModel read_hdf5_file(const std::string& path, double timeout_s) {
   // structure, then each slab of tensor bytes the work asks for. A crash or
   // a hang there is a refusal (exit 3); this process builds the model from
   // the child's message (hdf5_structure.h) and copies the bytes it sends.
+  // libhdf5 opens files by name: a backend without local files (s3://) cannot serve it.
+  if (!storage_for(path).local_path(path))
+    fail(ErrorCode::kUnimplemented,
+         path + ": HDF5 files are read by libhdf5, which needs a local file; copy it to local storage first");
   const uint64_t file_bytes = stat_path(path).size;  // 0 when missing: the open names it
   IsolationLimits limits{timeout_s, hdf5_memory_budget(file_bytes), "hdf5-memory"};
   auto reader = std::make_shared<IsolatedServer>(

@@ -1,0 +1,392 @@
+#include "io/s3_client.h"
+
+#include <curl/curl.h>
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <semaphore>
+#include <thread>
+
+#include "core/error.h"
+#include "core/interrupt.h"
+
+namespace ckpt {
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// The keys of section `section` of an INI file (the AWS shared files);
+// empty when the file or the section is missing.
+std::map<std::string, std::string> ini_section(const std::string& file, const std::string& section) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(file);
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    line = trimmed(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      inside = trimmed(line.substr(1, line.size() - 2)) == section;
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (inside && eq != std::string::npos) out[trimmed(line.substr(0, eq))] = trimmed(line.substr(eq + 1));
+  }
+  return out;
+}
+
+std::string home_file(const char* env_name, const char* relative) {
+  if (std::string named = env(env_name); !named.empty()) return named;
+  const std::string home = env("HOME");
+  return home.empty() ? std::string() : home + "/" + relative;
+}
+
+}  // namespace
+
+S3Config s3_config_from_environment() {
+  S3Config c;
+  const std::string profile = env("AWS_PROFILE").empty() ? "default" : env("AWS_PROFILE");
+  // The config file names a profile "[profile NAME]", except [default].
+  const auto config =
+      ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), profile == "default" ? profile : "profile " + profile);
+  c.credentials.access_key_id = env("AWS_ACCESS_KEY_ID");
+  c.credentials.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
+  c.credentials.session_token = env("AWS_SESSION_TOKEN");
+  if (c.credentials.empty()) {
+    auto creds = ini_section(home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), profile);
+    if (creds.empty()) creds = config;  // keys may sit in the config file too
+    c.credentials = {creds["aws_access_key_id"], creds["aws_secret_access_key"], creds["aws_session_token"]};
+  }
+  if (std::string r = env("AWS_REGION"); !r.empty())
+    c.region = r;
+  else if (r = env("AWS_DEFAULT_REGION"); !r.empty())
+    c.region = r;
+  else if (auto it = config.find("region"); it != config.end() && !it->second.empty())
+    c.region = it->second;
+  c.endpoint = env("AWS_ENDPOINT_URL_S3").empty() ? env("AWS_ENDPOINT_URL") : env("AWS_ENDPOINT_URL_S3");
+  while (!c.endpoint.empty() && c.endpoint.back() == '/') c.endpoint.pop_back();
+  // A custom endpoint (MinIO, moto, Ceph) rarely has wildcard DNS for
+  // bucket names: path-style there, virtual-hosted (AWS's only style for new
+  // buckets) on AWS, unless asked.
+  const std::string style = env("CKPTCONV_S3_ADDRESSING_STYLE");
+  c.path_style = style.empty() ? !c.endpoint.empty() : style == "path";
+  if (std::string n = env("CKPTCONV_S3_MAX_ATTEMPTS"); !n.empty())
+    c.max_attempts = std::clamp(std::atoi(n.c_str()), 1, 20);
+  return c;
+}
+
+std::optional<std::string> xml_element(const std::string& xml, const std::string& tag, std::size_t from,
+                                       std::size_t* end) {
+  const std::string open = "<" + tag + ">", close = "</" + tag + ">";
+  const auto b = xml.find(open, from);
+  if (b == std::string::npos) return std::nullopt;
+  const auto e = xml.find(close, b + open.size());
+  if (e == std::string::npos) return std::nullopt;
+  if (end) *end = e + close.size();
+  std::string raw = xml.substr(b + open.size(), e - b - open.size()), out;
+  // The five predefined entities and numeric references, which keys may hold.
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] != '&') {
+      out += raw[i];
+      continue;
+    }
+    const auto semi = raw.find(';', i);
+    const std::string ent = semi == std::string::npos ? "" : raw.substr(i + 1, semi - i - 1);
+    if (ent == "amp")
+      out += '&';
+    else if (ent == "lt")
+      out += '<';
+    else if (ent == "gt")
+      out += '>';
+    else if (ent == "quot")
+      out += '"';
+    else if (ent == "apos")
+      out += '\'';
+    else if (ent.size() > 1 && ent[0] == '#') {
+      unsigned long cp =
+          ent[1] == 'x' ? std::strtoul(ent.c_str() + 2, nullptr, 16) : std::strtoul(ent.c_str() + 1, nullptr, 10);
+      if (cp < 0x80)
+        out += static_cast<char>(cp);
+      else if (cp < 0x800)
+        out += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+      else
+        out += {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
+                static_cast<char>(0x80 | (cp & 0x3F))};
+    } else {
+      out += '&';
+      continue;
+    }
+    i = semi;
+  }
+  return out;
+}
+
+std::string S3Response::error_code() const { return xml_element(body, "Code").value_or(""); }
+
+std::string S3Response::error_text() const {
+  std::string out = "HTTP " + std::to_string(status);
+  if (std::string code = error_code(); !code.empty()) out += " " + code;
+  if (auto msg = xml_element(body, "Message")) out += ": " + *msg;
+  if (tries > 1) out += " (after " + std::to_string(tries) + " tries)";
+  return out;
+}
+
+namespace {
+
+// RFC 3986 unreserved characters stay; '/' too in a key (a path).
+std::string uri_encode(const std::string& s, bool keep_slash) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string sha256_hex(const char* data, std::size_t n) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data ? data : ""), n, digest);
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : digest) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+// One handle per thread, reset per request: its connection cache keeps
+// keep-alive connections to the endpoint across requests.
+CURL* thread_handle() {
+  static std::once_flag init;
+  std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  struct Handle {
+    CURL* h = curl_easy_init();
+    ~Handle() { curl_easy_cleanup(h); }
+  };
+  thread_local Handle handle;
+  if (!handle.h) fail(ErrorCode::kResourceExhausted, "libcurl: cannot create a handle");
+  curl_easy_reset(handle.h);
+  return handle.h;
+}
+
+struct Transfer {
+  CURL* handle;
+  const S3Request* req;
+  S3Response* resp;
+  std::size_t into_written = 0;
+  bool overflow = false;
+};
+
+std::size_t on_body(char* data, std::size_t size, std::size_t count, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  const std::size_t n = size * count;
+  long status = 0;
+  curl_easy_getinfo(t->handle, CURLINFO_RESPONSE_CODE, &status);
+  if (t->req->into && status >= 200 && status < 300) {
+    if (n > t->req->into_size - t->into_written) {
+      t->overflow = true;
+      return 0;  // more than asked for: abort the transfer
+    }
+    std::memcpy(t->req->into + t->into_written, data, n);
+    t->into_written += n;
+  } else {
+    t->resp->body.append(data, n);
+  }
+  return n;
+}
+
+std::size_t on_header(char* data, std::size_t size, std::size_t count, void* user) {
+  auto* t = static_cast<Transfer*>(user);
+  const std::size_t n = size * count;
+  std::string line(data, n);
+  if (line.rfind("HTTP/", 0) == 0) t->resp->headers.clear();  // a new response (after a 100 Continue)
+  const auto colon = line.find(':');
+  if (colon != std::string::npos) {
+    std::string name = line.substr(0, colon);
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    t->resp->headers[name] = trimmed(line.substr(colon + 1));
+  }
+  return n;
+}
+
+// libcurl calls this at least once a second, also while a request waits
+// on a silent server: Ctrl-C stops a transfer within a second instead of
+// after its timeouts and retries.
+int on_progress(void*, curl_off_t, curl_off_t, curl_off_t, curl_off_t) { return interrupted_signal() != 0 ? 1 : 0; }
+
+bool retryable_status(const S3Response& r) {
+  if (r.status == 429 || r.status >= 500) return true;
+  const std::string code = r.error_code();
+  return code == "SlowDown" || code == "RequestTimeout" || code == "Throttling" || code == "RequestTimeTooSkewed";
+}
+
+bool retryable_transport(CURLcode rc) {
+  switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM: return true;
+    default: return false;  // DNS, TLS verification, bad URL: the same on every try
+  }
+}
+
+// "Full jitter" (AWS's architecture blog): a uniform wait in [0, 2^try x
+// 200 ms], capped at 10 s, so throttled workers do not retry in lockstep.
+void back_off(int attempt) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  const double cap = std::min(10000.0, 200.0 * static_cast<double>(1u << std::min(attempt, 16)));
+  std::uniform_real_distribution<double> wait(0.0, cap);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(static_cast<int64_t>(wait(rng) * 1000));
+  while (std::chrono::steady_clock::now() < until) {  // in short naps, so that Ctrl-C is not kept waiting
+    check_interrupted();
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(until - std::chrono::steady_clock::now(),
+                                                                              std::chrono::milliseconds(50)));
+  }
+}
+
+}  // namespace
+
+S3Client::S3Client(S3Config config) : config_(std::move(config)) {}
+
+std::string S3Client::url_of(const S3Request& req) const {
+  std::string endpoint =
+      config_.endpoint.empty() ? "https://s3." + config_.region + ".amazonaws.com" : config_.endpoint;
+  std::string url;
+  if (config_.path_style) {
+    url = endpoint + "/" + req.bucket + "/" + uri_encode(req.key, true);
+  } else {
+    const auto host = endpoint.find("://");
+    url = endpoint.substr(0, host + 3) + req.bucket + "." + endpoint.substr(host + 3) + "/" + uri_encode(req.key, true);
+  }
+  auto query = req.query;
+  std::sort(query.begin(), query.end());
+  for (std::size_t i = 0; i < query.size(); ++i)
+    url += (i ? "&" : "?") + uri_encode(query[i].first, false) + "=" + uri_encode(query[i].second, false);
+  return url;
+}
+
+S3Response S3Client::send(const S3Request& req, const std::string& what) const {
+  static std::counting_semaphore<1024> in_flight(std::clamp<unsigned>(config_.max_in_flight, 1, 1024));
+  const std::string url = url_of(req);
+  const std::string sigv4 = "aws:amz:" + config_.region + ":s3";
+  std::string transport_error;
+  const auto started = std::chrono::steady_clock::now();
+  auto may_retry = [&](int attempt) {
+    return attempt < config_.max_attempts &&
+           std::chrono::steady_clock::now() - started < std::chrono::milliseconds(config_.retry_window_ms);
+  };
+  int attempt = 1;
+  for (;; ++attempt) {
+    S3Response resp;
+    resp.tries = attempt;
+    CURL* h = thread_handle();
+    Transfer t{h, &req, &resp};
+    curl_slist* headers = nullptr;
+    for (const auto& line : req.headers) headers = curl_slist_append(headers, line.c_str());
+    // The payload's hash is part of what SigV4 signs for S3.
+    const std::string payload = "x-amz-content-sha256: " + sha256_hex(req.body, req.body_size);
+    headers = curl_slist_append(headers, payload.c_str());
+    std::string token;
+    if (!config_.credentials.session_token.empty()) {
+      token = "x-amz-security-token: " + config_.credentials.session_token;
+      headers = curl_slist_append(headers, token.c_str());
+    }
+    // No "Expect:" line to drop 100-continue: libcurl 7.88 would sign the
+    // emptied header it never sends, and S3 would reject the signature.
+    std::string range;
+    if (req.range) range = std::to_string(req.range->first) + "-" + std::to_string(req.range->second);
+    char errbuf[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, config_.connect_timeout_ms);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, config_.stall_timeout_s);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+    curl_easy_setopt(h, CURLOPT_FILETIME, 1L);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    if (!range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, range.c_str());
+    if (req.method == "HEAD") {
+      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (req.method != "GET") {
+      curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req.method.c_str());
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, req.body ? req.body : "");
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body_size));
+    }
+    if (!config_.credentials.empty()) {
+      curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4.c_str());
+      curl_easy_setopt(h, CURLOPT_USERNAME, config_.credentials.access_key_id.c_str());
+      curl_easy_setopt(h, CURLOPT_PASSWORD, config_.credentials.secret_access_key.c_str());
+    }
+    check_interrupted();
+    in_flight.acquire();
+    const CURLcode rc = curl_easy_perform(h);
+    in_flight.release();
+    curl_slist_free_all(headers);
+    if (rc == CURLE_ABORTED_BY_CALLBACK) check_interrupted();  // throws Interrupted
+    if (rc == CURLE_OK) {
+      curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
+      curl_off_t filetime = -1;
+      if (curl_easy_getinfo(h, CURLINFO_FILETIME_T, &filetime) == CURLE_OK) resp.last_modified_s = filetime;
+      const bool ok = resp.status >= 200 && resp.status < 300;
+      const bool short_body = ok && req.into && req.method != "HEAD" && t.into_written != req.into_size;
+      if (!short_body && !(retryable_status(resp) && may_retry(attempt))) return resp;
+      transport_error = short_body ? "the response ended after " + std::to_string(t.into_written) + " of " +
+                                         std::to_string(req.into_size) + " bytes"
+                                   : resp.error_text();
+      if (!may_retry(attempt)) break;
+    } else {
+      if (t.overflow)
+        fail_data_loss(what + ": the service sent more than the " + std::to_string(req.into_size) + " bytes asked for");
+      transport_error = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
+      if (!retryable_transport(rc) || !may_retry(attempt)) break;
+    }
+    back_off(attempt);
+  }
+  // The URL without its query: a continuation token says nothing useful.
+  fail_data_loss(what + ": " + req.method + " " + url.substr(0, url.find('?')) + " failed" +
+                 (attempt > 1 ? " after " + std::to_string(attempt) + " tries" : "") + ": " + transport_error);
+}
+
+const S3Client& default_s3_client() {
+  static const S3Client client(s3_config_from_environment());
+  return client;
+}
+
+}  // namespace ckpt
