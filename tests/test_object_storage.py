@@ -14,6 +14,8 @@ import http.client
 import http.server
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -456,3 +458,41 @@ def test_access_denied_is_exit_3_saying_where_to_look(run_s3):
     assert r.returncode == 3
     assert "access denied" in r.stderr and "AWS_ACCESS_KEY_ID, AWS_PROFILE" in r.stderr
     assert KEY_ID not in r.stderr  # S3 echoes the key id; the message leaves it out
+
+
+def test_listings_past_one_page_are_followed(run_s3, moto, testdata):
+    """ListObjectsV2 answers 1,000 keys a page: with 1,000 other objects
+    sorted before them, a DCP checkpoint's .distcp files are on page two."""
+    s3 = boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                      region_name="us-east-1")
+    src = testdata / "dcp/fsdp2_adamw_ws2"
+    for f in sorted(src.iterdir()):
+        s3.upload_file(str(f), BUCKET, f"paged/{f.name}")
+    for i in range(1000):
+        s3.put_object(Bucket=BUCKET, Key=f"paged/0{i:04d}.txt", Body=b"")
+    page = s3.list_objects_v2(Bucket=BUCKET, Prefix="paged/", Delimiter="/")
+    assert page["IsTruncated"] and not any(o["Key"].endswith(".distcp") for o in page["Contents"])
+    remote = run_s3("inspect", f"s3://{BUCKET}/paged")
+    local = run_s3("inspect", src)
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout.replace(f"s3://{BUCKET}/paged", "SRC") == local.stdout.replace(str(src), "SRC")
+
+
+UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def test_reshard_from_s3_writes_the_folder_of_the_local_run(run_s3, testdata, tmp_path):
+    # One output path for both runs, one after the other: DCP's .metadata
+    # records it (StorageMeta.checkpoint_id), and a random save_id as torch does.
+    out = tmp_path / "ckpt"
+    remote = run_s3("reshard", url("dcp/fsdp2_adamw_ws2"), "-o", out, "--world-size", "4", "-q")
+    assert remote.returncode == 0, remote.stderr
+    got = {p.name: p.read_bytes() for p in out.iterdir()}
+    shutil.rmtree(out)
+    local = run_s3("reshard", testdata / "dcp/fsdp2_adamw_ws2", "-o", out, "--world-size", "4", "-q")
+    assert local.returncode == 0, local.stderr
+    want = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert ".metadata" in want and len(want) >= 5 and sorted(got) == sorted(want)
+    assert len(UUID.findall(want[".metadata"])) == 1  # the save_id, the one byte string that may differ
+    for name in want:
+        assert UUID.sub(b"UUID", got[name]) == UUID.sub(b"UUID", want[name]), name

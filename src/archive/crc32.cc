@@ -217,6 +217,10 @@ namespace {
 // Bytes read per step: small enough to stay in cache between the read and
 // the sum, large enough that the syscalls do not show.
 constexpr std::size_t kCrcStep = std::size_t{256} << 10;
+// A source with neither a file nor a mapping behind it (an s3:// object)
+// pays a request per read, not a syscall: there, 16x fewer, larger reads
+// (the size of ByteSink's read-through copies).
+constexpr std::size_t kRemoteCrcStep = std::size_t{4} << 20;
 
 }  // namespace
 
@@ -225,11 +229,12 @@ uint32_t crc32_of(const ByteSource& src, int threads) {
   int parts = useful_threads(size, threads);
   std::vector<uint32_t> crcs(static_cast<std::size_t>(parts));
   std::vector<uint64_t> lengths(static_cast<std::size_t>(parts));
+  const std::size_t step = size == 0 || src.data() || src.file_span(0) ? kCrcStep : kRemoteCrcStep;
   for_each_range(static_cast<int64_t>(size), parts, [&](int p, int64_t begin, int64_t end) {
     std::vector<std::byte> buffer;
     uint32_t crc = 0;
     for (auto pos = static_cast<uint64_t>(begin); pos < static_cast<uint64_t>(end);) {
-      auto n = static_cast<std::size_t>(std::min<uint64_t>(kCrcStep, static_cast<uint64_t>(end) - pos));
+      auto n = static_cast<std::size_t>(std::min<uint64_t>(step, static_cast<uint64_t>(end) - pos));
       buffer.resize(n);
       src.read_unmapped(pos, buffer.data(), n);
       crc = crc32_update(crc, buffer.data(), n);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <semaphore>
@@ -294,94 +295,123 @@ std::string S3Client::url_of(const S3Request& req) const {
   return url;
 }
 
+namespace {
+
+// What one try of a request gave: a response, or a transport failure.
+struct Attempt {
+  CURLcode rc = CURLE_OK;
+  S3Response resp;
+  std::size_t into_written = 0;  // bytes of a 2xx body that went to S3Request::into
+  bool overflow = false;         // the body was longer than into_size
+  std::string curl_error;        // libcurl's words when rc != CURLE_OK
+};
+
+using HeaderList = std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)>;
+
+// The request's own headers, the payload hash SigV4 signs for S3 and the
+// session token. No "Expect:" line to drop 100-continue: libcurl 7.88
+// would sign the emptied header it never sends, and S3 would reject it.
+HeaderList request_headers(const S3Request& req, const S3Config& config) {
+  HeaderList list(nullptr, curl_slist_free_all);
+  auto add = [&](const std::string& line) { list.reset(curl_slist_append(list.release(), line.c_str())); };
+  for (const auto& line : req.headers) add(line);
+  add("x-amz-content-sha256: " + sha256_hex(req.body, req.body_size));
+  if (!config.credentials.session_token.empty()) add("x-amz-security-token: " + config.credentials.session_token);
+  return list;
+}
+
+// One try: the handle set up for `req` (timeouts, TLS verification, SigV4),
+// performed while holding one of the process's in-flight slots.
+Attempt perform_once(const S3Request& req, const std::string& url, const S3Config& config,
+                     std::counting_semaphore<1024>& in_flight) {
+  Attempt a;
+  CURL* h = thread_handle();
+  Transfer t{h, &req, &a.resp};
+  HeaderList headers = request_headers(req, config);
+  const std::string range =
+      req.range ? std::to_string(req.range->first) + "-" + std::to_string(req.range->second) : std::string();
+  const std::string sigv4 = "aws:amz:" + config.region + ":s3";
+  char errbuf[CURL_ERROR_SIZE] = "";
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, config.connect_timeout_ms);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, config.stall_timeout_s);
+  curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+  curl_easy_setopt(h, CURLOPT_FILETIME, 1L);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  if (!range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, range.c_str());
+  if (req.method == "HEAD") {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else if (req.method != "GET") {
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req.method.c_str());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, req.body ? req.body : "");
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body_size));
+  }
+  if (!config.credentials.empty()) {
+    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4.c_str());
+    curl_easy_setopt(h, CURLOPT_USERNAME, config.credentials.access_key_id.c_str());
+    curl_easy_setopt(h, CURLOPT_PASSWORD, config.credentials.secret_access_key.c_str());
+  }
+  check_interrupted();
+  in_flight.acquire();
+  a.rc = curl_easy_perform(h);
+  in_flight.release();
+  if (a.rc == CURLE_ABORTED_BY_CALLBACK) check_interrupted();  // throws Interrupted
+  a.into_written = t.into_written;
+  a.overflow = t.overflow;
+  if (a.rc != CURLE_OK) {
+    a.curl_error = std::string(curl_easy_strerror(a.rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
+    return a;
+  }
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &a.resp.status);
+  curl_off_t filetime = -1;
+  if (curl_easy_getinfo(h, CURLINFO_FILETIME_T, &filetime) == CURLE_OK) a.resp.last_modified_s = filetime;
+  return a;
+}
+
+}  // namespace
+
 S3Response S3Client::send(const S3Request& req, const std::string& what) const {
   static std::counting_semaphore<1024> in_flight(std::clamp<unsigned>(config_.max_in_flight, 1, 1024));
   const std::string url = url_of(req);
-  const std::string sigv4 = "aws:amz:" + config_.region + ":s3";
-  std::string transport_error;
   const auto started = std::chrono::steady_clock::now();
   auto may_retry = [&](int attempt) {
     return attempt < config_.max_attempts &&
            std::chrono::steady_clock::now() - started < std::chrono::milliseconds(config_.retry_window_ms);
   };
+  std::string last_error;
   int attempt = 1;
   for (;; ++attempt) {
-    S3Response resp;
-    resp.tries = attempt;
-    CURL* h = thread_handle();
-    Transfer t{h, &req, &resp};
-    curl_slist* headers = nullptr;
-    for (const auto& line : req.headers) headers = curl_slist_append(headers, line.c_str());
-    // The payload's hash is part of what SigV4 signs for S3.
-    const std::string payload = "x-amz-content-sha256: " + sha256_hex(req.body, req.body_size);
-    headers = curl_slist_append(headers, payload.c_str());
-    std::string token;
-    if (!config_.credentials.session_token.empty()) {
-      token = "x-amz-security-token: " + config_.credentials.session_token;
-      headers = curl_slist_append(headers, token.c_str());
-    }
-    // No "Expect:" line to drop 100-continue: libcurl 7.88 would sign the
-    // emptied header it never sends, and S3 would reject the signature.
-    std::string range;
-    if (req.range) range = std::to_string(req.range->first) + "-" + std::to_string(req.range->second);
-    char errbuf[CURL_ERROR_SIZE] = "";
-    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, config_.connect_timeout_ms);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, config_.stall_timeout_s);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
-    curl_easy_setopt(h, CURLOPT_FILETIME, 1L);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
-    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-    if (!range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, range.c_str());
-    if (req.method == "HEAD") {
-      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-    } else if (req.method != "GET") {
-      curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req.method.c_str());
-      curl_easy_setopt(h, CURLOPT_POSTFIELDS, req.body ? req.body : "");
-      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body_size));
-    }
-    if (!config_.credentials.empty()) {
-      curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4.c_str());
-      curl_easy_setopt(h, CURLOPT_USERNAME, config_.credentials.access_key_id.c_str());
-      curl_easy_setopt(h, CURLOPT_PASSWORD, config_.credentials.secret_access_key.c_str());
-    }
-    check_interrupted();
-    in_flight.acquire();
-    const CURLcode rc = curl_easy_perform(h);
-    in_flight.release();
-    curl_slist_free_all(headers);
-    if (rc == CURLE_ABORTED_BY_CALLBACK) check_interrupted();  // throws Interrupted
-    if (rc == CURLE_OK) {
-      curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp.status);
-      curl_off_t filetime = -1;
-      if (curl_easy_getinfo(h, CURLINFO_FILETIME_T, &filetime) == CURLE_OK) resp.last_modified_s = filetime;
-      const bool ok = resp.status >= 200 && resp.status < 300;
-      const bool short_body = ok && req.into && req.method != "HEAD" && t.into_written != req.into_size;
-      if (!short_body && !(retryable_status(resp) && may_retry(attempt))) return resp;
-      transport_error = short_body ? "the response ended after " + std::to_string(t.into_written) + " of " +
-                                         std::to_string(req.into_size) + " bytes"
-                                   : resp.error_text();
+    Attempt a = perform_once(req, url, config_, in_flight);
+    a.resp.tries = attempt;
+    if (a.rc == CURLE_OK) {
+      const bool ok = a.resp.status >= 200 && a.resp.status < 300;
+      const bool short_body = ok && req.into && req.method != "HEAD" && a.into_written != req.into_size;
+      if (!short_body && !(retryable_status(a.resp) && may_retry(attempt))) return a.resp;
+      last_error = short_body ? "the response ended after " + std::to_string(a.into_written) + " of " +
+                                    std::to_string(req.into_size) + " bytes"
+                              : a.resp.error_text();
       if (!may_retry(attempt)) break;
     } else {
-      if (t.overflow)
+      if (a.overflow)
         fail_data_loss(what + ": the service sent more than the " + std::to_string(req.into_size) + " bytes asked for");
-      transport_error = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
-      if (!retryable_transport(rc) || !may_retry(attempt)) break;
+      last_error = a.curl_error;
+      if (!retryable_transport(a.rc) || !may_retry(attempt)) break;
     }
     back_off(attempt);
   }
   // The URL without its query: a continuation token says nothing useful.
   fail_data_loss(what + ": " + req.method + " " + url.substr(0, url.find('?')) + " failed" +
-                 (attempt > 1 ? " after " + std::to_string(attempt) + " tries" : "") + ": " + transport_error);
+                 (attempt > 1 ? " after " + std::to_string(attempt) + " tries" : "") + ": " + last_error);
 }
 
 const S3Client& default_s3_client() {
