@@ -1,8 +1,10 @@
 """Megatron-LM legacy checkpoints (ckpt_format=torch; testdata/megatron_legacy,
 tools/make_megatron_legacy_checkpoints.py): a GPT (local spec, SwiGLU,
 grouped-query attention) saved by Megatron-LM's own save_checkpoint at
-TP=2 x PP=2 with the plain optimizer, and at PP=2 with 2 virtual stages per
-pipeline rank (model0/model1 in each file, layers interleaved).
+TP=2 x PP=2 with the plain optimizer, at PP=2 with 2 virtual stages per
+pipeline rank (model0/model1 in each file, layers interleaved), and at TP=2 x
+DP=2 with the distributed optimizer (distrib_optim.pt beside each rank file,
+not read: the model is).
 
 The reference is megatron-core's own reading of the same weights into a
 TP=1/PP=1 model (dist_checkpointing.load, then state_dict_for_save_checkpoint):
@@ -74,7 +76,7 @@ def test_the_fixture_is_megatron_lms_own_save():
     assert folders == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
 
 
-@pytest.mark.parametrize("case", ["gpt_tp2pp2", "gpt_pp2_vpp2"])
+@pytest.mark.parametrize("case", ["gpt_tp2pp2", "gpt_pp2_vpp2", "gpt_tp2_dp2_distopt"])
 def test_only_model_equals_megatron_load_at_tp1_pp1(case, tmp_path, run_ckptconv):
     consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "m.pt", "--only", "model")
     got, want = load(tmp_path / "m.pt"), load(ROOT / case / "model_ref.pt")
@@ -82,6 +84,20 @@ def test_only_model_equals_megatron_load_at_tp1_pp1(case, tmp_path, run_ckptconv
     assert_same(got, want)
     assert got["decoder.layers.3.mlp.linear_fc1.weight"].shape == (24, 8)  # [gate; up] of ffn 12
     assert got["decoder.layers.0.self_attention.linear_qkv.weight"].shape == (16, 8)  # 4 q heads + 2 k + 2 v, dim 2
+
+
+def test_distributed_optimizer_job_reads_its_model_and_says_dp(tmp_path, run_ckptconv):
+    case = ROOT / "gpt_tp2_dp2_distopt"
+    info = json.loads((case / "case.json").read_text())
+    assert (info["tensor_model_parallel_size"], info["data_parallel_size"]) == (2, 2)
+    it = case / "ckpt" / "iter_0000005"
+    # Only DP rank 0 writes: one folder per TP rank, its distrib_optim.pt beside.
+    assert sorted(p.name for p in it.iterdir()) == ["mp_rank_00", "mp_rank_01"]
+    assert all((it / f / "distrib_optim.pt").is_file() for f in ("mp_rank_00", "mp_rank_01"))
+    r = run_ckptconv("inspect", str(it))
+    assert r.returncode == 0, r.stderr
+    assert "megatron parallelism: TP 2 x PP 1, EP 1, DP 2" in r.stdout
+    assert "use_distributed_optimizer=True" in r.stdout
 
 
 def test_virtual_stages_interleave_their_layers(tmp_path, run_ckptconv, megatron_enums):

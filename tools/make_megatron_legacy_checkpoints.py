@@ -14,15 +14,16 @@ of it at the tag that matches the installed megatron-core on PYTHONPATH:
 ``megatron/training`` package imports ``megatron/rl`` and
 ``megatron/post_training`` at import time.)
 
-Each case is a real Megatron-LM job on this machine's CPUs: TP x PP gloo
+Each case is a real Megatron-LM job on this machine's CPUs: TP x PP x DP gloo
 processes parse Megatron-LM's own command line (``megatron.training.arguments.
 parse_args``, installed with ``global_vars.set_args``), build the model the way
 ``pretrain_gpt.py`` does (``core_transformer_config_from_args`` and a
 ``GPTModel`` from ``get_gpt_layer_local_spec``: SwiGLU, biases, grouped-query
 attention with 2 query groups for 4 heads, untied output layer,
 learned absolute positions, 4 layers, hidden 8, ffn 12,
-vocab 16), wrap it in megatron's ``DistributedDataParallel`` with the plain
-(non-distributed) Adam optimizer, take one real step (gradients: ``set_gradients``)
+vocab 16), wrap it in megatron's ``DistributedDataParallel`` with Adam
+(plain, or megatron's DistributedOptimizer where the case says), take one
+real step (gradients: ``set_gradients``)
 and call Megatron-LM's ``megatron.training.checkpointing.save_checkpoint``
 with ``ckpt_format='torch'``. ``CASE/ckpt`` is then exactly what it wrote:
 
@@ -50,9 +51,12 @@ from ``--ckpt-format``) is set to False, and
 as ``validate_args`` would, without running the rest of ``validate_args``
 (it wants a GPU job's environment).
 
-Cases: ``gpt_tp2pp2`` (TP=2 x PP=2, iteration 7) and ``gpt_pp2_vpp2``
+Cases: ``gpt_tp2pp2`` (TP=2 x PP=2, iteration 7), ``gpt_pp2_vpp2``
 (PP=2 with 2 virtual stages per pipeline rank: ``model0``/``model1`` in each
-file, one layer each; iteration 3).
+file, one layer each; iteration 3) and ``gpt_tp2_dp2_distopt`` (TP=2 x DP=2
+with ``--use-distributed-optimizer``: ``distrib_optim.pt`` beside each rank
+file, written by the DistributedOptimizer's ``save_parameter_state``;
+iteration 5).
 """
 
 from __future__ import annotations
@@ -72,15 +76,17 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_megatron_checkpoints import _run_on_cpu, free_port  # noqa: E402
 
-# Cases: name -> (tp, pp, virtual stages per pipeline rank or None, iteration or "release").
+# Cases: name -> (tp, pp, virtual stages per pipeline rank or None, dp, distributed optimizer,
+# iteration or "release").
 CASES = {
-    "gpt_tp2pp2": (2, 2, None, 7),
-    "gpt_pp2_vpp2": (1, 2, 2, 3),
+    "gpt_tp2pp2": (2, 2, None, 1, False, 7),
+    "gpt_pp2_vpp2": (1, 2, 2, 1, False, 3),
+    "gpt_tp2_dp2_distopt": (2, 1, None, 2, True, 5),
 }
 NUM_LAYERS, HIDDEN, HEADS, GROUPS, FFN, VOCAB, SEQ = 4, 8, 4, 2, 12, 16, 8
 
 
-def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None):
+def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None, dp: int = 1, distopt: bool = False):
     """Megatron-LM's own args for this model, parsed from its command line."""
     from megatron.training.arguments import parse_args
     argv = ["--num-layers", str(NUM_LAYERS), "--hidden-size", str(HIDDEN), "--num-attention-heads", str(HEADS),
@@ -95,6 +101,8 @@ def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None):
             "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm"]
     if vpp:
         argv += ["--num-virtual-stages-per-pipeline-rank", str(vpp)]
+    if distopt:
+        argv += ["--use-distributed-optimizer"]
     saved = sys.argv
     sys.argv = ["pretrain_gpt.py"] + argv
     try:
@@ -103,8 +111,8 @@ def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None):
         sys.argv = saved
     args.use_dist_ckpt = False  # validate_args: ckpt_format == 'torch'
     args.virtual_pipeline_model_parallel_size = vpp  # validate_args: from --num-virtual-stages-per-pipeline-rank
-    args.world_size = tp * pp
-    args.data_parallel_size = 1
+    args.world_size = tp * pp * dp
+    args.data_parallel_size = dp
     args.padded_vocab_size = VOCAB
     args.params_dtype = torch.float32
     return args
@@ -135,9 +143,10 @@ def build(args, tp: int, pp: int, vpp: int | None = None):
                                max_sequence_length=SEQ, pre_process=first, post_process=last,
                                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
                                vp_stage=v if vpp else None))
-    ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=False),
+    distopt = args.use_distributed_optimizer
+    ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=distopt),
                                     module=m) for m in models]
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=False,
+    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=distopt,
                                                  params_dtype=torch.float32), ddps)
     return models, ddps, opt
 
@@ -164,11 +173,12 @@ def _init(rank: int, ws: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=ws)
 
 
-def save_job(rank: int, ws: int, port: int, tp: int, pp: int, vpp, iteration, out: str, dist_tmp: str) -> None:
+def save_job(rank: int, ws: int, port: int, tp: int, pp: int, vpp, dp: int, distopt: bool, iteration, out: str,
+             dist_tmp: str) -> None:
     _init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
     from megatron.training.checkpointing import save_checkpoint
-    args = megatron_args(tp, pp, out, vpp)
+    args = megatron_args(tp, pp, out, vpp, dp, distopt)
     models, ddps, opt = build(args, tp, pp, vpp)
     for v, model in enumerate(models):
         set_gradients(model, salt=v)
@@ -204,25 +214,25 @@ def reference_job(rank: int, ws: int, port: int, dist_tmp: str, out: str) -> Non
 
 
 def make_case(name: str, out_root: Path) -> None:
-    tp, pp, vpp, iteration = CASES[name]
+    tp, pp, vpp, dp, distopt, iteration = CASES[name]
     case = out_root / name
     if case.exists():
         shutil.rmtree(case)
     ckpt = case / "ckpt"
     ckpt.mkdir(parents=True)
-    ws = tp * pp
+    ws = tp * pp * dp
     with tempfile.TemporaryDirectory() as dist_tmp:
-        mp.spawn(save_job, args=(ws, free_port(), tp, pp, vpp, iteration, str(ckpt), dist_tmp), nprocs=ws, join=True)
+        mp.spawn(save_job, args=(ws, free_port(), tp, pp, vpp, dp, distopt, iteration, str(ckpt), dist_tmp), nprocs=ws, join=True)
         mp.spawn(reference_job, args=(1, free_port(), dist_tmp, str(case)), nprocs=1, join=True)
     import megatron.core
     info = {
         "megatron_core": megatron.core.__version__, "megatron_lm": "core_v0.16.1", "torch": torch.__version__,
         "python": sys.version.split()[0], "ckpt_format": "torch",
-        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "data_parallel_size": 1,
+        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "data_parallel_size": dp,
         "virtual_pipeline_model_parallel_size": vpp,
         "iteration": iteration, "num_layers": NUM_LAYERS, "hidden_size": HIDDEN, "num_attention_heads": HEADS,
         "num_query_groups": GROUPS, "ffn_hidden_size": FFN, "vocab_size": VOCAB,
-        "spec": "get_gpt_layer_local_spec (SwiGLU, GQA)", "optimizer": "adam (plain, not distributed)",
+        "spec": "get_gpt_layer_local_spec (SwiGLU, GQA)", "optimizer": "adam, " + ("distributed (distrib_optim.pt)" if distopt else "plain (not distributed)"),
     }
     (case / "case.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"{name}: {sum(f.stat().st_size for f in case.rglob('*') if f.is_file())} bytes")

@@ -399,6 +399,11 @@ TEST_CASE("reader conformance: megatron-legacy: PP=2 with 2 virtual stages per r
                 testdata("megatron_legacy/gpt_pp2_vpp2/model_ref.pt"), SourceKind::kMegatronLegacy, 2});
 }
 
+TEST_CASE("reader conformance: megatron-legacy: TP=2 x DP=2, distributed optimizer (model)", "[formats][conformance]") {
+  check_reader({testdata("megatron_legacy/gpt_tp2_dp2_distopt/ckpt/iter_0000005"), "model",
+                testdata("megatron_legacy/gpt_tp2_dp2_distopt/model_ref.pt"), SourceKind::kMegatronLegacy, 2});
+}
+
 TEST_CASE("reader conformance: megatron-legacy: the root, read at the tracker's iteration (model)",
           "[formats][conformance]") {
   check_reader({testdata("megatron_legacy/gpt_tp2pp2/ckpt"), "model",
