@@ -216,10 +216,37 @@ def test_a_truncated_rank_file_is_named(tmp_path, run_ckptconv):
     assert r.returncode == 1 and "mp_rank_01_000/model_optim_rng.pt" in r.stdout
 
 
-def _rewrite(path, edit):
+def _rewrite(path, edit, entry="model"):
     sd = load_rank(path)
-    edit(sd["model"])
+    edit(sd[entry])
     torch.save(sd, path)
+
+
+def test_args_calling_for_ranks_that_are_not_there_is_an_error(tmp_path, run_ckptconv, megatron_enums):
+    # The degrees come from the first rank's args: TP 3 calls for mp_rank_02_*.
+    root = copy_ckpt(tmp_path)
+    _rewrite(rank_file(root, "mp_rank_00_000"), lambda a: setattr(a, "tensor_model_parallel_size", 3), "args")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "mp_rank_02_000" in r.stderr and "TP rank 2, PP rank 0" in r.stderr
+    assert not list(tmp_path.glob("m.pt*"))
+
+
+def test_rank_folders_beyond_the_args_degrees_are_an_error(tmp_path, run_ckptconv, megatron_enums):
+    root = copy_ckpt(tmp_path)
+    _rewrite(rank_file(root, "mp_rank_00_000"), lambda a: setattr(a, "pipeline_model_parallel_size", 1), "args")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "outside the job's TP 2 x PP 1" in r.stderr
+    assert not list(tmp_path.glob("m.pt*"))
+
+
+def test_ranks_of_different_iterations_are_not_one_checkpoint(tmp_path, run_ckptconv, megatron_enums):
+    root = copy_ckpt(tmp_path)
+    path = rank_file(root, "mp_rank_01_001")
+    sd = load_rank(path)
+    sd["iteration"] = 6
+    torch.save(sd, path)
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "mp_rank_01_001" in r.stderr and "iteration 6" in r.stderr
 
 
 def test_tp_ranks_disagreeing_on_a_whole_tensor_is_an_error(tmp_path, run_ckptconv, megatron_enums):
