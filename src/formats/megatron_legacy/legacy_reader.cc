@@ -124,8 +124,8 @@ class LegacyReader {
                ": --only optim of a Megatron-LM legacy (torch) checkpoint is not supported yet (the optimizer's "
                "state is stored per rank without parameter names); --only model reads the model");
     std::map<std::pair<int, int>, std::string> found = rank_folders();
-    RankFile first = decode({0, 0, found.begin()->second});
-    if (!first.decoded) fail(ErrorCode::kInternal, "unreachable: the first rank's file is decoded or failed");
+    // The first folder's args give the degrees every other folder is checked against.
+    RankFile first = decode(rank_file_path(found.begin()->second));
     args_ = first.decoded->root->get("args");
     if (args_) args_ = mapping_of(args_);
     degrees_ = degrees_of(first);
@@ -164,8 +164,12 @@ class LegacyReader {
     return out;
   }
 
-  RankFile decode(RankFile r) {
-    r.path = (fs::path(dir_) / r.path / kRankFile).string();
+  std::string rank_file_path(const std::string& folder) const { return (fs::path(dir_) / folder / kRankFile).string(); }
+
+  // The rank file at `path` decoded (its TP and PP rank set by the caller).
+  RankFile decode(const std::string& path) {
+    RankFile r;
+    r.path = path;
     // The optimizer and RNG states are not consolidated: with --only model,
     // a job's own class in them is skipped with a warning.
     auto uses = [this](const std::string& key) { return only_.empty() || key == "args" || key.rfind("model", 0) == 0; };
@@ -210,7 +214,7 @@ class LegacyReader {
     for (int pp = 0; pp < degrees_.pp; ++pp)
       for (int tp = 0; tp < degrees_.tp; ++tp) {
         std::string name = rank_folder_name(tp, pp, 0, static_cast<int>(degrees_.pp), 1);
-        std::string path = (fs::path(dir_) / name / kRankFile).string();
+        std::string path = rank_file_path(name);
         if (found.count({tp, degrees_.pp > 1 ? pp : 0}) == 0 || !is_regular_file(path)) {
           report(path + ": missing (TP rank " + std::to_string(tp) + ", PP rank " + std::to_string(pp) + " of TP " +
                      std::to_string(degrees_.tp) + " x PP " + std::to_string(degrees_.pp) +
@@ -226,9 +230,8 @@ class LegacyReader {
           first.decoded.reset();
           continue;
         }
-        RankFile r{tp, pp, name, std::nullopt};
-        r.path = (fs::path(dir_) / name / kRankFile).string();
-        run_reporting(sink_, r.path, -1, "", [&] { r = decode({tp, pp, name, std::nullopt}); });
+        RankFile r{tp, pp, path, std::nullopt};
+        run_reporting(sink_, path, -1, "", [&] { r.decoded = decode(path).decoded; });
         if (!r.decoded) complete_ = false;
         ranks_.push_back(std::move(r));
       }
