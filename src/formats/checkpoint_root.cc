@@ -9,6 +9,7 @@
 #include "formats/dcp/dcp_reader.h"
 #include "formats/ds_universal/ds_universal_reader.h"
 #include "formats/latest_file.h"
+#include "formats/megatron_legacy/legacy_reader.h"
 #include "formats/probe.h"
 #include "formats/zero/zero_reader.h"
 #include "io/containment.h"
@@ -71,7 +72,9 @@ std::optional<RootEntry> entry_of(const fs::path& dir) {
   } else if (auto kind = directory_kind(e.path)) {
     e.kind = source_format_name(*kind);
     e.complete = true;
-    e.world_size = distcp_world_size(*kind == SourceKind::kDcpPair ? dir / dcp_pair_model_dir : dir);
+    e.world_size = *kind == SourceKind::kMegatronLegacy
+                       ? megatron_legacy::rank_folder_count(e.path)
+                       : distcp_world_size(*kind == SourceKind::kDcpPair ? dir / dcp_pair_model_dir : dir);
   } else if (holds_distcp(dir)) {  // a DCP save that never wrote .metadata
     e.kind = "dcp";
     e.world_size = distcp_world_size(dir);
@@ -172,6 +175,23 @@ ChosenCheckpoint choose_deepspeed_tag(const std::string& src, const std::string&
   return {dir.string(), why};
 }
 
+// A Megatron-LM legacy root read with no --tag or --tag latest: the
+// iteration its tracker (latest_checkpointed_iteration.txt) names, as
+// Megatron-LM's load_checkpoint reads it; nullopt when there is no tracker
+// or --tag names a folder.
+std::optional<ChosenCheckpoint> megatron_tracked(const std::string& src, const std::string& tag,
+                                                 const std::vector<RootEntry>& entries) {
+  if (!tag.empty() && tag != "latest") return std::nullopt;
+  std::optional<std::string> name = megatron_legacy::tracker_folder(src);
+  if (!name) return std::nullopt;
+  const std::string tracker = (fs::path(src) / megatron_legacy::kTrackerFile).string();
+  for (const auto& e : entries)
+    if (e.name == *name)
+      return ChosenCheckpoint{e.path, (tag.empty() ? "no --tag: " : "--tag latest: ") + std::string("the iteration ") +
+                                          tracker + " names; --tag NAME reads another"};
+  fail(ErrorCode::kNotFound, tracker + " names '" + *name + "', which is no checkpoint here; " + listing(src, entries));
+}
+
 }  // namespace
 
 std::vector<RootEntry> list_checkpoints(const std::string& dir) {
@@ -194,6 +214,11 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir) {
       for (auto& e : out) e.latest = e.latest || e.name == *latest;
     if (auto universal = pointer_tag(fs::path(dir), "latest_universal"))
       for (auto& e : out) e.latest_universal = e.name == *universal;
+    try {  // a Megatron-LM tracker names the iteration a resuming job loads (a malformed one: see choose_checkpoint)
+      if (auto tracked = megatron_legacy::tracker_folder(dir))
+        for (auto& e : out) e.latest = e.latest || e.name == *tracked;
+    } catch (const Error&) {
+    }
   }
   return out;
 }
@@ -234,6 +259,7 @@ ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& ta
   }
   std::vector<RootEntry> entries = list_checkpoints(src);
   if (entries.empty()) return {src, ""};  // detect_source names what is missing
+  if (std::optional<ChosenCheckpoint> tracked = megatron_tracked(src, tag, entries)) return *tracked;
   if (tag.empty()) {
     read_latest_tag(fs::path(src) / "latest");  // a `latest` there must name a tag, read or not
     if (entries.size() == 1 && entries[0].complete) return {entries[0].path, "the only checkpoint in " + src};

@@ -36,6 +36,9 @@ const InputFormat& input_format();
 namespace megatron {
 const InputFormat& input_format();
 }
+namespace megatron_legacy {
+const InputFormat& input_format();
+}
 #ifdef CKPT_HAVE_HDF5
 namespace hdf5 {
 const InputFormat& input_format();
@@ -67,12 +70,19 @@ const InputFormat& hdf5_unavailable() {
 
 const std::vector<const InputFormat*>& input_formats() {
   static const std::vector<const InputFormat*> formats = {
-      &torch_pt::input_format(),    &dcp::dir_format(),
-      &dcp::pair_format(),          &fsdp_ranks::input_format(),
-      &zero::input_format(),        &safetensors::file_format(),
-      &safetensors::index_format(), &safetensors::folder_format(),
-      &dcp_hf::input_format(),      &ds_universal::input_format(),
-      &megatron::input_format(),    &safetensors::bin_folder_format(),
+      &torch_pt::input_format(),
+      &dcp::dir_format(),
+      &dcp::pair_format(),
+      &fsdp_ranks::input_format(),
+      &zero::input_format(),
+      &safetensors::file_format(),
+      &safetensors::index_format(),
+      &safetensors::folder_format(),
+      &dcp_hf::input_format(),
+      &ds_universal::input_format(),
+      &megatron::input_format(),
+      &safetensors::bin_folder_format(),
+      &megatron_legacy::input_format(),
 #ifdef CKPT_HAVE_HDF5
       &hdf5::input_format(),
 #else

@@ -17,6 +17,7 @@ const char* source_kind_name(SourceKind kind) {
     case SourceKind::kDsUniversal: return "DeepSpeed universal checkpoint";
     case SourceKind::kMegatron: return "Megatron-core torch_dist checkpoint";
     case SourceKind::kHfBinFolder: return "Hugging Face model folder (pytorch_model.bin)";
+    case SourceKind::kMegatronLegacy: return "Megatron-LM legacy (torch) checkpoint";
   }
   return "?";
 }
@@ -36,6 +37,7 @@ const char* source_format_name(SourceKind kind) {
     case SourceKind::kDsUniversal: return "deepspeed-universal";
     case SourceKind::kMegatron: return "megatron-torch-dist";
     case SourceKind::kHfBinFolder: return "pt";
+    case SourceKind::kMegatronLegacy: return "megatron-legacy";
   }
   return "?";
 }

@@ -25,6 +25,8 @@ namespace ckpt {
 // DCP_SHARDING_INFO, no .metadata).
 // kDsUniversal: a DeepSpeed universal checkpoint (zero/<fqn>/*.pt).
 // kMegatron: a Megatron-core torch_dist directory (DCP + metadata.json).
+// kMegatronLegacy: a Megatron-LM ckpt_format=torch iteration folder
+// (mp_rank_<tp>[_<pp>][_<ep>]/model_optim_rng.pt per model-parallel rank).
 // kHfFolder: a Hugging Face model folder (save_pretrained): safetensors
 // weights, with or without their index, beside config.json and the like.
 // kHfBinFolder: the same with pytorch_model.bin weights (older
@@ -42,7 +44,8 @@ enum class SourceKind {
   kDcpHf,
   kDsUniversal,
   kMegatron,
-  kHfBinFolder
+  kHfBinFolder,
+  kMegatronLegacy
 };
 
 // For messages: "DCP directory", "per-rank files", ...
@@ -141,7 +144,8 @@ struct SourceInfo {
 
   bool is_sharded_source() const {
     return kind == SourceKind::kDcpDir || kind == SourceKind::kFsdpRanks || kind == SourceKind::kZero ||
-           kind == SourceKind::kDcpPair || kind == SourceKind::kDcpHf || kind == SourceKind::kMegatron;
+           kind == SourceKind::kDcpPair || kind == SourceKind::kDcpHf || kind == SourceKind::kMegatron ||
+           kind == SourceKind::kMegatronLegacy;
   }
 };
 

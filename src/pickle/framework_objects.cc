@@ -148,6 +148,15 @@ constexpr FrameworkEnumMember kFrameworkEnums[] = {
     {kMegatronEnums, "CudaGraphScope", "moe_router", 5},
     {kMegatronEnums, "CudaGraphScope", "moe_preprocess", 6},
     {kMegatronEnums, "CudaGraphScope", "mamba", 7},
+    // Megatron-LM's args.exit_signal (training_config.py: a signal.Signals,
+    // SIGTERM by default) is in every legacy rank file; the catchable
+    // signals a job may name, as Linux numbers them.
+    {"signal", "Signals", "SIGHUP", 1},
+    {"signal", "Signals", "SIGINT", 2},
+    {"signal", "Signals", "SIGQUIT", 3},
+    {"signal", "Signals", "SIGUSR1", 10},
+    {"signal", "Signals", "SIGUSR2", 12},
+    {"signal", "Signals", "SIGTERM", 15},
 };
 
 }  // namespace

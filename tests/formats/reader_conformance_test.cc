@@ -234,9 +234,10 @@ void check_reader(const Case& c) {
 // A new row of the registry (formats/registry.cc) needs a case below.
 TEST_CASE("reader conformance: every registered source kind has its case", "[formats][conformance]") {
   const std::vector<SourceKind> covered = {
-      SourceKind::kTorchPt,  SourceKind::kDcpDir,      SourceKind::kDcpPair,     SourceKind::kFsdpRanks,
-      SourceKind::kZero,     SourceKind::kDsUniversal, SourceKind::kMegatron,    SourceKind::kDcpHf,
-      SourceKind::kHfFolder, SourceKind::kHfBinFolder, SourceKind::kSafetensors, SourceKind::kSafetensorsIndex,
+      SourceKind::kTorchPt,        SourceKind::kDcpDir,      SourceKind::kDcpPair,     SourceKind::kFsdpRanks,
+      SourceKind::kZero,           SourceKind::kDsUniversal, SourceKind::kMegatron,    SourceKind::kDcpHf,
+      SourceKind::kHfFolder,       SourceKind::kHfBinFolder, SourceKind::kSafetensors, SourceKind::kSafetensorsIndex,
+      SourceKind::kMegatronLegacy,
 #ifdef CKPT_HAVE_HDF5
       SourceKind::kHdf5,
 #endif
@@ -381,6 +382,32 @@ TEST_CASE("reader conformance: deepspeed-universal: from ZeRO-3, tag folder (mod
 TEST_CASE("reader conformance: megatron-torch-dist: torch_dist TP=2 x PP=2 (model)", "[formats][conformance]") {
   check_reader({testdata("megatron/gpt_tp2pp2/ckpt"), "model", testdata("megatron/gpt_tp2pp2/model_ref.pt"),
                 SourceKind::kMegatron, 4});
+}
+
+// ---- Megatron-LM's legacy (ckpt_format=torch) rank folders, written by its
+// own save_checkpoint, against megatron-core's dist_checkpointing.load of
+// the same weights into a TP=1/PP=1 model (its state_dict_for_save_checkpoint)
+
+TEST_CASE("reader conformance: megatron-legacy: TP=2 x PP=2, SwiGLU, GQA (model)", "[formats][conformance]") {
+  check_reader({testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), "model",
+                testdata("megatron_legacy/gpt_tp2pp2/model_ref.pt"), SourceKind::kMegatronLegacy, 4});
+}
+
+TEST_CASE("reader conformance: megatron-legacy: PP=2 with 2 virtual stages per rank (model)",
+          "[formats][conformance]") {
+  check_reader({testdata("megatron_legacy/gpt_pp2_vpp2/ckpt/iter_0000003"), "model",
+                testdata("megatron_legacy/gpt_pp2_vpp2/model_ref.pt"), SourceKind::kMegatronLegacy, 2});
+}
+
+TEST_CASE("reader conformance: megatron-legacy: TP=2 x DP=2, distributed optimizer (model)", "[formats][conformance]") {
+  check_reader({testdata("megatron_legacy/gpt_tp2_dp2_distopt/ckpt/iter_0000005"), "model",
+                testdata("megatron_legacy/gpt_tp2_dp2_distopt/model_ref.pt"), SourceKind::kMegatronLegacy, 2});
+}
+
+TEST_CASE("reader conformance: megatron-legacy: the root, read at the tracker's iteration (model)",
+          "[formats][conformance]") {
+  check_reader({testdata("megatron_legacy/gpt_tp2pp2/ckpt"), "model",
+                testdata("megatron_legacy/gpt_tp2pp2/model_ref.pt"), SourceKind::kMegatronLegacy, 4});
 }
 
 // ---- torch's DCP Hugging Face layout, against the job's own full state dict

@@ -46,7 +46,7 @@ TEST_CASE("every source kind has one registered input format", "[formats][regist
   for (SourceKind k : {SourceKind::kTorchPt, SourceKind::kDcpDir, SourceKind::kFsdpRanks, SourceKind::kSafetensors,
                        SourceKind::kSafetensorsIndex, SourceKind::kHdf5, SourceKind::kZero, SourceKind::kDcpPair,
                        SourceKind::kHfFolder, SourceKind::kDcpHf, SourceKind::kDsUniversal, SourceKind::kMegatron,
-                       SourceKind::kHfBinFolder})
+                       SourceKind::kHfBinFolder, SourceKind::kMegatronLegacy})
     CHECK(seen.count(k) == 1);
 }
 

@@ -1,0 +1,507 @@
+#include "formats/megatron_legacy/legacy_reader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/megatron_legacy/tp_layout.h"
+#include "formats/torch_pt/quarantined_pt.h"
+#include "io/byte_source.h"
+#include "io/storage.h"
+#include "model/tree_walk.h"
+
+namespace ckpt::megatron_legacy {
+namespace {
+
+namespace fs = std::filesystem;
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+// The tracker holds a number or "release" and a newline; anything longer is not one.
+constexpr uint64_t kMaxTrackerBytes = 64;
+// Degrees past these are not a job's: a hostile args would make the reader
+// expect millions of rank folders.
+constexpr int64_t kMaxDegree = 1 << 16;
+// Whole tensors are compared across TP ranks byte for byte in memory
+// (layer norms, biases, position embeddings: hidden-sized, or seq x hidden).
+constexpr uint64_t kMaxWholeCompareBytes = uint64_t{1} << 30;
+
+// The top-level entries one rank's file holds alike on every rank, given
+// once from the first rank's file. `optimizer` and `rng_state` differ per
+// rank and are not consolidated (see warn_dropped).
+const std::set<std::string>& kJobEntries() {
+  static const std::set<std::string> k = {"args",
+                                          "checkpoint_version",
+                                          "iteration",
+                                          "num_floating_point_operations_so_far",
+                                          "opt_param_scheduler",
+                                          "rerun_state_machine"};
+  return k;
+}
+
+// One rank's model_optim_rng.pt.
+struct RankFile {
+  int tp = 0, pp = 0;
+  std::string path;
+  std::optional<torch_pt::QuarantinedPt> decoded;  // absent: missing or unreadable (validate read on)
+};
+
+// The sizes the job ran at, from its args.
+struct Degrees {
+  int64_t tp = 1, pp = 1, ep = 1, vpp = 0;  // vpp 0: no virtual pipelining
+  int64_t num_layers = -1;
+  bool swiglu = false;
+};
+
+int64_t int_arg(const ValuePtr& args, std::string_view name, int64_t fallback) {
+  ValuePtr v = args ? args->get(name) : nullptr;
+  return v && v->is(Kind::kInt) ? v->int_value : fallback;
+}
+
+// The tensor a model entry's value references in `file`; nullptr for a
+// plain value (an _extra_state object, None).
+const TensorEntry* tensor_of(const torch_pt::QuarantinedPt& file, const Value& v) {
+  auto idx = tensor_ref_index(v);
+  return idx ? &file.tensors.at(*idx) : nullptr;
+}
+
+// The bytes of `t` (one chunk) in row-major order; for comparing small
+// tensors every TP rank holds whole.
+std::string row_major_bytes(const TensorEntry& t) {
+  const std::size_t item = dtype_size(t.dtype);
+  std::string out;
+  if (t.chunks.size() != 1)
+    fail(ErrorCode::kInternal, t.name + ": a torch.save tensor of " + std::to_string(t.chunks.size()) + " chunks");
+  const TensorChunk& c = t.chunks[0];
+  out.resize(c.numel() * item);
+  if (out.empty()) return out;
+  const std::size_t nd = c.sizes.size();
+  const int64_t run = nd ? c.sizes.back() : 1;
+  const bool contiguous_rows = nd == 0 || c.strides.back() == 1;
+  Shape idx(nd, 0);
+  std::size_t written = 0;
+  while (written < out.size()) {
+    int64_t at = c.storage_offset;
+    for (std::size_t d = 0; d < nd; ++d) at += idx[d] * c.strides[d];
+    if (contiguous_rows) {
+      c.storage->read(static_cast<uint64_t>(at) * item, out.data() + written, static_cast<std::size_t>(run) * item);
+    } else {
+      for (int64_t k = 0; k < run; ++k)
+        c.storage->read(static_cast<uint64_t>(at + k * c.strides.back()) * item, out.data() + written + k * item, item);
+    }
+    written += static_cast<std::size_t>(run) * item;
+    for (std::size_t d = nd > 0 ? nd - 1 : 0; d-- > 0;) {  // the next row
+      if (++idx[d] < c.sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+// `t`'s one chunk narrowed to rows [from, from + rows) of dim 0, placed at
+// global row `at`.
+TensorChunk rows_of(const TensorEntry& t, int64_t from, int64_t rows, int64_t at) {
+  TensorChunk c = t.chunks.at(0);
+  c.storage_offset += from * c.strides[0];
+  c.sizes[0] = rows;
+  c.offsets[0] = at;
+  return c;
+}
+
+class LegacyReader {
+ public:
+  LegacyReader(std::string dir, ProblemSink* sink, std::string only)
+      : dir_(std::move(dir)), sink_(sink), only_(std::move(only)) {}
+
+  CheckpointModel read() {
+    if (only_ == "optim")
+      fail(ErrorCode::kUnimplemented,
+           dir_ +
+               ": --only optim of a Megatron-LM legacy (torch) checkpoint is not supported yet (the optimizer's "
+               "state is stored per rank without parameter names); --only model reads the model");
+    std::map<std::pair<int, int>, std::string> found = rank_folders();
+    // The first folder's args give the degrees every other folder is checked against.
+    RankFile first = decode(rank_file_path(found.begin()->second));
+    args_ = first.decoded->root->get("args");
+    if (args_) args_ = mapping_of(args_);
+    degrees_ = degrees_of(first);
+    read_all_ranks(found, std::move(first));
+    CheckpointModel model;
+    model.source = dir_;
+    model.info.kind = SourceKind::kMegatronLegacy;
+    model.info.world_sizes = {static_cast<int>(degrees_.tp * degrees_.pp)};
+    for (const RankFile& r : ranks_)
+      if (r.decoded) model.info.files.push_back(r.path);
+    std::sort(model.info.files.begin(), model.info.files.end());
+    add_facts(model);
+    ValuePtr root = Value::dict();
+    if (complete_) root->entries.emplace_back(Value::str("model"), merged_model(model));
+    if (only_.empty()) add_job_entries(model, root);
+    model.root = root;
+    prune_unreferenced(model.root, model.tensors);
+    return model;
+  }
+
+ private:
+  // The rank folders by their numbers (tp, second number or 0).
+  std::map<std::pair<int, int>, std::string> rank_folders() const {
+    std::map<std::pair<int, int>, std::string> out;
+    for (const DirEntry& e : list_directory(dir_)) {
+      if (!e.is_directory()) continue;
+      std::optional<RankFolderName> n = parse_rank_folder(e.name);
+      if (!n) continue;
+      if (n->third)
+        fail(ErrorCode::kUnimplemented, e.path +
+                                            ": a rank folder of an expert-parallel job (mp_rank_<tp>_<pp>_<ep>); "
+                                            "expert parallelism in legacy checkpoints is not supported yet");
+      out[{n->tp, n->second.value_or(0)}] = e.name;
+    }
+    if (out.empty()) fail(ErrorCode::kNotFound, dir_ + ": no mp_rank_* folders (not a Megatron-LM legacy checkpoint)");
+    return out;
+  }
+
+  std::string rank_file_path(const std::string& folder) const { return (fs::path(dir_) / folder / kRankFile).string(); }
+
+  // The rank file at `path` decoded (its TP and PP rank set by the caller).
+  RankFile decode(const std::string& path) {
+    RankFile r;
+    r.path = path;
+    // The optimizer and RNG states are not consolidated: with --only model,
+    // a job's own class in them is skipped with a warning.
+    auto uses = [this](const std::string& key) { return only_.empty() || key == "args" || key.rfind("model", 0) == 0; };
+    r.decoded = torch_pt::decode_quarantined(r.path, -1, sink_, only_, uses,
+                                             "the training job's own state in a Megatron-LM rank file",
+                                             "a Megatron-LM rank file (a dict with args and model)");
+    return r;
+  }
+
+  Degrees degrees_of(const RankFile& first) const {
+    if (!args_ || !args_->is(Kind::kDict))
+      fail_data_loss(first.path + ": no `args` (an argparse.Namespace), which Megatron-LM saves in every rank file");
+    Degrees d;
+    d.tp = int_arg(args_, "tensor_model_parallel_size", 1);
+    d.pp = int_arg(args_, "pipeline_model_parallel_size", 1);
+    d.ep = int_arg(args_, "expert_model_parallel_size", 1);
+    d.vpp = int_arg(args_, "virtual_pipeline_model_parallel_size", 0);
+    d.num_layers = int_arg(args_, "num_layers", -1);
+    ValuePtr swiglu = args_->get("swiglu");
+    d.swiglu = swiglu && swiglu->is(Kind::kBool) && swiglu->as_bool();
+    for (auto [name, v] : {std::pair{"tensor_model_parallel_size", d.tp},
+                           {"pipeline_model_parallel_size", d.pp},
+                           {"expert_model_parallel_size", d.ep}})
+      if (v < 1 || v > kMaxDegree)
+        fail_data_loss(first.path + ": args." + name + " = " + std::to_string(v) + ", not a parallel degree");
+    if (d.ep > 1 || int_arg(args_, "num_experts", 0) > 0)
+      fail(ErrorCode::kUnimplemented, first.path +
+                                          ": a mixture-of-experts job (args.num_experts, expert_model_"
+                                          "parallel_size); its legacy checkpoints are not supported yet");
+    return d;
+  }
+
+  // Every rank folder the degrees call for is read; one missing, or
+  // unreadable, is an error naming it (under validate: a problem each,
+  // and no model is built from the rest).
+  void read_all_ranks(const std::map<std::pair<int, int>, std::string>& found, RankFile first) {
+    for (const auto& [at, name] : found)
+      if (at.first >= degrees_.tp || at.second >= degrees_.pp)
+        report(dir_ + "/" + name + ": a rank folder outside the job's TP " + std::to_string(degrees_.tp) + " x PP " +
+                   std::to_string(degrees_.pp) + " (args of " + first.path + ")",
+               dir_ + "/" + name);
+    for (int pp = 0; pp < degrees_.pp; ++pp)
+      for (int tp = 0; tp < degrees_.tp; ++tp) {
+        std::string name = rank_folder_name(tp, pp, 0, static_cast<int>(degrees_.pp), 1);
+        std::string path = rank_file_path(name);
+        if (found.count({tp, degrees_.pp > 1 ? pp : 0}) == 0 || !is_regular_file(path)) {
+          report(path + ": missing (TP rank " + std::to_string(tp) + ", PP rank " + std::to_string(pp) + " of TP " +
+                     std::to_string(degrees_.tp) + " x PP " + std::to_string(degrees_.pp) +
+                     "); every model-parallel rank's file is needed",
+                 path, ErrorCode::kNotFound);
+          ranks_.push_back({tp, pp, path, std::nullopt});
+          continue;
+        }
+        if (first.decoded && first.path == path) {
+          first.tp = tp;
+          first.pp = pp;
+          ranks_.push_back(std::move(first));
+          first.decoded.reset();
+          continue;
+        }
+        RankFile r{tp, pp, path, std::nullopt};
+        run_reporting(sink_, path, -1, "", [&] { r.decoded = decode(path).decoded; });
+        if (!r.decoded) complete_ = false;
+        ranks_.push_back(std::move(r));
+      }
+    check_iterations();
+  }
+
+  void report(const std::string& message, const std::string& file, ErrorCode code = ErrorCode::kDataLoss) {
+    complete_ = false;
+    report_or_fail(sink_, Problem{code, message, file});
+  }
+
+  const RankFile& rank(int tp, int pp) const { return ranks_.at(static_cast<std::size_t>(pp * degrees_.tp + tp)); }
+
+  // Every rank saved the same iteration (a folder mixing two saves is not one checkpoint).
+  void check_iterations() {
+    const RankFile* ref = nullptr;
+    for (const RankFile& r : ranks_) {
+      if (!r.decoded) continue;
+      ValuePtr it = r.decoded->root->get("iteration");
+      int64_t n = it && it->is(Kind::kInt) ? it->int_value : -1;
+      if (!ref) {
+        ref = &r;
+        iteration_ = n;
+      } else if (n != iteration_) {
+        report(r.path + ": iteration " + std::to_string(n) + ", but " + ref->path + " holds iteration " +
+                   std::to_string(iteration_) + "; not one save",
+               r.path);
+      }
+    }
+  }
+
+  // The model dict of one rank for virtual stage `v`: `model`, or `model<v>`.
+  ValuePtr model_dict(const RankFile& r, int64_t v) const {
+    std::string key = degrees_.vpp > 1 ? "model" + std::to_string(v) : "model";
+    ValuePtr m = r.decoded->root->get(key);
+    if (!m) fail_data_loss(r.path + ": no '" + key + "' entry");
+    m = mapping_of(m);
+    if (!m->is(Kind::kDict)) fail_data_loss(r.path + ": '" + key + "' is not a state dict");
+    return m;
+  }
+
+  // The model at TP=1/PP=1. Stages in the order their layers have in the
+  // model: virtual stage v of pipeline rank p holds the (v * PP + p)-th run
+  // of layers, so each stage's layers start where the earlier stages' end,
+  // whatever the split (even or not: args.decoder_first_pipeline_num_layers
+  // and the like); the total is checked against args.num_layers.
+  ValuePtr merged_model(CheckpointModel& model) {
+    ValuePtr out = Value::dict();
+    int64_t offset = 0;
+    const int64_t chunks = std::max<int64_t>(degrees_.vpp, 1);
+    for (int64_t v = 0; v < chunks; ++v)
+      for (int pp = 0; pp < degrees_.pp; ++pp) offset += merge_stage(model, out, v, pp, offset);
+    if (degrees_.num_layers >= 0 && offset != degrees_.num_layers)
+      fail_data_loss(dir_ + ": the rank files hold " + std::to_string(offset) +
+                     " transformer layers, args.num_layers " + "says " + std::to_string(degrees_.num_layers));
+    return out;
+  }
+
+  // One (virtual) stage's entries, merged over its TP ranks, into `out`;
+  // returns how many layers it holds.
+  int64_t merge_stage(CheckpointModel& model, ValuePtr& out, int64_t v, int pp, int64_t offset) {
+    std::vector<ValuePtr> dicts;
+    for (int tp = 0; tp < degrees_.tp; ++tp) dicts.push_back(model_dict(rank(tp, pp), v));
+    std::set<int64_t> layers;
+    for (const auto& [k, val] : dicts[0]->entries)
+      if (auto at = layer_index_in(path_component(*k))) layers.insert(at->index);
+    const int64_t n = static_cast<int64_t>(layers.size());
+    if (n > 0 && *layers.rbegin() != n - 1)
+      fail_data_loss(rank(0, pp).path + ": layers " + std::to_string(*layers.begin()) + ".." +
+                     std::to_string(*layers.rbegin()) + " but only " + std::to_string(n) +
+                     " of them; a stage numbers its layers from 0");
+    for (int tp = 1; tp < degrees_.tp; ++tp)
+      if (dicts[static_cast<std::size_t>(tp)]->entries.size() != dicts[0]->entries.size())
+        fail_data_loss(rank(tp, pp).path + ": " + std::to_string(dicts[static_cast<std::size_t>(tp)]->entries.size()) +
+                       " model entries, " + rank(0, pp).path + " " + std::to_string(dicts[0]->entries.size()) +
+                       "; TP ranks of one stage hold the same entries");
+    for (const auto& [k, val] : dicts[0]->entries) {
+      const std::string key = path_component(*k);
+      std::string name = key;
+      if (auto at = layer_index_in(key)) name.replace(at->pos, at->len, std::to_string(at->index + offset));
+      std::vector<ValuePtr> pieces;
+      for (int tp = 0; tp < degrees_.tp; ++tp) {
+        ValuePtr p = dicts[static_cast<std::size_t>(tp)]->get(key);
+        if (!p)
+          fail_data_loss(rank(tp, pp).path + ": no model entry '" + key + "', which " + rank(0, pp).path + " has");
+        pieces.push_back(p);
+      }
+      out->entries.emplace_back(Value::str(name),
+                                with_context(name, [&] { return merge_entry(model, pp, name, pieces); }));
+    }
+    return n;
+  }
+
+  // One entry of the TP=1 model from its TP pieces.
+  ValuePtr merge_entry(CheckpointModel& model, int pp, const std::string& name, const std::vector<ValuePtr>& pieces) {
+    const TensorEntry* t0 = tensor_of(*rank(0, pp).decoded, *pieces[0]);
+    if (!t0) return pieces[0];  // an _extra_state object (None for the local spec): TP rank 0's, as for torch_dist
+    std::vector<const TensorEntry*> ts;
+    for (int tp = 0; tp < degrees_.tp; ++tp) {
+      const TensorEntry* t = tensor_of(*rank(tp, pp).decoded, *pieces[static_cast<std::size_t>(tp)]);
+      if (!t || t->dtype != t0->dtype || t->shape.size() != t0->shape.size())
+        fail_data_loss(rank(tp, pp).path + ": '" + name + "' is not a tensor of the dtype and rank " +
+                       rank(0, pp).path + " holds");
+      ts.push_back(t);
+    }
+    TensorEntry out = *t0;
+    out.name = name;
+    if (degrees_.tp > 1) {
+      std::optional<TpSplit> split = tp_split_of(name, degrees_.swiglu);
+      if (!split)
+        fail(ErrorCode::kUnimplemented,
+             rank(0, pp).path + ": '" + name +
+                 "' is a parameter whose tensor-parallel layout ckptconv does not know (it knows megatron-core's "
+                 "embedding, linear_qkv, linear_proj, linear_fc1, linear_fc2, output_layer and layer norms); "
+                 "refusing to guess how its TP pieces join");
+      out = merge_tp(pp, name, ts, *split);
+    }
+    model.tensors.push_back(std::move(out));
+    return make_tensor_ref(model.tensors.size() - 1);
+  }
+
+  TensorEntry merge_tp(int pp, const std::string& name, const std::vector<const TensorEntry*>& ts, TpSplit split) {
+    TensorEntry out = *ts[0];
+    out.name = name;
+    if (split == TpSplit::kWhole || split == TpSplit::kExtraState) {
+      check_whole_equal(pp, name, ts);
+      return out;
+    }
+    const std::size_t dim = split == TpSplit::kDim1 ? 1 : 0;
+    if (out.shape.size() <= dim)
+      fail_data_loss(rank(0, pp).path + ": '" + name + "' of shape " + shape_str(out.shape) + " has no dim " +
+                     std::to_string(dim) + " to join its TP pieces on (" + tp_split_name(split) + ")");
+    for (std::size_t r = 0; r < ts.size(); ++r)
+      for (std::size_t d = 0; d < out.shape.size(); ++d)
+        if (d != dim && ts[r]->shape[d] != out.shape[d])
+          fail_data_loss(rank(static_cast<int>(r), pp).path + ": '" + name + "' has shape " + shape_str(ts[r]->shape) +
+                         ", TP rank 0's " + shape_str(out.shape) + "; its TP pieces differ beyond dim " +
+                         std::to_string(dim));
+    out.chunks.clear();
+    int64_t total = 0;
+    for (const TensorEntry* t : ts) total += t->shape[dim];
+    out.shape[dim] = total;
+    int64_t at = 0;
+    for (std::size_t r = 0; r < ts.size(); ++r) {
+      const TensorEntry& t = *ts[r];
+      if (t.chunks.size() != 1) fail(ErrorCode::kInternal, t.name + ": a torch.save tensor of several chunks");
+      if (split == TpSplit::kGatedDim0) {
+        // [gate_r; up_r] -> gate_r at the gate rows, up_r at the up rows (total / 2 on).
+        if (t.shape[0] % 2)
+          fail_data_loss(rank(static_cast<int>(r), pp).path + ": '" + name + "' has " + std::to_string(t.shape[0]) +
+                         " rows; a SwiGLU linear_fc1 piece holds [gate; up], an even number");
+        const int64_t half = t.shape[0] / 2;
+        out.chunks.push_back(rows_of(t, 0, half, at / 2));
+        out.chunks.push_back(rows_of(t, half, half, total / 2 + at / 2));
+      } else {
+        TensorChunk c = t.chunks[0];
+        c.offsets[dim] = at;
+        out.chunks.push_back(std::move(c));
+      }
+      at += t.shape[dim];
+    }
+    return out;
+  }
+
+  // Tensors every TP rank holds whole must be equal: a difference means the
+  // ranks' files are not of one step, or one is damaged.
+  void check_whole_equal(int pp, const std::string& name, const std::vector<const TensorEntry*>& ts) {
+    if (ts[0]->nbytes() > kMaxWholeCompareBytes) {
+      log::warn(rank(0, pp).path + ": '" + name + "' is too large to compare across TP ranks; TP rank 0's is used");
+      return;
+    }
+    const std::string ref = row_major_bytes(*ts[0]);
+    for (std::size_t r = 1; r < ts.size(); ++r) {
+      const std::string& where = rank(static_cast<int>(r), pp).path;
+      if (ts[r]->shape != ts[0]->shape)
+        fail_data_loss(where + ": '" + name + "' has shape " + shape_str(ts[r]->shape) + ", TP rank 0's " +
+                       shape_str(ts[0]->shape) + "; every TP rank holds it whole");
+      if (with_context(where, [&] { return row_major_bytes(*ts[r]); }) != ref)
+        fail_data_loss(where + ": '" + name + "' differs from TP rank 0's (" + rank(0, pp).path +
+                       "); every TP rank holds it whole and equal");
+    }
+  }
+
+  void add_facts(CheckpointModel& model) const {
+    std::string degrees = "TP " + std::to_string(degrees_.tp) + " x PP " + std::to_string(degrees_.pp);
+    if (degrees_.vpp > 1) degrees += " (virtual pipeline " + std::to_string(degrees_.vpp) + ")";
+    degrees += ", EP " + std::to_string(degrees_.ep);
+    int64_t dp = int_arg(args_, "data_parallel_size", -1);
+    if (dp > 0) degrees += ", DP " + std::to_string(dp);
+    model.facts["megatron parallelism"] = degrees;
+    model.facts["megatron iteration"] = fs::path(dir_).filename() == "release" ? "release" : std::to_string(iteration_);
+    if (!ranks_.empty() && ranks_[0].decoded)
+      if (ValuePtr v = ranks_[0].decoded->root->get("checkpoint_version"))
+        model.facts["megatron checkpoint_version"] = v->repr();
+    std::string key_args;
+    for (const char* a : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                          "swiglu", "padded_vocab_size", "params_dtype", "ckpt_format", "use_distributed_optimizer"})
+      if (ValuePtr v = args_ ? args_->get(a) : nullptr)
+        key_args += (key_args.empty() ? "" : ", ") + (a + ("=" + v->repr()));
+    model.facts["megatron args"] = key_args;
+  }
+
+  // Without --only: the job's entries from TP 0 / PP 0's file beside the
+  // merged model; the per-rank optimizer and RNG states are left out, saying so.
+  void add_job_entries(CheckpointModel& model, ValuePtr& root) {
+    const RankFile& r = ranks_.at(0);
+    if (!r.decoded) return;
+    CheckpointModel part;
+    part.root = Value::dict();
+    std::vector<std::string> dropped;
+    for (const auto& [k, v] : r.decoded->root->entries) {
+      std::string key = path_component(*k);
+      if (kJobEntries().count(key))
+        part.root->entries.emplace_back(k, v);
+      else if (key.rfind("model", 0) != 0)
+        dropped.push_back(key);
+    }
+    part.tensors = r.decoded->tensors;
+    ValuePtr adopted = adopt(model, std::move(part));
+    for (const auto& e : adopted->entries) root->entries.push_back(e);
+    if (!dropped.empty()) {
+      std::string names;
+      for (const auto& d : dropped) names += (names.empty() ? "" : ", ") + d;
+      log::warn(dir_ + ": " + names +
+                " differ per rank and are not consolidated (the model, args, iteration and the job's counters are)");
+    }
+  }
+
+  std::string dir_;
+  ProblemSink* sink_;
+  std::string only_;
+  ValuePtr args_;
+  Degrees degrees_;
+  std::vector<RankFile> ranks_;  // pp-major, tp-minor
+  int64_t iteration_ = -1;
+  bool complete_ = true;  // every rank file read (validate reads on past a missing one)
+};
+
+}  // namespace
+
+bool is_iteration_dir(const std::string& dir) {
+  if (!is_directory(dir)) return false;
+  for (const DirEntry& e : list_directory(dir))
+    if (e.is_directory() && parse_rank_folder(e.name)) return true;
+  return false;
+}
+
+int rank_folder_count(const std::string& dir) {
+  int n = 0;
+  for (const DirEntry& e : list_directory(dir)) n += e.is_directory() && parse_rank_folder(e.name) ? 1 : 0;
+  return n;
+}
+
+std::optional<std::string> tracker_folder(const std::string& root) {
+  const std::string path = (fs::path(root) / kTrackerFile).string();
+  if (!is_regular_file(path)) return std::nullopt;
+  std::string text = read_small_file(path, kMaxTrackerBytes);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  if (text == "release") return text;
+  const bool number = !text.empty() && text.size() <= 12 &&
+                      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!number)
+    fail_data_loss(path + ": holds '" + printable_text(text.substr(0, 32)) +
+                   "', not an iteration number or 'release' (Megatron-LM's tracker file)");
+  std::string digits = std::to_string(std::stoll(text));
+  return "iter_" + std::string(digits.size() < 7 ? 7 - digits.size() : 0, '0') + digits;
+}
+
+CheckpointModel read_legacy(const std::string& dir, ProblemSink* problems, const std::string& only) {
+  return LegacyReader(dir, problems, only).read();
+}
+
+}  // namespace ckpt::megatron_legacy

@@ -1,0 +1,278 @@
+"""Megatron-LM legacy checkpoints (ckpt_format=torch; testdata/megatron_legacy,
+tools/make_megatron_legacy_checkpoints.py): a GPT (local spec, SwiGLU,
+grouped-query attention) saved by Megatron-LM's own save_checkpoint at
+TP=2 x PP=2 with the plain optimizer, at PP=2 with 2 virtual stages per
+pipeline rank (model0/model1 in each file, layers interleaved), and at TP=2 x
+DP=2 with the distributed optimizer (distrib_optim.pt beside each rank file,
+not read: the model is).
+
+The reference is megatron-core's own reading of the same weights into a
+TP=1/PP=1 model (dist_checkpointing.load, then state_dict_for_save_checkpoint):
+what the consolidated model must be, bit for bit."""
+import enum
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from state_compare import assert_same
+
+REPO = Path(__file__).resolve().parent.parent
+ROOT = REPO / "testdata" / "megatron_legacy"
+CASE = ROOT / "gpt_tp2pp2"
+ITER = "iter_0000007"
+
+
+def load(p):
+    return torch.load(p, weights_only=True)
+
+
+def consolidate(run_ckptconv, src, out, *args):
+    r = run_ckptconv("consolidate", str(src), "-o", str(out), *args)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def copy_ckpt(tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(CASE / "ckpt", dst)
+    return dst
+
+
+def rank_file(root, folder):
+    return root / ITER / folder / "model_optim_rng.pt"
+
+
+@pytest.fixture
+def megatron_enums(monkeypatch):
+    """The one megatron class a rank file's args names (AttnBackend, with
+    megatron-core 0.16.1's members), importable under its own module path,
+    so that this venv (no megatron-core) loads our fixture's files whole and
+    saves them back naming the same global the same way."""
+    mod = types.ModuleType("megatron.core.transformer.enums")
+    mod.AttnBackend = enum.Enum("AttnBackend", {"flash": 1, "fused": 2, "unfused": 3, "local": 4, "auto": 5},
+                                module=mod.__name__)
+    for name in ("megatron", "megatron.core", "megatron.core.transformer"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+
+
+def load_rank(path):
+    # Our own fixture (args is an argparse.Namespace): weights_only=False.
+    return torch.load(path, weights_only=False)
+
+
+def test_the_fixture_is_megatron_lms_own_save():
+    info = json.loads((CASE / "case.json").read_text())
+    assert info["megatron_lm"] == "core_v0.16.1" and info["ckpt_format"] == "torch"
+    assert (info["tensor_model_parallel_size"], info["pipeline_model_parallel_size"]) == (2, 2)
+    assert info["num_query_groups"] < info["num_attention_heads"]
+    assert (CASE / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "7"
+    folders = sorted(p.name for p in (CASE / "ckpt" / ITER).iterdir())
+    assert folders == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
+
+
+@pytest.mark.parametrize("case", ["gpt_tp2pp2", "gpt_pp2_vpp2", "gpt_tp2_dp2_distopt"])
+def test_only_model_equals_megatron_load_at_tp1_pp1(case, tmp_path, run_ckptconv):
+    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "m.pt", "--only", "model")
+    got, want = load(tmp_path / "m.pt"), load(ROOT / case / "model_ref.pt")
+    # Same names (global layer index) in the same order, same bits.
+    assert_same(got, want)
+    assert got["decoder.layers.3.mlp.linear_fc1.weight"].shape == (24, 8)  # [gate; up] of ffn 12
+    assert got["decoder.layers.0.self_attention.linear_qkv.weight"].shape == (16, 8)  # 4 q heads + 2 k + 2 v, dim 2
+
+
+def test_distributed_optimizer_job_reads_its_model_and_says_dp(tmp_path, run_ckptconv):
+    case = ROOT / "gpt_tp2_dp2_distopt"
+    info = json.loads((case / "case.json").read_text())
+    assert (info["tensor_model_parallel_size"], info["data_parallel_size"]) == (2, 2)
+    it = case / "ckpt" / "iter_0000005"
+    # Only DP rank 0 writes: one folder per TP rank, its distrib_optim.pt beside.
+    assert sorted(p.name for p in it.iterdir()) == ["mp_rank_00", "mp_rank_01"]
+    assert all((it / f / "distrib_optim.pt").is_file() for f in ("mp_rank_00", "mp_rank_01"))
+    r = run_ckptconv("inspect", str(it))
+    assert r.returncode == 0, r.stderr
+    assert "megatron parallelism: TP 2 x PP 1, EP 1, DP 2" in r.stdout
+    assert "use_distributed_optimizer=True" in r.stdout
+
+
+def test_virtual_stages_interleave_their_layers(tmp_path, run_ckptconv, megatron_enums):
+    # Virtual stage v of pipeline rank p holds global layer v * PP + p (one layer each).
+    vpp = ROOT / "gpt_pp2_vpp2" / "ckpt"
+    assert json.loads((ROOT / "gpt_pp2_vpp2" / "case.json").read_text())["virtual_pipeline_model_parallel_size"] == 2
+    consolidate(run_ckptconv, vpp, tmp_path / "m.pt", "--only", "model")
+    got = load(tmp_path / "m.pt")
+    files = [load_rank(vpp / "iter_0000003" / f / "model_optim_rng.pt")
+             for f in ("mp_rank_00_000", "mp_rank_00_001")]
+    key = "decoder.layers.0.mlp.linear_fc2.weight"
+    for layer, (p, v) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
+        assert torch.equal(got[f"decoder.layers.{layer}.mlp.linear_fc2.weight"], files[p][f"model{v}"][key])
+
+
+def test_swiglu_halves_are_regrouped_not_concatenated(tmp_path, run_ckptconv, megatron_enums):
+    # Each TP rank holds [gate_r; up_r]: the TP=1 tensor is [gate_0; gate_1; up_0; up_1].
+    consolidate(run_ckptconv, CASE / "ckpt" / ITER, tmp_path / "m.pt", "--only", "model")
+    got = load(tmp_path / "m.pt")["decoder.layers.0.mlp.linear_fc1.weight"]
+    r0 = load_rank(rank_file(CASE / "ckpt", "mp_rank_00_000"))["model"]
+    r1 = load_rank(rank_file(CASE / "ckpt", "mp_rank_01_000"))["model"]
+    a, b = r0["decoder.layers.0.mlp.linear_fc1.weight"], r1["decoder.layers.0.mlp.linear_fc1.weight"]
+    assert torch.equal(got, torch.cat([a[:6], b[:6], a[6:], b[6:]]))
+    assert not torch.equal(got, torch.cat([a, b]))
+
+
+def test_root_is_read_at_the_tracker_iteration(tmp_path, run_ckptconv):
+    r = consolidate(run_ckptconv, CASE / "ckpt", tmp_path / "m.pt", "--only", "model")
+    assert "latest_checkpointed_iteration.txt" in r.stderr
+    assert_same(load(tmp_path / "m.pt"), load(CASE / "model_ref.pt"))
+
+
+def test_tag_selects_an_iteration_and_release(tmp_path, run_ckptconv):
+    root = copy_ckpt(tmp_path)
+    shutil.copytree(root / ITER, root / "release")
+    consolidate(run_ckptconv, root, tmp_path / "a.pt", "--only", "model", "--tag", ITER)
+    consolidate(run_ckptconv, root, tmp_path / "b.pt", "--only", "model", "--tag", "release")
+    assert_same(load(tmp_path / "a.pt"), load(CASE / "model_ref.pt"))
+    assert_same(load(tmp_path / "b.pt"), load(CASE / "model_ref.pt"))
+    (root / "latest_checkpointed_iteration.txt").write_text("release")
+    r = consolidate(run_ckptconv, root, tmp_path / "c.pt", "--only", "model")
+    assert "the iteration" in r.stderr and "release" in (tmp_path / "c.pt").parent.name + r.stderr
+    r = run_ckptconv("consolidate", str(root), "-o", str(tmp_path / "d.pt"), "--tag", "iter_0000008")
+    assert r.returncode == 3 and "iter_0000008" in r.stderr
+    assert not (tmp_path / "d.pt").exists()
+
+
+def test_inspect_of_the_root_lists_iterations_and_marks_the_tracker(tmp_path, run_ckptconv):
+    root = copy_ckpt(tmp_path)
+    shutil.copytree(root / ITER, root / "iter_0000005")
+    r = run_ckptconv("inspect", str(root))
+    assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line for line in r.stdout.splitlines()[1:] if line.strip()}
+    assert "<- latest" in lines[ITER] and "world size 4" in lines[ITER]
+    assert "<- latest" not in lines["iter_0000005"]
+
+
+def test_tracker_naming_a_missing_iteration_is_an_error(tmp_path, run_ckptconv):
+    root = copy_ckpt(tmp_path)
+    (root / "latest_checkpointed_iteration.txt").write_text("9")
+    r = run_ckptconv("consolidate", str(root), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "iter_0000009" in r.stderr
+    (root / "latest_checkpointed_iteration.txt").write_text("seven")
+    r = run_ckptconv("consolidate", str(root), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "latest_checkpointed_iteration.txt" in r.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_inspect_shows_degrees_iteration_and_args(run_ckptconv):
+    r = run_ckptconv("inspect", str(CASE / "ckpt" / ITER))
+    assert r.returncode == 0, r.stderr
+    assert "megatron parallelism: TP 2 x PP 2, EP 1, DP 1" in r.stdout
+    assert "megatron iteration: 7" in r.stdout
+    assert "megatron checkpoint_version: 3.0" in r.stdout
+    assert "num_query_groups=2" in r.stdout and "swiglu=True" in r.stdout
+    assert "decoder.layers.3.mlp.linear_fc2.weight" in r.stdout
+    r = run_ckptconv("inspect", str(CASE / "ckpt" / ITER), "--json")
+    j = json.loads(r.stdout)
+    assert j["facts"]["megatron iteration"] == "7"
+
+
+def test_without_only_the_job_entries_come_from_the_first_rank(tmp_path, run_ckptconv):
+    r = consolidate(run_ckptconv, CASE / "ckpt" / ITER, tmp_path / "all.pt")
+    assert "optimizer" in r.stderr and "not consolidated" in r.stderr
+    got = torch.load(tmp_path / "all.pt", weights_only=True)
+    assert list(got) == ["model", "args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far"]
+    assert got["iteration"] == 7 and got["checkpoint_version"] == 3.0
+    assert got["args"]["tensor_model_parallel_size"] == 2 and got["args"]["ckpt_format"] == "torch"
+    assert_same(got["model"], load(CASE / "model_ref.pt"))
+
+
+def test_validate_accepts_the_checkpoint(run_ckptconv):
+    r = run_ckptconv("validate", str(CASE / "ckpt" / ITER))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_missing_rank_folder_is_named(tmp_path, run_ckptconv):
+    root = copy_ckpt(tmp_path)
+    shutil.rmtree(root / ITER / "mp_rank_01_001")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3
+    assert "mp_rank_01_001" in r.stderr and "TP rank 1, PP rank 1" in r.stderr
+    assert not (tmp_path / "m.pt").exists() and not list(tmp_path.glob("m.pt*"))
+    r = run_ckptconv("validate", str(root / ITER))
+    assert r.returncode == 1 and "mp_rank_01_001" in r.stdout + r.stderr
+
+
+def test_a_truncated_rank_file_is_named(tmp_path, run_ckptconv):
+    root = copy_ckpt(tmp_path)
+    victim = rank_file(root, "mp_rank_01_000")
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "mp_rank_01_000/model_optim_rng.pt" in r.stderr
+    assert not list(tmp_path.glob("m.pt*"))
+    r = run_ckptconv("validate", str(root / ITER))
+    assert r.returncode == 1 and "mp_rank_01_000/model_optim_rng.pt" in r.stdout
+
+
+def _rewrite(path, edit, entry="model"):
+    sd = load_rank(path)
+    edit(sd[entry])
+    torch.save(sd, path)
+
+
+def test_args_calling_for_ranks_that_are_not_there_is_an_error(tmp_path, run_ckptconv, megatron_enums):
+    # The degrees come from the first rank's args: TP 3 calls for mp_rank_02_*.
+    root = copy_ckpt(tmp_path)
+    _rewrite(rank_file(root, "mp_rank_00_000"), lambda a: setattr(a, "tensor_model_parallel_size", 3), "args")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "mp_rank_02_000" in r.stderr and "TP rank 2, PP rank 0" in r.stderr
+    assert not list(tmp_path.glob("m.pt*"))
+
+
+def test_rank_folders_beyond_the_args_degrees_are_an_error(tmp_path, run_ckptconv, megatron_enums):
+    root = copy_ckpt(tmp_path)
+    _rewrite(rank_file(root, "mp_rank_00_000"), lambda a: setattr(a, "pipeline_model_parallel_size", 1), "args")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "outside the job's TP 2 x PP 1" in r.stderr
+    assert not list(tmp_path.glob("m.pt*"))
+
+
+def test_ranks_of_different_iterations_are_not_one_checkpoint(tmp_path, run_ckptconv, megatron_enums):
+    root = copy_ckpt(tmp_path)
+    path = rank_file(root, "mp_rank_01_001")
+    sd = load_rank(path)
+    sd["iteration"] = 6
+    torch.save(sd, path)
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3 and "mp_rank_01_001" in r.stderr and "iteration 6" in r.stderr
+
+
+def test_tp_ranks_disagreeing_on_a_whole_tensor_is_an_error(tmp_path, run_ckptconv, megatron_enums):
+    root = copy_ckpt(tmp_path)
+    name = "decoder.layers.1.pre_mlp_layernorm.weight"
+    _rewrite(rank_file(root, "mp_rank_01_001"), lambda m: m[name].add_(1.0))
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3
+    # Stage 1's local layer 1 is global layer 3.
+    assert "decoder.layers.3.pre_mlp_layernorm.weight" in r.stderr and "mp_rank_01_001" in r.stderr
+    assert "differs from TP rank 0" in r.stderr
+    assert not list(tmp_path.glob("m.pt*"))
+
+
+def test_a_parameter_the_tp_rules_do_not_know_is_refused(tmp_path, run_ckptconv, megatron_enums):
+    root = copy_ckpt(tmp_path)
+    for folder in ("mp_rank_00_000", "mp_rank_01_000"):
+        _rewrite(rank_file(root, folder), lambda m: m.__setitem__("decoder.layers.0.mlp.gate_proj.weight",
+                                                                  torch.zeros(4, 8)))
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "m.pt"), "--only", "model")
+    assert r.returncode == 3
+    assert "decoder.layers.0.mlp.gate_proj.weight" in r.stderr and "refusing to guess" in r.stderr
+    assert not list(tmp_path.glob("m.pt*"))
+
+
+def test_only_optim_is_refused_saying_why(tmp_path, run_ckptconv):
+    r = run_ckptconv("consolidate", str(CASE / "ckpt" / ITER), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3 and "not supported yet" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
