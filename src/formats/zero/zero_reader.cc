@@ -1,6 +1,7 @@
 #include "formats/zero/zero_reader.h"
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,9 +17,11 @@
 #include "core/error.h"
 #include "core/linear_regex.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "formats/latest_file.h"
 #include "formats/pyobj.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "formats/zero/pipeline_layers.h"
 #include "formats/zero/zero_files.h"
 #include "io/containment.h"
 #include "io/storage.h"
@@ -80,72 +83,133 @@ std::string tag_dir(const std::string& src, const std::string& tag) {
   return dir.string();
 }
 
-TagFiles list_files(const std::string& dir) {
+// The rank files of one model-parallel rank (`mp_rank_XX`), as named.
+struct MpRankNames {
+  std::map<int, std::string> optim, rank_model;  // by data-parallel rank
+  std::string single_model;                      // mp_rank_XX_model_states.pt
+};
+
+// The ZeRO files of model-parallel rank `mp` (two digits, as DeepSpeed
+// writes it) in `dir`: its optimizer files by data-parallel rank, each once,
+// and its model states (ZeRO-3: one per rank).
+TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names) {
+  TagFiles out;
+  out.dir = dir;
+  if (names.optim.empty())
+    fail(ErrorCode::kNotFound,
+         dir + ": no *_mp_rank_" + mp + "_optim_states.pt files (a ZeRO checkpoint has one per rank)");
+  int ws = names.optim.rbegin()->first + 1;
+  for (int r = 0; r < ws; ++r) {
+    auto it = names.optim.find(r);
+    if (it == names.optim.end())
+      fail(ErrorCode::kNotFound, dir + ": the optimizer file of rank " + std::to_string(r) + " of " +
+                                     std::to_string(ws) + " is missing (*zero_pp_rank_" + std::to_string(r) +
+                                     "_mp_rank_" + mp + "_optim_states.pt)");
+    out.optim.push_back({r, it->second});
+  }
+  if (!names.rank_model.empty()) {
+    out.per_rank_model = true;
+    for (int r = 0; r < ws; ++r) {
+      auto it = names.rank_model.find(r);
+      if (it == names.rank_model.end())
+        fail(ErrorCode::kNotFound, dir + ": the model-states file of rank " + std::to_string(r) +
+                                       " is missing (zero_pp_rank_" + std::to_string(r) + "_mp_rank_" + mp +
+                                       "_model_states.pt)");
+      out.model.push_back({r, it->second});
+    }
+    if (names.rank_model.rbegin()->first >= ws)
+      fail_data_loss(dir + ": model-states files for " + std::to_string(names.rank_model.rbegin()->first + 1) +
+                     " ranks but optimizer files for " + std::to_string(ws) + " (files of two world sizes mixed)");
+  } else if (!names.single_model.empty()) {
+    out.model.push_back({0, names.single_model});
+  } else {
+    fail(ErrorCode::kNotFound, dir + ": no mp_rank_" + mp + "_model_states.pt (ZeRO-1/2) or zero_pp_rank_0_mp_rank_" +
+                                   mp + "_model_states.pt (ZeRO-3)");
+  }
+  return out;
+}
+
+// A tag directory's files: one TagFiles per model-parallel rank, and the
+// pipeline's per-layer files (docs/deepspeed.md, "Pipeline parallelism").
+struct TagListing {
+  std::string dir;
+  std::vector<TagFiles> mp_ranks;          // by mp rank: the pipeline stages, or mp_rank_00 alone
+  std::map<int, std::string> layer_files;  // layer_LL-model_states.pt by layer index
+};
+
+TagListing list_files(const std::string& dir) {
   static const LinearRegex optim_re =
       LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_optim_states\.pt$)");
   static const LinearRegex rank_model_re =
       LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_model_states\.pt$)");
-  static const LinearRegex model_re = LinearRegex::compile(R"(^mp_rank_(\d+)_model_states\.pt$)");
-  TagFiles out;
+  static const LinearRegex model_re = LinearRegex::compile(R"(^mp_rank_(\d{1,6})_model_states\.pt$)");
+  // PipelineModule.ckpt_layer_path: `layer_{idx:02d}`, then `-model_{TT:02d}`
+  // when the topology has a tensor axis (get_rank_repr), then `-model_states.pt`.
+  static const LinearRegex layer_re = LinearRegex::compile(R"(^layer_(\d{2,6})-model_states\.pt$)");
+  static const LinearRegex tp_layer_re = LinearRegex::compile(R"(^layer_(\d{2,6})-model_(\d{2,6})-model_states\.pt$)");
+  // MoE (engine._get_expert_ckpt_name, _get_optimizer_ckpt_name)
+  static const LinearRegex expert_re =
+      LinearRegex::compile(R"(^(layer_\d{1,6}_)?expert_\d{1,6}_mp_rank_\d{2,6}_model_states\.pt$)");
+  static const LinearRegex expp_re = LinearRegex::compile(R"(^expp_rank_\d{1,6}_mp_rank_\d{2,6}_optim_states\.pt$)");
+  std::map<std::string, MpRankNames> by_mp;
+  TagListing out;
   out.dir = dir;
-  std::map<int, std::string> optim, rank_model;
-  std::set<std::string> mp_ranks;
-  std::string single_model;
+  bool tp_layers = false;
+  std::string moe_file;
   if (!is_directory(dir)) fail(ErrorCode::kNotFound, dir + ": cannot list directory: not a directory");
   for (const DirEntry& e : list_directory(dir)) {
     const std::string& name = e.name;
     RegexMatch m;
     if (optim_re.match(name, m)) {
-      mp_ranks.insert(m.str(3));
-      if (m[3] == "00") optim[std::stoi(m.str(2))] = e.path;
+      by_mp[m.str(3)].optim[std::stoi(m.str(2))] = e.path;
     } else if (rank_model_re.match(name, m)) {
-      mp_ranks.insert(m.str(2));
-      if (m[2] == "00") rank_model[std::stoi(m.str(1))] = e.path;
+      by_mp[m.str(2)].rank_model[std::stoi(m.str(1))] = e.path;
     } else if (model_re.match(name, m)) {
-      mp_ranks.insert(m.str(1));
-      if (m[1] == "00") single_model = e.path;
+      by_mp[m.str(1)].single_model = e.path;
+    } else if (layer_re.match(name, m)) {
+      out.layer_files[std::stoi(m.str(1))] = e.path;
+    } else if (tp_layer_re.match(name, m)) {
+      tp_layers = true;
+    } else if (expert_re.match(name, m) || expp_re.match(name, m)) {
+      moe_file = name;
     } else {
       log::debug("ignoring " + e.path + ": not a ZeRO model or optimizer states file");
       continue;
     }
     require_inside(e.path, dir);
   }
-  if (mp_ranks.size() > 1 || (mp_ranks.size() == 1 && *mp_ranks.begin() != "00")) {
-    std::string found;
-    for (const auto& r : mp_ranks) found += (found.empty() ? "mp_rank_" : ", mp_rank_") + r;
+  std::string found;
+  for (const auto& [mp, names] : by_mp) found += (found.empty() ? "mp_rank_" : ", mp_rank_") + mp;
+  if (!moe_file.empty())
+    fail(ErrorCode::kUnimplemented, dir + ": DeepSpeed MoE checkpoints (expert files such as " + moe_file +
+                                        ") are not supported; ckptconv reads data-parallel and pipeline-parallel "
+                                        "DeepSpeed checkpoints");
+  if (tp_layers)
+    fail(ErrorCode::kUnimplemented, dir +
+                                        ": pipeline layer files with a tensor-parallel rank "
+                                        "(layer_LL-model_TT-model_states.pt) are not supported; ckptconv reads "
+                                        "pipeline-parallel and data-parallel DeepSpeed checkpoints");
+  if (out.layer_files.empty() && (by_mp.size() > 1 || (by_mp.size() == 1 && by_mp.begin()->first != "00")))
     fail(ErrorCode::kUnimplemented, dir + ": tensor-parallel DeepSpeed checkpoints (" + found +
-                                        ") are not supported; ckptconv reads data-parallel ZeRO (mp_rank_00 only)");
-  }
-  if (optim.empty())
+                                        ") are not supported; ckptconv reads data-parallel ZeRO (mp_rank_00 only) "
+                                        "and pipeline-parallel checkpoints (layer_LL-model_states.pt files)");
+  if (by_mp.empty())
     fail(ErrorCode::kNotFound, dir + ": no *_optim_states.pt files (a ZeRO checkpoint has one per rank)");
-  int ws = optim.rbegin()->first + 1;
-  for (int r = 0; r < ws; ++r) {
-    auto it = optim.find(r);
-    if (it == optim.end())
-      fail(ErrorCode::kNotFound, dir + ": the optimizer file of rank " + std::to_string(r) + " of " +
-                                     std::to_string(ws) + " is missing (*zero_pp_rank_" + std::to_string(r) +
-                                     "_mp_rank_00_optim_states.pt)");
-    out.optim.push_back({r, it->second});
+  // Pipeline stages are the mp ranks 00..S-1 (PipelineParallelGrid's
+  // ds_model_rank), each written in two digits; every one must be there.
+  int stages = 0;
+  for (const auto& [mp, names] : by_mp) stages = std::max(stages, std::stoi(mp) + 1);
+  for (int s = 0; s < stages; ++s) {
+    std::string mp = (s < 10 ? "0" : "") + std::to_string(s);
+    auto it = by_mp.find(mp);
+    if (it == by_mp.end())
+      fail(ErrorCode::kNotFound, dir + ": the files of pipeline stage " + std::to_string(s) + " of " +
+                                     std::to_string(stages) + " are missing (mp_rank_" + mp + "_model_states.pt)");
+    out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second));
   }
-  if (!rank_model.empty()) {
-    out.per_rank_model = true;
-    for (int r = 0; r < ws; ++r) {
-      auto it = rank_model.find(r);
-      if (it == rank_model.end())
-        fail(ErrorCode::kNotFound, dir + ": the model-states file of rank " + std::to_string(r) +
-                                       " is missing (zero_pp_rank_" + std::to_string(r) +
-                                       "_mp_rank_00_model_states.pt)");
-      out.model.push_back({r, it->second});
-    }
-    if (rank_model.rbegin()->first >= ws)
-      fail_data_loss(dir + ": model-states files for " + std::to_string(rank_model.rbegin()->first + 1) +
-                     " ranks but optimizer files for " + std::to_string(ws) + " (files of two world sizes mixed)");
-  } else if (!single_model.empty()) {
-    out.model.push_back({0, single_model});
-  } else {
-    fail(ErrorCode::kNotFound,
-         dir + ": no mp_rank_00_model_states.pt (ZeRO-1/2) or zero_pp_rank_0_mp_rank_00_model_states.pt (ZeRO-3)");
-  }
+  if (by_mp.size() != std::size_t(stages))
+    fail_data_loss(dir + ": model-parallel ranks " + found + " are not numbered mp_rank_00.." +
+                   std::to_string(stages - 1) + " in two digits");
   return out;
 }
 
@@ -157,29 +221,54 @@ struct ParamSlot {
   std::size_t group = 0;
 };
 
+// What one reader (a data-parallel checkpoint, or one pipeline stage)
+// gives the model's root: its `model` entries in module order, its
+// optimizer's per-parameter state and its param groups.
+struct StageParts {
+  std::vector<std::pair<ValuePtr, ValuePtr>> model, state;
+  std::vector<ValuePtr> param_groups;
+};
+
 class ZeroReader {
  public:
-  ZeroReader(TagFiles files, ProblemSink* problems, std::string only)
-      : files_(std::move(files)), problems_(problems), only_(std::move(only)) {}
+  // `rank_base`: the global rank of this reader's data-parallel rank 0 (a
+  // pipeline stage's; chunks and problems name global ranks).
+  ZeroReader(TagFiles files, ProblemSink* problems, std::string only, int rank_base = 0)
+      : files_(std::move(files)), problems_(problems), only_(std::move(only)), rank_base_(rank_base) {}
 
-  CheckpointModel read() {
-    for (const auto& f : files_.model) models_.push_back(decode(f.path, f.rank, problems_, only_));
-    for (const auto& f : files_.optim) optims_.push_back(decode(f.path, f.rank, problems_, only_));
+  // Decodes the files and reads the layout they give (param_shapes, stage).
+  void load() {
+    for (const auto& f : files_.model) models_.push_back(decode(f.path, rank_base_ + f.rank, problems_, only_));
+    for (const auto& f : files_.optim) optims_.push_back(decode(f.path, rank_base_ + f.rank, problems_, only_));
     ws_ = int(optims_.size());
     read_layout();
-    CheckpointModel model;
-    model.source = files_.dir;
-    build(model);
-    model.info.kind = SourceKind::kZero;
-    model.info.records_frozen = true;
+  }
+
+  // The module state dict is the model-states file's `module` (data parallel).
+  void use_saved_module() {
+    const Decoded& m0 = models_[0];
+    std::vector<ModuleEntry> module;
+    for (const auto& [k, v] : as_dict(*at(*m0.root, "module", m0.path)).entries)
+      module.push_back({k->as_str(), &m0, v.get()});
+    use_module(std::move(module));
+  }
+  // The module state dict is `module` (a pipeline stage's layer files).
+  void use_module(std::vector<ModuleEntry> module) {
+    module_ = std::move(module);
+    require_params_in_module();
+  }
+
+  const std::vector<ParamSlot>& params() const { return params_; }
+  const Decoded& model_file() const { return models_[0]; }
+  int world_size() const { return ws_; }
+
+  // The source's files and what they say of the run, into model.info/facts.
+  void describe(CheckpointModel& model) const {
     for (const auto& f : files_.model) model.info.files.push_back(f.path);
     for (const auto& f : files_.optim) model.info.files.push_back(f.path);
-    std::sort(model.info.files.begin(), model.info.files.end());
-    model.info.world_sizes = {ws_};
     model.facts["zero_stage"] = bf16_optimizer_ ? "1 (BF16_Optimizer)" : std::to_string(stage_);
     if (ValuePtr v = models_[0].root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
-    model.facts["tag"] = fs::path(files_.dir).filename().string();
-    return model;
+    model.facts["tag"] = file_name(files_.dir);
   }
 
  private:
@@ -229,7 +318,6 @@ class ZeroReader {
       for (const auto& [k, v] : frozen->entries) frozen_names_.insert(k->as_str());
     if (ValuePtr shared = m0.root->get("shared_params"); shared && shared->is(Kind::kDict))
       for (const auto& [k, v] : shared->entries) shared_[k->as_str()] = v->as_str();
-    require_params_in_module(m0);
   }
 
   // param_shapes names the module's own parameters (DeepSpeed takes both
@@ -237,12 +325,10 @@ class ZeroReader {
   // parameter: an entry costs a few bytes of pickle but a tensor for the
   // master and each optimizer state, so 100,000 made-up empty entries in a
   // 3.8 MB file had taken 0.8-1.8 GB.
-  void require_params_in_module(const Decoded& m0) const {
-    ValuePtr module_entry = m0.root->get("module");
-    if (!module_entry) return;  // refused where the module is read
+  void require_params_in_module() const {
+    const Decoded& m0 = models_[0];
     std::set<std::string_view> in_module, seen;
-    for (const auto& [k, v] : as_dict(*module_entry).entries)
-      if (k->is(Kind::kStr)) in_module.insert(k->text);
+    for (const ModuleEntry& e : module_) in_module.insert(e.name);
     for (const ParamSlot& p : params_) {
       if (!in_module.count(p.name))
         fail_data_loss(m0.path + ": param_shapes names '" + p.name.substr(0, 200) +
@@ -312,7 +398,7 @@ class ZeroReader {
           uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
           if (k >= parts[r].size())
             fail_data_loss(optims_[r].path + ": fewer flat groups than param_shapes needs ('" + params_[i].name + "')");
-          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, r,
+          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, rank_base_ + r,
                          optims_[r].path + ": '" + params_[i].name + "'");
         }
         off += part;
@@ -333,8 +419,8 @@ class ZeroReader {
           uint64_t lo = std::max(off, uint64_t(r) * p), hi = std::min(off + numel, uint64_t(r + 1) * p);
           if (lo >= hi) continue;
           if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
-          add_flat_range(model.tensors[out[groups_[g][j]]], *parts[r][g], lo - uint64_t(r) * p, lo - off, hi - lo, r,
-                         optims_[r].path + ": '" + slot.name + "'");
+          add_flat_range(model.tensors[out[groups_[g][j]]], *parts[r][g], lo - uint64_t(r) * p, lo - off, hi - lo,
+                         rank_base_ + r, optims_[r].path + ": '" + slot.name + "'");
         }
         off += numel + uint64_t(j < pads.size() ? pads[j] : 0);
       }
@@ -373,7 +459,7 @@ class ZeroReader {
     report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
                                       optims_[r].path + ": " + message + "; param_shapes (in " + models_[0].path +
                                           ") does not describe these partitions",
-                                      optims_[r].path, r});
+                                      optims_[r].path, rank_base_ + r});
   }
 
   // Every element of every rank's flat partitions belongs to one parameter
@@ -426,18 +512,21 @@ class ZeroReader {
 
   // A trainable parameter's module entry (the low-precision copy; ZeRO-3
   // leaves it empty) has the shape param_shapes gives it.
-  void check_module_shape(const Value& entry, const ParamSlot& slot) {
-    const Decoded& m0 = models_[0];
-    if (!tensor_ref_index(entry)) return;
-    const TensorEntry& t = m0.tensor(entry, m0.path + ": module '" + slot.name + "'");
+  void check_module_shape(const ModuleEntry& entry, const ParamSlot& slot) {
+    const Decoded& d = *entry.file;
+    if (!tensor_ref_index(*entry.value)) return;
+    const TensorEntry& t = d.tensor(*entry.value, d.path + ": module '" + slot.name + "'");
     if (shape_numel(t.shape) == 0 || t.shape == slot.shape) return;
     report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
-                                      m0.path + ": module '" + slot.name + "' has shape " + shape_str(t.shape) +
+                                      d.path + ": module '" + slot.name + "' has shape " + shape_str(t.shape) +
                                           ", param_shapes says " + shape_str(slot.shape),
-                                      m0.path, 0, "model." + slot.name});
+                                      d.path, rank_base_, "model." + slot.name});
   }
 
-  void build(CheckpointModel& model) {
+ public:
+  // The fp32 masters, frozen parameters, buffers and optimizer state of
+  // this reader's parameters, appended to model.tensors.
+  StageParts build(CheckpointModel& model) {
     // fp32 master weights and the per-parameter optimizer state.
     std::vector<std::vector<const TensorEntry*>> fp32(ws_);
     for (int r = 0; r < ws_; ++r) fp32[r] = fp32_parts(r);
@@ -472,28 +561,26 @@ class ZeroReader {
 
     // model: the module's entries in order; trainable ones are the fp32 masters.
     const Decoded& m0 = models_[0];
-    const Value& module = as_dict(*at(*m0.root, "module", m0.path));
     std::map<std::string, std::size_t> trainable;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       trainable[params_[i].name] = master[i];
       param_index_[params_[i].name] = i;
     }
-    auto model_dict = Value::dict({}, true);
     std::map<std::string, ValuePtr> refs;
-    for (const auto& [k, v] : module.entries) {
-      const std::string& name = k->as_str();
+    for (const ModuleEntry& e : module_) {
+      const std::string& name = e.name;
       if (shared_.count(name)) continue;  // tied aliases: added below, as their owner
       std::size_t idx;
       if (auto it = trainable.find(name); it != trainable.end()) {
         idx = it->second;
-        check_module_shape(*v, params_[param_index_.at(name)]);
+        check_module_shape(e, params_[param_index_.at(name)]);
       } else if (is_frozen(name)) {
         idx = frozen(model, name);
         model.tensors[idx].frozen = true;
       } else {
         // Neither trained nor a buffer: a frozen parameter that ZeRO-1 keeps
         // in `module` (its frozen_param_shapes is None).
-        idx = copy_tensor(model, m0, *v, "model." + name);
+        idx = copy_tensor(model, *e.file, *e.value, "model." + name);
         if (buffer_names_.count(name))
           model.tensors[idx].storage = StorageKind::kBuffer;
         else
@@ -501,8 +588,9 @@ class ZeroReader {
       }
       refs[name] = make_tensor_ref(idx);
     }
-    for (const auto& [k, v] : module.entries) {
-      const std::string& name = k->as_str();
+    StageParts out;
+    for (const ModuleEntry& e : module_) {
+      const std::string& name = e.name;
       ValuePtr ref;
       if (auto alias = shared_.find(name); alias != shared_.end()) {
         auto owner = refs.find(alias->second);
@@ -513,11 +601,10 @@ class ZeroReader {
       } else {
         ref = refs.at(name);
       }
-      model_dict->entries.emplace_back(Value::str(name), ref);
+      out.model.emplace_back(Value::str(name), ref);
     }
 
     // optim: torch's full optimizer state dict, keyed by FQN.
-    auto state = Value::dict();
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto per_param = Value::dict();
       std::size_t k = sub_group_of(i);
@@ -537,11 +624,10 @@ class ZeroReader {
         }
         per_param->entries.emplace_back(Value::str(key), make_tensor_ref(idx));
       }
-      state->entries.emplace_back(Value::str(params_[i].name), per_param);
+      out.state.emplace_back(Value::str(params_[i].name), per_param);
     }
     const Value& base_groups = *at(base_state(0), "param_groups", optims_[0].path);
     std::vector<std::vector<std::size_t>> subs = sub_groups_of(base_groups);
-    auto param_groups = Value::list({});
     for (std::size_t g = 0; g < subs.size(); ++g) {
       auto group = Value::dict();
       for (const auto& [k, v] : base_groups.as_sequence()[g]->entries) {
@@ -558,13 +644,12 @@ class ZeroReader {
       auto names = Value::list({});
       for (std::size_t i : members) names->items.push_back(Value::str(params_[i].name));
       group->entries.emplace_back(Value::str("params"), names);
-      param_groups->items.push_back(group);
+      out.param_groups.push_back(group);
     }
-    auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups}});
-    model.root = Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
-    add_training_state(model, models_[0]);
+    return out;
   }
 
+ private:
   // A per-group scalar (the optimizer's `step`) is the same on every rank of
   // one checkpoint; a rank file from another tag or run has another. A few
   // bytes per group are read for this, nothing else.
@@ -589,16 +674,13 @@ class ZeroReader {
                                  optims_[r].path + ": optimizer '" + key + "' of group " + std::to_string(k) +
                                      " differs from rank 0's (files of two tags or "
                                      "two runs mixed?)",
-                                 optims_[r].path, r, "optim.state." + key});
+                                 optims_[r].path, rank_base_ + r, "optim.state." + key});
     }
   }
 
   std::size_t module_pos(const std::string& name) {
-    if (module_pos_.empty()) {
-      const Value& module = as_dict(*at(*models_[0].root, "module", models_[0].path));
-      for (std::size_t i = 0; i < module.entries.size(); ++i)
-        if (module.entries[i].first->is(Kind::kStr)) module_pos_.emplace(module.entries[i].first->text, i);
-    }
+    if (module_pos_.empty())
+      for (std::size_t i = 0; i < module_.size(); ++i) module_pos_.emplace(module_[i].name, i);
     auto it = module_pos_.find(name);
     return it == module_pos_.end() ? module_pos_.size() : it->second;
   }
@@ -682,6 +764,8 @@ class ZeroReader {
   ProblemSink* problems_;
   std::string only_;  // --only: client_state entries with unknown globals are dropped
   std::vector<Decoded> models_, optims_;
+  int rank_base_ = 0;
+  std::vector<ModuleEntry> module_;  // the saved module state dict, in order
   int ws_ = 0;
   int stage_ = 0;
   bool bf16_optimizer_ = false;
@@ -694,6 +778,137 @@ class ZeroReader {
   std::set<std::string> buffer_names_;              // module buffers (persistent)
   std::map<std::pair<const Decoded*, std::string>, std::map<std::string, ValuePtr>> indexes_;
 };
+
+// The root a ZeRO checkpoint reads as, torch's full state dict:
+// {"model": {fqn: ...}, "optim": {"state": {fqn: ...}, "param_groups": [...]}},
+// from one reader's parts or, for a pipeline, every stage's in stage order
+// (stages hold consecutive layers, so that is the module's order). Param
+// group g of the stages' optimizers is one group: its hyper-parameters are
+// the same on every stage (one ds_config), its params every stage's.
+ValuePtr assemble_root(std::vector<StageParts> stages, const std::string& dir) {
+  auto model_dict = Value::dict({}, true);
+  auto state = Value::dict();
+  std::vector<ValuePtr> groups;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    StageParts& p = stages[s];
+    for (auto& e : p.model) model_dict->entries.push_back(std::move(e));
+    for (auto& e : p.state) state->entries.push_back(std::move(e));
+    for (std::size_t g = 0; g < p.param_groups.size(); ++g) {
+      if (g == groups.size()) {
+        groups.push_back(p.param_groups[g]);
+        continue;
+      }
+      auto hyper = [](const Value& group) {
+        auto copy = Value::dict();
+        for (const auto& [k, v] : group.entries)
+          if (!(k->is(Kind::kStr) && k->text == "params")) copy->entries.emplace_back(k, v);
+        return copy->repr(8, 64);
+      };
+      if (hyper(*groups[g]) != hyper(*p.param_groups[g]))
+        fail(ErrorCode::kUnimplemented, dir + ": param group " + std::to_string(g) + " of pipeline stage " +
+                                            std::to_string(s) +
+                                            " has other hyper-parameters than stage 0's; ckptconv merges "
+                                            "the stages' groups only where they agree");
+      ValuePtr mine = groups[g]->get("params"), theirs = p.param_groups[g]->get("params");
+      for (const auto& name : theirs->items) mine->items.push_back(name);
+    }
+  }
+  auto param_groups = Value::list(std::move(groups));
+  auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups}});
+  return Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
+}
+
+void finish_info(CheckpointModel& model, const ZeroReader& first, ParallelDegrees degrees) {
+  model.info.kind = SourceKind::kZero;
+  model.info.records_frozen = true;
+  first.describe(model);
+  std::sort(model.info.files.begin(), model.info.files.end());
+  model.info.world_sizes = {degrees.data * degrees.pipeline * degrees.tensor};
+  model.info.parallel = degrees;
+}
+
+// A data-parallel ZeRO checkpoint (mp_rank_00 only).
+CheckpointModel read_data_parallel(const TagFiles& files, ProblemSink* problems, const std::string& only) {
+  ZeroReader reader(files, problems, only);
+  reader.load();
+  reader.use_saved_module();
+  CheckpointModel model;
+  model.source = files.dir;
+  std::vector<StageParts> parts;
+  parts.push_back(reader.build(model));
+  model.root = assemble_root(std::move(parts), files.dir);
+  add_training_state(model, reader.model_file());
+  finish_info(model, reader, ParallelDegrees{.data = reader.world_size()});
+  return model;
+}
+
+// checkpoint_parallel_dimensions of a stage's model-states file:
+// {'pp_degree': S, 'tp_degree': T}; {} when absent.
+std::map<std::string, int64_t> parallel_dimensions(const Decoded& m) {
+  std::map<std::string, int64_t> out;
+  if (ValuePtr dims = m.root->get("checkpoint_parallel_dimensions"); dims && dims->is(Kind::kDict))
+    for (const auto& [k, v] : dims->entries)
+      if (k->is(Kind::kStr) && v->is(Kind::kInt)) out[k->text] = v->int_value;
+  return out;
+}
+
+// A pipeline-parallel checkpoint: one ZeroReader per stage (mp rank) over
+// its data-parallel ranks' files, the module state dict of each stage from
+// its layer files (pipeline_layers.h).
+CheckpointModel read_pipeline(const TagListing& listing, ProblemSink* problems, const std::string& only) {
+  const int stages = int(listing.mp_ranks.size());
+  const int dp = int(listing.mp_ranks[0].optim.size());
+  std::vector<std::unique_ptr<ZeroReader>> readers;
+  for (int s = 0; s < stages; ++s) {
+    const TagFiles& files = listing.mp_ranks[s];
+    if (files.per_rank_model)
+      fail(ErrorCode::kUnimplemented, listing.dir +
+                                          ": ZeRO-3 files beside pipeline layer files (DeepSpeed's "
+                                          "pipeline engine allows ZeRO stages 0 and 1 only)");
+    if (int(files.optim.size()) != dp)
+      fail_data_loss(listing.dir + ": pipeline stage " + std::to_string(s) + " has " +
+                     std::to_string(files.optim.size()) + " optimizer files, stage 0 " + std::to_string(dp) +
+                     " (files of two runs mixed?)");
+    readers.push_back(std::make_unique<ZeroReader>(files, problems, only, s * dp));
+    readers.back()->load();
+    // What the stage's own file says of the topology: a stage missing
+    // altogether (all its files) shows here, and a tensor axis is refused.
+    const Decoded& m = readers.back()->model_file();
+    std::map<std::string, int64_t> dims = parallel_dimensions(m);
+    if (auto pp = dims.find("pp_degree"); pp != dims.end() && pp->second != stages)
+      fail(ErrorCode::kNotFound, m.path + ": pp_degree " + std::to_string(pp->second) + " but the files of " +
+                                     std::to_string(stages) + " pipeline stage(s) are here (mp_rank_" +
+                                     (stages < 10 ? "0" : "") + std::to_string(stages) + "_model_states.pt missing)");
+    if (auto tp = dims.find("tp_degree"); tp != dims.end() && tp->second != 1)
+      fail(ErrorCode::kUnimplemented, m.path + ": tp_degree " + std::to_string(tp->second) +
+                                          ": pipeline with tensor parallelism is not supported");
+  }
+  std::vector<std::vector<std::string>> names(stages);
+  for (int s = 0; s < stages; ++s)
+    for (const ParamSlot& p : readers[s]->params()) names[s].push_back(p.name);
+  std::vector<std::vector<int>> layers = stage_layers(names, listing.layer_files, listing.dir);
+
+  std::deque<Decoded> layer_files;  // owns what ModuleEntry points into, until the model is built
+  CheckpointModel model;
+  model.source = listing.dir;
+  std::vector<StageParts> parts;
+  for (int s = 0; s < stages; ++s) {
+    std::vector<ModuleEntry> module;
+    for (int layer : layers[s]) {
+      const std::string& path = listing.layer_files.at(layer);
+      layer_files.push_back(decode(path, s * dp, problems, only, "entries of a layer state dict"));
+      append_layer_entries(module, layer, layer_files.back());
+      model.info.files.push_back(path);
+    }
+    readers[s]->use_module(std::move(module));
+    parts.push_back(readers[s]->build(model));
+  }
+  model.root = assemble_root(std::move(parts), listing.dir);
+  add_training_state(model, readers[0]->model_file());
+  for (int s = 1; s < stages; ++s) readers[s]->describe(model);
+  finish_info(model, *readers[0], ParallelDegrees{.data = dp, .pipeline = stages});
+  return model;
+}
 
 }  // namespace
 
@@ -726,28 +941,40 @@ bool holds_zero_files(const std::string& dir) {
 
 std::optional<int> tag_world_size(const std::string& dir) {
   static const LinearRegex optim_re =
-      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_00_optim_states\.pt$)");
+      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_optim_states\.pt$)");
   static const LinearRegex rank_model_re =
-      LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
-  std::set<int> optim, model;
+      LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_model_states\.pt$)");
+  static const LinearRegex model_re = LinearRegex::compile(R"(^mp_rank_(\d{1,6})_model_states\.pt$)");
+  // per model-parallel rank (pipeline stage): its data-parallel ranks' files
+  std::map<int, std::set<int>> optim, rank_model;
+  std::set<int> single_model;
   for (const DirEntry& e : list_directory(dir)) {
     const std::string& name = e.name;
     RegexMatch m;
     if (optim_re.match(name, m))
-      optim.insert(std::stoi(m.str(2)));
+      optim[std::stoi(m.str(3))].insert(std::stoi(m.str(2)));
     else if (rank_model_re.match(name, m))
-      model.insert(std::stoi(m.str(1)));
+      rank_model[std::stoi(m.str(2))].insert(std::stoi(m.str(1)));
+    else if (model_re.match(name, m))
+      single_model.insert(std::stoi(m.str(1)));
   }
-  const int n = static_cast<int>(optim.size());
-  if (n == 0 || *optim.rbegin() != n - 1 || !has_model_states(fs::path(dir))) return std::nullopt;
-  if (!model.empty() && model != optim) return std::nullopt;  // ZeRO-3: one model-states file per rank
-  return n;
+  const int stages = static_cast<int>(optim.size());
+  if (stages == 0 || optim.rbegin()->first != stages - 1) return std::nullopt;
+  const int n = static_cast<int>(optim.begin()->second.size());
+  for (const auto& [mp, ranks] : optim) {
+    if (int(ranks.size()) != n || *ranks.rbegin() != n - 1) return std::nullopt;
+    auto per_rank = rank_model.find(mp);
+    if (per_rank != rank_model.end() ? per_rank->second != ranks : !single_model.count(mp))
+      return std::nullopt;  // ZeRO-3: one model-states file per rank; else one per stage
+  }
+  return n * stages;
 }
 
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
                           ProblemSink* problems) {
-  std::string dir = tag_dir(src, tag);
-  return ZeroReader(list_files(dir), problems, only).read();
+  TagListing listing = list_files(tag_dir(src, tag));
+  if (listing.layer_files.empty()) return read_data_parallel(listing.mp_ranks.at(0), problems, only);
+  return read_pipeline(listing, problems, only);
 }
 
 }  // namespace ckpt::zero

@@ -1,0 +1,174 @@
+"""DeepSpeed checkpoints beyond data parallelism (testdata/zero_parallel,
+written by real DeepSpeed 0.19.8 through tools/make_zero_parallel_checkpoints.py):
+pipeline-parallel runs (deepspeed.pipe.PipelineModule) at 2 stages x 1 and
+2 x 2 data-parallel ranks. Consolidations are checked against the live
+engines' fp32 masters, AdamW state and module state (reference_live.pt);
+missing and truncated files against the documented exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+PARALLEL = Path(__file__).resolve().parent.parent / "testdata" / "zero_parallel"
+CASES = sorted(p.name for p in PARALLEL.iterdir() if (p / "latest").exists())
+TAG = "global_step3"
+
+
+def _equal(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def _copy(case: str, tmp_path: Path) -> Path:
+    dst = tmp_path / case
+    shutil.copytree(PARALLEL / case, dst)
+    return dst
+
+
+def test_the_fixtures_are_pipeline_runs():
+    assert CASES == ["pp2_dp2_bf16_ws4", "pp2_fp32_ws2"]
+    for case in CASES:
+        info = json.loads((PARALLEL / case / "case.json").read_text())
+        assert info["pipeline_stages"] == 2 and info["ds_version"] == "0.19.8"
+        names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
+        assert [n for n in names if n.startswith("layer_")] == [
+            f"layer_{i:02d}-model_states.pt" for i in (0, 1, 3, 4, 5)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pipeline_consolidates_to_the_live_engines(case, tmp_path, run_ckptconv):
+    """Every stage's fp32 masters and AdamW state (step, exp_avg, exp_avg_sq),
+    bit for bit, under the PipelineModule's own state_dict() names ("LL.k",
+    LL the global layer index); frozen parameters and buffers as the layer
+    files hold them; one param group listing every stage's parameters."""
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", PARALLEL / case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    live = torch.load(PARALLEL / case / "reference_live.pt", weights_only=True)
+    assert set(full) == {"model", "optim", "global_steps", "global_samples", "skipped_steps"}
+    assert full["global_steps"] == 3
+    # the names and order of the stages' module state dicts, stage after stage
+    assert list(full["model"]) == list(live["module_state"])
+    assert {n.split(".")[0] for n in full["model"]} == {"0", "1", "3", "4", "5"}
+    assert set(live["stage_of"].values()) == {0, 1}
+    for name, want in live["model"].items():
+        assert _equal(full["model"][name], want), name
+    for name, want in live["module_state"].items():
+        if name not in live["model"]:  # 4.gate.weight (frozen), 4.scale (buffer)
+            assert _equal(full["model"][name], want), name
+    assert set(full["optim"]["state"]) == set(live["optim"])
+    for name, state in live["optim"].items():
+        got = full["optim"]["state"][name]
+        assert list(got) == ["step", "exp_avg", "exp_avg_sq"], name
+        for key, want in state.items():
+            assert _equal(got[key], want), (name, key)
+    (group,) = full["optim"]["param_groups"]
+    assert group["params"] == list(live["model"])
+    assert group["lr"] == 0.01 and group["weight_decay"] == 0.01
+
+
+def test_inspect_shows_the_parallel_degrees(run_ckptconv):
+    case = PARALLEL / "pp2_dp2_bf16_ws4"
+    r = run_ckptconv("inspect", case)
+    assert r.returncode == 0, r.stderr
+    assert "  parallelism: data 2, pipeline 2, tensor 1, expert 1\n" in r.stdout
+    r = run_ckptconv("inspect", case, "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["parallelism"] == {"data": 2, "pipeline": 2, "tensor": 1, "expert": 1}
+    r = run_ckptconv("inspect", PARALLEL / "pp2_fp32_ws2")
+    assert "  parallelism: data 1, pipeline 2, tensor 1, expert 1\n" in r.stdout
+
+
+def test_validate_accepts_every_stage_and_counts_the_world_size(run_ckptconv):
+    r = run_ckptconv("validate", PARALLEL / "pp2_dp2_bf16_ws4", "--expect-world-size", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_ckptconv("validate", PARALLEL / "pp2_dp2_bf16_ws4", "--expect-world-size", "2")
+    assert r.returncode == 1, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("missing, named", [
+    ("layer_04-model_states.pt", "the layer file layer_04-model_states.pt of pipeline stage 1 is missing"),
+    ("layer_00-model_states.pt", "the layer file layer_00-model_states.pt of pipeline stage 0 is missing"),
+    ("bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt", "pipeline stage 1 has 1 optimizer files, stage 0 2"),
+    ("bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
+     "the optimizer file of rank 0 of 2 is missing (*zero_pp_rank_0_mp_rank_01_optim_states.pt)"),
+    ("mp_rank_01_model_states.pt", "no mp_rank_01_model_states.pt"),
+])
+def test_a_missing_file_is_exit_3_naming_it_and_writes_nothing(missing, named, tmp_path, run_ckptconv):
+    src = _copy("pp2_dp2_bf16_ws4", tmp_path)
+    (src / TAG / missing).unlink()
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert named in r.stderr
+    assert not out.exists() and not list(tmp_path.glob("out.pt*"))
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert named in r.stdout + r.stderr
+
+
+def test_a_whole_missing_stage_is_named_from_pp_degree(tmp_path, run_ckptconv):
+    """Every file of the last stage gone: stage 0's model states still say
+    pp_degree 2, so the checkpoint is not read as a one-stage pipeline."""
+    src = _copy("pp2_fp32_ws2", tmp_path)
+    for p in (src / TAG).glob("*mp_rank_01*"):
+        p.unlink()
+    for layer in ("03", "04", "05"):
+        (src / TAG / f"layer_{layer}-model_states.pt").unlink()
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "pp_degree 2 but the files of 1 pipeline stage(s) are here (mp_rank_01_model_states.pt missing)" in r.stderr
+
+
+def test_a_truncated_layer_file_is_exit_3_naming_it(tmp_path, run_ckptconv):
+    src = _copy("pp2_fp32_ws2", tmp_path)
+    layer = src / TAG / "layer_03-model_states.pt"
+    layer.write_bytes(layer.read_bytes()[:700])
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert "layer_03-model_states.pt" in r.stderr
+    assert not out.exists()
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1 and "layer_03-model_states.pt" in r.stdout + r.stderr
+
+
+def test_a_layer_file_of_the_wrong_shape_is_named(tmp_path, run_ckptconv):
+    """A layer file from another model: its tensor's shape is not the one
+    param_shapes gives the parameter."""
+    src = _copy("pp2_fp32_ws2", tmp_path)
+    shutil.copy(src / TAG / "layer_00-model_states.pt", src / TAG / "layer_01-model_states.pt")
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "layer_01-model_states.pt" in r.stderr or "'1.bias'" in r.stderr
+
+
+def test_tensor_parallel_layer_files_are_refused_precisely(tmp_path, run_ckptconv):
+    src = _copy("pp2_fp32_ws2", tmp_path)
+    (src / TAG / "layer_00-model_states.pt").rename(src / TAG / "layer_00-model_01-model_states.pt")
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "layer_LL-model_TT-model_states.pt" in r.stderr
+
+
+@pytest.mark.parametrize("layout", ["dcp", "fsdp-dtensor"])
+def test_a_pipeline_run_reshards_to_fsdp(layout, tmp_path, run_ckptconv):
+    """The stages' state, resharded for 3 FSDP ranks and consolidated back,
+    is the same state: nothing of a stage is lost on the way."""
+    case = PARALLEL / "pp2_dp2_bf16_ws4"
+    dst = tmp_path / "resharded"
+    r = run_ckptconv("reshard", case, "-o", dst, "--world-size", "3", "--layout", layout)
+    assert r.returncode == 0, r.stderr
+    # per-rank FSDP files hold a model and an optimizer only (docs/deepspeed.md)
+    only = ["--only", "model"] if layout == "fsdp-dtensor" else []
+    r = run_ckptconv("diff", case, dst, *only)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if only:
+        r = run_ckptconv("diff", case, dst, "--only", "optim")
+        assert r.returncode == 0, r.stdout + r.stderr
