@@ -1,9 +1,11 @@
 """DeepSpeed checkpoints beyond data parallelism (testdata/zero_parallel,
 written by real DeepSpeed 0.19.8 through tools/make_zero_parallel_checkpoints.py):
 pipeline-parallel runs (deepspeed.pipe.PipelineModule) at 2 stages x 1 and
-2 x 2 data-parallel ranks. Consolidations are checked against the live
-engines' fp32 masters, AdamW state and module state (reference_live.pt);
-missing and truncated files against the documented exit codes."""
+2 x 2 data-parallel ranks, and MoE runs (deepspeed.moe.layer.MoE, 4 experts
+over 2 expert-parallel ranks) at ZeRO-1 and ZeRO-2. Consolidations are
+checked against the live engines' fp32 masters, AdamW state and module
+state (reference_live.pt); missing and truncated files against the
+documented exit codes."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import torch
 
 PARALLEL = Path(__file__).resolve().parent.parent / "testdata" / "zero_parallel"
 CASES = sorted(p.name for p in PARALLEL.iterdir() if (p / "latest").exists())
+PIPE_CASES = [c for c in CASES if c.startswith("pp")]
+MOE_CASES = [c for c in CASES if c.startswith("moe")]
 TAG = "global_step3"
 
 
@@ -29,9 +33,14 @@ def _copy(case: str, tmp_path: Path) -> Path:
     return dst
 
 
-def test_the_fixtures_are_pipeline_runs():
-    assert CASES == ["pp2_dp2_bf16_ws4", "pp2_fp32_ws2"]
-    for case in CASES:
+def test_the_fixtures_are_pipeline_and_moe_runs():
+    assert PIPE_CASES == ["pp2_dp2_bf16_ws4", "pp2_fp32_ws2"]
+    assert MOE_CASES == ["moe_z1_fp32_ws2_ep2", "moe_z2_bf16_ws4_ep2"]
+    for case in MOE_CASES:
+        names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
+        assert [n for n in names if "expert" in n] == [
+            f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)]
+    for case in PIPE_CASES:
         info = json.loads((PARALLEL / case / "case.json").read_text())
         assert info["pipeline_stages"] == 2 and info["ds_version"] == "0.19.8"
         names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
@@ -39,7 +48,7 @@ def test_the_fixtures_are_pipeline_runs():
             f"layer_{i:02d}-model_states.pt" for i in (0, 1, 3, 4, 5)]
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", PIPE_CASES)
 def test_pipeline_consolidates_to_the_live_engines(case, tmp_path, run_ckptconv):
     """Every stage's fp32 masters and AdamW state (step, exp_avg, exp_avg_sq),
     bit for bit, under the PipelineModule's own state_dict() names ("LL.k",
@@ -172,3 +181,94 @@ def test_a_pipeline_run_reshards_to_fsdp(layout, tmp_path, run_ckptconv):
     if only:
         r = run_ckptconv("diff", case, dst, "--only", "optim")
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+EXPERT = "moe.deepspeed_moe.experts.deepspeed_experts.{}.{}"
+
+
+@pytest.mark.parametrize("case", MOE_CASES)
+def test_moe_consolidates_to_the_live_engines(case, tmp_path, run_ckptconv):
+    """Every expert by its global index (expert-parallel rank x local
+    experts + local index, as DeepSpeed names the expert files), placed in
+    the module where the MoE layer has it; the masters and AdamW state of
+    dense and expert parameters bit for bit, though each expert group is
+    partitioned over its own expert-data-parallel ranks."""
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", PARALLEL / case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    live = torch.load(PARALLEL / case / "reference_live.pt", weights_only=True)
+    experts = [EXPERT.format(e, k) for e in range(4) for k in ("weight", "bias")]
+    assert list(full["model"]) == ["inp.weight", "inp.bias", "moe.deepspeed_moe.gate.wg.weight", *experts,
+                                   "out.weight", "out.bias"]
+    assert list(full["model"]) == list(live["module_state"])
+    assert set(live["model"]) == set(full["model"])
+    for name, want in live["model"].items():
+        assert _equal(full["model"][name], want), name
+    for name, state in live["optim"].items():
+        got = full["optim"]["state"][name]
+        for key, want in state.items():
+            assert _equal(got[key], want), (name, key)
+    dense, moe = full["optim"]["param_groups"]
+    assert dense["name"] == "dense" and moe["name"] == "ep_size_2" and moe["moe"] is True
+    assert moe["params"] == experts
+    assert dense["params"] == [n for n in full["model"] if ".deepspeed_experts." not in n]
+
+
+def test_inspect_shows_the_expert_degree(run_ckptconv):
+    r = run_ckptconv("inspect", PARALLEL / "moe_z2_bf16_ws4_ep2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["parallelism"] == {"data": 4, "pipeline": 1, "tensor": 1, "expert": 2}
+    r = run_ckptconv("validate", PARALLEL / "moe_z2_bf16_ws4_ep2", "--expect-world-size", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_missing_expert_file_is_exit_3_naming_it(tmp_path, run_ckptconv):
+    src = _copy("moe_z2_bf16_ws4_ep2", tmp_path)
+    (src / TAG / "layer_0_expert_2_mp_rank_00_model_states.pt").unlink()
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    named = "the expert file layer_0_expert_2_mp_rank_00_model_states.pt (expert 2 of 4 of MoE layer 0) is missing"
+    assert named in r.stderr
+    assert not out.exists() and not list(tmp_path.glob("out.pt*"))
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1 and named in r.stdout + r.stderr
+
+
+def test_no_expert_files_at_all_is_exit_3(tmp_path, run_ckptconv):
+    src = _copy("moe_z1_fp32_ws2_ep2", tmp_path)
+    for p in (src / TAG).glob("layer_*_expert_*"):
+        p.unlink()
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "the optimizer files hold MoE expert groups but no layer_L_expert_E_mp_rank_00_model_states.pt" in r.stderr
+
+
+def test_a_truncated_expert_file_is_exit_3_naming_it(tmp_path, run_ckptconv):
+    src = _copy("moe_z2_bf16_ws4_ep2", tmp_path)
+    f = src / TAG / "layer_0_expert_3_mp_rank_00_model_states.pt"
+    f.write_bytes(f.read_bytes()[:600])
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert "layer_0_expert_3_mp_rank_00_model_states.pt" in r.stderr
+    assert not out.exists()
+
+
+def test_an_expert_file_of_another_layout_is_refused_naming_it(tmp_path, run_ckptconv):
+    """DeepSpeed before 0.5 named expert files expert_E_mp_rank_TT (no layer)."""
+    src = _copy("moe_z1_fp32_ws2_ep2", tmp_path)
+    (src / TAG / "layer_0_expert_1_mp_rank_00_model_states.pt").rename(src / TAG / "expert_1_mp_rank_00_model_states.pt")
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "expert_1_mp_rank_00_model_states.pt: a MoE file of a layout ckptconv does not read" in r.stderr
+
+
+def test_a_moe_run_reshards_to_dcp(tmp_path, run_ckptconv):
+    case = PARALLEL / "moe_z2_bf16_ws4_ep2"
+    dst = tmp_path / "resharded"
+    r = run_ckptconv("reshard", case, "-o", dst, "--world-size", "3", "--layout", "dcp")
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("diff", case, dst)
+    assert r.returncode == 0, r.stdout + r.stderr

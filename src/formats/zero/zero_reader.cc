@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,8 +19,10 @@
 #include "formats/latest_file.h"
 #include "formats/pyobj.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "formats/zero/moe_experts.h"
 #include "formats/zero/pipeline_layers.h"
 #include "formats/zero/zero_files.h"
+#include "formats/zero/zero_listing.h"
 #include "io/containment.h"
 #include "io/storage.h"
 #include "model/flat_range.h"
@@ -32,186 +32,9 @@
 namespace ckpt::zero {
 namespace {
 
-namespace fs = std::filesystem;
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
-
-// ---- the files of one tag directory ----
-
-struct RankFile {
-  int rank = -1;
-  std::string path;
-};
-
-struct TagFiles {
-  std::string dir;
-  std::vector<RankFile> optim;  // by rank
-  std::vector<RankFile> model;  // ZeRO-3: by rank; ZeRO-1/2: the one mp_rank_00 file
-  bool per_rank_model = false;
-};
-
-bool has_model_states(const fs::path& dir) {
-  for (const DirEntry& e : list_directory(dir.string())) {
-    const std::string& name = e.name;
-    static const std::string kSuffix = "_model_states.pt";
-    if (name.size() > kSuffix.size() && name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0)
-      return true;
-  }
-  return false;
-}
-
-// The tag directory SRC names: SRC itself, or SRC/<tag> (default: `latest`).
-std::string tag_dir(const std::string& src, const std::string& tag) {
-  fs::path root(src);
-  if (!tag.empty()) {
-    if (tag.find('/') != std::string::npos || tag == ".." || tag == ".")
-      fail_invalid("--tag '" + tag + "' must name a directory inside " + src);
-    fs::path dir = root / tag;
-    if (!is_directory(dir.string())) fail(ErrorCode::kNotFound, src + ": no tag directory '" + tag + "'");
-    require_inside(dir.string(), src);
-    return dir.string();
-  }
-  if (has_model_states(root)) return root.string();
-  std::optional<std::string> named = read_latest_tag(root / "latest");
-  if (!named) fail(ErrorCode::kNotFound, src + ": no `latest` file and no --tag: give --tag NAME");
-  const std::string& latest = *named;
-  fs::path dir = root / latest;
-  if (!is_directory(dir.string()))
-    fail(ErrorCode::kNotFound, src + ": `latest` names tag '" + latest + "', which is not a directory here");
-  require_inside(dir.string(), src);
-  return dir.string();
-}
-
-// The rank files of one model-parallel rank (`mp_rank_XX`), as named.
-struct MpRankNames {
-  std::map<int, std::string> optim, rank_model;  // by data-parallel rank
-  std::string single_model;                      // mp_rank_XX_model_states.pt
-};
-
-// The ZeRO files of model-parallel rank `mp` (two digits, as DeepSpeed
-// writes it) in `dir`: its optimizer files by data-parallel rank, each once,
-// and its model states (ZeRO-3: one per rank).
-TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names) {
-  TagFiles out;
-  out.dir = dir;
-  if (names.optim.empty())
-    fail(ErrorCode::kNotFound,
-         dir + ": no *_mp_rank_" + mp + "_optim_states.pt files (a ZeRO checkpoint has one per rank)");
-  int ws = names.optim.rbegin()->first + 1;
-  for (int r = 0; r < ws; ++r) {
-    auto it = names.optim.find(r);
-    if (it == names.optim.end())
-      fail(ErrorCode::kNotFound, dir + ": the optimizer file of rank " + std::to_string(r) + " of " +
-                                     std::to_string(ws) + " is missing (*zero_pp_rank_" + std::to_string(r) +
-                                     "_mp_rank_" + mp + "_optim_states.pt)");
-    out.optim.push_back({r, it->second});
-  }
-  if (!names.rank_model.empty()) {
-    out.per_rank_model = true;
-    for (int r = 0; r < ws; ++r) {
-      auto it = names.rank_model.find(r);
-      if (it == names.rank_model.end())
-        fail(ErrorCode::kNotFound, dir + ": the model-states file of rank " + std::to_string(r) +
-                                       " is missing (zero_pp_rank_" + std::to_string(r) + "_mp_rank_" + mp +
-                                       "_model_states.pt)");
-      out.model.push_back({r, it->second});
-    }
-    if (names.rank_model.rbegin()->first >= ws)
-      fail_data_loss(dir + ": model-states files for " + std::to_string(names.rank_model.rbegin()->first + 1) +
-                     " ranks but optimizer files for " + std::to_string(ws) + " (files of two world sizes mixed)");
-  } else if (!names.single_model.empty()) {
-    out.model.push_back({0, names.single_model});
-  } else {
-    fail(ErrorCode::kNotFound, dir + ": no mp_rank_" + mp + "_model_states.pt (ZeRO-1/2) or zero_pp_rank_0_mp_rank_" +
-                                   mp + "_model_states.pt (ZeRO-3)");
-  }
-  return out;
-}
-
-// A tag directory's files: one TagFiles per model-parallel rank, and the
-// pipeline's per-layer files (docs/deepspeed.md, "Pipeline parallelism").
-struct TagListing {
-  std::string dir;
-  std::vector<TagFiles> mp_ranks;          // by mp rank: the pipeline stages, or mp_rank_00 alone
-  std::map<int, std::string> layer_files;  // layer_LL-model_states.pt by layer index
-};
-
-TagListing list_files(const std::string& dir) {
-  static const LinearRegex optim_re =
-      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_optim_states\.pt$)");
-  static const LinearRegex rank_model_re =
-      LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_model_states\.pt$)");
-  static const LinearRegex model_re = LinearRegex::compile(R"(^mp_rank_(\d{1,6})_model_states\.pt$)");
-  // PipelineModule.ckpt_layer_path: `layer_{idx:02d}`, then `-model_{TT:02d}`
-  // when the topology has a tensor axis (get_rank_repr), then `-model_states.pt`.
-  static const LinearRegex layer_re = LinearRegex::compile(R"(^layer_(\d{2,6})-model_states\.pt$)");
-  static const LinearRegex tp_layer_re = LinearRegex::compile(R"(^layer_(\d{2,6})-model_(\d{2,6})-model_states\.pt$)");
-  // MoE (engine._get_expert_ckpt_name, _get_optimizer_ckpt_name)
-  static const LinearRegex expert_re =
-      LinearRegex::compile(R"(^(layer_\d{1,6}_)?expert_\d{1,6}_mp_rank_\d{2,6}_model_states\.pt$)");
-  static const LinearRegex expp_re = LinearRegex::compile(R"(^expp_rank_\d{1,6}_mp_rank_\d{2,6}_optim_states\.pt$)");
-  std::map<std::string, MpRankNames> by_mp;
-  TagListing out;
-  out.dir = dir;
-  bool tp_layers = false;
-  std::string moe_file;
-  if (!is_directory(dir)) fail(ErrorCode::kNotFound, dir + ": cannot list directory: not a directory");
-  for (const DirEntry& e : list_directory(dir)) {
-    const std::string& name = e.name;
-    RegexMatch m;
-    if (optim_re.match(name, m)) {
-      by_mp[m.str(3)].optim[std::stoi(m.str(2))] = e.path;
-    } else if (rank_model_re.match(name, m)) {
-      by_mp[m.str(2)].rank_model[std::stoi(m.str(1))] = e.path;
-    } else if (model_re.match(name, m)) {
-      by_mp[m.str(1)].single_model = e.path;
-    } else if (layer_re.match(name, m)) {
-      out.layer_files[std::stoi(m.str(1))] = e.path;
-    } else if (tp_layer_re.match(name, m)) {
-      tp_layers = true;
-    } else if (expert_re.match(name, m) || expp_re.match(name, m)) {
-      moe_file = name;
-    } else {
-      log::debug("ignoring " + e.path + ": not a ZeRO model or optimizer states file");
-      continue;
-    }
-    require_inside(e.path, dir);
-  }
-  std::string found;
-  for (const auto& [mp, names] : by_mp) found += (found.empty() ? "mp_rank_" : ", mp_rank_") + mp;
-  if (!moe_file.empty())
-    fail(ErrorCode::kUnimplemented, dir + ": DeepSpeed MoE checkpoints (expert files such as " + moe_file +
-                                        ") are not supported; ckptconv reads data-parallel and pipeline-parallel "
-                                        "DeepSpeed checkpoints");
-  if (tp_layers)
-    fail(ErrorCode::kUnimplemented, dir +
-                                        ": pipeline layer files with a tensor-parallel rank "
-                                        "(layer_LL-model_TT-model_states.pt) are not supported; ckptconv reads "
-                                        "pipeline-parallel and data-parallel DeepSpeed checkpoints");
-  if (out.layer_files.empty() && (by_mp.size() > 1 || (by_mp.size() == 1 && by_mp.begin()->first != "00")))
-    fail(ErrorCode::kUnimplemented, dir + ": tensor-parallel DeepSpeed checkpoints (" + found +
-                                        ") are not supported; ckptconv reads data-parallel ZeRO (mp_rank_00 only) "
-                                        "and pipeline-parallel checkpoints (layer_LL-model_states.pt files)");
-  if (by_mp.empty())
-    fail(ErrorCode::kNotFound, dir + ": no *_optim_states.pt files (a ZeRO checkpoint has one per rank)");
-  // Pipeline stages are the mp ranks 00..S-1 (PipelineParallelGrid's
-  // ds_model_rank), each written in two digits; every one must be there.
-  int stages = 0;
-  for (const auto& [mp, names] : by_mp) stages = std::max(stages, std::stoi(mp) + 1);
-  for (int s = 0; s < stages; ++s) {
-    std::string mp = (s < 10 ? "0" : "") + std::to_string(s);
-    auto it = by_mp.find(mp);
-    if (it == by_mp.end())
-      fail(ErrorCode::kNotFound, dir + ": the files of pipeline stage " + std::to_string(s) + " of " +
-                                     std::to_string(stages) + " are missing (mp_rank_" + mp + "_model_states.pt)");
-    out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second));
-  }
-  if (by_mp.size() != std::size_t(stages))
-    fail_data_loss(dir + ": model-parallel ranks " + found + " are not numbered mp_rank_00.." +
-                   std::to_string(stages - 1) + " in two digits");
-  return out;
-}
 
 // ---- the checkpoint ----
 
@@ -219,6 +42,8 @@ struct ParamSlot {
   std::string name;
   Shape shape;
   std::size_t group = 0;
+  std::size_t local = 0;  // index in its param_shapes group (its alignment padding's)
+  int replica = 0;        // an expert group's expert-parallel rank (moe_experts.h); else 0
 };
 
 // What one reader (a data-parallel checkpoint, or one pipeline stage)
@@ -245,12 +70,13 @@ class ZeroReader {
   }
 
   // The module state dict is the model-states file's `module` (data parallel).
-  void use_saved_module() {
+  // MoE: with the experts of the expert files, which `module` leaves out.
+  void use_saved_module(const std::vector<ModuleEntry>& experts = {}) {
     const Decoded& m0 = models_[0];
     std::vector<ModuleEntry> module;
     for (const auto& [k, v] : as_dict(*at(*m0.root, "module", m0.path)).entries)
       module.push_back({k->as_str(), &m0, v.get()});
-    use_module(std::move(module));
+    use_module(with_experts(std::move(module), experts));
   }
   // The module state dict is `module` (a pipeline stage's layer files).
   void use_module(std::vector<ModuleEntry> module) {
@@ -309,9 +135,11 @@ class ZeroReader {
       groups_.emplace_back();
       for (const auto& [k, v] : group.entries) {
         groups_.back().push_back(params_.size());
-        params_.push_back({k->as_str(), pyobj::int_sequence(*v, "param shape"), g});
+        params_.push_back({k->as_str(), pyobj::int_sequence(*v, "param shape"), g, groups_.back().size() - 1});
       }
     }
+    members_.assign(groups_.size(), {expert_data_parallel_ranks(0, 1, ws_)});
+    if (stage_ < 3) expand_expert_groups();
     if (ValuePtr buffers = m0.root->get("buffer_names"); buffers && buffers->is(Kind::kList))
       for (const auto& b : buffers->items) buffer_names_.insert(b->as_str());
     if (ValuePtr frozen = m0.root->get("frozen_param_shapes"); frozen && frozen->is(Kind::kDict))
@@ -338,6 +166,73 @@ class ZeroReader {
     }
   }
 
+  // MoE (moe_experts.h): a group whose partition_count is a divisor of the
+  // world size below it is an expert group, one flat buffer per
+  // expert-parallel rank e over ranks e, e+ep, ...; its param_shapes names
+  // the local experts, which become every expert-parallel rank's global ones.
+  void expand_expert_groups() {
+    ValuePtr counts = osd(0).get("partition_count");
+    if (!counts || !counts->is(Kind::kList)) return;
+    const auto& base_groups = at(base_state(0), "param_groups", optims_[0].path)->as_sequence();
+    std::vector<ParamSlot> params;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      int64_t count = g < counts->items.size() ? counts->items[g]->as_int() : ws_;
+      std::vector<std::size_t> members;
+      if (count == ws_) {
+        for (std::size_t i : groups_[g]) members.push_back(params.size()), params.push_back(params_[i]);
+        groups_[g] = std::move(members);
+        continue;
+      }
+      const std::string& path = optims_[0].path;
+      ValuePtr moe = g < base_groups.size() ? base_groups[g]->get("moe") : nullptr;
+      if (count <= 0 || ws_ % count != 0 || !moe || !moe->is(Kind::kBool) || !moe->bool_value)
+        fail_data_loss(path + ": partition_count " + std::to_string(count) + " of param group " + std::to_string(g) +
+                       " at world size " + std::to_string(ws_) + ", which is not a MoE expert group");
+      require_default_expert_topology();
+      const int ep = int(ws_ / count);
+      std::map<std::string, int> num_local;  // per MoE layer (expert name prefix)
+      for (std::size_t i : groups_[g]) {
+        std::optional<ExpertName> e = parse_expert_name(params_[i].name);
+        if (!e)
+          fail(ErrorCode::kUnimplemented, path + ": expert group " + std::to_string(g) + " holds '" +
+                                              params_[i].name.substr(0, 200) +
+                                              "', which is not named as DeepSpeed's experts (.deepspeed_experts.N.)");
+        num_local[e->prefix] = std::max(num_local[e->prefix], e->id + 1);
+      }
+      for (int r = 0; r < ep; ++r)
+        for (std::size_t i : groups_[g]) {
+          ParamSlot slot = params_[i];
+          ExpertName e = *parse_expert_name(slot.name);
+          slot.name = e.with_id(r * num_local[e.prefix] + e.id);
+          slot.replica = r;
+          members.push_back(params.size());
+          params.push_back(std::move(slot));
+        }
+      groups_[g] = std::move(members);
+      members_[g].clear();
+      for (int r = 0; r < ep; ++r) members_[g].push_back(expert_data_parallel_ranks(r, ep, ws_));
+      expert_parallel_ = std::max(expert_parallel_, ep);
+    }
+    params_ = std::move(params);
+  }
+
+  // DeepSpeed's other expert topology (data before expert parallelism)
+  // places the experts on other ranks, which the files do not record.
+  void require_default_expert_topology() const {
+    const Decoded& m0 = models_[0];
+    ValuePtr config = m0.root->get("ds_config");
+    ValuePtr flag = config && config->is(Kind::kDict) ? config->get("use_data_before_expert_parallelism") : nullptr;
+    if (flag && flag->is(Kind::kBool) && flag->bool_value)
+      fail(ErrorCode::kUnimplemented, m0.path +
+                                          ": use_data_before_expert_parallelism is set: ckptconv reads "
+                                          "MoE experts in DeepSpeed's default expert-then-data rank order only");
+  }
+
+ public:
+  int expert_parallel() const { return expert_parallel_; }
+  int zero_stage() const { return stage_; }
+
+ private:
   // The base optimizer's state_dict(): {'state': {i: {...}}, 'param_groups': [...]}.
   const Value& base_state(int r) const {
     const Value& o = osd(r);
@@ -379,8 +274,13 @@ class ZeroReader {
                                   const std::string& prefix, const std::string& suffix) {
     std::vector<std::size_t> out(params_.size());
     DType dtype = parts.at(0).at(0)->dtype;
-    for (std::size_t i = 0; i < params_.size(); ++i)
+    for (std::size_t i = 0; i < params_.size(); ++i) {
       out[i] = new_tensor(model, prefix + params_[i].name + suffix, params_[i].shape, dtype);
+      const std::size_t holders = members_[params_[i].group][std::size_t(params_[i].replica)].size();
+      if (holders != std::size_t(ws_))  // an expert: its expert-data-parallel group's ranks only
+        model.tensors[out[i]].sharding = "ZeRO-" + std::to_string(stage_) + " flat partitions of " +
+                                         std::to_string(holders) + " expert-data-parallel ranks";
+    }
     if (stage_ == 3) {
       // Every parameter: ceil(numel/ws) elements per rank, at one running
       // offset in each rank's concatenated (sub-)group partitions.
@@ -408,26 +308,33 @@ class ZeroReader {
     // ZeRO-1/2: per group, the ranks' partitions are consecutive pieces of
     // P elements of one flat buffer; parameters sit in param_shapes order,
     // each followed by its alignment padding.
+    // An expert group has one such buffer per expert-parallel rank, over
+    // that rank's expert-data-parallel group (members_).
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       uint64_t p = partition_size(g);
       std::vector<int64_t> pads = alignment_paddings(g);
-      uint64_t off = 0;
-      for (std::size_t j = 0; j < groups_[g].size(); ++j) {
-        const ParamSlot& slot = params_[groups_[g][j]];
-        uint64_t numel = shape_numel(slot.shape);
-        for (int r = 0; r < ws_; ++r) {
-          uint64_t lo = std::max(off, uint64_t(r) * p), hi = std::min(off + numel, uint64_t(r + 1) * p);
-          if (lo >= hi) continue;
-          if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
-          add_flat_range(model.tensors[out[groups_[g][j]]], *parts[r][g], lo - uint64_t(r) * p, lo - off, hi - lo,
-                         rank_base_ + r, optims_[r].path + ": '" + slot.name + "'");
+      for (std::size_t e = 0; e < members_[g].size(); ++e) {
+        const std::vector<int>& ranks = members_[g][e];
+        const uint64_t w = ranks.size();
+        uint64_t off = 0;
+        for (std::size_t i : groups_[g]) {
+          const ParamSlot& slot = params_[i];
+          if (slot.replica != int(e)) continue;
+          uint64_t numel = shape_numel(slot.shape);
+          for (uint64_t k = 0; k < w; ++k) {
+            const int r = ranks[k];
+            uint64_t lo = std::max(off, k * p), hi = std::min(off + numel, (k + 1) * p);
+            if (lo >= hi) continue;
+            if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
+            add_flat_range(model.tensors[out[i]], *parts[r][g], lo - k * p, lo - off, hi - lo, rank_base_ + r,
+                           optims_[r].path + ": '" + slot.name + "'");
+          }
+          off += numel + uint64_t(slot.local < pads.size() ? pads[slot.local] : 0);
         }
-        off += numel + uint64_t(j < pads.size() ? pads[j] : 0);
+        if (off > p * w)
+          fail_data_loss(files_.dir + ": param group " + std::to_string(g) + " needs " + std::to_string(off) +
+                         " elements but its " + std::to_string(w) + " partitions hold " + std::to_string(p * w));
       }
-      if (off > p * uint64_t(ws_))
-        fail_data_loss(files_.dir + ": param group " + std::to_string(g) + " needs " + std::to_string(off) +
-                       " elements but its " + std::to_string(ws_) + " partitions hold " +
-                       std::to_string(p * uint64_t(ws_)));
     }
     return out;
   }
@@ -478,8 +385,9 @@ class ZeroReader {
         partition_problem(r, std::to_string(fp32[r].size()) + " flat partitions, but param_shapes has " +
                                  std::to_string(groups_.size()) + " groups");
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      uint64_t need = 0;
+      uint64_t need = 0;  // of one buffer (an expert group's: each expert-parallel rank's)
       for (std::size_t i : groups_[g]) {
+        if (params_[i].replica != 0) continue;
         uint64_t numel = shape_numel(params_[i].shape);
         need += stage_ == 3 ? (numel + ws_ - 1) / ws_ : numel;
       }
@@ -501,12 +409,15 @@ class ZeroReader {
           partition_problem(r, "partition " + std::to_string(g) + " holds " + std::to_string(held) +
                                    " elements with its padding, rank 0's " + std::to_string(p));
       }
-      const uint64_t tail = group_padding(ws_ - 1, g);
-      if (need + tail != p * uint64_t(ws_))
-        partition_problem(ws_ - 1, "param group " + std::to_string(g) + "'s parameters take " + std::to_string(need) +
-                                       " elements with their alignment padding and the group's padding " +
-                                       std::to_string(tail) + ", but its " + std::to_string(ws_) + " partitions hold " +
-                                       std::to_string(p * uint64_t(ws_)));
+      for (const std::vector<int>& ranks : members_[g]) {
+        const int last = ranks.back();
+        const uint64_t w = ranks.size(), tail = group_padding(last, g);
+        if (need + tail != p * w)
+          partition_problem(last, "param group " + std::to_string(g) + "'s parameters take " + std::to_string(need) +
+                                      " elements with their alignment padding and the group's padding " +
+                                      std::to_string(tail) + ", but its " + std::to_string(w) + " partitions hold " +
+                                      std::to_string(p * w));
+      }
     }
   }
 
@@ -765,6 +676,10 @@ class ZeroReader {
   std::string only_;  // --only: client_state entries with unknown globals are dropped
   std::vector<Decoded> models_, optims_;
   int rank_base_ = 0;
+  int expert_parallel_ = 1;
+  // per group, the ranks holding each of its flat buffers in partition order:
+  // {0..ws-1}, or an expert group's expert-data-parallel groups
+  std::vector<std::vector<std::vector<int>>> members_;
   std::vector<ModuleEntry> module_;  // the saved module state dict, in order
   int ws_ = 0;
   int stage_ = 0;
@@ -828,17 +743,63 @@ void finish_info(CheckpointModel& model, const ZeroReader& first, ParallelDegree
 }
 
 // A data-parallel ZeRO checkpoint (mp_rank_00 only).
-CheckpointModel read_data_parallel(const TagFiles& files, ProblemSink* problems, const std::string& only) {
+// The expert files of every MoE layer, each expert once (num_experts of the
+// model-states file says how many each layer has), decoded into `decoded`;
+// their entries, named with global expert ids.
+std::vector<ModuleEntry> expert_entries(const TagListing& listing, const Decoded& m0, std::deque<Decoded>& decoded,
+                                        ProblemSink* problems, const std::string& only) {
+  std::vector<int64_t> counts;
+  if (ValuePtr n = m0.root->get("num_experts"); n && n->is(Kind::kList))
+    for (const auto& c : n->items) counts.push_back(c->as_int());
+  int layers = 0;
+  for (const auto& [key, path] : listing.expert_files) layers = std::max(layers, key.first + 1);
+  if (counts.empty() || int(counts.size()) < layers)
+    fail_data_loss(m0.path + ": expert files of " + std::to_string(layers) + " MoE layer(s) but num_experts lists " +
+                   std::to_string(counts.size()));
+  std::vector<ModuleEntry> out;
+  for (std::size_t layer = 0; layer < counts.size(); ++layer)
+    for (int64_t e = 0; e < counts[layer]; ++e) {
+      auto it = listing.expert_files.find({int(layer), int(e)});
+      if (it == listing.expert_files.end())
+        fail(ErrorCode::kNotFound, listing.dir + ": the expert file " + expert_file_name(int(layer), int(e)) +
+                                       " (expert " + std::to_string(e) + " of " + std::to_string(counts[layer]) +
+                                       " of MoE layer " + std::to_string(layer) + ") is missing");
+      decoded.push_back(decode(it->second, -1, problems, only, "entries of an expert state dict"));
+      for (const auto& [k, v] : as_dict(*decoded.back().root).entries)
+        out.push_back({k->as_str(), &decoded.back(), v.get()});
+    }
+  if (listing.expert_files.rbegin()->first.second >= counts[listing.expert_files.rbegin()->first.first])
+    fail_data_loss(listing.expert_files.rbegin()->second + ": more experts than num_experts says (" +
+                   std::to_string(counts[listing.expert_files.rbegin()->first.first]) + ")");
+  return out;
+}
+
+CheckpointModel read_data_parallel(const TagListing& listing, ProblemSink* problems, const std::string& only) {
+  const TagFiles& files = listing.mp_ranks.at(0);
   ZeroReader reader(files, problems, only);
   reader.load();
-  reader.use_saved_module();
+  std::deque<Decoded> experts;  // owns what ModuleEntry points into, until the model is built
+  if (reader.expert_parallel() > 1 && listing.expert_files.empty())
+    fail(ErrorCode::kNotFound, files.dir +
+                                   ": the optimizer files hold MoE expert groups but no "
+                                   "layer_L_expert_E_mp_rank_00_model_states.pt file is here");
+  if (!listing.expert_files.empty() && reader.zero_stage() == 3)
+    fail(ErrorCode::kUnimplemented, files.dir +
+                                        ": MoE expert files of a ZeRO-3 run: ckptconv reads MoE "
+                                        "checkpoints of ZeRO stages 1 and 2 only");
   CheckpointModel model;
+  if (!listing.expert_files.empty()) {
+    reader.use_saved_module(expert_entries(listing, reader.model_file(), experts, problems, only));
+    for (const auto& [key, path] : listing.expert_files) model.info.files.push_back(path);
+  } else {
+    reader.use_saved_module();
+  }
   model.source = files.dir;
   std::vector<StageParts> parts;
   parts.push_back(reader.build(model));
   model.root = assemble_root(std::move(parts), files.dir);
   add_training_state(model, reader.model_file());
-  finish_info(model, reader, ParallelDegrees{.data = reader.world_size()});
+  finish_info(model, reader, ParallelDegrees{.data = reader.world_size(), .expert = reader.expert_parallel()});
   return model;
 }
 
@@ -912,68 +873,10 @@ CheckpointModel read_pipeline(const TagListing& listing, ProblemSink* problems, 
 
 }  // namespace
 
-bool is_zero_checkpoint(const std::string& dir) {
-  fs::path root(dir);
-  if (has_model_states(root)) return true;
-  std::optional<std::string> tag;
-  try {
-    tag = read_latest_tag(root / "latest");
-  } catch (const Error&) {
-    return false;  // a `latest` that names no tag: the folder's listing says so
-  }
-  return tag && is_directory((root / *tag).string()) && has_model_states(root / *tag);
-}
-
-bool is_deepspeed_root(const std::string& dir) {
-  if (has_model_states(fs::path(dir))) return false;
-  for (const DirEntry& sub : list_directory(dir))
-    if (sub.is_directory() && has_model_states(sub.path)) return true;
-  return false;
-}
-
-bool holds_zero_files(const std::string& dir) {
-  for (const DirEntry& e : list_directory(dir)) {
-    const std::string& name = e.name;
-    if (name.ends_with("_optim_states.pt") || name.ends_with("_model_states.pt")) return true;
-  }
-  return false;
-}
-
-std::optional<int> tag_world_size(const std::string& dir) {
-  static const LinearRegex optim_re =
-      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_optim_states\.pt$)");
-  static const LinearRegex rank_model_re =
-      LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_model_states\.pt$)");
-  static const LinearRegex model_re = LinearRegex::compile(R"(^mp_rank_(\d{1,6})_model_states\.pt$)");
-  // per model-parallel rank (pipeline stage): its data-parallel ranks' files
-  std::map<int, std::set<int>> optim, rank_model;
-  std::set<int> single_model;
-  for (const DirEntry& e : list_directory(dir)) {
-    const std::string& name = e.name;
-    RegexMatch m;
-    if (optim_re.match(name, m))
-      optim[std::stoi(m.str(3))].insert(std::stoi(m.str(2)));
-    else if (rank_model_re.match(name, m))
-      rank_model[std::stoi(m.str(2))].insert(std::stoi(m.str(1)));
-    else if (model_re.match(name, m))
-      single_model.insert(std::stoi(m.str(1)));
-  }
-  const int stages = static_cast<int>(optim.size());
-  if (stages == 0 || optim.rbegin()->first != stages - 1) return std::nullopt;
-  const int n = static_cast<int>(optim.begin()->second.size());
-  for (const auto& [mp, ranks] : optim) {
-    if (int(ranks.size()) != n || *ranks.rbegin() != n - 1) return std::nullopt;
-    auto per_rank = rank_model.find(mp);
-    if (per_rank != rank_model.end() ? per_rank->second != ranks : !single_model.count(mp))
-      return std::nullopt;  // ZeRO-3: one model-states file per rank; else one per stage
-  }
-  return n * stages;
-}
-
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
                           ProblemSink* problems) {
   TagListing listing = list_files(tag_dir(src, tag));
-  if (listing.layer_files.empty()) return read_data_parallel(listing.mp_ranks.at(0), problems, only);
+  if (listing.layer_files.empty()) return read_data_parallel(listing, problems, only);
   return read_pipeline(listing, problems, only);
 }
 
