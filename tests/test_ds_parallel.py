@@ -40,6 +40,7 @@ def test_the_fixtures_are_pipeline_and_moe_runs():
         names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
         assert [n for n in names if "expert" in n] == [
             f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)]
+    assert set(CASES) == set(PIPE_CASES) | set(MOE_CASES) | {"tp2_fp32_ws2"}
     for case in PIPE_CASES:
         info = json.loads((PARALLEL / case / "case.json").read_text())
         assert info["pipeline_stages"] == 2 and info["ds_version"] == "0.19.8"
@@ -272,3 +273,21 @@ def test_a_moe_run_reshards_to_dcp(tmp_path, run_ckptconv):
     assert r.returncode == 0, r.stderr
     r = run_ckptconv("diff", case, dst)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_tensor_parallelism_is_refused_naming_the_ranks(tmp_path, run_ckptconv):
+    """Real DeepSpeed with an mpu of 2 tensor-parallel ranks: each mp rank
+    holds its own slice of the split tensors under the same names and
+    shapes, and nothing says along which dimension, so ckptconv refuses
+    rather than concatenate on a guessed one."""
+    case = PARALLEL / "tp2_fp32_ws2"
+    ms = torch.load(case / TAG / "mp_rank_01_model_states.pt", weights_only=False)
+    assert ms["checkpoint_parallel_dimensions"] == {"pp_degree": 1, "tp_degree": 2}
+    ranks = torch.load(case / "reference_live.pt", weights_only=True)["tp_ranks"]
+    assert not torch.equal(ranks[0]["col.weight"], ranks[1]["col.weight"])
+    out = tmp_path / "out.pt"
+    for command in (["consolidate", case, "-o", out], ["inspect", case], ["validate", case]):
+        r = run_ckptconv(*command)
+        assert r.returncode == 3, (command, r.stdout + r.stderr)
+        assert "tensor-parallel DeepSpeed checkpoints (mp_rank_00, mp_rank_01) are not supported" in r.stdout + r.stderr
+    assert not out.exists()

@@ -34,6 +34,9 @@ Each case folder ``<out>/<case>/`` holds the DeepSpeed checkpoint (``latest``,
 - ``reference_model.pt``: ``module_state`` with the trainable entries replaced
   by their fp32 masters, flat ``{name: tensor}`` (what ``consolidate --only
   model`` gives).
+- ``tp2_fp32_ws2`` (tensor parallelism through an ``mpu``) keeps only each
+  tensor-parallel rank's own masters, ``{"tp_ranks": [{name: fp32}, ...]}``:
+  ckptconv refuses the layout, and the case is there to show that it does.
 - ``case.json``: the case, topology, ds_config, versions, files and sizes.
 
 Self-checks: the file names per stage (MoE: per expert) (``layer_LL-model_TT-model_states.pt``,
@@ -118,6 +121,9 @@ CASES = {
     "moe_z2_bf16_ws4_ep2": dict(kind="moe", pp=1, dp=4, ep=2, dtype="bf16", stage=2,
                                 exercises="MoE, 4 experts over 2 expert-parallel ranks, 4 data-parallel ranks, bf16, "
                                           "ZeRO-2: expert groups partitioned over expert-data-parallel groups of 2"),
+    "tp2_fp32_ws2": dict(kind="tp", pp=1, dp=1, tp=2, dtype="fp32", stage=1,
+                         exercises="tensor parallelism through an mpu (Megatron's interface), 2 ranks, ZeRO-1: "
+                                   "mp_rank_01 files; what ckptconv refuses"),
     "moe_z1_fp32_ws2_ep2": dict(kind="moe", pp=1, dp=2, ep=2, dtype="fp32", stage=1,
                                 exercises="MoE, 4 experts over 2 expert-parallel ranks, fp32, ZeRO-1: each expert "
                                           "group held whole by one rank"),
@@ -141,7 +147,7 @@ class MoENet(nn.Module):
 
 
 def ds_config(c) -> dict:
-    gas = 1 if c["kind"] == "moe" else 2
+    gas = 1 if c["kind"] in ("moe", "tp") else 2
     cfg = {
         "train_batch_size": MICRO_BATCH * gas * c["dp"],
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
@@ -163,6 +169,88 @@ def data_iter(rank_in_dp: int, dtype):
         g = torch.Generator().manual_seed(1000 * step + rank_in_dp)
         yield torch.randn(MICRO_BATCH, 6, generator=g).to(dtype), torch.randn(MICRO_BATCH, 3, generator=g)
         step += 1
+
+
+class TensorParallelMpu:
+    """Megatron's mpu interface over a tensor-parallel group of every rank and
+    data-parallel groups of one rank each: what deepspeed.initialize(mpu=...)
+    reads to name mp_rank_TT files."""
+
+    def __init__(self) -> None:
+        ws = dist.get_world_size()
+        self.tp = dist.new_group(list(range(ws)))
+        self.dps = [dist.new_group([r]) for r in range(ws)]
+
+    def get_model_parallel_rank(self):
+        return dist.get_rank()
+
+    def get_model_parallel_world_size(self):
+        return dist.get_world_size()
+
+    def get_model_parallel_group(self):
+        return self.tp
+
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+    get_tensor_model_parallel_group = get_model_parallel_group
+
+    def get_data_parallel_rank(self):
+        return 0
+
+    def get_data_parallel_world_size(self):
+        return 1
+
+    def get_data_parallel_group(self):
+        return self.dps[dist.get_rank()]
+
+
+class TpShard(nn.Module):
+    """One rank's shards of a column-parallel Linear(6, 8) (`col`: 4 of its 8
+    output rows) and of the row-parallel Linear(8, 3) after it (`out`: 4 of
+    its 8 input columns); the shards differ per rank (seeded by rank)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        torch.manual_seed(SEED + rank)
+        self.col = nn.Linear(6, 4)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.col(x))).pow(2).mean()
+
+
+def tp_job(rank: int, ws: int, out: str, name: str) -> None:
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+    c = CASES[name]
+    d = Path(out) / name
+    net = TpShard(rank)
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=ds_config(c),
+                                           mpu=TensorParallelMpu())
+    for step in range(STEPS):
+        loss = engine(torch.randn(MICRO_BATCH, 6, generator=torch.Generator().manual_seed(1000 * step)))
+        engine.backward(loss)
+        engine.step()
+    if rank == 0 and d.exists():
+        shutil.rmtree(d)
+    dist.barrier()
+    engine.save_checkpoint(str(d))
+    dist.barrier()
+    # each tensor-parallel rank's own masters (dp 1: the partition is the whole)
+    mine = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in engine.module.named_parameters()}
+    every = [None] * ws
+    dist.all_gather_object(every, mine)
+    if rank != 0:
+        return
+    torch.save({"tp_ranks": every}, d / "reference_live.pt")
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+    info = {"case": name, "kind": "tp", "world_size": ws, "tensor_parallel": c["tp"], "dtype": c["dtype"],
+            "zero_stage": c["stage"], "exercises": c["exercises"], "ds_config": ds_config(c),
+            "ds_version": deepspeed.__version__, "torch_version": torch.__version__, "seed": SEED,
+            "steps": STEPS, "tag": TAG, "files": files, "removed": ["zero_to_fp32.py", "zero_to_torch.py"],
+            "patches": ["deepspeed.comm.torch.build_shm_op -> None (optional shared-memory allreduce op)"],
+            "generator": "tools/make_zero_parallel_checkpoints.py"}
+    (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
 
 
 def global_expert_name(name: str, expp_rank: int, num_local: int) -> str:
@@ -425,17 +513,19 @@ def main(argv=None) -> None:
     for name in args.only or CASES:
         t = time.time()
         c = CASES[name]
-        spawn(c["pp"] * c["dp"], moe_job if c["kind"] == "moe" else job, str(out), name)
+        jobs = {"pipe": job, "moe": moe_job, "tp": tp_job}
+        spawn(c["pp"] * c["dp"] * c.get("tp", 1), jobs[c["kind"]], str(out), name)
         d = out / name
         for script in ("zero_to_fp32.py", "zero_to_torch.py"):
             if (d / script).exists():
                 (d / script).unlink()
-        check_files(name, d)
-        write_model_reference(d)
+        if c["kind"] != "tp":  # tp: nothing consolidates it (ckptconv refuses it)
+            check_files(name, d)
+            write_model_reference(d)
         info = json.loads((d / "case.json").read_text())
         info["files"] = {k: v for k, v in info["files"].items() if k not in info["removed"]}
         (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
-        print(f"{name}: {info['optimizer_class']} {sum(info['files'].values())} bytes, {time.time() - t:.1f}s",
+        print(f"{name}: {info.get('optimizer_class', '')} {sum(info['files'].values())} bytes, {time.time() - t:.1f}s",
               flush=True)
 
 

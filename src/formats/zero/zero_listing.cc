@@ -157,9 +157,13 @@ TagListing list_files(const std::string& dir) {
                                         "(layer_LL-model_TT-model_states.pt) are not supported; ckptconv reads "
                                         "pipeline-parallel and data-parallel DeepSpeed checkpoints");
   if (out.layer_files.empty() && (by_mp.size() > 1 || (by_mp.size() == 1 && by_mp.begin()->first != "00")))
-    fail(ErrorCode::kUnimplemented, dir + ": tensor-parallel DeepSpeed checkpoints (" + found +
-                                        ") are not supported; ckptconv reads data-parallel ZeRO (mp_rank_00 only) "
-                                        "and pipeline-parallel checkpoints (layer_LL-model_states.pt files)");
+    // Each mp rank holds its own slice of the split tensors, and nothing in
+    // DeepSpeed's files says along which dimension: never guessed.
+    fail(ErrorCode::kUnimplemented,
+         dir + ": tensor-parallel DeepSpeed checkpoints (" + found +
+             ") are not supported: each mp rank holds its own slice of the split tensors and the files do not "
+             "say along which dimension; ckptconv reads data-parallel ZeRO (mp_rank_00 only), pipeline-parallel "
+             "(layer_LL-model_states.pt files) and MoE checkpoints");
   if (by_mp.empty())
     fail(ErrorCode::kNotFound, dir + ": no *_optim_states.pt files (a ZeRO checkpoint has one per rank)");
   // Pipeline stages are the mp ranks 00..S-1 (PipelineParallelGrid's
