@@ -291,3 +291,16 @@ def test_tensor_parallelism_is_refused_naming_the_ranks(tmp_path, run_ckptconv):
         assert r.returncode == 3, (command, r.stdout + r.stderr)
         assert "tensor-parallel DeepSpeed checkpoints (mp_rank_00, mp_rank_01) are not supported" in r.stdout + r.stderr
     assert not out.exists()
+
+
+def test_a_root_of_pipeline_tags_lists_every_stage_in_the_world_size(tmp_path, run_ckptconv):
+    """inspect ROOT counts the ranks of every stage: 2 stages x 2 ranks is 4;
+    a tag missing one stage's optimizer file is listed as incomplete."""
+    root = _copy("pp2_dp2_bf16_ws4", tmp_path)
+    shutil.copytree(root / TAG, root / "global_step6")
+    (root / "global_step6" / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt").unlink()
+    r = run_ckptconv("inspect", root)
+    assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line for line in r.stdout.splitlines()[1:]}
+    assert "world size 4" in lines[TAG] and "complete" in lines[TAG]
+    assert "world size ?" in lines["global_step6"] and "INCOMPLETE (a rank's files are missing)" in lines["global_step6"]
