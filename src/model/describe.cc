@@ -96,6 +96,9 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
   // Facts can hold text read from the file (an HDF5 attribute): escaped, so
   // a damaged byte cannot make the output invalid UTF-8.
   for (const auto& [k, v] : model.facts) out << "  " << printable_text(k) << ": " << printable_text(v) << "\n";
+  if (const auto& p = model.info.parallel)
+    out << "  parallelism: data " << p->data << ", pipeline " << p->pipeline << ", tensor " << p->tensor << ", expert "
+        << p->expert << "\n";
   std::size_t width = 4;
   walk_leaves(*model.root, [&](const Leaf& leaf) { width = std::max(width, leaf.path.size()); });
   width = std::min<std::size_t>(width, 72);
@@ -174,6 +177,8 @@ nlohmann::ordered_json model_to_json(const CheckpointModel& model) {
   nlohmann::ordered_json facts = nlohmann::ordered_json::object();
   for (const auto& [k, v] : model.facts) facts[printable_text(k)] = printable_text(v);
   j["facts"] = facts;
+  if (const auto& p = model.info.parallel)
+    j["parallelism"] = {{"data", p->data}, {"pipeline", p->pipeline}, {"tensor", p->tensor}, {"expert", p->expert}};
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array(), values = nlohmann::ordered_json::array();
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor) {

@@ -121,15 +121,26 @@ struct MegatronLayout {
   std::vector<std::pair<std::string, std::vector<int64_t>>> objects;
 };
 
+// A DeepSpeed checkpoint's parallel degrees, as its files record them
+// (dp_world_size and the rank files of each stage; checkpoint_parallel_dimensions):
+// what inspect shows. A data-parallel ZeRO run is {data N, 1, 1, 1}.
+struct ParallelDegrees {
+  int data = 1;
+  int pipeline = 1;
+  int tensor = 1;
+  int expert = 1;
+};
+
 struct SourceInfo {
   SourceKind kind = SourceKind::kTorchPt;
-  std::vector<std::string> files;          // the files read, sorted (per-rank sources; else SRC itself)
-  std::vector<RankFamilyInfo> families;    // per-rank sources: the families read (after --only)
-  std::vector<int> world_sizes;            // distinct world sizes the source was written at; {1} for single files
-  std::optional<DeviceMeshInfo> mesh;      // per-rank DTensor files: the mesh of the first one that has one
-  std::optional<FlatLayout> flat_layout;   // DCP directories
-  std::optional<Fsdp1Layout> fsdp1;        // FSDP1 flat-parameter files read with --param-layout
-  std::optional<MegatronLayout> megatron;  // a torch_dist checkpoint's stored view
+  std::vector<std::string> files;           // the files read, sorted (per-rank sources; else SRC itself)
+  std::vector<RankFamilyInfo> families;     // per-rank sources: the families read (after --only)
+  std::vector<int> world_sizes;             // distinct world sizes the source was written at; {1} for single files
+  std::optional<DeviceMeshInfo> mesh;       // per-rank DTensor files: the mesh of the first one that has one
+  std::optional<FlatLayout> flat_layout;    // DCP directories
+  std::optional<Fsdp1Layout> fsdp1;         // FSDP1 flat-parameter files read with --param-layout
+  std::optional<MegatronLayout> megatron;   // a torch_dist checkpoint's stored view
+  std::optional<ParallelDegrees> parallel;  // DeepSpeed ZeRO checkpoints
   // The source names tensors by flat dotted keys only (safetensors without
   // ckptconv.tree): how they nest is unknown, so diff compares paths only.
   bool flat_keys = false;

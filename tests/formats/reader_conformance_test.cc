@@ -460,3 +460,15 @@ TEST_CASE("reader conformance: hdf5: file", "[formats][conformance]") {
       {written(OutputFormat::kHdf5, "ref.h5"), "", testdata("dcp/fsdp2_adamw_ws2.ref.pt"), SourceKind::kHdf5, 1});
 }
 #endif
+
+// ---- DeepSpeed beyond data parallelism, against the live engines (tools/make_zero_parallel_checkpoints.py)
+
+TEST_CASE("reader conformance: deepspeed-zero: pipeline 2 stages x 2 ranks bf16 (model)", "[formats][conformance]") {
+  check_reader({testdata("zero_parallel/pp2_dp2_bf16_ws4"), "model",
+                testdata("zero_parallel/pp2_dp2_bf16_ws4/reference_model.pt"), SourceKind::kZero, 4});
+}
+
+TEST_CASE("reader conformance: deepspeed-zero: MoE 4 experts, ep 2, ZeRO-2 bf16 (model)", "[formats][conformance]") {
+  check_reader({testdata("zero_parallel/moe_z2_bf16_ws4_ep2"), "model",
+                testdata("zero_parallel/moe_z2_bf16_ws4_ep2/reference_model.pt"), SourceKind::kZero, 4});
+}

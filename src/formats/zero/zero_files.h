@@ -30,6 +30,15 @@ using Decoded = torch_pt::QuarantinedPt;
 Decoded decode(const std::string& path, int rank, ProblemSink* problems, const std::string& only,
                std::string_view unknown_entries = "client_state the training script saved");
 
+// One entry of the module state dict a ZeRO checkpoint saved, and the file
+// it is in: the model-states file's `module`, or a pipeline's layer files
+// (where `module` is None and layer LL's entry `k` is the module's `LL.k`).
+struct ModuleEntry {
+  std::string name;
+  const Decoded* file = nullptr;
+  const pickle::Value* value = nullptr;
+};
+
 // The dict of a value (an OrderedDict with attributes is BUILD on it).
 const pickle::Value& as_dict(const pickle::Value& v);
 // v[key]; DataLoss naming `file` when absent.

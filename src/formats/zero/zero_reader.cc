@@ -1,8 +1,7 @@
 #include "formats/zero/zero_reader.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -16,10 +15,14 @@
 #include "core/error.h"
 #include "core/linear_regex.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "formats/latest_file.h"
 #include "formats/pyobj.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "formats/zero/moe_experts.h"
+#include "formats/zero/pipeline_layers.h"
 #include "formats/zero/zero_files.h"
+#include "formats/zero/zero_listing.h"
 #include "io/containment.h"
 #include "io/storage.h"
 #include "model/flat_range.h"
@@ -29,125 +32,9 @@
 namespace ckpt::zero {
 namespace {
 
-namespace fs = std::filesystem;
 using pickle::Kind;
 using pickle::Value;
 using pickle::ValuePtr;
-
-// ---- the files of one tag directory ----
-
-struct RankFile {
-  int rank = -1;
-  std::string path;
-};
-
-struct TagFiles {
-  std::string dir;
-  std::vector<RankFile> optim;  // by rank
-  std::vector<RankFile> model;  // ZeRO-3: by rank; ZeRO-1/2: the one mp_rank_00 file
-  bool per_rank_model = false;
-};
-
-bool has_model_states(const fs::path& dir) {
-  for (const DirEntry& e : list_directory(dir.string())) {
-    const std::string& name = e.name;
-    static const std::string kSuffix = "_model_states.pt";
-    if (name.size() > kSuffix.size() && name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0)
-      return true;
-  }
-  return false;
-}
-
-// The tag directory SRC names: SRC itself, or SRC/<tag> (default: `latest`).
-std::string tag_dir(const std::string& src, const std::string& tag) {
-  fs::path root(src);
-  if (!tag.empty()) {
-    if (tag.find('/') != std::string::npos || tag == ".." || tag == ".")
-      fail_invalid("--tag '" + tag + "' must name a directory inside " + src);
-    fs::path dir = root / tag;
-    if (!is_directory(dir.string())) fail(ErrorCode::kNotFound, src + ": no tag directory '" + tag + "'");
-    require_inside(dir.string(), src);
-    return dir.string();
-  }
-  if (has_model_states(root)) return root.string();
-  std::optional<std::string> named = read_latest_tag(root / "latest");
-  if (!named) fail(ErrorCode::kNotFound, src + ": no `latest` file and no --tag: give --tag NAME");
-  const std::string& latest = *named;
-  fs::path dir = root / latest;
-  if (!is_directory(dir.string()))
-    fail(ErrorCode::kNotFound, src + ": `latest` names tag '" + latest + "', which is not a directory here");
-  require_inside(dir.string(), src);
-  return dir.string();
-}
-
-TagFiles list_files(const std::string& dir) {
-  static const LinearRegex optim_re =
-      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_optim_states\.pt$)");
-  static const LinearRegex rank_model_re =
-      LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_(\d{1,6})_model_states\.pt$)");
-  static const LinearRegex model_re = LinearRegex::compile(R"(^mp_rank_(\d+)_model_states\.pt$)");
-  TagFiles out;
-  out.dir = dir;
-  std::map<int, std::string> optim, rank_model;
-  std::set<std::string> mp_ranks;
-  std::string single_model;
-  if (!is_directory(dir)) fail(ErrorCode::kNotFound, dir + ": cannot list directory: not a directory");
-  for (const DirEntry& e : list_directory(dir)) {
-    const std::string& name = e.name;
-    RegexMatch m;
-    if (optim_re.match(name, m)) {
-      mp_ranks.insert(m.str(3));
-      if (m[3] == "00") optim[std::stoi(m.str(2))] = e.path;
-    } else if (rank_model_re.match(name, m)) {
-      mp_ranks.insert(m.str(2));
-      if (m[2] == "00") rank_model[std::stoi(m.str(1))] = e.path;
-    } else if (model_re.match(name, m)) {
-      mp_ranks.insert(m.str(1));
-      if (m[1] == "00") single_model = e.path;
-    } else {
-      log::debug("ignoring " + e.path + ": not a ZeRO model or optimizer states file");
-      continue;
-    }
-    require_inside(e.path, dir);
-  }
-  if (mp_ranks.size() > 1 || (mp_ranks.size() == 1 && *mp_ranks.begin() != "00")) {
-    std::string found;
-    for (const auto& r : mp_ranks) found += (found.empty() ? "mp_rank_" : ", mp_rank_") + r;
-    fail(ErrorCode::kUnimplemented, dir + ": tensor-parallel DeepSpeed checkpoints (" + found +
-                                        ") are not supported; ckptconv reads data-parallel ZeRO (mp_rank_00 only)");
-  }
-  if (optim.empty())
-    fail(ErrorCode::kNotFound, dir + ": no *_optim_states.pt files (a ZeRO checkpoint has one per rank)");
-  int ws = optim.rbegin()->first + 1;
-  for (int r = 0; r < ws; ++r) {
-    auto it = optim.find(r);
-    if (it == optim.end())
-      fail(ErrorCode::kNotFound, dir + ": the optimizer file of rank " + std::to_string(r) + " of " +
-                                     std::to_string(ws) + " is missing (*zero_pp_rank_" + std::to_string(r) +
-                                     "_mp_rank_00_optim_states.pt)");
-    out.optim.push_back({r, it->second});
-  }
-  if (!rank_model.empty()) {
-    out.per_rank_model = true;
-    for (int r = 0; r < ws; ++r) {
-      auto it = rank_model.find(r);
-      if (it == rank_model.end())
-        fail(ErrorCode::kNotFound, dir + ": the model-states file of rank " + std::to_string(r) +
-                                       " is missing (zero_pp_rank_" + std::to_string(r) +
-                                       "_mp_rank_00_model_states.pt)");
-      out.model.push_back({r, it->second});
-    }
-    if (rank_model.rbegin()->first >= ws)
-      fail_data_loss(dir + ": model-states files for " + std::to_string(rank_model.rbegin()->first + 1) +
-                     " ranks but optimizer files for " + std::to_string(ws) + " (files of two world sizes mixed)");
-  } else if (!single_model.empty()) {
-    out.model.push_back({0, single_model});
-  } else {
-    fail(ErrorCode::kNotFound,
-         dir + ": no mp_rank_00_model_states.pt (ZeRO-1/2) or zero_pp_rank_0_mp_rank_00_model_states.pt (ZeRO-3)");
-  }
-  return out;
-}
 
 // ---- the checkpoint ----
 
@@ -155,31 +42,59 @@ struct ParamSlot {
   std::string name;
   Shape shape;
   std::size_t group = 0;
+  std::size_t local = 0;  // index in its param_shapes group (its alignment padding's)
+  int replica = 0;        // an expert group's expert-parallel rank (moe_experts.h); else 0
+};
+
+// What one reader (a data-parallel checkpoint, or one pipeline stage)
+// gives the model's root: its `model` entries in module order, its
+// optimizer's per-parameter state and its param groups.
+struct StageParts {
+  std::vector<std::pair<ValuePtr, ValuePtr>> model, state;
+  std::vector<ValuePtr> param_groups;
 };
 
 class ZeroReader {
  public:
-  ZeroReader(TagFiles files, ProblemSink* problems, std::string only)
-      : files_(std::move(files)), problems_(problems), only_(std::move(only)) {}
+  // `rank_base`: the global rank of this reader's data-parallel rank 0 (a
+  // pipeline stage's; chunks and problems name global ranks).
+  ZeroReader(TagFiles files, ProblemSink* problems, std::string only, int rank_base = 0)
+      : files_(std::move(files)), problems_(problems), only_(std::move(only)), rank_base_(rank_base) {}
 
-  CheckpointModel read() {
-    for (const auto& f : files_.model) models_.push_back(decode(f.path, f.rank, problems_, only_));
-    for (const auto& f : files_.optim) optims_.push_back(decode(f.path, f.rank, problems_, only_));
+  // Decodes the files and reads the layout they give (param_shapes, stage).
+  void load() {
+    for (const auto& f : files_.model) models_.push_back(decode(f.path, rank_base_ + f.rank, problems_, only_));
+    for (const auto& f : files_.optim) optims_.push_back(decode(f.path, rank_base_ + f.rank, problems_, only_));
     ws_ = int(optims_.size());
     read_layout();
-    CheckpointModel model;
-    model.source = files_.dir;
-    build(model);
-    model.info.kind = SourceKind::kZero;
-    model.info.records_frozen = true;
+  }
+
+  // The module state dict is the model-states file's `module` (data parallel).
+  // MoE: with the experts of the expert files, which `module` leaves out.
+  void use_saved_module(const std::vector<ModuleEntry>& experts = {}) {
+    const Decoded& m0 = models_[0];
+    std::vector<ModuleEntry> module;
+    for (const auto& [k, v] : as_dict(*at(*m0.root, "module", m0.path)).entries)
+      module.push_back({k->as_str(), &m0, v.get()});
+    use_module(with_experts(std::move(module), experts));
+  }
+  // The module state dict is `module` (a pipeline stage's layer files).
+  void use_module(std::vector<ModuleEntry> module) {
+    module_ = std::move(module);
+    require_params_in_module();
+  }
+
+  const std::vector<ParamSlot>& params() const { return params_; }
+  const Decoded& model_file() const { return models_[0]; }
+  int world_size() const { return ws_; }
+
+  // The source's files and what they say of the run, into model.info/facts.
+  void describe(CheckpointModel& model) const {
     for (const auto& f : files_.model) model.info.files.push_back(f.path);
     for (const auto& f : files_.optim) model.info.files.push_back(f.path);
-    std::sort(model.info.files.begin(), model.info.files.end());
-    model.info.world_sizes = {ws_};
     model.facts["zero_stage"] = bf16_optimizer_ ? "1 (BF16_Optimizer)" : std::to_string(stage_);
     if (ValuePtr v = models_[0].root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
-    model.facts["tag"] = fs::path(files_.dir).filename().string();
-    return model;
+    model.facts["tag"] = file_name(files_.dir);
   }
 
  private:
@@ -220,16 +135,17 @@ class ZeroReader {
       groups_.emplace_back();
       for (const auto& [k, v] : group.entries) {
         groups_.back().push_back(params_.size());
-        params_.push_back({k->as_str(), pyobj::int_sequence(*v, "param shape"), g});
+        params_.push_back({k->as_str(), pyobj::int_sequence(*v, "param shape"), g, groups_.back().size() - 1});
       }
     }
+    members_.assign(groups_.size(), {expert_data_parallel_ranks(0, 1, ws_)});
+    if (stage_ < 3) expand_expert_groups();
     if (ValuePtr buffers = m0.root->get("buffer_names"); buffers && buffers->is(Kind::kList))
       for (const auto& b : buffers->items) buffer_names_.insert(b->as_str());
     if (ValuePtr frozen = m0.root->get("frozen_param_shapes"); frozen && frozen->is(Kind::kDict))
       for (const auto& [k, v] : frozen->entries) frozen_names_.insert(k->as_str());
     if (ValuePtr shared = m0.root->get("shared_params"); shared && shared->is(Kind::kDict))
       for (const auto& [k, v] : shared->entries) shared_[k->as_str()] = v->as_str();
-    require_params_in_module(m0);
   }
 
   // param_shapes names the module's own parameters (DeepSpeed takes both
@@ -237,12 +153,10 @@ class ZeroReader {
   // parameter: an entry costs a few bytes of pickle but a tensor for the
   // master and each optimizer state, so 100,000 made-up empty entries in a
   // 3.8 MB file had taken 0.8-1.8 GB.
-  void require_params_in_module(const Decoded& m0) const {
-    ValuePtr module_entry = m0.root->get("module");
-    if (!module_entry) return;  // refused where the module is read
+  void require_params_in_module() const {
+    const Decoded& m0 = models_[0];
     std::set<std::string_view> in_module, seen;
-    for (const auto& [k, v] : as_dict(*module_entry).entries)
-      if (k->is(Kind::kStr)) in_module.insert(k->text);
+    for (const ModuleEntry& e : module_) in_module.insert(e.name);
     for (const ParamSlot& p : params_) {
       if (!in_module.count(p.name))
         fail_data_loss(m0.path + ": param_shapes names '" + p.name.substr(0, 200) +
@@ -252,6 +166,73 @@ class ZeroReader {
     }
   }
 
+  // MoE (moe_experts.h): a group whose partition_count is a divisor of the
+  // world size below it is an expert group, one flat buffer per
+  // expert-parallel rank e over ranks e, e+ep, ...; its param_shapes names
+  // the local experts, which become every expert-parallel rank's global ones.
+  void expand_expert_groups() {
+    ValuePtr counts = osd(0).get("partition_count");
+    if (!counts || !counts->is(Kind::kList)) return;
+    const auto& base_groups = at(base_state(0), "param_groups", optims_[0].path)->as_sequence();
+    std::vector<ParamSlot> params;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      int64_t count = g < counts->items.size() ? counts->items[g]->as_int() : ws_;
+      std::vector<std::size_t> members;
+      if (count == ws_) {
+        for (std::size_t i : groups_[g]) members.push_back(params.size()), params.push_back(params_[i]);
+        groups_[g] = std::move(members);
+        continue;
+      }
+      const std::string& path = optims_[0].path;
+      ValuePtr moe = g < base_groups.size() ? base_groups[g]->get("moe") : nullptr;
+      if (count <= 0 || ws_ % count != 0 || !moe || !moe->is(Kind::kBool) || !moe->bool_value)
+        fail_data_loss(path + ": partition_count " + std::to_string(count) + " of param group " + std::to_string(g) +
+                       " at world size " + std::to_string(ws_) + ", which is not a MoE expert group");
+      require_default_expert_topology();
+      const int ep = int(ws_ / count);
+      std::map<std::string, int> num_local;  // per MoE layer (expert name prefix)
+      for (std::size_t i : groups_[g]) {
+        std::optional<ExpertName> e = parse_expert_name(params_[i].name);
+        if (!e)
+          fail(ErrorCode::kUnimplemented, path + ": expert group " + std::to_string(g) + " holds '" +
+                                              params_[i].name.substr(0, 200) +
+                                              "', which is not named as DeepSpeed's experts (.deepspeed_experts.N.)");
+        num_local[e->prefix] = std::max(num_local[e->prefix], e->id + 1);
+      }
+      for (int r = 0; r < ep; ++r)
+        for (std::size_t i : groups_[g]) {
+          ParamSlot slot = params_[i];
+          ExpertName e = *parse_expert_name(slot.name);
+          slot.name = e.with_id(r * num_local[e.prefix] + e.id);
+          slot.replica = r;
+          members.push_back(params.size());
+          params.push_back(std::move(slot));
+        }
+      groups_[g] = std::move(members);
+      members_[g].clear();
+      for (int r = 0; r < ep; ++r) members_[g].push_back(expert_data_parallel_ranks(r, ep, ws_));
+      expert_parallel_ = std::max(expert_parallel_, ep);
+    }
+    params_ = std::move(params);
+  }
+
+  // DeepSpeed's other expert topology (data before expert parallelism)
+  // places the experts on other ranks, which the files do not record.
+  void require_default_expert_topology() const {
+    const Decoded& m0 = models_[0];
+    ValuePtr config = m0.root->get("ds_config");
+    ValuePtr flag = config && config->is(Kind::kDict) ? config->get("use_data_before_expert_parallelism") : nullptr;
+    if (flag && flag->is(Kind::kBool) && flag->bool_value)
+      fail(ErrorCode::kUnimplemented, m0.path +
+                                          ": use_data_before_expert_parallelism is set: ckptconv reads "
+                                          "MoE experts in DeepSpeed's default expert-then-data rank order only");
+  }
+
+ public:
+  int expert_parallel() const { return expert_parallel_; }
+  int zero_stage() const { return stage_; }
+
+ private:
   // The base optimizer's state_dict(): {'state': {i: {...}}, 'param_groups': [...]}.
   const Value& base_state(int r) const {
     const Value& o = osd(r);
@@ -293,8 +274,13 @@ class ZeroReader {
                                   const std::string& prefix, const std::string& suffix) {
     std::vector<std::size_t> out(params_.size());
     DType dtype = parts.at(0).at(0)->dtype;
-    for (std::size_t i = 0; i < params_.size(); ++i)
+    for (std::size_t i = 0; i < params_.size(); ++i) {
       out[i] = new_tensor(model, prefix + params_[i].name + suffix, params_[i].shape, dtype);
+      const std::size_t holders = members_[params_[i].group][std::size_t(params_[i].replica)].size();
+      if (holders != std::size_t(ws_))  // an expert: its expert-data-parallel group's ranks only
+        model.tensors[out[i]].sharding = "ZeRO-" + std::to_string(stage_) + " flat partitions of " +
+                                         std::to_string(holders) + " expert-data-parallel ranks";
+    }
     if (stage_ == 3) {
       // Every parameter: ceil(numel/ws) elements per rank, at one running
       // offset in each rank's concatenated (sub-)group partitions.
@@ -312,7 +298,7 @@ class ZeroReader {
           uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
           if (k >= parts[r].size())
             fail_data_loss(optims_[r].path + ": fewer flat groups than param_shapes needs ('" + params_[i].name + "')");
-          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, r,
+          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, rank_base_ + r,
                          optims_[r].path + ": '" + params_[i].name + "'");
         }
         off += part;
@@ -322,26 +308,33 @@ class ZeroReader {
     // ZeRO-1/2: per group, the ranks' partitions are consecutive pieces of
     // P elements of one flat buffer; parameters sit in param_shapes order,
     // each followed by its alignment padding.
+    // An expert group has one such buffer per expert-parallel rank, over
+    // that rank's expert-data-parallel group (members_).
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       uint64_t p = partition_size(g);
       std::vector<int64_t> pads = alignment_paddings(g);
-      uint64_t off = 0;
-      for (std::size_t j = 0; j < groups_[g].size(); ++j) {
-        const ParamSlot& slot = params_[groups_[g][j]];
-        uint64_t numel = shape_numel(slot.shape);
-        for (int r = 0; r < ws_; ++r) {
-          uint64_t lo = std::max(off, uint64_t(r) * p), hi = std::min(off + numel, uint64_t(r + 1) * p);
-          if (lo >= hi) continue;
-          if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
-          add_flat_range(model.tensors[out[groups_[g][j]]], *parts[r][g], lo - uint64_t(r) * p, lo - off, hi - lo, r,
-                         optims_[r].path + ": '" + slot.name + "'");
+      for (std::size_t e = 0; e < members_[g].size(); ++e) {
+        const std::vector<int>& ranks = members_[g][e];
+        const uint64_t w = ranks.size();
+        uint64_t off = 0;
+        for (std::size_t i : groups_[g]) {
+          const ParamSlot& slot = params_[i];
+          if (slot.replica != int(e)) continue;
+          uint64_t numel = shape_numel(slot.shape);
+          for (uint64_t k = 0; k < w; ++k) {
+            const int r = ranks[k];
+            uint64_t lo = std::max(off, k * p), hi = std::min(off + numel, (k + 1) * p);
+            if (lo >= hi) continue;
+            if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
+            add_flat_range(model.tensors[out[i]], *parts[r][g], lo - k * p, lo - off, hi - lo, rank_base_ + r,
+                           optims_[r].path + ": '" + slot.name + "'");
+          }
+          off += numel + uint64_t(slot.local < pads.size() ? pads[slot.local] : 0);
         }
-        off += numel + uint64_t(j < pads.size() ? pads[j] : 0);
+        if (off > p * w)
+          fail_data_loss(files_.dir + ": param group " + std::to_string(g) + " needs " + std::to_string(off) +
+                         " elements but its " + std::to_string(w) + " partitions hold " + std::to_string(p * w));
       }
-      if (off > p * uint64_t(ws_))
-        fail_data_loss(files_.dir + ": param group " + std::to_string(g) + " needs " + std::to_string(off) +
-                       " elements but its " + std::to_string(ws_) + " partitions hold " +
-                       std::to_string(p * uint64_t(ws_)));
     }
     return out;
   }
@@ -373,7 +366,7 @@ class ZeroReader {
     report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
                                       optims_[r].path + ": " + message + "; param_shapes (in " + models_[0].path +
                                           ") does not describe these partitions",
-                                      optims_[r].path, r});
+                                      optims_[r].path, rank_base_ + r});
   }
 
   // Every element of every rank's flat partitions belongs to one parameter
@@ -392,8 +385,9 @@ class ZeroReader {
         partition_problem(r, std::to_string(fp32[r].size()) + " flat partitions, but param_shapes has " +
                                  std::to_string(groups_.size()) + " groups");
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      uint64_t need = 0;
+      uint64_t need = 0;  // of one buffer (an expert group's: each expert-parallel rank's)
       for (std::size_t i : groups_[g]) {
+        if (params_[i].replica != 0) continue;
         uint64_t numel = shape_numel(params_[i].shape);
         need += stage_ == 3 ? (numel + ws_ - 1) / ws_ : numel;
       }
@@ -415,29 +409,35 @@ class ZeroReader {
           partition_problem(r, "partition " + std::to_string(g) + " holds " + std::to_string(held) +
                                    " elements with its padding, rank 0's " + std::to_string(p));
       }
-      const uint64_t tail = group_padding(ws_ - 1, g);
-      if (need + tail != p * uint64_t(ws_))
-        partition_problem(ws_ - 1, "param group " + std::to_string(g) + "'s parameters take " + std::to_string(need) +
-                                       " elements with their alignment padding and the group's padding " +
-                                       std::to_string(tail) + ", but its " + std::to_string(ws_) + " partitions hold " +
-                                       std::to_string(p * uint64_t(ws_)));
+      for (const std::vector<int>& ranks : members_[g]) {
+        const int last = ranks.back();
+        const uint64_t w = ranks.size(), tail = group_padding(last, g);
+        if (need + tail != p * w)
+          partition_problem(last, "param group " + std::to_string(g) + "'s parameters take " + std::to_string(need) +
+                                      " elements with their alignment padding and the group's padding " +
+                                      std::to_string(tail) + ", but its " + std::to_string(w) + " partitions hold " +
+                                      std::to_string(p * w));
+      }
     }
   }
 
   // A trainable parameter's module entry (the low-precision copy; ZeRO-3
   // leaves it empty) has the shape param_shapes gives it.
-  void check_module_shape(const Value& entry, const ParamSlot& slot) {
-    const Decoded& m0 = models_[0];
-    if (!tensor_ref_index(entry)) return;
-    const TensorEntry& t = m0.tensor(entry, m0.path + ": module '" + slot.name + "'");
+  void check_module_shape(const ModuleEntry& entry, const ParamSlot& slot) {
+    const Decoded& d = *entry.file;
+    if (!tensor_ref_index(*entry.value)) return;
+    const TensorEntry& t = d.tensor(*entry.value, d.path + ": module '" + slot.name + "'");
     if (shape_numel(t.shape) == 0 || t.shape == slot.shape) return;
     report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
-                                      m0.path + ": module '" + slot.name + "' has shape " + shape_str(t.shape) +
+                                      d.path + ": module '" + slot.name + "' has shape " + shape_str(t.shape) +
                                           ", param_shapes says " + shape_str(slot.shape),
-                                      m0.path, 0, "model." + slot.name});
+                                      d.path, rank_base_, "model." + slot.name});
   }
 
-  void build(CheckpointModel& model) {
+ public:
+  // The fp32 masters, frozen parameters, buffers and optimizer state of
+  // this reader's parameters, appended to model.tensors.
+  StageParts build(CheckpointModel& model) {
     // fp32 master weights and the per-parameter optimizer state.
     std::vector<std::vector<const TensorEntry*>> fp32(ws_);
     for (int r = 0; r < ws_; ++r) fp32[r] = fp32_parts(r);
@@ -472,28 +472,26 @@ class ZeroReader {
 
     // model: the module's entries in order; trainable ones are the fp32 masters.
     const Decoded& m0 = models_[0];
-    const Value& module = as_dict(*at(*m0.root, "module", m0.path));
     std::map<std::string, std::size_t> trainable;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       trainable[params_[i].name] = master[i];
       param_index_[params_[i].name] = i;
     }
-    auto model_dict = Value::dict({}, true);
     std::map<std::string, ValuePtr> refs;
-    for (const auto& [k, v] : module.entries) {
-      const std::string& name = k->as_str();
+    for (const ModuleEntry& e : module_) {
+      const std::string& name = e.name;
       if (shared_.count(name)) continue;  // tied aliases: added below, as their owner
       std::size_t idx;
       if (auto it = trainable.find(name); it != trainable.end()) {
         idx = it->second;
-        check_module_shape(*v, params_[param_index_.at(name)]);
+        check_module_shape(e, params_[param_index_.at(name)]);
       } else if (is_frozen(name)) {
         idx = frozen(model, name);
         model.tensors[idx].frozen = true;
       } else {
         // Neither trained nor a buffer: a frozen parameter that ZeRO-1 keeps
         // in `module` (its frozen_param_shapes is None).
-        idx = copy_tensor(model, m0, *v, "model." + name);
+        idx = copy_tensor(model, *e.file, *e.value, "model." + name);
         if (buffer_names_.count(name))
           model.tensors[idx].storage = StorageKind::kBuffer;
         else
@@ -501,8 +499,9 @@ class ZeroReader {
       }
       refs[name] = make_tensor_ref(idx);
     }
-    for (const auto& [k, v] : module.entries) {
-      const std::string& name = k->as_str();
+    StageParts out;
+    for (const ModuleEntry& e : module_) {
+      const std::string& name = e.name;
       ValuePtr ref;
       if (auto alias = shared_.find(name); alias != shared_.end()) {
         auto owner = refs.find(alias->second);
@@ -513,11 +512,10 @@ class ZeroReader {
       } else {
         ref = refs.at(name);
       }
-      model_dict->entries.emplace_back(Value::str(name), ref);
+      out.model.emplace_back(Value::str(name), ref);
     }
 
     // optim: torch's full optimizer state dict, keyed by FQN.
-    auto state = Value::dict();
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto per_param = Value::dict();
       std::size_t k = sub_group_of(i);
@@ -537,11 +535,10 @@ class ZeroReader {
         }
         per_param->entries.emplace_back(Value::str(key), make_tensor_ref(idx));
       }
-      state->entries.emplace_back(Value::str(params_[i].name), per_param);
+      out.state.emplace_back(Value::str(params_[i].name), per_param);
     }
     const Value& base_groups = *at(base_state(0), "param_groups", optims_[0].path);
     std::vector<std::vector<std::size_t>> subs = sub_groups_of(base_groups);
-    auto param_groups = Value::list({});
     for (std::size_t g = 0; g < subs.size(); ++g) {
       auto group = Value::dict();
       for (const auto& [k, v] : base_groups.as_sequence()[g]->entries) {
@@ -558,13 +555,12 @@ class ZeroReader {
       auto names = Value::list({});
       for (std::size_t i : members) names->items.push_back(Value::str(params_[i].name));
       group->entries.emplace_back(Value::str("params"), names);
-      param_groups->items.push_back(group);
+      out.param_groups.push_back(group);
     }
-    auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups}});
-    model.root = Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
-    add_training_state(model, models_[0]);
+    return out;
   }
 
+ private:
   // A per-group scalar (the optimizer's `step`) is the same on every rank of
   // one checkpoint; a rank file from another tag or run has another. A few
   // bytes per group are read for this, nothing else.
@@ -589,16 +585,13 @@ class ZeroReader {
                                  optims_[r].path + ": optimizer '" + key + "' of group " + std::to_string(k) +
                                      " differs from rank 0's (files of two tags or "
                                      "two runs mixed?)",
-                                 optims_[r].path, r, "optim.state." + key});
+                                 optims_[r].path, rank_base_ + r, "optim.state." + key});
     }
   }
 
   std::size_t module_pos(const std::string& name) {
-    if (module_pos_.empty()) {
-      const Value& module = as_dict(*at(*models_[0].root, "module", models_[0].path));
-      for (std::size_t i = 0; i < module.entries.size(); ++i)
-        if (module.entries[i].first->is(Kind::kStr)) module_pos_.emplace(module.entries[i].first->text, i);
-    }
+    if (module_pos_.empty())
+      for (std::size_t i = 0; i < module_.size(); ++i) module_pos_.emplace(module_[i].name, i);
     auto it = module_pos_.find(name);
     return it == module_pos_.end() ? module_pos_.size() : it->second;
   }
@@ -682,6 +675,12 @@ class ZeroReader {
   ProblemSink* problems_;
   std::string only_;  // --only: client_state entries with unknown globals are dropped
   std::vector<Decoded> models_, optims_;
+  int rank_base_ = 0;
+  int expert_parallel_ = 1;
+  // per group, the ranks holding each of its flat buffers in partition order:
+  // {0..ws-1}, or an expert group's expert-data-parallel groups
+  std::vector<std::vector<std::vector<int>>> members_;
+  std::vector<ModuleEntry> module_;  // the saved module state dict, in order
   int ws_ = 0;
   int stage_ = 0;
   bool bf16_optimizer_ = false;
@@ -695,59 +694,190 @@ class ZeroReader {
   std::map<std::pair<const Decoded*, std::string>, std::map<std::string, ValuePtr>> indexes_;
 };
 
+// The root a ZeRO checkpoint reads as, torch's full state dict:
+// {"model": {fqn: ...}, "optim": {"state": {fqn: ...}, "param_groups": [...]}},
+// from one reader's parts or, for a pipeline, every stage's in stage order
+// (stages hold consecutive layers, so that is the module's order). Param
+// group g of the stages' optimizers is one group: its hyper-parameters are
+// the same on every stage (one ds_config), its params every stage's.
+ValuePtr assemble_root(std::vector<StageParts> stages, const std::string& dir) {
+  auto model_dict = Value::dict({}, true);
+  auto state = Value::dict();
+  std::vector<ValuePtr> groups;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    StageParts& p = stages[s];
+    for (auto& e : p.model) model_dict->entries.push_back(std::move(e));
+    for (auto& e : p.state) state->entries.push_back(std::move(e));
+    for (std::size_t g = 0; g < p.param_groups.size(); ++g) {
+      if (g == groups.size()) {
+        groups.push_back(p.param_groups[g]);
+        continue;
+      }
+      auto hyper = [](const Value& group) {
+        auto copy = Value::dict();
+        for (const auto& [k, v] : group.entries)
+          if (!(k->is(Kind::kStr) && k->text == "params")) copy->entries.emplace_back(k, v);
+        return copy->repr(8, 64);
+      };
+      if (hyper(*groups[g]) != hyper(*p.param_groups[g]))
+        fail(ErrorCode::kUnimplemented, dir + ": param group " + std::to_string(g) + " of pipeline stage " +
+                                            std::to_string(s) +
+                                            " has other hyper-parameters than stage 0's; ckptconv merges "
+                                            "the stages' groups only where they agree");
+      ValuePtr mine = groups[g]->get("params"), theirs = p.param_groups[g]->get("params");
+      for (const auto& name : theirs->items) mine->items.push_back(name);
+    }
+  }
+  auto param_groups = Value::list(std::move(groups));
+  auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups}});
+  return Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
+}
+
+void finish_info(CheckpointModel& model, const ZeroReader& first, ParallelDegrees degrees) {
+  model.info.kind = SourceKind::kZero;
+  model.info.records_frozen = true;
+  first.describe(model);
+  std::sort(model.info.files.begin(), model.info.files.end());
+  model.info.world_sizes = {degrees.data * degrees.pipeline * degrees.tensor};
+  model.info.parallel = degrees;
+}
+
+// A data-parallel ZeRO checkpoint (mp_rank_00 only).
+// The expert files of every MoE layer, each expert once (num_experts of the
+// model-states file says how many each layer has), decoded into `decoded`;
+// their entries, named with global expert ids.
+std::vector<ModuleEntry> expert_entries(const TagListing& listing, const Decoded& m0, std::deque<Decoded>& decoded,
+                                        ProblemSink* problems, const std::string& only) {
+  std::vector<int64_t> counts;
+  if (ValuePtr n = m0.root->get("num_experts"); n && n->is(Kind::kList))
+    for (const auto& c : n->items) counts.push_back(c->as_int());
+  int layers = 0;
+  for (const auto& [key, path] : listing.expert_files) layers = std::max(layers, key.first + 1);
+  if (counts.empty() || int(counts.size()) < layers)
+    fail_data_loss(m0.path + ": expert files of " + std::to_string(layers) + " MoE layer(s) but num_experts lists " +
+                   std::to_string(counts.size()));
+  std::vector<ModuleEntry> out;
+  for (std::size_t layer = 0; layer < counts.size(); ++layer)
+    for (int64_t e = 0; e < counts[layer]; ++e) {
+      auto it = listing.expert_files.find({int(layer), int(e)});
+      if (it == listing.expert_files.end())
+        fail(ErrorCode::kNotFound, listing.dir + ": the expert file " + expert_file_name(int(layer), int(e)) +
+                                       " (expert " + std::to_string(e) + " of " + std::to_string(counts[layer]) +
+                                       " of MoE layer " + std::to_string(layer) + ") is missing");
+      decoded.push_back(decode(it->second, -1, problems, only, "entries of an expert state dict"));
+      for (const auto& [k, v] : as_dict(*decoded.back().root).entries)
+        out.push_back({k->as_str(), &decoded.back(), v.get()});
+    }
+  if (listing.expert_files.rbegin()->first.second >= counts[listing.expert_files.rbegin()->first.first])
+    fail_data_loss(listing.expert_files.rbegin()->second + ": more experts than num_experts says (" +
+                   std::to_string(counts[listing.expert_files.rbegin()->first.first]) + ")");
+  return out;
+}
+
+CheckpointModel read_data_parallel(const TagListing& listing, ProblemSink* problems, const std::string& only) {
+  const TagFiles& files = listing.mp_ranks.at(0);
+  ZeroReader reader(files, problems, only);
+  reader.load();
+  std::deque<Decoded> experts;  // owns what ModuleEntry points into, until the model is built
+  if (reader.expert_parallel() > 1 && listing.expert_files.empty())
+    fail(ErrorCode::kNotFound, files.dir +
+                                   ": the optimizer files hold MoE expert groups but no "
+                                   "layer_L_expert_E_mp_rank_00_model_states.pt file is here");
+  if (!listing.expert_files.empty() && reader.zero_stage() == 3)
+    fail(ErrorCode::kUnimplemented, files.dir +
+                                        ": MoE expert files of a ZeRO-3 run: ckptconv reads MoE "
+                                        "checkpoints of ZeRO stages 1 and 2 only");
+  CheckpointModel model;
+  if (!listing.expert_files.empty()) {
+    reader.use_saved_module(expert_entries(listing, reader.model_file(), experts, problems, only));
+    for (const auto& [key, path] : listing.expert_files) model.info.files.push_back(path);
+  } else {
+    reader.use_saved_module();
+  }
+  model.source = files.dir;
+  std::vector<StageParts> parts;
+  parts.push_back(reader.build(model));
+  model.root = assemble_root(std::move(parts), files.dir);
+  add_training_state(model, reader.model_file());
+  finish_info(model, reader, ParallelDegrees{.data = reader.world_size(), .expert = reader.expert_parallel()});
+  return model;
+}
+
+// checkpoint_parallel_dimensions of a stage's model-states file:
+// {'pp_degree': S, 'tp_degree': T}; {} when absent.
+std::map<std::string, int64_t> parallel_dimensions(const Decoded& m) {
+  std::map<std::string, int64_t> out;
+  if (ValuePtr dims = m.root->get("checkpoint_parallel_dimensions"); dims && dims->is(Kind::kDict))
+    for (const auto& [k, v] : dims->entries)
+      if (k->is(Kind::kStr) && v->is(Kind::kInt)) out[k->text] = v->int_value;
+  return out;
+}
+
+// A pipeline-parallel checkpoint: one ZeroReader per stage (mp rank) over
+// its data-parallel ranks' files, the module state dict of each stage from
+// its layer files (pipeline_layers.h).
+CheckpointModel read_pipeline(const TagListing& listing, ProblemSink* problems, const std::string& only) {
+  const int stages = int(listing.mp_ranks.size());
+  const int dp = int(listing.mp_ranks[0].optim.size());
+  std::vector<std::unique_ptr<ZeroReader>> readers;
+  for (int s = 0; s < stages; ++s) {
+    const TagFiles& files = listing.mp_ranks[s];
+    if (files.per_rank_model)
+      fail(ErrorCode::kUnimplemented, listing.dir +
+                                          ": ZeRO-3 files beside pipeline layer files (DeepSpeed's "
+                                          "pipeline engine allows ZeRO stages 0 and 1 only)");
+    if (int(files.optim.size()) != dp)
+      fail_data_loss(listing.dir + ": pipeline stage " + std::to_string(s) + " has " +
+                     std::to_string(files.optim.size()) + " optimizer files, stage 0 " + std::to_string(dp) +
+                     " (files of two runs mixed?)");
+    readers.push_back(std::make_unique<ZeroReader>(files, problems, only, s * dp));
+    readers.back()->load();
+    // What the stage's own file says of the topology: a stage missing
+    // altogether (all its files) shows here, and a tensor axis is refused.
+    const Decoded& m = readers.back()->model_file();
+    std::map<std::string, int64_t> dims = parallel_dimensions(m);
+    if (auto pp = dims.find("pp_degree"); pp != dims.end() && pp->second != stages)
+      fail(ErrorCode::kNotFound, m.path + ": pp_degree " + std::to_string(pp->second) + " but the files of " +
+                                     std::to_string(stages) + " pipeline stage(s) are here (mp_rank_" +
+                                     (stages < 10 ? "0" : "") + std::to_string(stages) + "_model_states.pt missing)");
+    if (auto tp = dims.find("tp_degree"); tp != dims.end() && tp->second != 1)
+      fail(ErrorCode::kUnimplemented, m.path + ": tp_degree " + std::to_string(tp->second) +
+                                          ": pipeline with tensor parallelism is not supported");
+  }
+  std::vector<std::vector<std::string>> names(stages);
+  for (int s = 0; s < stages; ++s)
+    for (const ParamSlot& p : readers[s]->params()) names[s].push_back(p.name);
+  std::vector<std::vector<int>> layers = stage_layers(names, listing.layer_files, listing.dir);
+
+  std::deque<Decoded> layer_files;  // owns what ModuleEntry points into, until the model is built
+  CheckpointModel model;
+  model.source = listing.dir;
+  std::vector<StageParts> parts;
+  for (int s = 0; s < stages; ++s) {
+    std::vector<ModuleEntry> module;
+    for (int layer : layers[s]) {
+      const std::string& path = listing.layer_files.at(layer);
+      layer_files.push_back(decode(path, s * dp, problems, only, "entries of a layer state dict"));
+      append_layer_entries(module, layer, layer_files.back());
+      model.info.files.push_back(path);
+    }
+    readers[s]->use_module(std::move(module));
+    parts.push_back(readers[s]->build(model));
+  }
+  model.root = assemble_root(std::move(parts), listing.dir);
+  add_training_state(model, readers[0]->model_file());
+  for (int s = 1; s < stages; ++s) readers[s]->describe(model);
+  finish_info(model, *readers[0], ParallelDegrees{.data = dp, .pipeline = stages});
+  return model;
+}
+
 }  // namespace
-
-bool is_zero_checkpoint(const std::string& dir) {
-  fs::path root(dir);
-  if (has_model_states(root)) return true;
-  std::optional<std::string> tag;
-  try {
-    tag = read_latest_tag(root / "latest");
-  } catch (const Error&) {
-    return false;  // a `latest` that names no tag: the folder's listing says so
-  }
-  return tag && is_directory((root / *tag).string()) && has_model_states(root / *tag);
-}
-
-bool is_deepspeed_root(const std::string& dir) {
-  if (has_model_states(fs::path(dir))) return false;
-  for (const DirEntry& sub : list_directory(dir))
-    if (sub.is_directory() && has_model_states(sub.path)) return true;
-  return false;
-}
-
-bool holds_zero_files(const std::string& dir) {
-  for (const DirEntry& e : list_directory(dir)) {
-    const std::string& name = e.name;
-    if (name.ends_with("_optim_states.pt") || name.ends_with("_model_states.pt")) return true;
-  }
-  return false;
-}
-
-std::optional<int> tag_world_size(const std::string& dir) {
-  static const LinearRegex optim_re =
-      LinearRegex::compile(R"(^(bf16_)?zero_pp_rank_(\d{1,6})_mp_rank_00_optim_states\.pt$)");
-  static const LinearRegex rank_model_re =
-      LinearRegex::compile(R"(^zero_pp_rank_(\d{1,6})_mp_rank_00_model_states\.pt$)");
-  std::set<int> optim, model;
-  for (const DirEntry& e : list_directory(dir)) {
-    const std::string& name = e.name;
-    RegexMatch m;
-    if (optim_re.match(name, m))
-      optim.insert(std::stoi(m.str(2)));
-    else if (rank_model_re.match(name, m))
-      model.insert(std::stoi(m.str(1)));
-  }
-  const int n = static_cast<int>(optim.size());
-  if (n == 0 || *optim.rbegin() != n - 1 || !has_model_states(fs::path(dir))) return std::nullopt;
-  if (!model.empty() && model != optim) return std::nullopt;  // ZeRO-3: one model-states file per rank
-  return n;
-}
 
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
                           ProblemSink* problems) {
-  std::string dir = tag_dir(src, tag);
-  return ZeroReader(list_files(dir), problems, only).read();
+  TagListing listing = list_files(tag_dir(src, tag));
+  if (listing.layer_files.empty()) return read_data_parallel(listing, problems, only);
+  return read_pipeline(listing, problems, only);
 }
 
 }  // namespace ckpt::zero

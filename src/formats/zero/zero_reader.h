@@ -13,28 +13,13 @@
 #include <string>
 
 #include "core/problems.h"
+#include "formats/zero/zero_listing.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::zero {
 
-// True for a checkpoint root (a `latest` file naming a tag directory) or a
-// tag directory holding DeepSpeed's *_model_states.pt files.
-bool is_zero_checkpoint(const std::string& dir);
-
-// True for a DeepSpeed root: a folder whose tag directories hold the
-// *_model_states.pt files (inspect lists its tags), not a tag itself.
-bool is_deepspeed_root(const std::string& dir);
-
-// True for a directory holding DeepSpeed's *_optim_states.pt or
-// *_model_states.pt files: a tag, finished or not.
-bool holds_zero_files(const std::string& dir);
-
-// A tag directory's world size from its file names: the optimizer files
-// are ranks 0..N-1, each once, beside the model-states file (ZeRO-3: one
-// per rank); nullopt when a rank's file or the model states are missing,
-// as in a save that died. A save whose last ranks' files are all missing looks
-// complete at a smaller N: validate --expect-world-size tells.
-std::optional<int> tag_world_size(const std::string& dir);
+// is_zero_checkpoint, is_deepspeed_root, holds_zero_files and
+// tag_world_size (what a folder's file names say) are in zero_listing.h.
 
 // `tag`: the tag directory to read under a root; empty: the one `latest` names.
 // Always {"model", "optim", ...}: --only is applied by plan/select as for

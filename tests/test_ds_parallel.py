@@ -1,0 +1,306 @@
+"""DeepSpeed checkpoints beyond data parallelism (testdata/zero_parallel,
+written by real DeepSpeed 0.19.8 through tools/make_zero_parallel_checkpoints.py):
+pipeline-parallel runs (deepspeed.pipe.PipelineModule) at 2 stages x 1 and
+2 x 2 data-parallel ranks, and MoE runs (deepspeed.moe.layer.MoE, 4 experts
+over 2 expert-parallel ranks) at ZeRO-1 and ZeRO-2. Consolidations are
+checked against the live engines' fp32 masters, AdamW state and module
+state (reference_live.pt); missing and truncated files against the
+documented exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+PARALLEL = Path(__file__).resolve().parent.parent / "testdata" / "zero_parallel"
+CASES = sorted(p.name for p in PARALLEL.iterdir() if (p / "latest").exists())
+PIPE_CASES = [c for c in CASES if c.startswith("pp")]
+MOE_CASES = [c for c in CASES if c.startswith("moe")]
+TAG = "global_step3"
+
+
+def _equal(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def _copy(case: str, tmp_path: Path) -> Path:
+    dst = tmp_path / case
+    shutil.copytree(PARALLEL / case, dst)
+    return dst
+
+
+def test_the_fixtures_are_pipeline_and_moe_runs():
+    assert PIPE_CASES == ["pp2_dp2_bf16_ws4", "pp2_fp32_ws2"]
+    assert MOE_CASES == ["moe_z1_fp32_ws2_ep2", "moe_z2_bf16_ws4_ep2"]
+    for case in MOE_CASES:
+        names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
+        assert [n for n in names if "expert" in n] == [
+            f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)]
+    assert set(CASES) == set(PIPE_CASES) | set(MOE_CASES) | {"tp2_fp32_ws2"}
+    for case in PIPE_CASES:
+        info = json.loads((PARALLEL / case / "case.json").read_text())
+        assert info["pipeline_stages"] == 2 and info["ds_version"] == "0.19.8"
+        names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
+        assert [n for n in names if n.startswith("layer_")] == [
+            f"layer_{i:02d}-model_states.pt" for i in (0, 1, 3, 4, 5)]
+
+
+@pytest.mark.parametrize("case", PIPE_CASES)
+def test_pipeline_consolidates_to_the_live_engines(case, tmp_path, run_ckptconv):
+    """Every stage's fp32 masters and AdamW state (step, exp_avg, exp_avg_sq),
+    bit for bit, under the PipelineModule's own state_dict() names ("LL.k",
+    LL the global layer index); frozen parameters and buffers as the layer
+    files hold them; one param group listing every stage's parameters."""
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", PARALLEL / case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    live = torch.load(PARALLEL / case / "reference_live.pt", weights_only=True)
+    assert set(full) == {"model", "optim", "global_steps", "global_samples", "skipped_steps"}
+    assert full["global_steps"] == 3
+    # the names and order of the stages' module state dicts, stage after stage
+    assert list(full["model"]) == list(live["module_state"])
+    assert {n.split(".")[0] for n in full["model"]} == {"0", "1", "3", "4", "5"}
+    assert set(live["stage_of"].values()) == {0, 1}
+    for name, want in live["model"].items():
+        assert _equal(full["model"][name], want), name
+    for name, want in live["module_state"].items():
+        if name not in live["model"]:  # 4.gate.weight (frozen), 4.scale (buffer)
+            assert _equal(full["model"][name], want), name
+    assert set(full["optim"]["state"]) == set(live["optim"])
+    for name, state in live["optim"].items():
+        got = full["optim"]["state"][name]
+        assert list(got) == ["step", "exp_avg", "exp_avg_sq"], name
+        for key, want in state.items():
+            assert _equal(got[key], want), (name, key)
+    (group,) = full["optim"]["param_groups"]
+    assert group["params"] == list(live["model"])
+    assert group["lr"] == 0.01 and group["weight_decay"] == 0.01
+
+
+def test_inspect_shows_the_parallel_degrees(run_ckptconv):
+    case = PARALLEL / "pp2_dp2_bf16_ws4"
+    r = run_ckptconv("inspect", case)
+    assert r.returncode == 0, r.stderr
+    assert "  parallelism: data 2, pipeline 2, tensor 1, expert 1\n" in r.stdout
+    r = run_ckptconv("inspect", case, "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["parallelism"] == {"data": 2, "pipeline": 2, "tensor": 1, "expert": 1}
+    r = run_ckptconv("inspect", PARALLEL / "pp2_fp32_ws2")
+    assert "  parallelism: data 1, pipeline 2, tensor 1, expert 1\n" in r.stdout
+
+
+def test_validate_accepts_every_stage_and_counts_the_world_size(run_ckptconv):
+    r = run_ckptconv("validate", PARALLEL / "pp2_dp2_bf16_ws4", "--expect-world-size", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_ckptconv("validate", PARALLEL / "pp2_dp2_bf16_ws4", "--expect-world-size", "2")
+    assert r.returncode == 1, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("missing, named", [
+    ("layer_04-model_states.pt", "the layer file layer_04-model_states.pt of pipeline stage 1 is missing"),
+    ("layer_00-model_states.pt", "the layer file layer_00-model_states.pt of pipeline stage 0 is missing"),
+    ("bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt", "pipeline stage 1 has 1 optimizer files, stage 0 2"),
+    ("bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
+     "the optimizer file of rank 0 of 2 is missing (*zero_pp_rank_0_mp_rank_01_optim_states.pt)"),
+    ("mp_rank_01_model_states.pt", "no mp_rank_01_model_states.pt"),
+])
+def test_a_missing_file_is_exit_3_naming_it_and_writes_nothing(missing, named, tmp_path, run_ckptconv):
+    src = _copy("pp2_dp2_bf16_ws4", tmp_path)
+    (src / TAG / missing).unlink()
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert named in r.stderr
+    assert not out.exists() and not list(tmp_path.glob("out.pt*"))
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert named in r.stdout + r.stderr
+
+
+def test_a_whole_missing_stage_is_named_from_pp_degree(tmp_path, run_ckptconv):
+    """Every file of the last stage gone: stage 0's model states still say
+    pp_degree 2, so the checkpoint is not read as a one-stage pipeline."""
+    src = _copy("pp2_fp32_ws2", tmp_path)
+    for p in (src / TAG).glob("*mp_rank_01*"):
+        p.unlink()
+    for layer in ("03", "04", "05"):
+        (src / TAG / f"layer_{layer}-model_states.pt").unlink()
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "pp_degree 2 but the files of 1 pipeline stage(s) are here (mp_rank_01_model_states.pt missing)" in r.stderr
+
+
+def test_a_truncated_layer_file_is_exit_3_naming_it(tmp_path, run_ckptconv):
+    src = _copy("pp2_fp32_ws2", tmp_path)
+    layer = src / TAG / "layer_03-model_states.pt"
+    layer.write_bytes(layer.read_bytes()[:700])
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert "layer_03-model_states.pt" in r.stderr
+    assert not out.exists()
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1 and "layer_03-model_states.pt" in r.stdout + r.stderr
+
+
+def test_a_layer_file_of_the_wrong_shape_is_named(tmp_path, run_ckptconv):
+    """A layer file from another model: its tensor's shape is not the one
+    param_shapes gives the parameter."""
+    src = _copy("pp2_fp32_ws2", tmp_path)
+    shutil.copy(src / TAG / "layer_00-model_states.pt", src / TAG / "layer_01-model_states.pt")
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "layer_01-model_states.pt" in r.stderr or "'1.bias'" in r.stderr
+
+
+def test_tensor_parallel_layer_files_are_refused_precisely(tmp_path, run_ckptconv):
+    src = _copy("pp2_fp32_ws2", tmp_path)
+    (src / TAG / "layer_00-model_states.pt").rename(src / TAG / "layer_00-model_01-model_states.pt")
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "layer_LL-model_TT-model_states.pt" in r.stderr
+
+
+@pytest.mark.parametrize("layout", ["dcp", "fsdp-dtensor"])
+def test_a_pipeline_run_reshards_to_fsdp(layout, tmp_path, run_ckptconv):
+    """The stages' state, resharded for 3 FSDP ranks and consolidated back,
+    is the same state: nothing of a stage is lost on the way."""
+    case = PARALLEL / "pp2_dp2_bf16_ws4"
+    dst = tmp_path / "resharded"
+    r = run_ckptconv("reshard", case, "-o", dst, "--world-size", "3", "--layout", layout)
+    assert r.returncode == 0, r.stderr
+    # per-rank FSDP files hold a model and an optimizer only (docs/deepspeed.md)
+    only = ["--only", "model"] if layout == "fsdp-dtensor" else []
+    r = run_ckptconv("diff", case, dst, *only)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if only:
+        r = run_ckptconv("diff", case, dst, "--only", "optim")
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+EXPERT = "moe.deepspeed_moe.experts.deepspeed_experts.{}.{}"
+
+
+@pytest.mark.parametrize("case", MOE_CASES)
+def test_moe_consolidates_to_the_live_engines(case, tmp_path, run_ckptconv):
+    """Every expert by its global index (expert-parallel rank x local
+    experts + local index, as DeepSpeed names the expert files), placed in
+    the module where the MoE layer has it; the masters and AdamW state of
+    dense and expert parameters bit for bit, though each expert group is
+    partitioned over its own expert-data-parallel ranks."""
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", PARALLEL / case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    live = torch.load(PARALLEL / case / "reference_live.pt", weights_only=True)
+    experts = [EXPERT.format(e, k) for e in range(4) for k in ("weight", "bias")]
+    assert list(full["model"]) == ["inp.weight", "inp.bias", "moe.deepspeed_moe.gate.wg.weight", *experts,
+                                   "out.weight", "out.bias"]
+    assert list(full["model"]) == list(live["module_state"])
+    assert set(live["model"]) == set(full["model"])
+    for name, want in live["model"].items():
+        assert _equal(full["model"][name], want), name
+    for name, state in live["optim"].items():
+        got = full["optim"]["state"][name]
+        for key, want in state.items():
+            assert _equal(got[key], want), (name, key)
+    dense, moe = full["optim"]["param_groups"]
+    assert dense["name"] == "dense" and moe["name"] == "ep_size_2" and moe["moe"] is True
+    assert moe["params"] == experts
+    assert dense["params"] == [n for n in full["model"] if ".deepspeed_experts." not in n]
+
+
+def test_inspect_shows_the_expert_degree(run_ckptconv):
+    r = run_ckptconv("inspect", PARALLEL / "moe_z2_bf16_ws4_ep2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["parallelism"] == {"data": 4, "pipeline": 1, "tensor": 1, "expert": 2}
+    r = run_ckptconv("validate", PARALLEL / "moe_z2_bf16_ws4_ep2", "--expect-world-size", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_missing_expert_file_is_exit_3_naming_it(tmp_path, run_ckptconv):
+    src = _copy("moe_z2_bf16_ws4_ep2", tmp_path)
+    (src / TAG / "layer_0_expert_2_mp_rank_00_model_states.pt").unlink()
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    named = "the expert file layer_0_expert_2_mp_rank_00_model_states.pt (expert 2 of 4 of MoE layer 0) is missing"
+    assert named in r.stderr
+    assert not out.exists() and not list(tmp_path.glob("out.pt*"))
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1 and named in r.stdout + r.stderr
+
+
+def test_no_expert_files_at_all_is_exit_3(tmp_path, run_ckptconv):
+    src = _copy("moe_z1_fp32_ws2_ep2", tmp_path)
+    for p in (src / TAG).glob("layer_*_expert_*"):
+        p.unlink()
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "the optimizer files hold MoE expert groups but no layer_L_expert_E_mp_rank_00_model_states.pt" in r.stderr
+
+
+def test_a_truncated_expert_file_is_exit_3_naming_it(tmp_path, run_ckptconv):
+    src = _copy("moe_z2_bf16_ws4_ep2", tmp_path)
+    f = src / TAG / "layer_0_expert_3_mp_rank_00_model_states.pt"
+    f.write_bytes(f.read_bytes()[:600])
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert "layer_0_expert_3_mp_rank_00_model_states.pt" in r.stderr
+    assert not out.exists()
+
+
+def test_an_expert_file_of_another_layout_is_refused_naming_it(tmp_path, run_ckptconv):
+    """DeepSpeed before 0.5 named expert files expert_E_mp_rank_TT (no layer)."""
+    src = _copy("moe_z1_fp32_ws2_ep2", tmp_path)
+    (src / TAG / "layer_0_expert_1_mp_rank_00_model_states.pt").rename(src / TAG / "expert_1_mp_rank_00_model_states.pt")
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert "expert_1_mp_rank_00_model_states.pt: a MoE file of a layout ckptconv does not read" in r.stderr
+
+
+def test_a_moe_run_reshards_to_dcp(tmp_path, run_ckptconv):
+    case = PARALLEL / "moe_z2_bf16_ws4_ep2"
+    dst = tmp_path / "resharded"
+    r = run_ckptconv("reshard", case, "-o", dst, "--world-size", "3", "--layout", "dcp")
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("diff", case, dst)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_tensor_parallelism_is_refused_naming_the_ranks(tmp_path, run_ckptconv):
+    """Real DeepSpeed with an mpu of 2 tensor-parallel ranks: each mp rank
+    holds its own slice of the split tensors under the same names and
+    shapes, and nothing says along which dimension, so ckptconv refuses
+    rather than concatenate on a guessed one."""
+    case = PARALLEL / "tp2_fp32_ws2"
+    ms = torch.load(case / TAG / "mp_rank_01_model_states.pt", weights_only=False)
+    assert ms["checkpoint_parallel_dimensions"] == {"pp_degree": 1, "tp_degree": 2}
+    ranks = torch.load(case / "reference_live.pt", weights_only=True)["tp_ranks"]
+    assert not torch.equal(ranks[0]["col.weight"], ranks[1]["col.weight"])
+    out = tmp_path / "out.pt"
+    for command in (["consolidate", case, "-o", out], ["inspect", case], ["validate", case]):
+        r = run_ckptconv(*command)
+        assert r.returncode == 3, (command, r.stdout + r.stderr)
+        assert "tensor-parallel DeepSpeed checkpoints (mp_rank_00, mp_rank_01) are not supported" in r.stdout + r.stderr
+    assert not out.exists()
+
+
+def test_a_root_of_pipeline_tags_lists_every_stage_in_the_world_size(tmp_path, run_ckptconv):
+    """inspect ROOT counts the ranks of every stage: 2 stages x 2 ranks is 4;
+    a tag missing one stage's optimizer file is listed as incomplete."""
+    root = _copy("pp2_dp2_bf16_ws4", tmp_path)
+    shutil.copytree(root / TAG, root / "global_step6")
+    (root / "global_step6" / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt").unlink()
+    r = run_ckptconv("inspect", root)
+    assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line for line in r.stdout.splitlines()[1:]}
+    assert "world size 4" in lines[TAG] and "complete" in lines[TAG]
+    assert "world size ?" in lines["global_step6"] and "INCOMPLETE (a rank's files are missing)" in lines["global_step6"]

@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""Write real DeepSpeed pipeline-parallel and MoE checkpoints for ckptconv's tests.
+
+The data-parallel ZeRO cases are tools/make_zero_checkpoints.py's; this adds the
+layouts DeepSpeed writes beyond data parallelism, starting with pipeline
+parallelism (``deepspeed.pipe.PipelineModule``). Every file is written by real
+DeepSpeed 0.19.8 (``engine.save_checkpoint``) on CPU: the ranks are spawned with
+torch.multiprocessing in a gloo group, trained for 3 steps (``train_batch``)
+with torch's AdamW and saved. Nothing is written by hand.
+
+    .venv-deepspeed/bin/python tools/make_zero_parallel_checkpoints.py [--out testdata/zero_parallel] [--only CASE ...]
+
+Each case folder ``<out>/<case>/`` holds the DeepSpeed checkpoint (``latest``,
+``global_step3/``; the recovery scripts DeepSpeed copies in are deleted) and:
+
+- ``reference_live.pt``: gathered from the live engines after step 3, keyed by
+  the names PipelineModule's own ``state_dict()`` gives (``"<global layer
+  index>.<param>"``, the names ``load_state_dir`` maps the layer files back to):
+  ``{"model": {name: fp32 master}, "optim": {name: {exp_avg, exp_avg_sq, step}},
+  "lp": {name: live low-precision value}, "stage_of": {name: pipeline stage},
+  "module_state": {name: the stage modules' live state_dict() entry, frozen
+  parameters and buffers included}}``.
+  Masters and moments come from ``deepspeed.utils.safe_get_full_fp32_param`` /
+  ``safe_get_full_optimizer_state`` on the stage that owns the parameter,
+  checked against the live flat partitions all-gathered over the stage's
+  data-parallel group.
+  MoE cases (``moe_*``, a ``deepspeed.moe.layer.MoE`` of 4 experts over 2
+  expert-parallel ranks) key the same entries by the names DeepSpeed gives
+  the expert files (global expert index = expert-parallel rank x local
+  experts + local index) in the module's order; their values are the live
+  flat partitions all-gathered over each group's own data-parallel group
+  (``safe_get_full_optimizer_state`` raises for the expert group), the
+  masters checked against ``safe_get_full_fp32_param``.
+- ``reference_model.pt``: ``module_state`` with the trainable entries replaced
+  by their fp32 masters, flat ``{name: tensor}`` (what ``consolidate --only
+  model`` gives).
+- ``tp2_fp32_ws2`` (tensor parallelism through an ``mpu``) keeps only each
+  tensor-parallel rank's own masters, ``{"tp_ranks": [{name: fp32}, ...]}``:
+  ckptconv refuses the layout, and the case is there to show that it does.
+- ``case.json``: the case, topology, ds_config, versions, files and sizes.
+
+Self-checks: the file names per stage (MoE: per expert) (``layer_LL-model_TT-model_states.pt``,
+``mp_rank_SS_model_states.pt``, ``[bf16_]zero_pp_rank_D_mp_rank_SS_optim_states.pt``)
+and that the layer files hold the live lp values.
+
+CPU only; about 20-40 s per case on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_zero_checkpoints import all_gather_cat, plain, spawn  # noqa: E402
+
+SEED = 0
+STEPS = 3
+MICRO_BATCH = 2
+TAG = f"global_step{STEPS}"
+
+
+def square(x: torch.Tensor) -> torch.Tensor:
+    """A layer without parameters: it has no layer file, and its index is skipped."""
+    return x * x
+
+
+class Head(nn.Module):
+    """A layer with a trainable projection, a frozen one and a persistent buffer:
+    its layer file holds all three, param_shapes only the trainable one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(11, 5)
+        self.gate = nn.Linear(5, 5, bias=False)
+        self.gate.weight.requires_grad_(False)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 5), persistent=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return (h + self.gate(h)) * self.scale.to(h.dtype)
+
+
+def layer_specs():
+    """Six layers, split by parameter count over the stages. Index 2 holds no
+    parameters (a plain function), so the layer files are numbered 00 01 03 04 05;
+    row counts 7, 11 and 5 do not divide by the data-parallel sizes. Layer 4 has a
+    frozen parameter and a buffer."""
+    from deepspeed.pipe import LayerSpec
+    return [
+        LayerSpec(nn.Linear, 6, 7),
+        LayerSpec(nn.Linear, 7, 11, bias=False),
+        square,
+        LayerSpec(nn.LayerNorm, 11),
+        LayerSpec(Head),
+        LayerSpec(nn.Linear, 5, 3, bias=False),
+    ]
+
+
+def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (out.float() - target.float()).pow(2).mean()
+
+
+CASES = {
+    "pp2_fp32_ws2": dict(kind="pipe", pp=2, dp=1, dtype="fp32", stage=1,
+                         exercises="pipeline 2 stages x 1 data-parallel rank, fp32, ZeRO-1"),
+    "pp2_dp2_bf16_ws4": dict(kind="pipe", pp=2, dp=2, dtype="bf16", stage=1,
+                             exercises="pipeline 2 stages x 2 data-parallel ranks, bf16, ZeRO-1: "
+                                       "bf16_ optim prefix, each stage's masters split over its dp group"),
+    "moe_z2_bf16_ws4_ep2": dict(kind="moe", pp=1, dp=4, ep=2, dtype="bf16", stage=2,
+                                exercises="MoE, 4 experts over 2 expert-parallel ranks, 4 data-parallel ranks, bf16, "
+                                          "ZeRO-2: expert groups partitioned over expert-data-parallel groups of 2"),
+    "tp2_fp32_ws2": dict(kind="tp", pp=1, dp=1, tp=2, dtype="fp32", stage=1,
+                         exercises="tensor parallelism through an mpu (Megatron's interface), 2 ranks, ZeRO-1: "
+                                   "mp_rank_01 files; what ckptconv refuses"),
+    "moe_z1_fp32_ws2_ep2": dict(kind="moe", pp=1, dp=2, ep=2, dtype="fp32", stage=1,
+                                exercises="MoE, 4 experts over 2 expert-parallel ranks, fp32, ZeRO-1: each expert "
+                                          "group held whole by one rank"),
+}
+
+
+class MoENet(nn.Module):
+    """A dense layer, a DeepSpeed MoE layer of 4 Linear(8, 8) experts (top-1
+    gate, no token dropping limit below the batch), a dense head."""
+
+    def __init__(self, ep: int) -> None:
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+        self.inp = nn.Linear(6, 8)
+        self.moe = MoE(hidden_size=8, expert=nn.Linear(8, 8), num_experts=4, ep_size=ep, k=1, min_capacity=0)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _, _ = self.moe(torch.tanh(self.inp(x)))
+        return self.out(h).float().pow(2).mean()
+
+
+def ds_config(c) -> dict:
+    gas = 1 if c["kind"] in ("moe", "tp") else 2
+    cfg = {
+        "train_batch_size": MICRO_BATCH * gas * c["dp"],
+        "train_micro_batch_size_per_gpu": MICRO_BATCH,
+        "steps_per_print": 1000000,
+        "wall_clock_breakdown": False,
+        "optimizer": {"type": "AdamW",
+                      "params": {"lr": 1e-2, "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.01,
+                                 "torch_adam": True}},
+        "zero_optimization": {"stage": c["stage"]},
+    }
+    if c["dtype"] == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def data_iter(rank_in_dp: int, dtype):
+    step = 0
+    while True:
+        g = torch.Generator().manual_seed(1000 * step + rank_in_dp)
+        yield torch.randn(MICRO_BATCH, 6, generator=g).to(dtype), torch.randn(MICRO_BATCH, 3, generator=g)
+        step += 1
+
+
+class TensorParallelMpu:
+    """Megatron's mpu interface over a tensor-parallel group of every rank and
+    data-parallel groups of one rank each: what deepspeed.initialize(mpu=...)
+    reads to name mp_rank_TT files."""
+
+    def __init__(self) -> None:
+        ws = dist.get_world_size()
+        self.tp = dist.new_group(list(range(ws)))
+        self.dps = [dist.new_group([r]) for r in range(ws)]
+
+    def get_model_parallel_rank(self):
+        return dist.get_rank()
+
+    def get_model_parallel_world_size(self):
+        return dist.get_world_size()
+
+    def get_model_parallel_group(self):
+        return self.tp
+
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+    get_tensor_model_parallel_group = get_model_parallel_group
+
+    def get_data_parallel_rank(self):
+        return 0
+
+    def get_data_parallel_world_size(self):
+        return 1
+
+    def get_data_parallel_group(self):
+        return self.dps[dist.get_rank()]
+
+
+class TpShard(nn.Module):
+    """One rank's shards of a column-parallel Linear(6, 8) (`col`: 4 of its 8
+    output rows) and of the row-parallel Linear(8, 3) after it (`out`: 4 of
+    its 8 input columns); the shards differ per rank (seeded by rank)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        torch.manual_seed(SEED + rank)
+        self.col = nn.Linear(6, 4)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.col(x))).pow(2).mean()
+
+
+def tp_job(rank: int, ws: int, out: str, name: str) -> None:
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+    c = CASES[name]
+    d = Path(out) / name
+    net = TpShard(rank)
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=ds_config(c),
+                                           mpu=TensorParallelMpu())
+    for step in range(STEPS):
+        loss = engine(torch.randn(MICRO_BATCH, 6, generator=torch.Generator().manual_seed(1000 * step)))
+        engine.backward(loss)
+        engine.step()
+    if rank == 0 and d.exists():
+        shutil.rmtree(d)
+    dist.barrier()
+    engine.save_checkpoint(str(d))
+    dist.barrier()
+    # each tensor-parallel rank's own masters (dp 1: the partition is the whole)
+    mine = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in engine.module.named_parameters()}
+    every = [None] * ws
+    dist.all_gather_object(every, mine)
+    if rank != 0:
+        return
+    torch.save({"tp_ranks": every}, d / "reference_live.pt")
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+    info = {"case": name, "kind": "tp", "world_size": ws, "tensor_parallel": c["tp"], "dtype": c["dtype"],
+            "zero_stage": c["stage"], "exercises": c["exercises"], "ds_config": ds_config(c),
+            "ds_version": deepspeed.__version__, "torch_version": torch.__version__, "seed": SEED,
+            "steps": STEPS, "tag": TAG, "files": files, "removed": ["zero_to_fp32.py", "zero_to_torch.py"],
+            "patches": ["deepspeed.comm.torch.build_shm_op -> None (optional shared-memory allreduce op)"],
+            "generator": "tools/make_zero_parallel_checkpoints.py"}
+    (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def global_expert_name(name: str, expp_rank: int, num_local: int) -> str:
+    """The name DeepSpeed's _save_moe_checkpoint gives a local expert's entry:
+    the local expert id replaced by expp_rank * num_local_experts + local id."""
+    import re
+    m = re.search(r"\.deepspeed_experts\.(\d+)\.", name)
+    if not m:
+        return name
+    g = expp_rank * num_local + int(m.group(1))
+    return name[:m.start(1)] + str(g) + name[m.end(1):]
+
+
+def moe_job(rank: int, ws: int, out: str, name: str) -> None:
+    import deepspeed
+    from deepspeed.moe.layer import MoE
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from deepspeed.utils import groups, safe_get_full_fp32_param
+    c = CASES[name]
+    d = Path(out) / name
+    lp_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[c["dtype"]]
+    torch.manual_seed(SEED)
+    net = MoENet(c["ep"])
+    params = split_params_into_different_moe_groups_for_optimizer({"params": list(net.parameters()), "name": "dense"})
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=params, config=ds_config(c))
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        loss = engine(torch.randn(MICRO_BATCH * 2, 6, generator=g).to(lp_dtype))
+        engine.backward(loss)
+        engine.step()
+    assert engine.global_steps == STEPS
+    if rank == 0 and d.exists():
+        shutil.rmtree(d)
+    dist.barrier()
+    engine.save_checkpoint(str(d))
+    dist.barrier()
+
+    opt = engine.optimizer
+    cls = type(opt).__name__
+    moe = [m for m in engine.module.modules() if isinstance(m, MoE)]
+    assert len(moe) == 1
+    group_name, num_local = moe[0].expert_group_name, moe[0].num_local_experts
+    expp_rank = groups._get_expert_parallel_rank(group_name)
+    edp_rank = groups._get_expert_data_parallel_rank(group_name)
+    to_global = {n: global_expert_name(n, expp_rank, num_local) for n, _ in engine.module.named_parameters()}
+    # The values: the live flat partitions, all-gathered over each group's own
+    # data-parallel group (the expert-data-parallel group for expert groups)
+    # and cut at each lp param's offset in the lp flat buffer. DeepSpeed's
+    # safe_get_full_optimizer_state raises for groups >= 1 at ZeRO-1/2 (its
+    # optimizer fragments are set up after stepping group 0 only), so it is
+    # not used; safe_get_full_fp32_param is, as a cross-check of the masters.
+    mine = {}
+    fqn_of = {id(p): to_global[n] for n, p in engine.module.named_parameters()}
+    for i, (lp_flat, part, ps) in enumerate(zip(opt.bit16_groups_flat, opt.single_partition_of_fp32_groups,
+                                                opt.bit16_groups)):
+        grp = opt.real_dp_process_group[i]
+        st = opt.optimizer.state[part]
+        full = {"fp32": _gather(part, grp), "exp_avg": _gather(st["exp_avg"], grp),
+                "exp_avg_sq": _gather(st["exp_avg_sq"], grp)}
+        for p in ps:
+            off = p.data.storage_offset() - lp_flat.storage_offset()
+            n = fqn_of[id(p)]
+            mine[n] = {k: f.narrow(0, off, p.numel()).view(p.shape).clone() for k, f in full.items()}
+            mine[n]["step"] = st["step"].clone()
+            mine[n]["lp"] = p.data.detach().clone()
+            assert torch.equal(mine[n]["lp"], mine[n]["fp32"].to(lp_dtype)), (name, n, "lp != fp32 master")
+    for n, p in engine.module.named_parameters():
+        assert torch.equal(safe_get_full_fp32_param(p).detach().float().view(p.shape), mine[to_global[n]]["fp32"])
+    state = {global_expert_name(k, expp_rank, num_local): v.detach().clone()
+             for k, v in engine.module.state_dict().items()}
+    every = [None] * ws
+    dist.all_gather_object(every, {"rank": rank, "expp_rank": expp_rank, "edp_rank": edp_rank, "cls": cls,
+                                   "values": mine, "state": state, "group_name": group_name})
+    if rank != 0:
+        return
+    ref = {"model": {}, "optim": {}, "lp": {}, "module_state": {}, "expert_ranks": {}}
+    for e in every:
+        if e["edp_rank"] != 0:
+            continue  # the expert-data-parallel replicas hold the same values
+        for n, v in e["values"].items():
+            if n in ref["model"]:
+                assert torch.equal(ref["model"][n], v["fp32"]), (name, n, "differs between ranks")
+                continue
+            ref["model"][n] = v["fp32"]
+            ref["optim"][n] = {"exp_avg": v["exp_avg"], "exp_avg_sq": v["exp_avg_sq"], "step": v["step"]}
+            ref["lp"][n] = v["lp"]
+        for k, v in e["state"].items():
+            ref["module_state"].setdefault(k, v)
+        ref["expert_ranks"][e["expp_rank"]] = e["rank"]
+    # the module's order with every global expert in place of the local ones
+    order = []
+    for e in sorted(every, key=lambda e: e["expp_rank"]):
+        if e["edp_rank"] == 0:
+            order += [k for k in e["state"] if k not in order]
+    dense = [k for k in every[0]["state"] if ".deepspeed_experts." not in k]
+    experts = [k for k in order if ".deepspeed_experts." in k]
+    first = next(i for i, k in enumerate(dense) if k.startswith("moe.deepspeed_moe.gate")) + 1
+    names = dense[:first] + experts + dense[first:]
+    ref["module_state"] = {k: ref["module_state"][k] for k in names}
+    torch.save(ref, d / "reference_live.pt")
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+    info = {
+        "case": name, "kind": "moe", "world_size": ws, "expert_parallel": c["ep"], "num_experts": 4,
+        "dtype": c["dtype"], "zero_stage": c["stage"], "optimizer_class": sorted({e["cls"] for e in every}),
+        "expert_group": every[0]["group_name"],
+        "ranks": [{k: e[k] for k in ("rank", "expp_rank", "edp_rank")} for e in every],
+        "exercises": c["exercises"], "ds_config": ds_config(c), "ds_version": deepspeed.__version__,
+        "torch_version": torch.__version__, "seed": SEED, "steps": STEPS, "tag": TAG,
+        "names": {n: plain(list(t.shape)) for n, t in ref["model"].items()},
+        "files": files, "removed": ["zero_to_fp32.py", "zero_to_torch.py"],
+        "patches": ["deepspeed.comm.torch.build_shm_op -> None (optional shared-memory allreduce op)"],
+        "generator": "tools/make_zero_parallel_checkpoints.py",
+    }
+    (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def job(rank: int, ws: int, out: str, name: str) -> None:
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    c = CASES[name]
+    d = Path(out) / name
+    lp_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[c["dtype"]]
+    torch.manual_seed(SEED)
+    net = PipelineModule(layers=layer_specs(), num_stages=c["pp"], loss_fn=loss_fn,
+                         partition_method="parameters", base_seed=SEED)
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
+                                           config=ds_config(c))
+    grid = engine.grid
+    it = data_iter(grid.get_data_parallel_rank(), lp_dtype)
+    for _ in range(STEPS):
+        engine.train_batch(data_iter=it)
+    assert engine.global_steps == STEPS, engine.global_steps
+
+    if rank == 0 and d.exists():
+        shutil.rmtree(d)
+    dist.barrier()
+    engine.save_checkpoint(str(d))
+    dist.barrier()
+
+    # ---- live values: each stage's params, gathered inside its dp group ----
+    opt = engine.optimizer
+    cls = type(opt).__name__
+    dp_group = grid.get_data_parallel_group()
+    stage = grid.get_stage_id()
+    mine = {}
+    for n, p in engine.module.named_parameters():
+        if not p.requires_grad:
+            continue
+        v = {"fp32": safe_get_full_fp32_param(p).detach().clone().float().view(p.shape),
+             "exp_avg": safe_get_full_optimizer_state(p, "exp_avg").detach().clone().view(p.shape),
+             "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq").detach().clone().view(p.shape),
+             "lp": p.data.detach().clone()}
+        assert torch.equal(v["lp"], v["fp32"].to(lp_dtype)), (name, n, "lp != fp32 master")
+        mine[n] = v
+    # the live flat partitions, all-gathered over the stage's dp group and cut at each
+    # lp param's offset in the lp flat buffer, must say the same (a second, independent read)
+    groups = (list(zip(opt.bf16_groups_flat, opt.fp32_groups_flat_partition, opt.bf16_groups))
+              if cls == "BF16_Optimizer" else
+              list(zip(opt.bit16_groups_flat, opt.single_partition_of_fp32_groups, opt.bit16_groups)))
+    fqn_of = {id(p): n for n, p in engine.module.named_parameters()}
+    # everything the stage's module holds (frozen parameters and buffers too), as live
+    state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    for lp_flat, part, params in groups:
+        st = opt.optimizer.state[part]
+        full = {"fp32": _gather(part, dp_group), "exp_avg": _gather(st["exp_avg"], dp_group),
+                "exp_avg_sq": _gather(st["exp_avg_sq"], dp_group)}
+        for p in params:
+            off = p.data.storage_offset() - lp_flat.storage_offset()
+            n = fqn_of[id(p)]
+            for k, f in full.items():
+                assert torch.equal(f.narrow(0, off, p.numel()).view(p.shape), mine[n][k]), (name, n, k)
+            mine[n]["step"] = st["step"].clone()
+    every = [None] * ws
+    dist.all_gather_object(every, {"stage": stage, "dp_rank": grid.get_data_parallel_rank(), "cls": cls,
+                                   "values": mine, "state": state})
+    if rank != 0:
+        return
+    ref = {"model": {}, "optim": {}, "lp": {}, "stage_of": {}, "module_state": {}}
+    for e in every:
+        if e["dp_rank"] != 0:
+            continue
+        ref["module_state"].update(e["state"])
+        for n, v in e["values"].items():
+            ref["model"][n] = v["fp32"]
+            ref["optim"][n] = {"exp_avg": v["exp_avg"], "exp_avg_sq": v["exp_avg_sq"], "step": v["step"]}
+            ref["lp"][n] = v["lp"]
+            ref["stage_of"][n] = e["stage"]
+    torch.save(ref, d / "reference_live.pt")
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+    info = {
+        "case": name, "pipeline_stages": c["pp"], "data_parallel": c["dp"], "world_size": ws,
+        "dtype": c["dtype"], "zero_stage": c["stage"], "optimizer_class": sorted({e["cls"] for e in every}),
+        "exercises": c["exercises"], "ds_config": ds_config(c), "ds_version": deepspeed.__version__,
+        "torch_version": torch.__version__, "seed": SEED, "steps": STEPS, "tag": TAG,
+        "names": {n: plain(list(t.shape)) for n, t in ref["model"].items()},
+        "stage_of": ref["stage_of"], "files": files, "removed": ["zero_to_fp32.py", "zero_to_torch.py"],
+        "patches": ["deepspeed.comm.torch.build_shm_op -> None (optional shared-memory allreduce op)"],
+        "generator": "tools/make_zero_parallel_checkpoints.py",
+    }
+    (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def _gather(t: torch.Tensor, group) -> torch.Tensor:
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.detach().contiguous(), group=group)
+    return torch.cat(parts)
+
+
+def check_files(name: str, d: Path) -> None:
+    """The names DeepSpeed gave the files, and the layer/expert files against the live lp values."""
+    c = CASES[name]
+    tagdir = d / TAG
+    pfx = "bf16_" if c["dtype"] == "bf16" else ""
+    ref = torch.load(d / "reference_live.pt", weights_only=True)
+    if c["kind"] == "moe":
+        want = sorted([f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)]
+                      + ["mp_rank_00_model_states.pt"]
+                      + [f"{pfx}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(c["dp"])])
+        got = sorted(p.name for p in tagdir.iterdir())
+        assert got == want, (name, got, want)
+        for e in range(4):
+            sd = torch.load(tagdir / f"layer_0_expert_{e}_mp_rank_00_model_states.pt", weights_only=True)
+            assert sorted(sd) == [f"moe.deepspeed_moe.experts.deepspeed_experts.{e}.{k}" for k in ("bias", "weight")]
+            for k, v in sd.items():
+                assert torch.equal(v, ref["module_state"][k]), (name, k)
+        return
+    layers = sorted({int(n.split(".")[0]) for n in ref["module_state"]})
+    # no tensor axis in the topology: get_rank_repr is empty, so no "-model_TT" part
+    want = sorted([f"layer_{i:02d}-model_states.pt" for i in layers]
+                  + [f"mp_rank_{s:02d}_model_states.pt" for s in range(c["pp"])]
+                  + [f"{pfx}zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt"
+                     for s in range(c["pp"]) for r in range(c["dp"])])
+    got = sorted(p.name for p in tagdir.iterdir())
+    assert got == want, (name, got, want)
+    for i in layers:
+        sd = torch.load(tagdir / f"layer_{i:02d}-model_states.pt", weights_only=True)
+        for k, v in sd.items():
+            assert torch.equal(v, ref["module_state"][f"{i}.{k}"]), (name, i, k)
+    for n, v in ref["lp"].items():
+        assert torch.equal(v, ref["module_state"][n]), (name, n)
+
+
+def write_model_reference(d: Path) -> None:
+    """reference_model.pt: the whole model as the live engines held it, flat
+    {name: tensor} in module order (trainable parameters as their fp32
+    masters, frozen parameters and buffers as the modules held them): what
+    `consolidate --only model` must give, for the reader conformance tests."""
+    ref = torch.load(d / "reference_live.pt", weights_only=True)
+    torch.save({n: ref["model"].get(n, v) for n, v in ref["module_state"].items()}, d / "reference_model.pt")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "testdata" / "zero_parallel"))
+    ap.add_argument("--only", nargs="*", choices=sorted(CASES), help="regenerate only these cases")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.only or CASES:
+        t = time.time()
+        c = CASES[name]
+        jobs = {"pipe": job, "moe": moe_job, "tp": tp_job}
+        spawn(c["pp"] * c["dp"] * c.get("tp", 1), jobs[c["kind"]], str(out), name)
+        d = out / name
+        for script in ("zero_to_fp32.py", "zero_to_torch.py"):
+            if (d / script).exists():
+                (d / script).unlink()
+        if c["kind"] != "tp":  # tp: nothing consolidates it (ckptconv refuses it)
+            check_files(name, d)
+            write_model_reference(d)
+        info = json.loads((d / "case.json").read_text())
+        info["files"] = {k: v for k, v in info["files"].items() if k not in info["removed"]}
+        (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
+        print(f"{name}: {info.get('optimizer_class', '')} {sum(info['files'].values())} bytes, {time.time() - t:.1f}s",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
