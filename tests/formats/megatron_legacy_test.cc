@@ -102,7 +102,7 @@ TEST_CASE("merged TP pieces point into each rank's file", "[formats][megatron_le
   CHECK(norm.chunks[0].file.find("mp_rank_00_001") != std::string::npos);
 }
 
-TEST_CASE("--only optim of a legacy checkpoint is refused, saying so", "[formats][megatron_legacy]") {
+TEST_CASE("a legacy checkpoint's --only optim is refused, saying so", "[formats][megatron_legacy]") {
   try {
     read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "optim");
     FAIL("read");
