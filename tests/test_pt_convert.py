@@ -70,8 +70,12 @@ def test_every_pt_fixture_inspects(p, run_ckptconv):
     # optimizer state (at ZeRO-1/2 plain values only), a Megatron checkpoint's
     # common.pt its unsharded state (iteration, param_groups). Every other
     # file holds tensors.
+    # A DeepSpeed pipeline stage's mp_rank_NN_model_states.pt stores
+    # module=None: its layer_LL-model_states.pt files hold the weights.
+    pipeline_stage = p.name.startswith("mp_rank_") and p.name.endswith("_model_states.pt") and \
+        any(p.parent.glob("layer_*-model_states.pt"))
     no_tensors = (p.name == "optimizer_state.pt" and p.parent.parent.name.endswith("_universal")) or \
-        (p.name == "common.pt" and p.parent.name == "ckpt" and "megatron" in p.parts)
+        (p.name == "common.pt" and p.parent.name == "ckpt" and "megatron" in p.parts) or pipeline_stage
     if not no_tensors:
         assert info["totals"]["tensors"] > 0
 

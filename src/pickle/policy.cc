@@ -321,6 +321,9 @@ constexpr Entry kAllowed[] = {
     {"megatron.core.transformer.enums", "AttnMaskType", Use::kCall, &one_int},
     {"megatron.core.transformer.enums", "AttnBackend", Use::kCall, &one_int},
     {"megatron.core.transformer.enums", "CudaGraphScope", Use::kCall, &one_int},
+    // Megatron-LM's args.exit_signal, in every legacy rank file: a member's
+    // number, as the Megatron enums (framework_objects.cc lists the members).
+    {"signal", "Signals", Use::kCall, &one_int},
 };
 
 // Every torch.dtype by its str() name in torch 2.15 (torch.<name>): values.
