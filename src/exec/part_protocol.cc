@@ -277,9 +277,9 @@ uint32_t crc_of_range(const DataFiles& files, std::size_t k, uint64_t at, uint64
 // by one process, from the disk (the workers' written pages are dropped
 // from the cache as they go): on one node it made a 2-way --part run 1.75x
 // the one-process time, and over N nodes it bounds the run by one node's
-// read bandwidth. So it runs where receipts are not fresh from this launch:
-// `ckptconv finalize OUT` and `--part finalize`, the recovery path after a
-// crash (--no-verify skips it there too). The worker that completes the set
+// read bandwidth. So it runs only on the recovery path after a crash,
+// `ckptconv finalize OUT` and `--part finalize` (--no-verify skips it there
+// too). The worker that completes the set
 // trusts them: the folder and every receipt are this user's (PartsFolder
 // checks owner, link count, no symbolic link), so whoever could alter a
 // receipt could alter the bytes it vouches for, and a stale receipt of the
