@@ -232,6 +232,31 @@ def test_one_big_tensor_is_split_between_workers_by_rows(fmt, tmp_path, ckptconv
         assert torch.equal(got["big"], ref["big"]) and torch.equal(got["small"], ref["small"])
 
 
+def test_a_cut_near_a_tensor_edge_moves_to_the_edge(tmp_path, ckptconv, run_ckptconv):
+    """A 40-byte tensor, then four equal ones, over two workers: the halfway
+    cut falls 20 bytes into the third. It used to cut that tensor at row 1,
+    so each worker read back its piece to sum its CRC-32 (the whole tensor
+    read once more); now the cut moves to the tensor's edge and every piece
+    in both receipts is a whole tensor."""
+    import torch
+    g = torch.Generator().manual_seed(21)
+    src = tmp_path / "src.pt"
+    sd = {"s": torch.arange(10, dtype=torch.float32)}
+    sd.update({f"t{i}": torch.randn(200, 32, generator=g) for i in range(4)})
+    torch.save(sd, src)
+    want = _single(ckptconv, src, [], tmp_path / "single.pt")
+    out = tmp_path / "parts.pt"
+    for i in (0, 1):
+        r = run_ckptconv("convert", src, "-o", out, "--part", f"{i}/2")
+        assert r.returncode == 0, r.stderr
+        if i == 0:
+            (receipt,) = tmp_path.glob("parts.pt.parts-*/part-0-of-2.json")
+            pieces = json.loads(receipt.read_text())["pieces"]
+            # [unit, begin, end, crc]: whole units start at 0; a tensor is 200*32*4 bytes.
+            assert [p[:3] for p in pieces] == [[0, 0, 40], [1, 0, 25600], [2, 0, 25600]], pieces
+    assert _sha(out) == want
+
+
 def _metadata_without_save_id(d: Path) -> bytes:
     """DCP's .metadata names a random save id (a UUID4) and the directory it
     was written to (checkpoint_id: compare outputs whose paths have the

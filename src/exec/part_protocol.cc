@@ -140,6 +140,12 @@ Layout layout_of(PartedWriter& w, const PartedOptions& options) {
 // `parts` equal shares; a unit that spans a cut is split at the dim-0 row
 // nearest to it (one big tensor is written by several workers), and each
 // piece goes to the share its middle byte falls in.
+// A cut within 1/16 of a share of a unit's edge moves to that edge instead:
+// a split unit costs its bytes once more (each piece's CRC-32 is read back,
+// write_pieces), while the shares it evens out differ by at most 1/16.
+// Without this, a boundary a few header bytes into a tensor cut it at row 1
+// (24 equal tensors over 4 workers: three 83 MB read-backs, 1.16x the one
+// process's time instead of 1.0x).
 void assign_owners(Layout& l, int parts) {
   std::vector<std::size_t> order(l.units());
   for (std::size_t u = 0; u < order.size(); ++u) order[u] = u;
@@ -159,12 +165,12 @@ void assign_owners(Layout& l, int parts) {
     std::vector<int64_t> cuts = {0};
     if (l.rows[u] > 1) {
       long double row = size / static_cast<long double>(l.rows[u]);
+      const long double snap = all / parts / 16;
       for (int p = 1; p < parts; ++p) {
         long double boundary = all * p / parts;
-        if (boundary <= before || boundary >= before + size) continue;
+        if (boundary - before <= snap || before + size - boundary <= snap) continue;
         auto r = static_cast<int64_t>(std::llround((boundary - before) / row));
-        r = std::clamp<int64_t>(r, 1, l.rows[u] - 1);
-        if (r > cuts.back()) cuts.push_back(r);
+        if (r > cuts.back() && r < l.rows[u]) cuts.push_back(r);
       }
     }
     if (cuts.size() == 1) {
