@@ -169,3 +169,25 @@ def test_tag_with_files_is_a_usage_error(tmp_path, ckptconv):
              "--tag", "latest", "-o", tmp_path / "x.pt")
     assert r.returncode == 2 and "drop --tag" in r.stderr, r.stderr
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_a_run_folder_above_a_root_names_the_root(tmp_path, run_ckptconv):
+    """A folder one level above the checkpoint (a run folder holding a
+    Megatron-LM root as ckpt/, beside a log): the refusal names the subfolder
+    to pass instead. A subfolder reached through a link is not named (the
+    hint reads nothing outside the folder)."""
+    legacy = FIXTURE.parent.parent / "megatron_legacy" / "gpt_tp2pp2" / "ckpt"
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copytree(legacy, run / "ckpt")
+    (run / "train.log").write_text("iteration 2\n")
+    r = run_ckptconv("inspect", run)
+    assert r.returncode == 3, r.stderr
+    assert f"its subfolder {run / 'ckpt'} holds one: pass it instead" in r.stderr, r.stderr
+    r = run_ckptconv("inspect", run / "ckpt")
+    assert r.returncode == 0, r.stderr
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "ckpt").symlink_to(run / "ckpt")
+    r = run_ckptconv("inspect", linked)
+    assert r.returncode == 3 and "subfolder" not in r.stderr, r.stderr

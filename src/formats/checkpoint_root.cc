@@ -318,7 +318,8 @@ uint64_t directory_bytes(const std::string& dir) {
 
 std::string describe_root(const std::string& dir, const std::vector<RootEntry>& entries) {
   std::string out = dir + ": a folder of " + std::to_string(entries.size()) +
-                    " checkpoints (read one with --tag NAME or --tag latest)\n";
+                    (entries.size() == 1 ? " checkpoint" : " checkpoints") +
+                    " (read one with --tag NAME or --tag latest)\n";
   std::size_t width = 4;
   for (const auto& e : entries) width = std::max(width, e.name.size());
   for (const auto& e : entries) {

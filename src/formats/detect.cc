@@ -57,6 +57,37 @@ void check_not_one_rank_alone(const std::string& src, bool allowed) {
   log::warn(src + part_of + "; showing this file alone");
 }
 
+// A folder one level above what the user meant (a run folder holding
+// `ckpt/`, a Megatron-LM or DeepSpeed root): names the subfolders that are
+// checkpoints or folders of them, so the message says where to point. Links
+// are not followed (a hint must not read outside the folder).
+std::string nested_checkpoints_hint(const std::string& dir) {
+  constexpr std::size_t kMaxNamed = 4;
+  std::vector<std::string> found;
+  std::size_t more = 0;
+  for (const DirEntry& sub : list_directory(dir)) {
+    if (!sub.is_directory() || sub.link) continue;
+    const std::string& path = sub.path;
+    bool is_one = false;
+    try {
+      is_one = directory_kind(path).has_value() || is_checkpoint_root(path);
+    } catch (const Error&) {  // an unreadable subfolder is not a hint
+    }
+    if (!is_one) continue;
+    if (found.size() < kMaxNamed)
+      found.push_back(path);
+    else
+      ++more;
+  }
+  if (found.empty()) return "";
+  std::string names;
+  for (const auto& f : found) names += (names.empty() ? "" : ", ") + f;
+  if (more) names += " and " + std::to_string(more) + " more";
+  const bool several = found.size() + more > 1;
+  return std::string("; its subfolder") + (several ? "s " : " ") + names +
+         (several ? " hold checkpoints" : " holds one") + ": pass " + (several ? "one of them" : "it") + " instead";
+}
+
 }  // namespace
 
 SourceKind detect_source(const std::string& src) {
@@ -68,7 +99,7 @@ SourceKind detect_source(const std::string& src) {
     if (list_directory(src).empty())
       fail(ErrorCode::kNotFound, "no checkpoint found in " + src + ": the directory is empty");
     fail(ErrorCode::kUnimplemented, src + ": directory is not a recognised checkpoint (" + directory_shapes() +
-                                        ") and holds no checkpoint directories");
+                                        ") and holds no checkpoint directories" + nested_checkpoints_hint(src));
   }
   // One file of a DCP directory read alone is no checkpoint: its .distcp
   // holds bytes without their tensors' shapes, its .metadata no bytes.
