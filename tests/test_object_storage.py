@@ -206,8 +206,10 @@ class FaultyProxy(http.server.ThreadingHTTPServer):
     """Forwards to moto; answers every third request with 503 SlowDown and
     drops every fifth connection without a response, counting requests."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, faults: bool = True):
         self.upstream = upstream.split("//")[1]
+        self.inject = faults
+        self.got_bytes = 0  # bytes of GET responses passed on
         self.count = 0
         self.faults = {"slowdown": 0, "dropped": 0}
         self.by_method: dict[str, int] = {}
@@ -228,12 +230,12 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
             n = srv.count
             srv.by_method[self.command] = srv.by_method.get(self.command, 0) + 1
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if n % 5 == 0:
+        if srv.inject and n % 5 == 0:
             srv.faults["dropped"] += 1
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
-        if n % 3 == 0:
+        if srv.inject and n % 3 == 0:
             srv.faults["slowdown"] += 1
             xml = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
             self.send_response(503)
@@ -256,6 +258,9 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+        if self.command == "GET":
+            with srv.lock:
+                srv.got_bytes += len(data)
         conn.close()
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_one
@@ -496,3 +501,44 @@ def test_reshard_from_s3_writes_the_folder_of_the_local_run(run_s3, testdata, tm
     assert len(UUID.findall(want[".metadata"])) == 1  # the save_id, the one byte string that may differ
     for name in want:
         assert UUID.sub(b"UUID", got[name]) == UUID.sub(b"UUID", want[name]), name
+
+
+def test_a_checked_copy_reads_each_source_byte_once(run_s3, moto, tmp_path):
+    """consolidate checks every source record's CRC-32 (unless --no-verify).
+    From a local file the kernel copies the bytes and a check reads them from
+    the page cache; from an object store both would be GETs, so the copy
+    sums the CRC-32 as it reads: the bytes fetched are the object's size plus
+    the headers' blocks (they were twice it). A corrupt record is still exit 3."""
+    import torch
+    g = torch.Generator().manual_seed(53)
+    src = tmp_path / "four.pt"
+    torch.save({f"w{i}": torch.randn(512, 1024, generator=g) for i in range(4)}, src)  # 8 MiB of records
+    client = boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                          region_name="us-east-1")
+    client.upload_file(str(src), BUCKET, "reads/four.pt")
+    proxy = FaultyProxy(moto, faults=False)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{proxy.server_address[1]}"
+        r = run_s3("consolidate", f"s3://{BUCKET}/reads/four.pt", "-o", tmp_path / "r.safetensors", "-q",
+                   endpoint=endpoint)
+        assert r.returncode == 0, r.stderr
+        fetched = proxy.got_bytes
+        raw = bytearray(src.read_bytes())
+        at = raw.find(torch.randn(512, 1024, generator=torch.Generator().manual_seed(53)).numpy().tobytes()[:64])
+        assert at > 0
+        raw[at + 4096] ^= 0x40  # one bit of w0's record
+        client.put_object(Bucket=BUCKET, Key="reads/bad.pt", Body=bytes(raw))
+        bad = run_s3("consolidate", f"s3://{BUCKET}/reads/bad.pt", "-o", tmp_path / "b.safetensors", "-q",
+                     endpoint=endpoint)
+    finally:
+        proxy.shutdown()
+    size = src.stat().st_size
+    # Beyond the records: the zip's headers and directory, read through the
+    # 256 KiB block cache (about 1.5 MiB here, whatever the tensors' size).
+    assert size <= fetched <= size + (2 << 20), (fetched, size)
+    local = run_s3("consolidate", src, "-o", tmp_path / "l.safetensors", "-q")
+    assert local.returncode == 0
+    assert (tmp_path / "r.safetensors").read_bytes() == (tmp_path / "l.safetensors").read_bytes()
+    assert bad.returncode == 3 and "fails its CRC-32" in bad.stderr and "'w0'" in bad.stderr, bad.stderr
+    assert not (tmp_path / "b.safetensors").exists()

@@ -232,19 +232,24 @@ void ZipWriter::append_from(const ByteSource& source, uint64_t pos, uint64_t n, 
     if (crc_out) *crc_out = *known_crc;
     return;
   }
-  std::string buffer(static_cast<std::size_t>(std::min<uint64_t>(n, kCopyBufferSize)), '\0');
-  uint32_t piece = 0;
-  for (uint64_t done = 0; done < n;) {
-    const auto chunk = static_cast<std::size_t>(std::min<uint64_t>(n - done, buffer.size()));
-    source.read(pos + done, buffer.data(), chunk);
-    source.release(pos + done, chunk);  // read once: a mapping's pages need not stay in our RSS
-    sink_.write(buffer.data(), chunk);
-    piece = crc32_update(piece, buffer.data(), chunk);
-    done += chunk;
-  }
+  const uint32_t piece = copy_summing(source, pos, n, sink_);
   crc_ = crc32_combine(crc_, piece, n);
   appended_ += n;
   if (crc_out) *crc_out = piece;
+}
+
+uint32_t copy_summing(const ByteSource& src, uint64_t pos, uint64_t n, ByteSink& sink) {
+  std::string buffer(static_cast<std::size_t>(std::min<uint64_t>(n, kCopyBufferSize)), '\0');
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < n;) {
+    const auto chunk = static_cast<std::size_t>(std::min<uint64_t>(n - done, buffer.size()));
+    src.read(pos + done, buffer.data(), chunk);
+    src.release(pos + done, chunk);  // read once: a mapping's pages need not stay in our RSS
+    sink.write(buffer.data(), chunk);
+    crc = crc32_update(crc, buffer.data(), chunk);
+    done += chunk;
+  }
+  return crc;
 }
 
 void ZipWriter::append_elsewhere(uint64_t n, uint32_t crc) {

@@ -76,8 +76,12 @@ class SinkDestination final : public Destination {
 
  private:
   void do_append(const void* data, std::size_t n, std::optional<uint32_t>) override { sink_.write(data, n); }
-  void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t>, uint32_t*) override {
-    sink_.copy_from(src, pos, n);
+  void do_append_from(const ByteSource& src, uint64_t pos, uint64_t n, std::optional<uint32_t>,
+                      uint32_t* crc_out) override {
+    if (crc_out)
+      *crc_out = archive::copy_summing(src, pos, n, sink_);
+    else
+      sink_.copy_from(src, pos, n);
   }
 
   ByteSink& sink_;
@@ -115,9 +119,9 @@ void append_slabs_direct(const TensorEntry& t, const std::vector<const TensorChu
   for (const TensorChunk* c : chunks) {
     uint64_t n = c->numel() * isz;
     uint64_t pos = static_cast<uint64_t>(c->storage_offset) * isz;
-    std::optional<uint32_t> crc;
-    if (c->is_whole_contiguous_storage(isz)) crc = c->storage_crc;
     bool summed = std::find(parts.begin(), parts.end(), c) != parts.end();
+    std::optional<uint32_t> crc;  // a summed chunk's CRC-32 is computed, never taken from the record
+    if (c->is_whole_contiguous_storage(isz) && !summed) crc = c->storage_crc;
     uint32_t piece = 0;
     out.append_from(*c->storage, pos, n, crc, summed ? &piece : nullptr);
     if (summed) verifier->add_piece(*c, t.name, pos, n, piece);
@@ -385,6 +389,15 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
           summed.push_back(c);
         else if (!assembled && zip && options.verify->deferring() && !c->is_whole_contiguous_storage(isz))
           parts.push_back(c);  // a part of its record, summed as it is copied (reshard)
+        else if (!assembled && !c->storage->file_span(0) &&
+                 (c->is_whole_contiguous_storage(isz) || options.verify->deferring()))
+          // No kernel copy from this source (an object store's): the copy
+          // reads it through a buffer anyway, so it sums the CRC-32 on the
+          // way rather than a check reading every byte a second time (two
+          // GETs per byte). A whole record is accepted at once; a part of
+          // one, only where the caller checks what is left at the end
+          // (deferring: reshard), waits for the rest or is read whole then.
+          parts.push_back(c);
         else
           apart.push_back(c);
       }
