@@ -110,10 +110,10 @@ inline std::string resolved_path(const std::string& path) { return storage_for(p
 // An existing directory with nothing in it.
 inline bool is_empty_directory(const std::string& dir) { return is_directory(dir) && list_directory(dir).empty(); }
 
-// OutputFailed naming `path` when it is on a backend that cannot take
-// outputs yet (s3://: reading only, docs/object-storage.md), before anything
-// is written.
-void refuse_remote_output(const std::string& path);
+// OutputFailed naming `path` when it is on object storage (s3://) and
+// `what` (an output kind: "a folder output", "--part") cannot go there yet
+// (docs/object-storage.md), before anything is written.
+void refuse_remote_output(const std::string& path, const std::string& what);
 
 // Makes `dir` the directory relative paths start from (finalize reruns a
 // --part request where its workers ran); false when it cannot.

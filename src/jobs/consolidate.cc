@@ -99,7 +99,9 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   const CommonOptions& opt = req.common;
   const JobOptions job = settle(opt);
   std::string directory;  // -o DIR/: the folder the file goes into, created when missing
+  if (!req.part.empty()) refuse_remote_output(req.output, "--part shares");
   if (is_output_directory(req.output)) {
+    refuse_remote_output(req.output, "a folder output (-o DIR/)");
     directory = req.output;
     if (req.format.empty()) req.format = "safetensors";
   } else {
@@ -114,6 +116,8 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     if (!is_directory(req.config_from)) fail_invalid("--config-from " + req.config_from + ": not a directory");
   }
   OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
+  // libhdf5 writes a file by name.
+  if (!output_format_info(format).parted) refuse_remote_output(req.output, "an HDF5 file (libhdf5 needs a local file)");
   if (!directory.empty()) check_format_options(req, format);
   CheckpointModel model = read_selected(opt);
   CreatedDirectories created;            // --part into -o DIR/: the parts' folder

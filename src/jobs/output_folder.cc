@@ -10,6 +10,7 @@
 #include "formats/safetensors/safetensors_reader.h"
 #include "io/byte_sink.h"
 #include "io/byte_source.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
 
@@ -93,6 +94,7 @@ CreatedDirectories::CreatedDirectories(const std::string& dir) {
 }
 
 CreatedDirectories CreatedDirectories::parents_of(const std::string& path) {
+  if (is_s3_url(path)) return CreatedDirectories();  // keys need no folders
   const fs::path parent = fs::path(without_trailing_slashes(path)).parent_path();
   return parent.empty() ? CreatedDirectories() : CreatedDirectories(parent.string());
 }

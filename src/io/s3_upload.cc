@@ -1,0 +1,179 @@
+#include "io/s3_upload.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/s3_client.h"
+
+namespace ckpt {
+
+namespace {
+
+// Sends a request of an output. A service that never answered is a write
+// that failed (exit 4), not an unreadable input as for reads; 412 is an
+// object that appeared at the name meanwhile.
+S3Response send_write(const S3Request& req, const std::string& url, const char* doing) {
+  S3Response r;
+  try {
+    r = default_s3_client().send(req, url);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDataLoss) throw;
+    fail(ErrorCode::kOutputFailed, e.message());
+  }
+  if (r.status == 412) fail_invalid(url + ": output exists (use --force to overwrite)");
+  // CompleteMultipartUpload may answer 200 and still fail, in its body.
+  const bool error_body = r.body.find("<Error>") != std::string::npos;
+  if (r.status < 200 || r.status >= 300 || error_body) {
+    if (r.status == 403 || r.status == 401)
+      fail(ErrorCode::kOutputFailed, url + ": access denied while " + doing + " (" + r.error_text() +
+                                         "); check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE) and the "
+                                         "bucket's policy");
+    fail(ErrorCode::kOutputFailed, url + ": " + doing + " failed: " + r.error_text());
+  }
+  return r;
+}
+
+S3Request request_for(const S3Url& where, const char* method) {
+  S3Request req;
+  req.method = method;
+  req.bucket = where.bucket;
+  req.key = where.key;
+  return req;
+}
+
+}  // namespace
+
+uint64_t s3_part_size(uint64_t size) {
+  const uint64_t mib = 1u << 20;
+  const uint64_t needed = (size + kS3MaxParts - 1) / kS3MaxParts;
+  return std::max(kS3MinPartSize, (needed + mib - 1) / mib * mib);
+}
+
+S3UploadSink::S3UploadSink(const std::string& url, uint64_t part_size)
+    : where_(parse_s3_url(url)), url_(s3_url_string(where_)), part_size_(part_size) {
+  if (where_.key.empty()) fail_invalid(url_ + ": an output needs a key after the bucket (s3://BUCKET/KEY)");
+  S3Request req = request_for(where_, "POST");
+  req.query = {{"uploads", ""}};
+  S3Response r = send_write(req, url_, "starting the upload");
+  upload_id_ = xml_element(r.body, "UploadId").value_or("");
+  if (upload_id_.empty()) fail(ErrorCode::kOutputFailed, url_ + ": starting the upload: the answer has no UploadId");
+  buffer_.resize(static_cast<std::size_t>(part_size_));
+}
+
+S3UploadSink::~S3UploadSink() { abort(); }
+
+void S3UploadSink::write(const void* data, std::size_t n) {
+  if (closed_) fail(ErrorCode::kInternal, url_ + ": write after the upload was closed");
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const std::size_t take = std::min(n, buffer_.size() - filled_);
+    std::memcpy(buffer_.data() + filled_, p, take);
+    filled_ += take;
+    position_ += take;
+    p += take;
+    n -= take;
+    if (filled_ == buffer_.size()) upload_part();
+  }
+}
+
+void S3UploadSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
+  if (closed_) fail(ErrorCode::kInternal, url_ + ": write after the upload was closed");
+  if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
+  while (n > 0) {
+    const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(n, buffer_.size() - filled_));
+    src.read(pos, buffer_.data() + filled_, take);
+    if (src.data()) src.release(pos, take);  // mapped pages read are dropped as for a file sink
+    filled_ += take;
+    position_ += take;
+    pos += take;
+    n -= take;
+    if (filled_ == buffer_.size()) upload_part();
+  }
+}
+
+void S3UploadSink::upload_part() {
+  const std::size_t number = etags_.size() + 1;
+  if (number > kS3MaxParts)
+    fail(ErrorCode::kOutputFailed, url_ + ": more than " + std::to_string(kS3MaxParts) + " parts of " +
+                                       std::to_string(part_size_) + " bytes (the output grew past its plan)");
+  S3Request req = request_for(where_, "PUT");
+  req.query = {{"partNumber", std::to_string(number)}, {"uploadId", upload_id_}};
+  req.body = buffer_.data();
+  req.body_size = filled_;
+  S3Response r = send_write(req, url_, ("uploading part " + std::to_string(number)).c_str());
+  auto etag = r.headers.find("etag");
+  if (etag == r.headers.end() || etag->second.empty())
+    fail(ErrorCode::kOutputFailed, url_ + ": part " + std::to_string(number) + ": the answer has no ETag");
+  etags_.push_back(etag->second);
+  filled_ = 0;
+}
+
+void S3UploadSink::close() {
+  if (closed_) return;
+  // The last part may be short; an empty object is one empty part.
+  if (filled_ > 0 || etags_.empty()) upload_part();
+  std::vector<char>().swap(buffer_);  // a closed upload keeps no buffer (a run may hold thousands)
+  closed_ = true;
+}
+
+void S3UploadSink::complete(bool overwrite) {
+  close();
+  std::string body = "<CompleteMultipartUpload>";
+  for (std::size_t i = 0; i < etags_.size(); ++i) {
+    std::string etag;
+    for (char c : etags_[i]) etag += c == '"' ? std::string("&quot;") : std::string(1, c);
+    body += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etag + "</ETag></Part>";
+  }
+  body += "</CompleteMultipartUpload>";
+  S3Request req = request_for(where_, "POST");
+  req.query = {{"uploadId", upload_id_}};
+  if (!overwrite) req.headers.push_back("If-None-Match: *");
+  req.body = body.data();
+  req.body_size = body.size();
+  send_write(req, url_, "completing the upload");
+  done_ = true;
+}
+
+void S3UploadSink::abort() noexcept {
+  if (done_) return;
+  done_ = true;
+  try {
+    S3Request req = request_for(where_, "DELETE");
+    req.query = {{"uploadId", upload_id_}};
+    req.cleanup = true;
+    S3Response r = default_s3_client().send(req, url_);
+    if (r.status != 204 && r.status != 200 && r.status != 404)
+      log::warn(url_ + ": cannot abort the unfinished upload (" + r.error_text() +
+                "); the bucket's lifecycle rule for incomplete multipart uploads removes its parts");
+  } catch (const std::exception& e) {
+    log::warn(url_ + ": cannot abort the unfinished upload (" + std::string(e.what()) +
+              "); the bucket's lifecycle rule for incomplete multipart uploads removes its parts");
+  }
+}
+
+void s3_put_object(const std::string& url, const std::string& bytes, bool overwrite) {
+  const S3Url where = parse_s3_url(url);
+  S3Request req = request_for(where, "PUT");
+  if (!overwrite) req.headers.push_back("If-None-Match: *");
+  req.body = bytes.data();
+  req.body_size = bytes.size();
+  send_write(req, s3_url_string(where), "writing");
+}
+
+bool s3_delete_object(const std::string& url) noexcept {
+  try {
+    const S3Url where = parse_s3_url(url);
+    S3Request req = request_for(where, "DELETE");
+    req.cleanup = true;
+    S3Response r = default_s3_client().send(req, s3_url_string(where));
+    if (r.status == 204 || r.status == 200) return true;
+    log::warn(s3_url_string(where) + ": cannot remove it again (" + r.error_text() + ")");
+  } catch (const std::exception& e) {
+    log::warn(url + ": cannot remove it again (" + std::string(e.what()) + ")");
+  }
+  return false;
+}
+
+}  // namespace ckpt
