@@ -1,0 +1,314 @@
+"""s3:// outputs (docs/object-storage.md) against moto's S3 server on
+loopback: consolidate's .pt and .safetensors files and reshard's DCP folder
+written to a bucket are the bytes the same command writes locally (fetched
+with boto3), and torch / safetensors / torch's DCP reader load them as the
+source's tensors. A file output is a multipart upload that appears only
+when complete: a failure injected mid-upload (by a proxy in front of moto)
+or Ctrl-C leaves no object and no open upload; a failure while publishing a
+folder removes the objects already published. An existing object is never
+replaced without --force. The fixtures (moto, run_s3, the credentials) are
+test_object_storage.py's."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import re
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from test_object_storage import BUCKET, KEY_ID, SECRET, UUID, moto, run_s3, s3_env, url  # noqa: F401 (fixtures)
+
+DCP = "dcp/fsdp2_adamw_ws2"
+
+
+@pytest.fixture
+def s3(moto):
+    return boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                        region_name="us-east-1")
+
+
+def keys_under(s3, prefix: str) -> list[str]:
+    return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", []))
+
+
+def open_uploads(s3) -> list[str]:
+    return [u["Key"] for u in s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])]
+
+
+def fetch(s3, key: str) -> bytes:
+    return s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> Path:
+    """20 MiB of float32 in a safetensors file written by the safetensors
+    library: its outputs take three parts of 8 MiB (the last short)."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("big") / "big.safetensors"
+    save_file({"a.weight": torch.randn(1024, 3072), "b.weight": torch.randn(1024, 2048)}, str(path))
+    return path
+
+
+@pytest.mark.parametrize("ext", [".pt", ".safetensors"])
+def test_consolidate_to_s3_uploads_the_bytes_of_the_local_run(run_s3, s3, testdata, tmp_path, ext):
+    key = f"consolidated/{ext[1:]}/full{ext}"
+    remote = run_s3("consolidate", testdata / DCP, "-o", f"s3://{BUCKET}/{key}", "-q")
+    local = run_s3("consolidate", testdata / DCP, "-o", tmp_path / f"full{ext}", "-q")
+    assert remote.returncode == 0, remote.stderr
+    assert local.returncode == 0, local.stderr
+    want = (tmp_path / f"full{ext}").read_bytes()
+    assert len(want) > 1000 and fetch(s3, key) == want
+    assert open_uploads(s3) == []
+
+
+@pytest.mark.parametrize("ext", [".pt", ".safetensors"])
+def test_a_file_of_several_parts_loads_as_the_source(run_s3, s3, big, tmp_path, ext):
+    key = f"big/out{ext}"
+    r = run_s3("consolidate", big, "-o", f"s3://{BUCKET}/{key}", "-q")
+    assert r.returncode == 0, r.stderr
+    local = run_s3("consolidate", big, "-o", tmp_path / f"local{ext}", "-q")
+    assert local.returncode == 0, local.stderr
+    # A multipart object's ETag ends in "-<parts>": 20 MiB and a header in parts of 8 MiB.
+    assert s3.head_object(Bucket=BUCKET, Key=key)["ETag"].endswith('-3"')
+    got = tmp_path / f"got{ext}"
+    got.write_bytes(fetch(s3, key))
+    assert got.read_bytes() == (tmp_path / f"local{ext}").read_bytes()
+    loaded = torch.load(got, weights_only=True) if ext == ".pt" else load_file(str(got))
+    source = load_file(str(big))
+    assert sorted(loaded) == sorted(source)
+    for name, t in source.items():
+        assert torch.equal(loaded[name], t), name
+
+
+def completions_and_puts(log: list[str]) -> list[str]:
+    """The requests that make an object visible: CompleteMultipartUpload and PutObject."""
+    return [line for line in log if line.startswith(("POST", "PUT")) and "uploads=" not in line
+            and "partNumber" not in line]
+
+
+def test_sharded_safetensors_publish_the_index_after_the_shards(run_s3, s3, moto, big, tmp_path):
+    # 12 MiB and 8 MiB tensors: one shard each.
+    proxy = serving(RuleProxy(moto, lambda method, path: None))
+    try:
+        remote = run_s3("consolidate", big, "-o", f"s3://{BUCKET}/shards/m.safetensors", "--max-shard-size", "13M",
+                        "-q", endpoint=proxy.endpoint)
+    finally:
+        proxy.shutdown()
+    local = run_s3("consolidate", big, "-o", tmp_path / "m.safetensors", "--max-shard-size", "13M", "-q")
+    assert remote.returncode == 0, remote.stderr
+    assert local.returncode == 0, local.stderr
+    want = sorted(p.name for p in tmp_path.iterdir())
+    assert len(want) > 2 and "m.safetensors.index.json" in want
+    assert keys_under(s3, "shards/") == [f"shards/{n}" for n in want]
+    for n in want:
+        assert fetch(s3, f"shards/{n}") == (tmp_path / n).read_bytes(), n
+    published = completions_and_puts(proxy.log)
+    assert len(published) == 3 and published[-1].startswith("PUT /ckpts/shards/m.safetensors.index.json")
+
+
+def test_an_existing_object_is_refused_without_force_and_replaced_with_it(run_s3, s3, testdata, tmp_path):
+    key = "exists/full.pt"
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b"an older output")
+    r = run_s3("consolidate", testdata / DCP, "-o", f"s3://{BUCKET}/{key}")
+    assert r.returncode == 2
+    assert f"s3://{BUCKET}/{key}: output exists (use --force to overwrite)" in r.stderr
+    assert fetch(s3, key) == b"an older output"
+    assert open_uploads(s3) == []
+    r = run_s3("consolidate", testdata / DCP, "-o", f"s3://{BUCKET}/{key}", "--force", "-q")
+    assert r.returncode == 0, r.stderr
+    local = run_s3("consolidate", testdata / DCP, "-o", tmp_path / "full.pt", "-q")
+    assert local.returncode == 0
+    assert fetch(s3, key) == (tmp_path / "full.pt").read_bytes()
+
+
+class RuleProxy(http.server.ThreadingHTTPServer):
+    """Forwards to moto, recording "METHOD /path?query" in order; `rule`
+    may answer a request itself instead: "fail" (500 InternalError) or
+    "hold" (no answer until `release` is set; `held` says one arrived)."""
+
+    def __init__(self, upstream: str, rule):
+        self.upstream = upstream.split("//")[1]
+        self.rule = rule
+        self.log: list[str] = []
+        self.lock = threading.Lock()
+        self.held = threading.Event()
+        self.release = threading.Event()
+        super().__init__(("127.0.0.1", 0), RuleHandler)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class RuleHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def handle_one(self):
+        srv: RuleProxy = self.server
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        line = f"{self.command} {self.path}"
+        with srv.lock:
+            srv.log.append(line)
+        action = srv.rule(self.command, self.path)
+        if action == "hold":
+            srv.held.set()
+            srv.release.wait(60)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if action == "fail":
+            xml = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(xml)))
+            self.end_headers()
+            self.wfile.write(xml)
+            return
+        conn = http.client.HTTPConnection(srv.upstream, timeout=30)
+        conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+        resp = conn.getresponse()
+        data = resp.read()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", resp.getheader("Content-Length", "0") if self.command == "HEAD"
+                         else str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        conn.close()
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_one
+
+
+def serving(proxy: RuleProxy) -> RuleProxy:
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    return proxy
+
+
+def part_number(path: str) -> int | None:
+    m = re.search(r"[?&]partNumber=(\d+)", path)
+    return int(m.group(1)) if m else None
+
+
+def test_a_failed_part_upload_leaves_no_object_and_no_open_upload(run_s3, s3, moto, big):
+    proxy = serving(RuleProxy(moto, lambda method, path: "fail" if part_number(path) == 2 else None))
+    try:
+        r = run_s3("consolidate", big, "-o", f"s3://{BUCKET}/failed/out.safetensors", endpoint=proxy.endpoint,
+                   env={"CKPTCONV_S3_MAX_ATTEMPTS": "2"})
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 4, r.stderr
+    assert f"s3://{BUCKET}/failed/out.safetensors: uploading part 2 failed: HTTP 500 InternalError" in r.stderr
+    assert any(line.startswith("PUT /ckpts/failed/out.safetensors?partNumber=1") for line in proxy.log)
+    assert any(line.startswith("DELETE /ckpts/failed/out.safetensors?uploadId=") for line in proxy.log)  # the abort
+    assert keys_under(s3, "failed/") == []
+    assert open_uploads(s3) == []
+
+
+def test_ctrl_c_mid_upload_aborts_it(ckptconv, s3, moto, big):
+    proxy = serving(RuleProxy(moto, lambda method, path: "hold" if part_number(path) == 2 else None))
+    try:
+        p = subprocess.Popen([str(ckptconv), "consolidate", str(big), "-o", f"s3://{BUCKET}/interrupted/out.pt"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=s3_env(proxy.endpoint))
+        assert proxy.held.wait(60), "part 2 never came"
+        p.send_signal(signal.SIGINT)  # while part 2 is on the wire
+        _, err = p.communicate(timeout=60)
+    finally:
+        proxy.release.set()
+        proxy.shutdown()
+    assert p.returncode == 130, err
+    assert "SIGINT" in err
+    assert any(line.startswith("DELETE /ckpts/interrupted/out.pt?uploadId=") for line in proxy.log)
+    assert keys_under(s3, "interrupted/") == []
+    assert open_uploads(s3) == []
+
+
+def dcp_tensors(folder: Path, tmp: Path) -> dict:
+    """What torch's own DCP reader loads from `folder` (dcp_to_torch_save), flattened to name -> tensor."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = tmp / f"{folder.name}.pt"
+    dcp_to_torch_save(str(folder), str(out))
+    flat = {}
+
+    def walk(prefix, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), x)
+        elif isinstance(v, torch.Tensor):
+            flat[prefix] = v
+    walk("", torch.load(out, weights_only=False))
+    return flat
+
+
+def test_reshard_to_s3_writes_the_local_folder_metadata_last(run_s3, s3, moto, testdata, tmp_path):
+    proxy = serving(RuleProxy(moto, lambda method, path: None))
+    try:
+        remote = run_s3("reshard", testdata / DCP, "-o", f"s3://{BUCKET}/resharded/ws4", "--world-size", "4", "-q",
+                        endpoint=proxy.endpoint)
+    finally:
+        proxy.shutdown()
+    assert remote.returncode == 0, remote.stderr
+    local = run_s3("reshard", testdata / DCP, "-o", tmp_path / "ws4", "--world-size", "4", "-q")
+    assert local.returncode == 0, local.stderr
+    want = sorted(p.name for p in (tmp_path / "ws4").iterdir())
+    assert ".metadata" in want and len(want) == 5
+    assert keys_under(s3, "resharded/ws4/") == [f"resharded/ws4/{n}" for n in want]
+    got = tmp_path / "got"
+    got.mkdir()
+    for n in want:
+        (got / n).write_bytes(fetch(s3, f"resharded/ws4/{n}"))
+        # .metadata records the output path (checkpoint_id) and a random save_id.
+        norm = [UUID.sub(b"UUID", x.replace(str(tmp_path / "ws4").encode(), b"DST")
+                         .replace(f"s3://{BUCKET}/resharded/ws4".encode(), b"DST"))
+                for x in ((got / n).read_bytes(), (tmp_path / "ws4" / n).read_bytes())]
+        if n != ".metadata":
+            assert norm[0] == norm[1], n
+    # Every rank file completed before .metadata was put: a reader never sees a marker without its data.
+    writes = completions_and_puts(proxy.log)
+    assert len(writes) == 5 and writes[-1].startswith("PUT /ckpts/resharded/ws4/.metadata")
+    loaded, source = dcp_tensors(got, tmp_path), dcp_tensors(testdata / DCP, tmp_path)
+    assert sorted(loaded) == sorted(source) and len(source) > 5
+    for name, t in source.items():
+        assert torch.equal(loaded[name], t), name
+    assert open_uploads(s3) == []
+
+
+def test_a_failed_marker_removes_the_published_rank_files(run_s3, s3, moto, testdata):
+    proxy = serving(RuleProxy(moto, lambda method, path: "fail" if path.endswith("/.metadata") else None))
+    try:
+        r = run_s3("reshard", testdata / DCP, "-o", f"s3://{BUCKET}/unpublished/ws2", "--world-size", "2",
+                   endpoint=proxy.endpoint, env={"CKPTCONV_S3_MAX_ATTEMPTS": "1"})
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 4, r.stderr
+    assert ".metadata: writing failed: HTTP 500 InternalError" in r.stderr
+    # The rank files were completed (visible) before the marker failed, and deleted again.
+    assert sum(line.startswith("DELETE /ckpts/unpublished/ws2/__") for line in proxy.log) == 2
+    assert keys_under(s3, "unpublished/") == []
+    assert open_uploads(s3) == []
+
+
+def test_write_manifest_to_s3_is_the_manifest_validate_checks_against(run_s3, s3, testdata, tmp_path):
+    r = run_s3("validate", testdata / DCP, "--write-manifest", f"s3://{BUCKET}/manifests/m.json")
+    assert r.returncode == 0, r.stderr
+    local = run_s3("validate", testdata / DCP, "--write-manifest", tmp_path / "m.json")
+    assert local.returncode == 0, local.stderr
+    assert fetch(s3, "manifests/m.json") == (tmp_path / "m.json").read_bytes()
+    r = run_s3("validate", url(DCP), "--manifest", f"s3://{BUCKET}/manifests/m.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    again = run_s3("validate", testdata / DCP, "--write-manifest", f"s3://{BUCKET}/manifests/m.json")
+    assert again.returncode == 2 and "output exists" in again.stderr
