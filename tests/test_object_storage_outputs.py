@@ -302,6 +302,20 @@ def test_a_failed_marker_removes_the_published_rank_files(run_s3, s3, moto, test
     assert open_uploads(s3) == []
 
 
+def test_reshard_with_force_replaces_the_folder_and_its_stale_rank_files(run_s3, s3, testdata):
+    dst = f"s3://{BUCKET}/replaced/ckpt"
+    assert run_s3("reshard", testdata / DCP, "-o", dst, "--world-size", "4", "-q").returncode == 0
+    r = run_s3("reshard", testdata / DCP, "-o", dst, "--world-size", "2", "-q")
+    assert r.returncode == 2 and "output exists" in r.stderr
+    r = run_s3("reshard", testdata / DCP, "-o", dst, "--world-size", "2", "-q", "--force")
+    assert r.returncode == 0, r.stderr
+    # World size 4's __2_0 and __3_0 are gone: DCP's reader would not read them, but a copy would carry them.
+    assert keys_under(s3, "replaced/") == ["replaced/ckpt/.metadata", "replaced/ckpt/__0_0.distcp",
+                                           "replaced/ckpt/__1_0.distcp"]
+    again = run_s3("validate", dst, "--expect-world-size", "2")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def test_write_manifest_to_s3_is_the_manifest_validate_checks_against(run_s3, s3, testdata, tmp_path):
     r = run_s3("validate", testdata / DCP, "--write-manifest", f"s3://{BUCKET}/manifests/m.json")
     assert r.returncode == 0, r.stderr

@@ -1,6 +1,7 @@
 #include "exec/parted_output.h"
 
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "archive/zip_writer.h"
@@ -9,6 +10,7 @@
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 #include "io/part_sink.h"
+#include "io/s3_storage.h"
 #include "io/s3_upload.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
@@ -121,6 +123,17 @@ Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& opti
   for (; closed < count; ++closed) files[closed]->close();
   const std::vector<MarkerFile> markers = w.marker_files();
   check_interrupted();  // an interrupted job leaves nothing, even when its files are uploaded
+  // A folder output (DCP, rank files) replaced with --force: S3 cannot swap
+  // a prefix in one step as a local rename does. The old marker goes first,
+  // so that no reader takes the old folder for a checkpoint while its files
+  // are replaced one by one, and after the new marker the old objects the
+  // new output has no use for (a larger world size's rank files).
+  const std::vector<std::string> dests = w.destinations();
+  const bool folder = dests.size() == 1 && (count == 0 || dests[0] != w.output_path(0));
+  if (options.force)
+    for (const auto& m : markers)
+      if (!s3_delete_object(m.path))  // S3 answers 204 for a key that is not there
+        fail(ErrorCode::kOutputFailed, m.path + ": cannot remove the marker of the output --force replaces");
   std::vector<std::string> published;
   try {
     for (auto& f : files) {
@@ -134,6 +147,11 @@ Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& opti
   } catch (const Error&) {
     for (const auto& url : published) s3_delete_object(url);
     throw;
+  }
+  if (options.force && folder) {
+    const std::set<std::string> kept(published.begin(), published.end());
+    for (const auto& url : s3_objects_below(dests[0]))
+      if (!kept.count(url)) s3_delete_object(url);
   }
   return {published, std::to_string(published.size()) + (published.size() == 1 ? " object" : " objects")};
 }

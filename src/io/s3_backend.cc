@@ -324,4 +324,12 @@ const Storage& s3_storage() {
   return storage;
 }
 
+std::vector<std::string> s3_objects_below(const std::string& dir) {
+  const S3Url where = parse_s3_url(dir);
+  std::vector<std::string> out;
+  for (const auto& o : list_objects(where, where.key.empty() ? "" : where.key + "/", false, 0).objects)
+    out.push_back(s3_url_string({where.bucket, o.key}));
+  return out;
+}
+
 }  // namespace ckpt
