@@ -59,7 +59,6 @@ S3UploadSink::S3UploadSink(const std::string& url, uint64_t part_size)
   S3Response r = send_write(req, url_, "starting the upload");
   upload_id_ = xml_element(r.body, "UploadId").value_or("");
   if (upload_id_.empty()) fail(ErrorCode::kOutputFailed, url_ + ": starting the upload: the answer has no UploadId");
-  buffer_.resize(static_cast<std::size_t>(part_size_));
 }
 
 S3UploadSink::~S3UploadSink() { abort(); }
@@ -68,13 +67,12 @@ void S3UploadSink::write(const void* data, std::size_t n) {
   if (closed_) fail(ErrorCode::kInternal, url_ + ": write after the upload was closed");
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const std::size_t take = std::min(n, buffer_.size() - filled_);
-    std::memcpy(buffer_.data() + filled_, p, take);
-    filled_ += take;
+    const std::size_t take = std::min<std::size_t>(n, part_size_ - buffer_.size());
+    buffer_.insert(buffer_.end(), p, p + take);
     position_ += take;
     p += take;
     n -= take;
-    if (filled_ == buffer_.size()) upload_part();
+    if (buffer_.size() == part_size_) upload_part();
   }
 }
 
@@ -82,14 +80,15 @@ void S3UploadSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
   if (closed_) fail(ErrorCode::kInternal, url_ + ": write after the upload was closed");
   if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
   while (n > 0) {
-    const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(n, buffer_.size() - filled_));
-    src.read(pos, buffer_.data() + filled_, take);
+    const std::size_t filled = buffer_.size();
+    const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(n, part_size_ - filled));
+    buffer_.resize(filled + take);
+    src.read(pos, buffer_.data() + filled, take);
     if (src.data()) src.release(pos, take);  // mapped pages read are dropped as for a file sink
-    filled_ += take;
     position_ += take;
     pos += take;
     n -= take;
-    if (filled_ == buffer_.size()) upload_part();
+    if (buffer_.size() == part_size_) upload_part();
   }
 }
 
@@ -101,19 +100,19 @@ void S3UploadSink::upload_part() {
   S3Request req = request_for(where_, "PUT");
   req.query = {{"partNumber", std::to_string(number)}, {"uploadId", upload_id_}};
   req.body = buffer_.data();
-  req.body_size = filled_;
+  req.body_size = buffer_.size();
   S3Response r = send_write(req, url_, ("uploading part " + std::to_string(number)).c_str());
   auto etag = r.headers.find("etag");
   if (etag == r.headers.end() || etag->second.empty())
     fail(ErrorCode::kOutputFailed, url_ + ": part " + std::to_string(number) + ": the answer has no ETag");
   etags_.push_back(etag->second);
-  filled_ = 0;
+  buffer_.clear();  // keeps its capacity for the next part
 }
 
 void S3UploadSink::close() {
   if (closed_) return;
   // The last part may be short; an empty object is one empty part.
-  if (filled_ > 0 || etags_.empty()) upload_part();
+  if (!buffer_.empty() || etags_.empty()) upload_part();
   std::vector<char>().swap(buffer_);  // a closed upload keeps no buffer (a run may hold thousands)
   closed_ = true;
 }

@@ -30,8 +30,10 @@ inline constexpr uint64_t kS3MaxParts = 10000;
 // (whole MiB) when the object needs more than kS3MaxParts of those.
 uint64_t s3_part_size(uint64_t size);
 
-// Streams bytes into one multipart upload: a part buffer of part_size bytes
-// (the only memory it holds) goes up as one UploadPart whenever it is full.
+// Streams bytes into one multipart upload: a part buffer, growing to
+// part_size bytes (the only memory it holds: a file smaller than a part
+// holds only its size), goes up as one UploadPart whenever it is full.
+// One part is on the wire at a time, and the writer waits for it.
 class S3UploadSink final : public ByteSink {
  public:
   // Starts the upload (CreateMultipartUpload) of the object at `url`.
@@ -63,8 +65,7 @@ class S3UploadSink final : public ByteSink {
   std::string url_;
   std::string upload_id_;
   uint64_t part_size_;
-  std::vector<char> buffer_;
-  std::size_t filled_ = 0;
+  std::vector<char> buffer_;  // the part being filled
   uint64_t position_ = 0;
   std::vector<std::string> etags_;  // of parts 1, 2, ...
   bool closed_ = false;
