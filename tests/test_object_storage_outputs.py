@@ -287,6 +287,34 @@ def test_reshard_to_s3_writes_the_local_folder_metadata_last(run_s3, s3, moto, t
     assert open_uploads(s3) == []
 
 
+@pytest.mark.parametrize("src,args", [
+    (DCP, ["--layout", "hf", "--world-size", "2", "--only", "model"]),
+    (DCP, ["--layout", "fsdp-sharded-tensor", "--world-size", "2"]),
+    ("megatron/gpt_tp2pp2/ckpt", ["--layout", "megatron", "--world-size", "2"]),
+])
+def test_other_reshard_layouts_on_s3_are_the_local_folder(run_s3, s3, testdata, tmp_path, src, args):
+    prefix = f"layouts/{args[1]}"
+    remote = run_s3("reshard", testdata / src, "-o", f"s3://{BUCKET}/{prefix}", *args, "-q")
+    local = run_s3("reshard", testdata / src, "-o", tmp_path / "out", *args, "-q")
+    assert remote.returncode == 0, remote.stderr
+    assert local.returncode == 0, local.stderr
+    want = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert len(want) >= 2 and keys_under(s3, prefix + "/") == [f"{prefix}/{n}" for n in want]
+    for n in want:
+        if n != ".metadata":  # the output path and a random save id
+            assert fetch(s3, f"{prefix}/{n}") == (tmp_path / "out" / n).read_bytes(), n
+
+
+@pytest.mark.parametrize("src,args", [(DCP, ["--layout", "accelerate", "--world-size", "2"]),
+                                      ("zero/z1_bf16_ws2", ["--layout", "deepspeed-universal"]),
+                                      (DCP, ["--world-size", "2", "--part", "0/2"])])
+def test_reshard_outputs_not_written_to_s3_yet_are_refused_first(run_s3, s3, testdata, src, args):
+    r = run_s3("reshard", testdata / src, "-o", f"s3://{BUCKET}/refused/out", *args)
+    assert r.returncode == 4, r.stderr
+    assert "to s3:// is not supported yet" in r.stderr
+    assert keys_under(s3, "refused/") == [] and open_uploads(s3) == []
+
+
 def test_a_failed_marker_removes_the_published_rank_files(run_s3, s3, moto, testdata):
     proxy = serving(RuleProxy(moto, lambda method, path: "fail" if path.endswith("/.metadata") else None))
     try:
