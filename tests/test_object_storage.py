@@ -168,12 +168,11 @@ def test_missing_bucket_and_missing_key_exit_3_naming_them(run_s3):
     assert f"s3://{BUCKET}/testdata/not/there" in r.stderr
 
 
-@pytest.mark.parametrize("args", [["-o", f"s3://{BUCKET}/out/folder/"],
-                                  ["-o", f"s3://{BUCKET}/out/model.h5"],
+@pytest.mark.parametrize("args", [["-o", f"s3://{BUCKET}/out/model.h5"],
                                   ["-o", f"s3://{BUCKET}/out/model.safetensors", "--part", "0/2"]])
 def test_s3_outputs_not_written_yet_are_refused_before_anything_is_written(run_s3, moto, args):
-    """A folder output, HDF5 (libhdf5 writes a local file by name) and
-    --part shares: exit 4 naming what, and nothing in the bucket."""
+    """HDF5 (libhdf5 writes a local file by name) and --part shares: exit 4
+    naming what, and nothing in the bucket."""
     r = run_s3("consolidate", url("hf/sharded"), *args)
     assert r.returncode == 4, r.stderr
     assert "not supported yet" in r.stderr

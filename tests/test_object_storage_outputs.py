@@ -344,6 +344,38 @@ def test_reshard_with_force_replaces_the_folder_and_its_stale_rank_files(run_s3,
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+def test_an_hf_folder_on_s3_is_the_local_folder_config_last(run_s3, s3, moto, testdata, tmp_path):
+    proxy = serving(RuleProxy(moto, lambda method, path: None))
+    try:
+        remote = run_s3("consolidate", testdata / "hf/sharded", "-o", f"s3://{BUCKET}/hf-out/", "--dtype", "bf16", "-q",
+                        endpoint=proxy.endpoint)
+    finally:
+        proxy.shutdown()
+    local = run_s3("consolidate", testdata / "hf/sharded", "-o", f"{tmp_path}/hf-out/", "--dtype", "bf16", "-q")
+    assert remote.returncode == 0, remote.stderr
+    assert local.returncode == 0, local.stderr
+    want = sorted(p.name for p in (tmp_path / "hf-out").iterdir())
+    assert "config.json" in want and "model.safetensors" in want
+    assert keys_under(s3, "hf-out/") == [f"hf-out/{n}" for n in want]
+    for n in want:  # config.json says bfloat16, as the local one does
+        assert fetch(s3, f"hf-out/{n}") == (tmp_path / "hf-out" / n).read_bytes(), n
+    assert completions_and_puts(proxy.log)[-1].startswith("PUT /ckpts/hf-out/config.json")
+    again = run_s3("consolidate", testdata / "hf/sharded", "-o", f"s3://{BUCKET}/hf-out/", "--force")
+    assert again.returncode == 4 and "over an existing prefix" in again.stderr
+
+
+def test_a_failed_config_removes_the_hf_folders_weights(run_s3, s3, moto, testdata):
+    proxy = serving(RuleProxy(moto, lambda method, path: "fail" if path.endswith("/config.json") else None))
+    try:
+        r = run_s3("consolidate", testdata / "hf/sharded", "-o", f"s3://{BUCKET}/hf-failed/", endpoint=proxy.endpoint,
+                   env={"CKPTCONV_S3_MAX_ATTEMPTS": "1"})
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 4, r.stderr
+    assert "config.json: writing failed: HTTP 500 InternalError" in r.stderr
+    assert keys_under(s3, "hf-failed/") == [] and open_uploads(s3) == []
+
+
 def test_write_manifest_to_s3_is_the_manifest_validate_checks_against(run_s3, s3, testdata, tmp_path):
     r = run_s3("validate", testdata / DCP, "--write-manifest", f"s3://{BUCKET}/manifests/m.json")
     assert r.returncode == 0, r.stderr
