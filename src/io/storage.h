@@ -8,8 +8,9 @@
 //
 // A backend (object storage: s3://bucket/prefix, io/s3_backend.cc) is one file
 // implementing Storage: stat and list by prefix, open as a ByteSource doing
-// ranged reads, and the output side as multipart uploads published on
-// rename(). local_path() is optional: callers that need a local file
+// ranged reads. Outputs to object storage do not go through the calls
+// below (there is no rename to publish with): the output driver uploads
+// them (exec/parted_output.h, io/s3_upload.h). local_path() is optional: callers that need a local file
 // (copy_file_range, libhdf5) ask for it and fall back, or refuse by name,
 // when a backend has none. docs/architecture.md has the recipe.
 #pragma once
