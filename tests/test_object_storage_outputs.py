@@ -237,6 +237,29 @@ def test_ctrl_c_mid_upload_aborts_it(ckptconv, s3, moto, big):
     assert open_uploads(s3) == []
 
 
+def test_sigkill_mid_upload_leaves_no_object_only_an_open_upload(ckptconv, s3, moto, big):
+    """SIGKILL cannot be caught: the upload stays open (invisible; a bucket
+    lifecycle rule or `aws s3api abort-multipart-upload` removes it, as
+    docs/object-storage.md says), and no object appears."""
+    proxy = serving(RuleProxy(moto, lambda method, path: "hold" if part_number(path) == 2 else None))
+    try:
+        p = subprocess.Popen([str(ckptconv), "consolidate", str(big), "-o", f"s3://{BUCKET}/killed/out.pt"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=s3_env(proxy.endpoint))
+        assert proxy.held.wait(60), "part 2 never came"
+        p.kill()
+        p.communicate(timeout=60)
+    finally:
+        proxy.release.set()
+        proxy.shutdown()
+    assert p.returncode == -signal.SIGKILL
+    assert keys_under(s3, "killed/") == []
+    uploads = s3.list_multipart_uploads(Bucket=BUCKET, Prefix="killed/").get("Uploads", [])
+    assert [u["Key"] for u in uploads] == ["killed/out.pt"]
+    for u in uploads:
+        s3.abort_multipart_upload(Bucket=BUCKET, Key=u["Key"], UploadId=u["UploadId"])
+    assert open_uploads(s3) == []
+
+
 def dcp_tensors(folder: Path, tmp: Path) -> dict:
     """What torch's own DCP reader loads from `folder` (dcp_to_torch_save), flattened to name -> tensor."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
