@@ -130,6 +130,14 @@ def test_an_existing_object_is_refused_without_force_and_replaced_with_it(run_s3
     assert fetch(s3, key) == (tmp_path / "full.pt").read_bytes()
 
 
+def test_an_output_onto_its_own_s3_input_is_refused_even_with_force(run_s3, s3):
+    before = fetch(s3, "testdata/pt/dtypes.pt")
+    r = run_s3("convert", url("pt/dtypes.pt"), "-o", url("pt/dtypes.pt"), "--force")
+    assert r.returncode == 2, r.stderr
+    assert "the output would be the input" in r.stderr
+    assert fetch(s3, "testdata/pt/dtypes.pt") == before and open_uploads(s3) == []
+
+
 class RuleProxy(http.server.ThreadingHTTPServer):
     """Forwards to moto, recording "METHOD /path?query" in order; `rule`
     may answer a request itself instead: "fail" (500 InternalError) or
