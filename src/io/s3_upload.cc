@@ -68,6 +68,7 @@ void S3UploadSink::write(const void* data, std::size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     const std::size_t take = std::min<std::size_t>(n, part_size_ - buffer_.size());
+    reserve_for(take);
     buffer_.insert(buffer_.end(), p, p + take);
     position_ += take;
     p += take;
@@ -82,6 +83,7 @@ void S3UploadSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
   while (n > 0) {
     const std::size_t filled = buffer_.size();
     const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(n, part_size_ - filled));
+    reserve_for(take);
     buffer_.resize(filled + take);
     src.read(pos, buffer_.data() + filled, take);
     if (src.data()) src.release(pos, take);  // mapped pages read are dropped as for a file sink
@@ -90,6 +92,14 @@ void S3UploadSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
     n -= take;
     if (buffer_.size() == part_size_) upload_part();
   }
+}
+
+void S3UploadSink::reserve_for(std::size_t n) {
+  const std::size_t needed = buffer_.size() + n;
+  if (needed <= buffer_.capacity()) return;
+  // Doubling as a vector does, but never past the part size: a full part
+  // holds part_size bytes, not the next power of two.
+  buffer_.reserve(std::min<std::size_t>(part_size_, std::max(needed, 2 * buffer_.capacity())));
 }
 
 void S3UploadSink::upload_part() {

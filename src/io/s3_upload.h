@@ -59,6 +59,7 @@ class S3UploadSink final : public ByteSink {
   const std::string& url() const { return url_; }
 
  private:
+  void reserve_for(std::size_t n);
   void upload_part();
 
   S3Url where_;
