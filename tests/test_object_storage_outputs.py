@@ -25,7 +25,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from test_object_storage import BUCKET, KEY_ID, SECRET, UUID, moto, run_s3, s3_env, url  # noqa: F401 (fixtures)
+from test_object_storage import (BUCKET, KEY_ID, SECRET, UUID, FaultyProxy, moto, run_s3, s3_env,  # noqa: F401
+                                 url)
 
 DCP = "dcp/fsdp2_adamw_ws2"
 
@@ -113,6 +114,22 @@ def test_sharded_safetensors_publish_the_index_after_the_shards(run_s3, s3, moto
         assert fetch(s3, f"shards/{n}") == (tmp_path / n).read_bytes(), n
     published = completions_and_puts(proxy.log)
     assert len(published) == 3 and published[-1].startswith("PUT /ckpts/shards/m.safetensors.index.json")
+
+
+def test_throttled_and_dropped_uploads_are_retried(run_s3, s3, moto, big, tmp_path):
+    proxy = FaultyProxy(moto)  # every third request 503 SlowDown, every fifth connection dropped
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        r = run_s3("consolidate", big, "-o", f"s3://{BUCKET}/retried/out.pt", "-q",
+                   endpoint=f"http://127.0.0.1:{proxy.server_address[1]}")
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert proxy.faults["slowdown"] > 0 and proxy.faults["dropped"] > 0 and proxy.by_method.get("PUT", 0) > 3
+    local = run_s3("consolidate", big, "-o", tmp_path / "out.pt", "-q")
+    assert local.returncode == 0
+    assert fetch(s3, "retried/out.pt") == (tmp_path / "out.pt").read_bytes()
+    assert open_uploads(s3) == []
 
 
 def test_an_existing_object_is_refused_without_force_and_replaced_with_it(run_s3, s3, testdata, tmp_path):
