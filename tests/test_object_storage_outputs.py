@@ -157,7 +157,9 @@ def test_an_output_onto_its_own_s3_input_is_refused_even_with_force(run_s3, s3):
 
 class RuleProxy(http.server.ThreadingHTTPServer):
     """Forwards to moto, recording "METHOD /path?query" in order; `rule`
-    may answer a request itself instead: "fail" (500 InternalError) or
+    may answer a request itself instead: "fail" (500 InternalError), "412"
+    (PreconditionFailed), "drop" (the connection closed unanswered),
+    "forward_drop" (forwarded, the answer dropped) or
     "hold" (no answer until `release` is set; `held` says one arrived)."""
 
     def __init__(self, upstream: str, rule):
@@ -192,6 +194,26 @@ class RuleHandler(http.server.BaseHTTPRequestHandler):
             srv.release.wait(60)
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if action == "drop":  # never reaches the service
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if action == "forward_drop":  # the service acts on it; its answer is lost
+            conn = http.client.HTTPConnection(srv.upstream, timeout=30)
+            conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+            conn.getresponse().read()
+            conn.close()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if action == "412":
+            xml = b"<Error><Code>PreconditionFailed</Code><Message>At least one of the pre-conditions you " \
+                  b"specified did not hold</Message></Error>"
+            self.send_response(412)
+            self.send_header("Content-Length", str(len(xml)))
+            self.end_headers()
+            self.wfile.write(xml)
             return
         if action == "fail":
             xml = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
@@ -240,6 +262,56 @@ def test_a_failed_part_upload_leaves_no_object_and_no_open_upload(run_s3, s3, mo
     assert any(line.startswith("PUT /ckpts/failed/out.safetensors?partNumber=1") for line in proxy.log)
     assert any(line.startswith("DELETE /ckpts/failed/out.safetensors?uploadId=") for line in proxy.log)  # the abort
     assert keys_under(s3, "failed/") == []
+    assert open_uploads(s3) == []
+
+
+def test_a_completion_whose_answer_was_lost_is_recognised_on_the_retry(run_s3, s3, moto, big, tmp_path):
+    """The first CompleteMultipartUpload reaches the service and its answer
+    is lost; the retry finds the object there and gets 412 (If-None-Match:
+    *), as AWS answers. The object's ETag is the one this upload's parts
+    make, so the run succeeds instead of calling its own output someone
+    else's."""
+    completions = []
+
+    def rule(method, path):
+        if method == "POST" and "uploadId=" in path:
+            completions.append(path)
+            return "forward_drop" if len(completions) == 1 else "412"
+        return None
+    proxy = serving(RuleProxy(moto, rule))
+    try:
+        r = run_s3("consolidate", big, "-o", f"s3://{BUCKET}/lost-answer/out.pt", endpoint=proxy.endpoint)
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert len(completions) == 2
+    local = run_s3("consolidate", big, "-o", tmp_path / "out.pt", "-q")
+    assert fetch(s3, "lost-answer/out.pt") == (tmp_path / "out.pt").read_bytes()
+
+
+def test_an_object_another_writer_completed_meanwhile_is_not_taken_for_ours(run_s3, s3, moto, big):
+    """The first completion is dropped unsent; before the retry another
+    writer puts an object at the key. The retry's 412 is then a real
+    conflict (the ETag is not this upload's): "output exists", exit 2, the
+    other writer's object untouched and this upload aborted."""
+    completions = []
+
+    def rule(method, path):
+        if method == "POST" and "uploadId=" in path:
+            completions.append(path)
+            if len(completions) == 1:
+                return "drop"
+            s3.put_object(Bucket=BUCKET, Key="raced/out.pt", Body=b"the other writer's")
+            return "412"
+        return None
+    proxy = serving(RuleProxy(moto, rule))
+    try:
+        r = run_s3("consolidate", big, "-o", f"s3://{BUCKET}/raced/out.pt", endpoint=proxy.endpoint)
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 2, r.stderr
+    assert f"s3://{BUCKET}/raced/out.pt: output exists" in r.stderr
+    assert fetch(s3, "raced/out.pt") == b"the other writer's"
     assert open_uploads(s3) == []
 
 

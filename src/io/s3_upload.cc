@@ -1,6 +1,9 @@
 #include "io/s3_upload.h"
 
+#include <openssl/evp.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -14,7 +17,10 @@ namespace {
 // Sends a request of an output. A service that never answered is a write
 // that failed (exit 4), not an unreadable input as for reads; 412 is an
 // object that appeared at the name meanwhile.
-S3Response send_write(const S3Request& req, const std::string& url, const char* doing) {
+// `judge_lost_answers`: 412 and 404 are returned, for the caller to tell
+// apart from a try whose success was lost.
+S3Response send_write(const S3Request& req, const std::string& url, const char* doing,
+                      bool judge_lost_answers = false) {
   S3Response r;
   try {
     r = default_s3_client().send(req, url);
@@ -22,6 +28,7 @@ S3Response send_write(const S3Request& req, const std::string& url, const char* 
     if (e.code() != ErrorCode::kDataLoss) throw;
     fail(ErrorCode::kOutputFailed, e.message());
   }
+  if (judge_lost_answers && (r.status == 412 || r.status == 404)) return r;
   if (r.status == 412) fail_invalid(url + ": output exists (use --force to overwrite)");
   // CompleteMultipartUpload may answer 200 and still fail, in its body.
   const bool error_body = r.body.find("<Error>") != std::string::npos;
@@ -33,6 +40,35 @@ S3Response send_write(const S3Request& req, const std::string& url, const char* 
     fail(ErrorCode::kOutputFailed, url + ": " + doing + " failed: " + r.error_text());
   }
   return r;
+}
+
+// The ETag S3 gives an object completed from parts with these ETags (each
+// the quoted MD5 of its part): the MD5 of the parts' MD5s, "-", their
+// count. Empty when a part's ETag is no MD5 (encryption with KMS keys).
+std::string multipart_etag(const std::vector<std::string>& parts) {
+  std::string digests;
+  for (const auto& quoted : parts) {
+    std::string hex = quoted;
+    hex.erase(std::remove(hex.begin(), hex.end(), '"'), hex.end());
+    if (hex.size() != 32) return "";
+    for (std::size_t i = 0; i < 32; i += 2) {
+      char* end = nullptr;
+      const std::string byte = hex.substr(i, 2);
+      const long v = std::strtol(byte.c_str(), &end, 16);
+      if (end != byte.c_str() + 2) return "";
+      digests += static_cast<char>(v);
+    }
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(digests.data(), digests.size(), md, &len, EVP_md5(), nullptr);
+  static const char* kHex = "0123456789abcdef";
+  std::string out = "\"";
+  for (unsigned int i = 0; i < len; ++i) {
+    out += kHex[md[i] >> 4];
+    out += kHex[md[i] & 15];
+  }
+  return out + "-" + std::to_string(parts.size()) + "\"";
 }
 
 S3Request request_for(const S3Url& where, const char* method) {
@@ -141,8 +177,24 @@ void S3UploadSink::complete(bool overwrite) {
   if (!overwrite) req.headers.push_back("If-None-Match: *");
   req.body = body.data();
   req.body_size = body.size();
-  send_write(req, url_, "completing the upload");
+  S3Response r = send_write(req, url_, "completing the upload", /*judge_lost_answers=*/true);
+  // 412 (the object exists) or 404 NoSuchUpload: the object may be this
+  // upload, completed by a try whose answer was lost (libcurl itself resends
+  // a request whose reused connection died, so tries may say 1). Its ETag
+  // tells: the MD5 of this upload's parts' MD5s.
+  if ((r.status == 412 || r.status == 404) && !completed_by_this_upload()) {
+    if (r.status == 412) fail_invalid(url_ + ": output exists (use --force to overwrite)");
+    fail(ErrorCode::kOutputFailed, url_ + ": completing the upload failed: " + r.error_text());
+  }
   done_ = true;
+}
+
+bool S3UploadSink::completed_by_this_upload() const {
+  const std::string expected = multipart_etag(etags_);
+  if (expected.empty()) return false;
+  S3Request head = request_for(where_, "HEAD");
+  S3Response r = default_s3_client().send(head, url_);
+  return r.status == 200 && r.headers["etag"] == expected;
 }
 
 void S3UploadSink::abort() noexcept {

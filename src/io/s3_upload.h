@@ -60,6 +60,8 @@ class S3UploadSink final : public ByteSink {
 
  private:
   void reserve_for(std::size_t n);
+  // The object at the key is the one this upload's parts make (its ETag).
+  bool completed_by_this_upload() const;
   void upload_part();
 
   S3Url where_;
