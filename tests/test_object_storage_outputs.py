@@ -4,9 +4,12 @@ written to a bucket are the bytes the same command writes locally (fetched
 with boto3), and torch / safetensors / torch's DCP reader load them as the
 source's tensors. A file output is a multipart upload that appears only
 when complete: a failure injected mid-upload (by a proxy in front of moto)
-or Ctrl-C leaves no object and no open upload; a failure while publishing a
-folder removes the objects already published. An existing object is never
-replaced without --force. The fixtures (moto, run_s3, the credentials) are
+or Ctrl-C leaves no object and no open upload (SIGKILL: no object, the
+open upload left for a lifecycle rule); a failure while publishing a folder
+removes the objects already published; throttled and dropped uploads are
+retried, and a completion whose answer was lost is told from another
+writer's object by its ETag. An existing object is never replaced without
+--force. The fixtures (moto, run_s3, the credentials) are
 test_object_storage.py's."""
 
 from __future__ import annotations
