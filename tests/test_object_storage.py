@@ -3,8 +3,9 @@ loopback, over real HTTP: every read-side command on an s3:// copy of a
 checkpoint gives what it gives on the local copy (byte for byte for
 consolidate), validate --manifest across the two copies is 0, and the
 failures are clear errors with their exit codes: a missing bucket or key
-(3), an endpoint that refuses or never answers (3, within a minute), an
-s3:// output (4, not written yet). Throttling (503 SlowDown) and dropped
+(3), an endpoint that refuses or never answers (3, within a minute), the
+s3:// outputs not written yet (4; the others are
+test_object_storage_outputs.py's). Throttling (503 SlowDown) and dropped
 connections are retried: a fault-injecting proxy in front of moto proves it.
 Credentials appear in no message, log or output."""
 
@@ -167,9 +168,13 @@ def test_missing_bucket_and_missing_key_exit_3_naming_them(run_s3):
     assert f"s3://{BUCKET}/testdata/not/there" in r.stderr
 
 
-def test_s3_output_is_refused_before_anything_is_written(run_s3, moto):
-    r = run_s3("consolidate", url("hf/sharded"), "-o", f"s3://{BUCKET}/out/model.safetensors")
-    assert r.returncode == 4
+@pytest.mark.parametrize("args", [["-o", f"s3://{BUCKET}/out/model.h5"],
+                                  ["-o", f"s3://{BUCKET}/out/model.safetensors", "--part", "0/2"]])
+def test_s3_outputs_not_written_yet_are_refused_before_anything_is_written(run_s3, moto, args):
+    """HDF5 (libhdf5 writes a local file by name) and --part shares: exit 4
+    naming what, and nothing in the bucket."""
+    r = run_s3("consolidate", url("hf/sharded"), *args)
+    assert r.returncode == 4, r.stderr
     assert "not supported yet" in r.stderr
     keys = boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
                         region_name="us-east-1").list_objects_v2(Bucket=BUCKET, Prefix="out/")

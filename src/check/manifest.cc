@@ -6,6 +6,8 @@
 #include "io/byte_sink.h"
 #include "io/byte_source.h"
 #include "io/containment.h"
+#include "io/s3_upload.h"
+#include "io/s3_url.h"
 #include "model/ordered_json.h"
 
 namespace ckpt::check {
@@ -79,6 +81,8 @@ Manifest read_manifest(const std::string& path) {
 }
 
 void write_manifest(const Manifest& manifest, const std::string& path, bool force) {
+  if (is_s3_url(path))
+    return s3_put_object(path, manifest_to_json(manifest).dump(2) + "\n", force);  // one PUT: whole or absent
   auto sink = AtomicFileSink::create(path, force);
   sink->write(manifest_to_json(manifest).dump(2) + "\n");
   sink->finish();

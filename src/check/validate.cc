@@ -452,7 +452,6 @@ int ValidateReport::exit_code() const {
 ValidateReport validate_checkpoint(const std::string& src, const ValidateOptions& options) {
   if (options.expect_world_size == 0 || options.expect_world_size < -1)
     fail_invalid("--expect-world-size must be at least 1");
-  if (!options.write_manifest.empty()) refuse_remote_output(options.write_manifest);
   if (!options.write_manifest.empty() && !options.force && stat_path(options.write_manifest).exists())
     fail_invalid(options.write_manifest + ": output exists (use --force to overwrite)");
   return Validator(src, options).run();

@@ -1,6 +1,7 @@
 #include "exec/parted_output.h"
 
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "archive/zip_writer.h"
@@ -9,6 +10,9 @@
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 #include "io/part_sink.h"
+#include "io/s3_storage.h"
+#include "io/s3_upload.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 
 namespace ckpt {
@@ -48,9 +52,114 @@ class StagedFile final : public ByteSink {
   std::unique_ptr<AtomicFileSink> file_;
 };
 
+// File k of an s3:// output: its multipart upload, started on the first
+// byte as a StagedFile is made, so that a writer filling its files in order
+// holds one part buffer at a time.
+class UploadFile final : public ByteSink {
+ public:
+  UploadFile(std::string url, uint64_t part_size, std::function<void()> on_open)
+      : url_(std::move(url)), part_size_(part_size), on_open_(std::move(on_open)) {}
+  using ByteSink::write;
+  void write(const void* data, std::size_t n) override { open().write(data, n); }
+  uint64_t position() const override { return upload_ ? upload_->position() : 0; }
+  void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override { open().copy_from(src, pos, n); }
+  // Every byte uploaded, the object still invisible (an empty file too).
+  void close() { open().close(); }
+  void complete(bool overwrite) { open().complete(overwrite); }
+  const std::string& url() const { return url_; }
+
+ private:
+  S3UploadSink& open() {
+    if (!upload_) {
+      if (on_open_) on_open_();
+      upload_ = std::make_unique<S3UploadSink>(url_, part_size_);
+    }
+    return *upload_;
+  }
+
+  std::string url_;
+  uint64_t part_size_;
+  std::function<void()> on_open_;
+  std::unique_ptr<S3UploadSink> upload_;  // destroyed uncompleted: aborted
+};
+
+// write_whole for an s3:// OUT: every data file streamed into its own
+// multipart upload (no local copy), then, all of them written, completed in
+// order and the marker files put after them, the checkpoint's marker last.
+// An error or an interrupt before that aborts every upload (nothing was
+// visible); one while publishing also deletes the objects already
+// published.
+Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& options) {
+  if (!w.publishes_to_object_store())
+    fail(ErrorCode::kOutputFailed, options.path + ": writing a " + w.kind() +
+                                       " output to s3:// is not supported yet: write it locally and upload it "
+                                       "(docs/object-storage.md)");
+  if (!options.force) refuse_existing(w);
+  // Each file's exact size (no tensor bytes read) sets its part size: 10,000
+  // parts at most, so a file past 80 GB gets parts larger than 8 MiB.
+  const std::vector<uint64_t> sizes = output_sizes(w);
+  const std::size_t count = sizes.size();
+  std::vector<std::unique_ptr<UploadFile>> files;
+  std::size_t closed = 0;  // files [0, closed) are uploaded
+  for (std::size_t k = 0; k < count; ++k) {
+    std::function<void()> on_open;
+    if (w.fills_files_in_order())
+      on_open = [&, k] {
+        for (; closed < k; ++closed) files[closed]->close();
+      };
+    files.push_back(std::make_unique<UploadFile>(w.output_path(k), s3_part_size(sizes[k]), std::move(on_open)));
+  }
+  std::vector<ByteSink*> sinks;
+  for (auto& f : files) sinks.push_back(f.get());
+  w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
+    try {
+      write_unit(u, sink, zip, options.copy);
+    } catch (Error& e) {
+      e.add_context(w.output_path(u.file));
+      throw;
+    }
+  });
+  if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
+  for (; closed < count; ++closed) files[closed]->close();
+  const std::vector<MarkerFile> markers = w.marker_files();
+  check_interrupted();  // an interrupted job leaves nothing, even when its files are uploaded
+  // A folder output (DCP, rank files) replaced with --force: S3 cannot swap
+  // a prefix in one step as a local rename does. The old marker goes first,
+  // so that no reader takes the old folder for a checkpoint while its files
+  // are replaced one by one, and after the new marker the old objects the
+  // new output has no use for (a larger world size's rank files).
+  const std::vector<std::string> dests = w.destinations();
+  const bool folder = dests.size() == 1 && (count == 0 || dests[0] != w.output_path(0));
+  if (options.force)
+    for (const auto& m : markers)
+      if (!s3_delete_object(m.path))  // S3 answers 204 for a key that is not there
+        fail(ErrorCode::kOutputFailed, m.path + ": cannot remove the marker of the output --force replaces");
+  std::vector<std::string> published;
+  try {
+    for (auto& f : files) {
+      f->complete(options.force);
+      published.push_back(f->url());
+    }
+    for (const auto& m : markers) {
+      s3_put_object(m.path, m.bytes, options.force);
+      published.push_back(s3_url_string(parse_s3_url(m.path)));
+    }
+  } catch (const Error&) {
+    for (const auto& url : published) s3_delete_object(url);
+    throw;
+  }
+  if (options.force && folder) {
+    const std::set<std::string> kept(published.begin(), published.end());
+    for (const auto& url : s3_objects_below(dests[0]))
+      if (!kept.count(url)) s3_delete_object(url);
+  }
+  return {published, std::to_string(published.size()) + (published.size() == 1 ? " object" : " objects")};
+}
+
 }  // namespace
 
 Published write_whole(PartedWriter& w, const PartedOptions& options) {
+  if (is_s3_url(options.path)) return write_whole_to_object_store(w, options);
   if (!options.force) refuse_existing(w);
   // A scratch folder, never committed: its destructor removes it and
   // whatever is still in it. Its name is OUT's temporary name, so a run

@@ -34,6 +34,12 @@ struct Published {
   std::string what;                // for the log: "one file", "3 shards and the index", "12 files"
 };
 
+// A small file an output publishes beside its data files, by its bytes.
+struct MarkerFile {
+  std::string path;  // where it goes
+  std::string bytes;
+};
+
 // A format's writer, run over all of its files at once, emitting every
 // stored tensor in a fixed order. One class serves both drivers: a run by
 // one process (write_whole) and by many (write_parted), which give the
@@ -59,6 +65,15 @@ class PartedWriter {
   // place, all or nothing, never replacing what appeared meanwhile unless
   // `force`; says what it published.
   virtual Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) = 0;
+
+  // ---- an s3:// OUT (exec/parted_output.h's write_whole) ----
+  // Whether this writer publishes to object storage: its data files go to
+  // output_path(k) as multipart uploads, then marker_files().
+  virtual bool publishes_to_object_store() const { return false; }
+  // After the last run(): the files publish() adds beside the data files,
+  // in the order they are to appear, the one that makes the output a
+  // checkpoint for its reader last (DCP's .metadata, a safetensors index).
+  virtual std::vector<MarkerFile> marker_files() const { return {}; }
 };
 
 struct PartedOptions {

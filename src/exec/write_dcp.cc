@@ -208,6 +208,16 @@ Published DcpWriter::publish(const std::function<std::string(std::size_t)>& data
   });
 }
 
+std::vector<MarkerFile> DcpWriter::marker_files() const {
+  std::vector<MarkerFile> out;
+  for (const auto& file : side_files_) {  // Lightning's meta.pt: a few KB
+    SourcePtr from = open_file_source(file);
+    out.push_back({path_join(dir_, file_name(file)), from->read_string(0, static_cast<std::size_t>(from->size()))});
+  }
+  out.push_back({dir_ + "/.metadata", dcp::encode_metadata(metadata_, dir_, dcp::random_save_id())});
+  return out;
+}
+
 uint64_t DcpWriter::metadata_size() const { return dcp::encode_metadata(metadata_, dir_, std::string(36, '0')).size(); }
 
 }  // namespace ckpt

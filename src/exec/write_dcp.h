@@ -39,6 +39,9 @@ class DcpWriter final : public PartedWriter {
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
   bool fills_files_in_order() const override { return false; }
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
+  bool publishes_to_object_store() const override { return true; }
+  // The side files, then .metadata.
+  std::vector<MarkerFile> marker_files() const override;
   // The exact size of .metadata, after a run (its random save id has a fixed length).
   uint64_t metadata_size() const;
 

@@ -38,6 +38,7 @@ class DcpHfWriter final : public PartedWriter {
   std::string output_path(std::size_t k) const override { return dir_ + "/" + files_.at(k).file_name; }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
+  bool publishes_to_object_store() const override { return true; }  // no marker: the files are the checkpoint
   // The output rank file k holds.
   int rank_of(std::size_t k) const { return ranks_.at(k); }
 

@@ -20,6 +20,7 @@ class FlatWriter final : public PartedWriter {
   std::string output_path(std::size_t k) const override { return dir_ + "/" + plan_.files.at(k).path; }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
+  bool publishes_to_object_store() const override { return true; }  // no marker: the files are the checkpoint
 
  private:
   const fsdp_flat::FlatPlan& plan_;

@@ -80,6 +80,7 @@ class PtWriter final : public PartedWriter {
     if (durable) sync_directory_of(out_);
     return {destinations(), "one file"};
   }
+  bool publishes_to_object_store() const override { return true; }
 
  private:
   const CheckpointModel& model_;
@@ -137,6 +138,11 @@ class SafetensorsWriter final : public PartedWriter {
     std::vector<std::string> files = to;
     if (index) files.push_back(index->destination());
     return {files, to.size() > 1 ? std::to_string(to.size()) + " shards and the index" : std::string("one file")};
+  }
+  bool publishes_to_object_store() const override { return true; }
+  std::vector<MarkerFile> marker_files() const override {
+    if (plan_.index_json.empty()) return {};
+    return {{out_ + ".index.json", plan_.index_json}};
   }
 
  private:

@@ -53,6 +53,7 @@ class RankFilesWriter final : public PartedWriter {
   std::string output_path(std::size_t k) const override { return dir_ + "/" + names_.at(k); }
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
+  bool publishes_to_object_store() const override { return true; }  // no marker: the files are the checkpoint
 
  private:
   const CheckpointModel& model_;

@@ -272,8 +272,9 @@ class S3Storage final : public Storage {
 
   std::string resolved(const std::string& path) const override { return s3_url_string(parse_s3_url(path)); }
 
-  // The output side comes with multipart uploads (docs/object-storage.md);
-  // until then jobs refuse an s3:// output before writing, and these say so.
+  // Outputs are uploaded by the output driver (exec/parted_output.h,
+  // io/s3_upload.h), not staged in folders and renamed: these local-output
+  // steps have no meaning on a bucket, and say so if a job ever asks.
   bool make_directory(const std::string& dir) const override { refuse_output(dir); }
   bool remove(const std::string& path) const override {
     (void)path;
@@ -322,6 +323,14 @@ class S3Storage final : public Storage {
 const Storage& s3_storage() {
   static const S3Storage storage;
   return storage;
+}
+
+std::vector<std::string> s3_objects_below(const std::string& dir) {
+  const S3Url where = parse_s3_url(dir);
+  std::vector<std::string> out;
+  for (const auto& o : list_objects(where, where.key.empty() ? "" : where.key + "/", false, 0).objects)
+    out.push_back(s3_url_string({where.bucket, o.key}));
+  return out;
 }
 
 }  // namespace ckpt

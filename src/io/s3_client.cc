@@ -237,7 +237,9 @@ std::size_t on_header(char* data, std::size_t size, std::size_t count, void* use
 // libcurl calls this at least once a second, also while a request waits
 // on a silent server: Ctrl-C stops a transfer within a second instead of
 // after its timeouts and retries.
-int on_progress(void*, curl_off_t, curl_off_t, curl_off_t, curl_off_t) { return interrupted_signal() != 0 ? 1 : 0; }
+int on_progress(void* cleanup, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return interrupted_signal() != 0 && cleanup == nullptr ? 1 : 0;
+}
 
 bool retryable_status(const S3Response& r) {
   if (r.status == 429 || r.status >= 500) return true;
@@ -261,14 +263,14 @@ bool retryable_transport(CURLcode rc) {
 
 // "Full jitter" (AWS's architecture blog): a uniform wait in [0, 2^try x
 // 200 ms], capped at 10 s, so throttled workers do not retry in lockstep.
-void back_off(int attempt) {
+void back_off(int attempt, bool cleanup) {
   thread_local std::mt19937_64 rng(std::random_device{}());
   const double cap = std::min(10000.0, 200.0 * static_cast<double>(1u << std::min(attempt, 16)));
   std::uniform_real_distribution<double> wait(0.0, cap);
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::microseconds(static_cast<int64_t>(wait(rng) * 1000));
   while (std::chrono::steady_clock::now() < until) {  // in short naps, so that Ctrl-C is not kept waiting
-    check_interrupted();
+    if (!cleanup) check_interrupted();
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(until - std::chrono::steady_clock::now(),
                                                                               std::chrono::milliseconds(50)));
   }
@@ -315,6 +317,8 @@ HeaderList request_headers(const S3Request& req, const S3Config& config) {
   HeaderList list(nullptr, curl_slist_free_all);
   auto add = [&](const std::string& line) { list.reset(curl_slist_append(list.release(), line.c_str())); };
   for (const auto& line : req.headers) add(line);
+  // Not a form: libcurl's default type for a POSTFIELDS body would be stored as the object's.
+  if (req.method != "GET" && req.method != "HEAD") add("Content-Type: application/octet-stream");
   add("x-amz-content-sha256: " + sha256_hex(req.body, req.body_size));
   if (!config.credentials.session_token.empty()) add("x-amz-security-token: " + config.credentials.session_token);
   return list;
@@ -347,6 +351,7 @@ Attempt perform_once(const S3Request& req, const std::string& url, const S3Confi
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
   curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, req.cleanup ? h : nullptr);
   curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
   if (!range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, range.c_str());
   if (req.method == "HEAD") {
@@ -361,7 +366,7 @@ Attempt perform_once(const S3Request& req, const std::string& url, const S3Confi
     curl_easy_setopt(h, CURLOPT_USERNAME, config.credentials.access_key_id.c_str());
     curl_easy_setopt(h, CURLOPT_PASSWORD, config.credentials.secret_access_key.c_str());
   }
-  check_interrupted();
+  if (!req.cleanup) check_interrupted();
   in_flight.acquire();
   a.rc = curl_easy_perform(h);
   in_flight.release();
@@ -407,7 +412,7 @@ S3Response S3Client::send(const S3Request& req, const std::string& what) const {
       last_error = a.curl_error;
       if (!retryable_transport(a.rc) || !may_retry(attempt)) break;
     }
-    back_off(attempt);
+    back_off(attempt, req.cleanup);
   }
   // The URL without its query: a continuation token says nothing useful.
   fail_data_loss(what + ": " + req.method + " " + url.substr(0, url.find('?')) + " failed" +

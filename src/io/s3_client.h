@@ -63,6 +63,10 @@ struct S3Request {
   // instead of S3Response::body: ranged reads land in the caller's buffer.
   char* into = nullptr;
   std::size_t into_size = 0;
+  // Undoing an output after an error or Ctrl-C (aborting a multipart
+  // upload, deleting an object): sent even once the job was interrupted,
+  // which stops every other request.
+  bool cleanup = false;
 };
 
 struct S3Response {

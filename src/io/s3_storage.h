@@ -10,11 +10,19 @@
 // backend includes storage.h, so neither header includes the other.
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace ckpt {
 
 class Storage;
 
 // The backend storage_for() picks for every s3:// path.
 const Storage& s3_storage();
+
+// Every object below the prefix `dir` (s3://BUCKET/PREFIX, all levels), as
+// s3:// URLs, listed now (not the run's remembered listing): what an output
+// replaced with --force had that the new one does not.
+std::vector<std::string> s3_objects_below(const std::string& dir);
 
 }  // namespace ckpt

@@ -8,8 +8,9 @@
 //
 // A backend (object storage: s3://bucket/prefix, io/s3_backend.cc) is one file
 // implementing Storage: stat and list by prefix, open as a ByteSource doing
-// ranged reads, and the output side as multipart uploads published on
-// rename(). local_path() is optional: callers that need a local file
+// ranged reads. Outputs to object storage do not go through the calls
+// below (there is no rename to publish with): the output driver uploads
+// them (exec/parted_output.h, io/s3_upload.h). local_path() is optional: callers that need a local file
 // (copy_file_range, libhdf5) ask for it and fall back, or refuse by name,
 // when a backend has none. docs/architecture.md has the recipe.
 #pragma once
@@ -110,10 +111,10 @@ inline std::string resolved_path(const std::string& path) { return storage_for(p
 // An existing directory with nothing in it.
 inline bool is_empty_directory(const std::string& dir) { return is_directory(dir) && list_directory(dir).empty(); }
 
-// OutputFailed naming `path` when it is on a backend that cannot take
-// outputs yet (s3://: reading only, docs/object-storage.md), before anything
-// is written.
-void refuse_remote_output(const std::string& path);
+// OutputFailed naming `path` when it is on object storage (s3://) and
+// `what` (an output kind: "a folder output", "--part") cannot go there yet
+// (docs/object-storage.md), before anything is written.
+void refuse_remote_output(const std::string& path, const std::string& what);
 
 // Makes `dir` the directory relative paths start from (finalize reruns a
 // --part request where its workers ran); false when it cannot.

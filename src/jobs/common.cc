@@ -11,6 +11,7 @@
 #include "formats/detect.h"
 #include "formats/source_traits.h"
 #include "io/disk_space.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 #include "model/validate.h"
 #include "pickle/framework_objects.h"
@@ -157,7 +158,16 @@ void check_output_is_not_input(const std::string& output, const CheckpointModel&
 void check_output_place(const std::string& output, bool directory) {
   namespace fs = std::filesystem;
   if (output.empty()) fail_invalid("no output given (-o OUT)");
-  refuse_remote_output(output);
+  if (is_s3_url(output)) {
+    // A bucket has no folders to make or to be in the way: the URL's form
+    // is all there is to check (a missing bucket fails the first request).
+    if (parse_s3_url(output).key.empty())
+      fail_invalid(output + ": an output needs a key after the bucket (s3://BUCKET/KEY)");
+    if (!directory && output.back() == '/')
+      fail_invalid(output + ": names a folder (it ends in '/'); give the object to write, e.g. -o " + output +
+                   "model.safetensors");
+    return;
+  }
   if (!directory && (output.back() == '/' || is_directory(output))) {
     std::string dir = output.back() == '/' ? output : output + "/";
     fail_invalid(output + (is_directory(output) ? ": is a directory" : ": names a directory (it ends in '/')") +

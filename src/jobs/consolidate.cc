@@ -8,6 +8,7 @@
 #include "core/units.h"
 #include "exec/parted_output.h"
 #include "exec/write_output.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 #include "jobs/output_folder.h"
 #include "model/describe.h"
@@ -99,7 +100,10 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   const CommonOptions& opt = req.common;
   const JobOptions job = settle(opt);
   std::string directory;  // -o DIR/: the folder the file goes into, created when missing
+  if (!req.part.empty()) refuse_remote_output(req.output, "--part shares");
   if (is_output_directory(req.output)) {
+    // A new prefix only: S3 has no rename to swap a folder with, nor to add files to one all at once.
+    if (is_directory(req.output)) refuse_remote_output(req.output, "a folder output over an existing prefix");
     directory = req.output;
     if (req.format.empty()) req.format = "safetensors";
   } else {
@@ -114,6 +118,8 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     if (!is_directory(req.config_from)) fail_invalid("--config-from " + req.config_from + ": not a directory");
   }
   OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
+  // libhdf5 writes a file by name.
+  if (!output_format_info(format).parted) refuse_remote_output(req.output, "an HDF5 file (libhdf5 needs a local file)");
   if (!directory.empty()) check_format_options(req, format);
   CheckpointModel model = read_selected(opt);
   CreatedDirectories created;            // --part into -o DIR/: the parts' folder
@@ -124,7 +130,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     if (output_format_info(format).shards && req.max_shard_size.empty())
       req.max_shard_size = std::to_string(kHuggingFaceShardSize);
     if (!opt.dry_run && !req.part.empty()) created = CreatedDirectories(directory);
-    if (!opt.dry_run && req.part.empty())
+    if (!opt.dry_run && req.part.empty() && !is_s3_url(directory))
       folder = std::make_unique<OutputFolder>(directory, file, opt.force, !opt.no_fsync);
     spdlog::info("{} is a directory: writing {}", directory, req.output);
   }
@@ -193,7 +199,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     files = write_output(model, format, output);
   }
   parents.keep();
-  if (folder) {
+  if (folder || is_s3_url(directory)) {
     std::optional<DType> config_dtype = job.cast_to;
     std::vector<std::string> side_files = model.info.side_files;
     if (!req.config_from.empty()) {
@@ -201,8 +207,12 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
       // A config from elsewhere says the dtype of the weights written beside it.
       if (!config_dtype) config_dtype = written_float_dtype(model);
     }
-    folder->publish(side_files, config_dtype);
-    for (auto& f : files) f = folder->published_path(f);
+    if (folder) {
+      folder->publish(side_files, config_dtype);
+      for (auto& f : files) f = folder->published_path(f);
+    } else {
+      publish_side_objects(directory, side_files, config_dtype, files);
+    }
   }
   if (files.size() > 1)
     report.summary = "wrote " + files.back() + " and " + std::to_string(files.size() - 1) + " shards (" +

@@ -36,12 +36,14 @@ const std::vector<LayoutInfo>& reshard_layouts() {
        .help = "an Accelerate checkpoint folder: pytorch_model_fsdp_0/ and optimizer_0/ as DCP, its other files "
                "copied",
        .part = false,
+       .object_store = false,
        .write = write_accelerate_layout},
       {.name = "deepspeed-universal",
        .help = "a DeepSpeed universal checkpoint, DST = <root>/<tag>_universal, which a DeepSpeed engine with "
                "load_universal loads at any world size; <root>/latest_universal names it, unless one exists: see "
                "--update-latest",
        .world_size = WorldSizeRule::kAny,
+       .object_store = false,
        .write = write_universal_layout},
       {.name = "fsdp1-flat",
        .help = "FSDP1's LOCAL_STATE_DICT model files and raw optimizer files per rank, from FSDP1 flat-parameter "

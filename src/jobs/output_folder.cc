@@ -10,6 +10,8 @@
 #include "formats/safetensors/safetensors_reader.h"
 #include "io/byte_sink.h"
 #include "io/byte_source.h"
+#include "io/s3_upload.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
 
@@ -93,6 +95,7 @@ CreatedDirectories::CreatedDirectories(const std::string& dir) {
 }
 
 CreatedDirectories CreatedDirectories::parents_of(const std::string& path) {
+  if (is_s3_url(path)) return CreatedDirectories();  // keys need no folders
   const fs::path parent = fs::path(without_trailing_slashes(path)).parent_path();
   return parent.empty() ? CreatedDirectories() : CreatedDirectories(parent.string());
 }
@@ -145,6 +148,35 @@ std::vector<std::string> file_family_in(const std::string& dir, const std::strin
   for (const DirEntry& e : list_directory(dir))
     if (e.name == file || e.name == file + ".index.json" || is_shard(e.name)) out.push_back(e.name);
   return out;
+}
+
+std::vector<std::string> publish_side_objects(const std::string& dir, const std::vector<std::string>& side_files,
+                                              std::optional<DType> config_dtype,
+                                              const std::vector<std::string>& published) {
+  std::vector<std::string> ordered = side_files;
+  std::stable_partition(ordered.begin(), ordered.end(),
+                        [](const std::string& f) { return fs::path(f).filename() != "config.json"; });
+  std::vector<std::string> put;
+  try {
+    for (const auto& side : ordered) {
+      const std::string to = without_trailing_slashes(dir) + "/" + fs::path(side).filename().string();
+      if (EntryStat st = stat_path(side); !st.is_file() || st.size > kMaxSideFile) {
+        log::warn(side + ": not copied into " + dir + " (" + (st.is_file() ? "larger than 256 MiB" : "not a file") +
+                  ")");
+        continue;
+      }
+      std::optional<std::string> bytes;
+      if (config_dtype && fs::path(side).filename() == "config.json") bytes = recast_config(side, *config_dtype);
+      if (!bytes) bytes = read_small_file(side, kMaxSideFile);
+      s3_put_object(to, *bytes, false);
+      put.push_back(to);
+    }
+  } catch (const Error&) {
+    for (const auto& url : put) s3_delete_object(url);
+    for (const auto& url : published) s3_delete_object(url);
+    throw;
+  }
+  return put;
 }
 
 OutputFolder::OutputFolder(const std::string& dir, const std::string& file, bool force, bool durable)

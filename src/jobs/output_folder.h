@@ -54,6 +54,16 @@ std::vector<std::string> side_files_with_config_from(const std::string& dir2,
 // The names in `dir` of `file`'s family (see above), sorted.
 std::vector<std::string> file_family_in(const std::string& dir, const std::string& file);
 
+// -o s3://BUCKET/DIR/, a prefix with no objects yet: after the weights
+// (`published`, their objects, index last) the side files are put beside
+// them as OutputFolder::publish copies them (config.json recast to
+// `config_dtype`), config.json last, which makes the folder a model for
+// from_pretrained. On failure every object of `published` and of the side
+// files is deleted again. Returns the side files' URLs.
+std::vector<std::string> publish_side_objects(const std::string& dir, const std::vector<std::string>& side_files,
+                                              std::optional<DType> config_dtype,
+                                              const std::vector<std::string>& published);
+
 class OutputFolder {
  public:
   // InvalidArgument when DIR holds the family and !force (nothing is made then).

@@ -430,6 +430,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   const LayoutInfo& layout = req.layout.empty() ? default_layout(model) : *find_layout(req.layout);
   if (layout.world_size == WorldSizeRule::kRequired && !req.world_size)
     fail_invalid("--world-size N is required (the number of ranks to write)");
+  if (!layout.object_store) refuse_remote_output(req.output, "--layout " + std::string(layout.name));
+  if (!req.part.empty()) refuse_remote_output(req.output, "--part shares");
   if (!layout.part && !req.part.empty())
     fail_invalid("--part: not available for --layout " + std::string(layout.name) + "; use --layout dcp");
   auto backend = choose_backend(job, job.cast_to || job.optim_cast_to);

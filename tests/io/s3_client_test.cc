@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "io/s3_client.h"
+#include "io/s3_upload.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
 
@@ -132,4 +133,16 @@ TEST_CASE("credentials and region come from the environment, else AWS_PROFILE's 
   CHECK(c.endpoint == "http://minio:9000");
   CHECK(c.path_style);  // a custom endpoint: path-style
   fs::remove_all(dir);
+}
+
+TEST_CASE("s3 part sizes are 8 MiB until an object needs more than 10,000 of them", "[io][s3]") {
+  const uint64_t mib = 1u << 20;
+  CHECK(s3_part_size(0) == 8 * mib);
+  CHECK(s3_part_size(80000 * mib) == 8 * mib);  // exactly 10,000 parts of 8 MiB
+  CHECK(s3_part_size(80000 * mib + 1) == 9 * mib);
+  const uint64_t tib = mib * mib;
+  const uint64_t part = s3_part_size(tib);  // 1 TiB: 105 MiB parts
+  CHECK(part == 105 * mib);
+  CHECK((tib + part - 1) / part <= kS3MaxParts);
+  CHECK(part % mib == 0);
 }

@@ -1,0 +1,240 @@
+#include "io/s3_upload.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/s3_client.h"
+
+namespace ckpt {
+
+namespace {
+
+// Sends a request of an output. A service that never answered is a write
+// that failed (exit 4), not an unreadable input as for reads; 412 is an
+// object that appeared at the name meanwhile.
+// `judge_lost_answers`: 412 and 404 are returned, for the caller to tell
+// apart from a try whose success was lost.
+S3Response send_write(const S3Request& req, const std::string& url, const char* doing,
+                      bool judge_lost_answers = false) {
+  S3Response r;
+  try {
+    r = default_s3_client().send(req, url);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDataLoss) throw;
+    fail(ErrorCode::kOutputFailed, e.message());
+  }
+  if (judge_lost_answers && (r.status == 412 || r.status == 404)) return r;
+  if (r.status == 412) fail_invalid(url + ": output exists (use --force to overwrite)");
+  // CompleteMultipartUpload may answer 200 and still fail, in its body.
+  const bool error_body = r.body.find("<Error>") != std::string::npos;
+  if (r.status < 200 || r.status >= 300 || error_body) {
+    if (r.status == 403 || r.status == 401)
+      fail(ErrorCode::kOutputFailed, url + ": access denied while " + doing + " (" + r.error_text() +
+                                         "); check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE) and the "
+                                         "bucket's policy");
+    fail(ErrorCode::kOutputFailed, url + ": " + doing + " failed: " + r.error_text());
+  }
+  return r;
+}
+
+// The ETag S3 gives an object completed from parts with these ETags (each
+// the quoted MD5 of its part): the MD5 of the parts' MD5s, "-", their
+// count. Empty when a part's ETag is no MD5 (encryption with KMS keys).
+std::string multipart_etag(const std::vector<std::string>& parts) {
+  std::string digests;
+  for (const auto& quoted : parts) {
+    std::string hex = quoted;
+    hex.erase(std::remove(hex.begin(), hex.end(), '"'), hex.end());
+    if (hex.size() != 32) return "";
+    for (std::size_t i = 0; i < 32; i += 2) {
+      char* end = nullptr;
+      const std::string byte = hex.substr(i, 2);
+      const long v = std::strtol(byte.c_str(), &end, 16);
+      if (end != byte.c_str() + 2) return "";
+      digests += static_cast<char>(v);
+    }
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(digests.data(), digests.size(), md, &len, EVP_md5(), nullptr);
+  static const char* kHex = "0123456789abcdef";
+  std::string out = "\"";
+  for (unsigned int i = 0; i < len; ++i) {
+    out += kHex[md[i] >> 4];
+    out += kHex[md[i] & 15];
+  }
+  return out + "-" + std::to_string(parts.size()) + "\"";
+}
+
+S3Request request_for(const S3Url& where, const char* method) {
+  S3Request req;
+  req.method = method;
+  req.bucket = where.bucket;
+  req.key = where.key;
+  return req;
+}
+
+}  // namespace
+
+uint64_t s3_part_size(uint64_t size) {
+  const uint64_t mib = 1u << 20;
+  const uint64_t needed = (size + kS3MaxParts - 1) / kS3MaxParts;
+  return std::max(kS3MinPartSize, (needed + mib - 1) / mib * mib);
+}
+
+S3UploadSink::S3UploadSink(const std::string& url, uint64_t part_size)
+    : where_(parse_s3_url(url)), url_(s3_url_string(where_)), part_size_(part_size) {
+  if (where_.key.empty()) fail_invalid(url_ + ": an output needs a key after the bucket (s3://BUCKET/KEY)");
+  S3Request req = request_for(where_, "POST");
+  req.query = {{"uploads", ""}};
+  S3Response r = send_write(req, url_, "starting the upload");
+  upload_id_ = xml_element(r.body, "UploadId").value_or("");
+  if (upload_id_.empty()) fail(ErrorCode::kOutputFailed, url_ + ": starting the upload: the answer has no UploadId");
+}
+
+S3UploadSink::~S3UploadSink() { abort(); }
+
+void S3UploadSink::write(const void* data, std::size_t n) {
+  if (closed_) fail(ErrorCode::kInternal, url_ + ": write after the upload was closed");
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const std::size_t take = std::min<std::size_t>(n, part_size_ - buffer_.size());
+    reserve_for(take);
+    buffer_.insert(buffer_.end(), p, p + take);
+    position_ += take;
+    p += take;
+    n -= take;
+    if (buffer_.size() == part_size_) upload_part();
+  }
+}
+
+void S3UploadSink::copy_from(const ByteSource& src, uint64_t pos, uint64_t n) {
+  if (closed_) fail(ErrorCode::kInternal, url_ + ": write after the upload was closed");
+  if (pos > src.size() || n > src.size() - pos) fail_data_loss(src.describe() + ": copy range past the end");
+  while (n > 0) {
+    const std::size_t filled = buffer_.size();
+    const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(n, part_size_ - filled));
+    reserve_for(take);
+    buffer_.resize(filled + take);
+    src.read(pos, buffer_.data() + filled, take);
+    if (src.data()) src.release(pos, take);  // mapped pages read are dropped as for a file sink
+    position_ += take;
+    pos += take;
+    n -= take;
+    if (buffer_.size() == part_size_) upload_part();
+  }
+}
+
+void S3UploadSink::reserve_for(std::size_t n) {
+  const std::size_t needed = buffer_.size() + n;
+  if (needed <= buffer_.capacity()) return;
+  // Doubling as a vector does, but never past the part size: a full part
+  // holds part_size bytes, not the next power of two.
+  buffer_.reserve(std::min<std::size_t>(part_size_, std::max(needed, 2 * buffer_.capacity())));
+}
+
+void S3UploadSink::upload_part() {
+  const std::size_t number = etags_.size() + 1;
+  if (number > kS3MaxParts)
+    fail(ErrorCode::kOutputFailed, url_ + ": more than " + std::to_string(kS3MaxParts) + " parts of " +
+                                       std::to_string(part_size_) + " bytes (the output grew past its plan)");
+  S3Request req = request_for(where_, "PUT");
+  req.query = {{"partNumber", std::to_string(number)}, {"uploadId", upload_id_}};
+  req.body = buffer_.data();
+  req.body_size = buffer_.size();
+  S3Response r = send_write(req, url_, ("uploading part " + std::to_string(number)).c_str());
+  auto etag = r.headers.find("etag");
+  if (etag == r.headers.end() || etag->second.empty())
+    fail(ErrorCode::kOutputFailed, url_ + ": part " + std::to_string(number) + ": the answer has no ETag");
+  etags_.push_back(etag->second);
+  buffer_.clear();  // keeps its capacity for the next part
+}
+
+void S3UploadSink::close() {
+  if (closed_) return;
+  // The last part may be short; an empty object is one empty part.
+  if (!buffer_.empty() || etags_.empty()) upload_part();
+  std::vector<char>().swap(buffer_);  // a closed upload keeps no buffer (a run may hold thousands)
+  closed_ = true;
+}
+
+void S3UploadSink::complete(bool overwrite) {
+  close();
+  std::string body = "<CompleteMultipartUpload>";
+  for (std::size_t i = 0; i < etags_.size(); ++i) {
+    std::string etag;
+    for (char c : etags_[i]) etag += c == '"' ? std::string("&quot;") : std::string(1, c);
+    body += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etag + "</ETag></Part>";
+  }
+  body += "</CompleteMultipartUpload>";
+  S3Request req = request_for(where_, "POST");
+  req.query = {{"uploadId", upload_id_}};
+  if (!overwrite) req.headers.push_back("If-None-Match: *");
+  req.body = body.data();
+  req.body_size = body.size();
+  S3Response r = send_write(req, url_, "completing the upload", /*judge_lost_answers=*/true);
+  // 412 (the object exists) or 404 NoSuchUpload: the object may be this
+  // upload, completed by a try whose answer was lost (libcurl itself resends
+  // a request whose reused connection died, so tries may say 1). Its ETag
+  // tells: the MD5 of this upload's parts' MD5s.
+  if ((r.status == 412 || r.status == 404) && !completed_by_this_upload()) {
+    if (r.status == 412) fail_invalid(url_ + ": output exists (use --force to overwrite)");
+    fail(ErrorCode::kOutputFailed, url_ + ": completing the upload failed: " + r.error_text());
+  }
+  done_ = true;
+}
+
+bool S3UploadSink::completed_by_this_upload() const {
+  const std::string expected = multipart_etag(etags_);
+  if (expected.empty()) return false;
+  S3Request head = request_for(where_, "HEAD");
+  S3Response r = default_s3_client().send(head, url_);
+  return r.status == 200 && r.headers["etag"] == expected;
+}
+
+void S3UploadSink::abort() noexcept {
+  if (done_) return;
+  done_ = true;
+  try {
+    S3Request req = request_for(where_, "DELETE");
+    req.query = {{"uploadId", upload_id_}};
+    req.cleanup = true;
+    S3Response r = default_s3_client().send(req, url_);
+    if (r.status != 204 && r.status != 200 && r.status != 404)
+      log::warn(url_ + ": cannot abort the unfinished upload (" + r.error_text() +
+                "); the bucket's lifecycle rule for incomplete multipart uploads removes its parts");
+  } catch (const std::exception& e) {
+    log::warn(url_ + ": cannot abort the unfinished upload (" + std::string(e.what()) +
+              "); the bucket's lifecycle rule for incomplete multipart uploads removes its parts");
+  }
+}
+
+void s3_put_object(const std::string& url, const std::string& bytes, bool overwrite) {
+  const S3Url where = parse_s3_url(url);
+  S3Request req = request_for(where, "PUT");
+  if (!overwrite) req.headers.push_back("If-None-Match: *");
+  req.body = bytes.data();
+  req.body_size = bytes.size();
+  send_write(req, s3_url_string(where), "writing");
+}
+
+bool s3_delete_object(const std::string& url) noexcept {
+  try {
+    const S3Url where = parse_s3_url(url);
+    S3Request req = request_for(where, "DELETE");
+    req.cleanup = true;
+    S3Response r = default_s3_client().send(req, s3_url_string(where));
+    if (r.status == 204 || r.status == 200) return true;
+    log::warn(s3_url_string(where) + ": cannot remove it again (" + r.error_text() + ")");
+  } catch (const std::exception& e) {
+    log::warn(url + ": cannot remove it again (" + std::string(e.what()) + ")");
+  }
+  return false;
+}
+
+}  // namespace ckpt
