@@ -69,6 +69,7 @@ class Planner {
     }
     UniversalPlan out;
     if (ep_ > 1) count_experts(*module);
+    if (!model_.info.parallel) warn_unknown_expert_parallelism(*module);
     std::set<std::string> written;
     std::map<std::size_t, std::string> owner_of;  // tensor index -> the first name it has
     for (const auto& [k, v] : module->entries) {
@@ -221,6 +222,21 @@ class Planner {
       int& n = num_experts_[x->prefix];
       n = std::max(n, x->id + 1);
     }
+  }
+
+  // A source that does not record the expert-parallel size (a consolidated
+  // file, DCP) but names DeepSpeed experts: written by global id, which an
+  // engine at ep_size 1 loads; at ep > 1 every rank would read the folders
+  // of its local ids, rank 0's experts.
+  void warn_unknown_expert_parallelism(const Value& module) const {
+    for (const auto& [k, v] : module.entries)
+      if (zero::parse_expert_name(path_component(*k))) {
+        log::warn(model_.source + " names DeepSpeed MoE experts ('" + path_component(*k).substr(0, 200) +
+                  "') but does not record the expert-parallel size: the universal checkpoint keys them by global "
+                  "id, which loads right into an engine at ep_size 1 only; reshard the DeepSpeed checkpoint "
+                  "itself to load at ep_size > 1");
+        return;
+      }
   }
 
   // Local experts per expert-parallel rank of x's MoE layer.
