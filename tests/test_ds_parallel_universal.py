@@ -210,3 +210,20 @@ def test_moe_without_a_recorded_expert_parallel_size_is_warned(tmp_path, run_ckp
     assert r.returncode == 0, r.stderr
     assert "does not record the expert-parallel size" in r.stderr and "ep_size 1 only" in r.stderr
     assert (tmp_path / TAG / "zero" / f"{EXPERT}3.weight" / "fp32.pt").exists()
+
+
+def test_moe_universal_checkpoint_split_across_processes_is_the_same_bytes(tmp_path, run_ckptconv):
+    """--part 0/2 and 1/2 write the stacked expert tensors (chunks of two
+    experts in one record) byte for byte as one process does."""
+    case = "moe_z2_bf16_ws4_ep2"
+    whole = write_ucp(run_ckptconv, case, tmp_path / "whole")
+    (tmp_path / "parted").mkdir()
+    parted = tmp_path / "parted" / TAG
+    for i in (0, 1):
+        r = run_ckptconv("reshard", PARALLEL / case, "-o", parted, "--layout", "deepspeed-universal", "--part", f"{i}/2")
+        assert r.returncode == 0, r.stderr
+    files = sorted(str(p.relative_to(whole)) for p in whole.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(parted)) for p in parted.rglob("*") if p.is_file())
+    assert any("deepspeed_experts.1.weight" in f for f in files)
+    for f in files:
+        assert (whole / f).read_bytes() == (parted / f).read_bytes(), f
