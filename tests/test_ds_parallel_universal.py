@@ -227,3 +227,19 @@ def test_moe_universal_checkpoint_split_across_processes_is_the_same_bytes(tmp_p
     assert any("deepspeed_experts.1.weight" in f for f in files)
     for f in files:
         assert (whole / f).read_bytes() == (parted / f).read_bytes(), f
+
+
+def test_a_stacked_expert_file_of_the_wrong_size_is_named(tmp_path, run_ckptconv):
+    """A stacked expert file must hold one entry per expert-parallel rank
+    (4 experts in param_shapes over 2 local folders: 2); one holding 3 is
+    exit 3 naming the file, nothing written."""
+    ucp = write_ucp(run_ckptconv, "moe_z1_fp32_ws2_ep2", tmp_path / "ours")
+    f = ucp / "zero" / f"{EXPERT}1.weight" / "exp_avg.pt"
+    d = torch.load(f, weights_only=True)
+    d["param"] = torch.cat([d["param"], d["param"][:1]])
+    torch.save(d, f)
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", ucp, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert str(f) in r.stderr and "has shape (3, 8, 8), not 2 experts stacked" in r.stderr
+    assert not out.exists()
