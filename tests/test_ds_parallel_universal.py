@@ -248,3 +248,20 @@ def test_a_stacked_expert_file_of_the_wrong_size_is_named(tmp_path, run_ckptconv
     assert r.returncode == 3, r.stderr
     assert str(f) in r.stderr and "has shape (3, 8, 8), not 2 experts stacked" in r.stderr
     assert not out.exists()
+
+
+def test_moe_universal_checkpoint_resharded_again_is_stacked_the_same(tmp_path, run_ckptconv):
+    """Read back, the stacked folders say the expert-parallel size, so the
+    universal checkpoint written from it has the same zero/ tree, byte for byte."""
+    first = write_ucp(run_ckptconv, "moe_z1_fp32_ws2_ep2", tmp_path / "first")
+    (tmp_path / "again").mkdir()
+    again = tmp_path / "again" / TAG
+    r = run_ckptconv("reshard", first, "-o", again, "--layout", "deepspeed-universal")
+    assert r.returncode == 0, r.stderr
+    assert "does not record the expert-parallel size" not in r.stderr
+    files = sorted(str(p.relative_to(first)) for p in (first / "zero").rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(again)) for p in (again / "zero").rglob("*") if p.is_file())
+    for f in files:
+        assert (first / f).read_bytes() == (again / f).read_bytes(), f
+    r = run_ckptconv("inspect", first)
+    assert "expert 2" in r.stdout

@@ -95,6 +95,9 @@ class UniversalReader {
     if (ValuePtr dp = states_.root->get("dp_world_size"); dp && dp->is(Kind::kInt) && dp->int_value > 0)
       ws = int(dp->int_value);
     model.info.world_sizes = {ws};
+    // Stacked experts say the expert-parallel size: writing this checkpoint
+    // as a universal checkpoint again stacks them the same way.
+    if (expert_parallel_ > 1) model.info.parallel = ParallelDegrees{.data = ws, .expert = expert_parallel_};
     model.facts["saved_at_world_size"] = std::to_string(ws);
     if (ValuePtr v = optim_.root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
     model.facts["tag"] = fs::path(dir_).filename().string();
@@ -228,6 +231,7 @@ class UniversalReader {
                                             ": an expert parameter stacked over expert-parallel ranks, but the "
                                             "checkpoint's param_shapes do not name the experts it stacks");
       take_stacked(t, *slot, d, out_name);
+      expert_parallel_ = std::max(expert_parallel_, slot->count);
     }
     if (shape && t.shape != *shape) {
       // ds_to_universal's ZeRO-3 files hold the parameter flat: its elements
@@ -490,6 +494,7 @@ class UniversalReader {
   std::map<std::string, std::set<std::string>> folders_;    // zero/<fqn>/ -> its file stems
   // MoE, per expert name without its id: the ids param_shapes names, the ids with a folder
   std::optional<std::map<std::string, std::pair<std::set<int>, std::set<int>>>> expert_counts_;
+  int expert_parallel_ = 1;  // the entries of the stacked expert files read
 };
 
 }  // namespace
