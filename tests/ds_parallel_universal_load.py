@@ -4,11 +4,11 @@
 Run by tests/test_ds_parallel_universal.py with the DeepSpeed side environment
 (``.venv-deepspeed``; CPU, gloo), never by the project venv:
 
-    .venv-deepspeed/bin/python tests/ds_parallel_universal_load.py CASE LOAD_DIR TAG PP DP OUT.pt
+    .venv-deepspeed/bin/python tests/ds_parallel_universal_load.py CASE LOAD_DIR TAG PP DP OUT.pt [EP]
 
 CASE is a case of tools/make_zero_parallel_checkpoints.py: its model
 (``layer_specs()`` as a ``PipelineModule`` of PP stages, or ``MoENet`` at the
-case's expert-parallel size), ds_config (with DP data-parallel ranks per
+case's expert-parallel size, or EP), ds_config (with DP data-parallel ranks per
 stage), optimizer groups and batches are imported from there, nothing is
 copied. PP x DP ranks are spawned (MoE: PP is 1 and DP is the world size);
 each builds the engine with ``"checkpoint": {"load_universal": true}`` and
@@ -71,7 +71,7 @@ def merged(ws: int, mine: dict) -> dict:
     return out
 
 
-def pipe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp: int, out: str) -> None:
+def pipe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp: int, out: str, ep=None) -> None:
     import deepspeed
     from deepspeed.pipe import PipelineModule
     c = dict(gen.CASES[name], pp=pp, dp=dp)
@@ -93,12 +93,13 @@ def pipe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp
                     "skipped_steps": engine.skipped_steps}, out)
 
 
-def moe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp: int, out: str) -> None:
+def moe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp: int, out: str, ep=None) -> None:
     import deepspeed
     from deepspeed.moe.layer import MoE
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
     from deepspeed.utils import groups
     c = dict(gen.CASES[name], dp=dp)
+    c["ep"] = ep or c["ep"]
     lp_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[c["dtype"]]
     torch.manual_seed(gen.SEED + 1)
     net = gen.MoENet(c["ep"])
@@ -123,10 +124,10 @@ def moe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp:
 
 
 def main(argv) -> None:
-    name, load_dir, tag, pp, dp, out = argv
+    name, load_dir, tag, pp, dp, out, *ep = argv
     pp, dp = int(pp), int(dp)
     job = {"pipe": pipe_job, "moe": moe_job}[gen.CASES[name]["kind"]]
-    spawn(pp * dp, job, name, load_dir, tag, pp, dp, out)
+    spawn(pp * dp, job, name, load_dir, tag, pp, dp, out, int(ep[0]) if ep else None)
 
 
 if __name__ == "__main__":

@@ -265,3 +265,17 @@ def test_moe_universal_checkpoint_resharded_again_is_stacked_the_same(tmp_path, 
         assert (first / f).read_bytes() == (again / f).read_bytes(), f
     r = run_ckptconv("inspect", first)
     assert "expert 2" in r.stdout
+
+
+@needs_deepspeed
+def test_moe_universal_checkpoint_at_another_ep_size_is_refused_by_deepspeed(tmp_path, run_ckptconv):
+    """The stacked files are for the source's ep_size: an engine at ep_size 1
+    stops at its own check (two experts stacked where it wants one), never
+    loads other experts' values."""
+    write_ucp(run_ckptconv, "moe_z1_fp32_ws2_ep2", tmp_path / "ours")
+    cmd = [str(DS_PY), str(REPO / "tests" / "ds_parallel_universal_load.py"), "moe_z1_fp32_ws2_ep2",
+           str(tmp_path / "ours"), TAG, "1", "2", str(tmp_path / "ep1.pt"), "1"]
+    r = subprocess.run(cmd, env=ds_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "full param numel 128 != tensor slice numel 64" in r.stdout + r.stderr
+    assert not (tmp_path / "ep1.pt").exists()
