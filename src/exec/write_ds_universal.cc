@@ -17,6 +17,29 @@ namespace fs = std::filesystem;
 using ds_universal::UniversalFile;
 using ds_universal::UniversalPlan;
 
+// Tensors `parts` of the model (one shape and dtype) as one tensor stacked
+// along a new first dimension: each part's chunks at its index there. No
+// byte is moved; the copy engine reads each part's chunks as before.
+TensorEntry stacked(const CheckpointModel& model, const std::vector<std::size_t>& parts) {
+  const TensorEntry& first = model.tensors.at(parts.at(0));
+  TensorEntry out = first;
+  out.chunks.clear();
+  out.shape.insert(out.shape.begin(), int64_t(parts.size()));
+  for (std::size_t e = 0; e < parts.size(); ++e) {
+    const TensorEntry& t = model.tensors.at(parts[e]);
+    if (t.shape != first.shape || t.dtype != first.dtype)
+      fail(ErrorCode::kInternal,
+           "stacking " + t.name + " " + shape_str(t.shape) + " onto " + first.name + " " + shape_str(first.shape));
+    for (TensorChunk c : t.chunks) {
+      c.offsets.insert(c.offsets.begin(), int64_t(e));
+      c.strides.insert(c.strides.begin(), int64_t(std::max<uint64_t>(1, c.numel())));
+      c.sizes.insert(c.sizes.begin(), 1);
+      out.chunks.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
 // Per file, the tensors as the copy engine reads them: the model's, cast to
 // the file's dtype (fp32 for the per-parameter files). Literal sources
 // (a Python int step) have an unused placeholder.
@@ -25,7 +48,9 @@ std::vector<std::vector<TensorEntry>> sources_of(const CheckpointModel& model, c
   for (std::size_t k = 0; k < plan.files.size(); ++k) {
     const UniversalFile& f = plan.files[k];
     for (std::size_t i = 0; i < f.tensors.size(); ++i) {
-      TensorEntry t = f.sources[i].literal ? TensorEntry{} : model.tensors.at(f.sources[i].model_tensor);
+      TensorEntry t = f.sources[i].literal            ? TensorEntry{}
+                      : !f.sources[i].stacked.empty() ? stacked(model, f.sources[i].stacked)
+                                                      : model.tensors.at(f.sources[i].model_tensor);
       if (!f.sources[i].literal && f.tensors[i].dtype != t.dtype) t.out_dtype = f.tensors[i].dtype;
       out[k].push_back(std::move(t));
     }

@@ -110,3 +110,36 @@ TEST_CASE("what a universal checkpoint cannot hold is refused before anything is
   model.root = Value::dict({{str("model"), Value::dict({{str("w"), t(0)}})}});
   CHECK_THROWS_WITH(plan_universal(model, 1), Catch::Contains("'model' and 'optim'"));
 }
+
+TEST_CASE("a MoE checkpoint at ep 2: each local expert's files stack the expert-parallel ranks' experts",
+          "[formats][ds_universal]") {
+  CheckpointModel model = read_checkpoint(testdata("zero_parallel/moe_z2_bf16_ws4_ep2"));
+  REQUIRE(model.info.parallel);
+  REQUIRE(model.info.parallel->expert == 2);
+  UniversalPlan plan = plan_universal(model, 4);
+  CHECK(plan.params == 13);  // 5 dense + 4 experts x (weight, bias)
+  const std::string e = "zero/moe.deepspeed_moe.experts.deepspeed_experts.";
+  std::set<std::string> paths;
+  for (const auto& f : plan.files) paths.insert(f.path);
+  CHECK(paths.count(e + "1.weight/fp32.pt") == 1);
+  CHECK(paths.count(e + "2.weight/fp32.pt") == 0);  // global ids >= 2 live in folders 0 and 1
+  CHECK(paths.count(e + "3.bias/exp_avg.pt") == 0);
+
+  const UniversalFile& fp32 = file_named(plan, e + "1.weight/fp32.pt");
+  CHECK(keys(*fp32.root) == std::vector<std::string>{"cat_dim", "param", "is_expert_param", "ep_num_experts"});
+  CHECK(fp32.root->get("is_expert_param")->bool_value);
+  CHECK(fp32.root->get("ep_num_experts")->int_value == 2);
+  REQUIRE(fp32.tensors.size() == 1);
+  CHECK(fp32.tensors[0].shape == Shape{2, 8, 8});
+  CHECK(fp32.tensors[0].dtype == DType::kFloat32);
+  // local expert 1 of rank 0 is global 1, of rank 1 global 3
+  std::vector<std::string> stacked;
+  for (std::size_t i : fp32.sources[0].stacked) stacked.push_back(model.tensors.at(i).name);
+  CHECK(stacked == std::vector<std::string>{"model.moe.deepspeed_moe.experts.deepspeed_experts.1.weight",
+                                            "model.moe.deepspeed_moe.experts.deepspeed_experts.3.weight"});
+  const UniversalFile& avg = file_named(plan, e + "0.bias/exp_avg.pt");
+  CHECK(avg.tensors.at(0).shape == Shape{2, 8});
+  const UniversalFile& step = file_named(plan, e + "0.bias/step.pt");
+  CHECK(tensor_ref_index(*step.root));
+  CHECK(file_named(plan, "zero/inp.weight/fp32.pt").sources.at(0).stacked.empty());
+}

@@ -15,6 +15,7 @@
 #include "formats/latest_file.h"
 #include "formats/pyobj.h"
 #include "formats/torch_pt/pt_reader.h"
+#include "formats/zero/moe_experts.h"
 #include "formats/zero/zero_files.h"
 #include "io/containment.h"
 #include "io/storage.h"
@@ -94,6 +95,9 @@ class UniversalReader {
     if (ValuePtr dp = states_.root->get("dp_world_size"); dp && dp->is(Kind::kInt) && dp->int_value > 0)
       ws = int(dp->int_value);
     model.info.world_sizes = {ws};
+    // Stacked experts say the expert-parallel size: writing this checkpoint
+    // as a universal checkpoint again stacks them the same way.
+    if (expert_parallel_ > 1) model.info.parallel = ParallelDegrees{.data = ws, .expert = expert_parallel_};
     model.facts["saved_at_world_size"] = std::to_string(ws);
     if (ValuePtr v = optim_.root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
     model.facts["tag"] = fs::path(dir_).filename().string();
@@ -163,16 +167,72 @@ class UniversalReader {
     return (fs::path(dir_) / "zero" / name / (key + ".pt")).string();
   }
 
+  // MoE experts stacked by local index (ckptconv's universal checkpoints of
+  // a run at expert-parallel size ep > 1, ds_universal_writer.h): folder
+  // deepspeed_experts.i holds global experts i, L + i, ... along a new first
+  // dimension, L the folders of the layer. Global expert g is entry g / L of
+  // folder g % L. nullopt: `name` is read as it is.
+  struct StackedSlot {
+    std::string folder;
+    int entry = 0;
+    int count = 0;  // the entries the file must hold (ep)
+  };
+  std::optional<StackedSlot> stacked_slot(const std::string& name) {
+    std::optional<zero::ExpertName> x = zero::parse_expert_name(name);
+    if (!x) return std::nullopt;
+    if (!expert_counts_) {  // once: a scan per name would be quadratic
+      expert_counts_.emplace();
+      for (const auto& [n, shape] : shapes_)
+        if (auto y = zero::parse_expert_name(n)) (*expert_counts_)[y->prefix + '\0' + y->rest].first.insert(y->id);
+      for (const auto& [n, files] : folders_)
+        if (auto y = zero::parse_expert_name(n)) (*expert_counts_)[y->prefix + '\0' + y->rest].second.insert(y->id);
+    }
+    auto it = expert_counts_->find(x->prefix + '\0' + x->rest);
+    if (it == expert_counts_->end()) return std::nullopt;
+    const int n = int(it->second.first.size()), l = int(it->second.second.size());
+    if (l == 0 || l >= n || n % l != 0) return std::nullopt;
+    return StackedSlot{x->with_id(x->id % l), x->id / l, n / l};
+  }
+
+  // Entry `slot.entry` of a stacked expert tensor `t` (its first dimension).
+  void take_stacked(TensorEntry& t, const StackedSlot& slot, const Decoded& d, const std::string& out_name) const {
+    if (t.shape.empty() || t.shape[0] != slot.count || t.chunks.size() != 1)
+      fail_data_loss(d.path + ": '" + out_name + "' has shape " + shape_str(t.shape) + ", not " +
+                     std::to_string(slot.count) + " experts stacked");
+    TensorChunk& c = t.chunks[0];
+    c.storage_offset += int64_t(slot.entry) * c.strides[0];
+    c.offsets.erase(c.offsets.begin());
+    c.sizes.erase(c.sizes.begin());
+    c.strides.erase(c.strides.begin());
+    t.shape.erase(t.shape.begin());
+  }
+
+  static bool is_expert_file(const Decoded& d) {
+    const Value& root = zero::as_dict(*d.root);
+    ValuePtr flag = root.is(Kind::kDict) ? root.get("is_expert_param") : nullptr;
+    return flag && flag->is(Kind::kBool) && flag->bool_value;
+  }
+
   // Tensor `key` of parameter `name` (its folder's <key>.pt), shaped `shape`
   // when the file holds it flat (ZeRO-3); nullopt without the file.
   std::optional<std::size_t> param_tensor(CheckpointModel& model, const std::string& name, const std::string& key,
                                           const std::optional<Shape>& shape, const std::string& out_name) {
-    auto f = folders_.find(name);
+    std::optional<StackedSlot> slot = stacked_slot(name);
+    const std::string folder = slot ? slot->folder : name;
+    auto f = folders_.find(folder);
     if (f == folders_.end() || !f->second.count(key)) return std::nullopt;
-    Decoded d = decode_tensor_file(file_of(name, key), problems_);
+    Decoded d = decode_tensor_file(file_of(folder, key), problems_);
     files_.push_back(d.path);
     std::size_t idx = zero::copy_tensor(model, d, tensor_value(d), out_name);
     TensorEntry& t = model.tensors[idx];
+    if (is_expert_file(d)) {
+      if (!slot)
+        fail(ErrorCode::kUnimplemented, d.path +
+                                            ": an expert parameter stacked over expert-parallel ranks, but the "
+                                            "checkpoint's param_shapes do not name the experts it stacks");
+      take_stacked(t, *slot, d, out_name);
+      expert_parallel_ = std::max(expert_parallel_, slot->count);
+    }
     if (shape && t.shape != *shape) {
       // ds_to_universal's ZeRO-3 files hold the parameter flat: its elements
       // as the shape param_shapes gives (add_range refuses anything not flat).
@@ -323,7 +383,8 @@ class UniversalReader {
         if (!step) step = saved_step(model, name);
         if (step) per_param->entries.emplace_back(Value::str("step"), make_tensor_ref(*step));
         std::vector<std::string> keys;
-        for (const auto& k : folders_.at(name))
+        std::optional<StackedSlot> slot = stacked_slot(name);
+        for (const auto& k : folders_.at(slot ? slot->folder : name))
           if (k != "fp32" && k != "step") keys.push_back(k);
         std::stable_sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
           auto rank = [](const std::string& k) { return k == "exp_avg" ? 0 : k == "exp_avg_sq" ? 1 : 2; };
@@ -431,6 +492,9 @@ class UniversalReader {
   std::unordered_map<std::string, ValuePtr> module_index_;
   std::optional<std::map<int64_t, ValuePtr>> step_states_;  // optimizer_state_dict.state by sub-group
   std::map<std::string, std::set<std::string>> folders_;    // zero/<fqn>/ -> its file stems
+  // MoE, per expert name without its id: the ids param_shapes names, the ids with a folder
+  std::optional<std::map<std::string, std::pair<std::set<int>, std::set<int>>>> expert_counts_;
+  int expert_parallel_ = 1;  // the entries of the stacked expert files read
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "formats/zero/moe_experts.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::ds_universal {
@@ -40,7 +41,10 @@ void require_component(const std::string& name, const std::string& what) {
 
 class Planner {
  public:
-  Planner(const CheckpointModel& model, int world_size) : model_(model), world_size_(world_size) {}
+  Planner(const CheckpointModel& model, int world_size)
+      : model_(model),
+        world_size_(world_size),
+        ep_(model.info.parallel ? std::max(1, model.info.parallel->expert) : 1) {}
 
   UniversalPlan plan() {
     ValuePtr root = mapping_of(model_.root);
@@ -64,6 +68,8 @@ class Planner {
       states.emplace(k->text, v);
     }
     UniversalPlan out;
+    if (ep_ > 1) count_experts(*module);
+    if (!model_.info.parallel) warn_unknown_expert_parallelism(*module);
     std::set<std::string> written;
     std::map<std::size_t, std::string> owner_of;  // tensor index -> the first name it has
     for (const auto& [k, v] : module->entries) {
@@ -81,6 +87,15 @@ class Planner {
         buffers_.push_back(name);
       else if (t.frozen)
         frozen_.emplace_back(name, t.shape);
+      if (std::optional<zero::ExpertName> x = ep_ > 1 ? zero::parse_expert_name(name) : std::nullopt) {
+        // Written once per local index, from every expert-parallel rank's expert of that index.
+        const int local = local_experts(*x);
+        const bool has_state = states.count(name) > 0;
+        if (has_state) trainable_.emplace(name, t.shape);
+        ++(has_state ? out.params : out.others);
+        if (x->id < local) expert_files(out, *x, local, states);
+        continue;
+      }
       if (auto s = states.find(name); s != states.end()) {
         trainable_.emplace(name, t.shape);
         param_files(out, name, *index, s->second);
@@ -95,6 +110,7 @@ class Planner {
         ++out.others;
       }
     }
+    for (const auto& [name, index] : index_of_) states.erase(name);  // MoE experts: written above
     if (!states.empty())
       fail_invalid(model_.source + ": optim.state has '" + states.begin()->first.substr(0, 200) +
                    "', which is not a tensor of model");
@@ -135,7 +151,7 @@ class Planner {
   ValuePtr add(UniversalFile& f, std::size_t index, std::optional<DType> dtype = DType::kFloat32) const {
     const TensorEntry& t = model_.tensors.at(index);
     f.tensors.push_back({dtype.value_or(t.output_dtype()), t.shape});
-    f.sources.push_back({index, false, {}});
+    f.sources.push_back({index, false, {}, {}});
     return make_tensor_ref(f.tensors.size() - 1);
   }
 
@@ -145,7 +161,7 @@ class Planner {
     std::string bytes(4, '\0');
     for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>(bits >> (8 * i) & 0xff);  // torch.save's little-endian
     f.tensors.push_back({DType::kFloat32, {}});
-    f.sources.push_back({0, true, bytes});
+    f.sources.push_back({0, true, bytes, {}});
     return make_tensor_ref(f.tensors.size() - 1);
   }
 
@@ -192,6 +208,116 @@ class Planner {
             ": a universal checkpoint holds per-parameter states of the parameter's shape");
       sliced(key, *index);
     }
+  }
+
+  // MoE: how many experts each MoE layer (expert name prefix) has, from the
+  // global ids the model's names carry.
+  void count_experts(const Value& module) {
+    for (const auto& [k, v] : module.entries) {
+      std::string name = path_component(*k);
+      auto index = tensor_ref_index(*v);
+      std::optional<zero::ExpertName> x = zero::parse_expert_name(name);
+      if (!index || !x) continue;
+      index_of_.emplace(name, *index);
+      int& n = num_experts_[x->prefix];
+      n = std::max(n, x->id + 1);
+    }
+  }
+
+  // A source that does not record the expert-parallel size (a consolidated
+  // file, DCP) but names DeepSpeed experts: written by global id, which an
+  // engine at ep_size 1 loads; at ep > 1 every rank would read the folders
+  // of its local ids, rank 0's experts.
+  void warn_unknown_expert_parallelism(const Value& module) const {
+    for (const auto& [k, v] : module.entries)
+      if (zero::parse_expert_name(path_component(*k))) {
+        log::warn(model_.source + " names DeepSpeed MoE experts ('" + path_component(*k).substr(0, 200) +
+                  "') but does not record the expert-parallel size: the universal checkpoint keys them by global "
+                  "id, which loads right into an engine at ep_size 1 only; reshard the DeepSpeed checkpoint "
+                  "itself to load at ep_size > 1");
+        return;
+      }
+  }
+
+  // Local experts per expert-parallel rank of x's MoE layer.
+  int local_experts(const zero::ExpertName& x) const {
+    const int n = num_experts_.at(x.prefix);
+    if (n % ep_ != 0)
+      fail(ErrorCode::kUnimplemented, model_.source + ": " + std::to_string(n) + " experts under '" + x.prefix +
+                                          "' do not divide over expert-parallel size " + std::to_string(ep_));
+    return n / ep_;
+  }
+
+  // zero/<x with local id x.id>/: each file the stack of the ep experts
+  // x.id, local + x.id, ... (see plan_universal in the header).
+  void expert_files(UniversalPlan& out, const zero::ExpertName& x, int local,
+                    const std::map<std::string, ValuePtr>& states) {
+    std::vector<std::string> names;
+    std::vector<std::size_t> params;
+    for (int e = 0; e < ep_; ++e) {
+      names.push_back(x.with_id(e * local + x.id));
+      auto it = index_of_.find(names.back());
+      if (it == index_of_.end())
+        fail(ErrorCode::kNotFound, model_.source + ": '" + names.back() + "' (expert " +
+                                       std::to_string(e * local + x.id) + " of '" + x.prefix + "') is missing");
+      params.push_back(it->second);
+    }
+    const std::string dir = "zero/" + x.with_id(x.id) + "/";
+    auto expert_dict = [&](UniversalFile& f, const std::vector<std::size_t>& parts, bool sliced) {
+      auto d = Value::dict({});
+      if (sliced) d->entries.emplace_back(Value::str("cat_dim"), Value::integer(0));
+      d->entries.emplace_back(Value::str("param"), add_stacked(f, parts));
+      d->entries.emplace_back(Value::str("is_expert_param"), Value::boolean(true));
+      d->entries.emplace_back(Value::str("ep_num_experts"), Value::integer(ep_));
+      return d;
+    };
+    auto first = states.find(names[0]);
+    if (first == states.end()) {  // frozen: what ds_to_universal writes for those, never loaded
+      UniversalFile f = file(dir + "fp32.pt");
+      f.root = expert_dict(f, params, false);
+      push(out, std::move(f));
+      return;
+    }
+    UniversalFile fp32 = file(dir + "fp32.pt");
+    fp32.root = expert_dict(fp32, params, true);
+    push(out, std::move(fp32));
+    const Value& state = *mapping_of(first->second);
+    if (!state.is(Kind::kDict)) fail_invalid(model_.source + ": optim.state." + names[0] + " is not a dict");
+    for (const auto& [k, v] : state.entries) {
+      const std::string key = path_component(*k);
+      require_component(key, "optimizer state key of '" + names[0] + "'");
+      if (v->is(Kind::kNone)) continue;
+      UniversalFile f = file(dir + key + ".pt");
+      if (key == "step") {  // one per param group: the first expert's
+        f.root = step_value(f, *v);
+        if (!f.root) fail_invalid(model_.source + ": optim.state." + names[0] + ".step is not a number");
+        push(out, std::move(f));
+        continue;
+      }
+      std::vector<std::size_t> parts;
+      for (const auto& n : names) {
+        auto s = states.find(n);
+        ValuePtr m = s == states.end() ? nullptr : mapping_of(s->second);
+        ValuePtr t = m && m->is(Kind::kDict) ? m->get(key) : nullptr;
+        auto index = t ? tensor_ref_index(*t) : std::nullopt;
+        if (key == "fp32" || !index || model_.tensors.at(*index).shape != model_.tensors.at(params[0]).shape)
+          fail_invalid(model_.source + ": optim.state." + n + "." + key +
+                       " is not a tensor of the parameter's shape: a universal checkpoint holds per-parameter "
+                       "states of the parameter's shape");
+        parts.push_back(*index);
+      }
+      f.root = expert_dict(f, parts, true);
+      push(out, std::move(f));
+    }
+  }
+
+  // Tensors `parts` of the model stacked as one fp32 tensor of f.
+  ValuePtr add_stacked(UniversalFile& f, const std::vector<std::size_t>& parts) const {
+    Shape shape = model_.tensors.at(parts[0]).shape;
+    shape.insert(shape.begin(), int64_t(parts.size()));
+    f.tensors.push_back({DType::kFloat32, shape});
+    f.sources.push_back({parts[0], false, {}, parts});
+    return make_tensor_ref(f.tensors.size() - 1);
   }
 
   // The step of group g: its first parameter's.
@@ -313,6 +439,9 @@ class Planner {
 
   const CheckpointModel& model_;
   int world_size_;
+  int ep_;                                                   // expert-parallel size the source records
+  std::map<std::string, int> num_experts_;                   // MoE: per expert name prefix
+  std::map<std::string, std::size_t> index_of_;              // MoE: expert entry name -> tensor
   std::map<std::string, Shape> trainable_;                   // parameters with optimizer state
   std::vector<ValuePtr> param_shapes_;                       // per param group: {fqn: torch.Size}
   std::vector<std::pair<std::string, Shape>> frozen_;        // frozen parameters, module order

@@ -41,6 +41,10 @@ struct TensorSource {
   std::size_t model_tensor = 0;
   bool literal = false;
   std::string bytes;  // literal: the little-endian bytes
+  // Nonempty: these tensors of the model (of one shape and dtype) stacked
+  // along a new first dimension, one per expert-parallel rank (MoE experts,
+  // see plan_universal); model_tensor is the first.
+  std::vector<std::size_t> stacked;
 };
 
 // One torch.save file of the tree. Its archive folder is the file's stem
@@ -65,6 +69,18 @@ struct UniversalPlan {
   uint64_t tensor_bytes = 0;
 };
 
+// MoE (deepspeed.moe) at expert-parallel size ep > 1 (the source records
+// it): DeepSpeed 0.19.8's universal load looks each parameter up by the name
+// the loading rank's module gives it, and an expert is named there by its
+// local index (deepspeed_experts.0 .. L-1 on every expert-parallel rank, L =
+// num_experts / ep). So expert i's files hold, stacked along a new first
+// dimension, the values of global experts i, L + i, ..., (ep - 1)L + i, with
+// 'is_expert_param': True and 'ep_num_experts': ep, which the loader
+// (universal_checkpoint.py load_hp_checkpoint_state) slices by its own
+// expert-parallel rank: such a checkpoint loads at any data-parallel size
+// with the same ep (at another ep the loader's own checks refuse it). No
+// folder is written under a global name >= L.
+//
 // The plan for `model`, read from a source written at `source_world_size`
 // ranks (the model states' dp_world_size). InvalidArgument naming the entry
 // when the state dict is not a full training state dict keyed by FQN (an
