@@ -9,6 +9,7 @@
 #include "exec/parted_output.h"
 #include "exec/write_output.h"
 #include "io/storage.h"
+#include "jobs/model_map.h"
 #include "jobs/output_folder.h"
 #include "model/describe.h"
 #include "plan/select.h"
@@ -115,7 +116,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   }
   OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
   if (!directory.empty()) check_format_options(req, format);
-  CheckpointModel model = read_selected(opt);
+  CheckpointModel model = apply_requested_map(read_selected(opt), req.map, req.config_from, opt.only);
   CreatedDirectories created;            // --part into -o DIR/: the parts' folder
   std::unique_ptr<OutputFolder> folder;  // -o DIR/: the folder, published whole
   if (!directory.empty()) {
