@@ -45,9 +45,10 @@ CLI::App* register_write_command(CLI::App& app, const char* name, const char* de
       ->group(kOutputGroup);
   sub->add_option("--map", req->map,
                   "--config-from: rename and re-lay the model's tensors as the config's architecture expects "
-                  "(docs/maps.md): a built-in map (" + jobs::builtin_map_names() +
-                  "), a map file, or none (names kept); default: the built-in map for the source kind and the "
-                  "config's architectures, with --only model")
+                  "(docs/maps.md): a built-in map (" +
+                      jobs::builtin_map_names() +
+                      "), a map file, or none (names kept); default: the built-in map for the source kind and the "
+                      "config's architectures, with --only model")
       ->type_name("NAME|FILE|none")
       ->group(kOutputGroup);
   sub->add_option("--compression", req->compression, "HDF5: compress datasets (shuffle + deflate)")

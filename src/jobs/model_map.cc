@@ -32,8 +32,10 @@ HfConfig read_config(const std::string& dir) {
   const auto j = parse_checkpoint_json(read_small_file(c.path, kMaxConfigBytes), c.path);
   if (!j.is_object()) fail_data_loss(c.path + ": not a JSON object");
   for (const auto& [k, v] : j.items()) {
-    if (v.is_number_integer()) c.fields[k] = v.get<int64_t>();
-    else if (v.is_boolean()) c.fields[k] = v.get<bool>() ? 1 : 0;
+    if (v.is_number_integer())
+      c.fields[k] = v.get<int64_t>();
+    else if (v.is_boolean())
+      c.fields[k] = v.get<bool>() ? 1 : 0;
     else if (k == "architectures" && v.is_array())
       for (const auto& a : v)
         if (a.is_string()) c.architectures.push_back(a.get<std::string>());
@@ -51,8 +53,7 @@ ArchMap named_map(const std::string& option) {
   if (!is_regular_file(option))
     fail_invalid("--map " + option + ": neither a built-in map (" + builtin_map_names() +
                  ") nor a map file; --map none keeps the source's names");
-  return parse_arch_map(read_small_file(option, kMaxMapBytes), std::filesystem::path(option).stem().string(),
-                        option);
+  return parse_arch_map(read_small_file(option, kMaxMapBytes), std::filesystem::path(option).stem().string(), option);
 }
 
 }  // namespace

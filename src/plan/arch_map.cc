@@ -53,9 +53,12 @@ class Expression {
   int64_t sum() {
     int64_t v = product();
     for (;;) {
-      if (eat('+')) v += product();
-      else if (eat('-')) v -= product();
-      else return v;
+      if (eat('+'))
+        v += product();
+      else if (eat('-'))
+        v -= product();
+      else
+        return v;
     }
   }
   int64_t product() {
@@ -87,8 +90,7 @@ class Expression {
       while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
       return std::stoll(text_.substr(start, pos_ - start));
     }
-    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_'))
-      ++pos_;
+    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
     if (start == pos_) bad(pos_ < text_.size() ? "unexpected '" + text_.substr(pos_, 1) + "'" : "incomplete");
     return field(text_.substr(start, pos_ - start));
   }
@@ -196,8 +198,8 @@ std::vector<std::string> as_strings(const nlohmann::ordered_json& v, const std::
 MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
   if (!j.is_object()) fail_invalid(where + ": a rule is an object");
   JsonMembers m(j, where);
-  static const std::set<std::string> kKnown = {"from", "to", "split", "unpad", "permute_rope", "shape", "shapes",
-                                               "optional", "comment"};
+  static const std::set<std::string> kKnown = {"from",  "to",     "split",    "unpad",  "permute_rope",
+                                               "shape", "shapes", "optional", "comment"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   MapRule r;
@@ -240,8 +242,9 @@ MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
     for (const auto& s : *shapes) r.shapes.push_back(as_strings(s, where + ".shapes", true));
   }
   if (r.shapes.size() != r.to.size())
-    fail_invalid(where + ": give the shape of each target (\"shape\" for one, \"shapes\" for several): the config "
-                         "checks every tensor");
+    fail_invalid(where +
+                 ": give the shape of each target (\"shape\" for one, \"shapes\" for several): the config "
+                 "checks every tensor");
   if (const auto* o = m.find("optional")) {
     if (!o->is_boolean()) fail_invalid(where + ".optional: true or false");
     r.optional = o->get<bool>();
@@ -272,7 +275,8 @@ std::vector<ArchMap> parse_builtins() {
 TensorEntry target_tensor(const TensorEntry& src, const MapRule& rule, std::size_t index, const std::string& name,
                           const Evaluator& eval) {
   const int64_t rows = src.shape.empty() ? 0 : src.shape[0];
-  if (src.shape.empty()) fail(ErrorCode::kUnimplemented, "tensor '" + src.name + "': a 0-dim tensor has no rows to map");
+  if (src.shape.empty())
+    fail(ErrorCode::kUnimplemented, "tensor '" + src.name + "': a 0-dim tensor has no rows to map");
   switch (rule.op) {
     case MapRule::Op::kRename: {
       TensorEntry t = src;
@@ -306,8 +310,8 @@ TensorEntry target_tensor(const TensorEntry& src, const MapRule& rule, std::size
       int64_t head_dim = eval(rule.head_dim);
       if (head_dim <= 0 || head_dim % 2 != 0 || rows % head_dim != 0)
         fail(ErrorCode::kDataLoss, "tensor '" + src.name + "' has " + std::to_string(rows) +
-                                       " rows, not whole heads of " + rule.head_dim + " = " +
-                                       std::to_string(head_dim) + " (an even number) in " + eval.config_name);
+                                       " rows, not whole heads of " + rule.head_dim + " = " + std::to_string(head_dim) +
+                                       " (an even number) in " + eval.config_name);
       return gather_rows(src, interleaved_to_half_runs(rows, head_dim), name);
     }
   }
@@ -320,8 +324,7 @@ void check_shape(const TensorEntry& t, const std::string& source, const std::vec
   Shape expected;
   for (const auto& d : dims) expected.push_back(eval(d));
   if (expected == t.shape) return;
-  for (std::size_t i = 0; i < dims.size(); ++i)
-    want += (i ? ", " : "") + dims[i] + " = " + std::to_string(expected[i]);
+  for (std::size_t i = 0; i < dims.size(); ++i) want += (i ? ", " : "") + dims[i] + " = " + std::to_string(expected[i]);
   fail(ErrorCode::kDataLoss, "tensor '" + t.name + "' (from '" + source + "') has shape " + shape_str(t.shape) +
                                  " but " + eval.config_name + " gives (" + want + ")");
 }
@@ -403,8 +406,8 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
   }
   if (!j.is_object()) fail_invalid(where + ": a map is a JSON object");
   JsonMembers m(j, where);
-  static const std::set<std::string> kKnown = {"description", "extends", "source_kinds", "architectures",
-                                               "indices", "defaults", "rules", "skip", "comment"};
+  static const std::set<std::string> kKnown = {"description", "extends", "source_kinds", "architectures", "indices",
+                                               "defaults",    "rules",   "skip",         "comment"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   ArchMap map;
@@ -479,7 +482,7 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
   out.source = model.source;
   out.facts = model.facts;
   std::vector<std::pair<pickle::ValuePtr, pickle::ValuePtr>> entries;
-  std::map<std::string, std::string> written;  // target -> source, for duplicates
+  std::map<std::string, std::string> written;                 // target -> source, for duplicates
   std::vector<std::set<std::string>> seen(map.rules.size());  // the first targets each rule wrote
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor) return;  // plain values: a model folder holds tensors only
@@ -500,8 +503,8 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
         const std::string name = substitute(rule.to[i], values);
         auto [it, fresh] = written.emplace(name, leaf.path);
         if (!fresh)
-          fail(ErrorCode::kUnimplemented, where + ": '" + it->second + "' and '" + leaf.path + "' both become '" +
-                                              name + "'");
+          fail(ErrorCode::kUnimplemented,
+               where + ": '" + it->second + "' and '" + leaf.path + "' both become '" + name + "'");
         TensorEntry t = target_tensor(src, rule, i, name, eval);
         check_shape(t, leaf.path, rule.shapes[i], eval);
         entries.emplace_back(pickle::Value::str(name), make_tensor_ref(out.tensors.size()));

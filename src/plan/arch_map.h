@@ -53,12 +53,12 @@ struct MapRule {
   std::vector<std::string> from;
   std::vector<std::string> to;  // one target; one per section for split
   Op op = Op::kRename;
-  std::string groups;                       // split: an expression
-  std::vector<std::string> sections;        // split: an expression per target
-  std::string rows;                         // unpad: the rows kept
-  std::string head_dim;                     // permute_rope
+  std::string groups;                            // split: an expression
+  std::vector<std::string> sections;             // split: an expression per target
+  std::string rows;                              // unpad: the rows kept
+  std::string head_dim;                          // permute_rope
   std::vector<std::vector<std::string>> shapes;  // per target: an expression per dim, checked against the config
-  bool optional = false;                    // the source may lack it
+  bool optional = false;                         // the source may lack it
 };
 
 struct ArchMap {

@@ -99,8 +99,7 @@ TEST_CASE("arch map: permute_rope takes each head's even rows, then its odd ones
   CHECK(rows_of(half) == std::vector<int64_t>{0, 2, 1, 3, 4, 6, 5, 7});
   for (const auto& c : half.chunks) CHECK(c.strides[0] == (c.sizes[0] > 1 ? 4 : c.strides[0]));
   TensorEntry b = numbered("bq", 8, 0, {5});
-  CHECK(rows_of(gather_rows(b, interleaved_to_half_runs(8, 4), "bq")) ==
-        std::vector<int64_t>{0, 2, 1, 3, 4, 6, 5, 7});
+  CHECK(rows_of(gather_rows(b, interleaved_to_half_runs(8, 4), "bq")) == std::vector<int64_t>{0, 2, 1, 3, 4, 6, 5, 7});
 }
 
 TEST_CASE("arch map: a run outside the tensor is refused", "[plan][arch_map]") {
@@ -143,9 +142,9 @@ TEST_CASE("arch map: a model is renamed, split and unpadded as the config sizes 
   ArchMap map = parse_arch_map(kMap, "test", "here");
   // hidden 2 (head 1 with 2 heads), 1 group: qkv rows [q q k v]; vocab 5 padded to 8.
   ConfigFields config = {{"layers", 2}, {"hidden", 2}, {"heads", 2}, {"groups", 1}, {"vocab", 5}};
-  CheckpointModel m = model_of({numbered("", 8, 2, {4}), numbered("", 4, 2, {2}), numbered("", 4, 2, {}),
-                                numbered("", 4, 2, {})},
-                               {"emb", "l.0.qkv", "l.1.fused_qkv", "l.0.qkv._extra_state"});
+  CheckpointModel m =
+      model_of({numbered("", 8, 2, {4}), numbered("", 4, 2, {2}), numbered("", 4, 2, {}), numbered("", 4, 2, {})},
+               {"emb", "l.0.qkv", "l.1.fused_qkv", "l.0.qkv._extra_state"});
   CheckpointModel out = apply_arch_map(m, map, config, "config.json");
   std::vector<std::string> names;
   walk_leaves(*out.root, [&](const Leaf& l) { names.push_back(l.path); });
@@ -164,8 +163,8 @@ TEST_CASE("arch map: a model is renamed, split and unpadded as the config sizes 
   CHECK_THAT(msg, Catch::Contains("config.json"));
   // A shape the config does not give names the tensor and the field.
   config = {{"layers", 2}, {"hidden", 2}, {"heads", 2}, {"groups", 1}, {"vocab", 5}};
-  CheckpointModel wide = model_of({numbered("", 8, 3, {}), numbered("", 4, 2, {}), numbered("", 4, 2, {})},
-                                  {"emb", "l.0.qkv", "l.1.qkv"});
+  CheckpointModel wide =
+      model_of({numbered("", 8, 3, {}), numbered("", 4, 2, {}), numbered("", 4, 2, {})}, {"emb", "l.0.qkv", "l.1.qkv"});
   CHECK(code_of([&] { apply_arch_map(wide, map, config, "config.json"); }, msg) == ErrorCode::kDataLoss);
   CHECK_THAT(msg, Catch::Contains("'embed'") && Catch::Contains("hidden = 2") && Catch::Contains("(5, 3)"));
   // A missing layer, a vocabulary larger than the tensor, an unknown tensor.
@@ -176,9 +175,9 @@ TEST_CASE("arch map: a model is renamed, split and unpadded as the config sizes 
   CHECK(code_of([&] { apply_arch_map(m, map, config, "config.json"); }, msg) == ErrorCode::kDataLoss);
   CHECK_THAT(msg, Catch::Contains("'emb'") && Catch::Contains("vocab = 9"));
   config["vocab"] = 5;
-  CheckpointModel extra = model_of({numbered("", 8, 2, {}), numbered("", 4, 2, {}), numbered("", 4, 2, {}),
-                                    numbered("", 2, 2, {})},
-                                   {"emb", "l.0.qkv", "l.1.qkv", "l.0.other"});
+  CheckpointModel extra =
+      model_of({numbered("", 8, 2, {}), numbered("", 4, 2, {}), numbered("", 4, 2, {}), numbered("", 2, 2, {})},
+               {"emb", "l.0.qkv", "l.1.qkv", "l.0.other"});
   CHECK(code_of([&] { apply_arch_map(extra, map, config, "config.json"); }, msg) == ErrorCode::kUnimplemented);
   CHECK_THAT(msg, Catch::Contains("'l.0.other' matches no rule"));
   config.erase("groups");
