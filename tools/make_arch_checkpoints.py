@@ -63,7 +63,12 @@ CASES = {
     "llama_gqa_tp2pp2": (2, 2, {}, {}, "LlamaForCausalLM", {}),
     "qwen2_tp2pp1": (2, 1, {"add_qkv_bias": True}, {}, "Qwen2ForCausalLM", {}),
     "qwen3_tp1pp2": (1, 2, {"qk_layernorm": True}, {"qk_layernorm": True}, "Qwen3ForCausalLM", {}),
+    # share_embeddings_and_output_weights: no output_layer.weight is saved.
+    "llama_tied_tp2pp1": (2, 1, {"share_embeddings_and_output_weights": True}, {}, "LlamaForCausalLM",
+                          {"tie_word_embeddings": True}),
 }
+# The GPTModel argument among a case's extra config (the rest is TransformerConfig's).
+MODEL_ARGS = ("share_embeddings_and_output_weights",)
 
 
 def padded_vocab(tp: int) -> int:
@@ -79,6 +84,8 @@ def build(tp: int, pp: int, extra: dict, spec_opts: dict, vocab: int):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    model_args = {"share_embeddings_and_output_weights": False, **{k: extra[k] for k in MODEL_ARGS if k in extra}}
+    extra = {k: v for k, v in extra.items() if k not in MODEL_ARGS}
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", **spec_opts)
     cfg = TransformerConfig(**BASE, **extra, normalization="RMSNorm", gated_linear_unit=True,
                             activation_func=torch.nn.functional.silu, add_bias_linear=False,
@@ -88,8 +95,7 @@ def build(tp: int, pp: int, extra: dict, spec_opts: dict, vocab: int):
                             attention_dropout=0.0, init_method_std=0.1)
     torch.manual_seed(1234)
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=vocab, max_sequence_length=SEQ,
-                     position_embedding_type="rope", rotary_base=ROTARY_BASE,
-                     share_embeddings_and_output_weights=False,
+                     position_embedding_type="rope", rotary_base=ROTARY_BASE, **model_args,
                      pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
     return model
 

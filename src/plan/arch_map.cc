@@ -199,7 +199,7 @@ MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
   if (!j.is_object()) fail_invalid(where + ": a rule is an object");
   JsonMembers m(j, where);
   static const std::set<std::string> kKnown = {"from",  "to",     "split",    "unpad",  "permute_rope",
-                                               "shape", "shapes", "optional", "comment"};
+                                               "shape", "shapes", "optional", "unless", "comment"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   MapRule r;
@@ -249,6 +249,7 @@ MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
     if (!o->is_boolean()) fail_invalid(where + ".optional: true or false");
     r.optional = o->get<bool>();
   }
+  if (const auto* u = m.find("unless")) r.unless = as_expression(*u, where + ".unless");
   // Every alternative captures the same placeholders, and every
   // placeholder of a target is captured.
   std::vector<std::string> names = compile_pattern(r.from[0], where + ".from").names;
@@ -484,6 +485,9 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
   std::vector<std::pair<pickle::ValuePtr, pickle::ValuePtr>> entries;
   std::map<std::string, std::string> written;                 // target -> source, for duplicates
   std::vector<std::set<std::string>> seen(map.rules.size());  // the first targets each rule wrote
+  std::vector<bool> off(map.rules.size());
+  for (std::size_t r = 0; r < map.rules.size(); ++r)
+    off[r] = !map.rules[r].unless.empty() && eval(map.rules[r].unless) != 0;
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor) return;  // plain values: a model folder holds tensors only
     const TensorEntry& src = model.tensors[*leaf.tensor];
@@ -491,6 +495,7 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
     for (const auto& s : skip)
       if (std::regex_match(leaf.path, m, s.re)) return;
     for (std::size_t r = 0; r < map.rules.size(); ++r) {
+      if (off[r]) continue;
       const Pattern* hit = nullptr;
       for (const auto& p : from[r])
         if (!hit && std::regex_match(leaf.path, m, p.re)) hit = &p;
@@ -512,6 +517,11 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
       }
       return;
     }
+    for (std::size_t r = 0; r < map.rules.size(); ++r)
+      for (const auto& p : from[r])
+        if (off[r] && std::regex_match(leaf.path, m, p.re))
+          fail(ErrorCode::kDataLoss, "tensor '" + leaf.path + "' has no place in the model " + config_name +
+                                         " describes: its " + map.rules[r].unless + " leaves it out (" + where + ")");
     fail(ErrorCode::kUnimplemented, "tensor '" + leaf.path + "' matches no rule of " + where +
                                         " (a map for another model, or --only model missing?)");
   });
@@ -519,7 +529,7 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
   // freshly initialised one.
   for (std::size_t r = 0; r < map.rules.size(); ++r) {
     const MapRule& rule = map.rules[r];
-    if (rule.optional) continue;
+    if (rule.optional || off[r]) continue;
     const std::vector<std::string>& names = from[r][0].names;
     std::map<std::string, std::string> values;
     std::function<void(std::size_t)> each = [&](std::size_t k) {

@@ -59,6 +59,10 @@ struct MapRule {
   std::string head_dim;                          // permute_rope
   std::vector<std::vector<std::string>> shapes;  // per target: an expression per dim, checked against the config
   bool optional = false;                         // the source may lack it
+  // The rule is off when this config expression is non-zero (the output
+  // layer when tie_word_embeddings): a source tensor it would match is then
+  // refused as having no place in the model.
+  std::string unless;
 };
 
 struct ArchMap {
