@@ -39,6 +39,7 @@ CASES = {  # case -> (architecture, the built-in map the config selects)
     "llama_gqa_tp2pp2": ("LlamaForCausalLM", "megatron-gpt-llama"),
     "qwen2_tp2pp1": ("Qwen2ForCausalLM", "megatron-gpt-qwen2"),
     "qwen3_tp1pp2": ("Qwen3ForCausalLM", "megatron-gpt-qwen3"),
+    "llama_tied_tp2pp1": ("LlamaForCausalLM", "megatron-gpt-llama"),  # share_embeddings_and_output_weights
 }
 
 
@@ -68,7 +69,10 @@ def test_export_gives_megatrons_logits(case, tmp_path, run_ckptconv):
     weights = load_file(out / "model.safetensors")
     cfg = json.loads((ARCH / case / "hf_config" / "config.json").read_text())
     assert weights["model.embed_tokens.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])  # unpadded
-    assert weights["lm_head.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])
+    if cfg["tie_word_embeddings"]:
+        assert "lm_head.weight" not in weights  # transformers ties it to the embedding
+    else:
+        assert weights["lm_head.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])
     got = _logits_diff(out, case)
     assert got["architecture"] == arch
     assert got["max_abs_logit"] > 0.5  # logits of order 1: the tolerance is small beside them
@@ -190,3 +194,21 @@ def test_a_map_streams_within_the_memory_limit(tmp_path, run_ckptconv):
     r = _export(run_ckptconv, "llama_gqa_tp2pp2", slabs, "--memory-limit", "1K")
     assert r.returncode == 0, r.stderr
     assert (whole / "model.safetensors").read_bytes() == (slabs / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("case,tie,message", [
+    ("llama_gqa_tp2pp2", True, "'output_layer.weight' has no place in the model"),
+    ("llama_tied_tp2pp1", False, "'output_layer.weight' is missing"),
+])
+def test_the_output_layer_must_agree_with_tie_word_embeddings(case, tie, message, tmp_path, run_ckptconv):
+    """An untied model under a tying config would load with the embedding as
+    its output layer; a tied one under an untying config with a fresh one."""
+    config = tmp_path / "config"
+    shutil.copytree(ARCH / case / "hf_config", config)
+    cfg = json.loads((config / "config.json").read_text())
+    cfg["tie_word_embeddings"] = tie
+    (config / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, case, out, config=config)
+    assert r.returncode == 3 and message in r.stderr, r.stderr
+    assert not out.exists()
