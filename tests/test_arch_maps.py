@@ -169,6 +169,10 @@ def test_bad_map_requests_are_usage_errors(tmp_path, run_ckptconv):
     r = run_ckptconv("consolidate", str(ARCH / "llama_gqa_tp2pp2" / "ckpt"), "--only", "model", "--map",
                      "megatron-gpt-llama", "-o", f"{out}/")
     assert r.returncode == 2 and "--config-from" in r.stderr, r.stderr
+    dcp = REPO / "testdata" / "dcp" / "fsdp2_adamw_ws1"
+    r = run_ckptconv("consolidate", str(dcp), "--only", "model", "--map", "megatron-gpt-llama", "--config-from",
+                     str(ARCH / "llama_gqa_tp2pp2" / "hf_config"), "-o", f"{out}/")
+    assert r.returncode == 2 and "a map for megatron-torch-dist sources" in r.stderr, r.stderr
     assert not out.exists()
 
 
