@@ -50,22 +50,27 @@ class Expression {
     if (pos_ < text_.size() && text_[pos_] == c) return ++pos_, true;
     return false;
   }
+  // Config values come from a file: an overflow is refused, never wrapped.
+  void overflow() const {
+    fail(ErrorCode::kDataLoss, config_name_ + ": '" + text_ + "' overflows for map " + map_.name);
+  }
   int64_t sum() {
     int64_t v = product();
     for (;;) {
-      if (eat('+'))
-        v += product();
-      else if (eat('-'))
-        v -= product();
-      else
+      if (eat('+')) {
+        if (__builtin_add_overflow(v, product(), &v)) overflow();
+      } else if (eat('-')) {
+        if (__builtin_sub_overflow(v, product(), &v)) overflow();
+      } else {
         return v;
+      }
     }
   }
   int64_t product() {
     int64_t v = atom();
     for (;;) {
       if (eat('*')) {
-        v *= atom();
+        if (__builtin_mul_overflow(v, atom(), &v)) overflow();
       } else if (eat('/')) {
         int64_t d = atom();
         // Sizes divide exactly or the config is not what the map expects.
@@ -88,6 +93,7 @@ class Expression {
     std::size_t start = pos_;
     if (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
       while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+      if (pos_ - start > 18) bad("a number of more than 18 digits");
       return std::stoll(text_.substr(start, pos_ - start));
     }
     while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
@@ -275,9 +281,9 @@ std::vector<ArchMap> parse_builtins() {
 // The tensor for one target, its rows picked by the rule's operation.
 TensorEntry target_tensor(const TensorEntry& src, const MapRule& rule, std::size_t index, const std::string& name,
                           const Evaluator& eval) {
+  if (src.shape.empty() && rule.op != MapRule::Op::kRename)
+    fail(ErrorCode::kUnimplemented, "tensor '" + src.name + "': a 0-dim tensor has no rows to split, unpad or permute");
   const int64_t rows = src.shape.empty() ? 0 : src.shape[0];
-  if (src.shape.empty())
-    fail(ErrorCode::kUnimplemented, "tensor '" + src.name + "': a 0-dim tensor has no rows to map");
   switch (rule.op) {
     case MapRule::Op::kRename: {
       TensorEntry t = src;
@@ -287,8 +293,8 @@ TensorEntry target_tensor(const TensorEntry& src, const MapRule& rule, std::size
     case MapRule::Op::kUnpad: {
       int64_t keep = eval(rule.rows);
       if (keep > rows || keep <= 0)
-        fail(ErrorCode::kDataLoss, "tensor '" + src.name + "' has " + std::to_string(rows) + " rows, fewer than " +
-                                       rule.rows + " = " + std::to_string(keep) + " in " + eval.config_name);
+        fail(ErrorCode::kDataLoss, "tensor '" + src.name + "' has " + std::to_string(rows) + " rows: it cannot keep " +
+                                       rule.rows + " = " + std::to_string(keep) + " of " + eval.config_name);
       return gather_rows(src, {{0, keep, 1}}, name);
     }
     case MapRule::Op::kSplit: {

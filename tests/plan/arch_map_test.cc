@@ -180,6 +180,15 @@ TEST_CASE("arch map: a model is renamed, split and unpadded as the config sizes 
                {"emb", "l.0.qkv", "l.1.qkv", "l.0.other"});
   CHECK(code_of([&] { apply_arch_map(extra, map, config, "config.json"); }, msg) == ErrorCode::kUnimplemented);
   CHECK_THAT(msg, Catch::Contains("'l.0.other' matches no rule"));
+  // A product past int64 is refused, never wrapped.
+  ArchMap square = parse_arch_map(R"({"rules": [{"from": "emb", "to": "e", "shape": ["a * a", 2]}]})", "sq", "here");
+  CheckpointModel one = model_of({numbered("", 8, 2, {})}, {"emb"});
+  CHECK(code_of(
+            [&] {
+              apply_arch_map(one, square, {{"a", int64_t{1} << 32}}, "config.json");
+            },
+            msg) == ErrorCode::kDataLoss);
+  CHECK_THAT(msg, Catch::Contains("'a * a' overflows"));
   config.erase("groups");
   CHECK(code_of([&] { apply_arch_map(m, map, config, "config.json"); }, msg) == ErrorCode::kNotFound);
   CHECK_THAT(msg, Catch::Contains("'groups'"));
