@@ -4,11 +4,11 @@
 #include <cctype>
 #include <cstring>
 #include <functional>
-#include <regex>
 #include <set>
 #include <utility>
 
 #include "core/error.h"
+#include "core/linear_regex.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
 #include "model/validate.h"
@@ -134,20 +134,22 @@ struct Evaluator {
 
 // A pattern's placeholders ({L}) in order, and its regex: literal text
 // escaped, each placeholder a decimal index, '*' (skip patterns) anything.
+// LinearRegex, not std::regex: the names matched are the checkpoint's, and
+// std::regex recurses once per byte of them.
 struct Pattern {
-  std::regex re;
+  LinearRegex re;
   std::vector<std::string> names;
 };
 
 Pattern compile_pattern(const std::string& text, const std::string& where) {
-  Pattern p;
+  std::vector<std::string> names;
   std::string re;
   for (std::size_t i = 0; i < text.size(); ++i) {
     char c = text[i];
     if (c == '{') {
       std::size_t end = text.find('}', i);
       if (end == std::string::npos || end == i + 1) fail_invalid(where + ": unclosed or empty '{' in '" + text + "'");
-      p.names.push_back(text.substr(i + 1, end - i - 1));
+      names.push_back(text.substr(i + 1, end - i - 1));
       re += "(0|[1-9][0-9]*)";
       i = end;
     } else if (c == '*') {
@@ -157,8 +159,7 @@ Pattern compile_pattern(const std::string& text, const std::string& where) {
       re += c;
     }
   }
-  p.re = std::regex(re, std::regex::ECMAScript);
-  return p;
+  return Pattern{LinearRegex::compile(re), std::move(names)};
 }
 
 std::string substitute(const std::string& pattern, const std::map<std::string, std::string>& values) {
@@ -497,18 +498,18 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor) return;  // plain values: a model folder holds tensors only
     const TensorEntry& src = model.tensors[*leaf.tensor];
-    std::smatch m;
+    RegexMatch m;
     for (const auto& s : skip)
-      if (std::regex_match(leaf.path, m, s.re)) return;
+      if (s.re.match(leaf.path)) return;
     for (std::size_t r = 0; r < map.rules.size(); ++r) {
       if (off[r]) continue;
       const Pattern* hit = nullptr;
       for (const auto& p : from[r])
-        if (!hit && std::regex_match(leaf.path, m, p.re)) hit = &p;
+        if (!hit && p.re.match(leaf.path, m)) hit = &p;
       if (!hit) continue;
       const MapRule& rule = map.rules[r];
       std::map<std::string, std::string> values;
-      for (std::size_t i = 0; i < hit->names.size(); ++i) values[hit->names[i]] = m[i + 1].str();
+      for (std::size_t i = 0; i < hit->names.size(); ++i) values[hit->names[i]] = m.str(i + 1);
       seen[r].insert(substitute(rule.to.front(), values));
       for (std::size_t i = 0; i < rule.to.size(); ++i) {
         const std::string name = substitute(rule.to[i], values);
@@ -525,7 +526,7 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
     }
     for (std::size_t r = 0; r < map.rules.size(); ++r)
       for (const auto& p : from[r])
-        if (off[r] && std::regex_match(leaf.path, m, p.re))
+        if (off[r] && p.re.match(leaf.path))
           fail(ErrorCode::kDataLoss, "tensor '" + leaf.path + "' has no place in the model " + config_name +
                                          " describes: its " + map.rules[r].unless + " leaves it out (" + where + ")");
     fail(ErrorCode::kUnimplemented, "tensor '" + leaf.path + "' matches no rule of " + where +

@@ -189,6 +189,10 @@ TEST_CASE("arch map: a model is renamed, split and unpadded as the config sizes 
             },
             msg) == ErrorCode::kDataLoss);
   CHECK_THAT(msg, Catch::Contains("'a * a' overflows"));
+  // A checkpoint's name of 1 MB is matched without recursing per byte (std::regex overflowed the stack).
+  CheckpointModel long_name =
+      model_of({numbered("", 8, 2, {}), numbered("", 2, 2, {})}, {"emb", "l.0." + std::string(1 << 20, '1')});
+  CHECK(code_of([&] { apply_arch_map(long_name, map, config, "config.json"); }, msg) == ErrorCode::kUnimplemented);
   config.erase("groups");
   CHECK(code_of([&] { apply_arch_map(m, map, config, "config.json"); }, msg) == ErrorCode::kNotFound);
   CHECK_THAT(msg, Catch::Contains("'groups'"));
