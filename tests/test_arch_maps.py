@@ -216,3 +216,12 @@ def test_the_output_layer_must_agree_with_tie_word_embeddings(case, tie, message
     r = _export(run_ckptconv, case, out, config=config)
     assert r.returncode == 3 and message in r.stderr, r.stderr
     assert not out.exists()
+
+
+def test_dry_run_lists_the_mapped_tensors_and_writes_nothing(tmp_path, run_ckptconv):
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, "--dry-run", "-v")
+    assert r.returncode == 0, r.stderr
+    assert "21 tensors" in r.stdout and "model.layers.1.self_attn.v_proj.weight" in r.stdout
+    assert "lm_head.weight  float32 (60, 32)" in r.stdout  # unpadded from megatron's 64 rows
+    assert not out.exists()

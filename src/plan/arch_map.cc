@@ -545,7 +545,8 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
         std::string name;
         for (const auto& f : rule.from) name += (name.empty() ? "'" : "' or '") + substitute(f, values);
         fail(ErrorCode::kNotFound, "tensor " + name + "' is missing: " + where + " needs it for '" +
-                                       substitute(rule.to.front(), values) + "'");
+                                       substitute(rule.to.front(), values) +
+                                       "' (--map none writes the source's names)");
       }
       const std::string& n = names[k];
       const int64_t count = eval(map.indices.at(n));
