@@ -9,7 +9,9 @@ transformers wrote (testdata/arch/, tools/make_arch_checkpoints.py).
 `consolidate --only model --config-from` applies the built-in map, and
 transformers 5's from_pretrained in .venv-hf (scripts/setup-hf) loads the
 export, every weight from the folder, and gives the same logits
-(tests/hf_arch_logits.py).
+(tests/hf_arch_logits.py). So does torchtitan 0.3.0's Llama3Model saved
+with dcp.save, through `--map torchtitan-llama3-llama` (q/k permuted from
+interleaved to half-split rotary pairs).
 
 Tolerance 1e-4 (max abs, fp32, logits of order 1): the bytes are copied, so
 the two models hold equal weights; only the two frameworks' arithmetic
@@ -225,3 +227,45 @@ def test_dry_run_lists_the_mapped_tensors_and_writes_nothing(tmp_path, run_ckptc
     assert "21 tensors" in r.stdout and "model.layers.1.self_attn.v_proj.weight" in r.stdout
     assert "lm_head.weight  float32 (60, 32)" in r.stdout  # unpadded from megatron's 64 rows
     assert not out.exists()
+
+
+TITAN_MAP = REPO / "maps" / "torchtitan-llama3-llama.json"
+
+
+def _titan_export(run_ckptconv, out: Path, map_arg: str):
+    case = ARCH / "titan_llama3"
+    return run_ckptconv("consolidate", str(case / "ckpt"), "--map", map_arg, "--config-from", str(case / "hf_config"),
+                        "-o", f"{out}/")
+
+
+def test_torchtitan_llama3_export_gives_torchtitans_logits(tmp_path, run_ckptconv):
+    """torchtitan 0.3.0's Llama3Model (ComplexRoPE: interleaved rotary pairs)
+    saved with dcp.save; the map permutes wq and wk to Hugging Face's
+    half-split pairs, as torchtitan's own state-dict adapter does."""
+    out = tmp_path / "export"
+    r = _titan_export(run_ckptconv, out, "torchtitan-llama3-llama")
+    assert r.returncode == 0, r.stderr
+    got = _logits_diff(out, "titan_llama3")
+    assert got["architecture"] == "LlamaForCausalLM" and got["max_abs_logit"] > 0.5
+    assert got["max_abs_diff"] <= TOLERANCE, got
+    # Without the permutation the same weights load and run, and miss.
+    spec = json.loads(TITAN_MAP.read_text())
+    for rule in spec["rules"]:
+        rule.pop("permute_rope", None)
+    unpermuted = tmp_path / "unpermuted.json"
+    unpermuted.write_text(json.dumps(spec))
+    wrong = tmp_path / "wrong"
+    assert _titan_export(run_ckptconv, wrong, str(unpermuted)).returncode == 0
+    assert _logits_diff(wrong, "titan_llama3")["max_abs_diff"] > 1000 * TOLERANCE
+
+
+def test_a_dcp_export_gets_no_map_unless_asked(tmp_path, run_ckptconv):
+    """torchtitan's map lists no architecture: a DCP checkpoint exported with
+    a Llama config keeps its names, with no note and no warning."""
+    case = ARCH / "titan_llama3"
+    out = tmp_path / "export"
+    r = run_ckptconv("consolidate", str(REPO / "testdata" / "dcp" / "fsdp2_adamw_ws1"), "--only", "model",
+                     "--config-from", str(case / "hf_config"), "-o", f"{out}/")
+    assert r.returncode == 0, r.stderr
+    assert "map" not in r.stderr.replace(str(out), "").replace("--map", ""), r.stderr
+    assert "fc1.weight" in load_file(out / "model.safetensors")

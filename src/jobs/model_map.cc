@@ -92,7 +92,8 @@ CheckpointModel apply_requested_map(CheckpointModel model, const std::string& ma
       }
     if (!map) {
       bool kind_has_maps = false;
-      for (const auto& m : builtin_arch_maps()) kind_has_maps |= lists(m.source_kinds, kind);
+      for (const auto& m : builtin_arch_maps())  // those chosen by architecture (not torchtitan's: by name only)
+        kind_has_maps |= lists(m.source_kinds, kind) && !m.architectures.empty();
       if (kind_has_maps) {
         std::string archs;
         for (const auto& a : config->architectures) archs += (archs.empty() ? "" : ", ") + a;

@@ -13,7 +13,9 @@ namespace ckpt::jobs {
 // - a built-in map's name, or a map file (a path);
 // - "" (no --map): with --config-from and --only model, the built-in map
 //   for the source's kind and the config's `architectures`, said in a note;
-//   none for a source kind that has built-in maps is a warning (names kept).
+//   none for a source kind that has such maps is a warning (names kept).
+//   A map that lists no architectures (torchtitan's: its source kind, DCP,
+//   is every DCP checkpoint's) is applied only when --map names it.
 // A map needs the config (`config_from`/config.json): its fields size every
 // tensor. InvalidArgument for a map that is neither a name nor a file, a
 // malformed one, one for another source kind, or a map without --config-from.
