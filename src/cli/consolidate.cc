@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "jobs/consolidate.h"
+#include "jobs/model_map.h"
 #include "jobs/source_kinds.h"
 
 namespace ckpt::cli {
@@ -41,6 +42,14 @@ CLI::App* register_write_command(CLI::App& app, const char* name, const char* de
                   "-o DIR/: copy DIR2's config.json, generation_config.json and tokenizer files (every file of it "
                   "that holds no weights) into the output folder, config.json's dtype set to the dtype written")
       ->type_name("DIR2")
+      ->group(kOutputGroup);
+  sub->add_option("--map", req->map,
+                  "--config-from: rename and re-lay the model's tensors as the config's architecture expects "
+                  "(docs/maps.md): a built-in map (" +
+                      jobs::builtin_map_names() +
+                      "), a map file, or none (names kept); default: the built-in map for the source kind and the "
+                      "config's architectures, with --only model")
+      ->type_name("NAME|FILE|none")
       ->group(kOutputGroup);
   sub->add_option("--compression", req->compression, "HDF5: compress datasets (shuffle + deflate)")
       ->check(CLI::IsMember({"none", "gzip"}))

@@ -10,6 +10,7 @@
 #include "exec/write_output.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
+#include "jobs/model_map.h"
 #include "jobs/output_folder.h"
 #include "model/describe.h"
 #include "plan/select.h"
@@ -121,7 +122,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   // libhdf5 writes a file by name.
   if (!output_format_info(format).parted) refuse_remote_output(req.output, "an HDF5 file (libhdf5 needs a local file)");
   if (!directory.empty()) check_format_options(req, format);
-  CheckpointModel model = read_selected(opt);
+  CheckpointModel model = apply_requested_map(read_selected(opt), req.map, req.config_from, opt.only);
   CreatedDirectories created;            // --part into -o DIR/: the parts' folder
   std::unique_ptr<OutputFolder> folder;  // -o DIR/: the folder, published whole
   if (!directory.empty()) {

@@ -25,6 +25,9 @@ struct ConsolidateRequest {
   // -o DIR/: a folder whose config and tokenizer files the output folder
   // gets, instead of the source's (a training checkpoint has none)
   std::string config_from;
+  // --map: the architecture map applied (docs/maps.md): a built-in name, a
+  // file, "none"; empty: chosen by the source kind and config_from's config
+  std::string map;
 };
 
 struct ReshardRequest {

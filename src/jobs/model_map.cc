@@ -1,0 +1,110 @@
+#include "jobs/model_map.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/storage.h"
+#include "model/ordered_json.h"
+#include "plan/arch_map.h"
+
+namespace ckpt::jobs {
+namespace {
+
+constexpr uint64_t kMaxMapBytes = 1 << 20;     // a map is a page of rules
+constexpr uint64_t kMaxConfigBytes = 1 << 20;  // config.json: a few KiB
+
+struct HfConfig {
+  std::string path;
+  ConfigFields fields;
+  std::vector<std::string> architectures;
+};
+
+// config.json's integer and boolean fields (what map expressions use) and
+// its `architectures`.
+HfConfig read_config(const std::string& dir) {
+  HfConfig c;
+  c.path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
+  if (!is_regular_file(c.path))
+    fail_invalid("--config-from " + dir + ": no config.json there; an architecture map sizes every tensor by it");
+  const auto j = parse_checkpoint_json(read_small_file(c.path, kMaxConfigBytes), c.path);
+  if (!j.is_object()) fail_data_loss(c.path + ": not a JSON object");
+  for (const auto& [k, v] : j.items()) {
+    if (v.is_number_integer())
+      c.fields[k] = v.get<int64_t>();
+    else if (v.is_boolean())
+      c.fields[k] = v.get<bool>() ? 1 : 0;
+    else if (k == "architectures" && v.is_array())
+      for (const auto& a : v)
+        if (a.is_string()) c.architectures.push_back(a.get<std::string>());
+  }
+  return c;
+}
+
+bool lists(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// The map --map names: a built-in one, else a file.
+ArchMap named_map(const std::string& option) {
+  if (const ArchMap* m = find_builtin_arch_map(option)) return *m;
+  if (!is_regular_file(option))
+    fail_invalid("--map " + option + ": neither a built-in map (" + builtin_map_names() +
+                 ") nor a map file; --map none keeps the source's names");
+  return parse_arch_map(read_small_file(option, kMaxMapBytes), std::filesystem::path(option).stem().string(), option);
+}
+
+}  // namespace
+
+std::string builtin_map_names() {
+  std::string out;
+  for (const auto& m : builtin_arch_maps()) out += (out.empty() ? "" : ", ") + m.name;
+  return out;
+}
+
+CheckpointModel apply_requested_map(CheckpointModel model, const std::string& map_option,
+                                    const std::string& config_from, const std::string& only) {
+  if (map_option == "none") return model;
+  const std::string kind = model.format();
+  std::optional<ArchMap> map;
+  std::optional<HfConfig> config;
+  if (!map_option.empty()) {
+    if (config_from.empty())
+      fail_invalid("--map " + map_option +
+                   ": needs --config-from DIR2 (the Hugging Face config whose fields size every tensor)");
+    map = named_map(map_option);
+    if (!map->source_kinds.empty() && !lists(map->source_kinds, kind))
+      fail_invalid("--map " + map_option + ": a map for " + map->source_kinds.front() + " sources, and " +
+                   model.source + " is " + kind);
+    config = read_config(config_from);
+  } else {
+    // The export: a model's weights into a Hugging Face folder.
+    if (config_from.empty() || only != "model") return model;
+    config = read_config(config_from);
+    for (const auto& arch : config->architectures)
+      if (const ArchMap* m = builtin_arch_map_for(kind, arch)) {
+        map = *m;
+        log::info("map " + m->name + " (built in): " + kind + " names as " + arch + "'s, for " + config->path +
+                  " (--map none keeps the source's names)");
+        break;
+      }
+    if (!map) {
+      bool kind_has_maps = false;
+      for (const auto& m : builtin_arch_maps())  // those chosen by architecture (not torchtitan's: by name only)
+        kind_has_maps |= lists(m.source_kinds, kind) && !m.architectures.empty();
+      if (kind_has_maps) {
+        std::string archs;
+        for (const auto& a : config->architectures) archs += (archs.empty() ? "" : ", ") + a;
+        log::warn("no built-in map from " + kind + " to " + (archs.empty() ? "(no architectures)" : archs) + " in " +
+                  config->path + ": the source's names are kept (built in: " + builtin_map_names() +
+                  "; --map FILE for another)");
+      }
+      return model;
+    }
+  }
+  return apply_arch_map(model, *map, config->fields, config->path);
+}
+
+}  // namespace ckpt::jobs

@@ -1,0 +1,28 @@
+// --map and --config-from: which architecture map (plan/arch_map.h,
+// docs/maps.md) a consolidate job applies to the model it writes.
+#pragma once
+
+#include <string>
+
+#include "model/checkpoint_model.h"
+
+namespace ckpt::jobs {
+
+// `model` as the map chosen by `map_option` makes it, or unchanged:
+// - "none": the source's names kept;
+// - a built-in map's name, or a map file (a path);
+// - "" (no --map): with --config-from and --only model, the built-in map
+//   for the source's kind and the config's `architectures`, said in a note;
+//   none for a source kind that has such maps is a warning (names kept).
+//   A map that lists no architectures (torchtitan's: its source kind, DCP,
+//   is every DCP checkpoint's) is applied only when --map names it.
+// A map needs the config (`config_from`/config.json): its fields size every
+// tensor. InvalidArgument for a map that is neither a name nor a file, a
+// malformed one, one for another source kind, or a map without --config-from.
+CheckpointModel apply_requested_map(CheckpointModel model, const std::string& map_option,
+                                    const std::string& config_from, const std::string& only);
+
+// The names of the built-in maps, for --map's help.
+std::string builtin_map_names();
+
+}  // namespace ckpt::jobs

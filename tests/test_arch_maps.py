@@ -1,0 +1,271 @@
+"""Architecture maps (#51): a Megatron-core GPT exported as a Hugging Face
+model that transformers loads and runs as megatron-core ran it.
+
+The sources are real megatron-core 0.16.1 torch_dist checkpoints configured
+as Llama (GQA: 4 query heads in 2 groups, TP=2 x PP=2), Qwen2 (q/k/v
+biases, TP=2) and Qwen3 (per-head q/k RMSNorm, PP=2), each with megatron's
+own logits of its forward on fixed token ids and the Hugging Face config
+transformers wrote (testdata/arch/, tools/make_arch_checkpoints.py).
+`consolidate --only model --config-from` applies the built-in map, and
+transformers 5's from_pretrained in .venv-hf (scripts/setup-hf) loads the
+export, every weight from the folder, and gives the same logits
+(tests/hf_arch_logits.py). So does torchtitan 0.3.0's Llama3Model saved
+with dcp.save, through `--map torchtitan-llama3-llama` (q/k permuted from
+interleaved to half-split rotary pairs).
+
+Tolerance 1e-4 (max abs, fp32, logits of order 1): the bytes are copied, so
+the two models hold equal weights; only the two frameworks' arithmetic
+differs (fused vs separate q/k/v matmuls, summation order, RoPE's cos/sin
+computed each its own way), a few float32 ulps per op over 2 layers (measured
+5e-7 on these fixtures). A map that is plausible but wrong (q/k/v contiguous instead of
+per query group, gate and up swapped) moves the logits by far more than that
+and must fail."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+ARCH = REPO / "testdata" / "arch"
+HF_PY = REPO / ".venv-hf" / "bin" / "python"
+LLAMA_MAP = REPO / "maps" / "megatron-gpt-llama.json"
+TOLERANCE = 1e-4
+
+CASES = {  # case -> (architecture, the built-in map the config selects)
+    "llama_gqa_tp2pp2": ("LlamaForCausalLM", "megatron-gpt-llama"),
+    "qwen2_tp2pp1": ("Qwen2ForCausalLM", "megatron-gpt-qwen2"),
+    "qwen3_tp1pp2": ("Qwen3ForCausalLM", "megatron-gpt-qwen3"),
+    "llama_tied_tp2pp1": ("LlamaForCausalLM", "megatron-gpt-llama"),  # share_embeddings_and_output_weights
+}
+
+
+def _logits_diff(export: Path, case: str) -> dict:
+    assert HF_PY.exists(), f"no {HF_PY}: scripts/setup-hf makes it (scripts/test does)"
+    r = subprocess.run([str(HF_PY), str(REPO / "tests" / "hf_arch_logits.py"), str(export),
+                        str(ARCH / case / "logits.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _export(run_ckptconv, case: str, out: Path, *extra: str, config: Path | None = None):
+    return run_ckptconv("consolidate", str(ARCH / case / "ckpt"), "--only", "model", "--config-from",
+                        str(config or ARCH / case / "hf_config"), "-o", f"{out}/", *extra)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_export_gives_megatrons_logits(case, tmp_path, run_ckptconv):
+    arch, map_name = CASES[case]
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, case, out)
+    assert r.returncode == 0, r.stderr
+    assert f"map {map_name} (built in)" in r.stderr and arch in r.stderr
+    # The folder: weights, the config (its dtype the one written) and the tokenizer file copied.
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer_config.json"]
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    weights = load_file(out / "model.safetensors")
+    cfg = json.loads((ARCH / case / "hf_config" / "config.json").read_text())
+    assert weights["model.embed_tokens.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])  # unpadded
+    if cfg["tie_word_embeddings"]:
+        assert "lm_head.weight" not in weights  # transformers ties it to the embedding
+    else:
+        assert weights["lm_head.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])
+    got = _logits_diff(out, case)
+    assert got["architecture"] == arch
+    assert got["max_abs_logit"] > 0.5  # logits of order 1: the tolerance is small beside them
+    assert got["max_abs_diff"] <= TOLERANCE, got
+
+
+def _wrong_map(tmp_path: Path, name: str, change) -> Path:
+    spec = json.loads(LLAMA_MAP.read_text())
+    for rule in spec["rules"]:
+        change(rule)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _contiguous_qkv(rule):
+    """q, k, v as three contiguous blocks: the layout of a fused QKV that is not per query group."""
+    if "split" in rule and rule["split"].get("groups") == "num_key_value_heads":
+        rule["split"] = {"sections": ["num_attention_heads * head_dim", "num_key_value_heads * head_dim",
+                                      "num_key_value_heads * head_dim"]}
+
+
+def _swapped_gate_up(rule):
+    if rule["from"] == "decoder.layers.{L}.mlp.linear_fc1.weight":
+        rule["to"] = rule["to"][::-1]
+
+
+@pytest.mark.parametrize("wrong", [_contiguous_qkv, _swapped_gate_up], ids=["contiguous_qkv", "swapped_gate_up"])
+def test_plausible_wrong_maps_fail_the_logits_proof(wrong, tmp_path, run_ckptconv):
+    case = "llama_gqa_tp2pp2"
+    path = _wrong_map(tmp_path, wrong.__name__, wrong)
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, case, out, "--map", str(path))
+    assert r.returncode == 0, r.stderr  # the shapes fit: only the logits tell
+    got = _logits_diff(out, case)
+    assert got["max_abs_diff"] > 1000 * TOLERANCE, got
+
+
+def test_a_users_map_file_is_applied(tmp_path, run_ckptconv):
+    """--map FILE: the built-in Llama map copied as a user's file, one target renamed."""
+    spec = json.loads(LLAMA_MAP.read_text())
+    spec["rules"][-2]["to"] = "final_norm.weight"
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, "--map", str(path))
+    assert r.returncode == 0, r.stderr
+    names = set(load_file(out / "model.safetensors"))
+    assert "final_norm.weight" in names and "model.norm.weight" not in names
+    assert "model.layers.1.self_attn.k_proj.weight" in names
+
+
+def test_map_none_keeps_megatrons_names(tmp_path, run_ckptconv):
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, "--map", "none")
+    assert r.returncode == 0, r.stderr
+    assert "map " not in r.stderr
+    weights = load_file(out / "model.safetensors")
+    assert "decoder.layers.0.self_attention.linear_qkv.weight" in weights
+    assert weights["embedding.word_embeddings.weight"].shape[0] == 64  # megatron's padded vocabulary
+
+
+@pytest.mark.parametrize("field,value,names", [
+    ("hidden_size", 16, ["model.embed_tokens.weight", "hidden_size = 16"]),
+    ("num_key_value_heads", 1, ["decoder.layers.0.self_attention.linear_qkv.weight", "num_key_value_heads"]),
+    ("intermediate_size", 40, ["decoder.layers.0.mlp.linear_fc1.weight", "intermediate_size"]),
+    ("vocab_size", 70, ["embedding.word_embeddings.weight", "vocab_size = 70"]),
+])
+def test_a_shape_the_config_does_not_give_is_exit_3_and_writes_nothing(field, value, names, tmp_path, run_ckptconv):
+    config = tmp_path / "config"
+    shutil.copytree(ARCH / "llama_gqa_tp2pp2" / "hf_config", config)
+    cfg = json.loads((config / "config.json").read_text())
+    cfg[field] = value
+    (config / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, config=config)
+    assert r.returncode == 3, r.stderr
+    for n in names + ["config.json"]:
+        assert n in r.stderr, (n, r.stderr)
+    assert not out.exists() and list(tmp_path.iterdir()) == [config]
+
+
+def test_bad_map_requests_are_usage_errors(tmp_path, run_ckptconv):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rules": [{"from": "a", "to": "b"}]}')
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, "--map", str(bad))
+    assert r.returncode == 2 and "bad.json" in r.stderr and "shape" in r.stderr, r.stderr
+    bad.write_text("{")
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, "--map", str(bad))
+    assert r.returncode == 2 and "bad.json" in r.stderr, r.stderr
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, "--map", "no-such-map")
+    assert r.returncode == 2 and "megatron-gpt-llama" in r.stderr, r.stderr
+    r = run_ckptconv("consolidate", str(ARCH / "llama_gqa_tp2pp2" / "ckpt"), "--only", "model", "--map",
+                     "megatron-gpt-llama", "-o", f"{out}/")
+    assert r.returncode == 2 and "--config-from" in r.stderr, r.stderr
+    dcp = REPO / "testdata" / "dcp" / "fsdp2_adamw_ws1"
+    r = run_ckptconv("consolidate", str(dcp), "--only", "model", "--map", "megatron-gpt-llama", "--config-from",
+                     str(ARCH / "llama_gqa_tp2pp2" / "hf_config"), "-o", f"{out}/")
+    assert r.returncode == 2 and "a map for megatron-torch-dist sources" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_a_config_with_no_built_in_map_keeps_the_names_with_a_warning(tmp_path, run_ckptconv):
+    config = tmp_path / "config"
+    shutil.copytree(ARCH / "llama_gqa_tp2pp2" / "hf_config", config)
+    cfg = json.loads((config / "config.json").read_text())
+    cfg["architectures"] = ["GPTNeoXForCausalLM"]
+    (config / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, config=config)
+    assert r.returncode == 0, r.stderr
+    assert "no built-in map" in r.stderr and "GPTNeoXForCausalLM" in r.stderr
+    assert "decoder.final_layernorm.weight" in load_file(out / "model.safetensors")
+
+
+def test_a_map_streams_within_the_memory_limit(tmp_path, run_ckptconv):
+    """The split and unpadded tensors are gathered from strided pieces of the
+    TP chunks in slabs of --memory-limit: with 1 KiB (a few rows at a time)
+    the export is the same bytes as with the default 256 MiB."""
+    whole, slabs = tmp_path / "whole", tmp_path / "slabs"
+    assert _export(run_ckptconv, "llama_gqa_tp2pp2", whole).returncode == 0
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", slabs, "--memory-limit", "1K")
+    assert r.returncode == 0, r.stderr
+    assert (whole / "model.safetensors").read_bytes() == (slabs / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("case,tie,message", [
+    ("llama_gqa_tp2pp2", True, "'output_layer.weight' has no place in the model"),
+    ("llama_tied_tp2pp1", False, "'output_layer.weight' is missing"),
+])
+def test_the_output_layer_must_agree_with_tie_word_embeddings(case, tie, message, tmp_path, run_ckptconv):
+    """An untied model under a tying config would load with the embedding as
+    its output layer; a tied one under an untying config with a fresh one."""
+    config = tmp_path / "config"
+    shutil.copytree(ARCH / case / "hf_config", config)
+    cfg = json.loads((config / "config.json").read_text())
+    cfg["tie_word_embeddings"] = tie
+    (config / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, case, out, config=config)
+    assert r.returncode == 3 and message in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_dry_run_lists_the_mapped_tensors_and_writes_nothing(tmp_path, run_ckptconv):
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, "--dry-run", "-v")
+    assert r.returncode == 0, r.stderr
+    assert "21 tensors" in r.stdout and "model.layers.1.self_attn.v_proj.weight" in r.stdout
+    assert "lm_head.weight  float32 (60, 32)" in r.stdout  # unpadded from megatron's 64 rows
+    assert not out.exists()
+
+
+TITAN_MAP = REPO / "maps" / "torchtitan-llama3-llama.json"
+
+
+def _titan_export(run_ckptconv, out: Path, map_arg: str):
+    case = ARCH / "titan_llama3"
+    return run_ckptconv("consolidate", str(case / "ckpt"), "--map", map_arg, "--config-from", str(case / "hf_config"),
+                        "-o", f"{out}/")
+
+
+def test_torchtitan_llama3_export_gives_torchtitans_logits(tmp_path, run_ckptconv):
+    """torchtitan 0.3.0's Llama3Model (ComplexRoPE: interleaved rotary pairs)
+    saved with dcp.save; the map permutes wq and wk to Hugging Face's
+    half-split pairs, as torchtitan's own state-dict adapter does."""
+    out = tmp_path / "export"
+    r = _titan_export(run_ckptconv, out, "torchtitan-llama3-llama")
+    assert r.returncode == 0, r.stderr
+    got = _logits_diff(out, "titan_llama3")
+    assert got["architecture"] == "LlamaForCausalLM" and got["max_abs_logit"] > 0.5
+    assert got["max_abs_diff"] <= TOLERANCE, got
+    # Without the permutation the same weights load and run, and miss.
+    spec = json.loads(TITAN_MAP.read_text())
+    for rule in spec["rules"]:
+        rule.pop("permute_rope", None)
+    unpermuted = tmp_path / "unpermuted.json"
+    unpermuted.write_text(json.dumps(spec))
+    wrong = tmp_path / "wrong"
+    assert _titan_export(run_ckptconv, wrong, str(unpermuted)).returncode == 0
+    assert _logits_diff(wrong, "titan_llama3")["max_abs_diff"] > 1000 * TOLERANCE
+
+
+def test_a_dcp_export_gets_no_map_unless_asked(tmp_path, run_ckptconv):
+    """torchtitan's map lists no architecture: a DCP checkpoint exported with
+    a Llama config keeps its names, with no note and no warning."""
+    case = ARCH / "titan_llama3"
+    out = tmp_path / "export"
+    r = run_ckptconv("consolidate", str(REPO / "testdata" / "dcp" / "fsdp2_adamw_ws1"), "--only", "model",
+                     "--config-from", str(case / "hf_config"), "-o", f"{out}/")
+    assert r.returncode == 0, r.stderr
+    assert "map" not in r.stderr.replace(str(out), "").replace("--map", ""), r.stderr
+    assert "fc1.weight" in load_file(out / "model.safetensors")
