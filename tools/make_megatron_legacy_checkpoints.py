@@ -38,7 +38,27 @@ TP=1/PP=1 legacy save holds under ``model``, layers under their global
 index) is
 
     model_ref.pt    {name: tensor or object}
+    optim_ref.pt    {name: {"exp_avg", "exp_avg_sq"[, "param"]}, "common_step": step}
     case.json       versions, parallelism, model sizes, iteration
+
+The optimizer reference is megatron-core's own TP=1 view of the optimizer:
+each rank also saves ``optimizer.sharded_state_dict(...)`` (the
+``fully_reshardable`` layout for the DistributedOptimizer, the plain
+optimizer's own sharded state otherwise: parameter-shaped state tensors keyed
+by the model's sharded keys, which carry the TP layout) beside the model, and
+the TP=1/PP=1 process loads it with ``dist_checkpointing.load`` into a
+fresh optimizer's request; each state is named by the model parameter whose
+ShardedTensor has its key and layer offset (the module's own names, as in
+model_ref.pt). This path, not Megatron-LM's ``load_checkpoint``, because a
+legacy checkpoint loads only at the TP x PP that saved it. The
+DistributedOptimizer's states include its fp32 master ``param``; the plain
+fp32 optimizer has none (the model weight is its master) and one common step.
+
+``save_checkpoint``'s ``rng_state`` holds Python's ``random`` state, which the
+job does not seed, so a rerun writes different bytes there and only there
+(the model, optimizer and ``distrib_optim.pt`` tensors are the same bit for
+bit): ``optim_ref.pt`` was added to the committed cases by a rerun checked
+that way, leaving their rank files as first written.
 
 CUDA calls pointed at the CPU: those of tools/make_megatron_checkpoints.py
 (``_run_on_cpu``: ``torch.cuda.synchronize``/``current_device``/
@@ -189,28 +209,86 @@ def save_job(rank: int, ws: int, port: int, tp: int, pp: int, vpp, dp: int, dist
     release = iteration == "release"
     args.iteration = 0 if release else iteration
     save_checkpoint(args.iteration, ddps, opt, None, 0, release=release)
-    # The same weights through megatron-core's resharding save (keys are
-    # global, whichever stage holds them): the reference job reads them at
-    # TP=1/PP=1.
-    dist_checkpointing.save({f"chunk{v}": m.sharded_state_dict() for v, m in enumerate(models)}, dist_tmp)
+    # The same weights, and the optimizer's state per parameter, through
+    # megatron-core's resharding save (keys are global, whichever stage holds
+    # them; the optimizer's are its own fully_reshardable ones, built from the
+    # live optimizer objects): the reference job reads them at TP=1/PP=1.
+    msd = {f"chunk{v}": m.sharded_state_dict() for v, m in enumerate(models)}
+    optim_sd = opt.sharded_state_dict(msd, metadata={"distrib_optim_sharding_type": "fully_reshardable"})
+    dist_checkpointing.save({"model": msd, "optimizer": optim_sd}, dist_tmp)
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
 
 
-def reference_job(rank: int, ws: int, port: int, dist_tmp: str, out: str) -> None:
+def reference_job(rank: int, ws: int, port: int, dist_tmp: str, out: str, distopt: bool) -> None:
     _init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
-    args = megatron_args(1, 1, dist_tmp)
-    (model,), _, _ = build(args, 1, 1)
-    loaded = dist_checkpointing.load(model.sharded_state_dict(), dist_tmp)
-    model.load_state_dict(loaded, strict=False)
+    args = megatron_args(1, 1, dist_tmp, distopt=distopt)
+    (model,), _, opt = build(args, 1, 1)
+    msd = model.sharded_state_dict()
+    if distopt:
+        # A fresh DistributedOptimizer holds no state to load into:
+        # megatron-core's own helper allocates it (a zero-gradient step).
+        for inner in opt.chained_optimizers:
+            inner._init_optimizer_states_with_dummy_values()
+    request = {"model": msd, "optimizer": opt.sharded_state_dict(
+        msd, is_loading=True, metadata={"distrib_optim_sharding_type": "fully_reshardable"})}
+    loaded = dist_checkpointing.load(request, dist_tmp)
+    model.load_state_dict(loaded["model"], strict=False)
     ref = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v)
            for k, v in model.state_dict_for_save_checkpoint().items()}
     torch.save(ref, os.path.join(out, "model_ref.pt"))
+    torch.save(optim_reference(model, msd, request["optimizer"], loaded["optimizer"]),
+               os.path.join(out, "optim_ref.pt"))
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
+
+
+def optim_reference(model, msd, request, loaded) -> dict:
+    """{parameter name: {state: tensor}}: what megatron-core's
+    dist_checkpointing.load gives the TP=1/PP=1 optimizer's request, each
+    entry (key ``optimizer.state.<state>.<model key>``) named by the model
+    parameter whose ShardedTensor has that key and layer offset (names as in
+    model_ref.pt: the module's own, ``named_parameters``). The
+    DistributedOptimizer's states are exp_avg, exp_avg_sq and its fp32 master
+    ``param``; the plain fp32 optimizer's exp_avg and exp_avg_sq (its master
+    is the model weight), and its common step under ``common_step``."""
+    from make_megatron_checkpoints import _pairs
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_key = {}
+    for state_key, value in msd.items():
+        sh = next(_pairs(value, value), (None,))[0]  # None: a ShardedObject (_extra_state)
+        # The ShardedTensor holds the Parameter itself, except the output
+        # layer's (a separate tensor object), which is under its own name.
+        name = names.get(id(getattr(value, "data", None)))
+        if name is None and state_key in names.values():
+            name = state_key
+        if sh is not None and name is not None:
+            by_key[(sh.key, tuple(sh.global_offset[:sh.prepend_axis_num]))] = name
+    ref = {}
+    prefix = "optimizer.state."
+    for sh, value in _pairs(request, loaded):
+        assert sh.key.startswith(prefix), sh.key
+        kind, model_key = sh.key[len(prefix):].split(".", 1)
+        name = by_key[(model_key, tuple(sh.global_offset[:sh.prepend_axis_num]))]
+        ref.setdefault(name, {})[kind] = value.detach().clone()
+    ref = {n: ref[n] for n in names.values() if n in ref}  # the model's parameter order
+    step = _find(loaded, "common_step")
+    if step is not None:
+        ref["common_step"] = step
+    return ref
+
+
+def _find(tree, key):
+    """The value under `key` anywhere in a nested dict, or None."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            found = v if k == key else _find(v, key)
+            if found is not None:
+                return found
+    return None
 
 
 def make_case(name: str, out_root: Path) -> None:
@@ -223,7 +301,7 @@ def make_case(name: str, out_root: Path) -> None:
     ws = tp * pp * dp
     with tempfile.TemporaryDirectory() as dist_tmp:
         mp.spawn(save_job, args=(ws, free_port(), tp, pp, vpp, dp, distopt, iteration, str(ckpt), dist_tmp), nprocs=ws, join=True)
-        mp.spawn(reference_job, args=(1, free_port(), dist_tmp, str(case)), nprocs=1, join=True)
+        mp.spawn(reference_job, args=(1, free_port(), dist_tmp, str(case), distopt), nprocs=1, join=True)
     import megatron.core
     info = {
         "megatron_core": megatron.core.__version__, "megatron_lm": "core_v0.16.1", "torch": torch.__version__,
