@@ -3,12 +3,13 @@ tools/make_megatron_legacy_checkpoints.py): a GPT (local spec, SwiGLU,
 grouped-query attention) saved by Megatron-LM's own save_checkpoint at
 TP=2 x PP=2 with the plain optimizer, at PP=2 with 2 virtual stages per
 pipeline rank (model0/model1 in each file, layers interleaved), and at TP=2 x
-DP=2 with the distributed optimizer (distrib_optim.pt beside each rank file,
-not read: the model is).
+DP=2 with the distributed optimizer (distrib_optim.pt beside each rank file).
 
-The reference is megatron-core's own reading of the same weights into a
+The references are megatron-core's own reading of the same weights into a
 TP=1/PP=1 model (dist_checkpointing.load, then state_dict_for_save_checkpoint):
-what the consolidated model must be, bit for bit."""
+what the consolidated model must be, bit for bit; and of the same job's
+optimizer state into a TP=1 optimizer (optim_ref.pt): what --only optim must
+be, bit for bit."""
 import enum
 import json
 import shutil
@@ -272,7 +273,119 @@ def test_a_parameter_the_tp_rules_do_not_know_is_refused(tmp_path, run_ckptconv,
     assert not list(tmp_path.glob("m.pt*"))
 
 
-def test_only_optim_is_refused_saying_why(tmp_path, run_ckptconv):
-    r = run_ckptconv("consolidate", str(CASE / "ckpt" / ITER), "-o", str(tmp_path / "o.pt"), "--only", "optim")
-    assert r.returncode == 3 and "not supported yet" in r.stderr
+# ---- --only optim ----
+
+OPTIM_CASES = {"gpt_tp2pp2": "iter_0000007", "gpt_pp2_vpp2": "iter_0000003", "gpt_tp2_dp2_distopt": "iter_0000005"}
+
+
+def copy_case(tmp_path, case):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(ROOT / case / "ckpt", dst)
+    return dst / OPTIM_CASES[case]
+
+
+@pytest.mark.parametrize("case", list(OPTIM_CASES))
+def test_only_optim_equals_megatron_cores_tp1_view(case, tmp_path, run_ckptconv):
+    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "o.pt", "--only", "optim")
+    got, ref = load(tmp_path / "o.pt"), load(ROOT / case / "optim_ref.pt")
+    common_step = ref.pop("common_step", None)
+    # The same parameter names as --only model, in the model's order, each
+    # state bit-equal to what megatron-core's load gives the TP=1 optimizer
+    # (the bytes are copied: ranges of distrib_optim.pt's flat buffers, or
+    # the plain optimizer's TP pieces, joined as the parameter is).
+    assert list(got["state"]) == list(ref) == [k for k, v in load(ROOT / case / "model_ref.pt").items()
+                                               if isinstance(v, torch.Tensor)]
+    for name, states in ref.items():
+        assert list(got["state"][name]) == list(states), name
+        for kind, want in states.items():
+            have = got["state"][name][kind]
+            assert have.dtype == want.dtype and torch.equal(have, want), (name, kind)
+    distributed = case == "gpt_tp2_dp2_distopt"
+    assert ("param" in got["state"]["output_layer.weight"]) == distributed  # the fp32 master
+    if distributed:  # the master equals the weight (fp32 parameters)
+        model = load(ROOT / case / "model_ref.pt")
+        assert all(torch.equal(got["state"][n]["param"], model[n]) for n in ref)
+    # param_groups: the default (weight decay) group, then wd_mult 0 (biases
+    # and 1-d parameters), as stored without their per-rank `params`, the
+    # step where the distributed optimizer keeps it.
+    groups = got["param_groups"]
+    assert [g["wd_mult"] for g in groups] == [1.0, 0.0]
+    assert all("params" not in g for g in groups)
+    for g in groups:
+        assert float(g["step"]) == 1.0
+        if common_step is not None:
+            assert torch.equal(g["step"], common_step)
+
+
+def test_optim_layout_of_another_megatron_core_is_refused_naming_it(tmp_path, run_ckptconv):
+    # A distrib_optim.pt without `buckets_coalesced` is the per-bucket layout
+    # of older megatron-core: refused, not guessed.
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    path = it / "mp_rank_01" / "distrib_optim.pt"
+    sd = load(path)
+    del sd["buckets_coalesced"]
+    torch.save(sd, path)
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_01/distrib_optim.pt" in r.stderr and "buckets_coalesced" in r.stderr and "0.16" in r.stderr
     assert not list(tmp_path.glob("o.pt*"))
+    # The model does not need it.
+    consolidate(run_ckptconv, it, tmp_path / "m.pt", "--only", "model")
+
+
+def test_a_buffer_the_016_layout_does_not_account_for_is_refused(tmp_path, run_ckptconv):
+    # The same state without the 64-element alignment between parameters
+    # (1440 elements instead of 3648): another version's rules.
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    path = it / "mp_rank_00" / "distrib_optim.pt"
+    sd = load(path)
+    (key, buf), = sd[0].items()
+    for k in ("param", "exp_avg", "exp_avg_sq"):
+        buf[k] = buf[k][:1440].clone()
+    buf["numel_unpadded"] = 1440
+    torch.save(sd, path)
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_00/distrib_optim.pt: grad buffer 0 holds 1440 elements" in r.stderr
+    assert "gives 3648" in r.stderr and "does not guess" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_a_missing_distrib_optim_pt_is_named(tmp_path, run_ckptconv):
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    (it / "mp_rank_01" / "distrib_optim.pt").unlink()
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3 and "mp_rank_01/distrib_optim.pt: missing" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_bucketed_grad_buffers_are_refused_naming_the_arg(tmp_path, run_ckptconv, megatron_enums):
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    _rewrite(it / "mp_rank_00" / "model_optim_rng.pt", lambda a: setattr(a, "overlap_grad_reduce", True), "args")
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3 and "args.overlap_grad_reduce = True" in r.stderr and "does not guess" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_a_param_group_outside_the_standard_rules_is_refused(tmp_path, run_ckptconv, megatron_enums):
+    # Which parameters a group holds is not stored: a group the 0.16 rules
+    # do not make (an lr_mult override) cannot be named.
+    root = copy_ckpt(tmp_path)
+    _rewrite(rank_file(root, "mp_rank_01_001"), lambda o: o["param_groups"][0].__setitem__("lr_mult", 2.0),
+             "optimizer")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_01_001/model_optim_rng.pt: optimizer param group 0" in r.stderr
+    assert "standard groups" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_optimizer_state_of_the_wrong_shape_is_refused(tmp_path, run_ckptconv, megatron_enums):
+    # A state tensor whose shape is not the parameter's the grouping names:
+    # the rules do not fit this file, so nothing is named by them.
+    root = copy_ckpt(tmp_path)
+    _rewrite(rank_file(root, "mp_rank_00_000"),
+             lambda o: o["state"][0].__setitem__("exp_avg", torch.zeros(3)), "optimizer")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3 and "optimizer state 0 'exp_avg' is (3,)" in r.stderr
+    assert "embedding.word_embeddings.weight" in r.stderr
