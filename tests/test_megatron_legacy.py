@@ -2,8 +2,10 @@
 tools/make_megatron_legacy_checkpoints.py): a GPT (local spec, SwiGLU,
 grouped-query attention) saved by Megatron-LM's own save_checkpoint at
 TP=2 x PP=2 with the plain optimizer, at PP=2 with 2 virtual stages per
-pipeline rank (model0/model1 in each file, layers interleaved), and at TP=2 x
-DP=2 with the distributed optimizer (distrib_optim.pt beside each rank file).
+pipeline rank (model0/model1 in each file, layers interleaved), at TP=2 x
+DP=2 with the distributed optimizer (distrib_optim.pt beside each rank file),
+and at TP=2 in bf16 with the mixed-precision optimizer (fp32 masters in
+fp32_from_fp16_params).
 
 The references are megatron-core's own reading of the same weights into a
 TP=1/PP=1 model (dist_checkpointing.load, then state_dict_for_save_checkpoint):
@@ -77,7 +79,7 @@ def test_the_fixture_is_megatron_lms_own_save():
     assert folders == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
 
 
-@pytest.mark.parametrize("case", ["gpt_tp2pp2", "gpt_pp2_vpp2", "gpt_tp2_dp2_distopt"])
+@pytest.mark.parametrize("case", ["gpt_tp2pp2", "gpt_pp2_vpp2", "gpt_tp2_dp2_distopt", "gpt_tp2_bf16"])
 def test_only_model_equals_megatron_load_at_tp1_pp1(case, tmp_path, run_ckptconv):
     consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "m.pt", "--only", "model")
     got, want = load(tmp_path / "m.pt"), load(ROOT / case / "model_ref.pt")
@@ -275,7 +277,12 @@ def test_a_parameter_the_tp_rules_do_not_know_is_refused(tmp_path, run_ckptconv,
 
 # ---- --only optim ----
 
-OPTIM_CASES = {"gpt_tp2pp2": "iter_0000007", "gpt_pp2_vpp2": "iter_0000003", "gpt_tp2_dp2_distopt": "iter_0000005"}
+OPTIM_CASES = {"gpt_tp2pp2": "iter_0000007", "gpt_pp2_vpp2": "iter_0000003", "gpt_tp2_dp2_distopt": "iter_0000005",
+               "gpt_tp2_bf16": "iter_0000009"}
+# megatron-core's name for the mixed-precision optimizer's fp32 master in its
+# sharded save; ckptconv calls every fp32 master `param`, as the distributed
+# optimizer's is called (and as --only optim of torch_dist gives it).
+REF_KIND = {"fp32_param": "param"}
 
 
 def copy_case(tmp_path, case):
@@ -295,16 +302,23 @@ def test_only_optim_equals_megatron_cores_tp1_view(case, tmp_path, run_ckptconv)
     # the plain optimizer's TP pieces, joined as the parameter is).
     assert list(got["state"]) == list(ref) == [k for k, v in load(ROOT / case / "model_ref.pt").items()
                                                if isinstance(v, torch.Tensor)]
+    # The fp32 master (`param`) where the optimizer keeps one: the
+    # distributed optimizer, and the mixed-precision one of a bf16 job.
+    kinds = ["param", "exp_avg", "exp_avg_sq"] if case in ("gpt_tp2_dp2_distopt", "gpt_tp2_bf16") else \
+        ["exp_avg", "exp_avg_sq"]
     for name, states in ref.items():
-        assert list(got["state"][name]) == list(states), name
+        assert list(got["state"][name]) == kinds, name
+        assert sorted(REF_KIND.get(k, k) for k in states) == sorted(kinds), name
         for kind, want in states.items():
-            have = got["state"][name][kind]
+            have = got["state"][name][REF_KIND.get(kind, kind)]
             assert have.dtype == want.dtype and torch.equal(have, want), (name, kind)
-    distributed = case == "gpt_tp2_dp2_distopt"
-    assert ("param" in got["state"]["output_layer.weight"]) == distributed  # the fp32 master
-    if distributed:  # the master equals the weight (fp32 parameters)
-        model = load(ROOT / case / "model_ref.pt")
-        assert all(torch.equal(got["state"][n]["param"], model[n]) for n in ref)
+    model = load(ROOT / case / "model_ref.pt")
+    if "param" in kinds:  # the weight is the master, in the model's dtype (bf16: rounded)
+        for n in ref:
+            master = got["state"][n]["param"]
+            assert master.dtype == torch.float32
+            assert torch.equal(master.to(model[n].dtype), model[n]), n
+        assert model["output_layer.weight"].dtype == (torch.bfloat16 if case == "gpt_tp2_bf16" else torch.float32)
     # param_groups: the default (weight decay) group, then wd_mult 0 (biases
     # and 1-d parameters), as stored without their per-rank `params`, the
     # step where the distributed optimizer keeps it.
@@ -389,3 +403,15 @@ def test_optimizer_state_of_the_wrong_shape_is_refused(tmp_path, run_ckptconv, m
     r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "o.pt"), "--only", "optim")
     assert r.returncode == 3 and "optimizer state 0 'exp_avg' is (3,)" in r.stderr
     assert "embedding.word_embeddings.weight" in r.stderr
+
+
+def test_masters_that_do_not_match_the_16_bit_parameters_are_refused(tmp_path, run_ckptconv, megatron_enums):
+    # bf16 job: one fp32 master per bf16 parameter of each group, in order;
+    # one missing leaves the others unnamed.
+    it = copy_case(tmp_path, "gpt_tp2_bf16")
+    _rewrite(it / "mp_rank_01" / "model_optim_rng.pt", lambda o: o["fp32_from_fp16_params"][1].pop(), "optimizer")
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_01/model_optim_rng.pt: optimizer param group 1" in r.stderr
+    assert "fewer fp32_from_fp16_params than 16-bit parameters" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))

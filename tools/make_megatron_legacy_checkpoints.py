@@ -76,7 +76,10 @@ Cases: ``gpt_tp2pp2`` (TP=2 x PP=2, iteration 7), ``gpt_pp2_vpp2``
 file, one layer each; iteration 3) and ``gpt_tp2_dp2_distopt`` (TP=2 x DP=2
 with ``--use-distributed-optimizer``: ``distrib_optim.pt`` beside each rank
 file, written by the DistributedOptimizer's ``save_parameter_state``;
-iteration 5).
+iteration 5) and ``gpt_tp2_bf16`` (TP=2 with ``--bf16``: the chunks wrapped
+in ``Float16Module`` as ``get_model`` does, megatron's mixed-precision
+optimizer saving ``fp32_from_fp16_params``, gradients accumulated in fp32;
+iteration 9).
 """
 
 from __future__ import annotations
@@ -97,16 +100,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_megatron_checkpoints import _run_on_cpu, free_port  # noqa: E402
 
 # Cases: name -> (tp, pp, virtual stages per pipeline rank or None, dp, distributed optimizer,
-# iteration or "release").
+# iteration or "release"[, "bf16"]).
 CASES = {
     "gpt_tp2pp2": (2, 2, None, 1, False, 7),
     "gpt_pp2_vpp2": (1, 2, 2, 1, False, 3),
     "gpt_tp2_dp2_distopt": (2, 1, None, 2, True, 5),
+    "gpt_tp2_bf16": (2, 1, None, 1, False, 9, "bf16"),
 }
 NUM_LAYERS, HIDDEN, HEADS, GROUPS, FFN, VOCAB, SEQ = 4, 8, 4, 2, 12, 16, 8
 
 
-def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None, dp: int = 1, distopt: bool = False):
+def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None, dp: int = 1, distopt: bool = False,
+                  bf16: bool = False):
     """Megatron-LM's own args for this model, parsed from its command line."""
     from megatron.training.arguments import parse_args
     argv = ["--num-layers", str(NUM_LAYERS), "--hidden-size", str(HIDDEN), "--num-attention-heads", str(HEADS),
@@ -123,6 +128,8 @@ def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None, dp: int =
         argv += ["--num-virtual-stages-per-pipeline-rank", str(vpp)]
     if distopt:
         argv += ["--use-distributed-optimizer"]
+    if bf16:
+        argv += ["--bf16"]
     saved = sys.argv
     sys.argv = ["pretrain_gpt.py"] + argv
     try:
@@ -134,7 +141,9 @@ def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None, dp: int =
     args.world_size = tp * pp * dp
     args.data_parallel_size = dp
     args.padded_vocab_size = VOCAB
-    args.params_dtype = torch.float32
+    args.params_dtype = torch.bfloat16 if bf16 else torch.float32
+    if bf16:  # validate_args: bf16 accumulates and all-reduces gradients in fp32
+        args.accumulate_allreduce_grads_in_fp32 = True
     return args
 
 
@@ -164,10 +173,16 @@ def build(args, tp: int, pp: int, vpp: int | None = None):
                                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
                                vp_stage=v if vpp else None))
     distopt = args.use_distributed_optimizer
-    ddps = [DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=distopt),
-                                    module=m) for m in models]
+    # get_model: a bf16 job's chunks are wrapped in Float16Module, which casts
+    # every parameter (layer norms included) to bf16 and delegates the state
+    # dicts to the model.
+    from megatron.core.transformer.module import Float16Module
+    wrapped = [Float16Module(config, m) for m in models] if args.bf16 else models
+    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=distopt,
+                                               grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32)
+    ddps = [DistributedDataParallel(config, ddp_config, module=m) for m in wrapped]
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=distopt,
-                                                 params_dtype=torch.float32), ddps)
+                                                 params_dtype=args.params_dtype, bf16=args.bf16), ddps)
     return models, ddps, opt
 
 
@@ -194,11 +209,11 @@ def _init(rank: int, ws: int, port: int) -> None:
 
 
 def save_job(rank: int, ws: int, port: int, tp: int, pp: int, vpp, dp: int, distopt: bool, iteration, out: str,
-             dist_tmp: str) -> None:
+             dist_tmp: str, bf16: bool = False) -> None:
     _init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
     from megatron.training.checkpointing import save_checkpoint
-    args = megatron_args(tp, pp, out, vpp, dp, distopt)
+    args = megatron_args(tp, pp, out, vpp, dp, distopt, bf16)
     models, ddps, opt = build(args, tp, pp, vpp)
     for v, model in enumerate(models):
         set_gradients(model, salt=v)
@@ -221,10 +236,10 @@ def save_job(rank: int, ws: int, port: int, tp: int, pp: int, vpp, dp: int, dist
     dist.destroy_process_group()
 
 
-def reference_job(rank: int, ws: int, port: int, dist_tmp: str, out: str, distopt: bool) -> None:
+def reference_job(rank: int, ws: int, port: int, dist_tmp: str, out: str, distopt: bool, bf16: bool = False) -> None:
     _init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
-    args = megatron_args(1, 1, dist_tmp, distopt=distopt)
+    args = megatron_args(1, 1, dist_tmp, distopt=distopt, bf16=bf16)
     (model,), _, opt = build(args, 1, 1)
     msd = model.sharded_state_dict()
     if distopt:
@@ -292,7 +307,8 @@ def _find(tree, key):
 
 
 def make_case(name: str, out_root: Path) -> None:
-    tp, pp, vpp, dp, distopt, iteration = CASES[name]
+    tp, pp, vpp, dp, distopt, iteration, *flags = CASES[name]
+    bf16 = "bf16" in flags
     case = out_root / name
     if case.exists():
         shutil.rmtree(case)
@@ -300,8 +316,9 @@ def make_case(name: str, out_root: Path) -> None:
     ckpt.mkdir(parents=True)
     ws = tp * pp * dp
     with tempfile.TemporaryDirectory() as dist_tmp:
-        mp.spawn(save_job, args=(ws, free_port(), tp, pp, vpp, dp, distopt, iteration, str(ckpt), dist_tmp), nprocs=ws, join=True)
-        mp.spawn(reference_job, args=(1, free_port(), dist_tmp, str(case), distopt), nprocs=1, join=True)
+        mp.spawn(save_job, args=(ws, free_port(), tp, pp, vpp, dp, distopt, iteration, str(ckpt), dist_tmp, bf16),
+                 nprocs=ws, join=True)
+        mp.spawn(reference_job, args=(1, free_port(), dist_tmp, str(case), distopt, bf16), nprocs=1, join=True)
     import megatron.core
     info = {
         "megatron_core": megatron.core.__version__, "megatron_lm": "core_v0.16.1", "torch": torch.__version__,
@@ -312,6 +329,9 @@ def make_case(name: str, out_root: Path) -> None:
         "num_query_groups": GROUPS, "ffn_hidden_size": FFN, "vocab_size": VOCAB,
         "spec": "get_gpt_layer_local_spec (SwiGLU, GQA)", "optimizer": "adam, " + ("distributed (distrib_optim.pt)" if distopt else "plain (not distributed)"),
     }
+    if bf16:
+        info["params_dtype"] = "bfloat16"
+        info["optimizer"] += ", mixed precision (fp32_from_fp16_params)"
     (case / "case.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"{name}: {sum(f.stat().st_size for f in case.rglob('*') if f.is_file())} bytes")
 

@@ -477,8 +477,11 @@ class LegacyReader {
   ValuePtr merged_optim(CheckpointModel& model) {
     if (!complete_) return Value::dict();  // validate reads on; nothing is built from part of the ranks
     const bool distributed = bool_arg("use_distributed_optimizer");
-    const std::vector<std::string> kinds = distributed ? std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"}
-                                                       : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+    // `param`: the fp32 master, which the distributed optimizer and the
+    // mixed-precision one keep; a plain fp32 optimizer's is the weight itself.
+    const std::vector<std::string> kinds = distributed || mixed_precision_plain()
+                                               ? std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"}
+                                               : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
     // (tp, pp) -> chunk -> kind -> {name: tensor}
     std::map<std::pair<int, int>, std::vector<std::map<std::string, ValuePtr>>> per_rank;
     for (RankFile& r : ranks_)
@@ -629,18 +632,41 @@ class LegacyReader {
     return out;
   }
 
-  // The plain optimizer's state of rank `r` (torch Adam's state_dict under
-  // `optimizer`): state indices named by megatron-core 0.16's param groups.
-  std::vector<std::map<std::string, ValuePtr>> plain_state(RankFile& r, const std::vector<std::string>& kinds) {
+  // The plain optimizer's `optimizer` entry of rank `r`, a dict.
+  ValuePtr plain_optimizer(const RankFile& r) const {
     ValuePtr opt = r.decoded->root->get("optimizer");
     if (!opt) fail_data_loss(r.path + ": no 'optimizer' entry");
     opt = mapping_of(opt);
     if (!opt->is(Kind::kDict)) fail_data_loss(r.path + ": 'optimizer' is not a dict");
-    if (opt->get("fp32_from_fp16_params") || opt->get("optimizer"))
-      fail(ErrorCode::kUnimplemented,
-           r.path +
-               ": the mixed-precision optimizer's state (fp32_from_fp16_params): --only optim of it is not "
-               "supported yet");
+    return opt;
+  }
+
+  // Float16OptimizerWithFloat16Params (fp16/bf16 jobs) saves {"optimizer":
+  // torch's state_dict, "fp32_from_fp16_params": the fp32 masters per group,
+  // "grad_scaler" under fp16}; FP32Optimizer torch's state_dict alone.
+  bool mixed_precision_plain() const {
+    return !bool_arg("use_distributed_optimizer") && ranks_.at(0).decoded &&
+           plain_optimizer(ranks_.at(0))->get("fp32_from_fp16_params") != nullptr;
+  }
+
+  // The plain optimizer's state of rank `r` (torch Adam's state_dict under
+  // `optimizer`, and the mixed-precision wrapper's fp32 masters): state
+  // indices named by megatron-core 0.16's param groups.
+  std::vector<std::map<std::string, ValuePtr>> plain_state(RankFile& r, const std::vector<std::string>& kinds) {
+    ValuePtr opt = plain_optimizer(r);
+    ValuePtr masters = opt->get("fp32_from_fp16_params");
+    if (masters) {
+      opt = mapping_of(opt->at("optimizer"));
+      if (!opt->is(Kind::kDict))
+        fail_data_loss(r.path + ": 'optimizer' of the mixed-precision optimizer is not a dict");
+    } else if (opt->get("optimizer")) {
+      fail(ErrorCode::kUnimplemented, r.path +
+                                          ": an 'optimizer' entry wrapping another 'optimizer' without "
+                                          "fp32_from_fp16_params: not a plain optimizer ckptconv knows");
+    }
+    if ((masters != nullptr) != (std::find(kinds.begin(), kinds.end(), "param") != kinds.end()))
+      fail_data_loss(r.path + ": fp32_from_fp16_params " + (masters ? "present" : "absent") +
+                     ", unlike in TP 0 / PP 0's file; one job saves one kind of optimizer");
     if (ValuePtr d = args_->get("decoupled_lr"); d && !d->is(Kind::kNone))
       refuse_arg(r, "decoupled_lr", "it adds a param group of embedding and output parameters");
     if (bool_arg("apply_wd_to_qk_layernorm"))
@@ -679,6 +705,13 @@ class LegacyReader {
       for (const auto& cp : all)
         if (no_weight_decay_v016(cp.second) == no_wd) members.push_back(&cp);
       const auto& indices = group->at("params")->as_sequence();
+      std::vector<ValuePtr> group_masters;
+      if (masters) {
+        const auto& all_masters = masters->as_sequence();
+        if (g >= all_masters.size()) fail_data_loss(what + ": no fp32_from_fp16_params for it");
+        group_masters = all_masters[g]->as_sequence();
+      }
+      std::size_t next_master = 0;
       if (indices.size() != members.size())
         fail(ErrorCode::kUnimplemented,
              what + " holds " + std::to_string(indices.size()) + " parameters; megatron-core 0.16's rule (" +
@@ -693,6 +726,7 @@ class LegacyReader {
         if (!entry)
           fail_data_loss(what + ": no optimizer state for parameter " + std::to_string(idx) + " (" + p.name + ")");
         for (const std::string& kind : kinds) {
+          if (kind == "param") continue;  // the master: fp32_from_fp16_params, below
           ValuePtr val = entry->at(kind);
           const TensorEntry* t = tensor_of(*r.decoded, *val);
           if (!t || t->shape != p.shape)
@@ -702,9 +736,31 @@ class LegacyReader {
                                                 " of shape " + shape_str(p.shape) + ": not a grouping ckptconv knows");
           found[v][p.name][kind] = val;
         }
+        if (masters) {
+          // The fp32 masters of the group's 16-bit parameters, in order. A
+          // group mixing fp32 parameters in (no master of their own) is not
+          // what Megatron-LM's Float16Module makes, and megatron-core's own
+          // sharded save of one pairs masters with the wrong parameters.
+          if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
+            fail(ErrorCode::kUnimplemented, what + ": " + p.name + " is " + std::string(dtype_name(p.dtype)) +
+                                                " under the mixed-precision optimizer; only all-16-bit groups are "
+                                                "known");
+          if (next_master >= group_masters.size())
+            fail_data_loss(what + ": fewer fp32_from_fp16_params than 16-bit parameters");
+          ValuePtr master = group_masters[next_master++];
+          const TensorEntry* t = tensor_of(*r.decoded, *master);
+          if (!t || t->shape != p.shape || t->dtype != DType::kFloat32)
+            fail(ErrorCode::kUnimplemented, what + ": fp32_from_fp16_params entry " + std::to_string(next_master - 1) +
+                                                " is not a float32 " + shape_str(p.shape) + " (the master of " +
+                                                p.name + " by megatron-core 0.16's grouping)");
+          found[v][p.name]["param"] = master;
+        }
         check_common_step(r, entry, p.name);
         ++named;
       }
+      if (next_master != group_masters.size())
+        fail_data_loss(what + ": " + std::to_string(group_masters.size()) + " fp32_from_fp16_params for " +
+                       std::to_string(next_master) + " 16-bit parameters");
     }
     if (named != all.size())
       fail(ErrorCode::kUnimplemented, r.path + ": the optimizer's param groups hold " + std::to_string(named) +

@@ -15,7 +15,9 @@
 //     One bucket per buffer (overlap_grad_reduce off, or bucketing disabled
 //     for the chunk or stage) is the case covered.
 //   model_optim_rng.pt `optimizer` of the plain optimizer (torch Adam's
-//     state_dict, indices numbered over the param groups in order):
+//     state_dict, indices numbered over the param groups in order; under
+//     fp16/bf16 wrapped as {"optimizer": that, "fp32_from_fp16_params": the
+//     fp32 masters of each group's 16-bit parameters in order}):
 //     _get_param_groups puts a chunk's parameters, chunk after chunk, into
 //     the default group (weight decay) first, then the wd_mult=0 group of
 //     biases and 1-d parameters (the standard overrides without
