@@ -110,7 +110,7 @@ TEST_CASE("distrib_optim.pt buffers as megatron-core 0.16 lays them out", "[form
                                                   {"h", {5}, DType::kBFloat16},
                                                   {"c", {100}, DType::kFloat32}},
                                                  {{"d", {70}, DType::kFloat32}}};
-  std::vector<FlatBuffer> b = distopt_buffers_v016(chunks, /*grad_in_fp32=*/true);
+  std::vector<FlatBuffer> b = distopt_buffers_v016(chunks, /*grad_in_fp32=*/true, {});
   REQUIRE(b.size() == 3);  // chunk 0: fp32, then bf16 (first appearance); chunk 1: fp32
   // Reverse order, each start a multiple of 64: c [0, 100), b [128, 132), a [192, 195).
   CHECK(b[0].chunk == 0);
@@ -128,7 +128,16 @@ TEST_CASE("distrib_optim.pt buffers as megatron-core 0.16 lays them out", "[form
   CHECK(b[1].numel_unpadded == 5);
   CHECK(b[2].chunk == 1);
   CHECK(b[2].numel_unpadded == 70);
-  CHECK(distopt_buffers_v016(chunks, false)[1].grad_dtype == DType::kBFloat16);
+  CHECK(distopt_buffers_v016(chunks, false, {})[1].grad_dtype == DType::kBFloat16);
+  // Buckets of 100 elements in chunk 0: c fills the first (its 100
+  // elements close it), b starts the next right where c ends, a is 64-aligned
+  // within that bucket: 100 + 64 = 164.
+  std::vector<FlatBuffer> cut = distopt_buffers_v016(chunks, true, {100, 0});
+  CHECK(cut[0].places[0].start == 0);
+  CHECK(cut[0].places[1].start == 100);
+  CHECK(cut[0].places[2].start == 164);
+  CHECK(cut[0].numel_unpadded == 167);
+  CHECK(cut[2].numel_unpadded == 70);
   CHECK(no_weight_decay_v016({"x.bias", {4, 4}, DType::kFloat32}));
   CHECK(no_weight_decay_v016({"x.weight", {4}, DType::kFloat32}));
   CHECK_FALSE(no_weight_decay_v016({"x.weight", {4, 4}, DType::kFloat32}));

@@ -14,7 +14,8 @@ uint64_t pad_to(uint64_t n, uint64_t divisor) { return (n + divisor - 1) / divis
 
 }  // namespace
 
-std::vector<FlatBuffer> distopt_buffers_v016(const std::vector<std::vector<LocalParam>>& chunks, bool grad_in_fp32) {
+std::vector<FlatBuffer> distopt_buffers_v016(const std::vector<std::vector<LocalParam>>& chunks, bool grad_in_fp32,
+                                             const std::vector<uint64_t>& bucket_size) {
   std::vector<FlatBuffer> out;
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     // DistributedDataParallel: one buffer per (param dtype, grad dtype), in
@@ -32,11 +33,16 @@ std::vector<FlatBuffer> distopt_buffers_v016(const std::vector<std::vector<Local
       b.chunk = c;
       b.param_dtype = dtype;
       b.grad_dtype = grad_in_fp32 ? DType::kFloat32 : dtype;
-      uint64_t end = 0;
+      // In the saved (unpadded) coordinates: `bucket` is where the current
+      // bucket starts, `end` where its last parameter ends. Buckets start at
+      // multiples of lcm(DP, 128), so alignment within a bucket is alignment.
+      const uint64_t size = c < bucket_size.size() ? bucket_size[c] : 0;
+      uint64_t bucket = 0, end = 0;
       for (auto it = members.rbegin(); it != members.rend(); ++it) {  // reverse: roughly backprop order
-        const uint64_t start = pad_to(end, kParamAlign);
+        const uint64_t start = bucket + pad_to(end - bucket, kParamAlign);
         b.places.push_back({*it, start});
         end = start + chunks[c][*it].numel();
+        if (size > 0 && end - bucket >= size) bucket = end;  // the bucket is full: the next starts here
       }
       b.numel_unpadded = end;
       out.push_back(std::move(b));

@@ -10,10 +10,14 @@
 //     appear among its parameters), flat fp32 `param` (the fp32 master),
 //     `exp_avg`, `exp_avg_sq` of `numel_unpadded` elements, DP shards
 //     gathered. _ParamAndGradBuffer lays a buffer's parameters out in reverse
-//     registration order, each starting at a multiple of 64 elements; the
-//     world tensors keep that padding and drop only the bucket-end padding.
-//     One bucket per buffer (overlap_grad_reduce off, or bucketing disabled
-//     for the chunk or stage) is the case covered.
+//     registration order, each starting at a multiple of 64 elements, and
+//     closes a bucket after the parameter that brings it to `bucket_size`
+//     elements (when there is a bucket size: overlap_grad_reduce, pipeline
+//     rank 0, the first chunk); the end of a bucket is padded to a multiple
+//     of lcm(DP, 128). The world tensors keep the padding between
+//     parameters and drop each bucket's end padding, so a bucket's
+//     parameters start right after the previous bucket's last one, aligned
+//     within their bucket.
 //   model_optim_rng.pt `optimizer` of the plain optimizer (torch Adam's
 //     state_dict, indices numbered over the param groups in order; under
 //     fp16/bf16 wrapped as {"optimizer": that, "fp32_from_fp16_params": the
@@ -55,9 +59,11 @@ struct FlatBuffer {
 };
 
 // The grad buffers megatron-core 0.16 builds for these chunks, in gbuf
-// index order (one bucket each). `grad_in_fp32`: args.
-// accumulate_allreduce_grads_in_fp32 (the grad dtype is then float32).
-std::vector<FlatBuffer> distopt_buffers_v016(const std::vector<std::vector<LocalParam>>& chunks, bool grad_in_fp32);
+// index order. `grad_in_fp32`: args.accumulate_allreduce_grads_in_fp32 (the
+// grad dtype is then float32). `bucket_size[c]`: chunk c's bucket size in
+// elements, 0 for one bucket (no bucketing).
+std::vector<FlatBuffer> distopt_buffers_v016(const std::vector<std::vector<LocalParam>>& chunks, bool grad_in_fp32,
+                                             const std::vector<uint64_t>& bucket_size);
 
 // Whether megatron-core 0.16's standard overrides exempt `p` from weight
 // decay (its "*.bias" name glob or a 1-d shape).
