@@ -455,3 +455,14 @@ def test_masters_that_do_not_match_the_16_bit_parameters_are_refused(tmp_path, r
     assert "mp_rank_01/model_optim_rng.pt: optimizer param group 1" in r.stderr
     assert "fewer fp32_from_fp16_params than 16-bit parameters" in r.stderr
     assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_a_truncated_distrib_optim_pt_is_named(tmp_path, run_ckptconv):
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    path = it / "mp_rank_01" / "distrib_optim.pt"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3 and "mp_rank_01/distrib_optim.pt" in r.stderr, r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+    # The model does not read it.
+    consolidate(run_ckptconv, it, tmp_path / "m.pt", "--only", "model")

@@ -131,9 +131,6 @@ class LegacyReader {
     model.source = dir_;
     model.info.kind = SourceKind::kMegatronLegacy;
     model.info.world_sizes = {static_cast<int>(degrees_.tp * degrees_.pp)};
-    for (const RankFile& r : ranks_)
-      if (r.decoded) model.info.files.push_back(r.path);
-    std::sort(model.info.files.begin(), model.info.files.end());
     add_facts(model);
     ValuePtr root = Value::dict();
     if (only_ == "optim") {
@@ -142,6 +139,12 @@ class LegacyReader {
       if (complete_) root->entries.emplace_back(Value::str("model"), merged_model(model));
       if (only_.empty()) add_job_entries(model, root);
     }
+    // The files read: every rank file, and the distrib_optim.pt files
+    // --only optim of the distributed optimizer reads.
+    for (const RankFile& r : ranks_)
+      if (r.decoded) model.info.files.push_back(r.path);
+    model.info.files.insert(model.info.files.end(), optim_files_.begin(), optim_files_.end());
+    std::sort(model.info.files.begin(), model.info.files.end());
     model.root = root;
     prune_unreferenced(model.root, model.tensors);
     return model;
@@ -553,6 +556,7 @@ class LegacyReader {
     if (!is_regular_file(path))
       fail(ErrorCode::kNotFound,
            path + ": missing; args.use_distributed_optimizer says the optimizer's state is there");
+    optim_files_.push_back(path);
     torch_pt::QuarantinedPt f = torch_pt::decode_quarantined(
         path, -1, sink_, "", [](const std::string&) { return true; }, "the distributed optimizer's state",
         "a DistributedOptimizer parameter state (distrib_optim.pt)");
@@ -855,8 +859,9 @@ class LegacyReader {
   std::vector<RankFile> ranks_;  // pp-major, tp-minor
   int64_t iteration_ = -1;
   bool complete_ = true;
-  std::optional<TensorEntry> step_;  // the plain optimizer's common step (check_common_step)
-  std::string step_bytes_;           // every rank file read (validate reads on past a missing one)
+  std::vector<std::string> optim_files_;  // the distrib_optim.pt files read
+  std::optional<TensorEntry> step_;       // the plain optimizer's common step (check_common_step)
+  std::string step_bytes_;                // every rank file read (validate reads on past a missing one)
 };
 
 }  // namespace
