@@ -279,7 +279,8 @@ def test_a_parameter_the_tp_rules_do_not_know_is_refused(tmp_path, run_ckptconv,
 # ---- --only optim ----
 
 OPTIM_CASES = {"gpt_tp2pp2": "iter_0000007", "gpt_pp2_vpp2": "iter_0000003", "gpt_tp2_dp2_distopt": "iter_0000005",
-               "gpt_tp2_bf16": "iter_0000009", "gpt_pp2_dp2_buckets": "iter_0000011"}
+               "gpt_tp2_bf16": "iter_0000009", "gpt_pp2_dp2_buckets": "iter_0000011",
+               "gpt_pp2_dp2_tied": "iter_0000013"}
 # The cases whose optimizer keeps an fp32 master apart from the weight: the
 # distributed optimizer, and the mixed-precision one of a bf16 job.
 WITH_MASTER = {"gpt_tp2_dp2_distopt", "gpt_tp2_bf16", "gpt_pp2_dp2_buckets"}
@@ -288,7 +289,7 @@ WITH_MASTER = {"gpt_tp2_dp2_distopt", "gpt_tp2_bf16", "gpt_pp2_dp2_buckets"}
 # own buffers past the first bucket (tools/make_megatron_legacy_checkpoints.py,
 # OPTIM_REF_BROKEN); test_bucketed_buffers_give_every_master_its_weight
 # checks it instead.
-WITH_REF = [c for c in OPTIM_CASES if c != "gpt_pp2_dp2_buckets"]
+WITH_REF = [c for c in OPTIM_CASES if c not in ("gpt_pp2_dp2_buckets", "gpt_pp2_dp2_tied")]
 # megatron-core's name for the mixed-precision optimizer's fp32 master in its
 # sharded save; ckptconv calls every fp32 master `param`, as the distributed
 # optimizer's is called (and as --only optim of torch_dist gives it).
@@ -466,3 +467,31 @@ def test_a_truncated_distrib_optim_pt_is_named(tmp_path, run_ckptconv):
     assert not list(tmp_path.glob("o.pt*"))
     # The model does not read it.
     consolidate(run_ckptconv, it, tmp_path / "m.pt", "--only", "model")
+
+
+def test_tied_embeddings_at_pp2_get_buckets_of_their_own(tmp_path, run_ckptconv, megatron_enums):
+    # gpt_pp2_dp2_tied: Megatron-LM's default tied embeddings at PP=2 with the
+    # distributed optimizer. The first stage's word embeddings and the last
+    # stage's output layer (its copy) each have a bucket of their own; every
+    # fp32 master equals the weight saved beside it (the output layer's copy
+    # is kept as stored, as --only model keeps it).
+    case = "gpt_pp2_dp2_tied"
+    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "o.pt", "--only", "optim")
+    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "m.pt", "--only", "model")
+    got, model, ref = load(tmp_path / "o.pt"), load(tmp_path / "m.pt"), load(ROOT / case / "model_ref.pt")
+    assert "output_layer.weight" in model and "output_layer.weight" not in ref  # the copy (TP=1/PP=1 has none)
+    assert list(got["state"]) == [k for k, v in model.items() if isinstance(v, torch.Tensor)]
+    for n, s in got["state"].items():
+        assert torch.equal(s["param"], model[n]), n
+        if n in ref:
+            assert torch.equal(s["param"], ref[n]), n
+    # (The copy's master is the copy's weight, not the first stage's: the
+    # generator's gradients differ per stage and it does not run Megatron-LM's
+    # finalize_model_grads, whose embedding all-reduce keeps the two equal.)
+    assert not torch.equal(got["state"]["output_layer.weight"]["param"], ref["embedding.word_embeddings.weight"])
+    # Read as untied, the same files do not fit the layout: refused.
+    it = copy_case(tmp_path, case)
+    _rewrite(it / "mp_rank_00_000" / "model_optim_rng.pt",
+             lambda a: setattr(a, "untie_embeddings_and_output_weights", True), "args")
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "u.pt"), "--only", "optim")
+    assert r.returncode == 3 and "does not guess" in r.stderr, r.stderr

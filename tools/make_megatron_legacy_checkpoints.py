@@ -19,7 +19,7 @@ processes parse Megatron-LM's own command line (``megatron.training.arguments.
 parse_args``, installed with ``global_vars.set_args``), build the model the way
 ``pretrain_gpt.py`` does (``core_transformer_config_from_args`` and a
 ``GPTModel`` from ``get_gpt_layer_local_spec``: SwiGLU, biases, grouped-query
-attention with 2 query groups for 4 heads, untied output layer,
+attention with 2 query groups for 4 heads, untied output layer (tied in one case),
 learned absolute positions, 4 layers, hidden 8, ffn 12,
 vocab 16), wrap it in megatron's ``DistributedDataParallel`` with Adam
 (plain, or megatron's DistributedOptimizer where the case says), take one
@@ -82,7 +82,9 @@ optimizer saving ``fp32_from_fp16_params``, gradients accumulated in fp32;
 iteration 9) and ``gpt_pp2_dp2_buckets`` (PP=2 x DP=2, distributed
 optimizer, ``--overlap-grad-reduce --ddp-bucket-size 500``: the first
 stage's grad buffer in several buckets; iteration 11; model_ref.pt only, see
-OPTIM_REF_BROKEN). The DDP config is
+OPTIM_REF_BROKEN) and ``gpt_pp2_dp2_tied`` (PP=2 x DP=2, distributed
+optimizer, Megatron-LM's default tied embeddings, vocabulary 17: the shared
+embedding's own bucket; iteration 13; model_ref.pt only). The DDP config is
 built as ``get_model`` builds it from args.
 """
 
@@ -111,6 +113,7 @@ CASES = {
     "gpt_tp2_dp2_distopt": (2, 1, None, 2, True, 5),
     "gpt_tp2_bf16": (2, 1, None, 1, False, 9, "bf16"),
     "gpt_pp2_dp2_buckets": (1, 2, None, 2, True, 11, "buckets"),
+    "gpt_pp2_dp2_tied": (1, 2, None, 2, True, 13, "tied"),
 }
 # "buckets": --overlap-grad-reduce with buckets of this many elements, so the
 # first stage's grad buffer is cut into several (the other stage's is not:
@@ -125,24 +128,34 @@ REF_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 # and its fully_sharded_model_space save refuses itself ("ShardedTensor.
 # flattened_range is not supported"). The test checks that case's fp32
 # masters against model_ref.pt instead.
-OPTIM_REF_BROKEN = {"buckets"}
+OPTIM_REF_BROKEN = {"buckets", "tied"}  # tied at PP > 1: the shared embedding's own bucket
 NUM_LAYERS, HIDDEN, HEADS, GROUPS, FFN, VOCAB, SEQ = 4, 8, 4, 2, 12, 16, 8
 
 
+def vocab_size(tied: bool) -> int:
+    """17 rows for the tied case: an embedding of 17 x 8 = 136 elements, not a
+    multiple of 64, so the bucket the distributed optimizer gives the shared
+    copy on the last stage moves the parameters after it off the 64-element
+    grid (at 16 rows nothing would show the rule)."""
+    return VOCAB + 1 if tied else VOCAB
+
+
 def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None, dp: int = 1, distopt: bool = False,
-                  bf16: bool = False, buckets: bool = False):
+                  bf16: bool = False, buckets: bool = False, tied: bool = False):
     """Megatron-LM's own args for this model, parsed from its command line."""
     from megatron.training.arguments import parse_args
     argv = ["--num-layers", str(NUM_LAYERS), "--hidden-size", str(HIDDEN), "--num-attention-heads", str(HEADS),
             "--group-query-attention", "--num-query-groups", str(GROUPS), "--ffn-hidden-size", str(FFN),
             "--swiglu", "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--micro-batch-size", "1",
             "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
-            "--vocab-size", str(VOCAB), "--make-vocab-size-divisible-by", "1", "--use-cpu-initialization",
+            "--vocab-size", str(vocab_size(tied)), "--make-vocab-size-divisible-by", "1", "--use-cpu-initialization",
             "--optimizer", "adam", "--lr", "1e-2", "--ckpt-format", "torch", "--save", save,
-            "--transformer-impl", "local", "--untie-embeddings-and-output-weights",
+            "--transformer-impl", "local",
             # The fused kernels need Transformer Engine or Apex (CUDA).
             "--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
             "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-persist-layer-norm"]
+    if not tied:
+        argv += ["--untie-embeddings-and-output-weights"]
     if vpp:
         argv += ["--num-virtual-stages-per-pipeline-rank", str(vpp)]
     if distopt:
@@ -161,7 +174,7 @@ def megatron_args(tp: int, pp: int, save: str, vpp: int | None = None, dp: int =
     args.virtual_pipeline_model_parallel_size = vpp  # validate_args: from --num-virtual-stages-per-pipeline-rank
     args.world_size = tp * pp * dp
     args.data_parallel_size = dp
-    args.padded_vocab_size = VOCAB
+    args.padded_vocab_size = vocab_size(tied)
     args.params_dtype = torch.bfloat16 if bf16 else torch.float32
     if bf16:  # validate_args: bf16 accumulates and all-reduces gradients in fp32
         args.accumulate_allreduce_grads_in_fp32 = True
@@ -189,7 +202,7 @@ def build(args, tp: int, pp: int, vpp: int | None = None):
     for v in range(vpp or 1):
         first = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v) if vpp else ps.is_pipeline_first_stage()
         last = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v) if vpp else ps.is_pipeline_last_stage()
-        models.append(GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+        models.append(GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=args.padded_vocab_size,
                                max_sequence_length=SEQ, pre_process=first, post_process=last,
                                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
                                vp_stage=v if vpp else None))
@@ -241,11 +254,11 @@ def _init(rank: int, ws: int, port: int) -> None:
 
 
 def save_job(rank: int, ws: int, port: int, tp: int, pp: int, vpp, dp: int, distopt: bool, iteration, out: str,
-             dist_tmp: str, bf16: bool = False, buckets: bool = False) -> None:
+             dist_tmp: str, bf16: bool = False, buckets: bool = False, tied: bool = False) -> None:
     _init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
     from megatron.training.checkpointing import save_checkpoint
-    args = megatron_args(tp, pp, out, vpp, dp, distopt, bf16, buckets)
+    args = megatron_args(tp, pp, out, vpp, dp, distopt, bf16, buckets, tied)
     models, ddps, opt = build(args, tp, pp, vpp)
     for v, model in enumerate(models):
         set_gradients(model, salt=v)
@@ -262,7 +275,7 @@ def save_job(rank: int, ws: int, port: int, tp: int, pp: int, vpp, dp: int, dist
     # live optimizer objects): the reference job reads them at TP=1/PP=1.
     msd = {f"chunk{v}": m.sharded_state_dict() for v, m in enumerate(models)}
     state = {"model": msd}
-    if not buckets:  # see OPTIM_REF_BROKEN
+    if not (buckets or tied):  # see OPTIM_REF_BROKEN
         state["optimizer"] = opt.sharded_state_dict(msd, metadata=REF_SHARDING)
     dist_checkpointing.save(state, dist_tmp)
     dist.barrier()
@@ -271,10 +284,10 @@ def save_job(rank: int, ws: int, port: int, tp: int, pp: int, vpp, dp: int, dist
 
 
 def reference_job(rank: int, ws: int, port: int, dist_tmp: str, out: str, distopt: bool, bf16: bool = False,
-                  with_optim: bool = True) -> None:
+                  with_optim: bool = True, tied: bool = False) -> None:
     _init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
-    args = megatron_args(1, 1, dist_tmp, distopt=distopt, bf16=bf16)
+    args = megatron_args(1, 1, dist_tmp, distopt=distopt, bf16=bf16, tied=tied)
     (model,), _, opt = build(args, 1, 1)
     msd = model.sharded_state_dict()
     if distopt:
@@ -345,7 +358,7 @@ def _find(tree, key):
 
 def make_case(name: str, out_root: Path) -> None:
     tp, pp, vpp, dp, distopt, iteration, *flags = CASES[name]
-    bf16, buckets = "bf16" in flags, "buckets" in flags
+    bf16, buckets, tied = "bf16" in flags, "buckets" in flags, "tied" in flags
     case = out_root / name
     if case.exists():
         shutil.rmtree(case)
@@ -353,10 +366,11 @@ def make_case(name: str, out_root: Path) -> None:
     ckpt.mkdir(parents=True)
     ws = tp * pp * dp
     with tempfile.TemporaryDirectory() as dist_tmp:
-        mp.spawn(save_job, args=(ws, free_port(), tp, pp, vpp, dp, distopt, iteration, str(ckpt), dist_tmp, bf16, buckets),
+        mp.spawn(save_job, args=(ws, free_port(), tp, pp, vpp, dp, distopt, iteration, str(ckpt), dist_tmp, bf16, buckets,
+                                 tied),
                  nprocs=ws, join=True)
         mp.spawn(reference_job, args=(1, free_port(), dist_tmp, str(case), distopt, bf16,
-                                      not OPTIM_REF_BROKEN & set(flags)), nprocs=1, join=True)
+                                      not OPTIM_REF_BROKEN & set(flags), tied), nprocs=1, join=True)
     import megatron.core
     info = {
         "megatron_core": megatron.core.__version__, "megatron_lm": "core_v0.16.1", "torch": torch.__version__,
@@ -364,11 +378,13 @@ def make_case(name: str, out_root: Path) -> None:
         "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "data_parallel_size": dp,
         "virtual_pipeline_model_parallel_size": vpp,
         "iteration": iteration, "num_layers": NUM_LAYERS, "hidden_size": HIDDEN, "num_attention_heads": HEADS,
-        "num_query_groups": GROUPS, "ffn_hidden_size": FFN, "vocab_size": VOCAB,
+        "num_query_groups": GROUPS, "ffn_hidden_size": FFN, "vocab_size": vocab_size(tied),
         "spec": "get_gpt_layer_local_spec (SwiGLU, GQA)", "optimizer": "adam, " + ("distributed (distrib_optim.pt)" if distopt else "plain (not distributed)"),
     }
     if buckets:
         info["ddp"] = f"overlap_grad_reduce, ddp_bucket_size {BUCKET_SIZE}"
+    if tied:
+        info["embeddings"] = "tied (share_embeddings_and_output_weights)"
     if bf16:
         info["params_dtype"] = "bfloat16"
         info["optimizer"] += ", mixed precision (fp32_from_fp16_params)"

@@ -138,6 +138,13 @@ TEST_CASE("distrib_optim.pt buffers as megatron-core 0.16 lays them out", "[form
   CHECK(cut[0].places[2].start == 164);
   CHECK(cut[0].numel_unpadded == 167);
   CHECK(cut[2].numel_unpadded == 70);
+  // A shared embedding (b) closes the bucket before it at its aligned start
+  // (128) and one of its own after it: a then starts at 132, unaligned.
+  chunks[0][1].shared_embedding = true;
+  std::vector<FlatBuffer> shared = distopt_buffers_v016(chunks, true, {});
+  CHECK(shared[0].places[1].start == 128);
+  CHECK(shared[0].places[2].start == 132);
+  CHECK(shared[0].numel_unpadded == 135);
   CHECK(no_weight_decay_v016({"x.bias", {4, 4}, DType::kFloat32}));
   CHECK(no_weight_decay_v016({"x.weight", {4}, DType::kFloat32}));
   CHECK_FALSE(no_weight_decay_v016({"x.weight", {4, 4}, DType::kFloat32}));

@@ -546,10 +546,8 @@ class LegacyReader {
   // The distributed optimizer's state of rank `r` (its distrib_optim.pt),
   // per chunk and state, each parameter's range of the flat buffers.
   std::vector<std::map<std::string, ValuePtr>> distopt_state(RankFile& r, const std::vector<std::string>& kinds) {
-    if (!bool_arg("untie_embeddings_and_output_weights"))
-      refuse_arg(r, "untie_embeddings_and_output_weights",
-                 "tied embeddings get a bucket of their own under the distributed optimizer, a layout ckptconv has "
-                 "no fixture for");
+    if (int_arg(args_, "mtp_num_layers", 0) > 0)
+      refuse_arg(r, "mtp_num_layers", "multi-token prediction keeps another copy of the embeddings");
     if (int_arg(args_, "num_distributed_optimizer_instances", 1) != 1)
       refuse_arg(r, "num_distributed_optimizer_instances", "a partial distributed optimizer");
     const std::string path = (fs::path(r.path).parent_path() / kDistribOptimFile).string();
@@ -570,6 +568,13 @@ class LegacyReader {
     const int64_t chunks = std::max<int64_t>(degrees_.vpp, 1);
     std::vector<std::vector<LocalParam>> params;
     for (int64_t v = 0; v < chunks; ++v) params.push_back(chunk_params(r, v));
+    // LanguageModule: with tied embeddings at PP > 1, the first stage's word
+    // embeddings and the last stage's output layer (the copy) are the
+    // shared embedding (each exists only on its stage).
+    if (!bool_arg("untie_embeddings_and_output_weights") && degrees_.pp > 1)
+      for (auto& chunk : params)
+        for (LocalParam& p : chunk)
+          p.shared_embedding = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
     const std::vector<FlatBuffer> buffers =
         distopt_buffers_v016(params, bool_arg("accumulate_allreduce_grads_in_fp32"), bucket_sizes(r, params));
     std::size_t stored = 0;

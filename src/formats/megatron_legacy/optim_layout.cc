@@ -38,11 +38,18 @@ std::vector<FlatBuffer> distopt_buffers_v016(const std::vector<std::vector<Local
       // multiples of lcm(DP, 128), so alignment within a bucket is alignment.
       const uint64_t size = c < bucket_size.size() ? bucket_size[c] : 0;
       uint64_t bucket = 0, end = 0;
+      bool bucket_has_params = false;
       for (auto it = members.rbegin(); it != members.rend(); ++it) {  // reverse: roughly backprop order
-        const uint64_t start = bucket + pad_to(end - bucket, kParamAlign);
+        const LocalParam& p = chunks[c][*it];
+        uint64_t start = bucket + pad_to(end - bucket, kParamAlign);
+        if (p.shared_embedding && bucket_has_params) bucket = start;  // close the bucket before it
         b.places.push_back({*it, start});
-        end = start + chunks[c][*it].numel();
-        if (size > 0 && end - bucket >= size) bucket = end;  // the bucket is full: the next starts here
+        end = start + p.numel();
+        bucket_has_params = true;
+        if ((size > 0 && end - bucket >= size) || p.shared_embedding) {  // full, or the shared embedding's own
+          bucket = end;
+          bucket_has_params = false;
+        }
       }
       b.numel_unpadded = end;
       out.push_back(std::move(b));

@@ -17,7 +17,10 @@
 //     of lcm(DP, 128). The world tensors keep the padding between
 //     parameters and drop each bucket's end padding, so a bucket's
 //     parameters start right after the previous bucket's last one, aligned
-//     within their bucket.
+//     within their bucket. A tied embedding's copy at PP > 1 (the first
+//     stage's word embeddings, the last stage's output layer:
+//     `shared_embedding`) gets a bucket of its own: the bucket before it is
+//     closed at its (aligned) start, and its own right after it.
 //   model_optim_rng.pt `optimizer` of the plain optimizer (torch Adam's
 //     state_dict, indices numbered over the param groups in order; under
 //     fp16/bf16 wrapped as {"optimizer": that, "fp32_from_fp16_params": the
@@ -43,6 +46,7 @@ struct LocalParam {
   std::string name;
   Shape shape;
   DType dtype = DType::kFloat32;
+  bool shared_embedding = false;  // a tied embedding's copy at PP > 1: a bucket of its own
   uint64_t numel() const { return shape_numel(shape); }
 };
 
