@@ -504,12 +504,18 @@ class LegacyReader {
         }
       merged[kind] = out;
     }
+    // Every state's merge went over the same names in the same order.
     ValuePtr state = Value::dict();
-    for (const auto& [k, unused] : merged.at(kinds[0])->entries) {
+    const auto& names = merged.at(kinds[0])->entries;
+    for (std::size_t i = 0; i < names.size(); ++i) {
       ValuePtr per = Value::dict();
-      for (const std::string& kind : kinds)
-        per->entries.emplace_back(Value::str(kind), merged.at(kind)->at(k->as_str()));
-      state->entries.emplace_back(k, per);
+      for (const std::string& kind : kinds) {
+        const auto& [k, v] = merged.at(kind)->entries.at(i);
+        if (k->as_str() != names[i].first->as_str())
+          fail(ErrorCode::kInternal, names[i].first->as_str() + ": the optimizer's states merged in different orders");
+        per->entries.emplace_back(Value::str(kind), v);
+      }
+      state->entries.emplace_back(names[i].first, per);
     }
     return Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups(model)}});
   }
@@ -707,6 +713,9 @@ class LegacyReader {
     if (bool_arg("apply_wd_to_qk_layernorm"))
       refuse_arg(r, "apply_wd_to_qk_layernorm", "it moves q/k layer norms into the weight-decay group");
     ValuePtr state = mapping_of(opt->at("state"));
+    std::map<int64_t, ValuePtr> by_index;  // torch's state by parameter index
+    for (const auto& [k, val] : state->entries)
+      if (k->is(Kind::kInt)) by_index.emplace(k->int_value, val);
     const int64_t chunks = std::max<int64_t>(degrees_.vpp, 1);
     std::vector<std::pair<std::size_t, LocalParam>> all;  // (chunk, parameter), chunk after chunk
     std::vector<std::vector<LocalParam>> params;
@@ -755,9 +764,8 @@ class LegacyReader {
       for (std::size_t j = 0; j < indices.size(); ++j) {
         const auto& [v, p] = *members[j];
         const int64_t idx = indices[j]->as_int();
-        ValuePtr entry;
-        for (const auto& [k, val] : state->entries)
-          if (k->is(Kind::kInt) && k->int_value == idx) entry = mapping_of(val);
+        auto found_entry = by_index.find(idx);
+        ValuePtr entry = found_entry == by_index.end() ? nullptr : mapping_of(found_entry->second);
         if (!entry)
           fail_data_loss(what + ": no optimizer state for parameter " + std::to_string(idx) + " (" + p.name + ")");
         for (const std::string& kind : kinds) {
