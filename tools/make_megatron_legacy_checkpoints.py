@@ -38,7 +38,7 @@ TP=1/PP=1 legacy save holds under ``model``, layers under their global
 index) is
 
     model_ref.pt    {name: tensor or object}
-    optim_ref.pt    {name: {"exp_avg", "exp_avg_sq"[, "param"]}, "common_step": step}
+    optim_ref.pt    {name: {"exp_avg", "exp_avg_sq"[, "param" | "fp32_param"]}[, "common_step": step]}
     case.json       versions, parallelism, model sizes, iteration
 
 The optimizer reference is megatron-core's own TP=1 view of the optimizer:
@@ -51,8 +51,9 @@ fresh optimizer's request; each state is named by the model parameter whose
 ShardedTensor has its key and layer offset (the module's own names, as in
 model_ref.pt). This path, not Megatron-LM's ``load_checkpoint``, because a
 legacy checkpoint loads only at the TP x PP that saved it. The
-DistributedOptimizer's states include its fp32 master ``param``; the plain
-fp32 optimizer has none (the model weight is its master) and one common step.
+DistributedOptimizer's states include its fp32 master ``param``, the
+mixed-precision optimizer's its ``fp32_param``; the plain fp32 optimizer has
+none (the model weight is its master); the plain ones have one common step.
 
 ``save_checkpoint``'s ``rng_state`` holds Python's ``random`` state, which the
 job does not seed, so a rerun writes different bytes there and only there
@@ -73,13 +74,13 @@ as ``validate_args`` would, without running the rest of ``validate_args``
 
 Cases: ``gpt_tp2pp2`` (TP=2 x PP=2, iteration 7), ``gpt_pp2_vpp2``
 (PP=2 with 2 virtual stages per pipeline rank: ``model0``/``model1`` in each
-file, one layer each; iteration 3) and ``gpt_tp2_dp2_distopt`` (TP=2 x DP=2
+file, one layer each; iteration 3), ``gpt_tp2_dp2_distopt`` (TP=2 x DP=2
 with ``--use-distributed-optimizer``: ``distrib_optim.pt`` beside each rank
 file, written by the DistributedOptimizer's ``save_parameter_state``;
 iteration 5), ``gpt_tp2_bf16`` (TP=2 with ``--bf16``: the chunks wrapped
 in ``Float16Module`` as ``get_model`` does, megatron's mixed-precision
 optimizer saving ``fp32_from_fp16_params``, gradients accumulated in fp32;
-iteration 9) and ``gpt_pp2_dp2_buckets`` (PP=2 x DP=2, distributed
+iteration 9), ``gpt_pp2_dp2_buckets`` (PP=2 x DP=2, distributed
 optimizer, ``--overlap-grad-reduce --ddp-bucket-size 500``: the first
 stage's grad buffer in several buckets; iteration 11; model_ref.pt only, see
 OPTIM_REF_BROKEN) and ``gpt_pp2_dp2_tied`` (PP=2 x DP=2, distributed
