@@ -2,13 +2,16 @@
 tools/make_megatron_legacy_checkpoints.py): a GPT (local spec, SwiGLU,
 grouped-query attention) saved by Megatron-LM's own save_checkpoint at
 TP=2 x PP=2 with the plain optimizer, at PP=2 with 2 virtual stages per
-pipeline rank (model0/model1 in each file, layers interleaved), and at TP=2 x
-DP=2 with the distributed optimizer (distrib_optim.pt beside each rank file,
-not read: the model is).
+pipeline rank (model0/model1 in each file, layers interleaved), at TP=2 x
+DP=2 with the distributed optimizer (distrib_optim.pt beside each rank file),
+and at TP=2 in bf16 with the mixed-precision optimizer (fp32 masters in
+fp32_from_fp16_params).
 
-The reference is megatron-core's own reading of the same weights into a
+The references are megatron-core's own reading of the same weights into a
 TP=1/PP=1 model (dist_checkpointing.load, then state_dict_for_save_checkpoint):
-what the consolidated model must be, bit for bit."""
+what the consolidated model must be, bit for bit; and of the same job's
+optimizer state into a TP=1 optimizer (optim_ref.pt): what --only optim must
+be, bit for bit."""
 import enum
 import json
 import shutil
@@ -76,7 +79,8 @@ def test_the_fixture_is_megatron_lms_own_save():
     assert folders == ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
 
 
-@pytest.mark.parametrize("case", ["gpt_tp2pp2", "gpt_pp2_vpp2", "gpt_tp2_dp2_distopt"])
+@pytest.mark.parametrize("case", ["gpt_tp2pp2", "gpt_pp2_vpp2", "gpt_tp2_dp2_distopt", "gpt_tp2_bf16",
+                                  "gpt_pp2_dp2_buckets"])
 def test_only_model_equals_megatron_load_at_tp1_pp1(case, tmp_path, run_ckptconv):
     consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "m.pt", "--only", "model")
     got, want = load(tmp_path / "m.pt"), load(ROOT / case / "model_ref.pt")
@@ -272,7 +276,222 @@ def test_a_parameter_the_tp_rules_do_not_know_is_refused(tmp_path, run_ckptconv,
     assert not list(tmp_path.glob("m.pt*"))
 
 
-def test_only_optim_is_refused_saying_why(tmp_path, run_ckptconv):
-    r = run_ckptconv("consolidate", str(CASE / "ckpt" / ITER), "-o", str(tmp_path / "o.pt"), "--only", "optim")
-    assert r.returncode == 3 and "not supported yet" in r.stderr
+# ---- --only optim ----
+
+OPTIM_CASES = {"gpt_tp2pp2": "iter_0000007", "gpt_pp2_vpp2": "iter_0000003", "gpt_tp2_dp2_distopt": "iter_0000005",
+               "gpt_tp2_bf16": "iter_0000009", "gpt_pp2_dp2_buckets": "iter_0000011",
+               "gpt_pp2_dp2_tied": "iter_0000013"}
+# The cases whose optimizer keeps an fp32 master apart from the weight: the
+# distributed optimizer, and the mixed-precision one of a bf16 job.
+WITH_MASTER = {"gpt_tp2_dp2_distopt", "gpt_tp2_bf16", "gpt_pp2_dp2_buckets"}
+# The cases megatron-core's own TP=1 view of the optimizer is the reference
+# of (optim_ref.pt). Not the bucketed one: megatron-core 0.16.1 misreads its
+# own buffers past the first bucket (tools/make_megatron_legacy_checkpoints.py,
+# OPTIM_REF_BROKEN); test_bucketed_buffers_give_every_master_its_weight
+# checks it instead.
+WITH_REF = [c for c in OPTIM_CASES if c not in ("gpt_pp2_dp2_buckets", "gpt_pp2_dp2_tied")]
+# megatron-core's name for the mixed-precision optimizer's fp32 master in its
+# sharded save; ckptconv calls every fp32 master `param`, as the distributed
+# optimizer's is called (and as --only optim of torch_dist gives it).
+REF_KIND = {"fp32_param": "param"}
+
+
+def copy_case(tmp_path, case):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(ROOT / case / "ckpt", dst)
+    return dst / OPTIM_CASES[case]
+
+
+@pytest.mark.parametrize("case", WITH_REF)
+def test_only_optim_equals_megatron_cores_tp1_view(case, tmp_path, run_ckptconv):
+    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "o.pt", "--only", "optim")
+    got, ref = load(tmp_path / "o.pt"), load(ROOT / case / "optim_ref.pt")
+    common_step = ref.pop("common_step", None)
+    # The same parameter names as --only model, in the model's order, each
+    # state bit-equal to what megatron-core's load gives the TP=1 optimizer
+    # (the bytes are copied: ranges of distrib_optim.pt's flat buffers, or
+    # the plain optimizer's TP pieces, joined as the parameter is).
+    assert list(got["state"]) == list(ref) == [k for k, v in load(ROOT / case / "model_ref.pt").items()
+                                               if isinstance(v, torch.Tensor)]
+    kinds = ["param", "exp_avg", "exp_avg_sq"] if case in WITH_MASTER else ["exp_avg", "exp_avg_sq"]
+    for name, states in ref.items():
+        assert list(got["state"][name]) == kinds, name
+        assert sorted(REF_KIND.get(k, k) for k in states) == sorted(kinds), name
+        for kind, want in states.items():
+            have = got["state"][name][REF_KIND.get(kind, kind)]
+            assert have.dtype == want.dtype and torch.equal(have, want), (name, kind)
+    model = load(ROOT / case / "model_ref.pt")
+    if "param" in kinds:  # the weight is the master, in the model's dtype (bf16: rounded)
+        for n in ref:
+            master = got["state"][n]["param"]
+            assert master.dtype == torch.float32
+            assert torch.equal(master.to(model[n].dtype), model[n]), n
+        assert model["output_layer.weight"].dtype == (torch.bfloat16 if case == "gpt_tp2_bf16" else torch.float32)
+    # param_groups: the default (weight decay) group, then wd_mult 0 (biases
+    # and 1-d parameters), as stored without their per-rank `params`, the
+    # step where the distributed optimizer keeps it.
+    groups = got["param_groups"]
+    assert [g["wd_mult"] for g in groups] == [1.0, 0.0]
+    assert all("params" not in g for g in groups)
+    for g in groups:
+        assert float(g["step"]) == 1.0
+        if common_step is not None:
+            assert torch.equal(g["step"], common_step)
+
+
+def test_optim_layout_of_another_megatron_core_is_refused_naming_it(tmp_path, run_ckptconv):
+    # A distrib_optim.pt without `buckets_coalesced` is the per-bucket layout
+    # of older megatron-core: refused, not guessed.
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    path = it / "mp_rank_01" / "distrib_optim.pt"
+    sd = load(path)
+    del sd["buckets_coalesced"]
+    torch.save(sd, path)
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_01/distrib_optim.pt" in r.stderr and "buckets_coalesced" in r.stderr and "0.16" in r.stderr
     assert not list(tmp_path.glob("o.pt*"))
+    # The model does not need it.
+    consolidate(run_ckptconv, it, tmp_path / "m.pt", "--only", "model")
+
+
+def test_a_buffer_the_016_layout_does_not_account_for_is_refused(tmp_path, run_ckptconv):
+    # The same state without the 64-element alignment between parameters
+    # (1440 elements instead of 3648): another version's rules.
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    path = it / "mp_rank_00" / "distrib_optim.pt"
+    sd = load(path)
+    (key, buf), = sd[0].items()
+    for k in ("param", "exp_avg", "exp_avg_sq"):
+        buf[k] = buf[k][:1440].clone()
+    buf["numel_unpadded"] = 1440
+    torch.save(sd, path)
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_00/distrib_optim.pt: grad buffer 0 holds 1440 elements" in r.stderr
+    assert "gives 3648" in r.stderr and "does not guess" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_a_missing_distrib_optim_pt_is_named(tmp_path, run_ckptconv):
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    (it / "mp_rank_01" / "distrib_optim.pt").unlink()
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3 and "mp_rank_01/distrib_optim.pt: missing" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_bucketed_buffers_give_every_master_its_weight(tmp_path, run_ckptconv):
+    # PP=2 x DP=2, --overlap-grad-reduce, 500-element buckets: the first
+    # stage's buffer is several buckets, its parameters at places the bucket
+    # boundaries move. Each fp32 master (`param`, fp32 job) is bit-equal to
+    # the weight megatron-core's own load gives the TP=1 model, which pins
+    # every parameter's range of the flat buffers; the moments are read
+    # from the same ranges of their own buffers.
+    case = "gpt_pp2_dp2_buckets"
+    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "o.pt", "--only", "optim")
+    got, model = load(tmp_path / "o.pt"), load(ROOT / case / "model_ref.pt")
+    params = [k for k, v in model.items() if isinstance(v, torch.Tensor)]
+    assert list(got["state"]) == params
+    for n in params:
+        s = got["state"][n]
+        assert list(s) == ["param", "exp_avg", "exp_avg_sq"]
+        assert s["param"].dtype == torch.float32 and torch.equal(s["param"], model[n]), n
+        assert s["exp_avg"].shape == s["exp_avg_sq"].shape == model[n].shape
+        # One Adam step from zero: exp_avg = 0.1 g, exp_avg_sq = 0.001 g^2,
+        # so exp_avg^2 / exp_avg_sq = 10 wherever g != 0: a moment read from
+        # another parameter's range (or from padding) would break it.
+        nz = s["exp_avg_sq"] > 0
+        assert nz.float().mean() > 0.99, n
+        ratio = s["exp_avg"][nz].double() ** 2 / s["exp_avg_sq"][nz].double()
+        assert torch.allclose(ratio, torch.full_like(ratio, 10.0), rtol=1e-4), n
+
+
+def test_bucket_sizes_come_from_the_args(tmp_path, run_ckptconv, megatron_enums):
+    # gpt_pp2_dp2_buckets: --overlap-grad-reduce with 500-element buckets, so
+    # the first stage's buffer is several buckets, each starting right after
+    # the last one's parameters in distrib_optim.pt. Read with another bucket
+    # size, the layout no longer fits the file: refused, not guessed.
+    info = json.loads((ROOT / "gpt_pp2_dp2_buckets" / "case.json").read_text())
+    assert info["ddp"] == "overlap_grad_reduce, ddp_bucket_size 500"
+    it = copy_case(tmp_path, "gpt_pp2_dp2_buckets")
+    _rewrite(it / "mp_rank_00_000" / "model_optim_rng.pt", lambda a: setattr(a, "ddp_bucket_size", 10 ** 6), "args")
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_00_000/distrib_optim.pt: grad buffer 0 holds" in r.stderr and "does not guess" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_a_param_group_outside_the_standard_rules_is_refused(tmp_path, run_ckptconv, megatron_enums):
+    # Which parameters a group holds is not stored: a group the 0.16 rules
+    # do not make (an lr_mult override) cannot be named.
+    root = copy_ckpt(tmp_path)
+    _rewrite(rank_file(root, "mp_rank_01_001"), lambda o: o["param_groups"][0].__setitem__("lr_mult", 2.0),
+             "optimizer")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_01_001/model_optim_rng.pt: optimizer param group 0" in r.stderr
+    assert "standard groups" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_optimizer_state_of_the_wrong_shape_is_refused(tmp_path, run_ckptconv, megatron_enums):
+    # A state tensor whose shape is not the parameter's the grouping names:
+    # the rules do not fit this file, so nothing is named by them.
+    root = copy_ckpt(tmp_path)
+    _rewrite(rank_file(root, "mp_rank_00_000"),
+             lambda o: o["state"][0].__setitem__("exp_avg", torch.zeros(3)), "optimizer")
+    r = run_ckptconv("consolidate", str(root / ITER), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3 and "optimizer state 0 'exp_avg' is (3,)" in r.stderr
+    assert "embedding.word_embeddings.weight" in r.stderr
+
+
+def test_masters_that_do_not_match_the_16_bit_parameters_are_refused(tmp_path, run_ckptconv, megatron_enums):
+    # bf16 job: one fp32 master per bf16 parameter of each group, in order;
+    # one missing leaves the others unnamed.
+    it = copy_case(tmp_path, "gpt_tp2_bf16")
+    _rewrite(it / "mp_rank_01" / "model_optim_rng.pt", lambda o: o["fp32_from_fp16_params"][1].pop(), "optimizer")
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_01/model_optim_rng.pt: optimizer param group 1" in r.stderr
+    assert "fewer fp32_from_fp16_params than 16-bit parameters" in r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+
+
+def test_a_truncated_distrib_optim_pt_is_named(tmp_path, run_ckptconv):
+    it = copy_case(tmp_path, "gpt_tp2_dp2_distopt")
+    path = it / "mp_rank_01" / "distrib_optim.pt"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "o.pt"), "--only", "optim")
+    assert r.returncode == 3 and "mp_rank_01/distrib_optim.pt" in r.stderr, r.stderr
+    assert not list(tmp_path.glob("o.pt*"))
+    # The model does not read it.
+    consolidate(run_ckptconv, it, tmp_path / "m.pt", "--only", "model")
+
+
+def test_tied_embeddings_at_pp2_get_buckets_of_their_own(tmp_path, run_ckptconv, megatron_enums):
+    # gpt_pp2_dp2_tied: Megatron-LM's default tied embeddings at PP=2 with the
+    # distributed optimizer. The first stage's word embeddings and the last
+    # stage's output layer (its copy) each have a bucket of their own; every
+    # fp32 master equals the weight saved beside it (the output layer's copy
+    # is kept as stored, as --only model keeps it).
+    case = "gpt_pp2_dp2_tied"
+    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "o.pt", "--only", "optim")
+    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "m.pt", "--only", "model")
+    got, model, ref = load(tmp_path / "o.pt"), load(tmp_path / "m.pt"), load(ROOT / case / "model_ref.pt")
+    assert "output_layer.weight" in model and "output_layer.weight" not in ref  # the copy (TP=1/PP=1 has none)
+    assert list(got["state"]) == [k for k, v in model.items() if isinstance(v, torch.Tensor)]
+    for n, s in got["state"].items():
+        assert torch.equal(s["param"], model[n]), n
+        if n in ref:
+            assert torch.equal(s["param"], ref[n]), n
+    # (The copy's master is the copy's weight, not the first stage's: the
+    # generator's gradients differ per stage and it does not run Megatron-LM's
+    # finalize_model_grads, whose embedding all-reduce keeps the two equal.)
+    assert not torch.equal(got["state"]["output_layer.weight"]["param"], ref["embedding.word_embeddings.weight"])
+    # Read as untied, the same files do not fit the layout: refused.
+    it = copy_case(tmp_path, case)
+    _rewrite(it / "mp_rank_00_000" / "model_optim_rng.pt",
+             lambda a: setattr(a, "untie_embeddings_and_output_weights", True), "args")
+    r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "u.pt"), "--only", "optim")
+    assert r.returncode == 3 and "does not guess" in r.stderr, r.stderr

@@ -1,11 +1,12 @@
 // Megatron-LM legacy checkpoints (formats/megatron_legacy): the TP layout
-// rules, rank folder names, and where the merged model's bytes come from in
-// the TP=2 x PP=2 job Megatron-LM's own save_checkpoint wrote
-// (testdata/megatron_legacy).
+// rules, rank folder names, the optimizer layout rules, and where the merged
+// model's and optimizer's bytes come from in the jobs Megatron-LM's own
+// save_checkpoint wrote (testdata/megatron_legacy).
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
 #include "formats/megatron_legacy/legacy_reader.h"
+#include "formats/megatron_legacy/optim_layout.h"
 #include "formats/megatron_legacy/tp_layout.h"
 #include "model/tree_walk.h"
 
@@ -102,12 +103,73 @@ TEST_CASE("merged TP pieces point into each rank's file", "[formats][megatron_le
   CHECK(norm.chunks[0].file.find("mp_rank_00_001") != std::string::npos);
 }
 
-TEST_CASE("a legacy checkpoint's --only optim is refused, saying so", "[formats][megatron_legacy]") {
-  try {
-    read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "optim");
-    FAIL("read");
-  } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::kUnimplemented);
-    CHECK(std::string(e.what()).find("not supported yet") != std::string::npos);
-  }
+TEST_CASE("distrib_optim.pt buffers as megatron-core 0.16 lays them out", "[formats][megatron_legacy]") {
+  // One chunk of fp32 parameters a, b, c and a bf16 one; a second chunk.
+  std::vector<std::vector<LocalParam>> chunks = {{{"a", {3}, DType::kFloat32},
+                                                  {"b", {2, 2}, DType::kFloat32},
+                                                  {"h", {5}, DType::kBFloat16},
+                                                  {"c", {100}, DType::kFloat32}},
+                                                 {{"d", {70}, DType::kFloat32}}};
+  std::vector<FlatBuffer> b = distopt_buffers_v016(chunks, /*grad_in_fp32=*/true, {});
+  REQUIRE(b.size() == 3);  // chunk 0: fp32, then bf16 (first appearance); chunk 1: fp32
+  // Reverse order, each start a multiple of 64: c [0, 100), b [128, 132), a [192, 195).
+  CHECK(b[0].chunk == 0);
+  CHECK(b[0].param_dtype == DType::kFloat32);
+  REQUIRE(b[0].places.size() == 3);
+  CHECK(b[0].places[0].param == 3);
+  CHECK(b[0].places[0].start == 0);
+  CHECK(b[0].places[1].param == 1);
+  CHECK(b[0].places[1].start == 128);
+  CHECK(b[0].places[2].param == 0);
+  CHECK(b[0].places[2].start == 192);
+  CHECK(b[0].numel_unpadded == 195);
+  CHECK(b[1].param_dtype == DType::kBFloat16);
+  CHECK(b[1].grad_dtype == DType::kFloat32);
+  CHECK(b[1].numel_unpadded == 5);
+  CHECK(b[2].chunk == 1);
+  CHECK(b[2].numel_unpadded == 70);
+  CHECK(distopt_buffers_v016(chunks, false, {})[1].grad_dtype == DType::kBFloat16);
+  // Buckets of 100 elements in chunk 0: c fills the first (its 100
+  // elements close it), b starts the next right where c ends, a is 64-aligned
+  // within that bucket: 100 + 64 = 164.
+  std::vector<FlatBuffer> cut = distopt_buffers_v016(chunks, true, {100, 0});
+  CHECK(cut[0].places[0].start == 0);
+  CHECK(cut[0].places[1].start == 100);
+  CHECK(cut[0].places[2].start == 164);
+  CHECK(cut[0].numel_unpadded == 167);
+  CHECK(cut[2].numel_unpadded == 70);
+  // A shared embedding (b) closes the bucket before it at its aligned start
+  // (128) and one of its own after it: a then starts at 132, unaligned.
+  chunks[0][1].shared_embedding = true;
+  std::vector<FlatBuffer> shared = distopt_buffers_v016(chunks, true, {});
+  CHECK(shared[0].places[1].start == 128);
+  CHECK(shared[0].places[2].start == 132);
+  CHECK(shared[0].numel_unpadded == 135);
+  CHECK(no_weight_decay_v016({"x.bias", {4, 4}, DType::kFloat32}));
+  CHECK(no_weight_decay_v016({"x.weight", {4}, DType::kFloat32}));
+  CHECK_FALSE(no_weight_decay_v016({"x.weight", {4, 4}, DType::kFloat32}));
+}
+
+TEST_CASE("the distributed optimizer's state per parameter points into distrib_optim.pt",
+          "[formats][megatron_legacy]") {
+  CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2_dp2_distopt/ckpt/iter_0000005"), nullptr, "optim");
+  pickle::ValuePtr state = mapping_of(mapping_of(m.root->get("optim"))->get("state"));
+  auto chunk_of = [&](const std::string& name, const char* kind) {
+    auto idx = tensor_ref_index(*mapping_of(state->get(name))->get(kind));
+    REQUIRE(idx);
+    return m.tensors.at(*idx);
+  };
+  // The last parameter comes first in the buffer; output_layer is split on
+  // dim 0 over the two TP ranks' files.
+  TensorEntry out = chunk_of("output_layer.weight", "exp_avg");
+  CHECK(out.shape == Shape{16, 8});
+  REQUIRE(out.chunks.size() == 2);
+  CHECK(out.chunks[0].file.find("mp_rank_00/distrib_optim.pt") != std::string::npos);
+  CHECK(out.chunks[0].storage_offset == 0);
+  CHECK(out.chunks[1].file.find("mp_rank_01/distrib_optim.pt") != std::string::npos);
+  CHECK(out.chunks[1].offsets == Shape{8, 0});
+  // The first parameter (8 x 8 per rank) ends the 3648-element buffer.
+  TensorEntry emb = chunk_of("embedding.word_embeddings.weight", "param");
+  REQUIRE(emb.chunks.size() == 2);
+  CHECK(emb.chunks[0].storage_offset == 3648 - 64);
 }

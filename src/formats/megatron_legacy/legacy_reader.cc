@@ -7,10 +7,12 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "formats/megatron_legacy/optim_layout.h"
 #include "formats/megatron_legacy/tp_layout.h"
 #include "formats/torch_pt/quarantined_pt.h"
 #include "io/byte_source.h"
 #include "io/storage.h"
+#include "model/flat_range.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::megatron_legacy {
@@ -118,11 +120,6 @@ class LegacyReader {
       : dir_(std::move(dir)), sink_(sink), only_(std::move(only)) {}
 
   CheckpointModel read() {
-    if (only_ == "optim")
-      fail(ErrorCode::kUnimplemented,
-           dir_ +
-               ": --only optim of a Megatron-LM legacy (torch) checkpoint is not supported yet (the optimizer's "
-               "state is stored per rank without parameter names); --only model reads the model");
     std::map<std::pair<int, int>, std::string> found = rank_folders();
     // The first folder's args give the degrees every other folder is checked against.
     RankFile first = decode(rank_file_path(found.begin()->second));
@@ -134,13 +131,20 @@ class LegacyReader {
     model.source = dir_;
     model.info.kind = SourceKind::kMegatronLegacy;
     model.info.world_sizes = {static_cast<int>(degrees_.tp * degrees_.pp)};
-    for (const RankFile& r : ranks_)
-      if (r.decoded) model.info.files.push_back(r.path);
-    std::sort(model.info.files.begin(), model.info.files.end());
     add_facts(model);
     ValuePtr root = Value::dict();
-    if (complete_) root->entries.emplace_back(Value::str("model"), merged_model(model));
-    if (only_.empty()) add_job_entries(model, root);
+    if (only_ == "optim") {
+      root->entries.emplace_back(Value::str("optim"), merged_optim(model));
+    } else {
+      if (complete_) root->entries.emplace_back(Value::str("model"), merged_model(model));
+      if (only_.empty()) add_job_entries(model, root);
+    }
+    // The files read: every rank file, and the distrib_optim.pt files
+    // --only optim of the distributed optimizer reads.
+    for (const RankFile& r : ranks_)
+      if (r.decoded) model.info.files.push_back(r.path);
+    model.info.files.insert(model.info.files.end(), optim_files_.begin(), optim_files_.end());
+    std::sort(model.info.files.begin(), model.info.files.end());
     model.root = root;
     prune_unreferenced(model.root, model.tensors);
     return model;
@@ -172,7 +176,9 @@ class LegacyReader {
     r.path = path;
     // The optimizer and RNG states are not consolidated: with --only model,
     // a job's own class in them is skipped with a warning.
-    auto uses = [this](const std::string& key) { return only_.empty() || key == "args" || key.rfind("model", 0) == 0; };
+    auto uses = [this](const std::string& key) {
+      return only_.empty() || key == "args" || key.rfind("model", 0) == 0 || (only_ == "optim" && key == "optimizer");
+    };
     r.decoded = torch_pt::decode_quarantined(r.path, -1, sink_, only_, uses,
                                              "the training job's own state in a Megatron-LM rank file",
                                              "a Megatron-LM rank file (a dict with args and model)");
@@ -283,18 +289,22 @@ class LegacyReader {
     int64_t offset = 0;
     const int64_t chunks = std::max<int64_t>(degrees_.vpp, 1);
     for (int64_t v = 0; v < chunks; ++v)
-      for (int pp = 0; pp < degrees_.pp; ++pp) offset += merge_stage(model, out, v, pp, offset);
+      for (int pp = 0; pp < degrees_.pp; ++pp) {
+        std::vector<ValuePtr> dicts;
+        for (int tp = 0; tp < degrees_.tp; ++tp) dicts.push_back(model_dict(rank(tp, pp), v));
+        offset += merge_stage(model, out, dicts, pp, offset);
+      }
     if (degrees_.num_layers >= 0 && offset != degrees_.num_layers)
       fail_data_loss(dir_ + ": the rank files hold " + std::to_string(offset) +
                      " transformer layers, args.num_layers " + "says " + std::to_string(degrees_.num_layers));
     return out;
   }
 
-  // One (virtual) stage's entries, merged over its TP ranks, into `out`;
-  // returns how many layers it holds.
-  int64_t merge_stage(CheckpointModel& model, ValuePtr& out, int64_t v, int pp, int64_t offset) {
-    std::vector<ValuePtr> dicts;
-    for (int tp = 0; tp < degrees_.tp; ++tp) dicts.push_back(model_dict(rank(tp, pp), v));
+  // One (virtual) stage's entries, its TP ranks' `dicts` (a model dict,
+  // or one optimizer state per parameter name), merged into `out`; returns
+  // how many layers it holds.
+  int64_t merge_stage(CheckpointModel& model, ValuePtr& out, const std::vector<ValuePtr>& dicts, int pp,
+                      int64_t offset) {
     std::set<int64_t> layers;
     for (const auto& [k, val] : dicts[0]->entries)
       if (auto at = layer_index_in(path_component(*k))) layers.insert(at->index);
@@ -460,6 +470,400 @@ class LegacyReader {
     }
   }
 
+  // ---- --only optim ----
+
+  // {"state": {name: {state: tensor}}, "param_groups": [...]}, the shape
+  // --only optim gives for torch_dist checkpoints, under the names --only
+  // model gives: each state a parameter-shaped tensor per rank (a range of
+  // distrib_optim.pt's flat buffers, or the plain optimizer's own tensor),
+  // merged over TP and PP exactly as the parameter is.
+  ValuePtr merged_optim(CheckpointModel& model) {
+    if (!complete_) return Value::dict();  // validate reads on; nothing is built from part of the ranks
+    const bool distributed = bool_arg("use_distributed_optimizer");
+    // `param`: the fp32 master, which the distributed optimizer and the
+    // mixed-precision one keep; a plain fp32 optimizer's is the weight itself.
+    const std::vector<std::string> kinds = distributed || mixed_precision_plain()
+                                               ? std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"}
+                                               : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+    // (tp, pp) -> chunk -> kind -> {name: tensor}
+    std::map<std::pair<int, int>, std::vector<std::map<std::string, ValuePtr>>> per_rank;
+    for (RankFile& r : ranks_)
+      per_rank[{r.tp, r.pp}] =
+          with_context(r.path, [&] { return distributed ? distopt_state(r, kinds) : plain_state(r, kinds); });
+    const int64_t chunks = std::max<int64_t>(degrees_.vpp, 1);
+    std::map<std::string, ValuePtr> merged;
+    for (const std::string& kind : kinds) {
+      ValuePtr out = Value::dict();
+      int64_t offset = 0;
+      for (int64_t v = 0; v < chunks; ++v)
+        for (int pp = 0; pp < degrees_.pp; ++pp) {
+          std::vector<ValuePtr> dicts;
+          for (int tp = 0; tp < degrees_.tp; ++tp)
+            dicts.push_back(per_rank.at({tp, pp}).at(static_cast<std::size_t>(v)).at(kind));
+          offset += merge_stage(model, out, dicts, pp, offset);
+        }
+      merged[kind] = out;
+    }
+    // Every state's merge went over the same names in the same order.
+    ValuePtr state = Value::dict();
+    const auto& names = merged.at(kinds[0])->entries;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      ValuePtr per = Value::dict();
+      for (const std::string& kind : kinds) {
+        const auto& [k, v] = merged.at(kind)->entries.at(i);
+        if (k->as_str() != names[i].first->as_str())
+          fail(ErrorCode::kInternal, names[i].first->as_str() + ": the optimizer's states merged in different orders");
+        per->entries.emplace_back(Value::str(kind), v);
+      }
+      state->entries.emplace_back(names[i].first, per);
+    }
+    return Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups(model)}});
+  }
+
+  bool bool_arg(std::string_view name) const {
+    ValuePtr v = args_ ? args_->get(name) : nullptr;
+    return v && v->is(Kind::kBool) && v->as_bool();
+  }
+
+  // Refuses (exit 3) a job whose args select layout rules other than those
+  // optim_layout.h has, naming the arg.
+  void refuse_arg(const RankFile& r, std::string_view name, std::string_view why) const {
+    fail(ErrorCode::kUnimplemented, r.path + ": args." + std::string(name) + " = " +
+                                        (args_->get(name) ? args_->get(name)->repr() : "?") + ": " + std::string(why) +
+                                        "; --only optim does not guess it");
+  }
+
+  // The parameters of chunk `v` of rank `r`: the tensors of its model dict
+  // in order (the module's registration order; _extra_state objects are
+  // not parameters).
+  std::vector<LocalParam> chunk_params(const RankFile& r, int64_t v) const {
+    std::vector<LocalParam> out;
+    for (const auto& [k, val] : model_dict(r, v)->entries)
+      if (const TensorEntry* t = tensor_of(*r.decoded, *val)) out.push_back({path_component(*k), t->shape, t->dtype});
+    return out;
+  }
+
+  // A tensor reference into `r`'s tensors for `t` (added to them).
+  ValuePtr add_rank_tensor(RankFile& r, TensorEntry t) {
+    r.decoded->tensors.push_back(std::move(t));
+    return make_tensor_ref(r.decoded->tensors.size() - 1);
+  }
+
+  // The distributed optimizer's state of rank `r` (its distrib_optim.pt),
+  // per chunk and state, each parameter's range of the flat buffers.
+  std::vector<std::map<std::string, ValuePtr>> distopt_state(RankFile& r, const std::vector<std::string>& kinds) {
+    if (int_arg(args_, "mtp_num_layers", 0) > 0)
+      refuse_arg(r, "mtp_num_layers", "multi-token prediction keeps another copy of the embeddings");
+    if (int_arg(args_, "num_distributed_optimizer_instances", 1) != 1)
+      refuse_arg(r, "num_distributed_optimizer_instances", "a partial distributed optimizer");
+    const std::string path = (fs::path(r.path).parent_path() / kDistribOptimFile).string();
+    if (!is_regular_file(path))
+      fail(ErrorCode::kNotFound,
+           path + ": missing; args.use_distributed_optimizer says the optimizer's state is there");
+    optim_files_.push_back(path);
+    torch_pt::QuarantinedPt f = torch_pt::decode_quarantined(
+        path, -1, sink_, "", [](const std::string&) { return true; }, "the distributed optimizer's state",
+        "a DistributedOptimizer parameter state (distrib_optim.pt)");
+    ValuePtr coalesced = f.root->get("buckets_coalesced");
+    if (!coalesced || !coalesced->is(Kind::kBool) || !coalesced->as_bool())
+      fail(ErrorCode::kUnimplemented,
+           path +
+               ": no 'buckets_coalesced': True, so not the layout megatron-core 0.16 writes (one flat buffer per "
+               "grad buffer; older versions wrote a list per bucket); ckptconv knows 0.16's rules only and "
+               "does not guess another's");
+    const int64_t chunks = std::max<int64_t>(degrees_.vpp, 1);
+    std::vector<std::vector<LocalParam>> params;
+    for (int64_t v = 0; v < chunks; ++v) params.push_back(chunk_params(r, v));
+    // LanguageModule: with tied embeddings at PP > 1, the first stage's word
+    // embeddings and the last stage's output layer (the copy) are the
+    // shared embedding (each exists only on its stage).
+    if (!bool_arg("untie_embeddings_and_output_weights") && degrees_.pp > 1)
+      for (auto& chunk : params)
+        for (LocalParam& p : chunk)
+          p.shared_embedding = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
+    const std::vector<FlatBuffer> buffers =
+        distopt_buffers_v016(params, bool_arg("accumulate_allreduce_grads_in_fp32"), bucket_sizes(r, params));
+    std::size_t stored = 0;
+    for (const auto& [k, val] : f.root->entries) stored += k->is(Kind::kInt) ? 1 : 0;
+    if (stored != buffers.size())
+      fail(ErrorCode::kUnimplemented, path + ": " + std::to_string(stored) +
+                                          " grad buffers; megatron-core 0.16's rules for this rank's model (" +
+                                          std::to_string(chunks) + " chunk(s), one buffer per parameter dtype) give " +
+                                          std::to_string(buffers.size()) + ": not a layout ckptconv knows");
+    std::vector<std::map<std::string, ValuePtr>> out(static_cast<std::size_t>(chunks));
+    for (std::size_t v = 0; v < out.size(); ++v)
+      for (const std::string& kind : kinds) out[v][kind] = Value::dict();
+    // Per chunk, name -> kind -> tensor, then given in the chunk's parameter order.
+    std::vector<std::map<std::string, std::map<std::string, ValuePtr>>> found(out.size());
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      const FlatBuffer& b = buffers[i];
+      const std::string what = path + ": grad buffer " + std::to_string(i);
+      ValuePtr by_dtype;
+      for (const auto& [k, val] : f.root->entries)
+        if (k->is(Kind::kInt) && k->int_value == static_cast<int64_t>(i)) by_dtype = mapping_of(val);
+      if (!by_dtype || !by_dtype->is(Kind::kDict) || by_dtype->entries.size() != 1)
+        fail_data_loss(what + ": not a dict of one (param dtype, grad dtype) entry");
+      const auto& [dkey, st] = by_dtype->entries[0];
+      const std::string want =
+          "(torch." + std::string(dtype_name(b.param_dtype)) + ", torch." + std::string(dtype_name(b.grad_dtype)) + ")";
+      if (dkey->repr() != want)
+        fail(ErrorCode::kUnimplemented, what + " is " + dkey->repr() + "; megatron-core 0.16's rules give " + want +
+                                            " for chunk " + std::to_string(b.chunk) + "'s parameters");
+      ValuePtr numel = mapping_of(st)->get("numel_unpadded");
+      const int64_t n = numel && numel->is(Kind::kInt) ? numel->int_value : -1;
+      if (n != static_cast<int64_t>(b.numel_unpadded))
+        fail(ErrorCode::kUnimplemented,
+             what + " holds " + std::to_string(n) +
+                 " elements (numel_unpadded); megatron-core 0.16's layout of chunk " + std::to_string(b.chunk) +
+                 "'s parameters (reverse order, each at a multiple of 64 elements within its bucket, buckets "
+                 "as args set them) gives " +
+                 std::to_string(b.numel_unpadded) +
+                 ": written under other layout rules (another megatron-core version, frozen parameters), which "
+                 "ckptconv does not guess");
+      for (const std::string& kind : kinds) {
+        const TensorEntry& world = f.tensor(*mapping_of(st)->at(kind), what + " '" + kind + "'");
+        if (world.shape != Shape{n} || world.dtype != DType::kFloat32)
+          fail_data_loss(what + " '" + kind + "' is " + std::string(dtype_name(world.dtype)) + " " +
+                         shape_str(world.shape) + ", not float32 (" + std::to_string(n) + ",)");
+        for (const FlatBuffer::Place& place : b.places) {
+          const LocalParam& p = params[b.chunk][place.param];
+          TensorEntry t;
+          t.name = p.name;
+          t.dtype = DType::kFloat32;
+          t.shape = p.shape;
+          add_flat_range(t, world, place.start, 0, p.numel(), -1, what + " '" + kind + "' of " + p.name);
+          found[b.chunk][p.name][kind] = add_rank_tensor(r, std::move(t));
+        }
+      }
+    }
+    for (std::size_t v = 0; v < out.size(); ++v)
+      for (const LocalParam& p : params[v])
+        for (const std::string& kind : kinds)
+          out[v][kind]->entries.emplace_back(Value::str(p.name), found[v].at(p.name).at(kind));
+    return out;
+  }
+
+  // Each chunk's grad-buffer bucket size in elements (0: one bucket), as
+  // Megatron-LM's get_model and megatron-core 0.16's DistributedDataParallel
+  // set it: only with overlap_grad_reduce, only on pipeline rank 0 and for
+  // the first chunk (bucketing is disabled for the others, and everywhere
+  // under overlap_param_gather_with_optimizer_step); ddp_num_buckets splits
+  // the rank's parameters evenly, else ddp_bucket_size, else
+  // max(40M, 1M x DP x CP).
+  std::vector<uint64_t> bucket_sizes(const RankFile& r, const std::vector<std::vector<LocalParam>>& params) const {
+    std::vector<uint64_t> out(params.size(), 0);
+    if (params.empty() || !bool_arg("overlap_grad_reduce") || bool_arg("overlap_param_gather_with_optimizer_step") ||
+        r.pp > 0)
+      return out;
+    int64_t size = 0;
+    ValuePtr given = args_->get("ddp_bucket_size");
+    if (const int64_t n = int_arg(args_, "ddp_num_buckets", 0); n > 0) {
+      uint64_t total = 0;
+      for (const auto& chunk : params)
+        for (const LocalParam& p : chunk) total += p.numel();
+      size = static_cast<int64_t>(total / static_cast<uint64_t>(n));
+    } else if (given && given->is(Kind::kInt)) {
+      size = given->int_value;
+    } else {
+      const int64_t dp_cp = int_arg(args_, "data_parallel_size", 1) * int_arg(args_, "context_parallel_size", 1);
+      size = std::max<int64_t>(40000000, 1000000 * dp_cp);
+    }
+    // A size of 0 closes a bucket after every parameter, as 1 does.
+    out[0] = static_cast<uint64_t>(std::max<int64_t>(size, 1));
+    return out;
+  }
+
+  // The plain optimizer's `optimizer` entry of rank `r`, a dict.
+  ValuePtr plain_optimizer(const RankFile& r) const {
+    ValuePtr opt = r.decoded->root->get("optimizer");
+    if (!opt) fail_data_loss(r.path + ": no 'optimizer' entry");
+    opt = mapping_of(opt);
+    if (!opt->is(Kind::kDict)) fail_data_loss(r.path + ": 'optimizer' is not a dict");
+    return opt;
+  }
+
+  // Float16OptimizerWithFloat16Params (fp16/bf16 jobs) saves {"optimizer":
+  // torch's state_dict, "fp32_from_fp16_params": the fp32 masters per group,
+  // "grad_scaler" under fp16}; FP32Optimizer torch's state_dict alone.
+  bool mixed_precision_plain() const {
+    return !bool_arg("use_distributed_optimizer") && ranks_.at(0).decoded &&
+           plain_optimizer(ranks_.at(0))->get("fp32_from_fp16_params") != nullptr;
+  }
+
+  // The plain optimizer's state of rank `r` (torch Adam's state_dict under
+  // `optimizer`, and the mixed-precision wrapper's fp32 masters): state
+  // indices named by megatron-core 0.16's param groups.
+  std::vector<std::map<std::string, ValuePtr>> plain_state(RankFile& r, const std::vector<std::string>& kinds) {
+    ValuePtr opt = plain_optimizer(r);
+    ValuePtr masters = opt->get("fp32_from_fp16_params");
+    if (masters) {
+      opt = mapping_of(opt->at("optimizer"));
+      if (!opt->is(Kind::kDict))
+        fail_data_loss(r.path + ": 'optimizer' of the mixed-precision optimizer is not a dict");
+    } else if (opt->get("optimizer")) {
+      fail(ErrorCode::kUnimplemented, r.path +
+                                          ": an 'optimizer' entry wrapping another 'optimizer' without "
+                                          "fp32_from_fp16_params: not a plain optimizer ckptconv knows");
+    }
+    if ((masters != nullptr) != (std::find(kinds.begin(), kinds.end(), "param") != kinds.end()))
+      fail_data_loss(r.path + ": fp32_from_fp16_params " + (masters ? "present" : "absent") +
+                     ", unlike in TP 0 / PP 0's file; one job saves one kind of optimizer");
+    if (ValuePtr d = args_->get("decoupled_lr"); d && !d->is(Kind::kNone))
+      refuse_arg(r, "decoupled_lr", "it adds a param group of embedding and output parameters");
+    if (bool_arg("apply_wd_to_qk_layernorm"))
+      refuse_arg(r, "apply_wd_to_qk_layernorm", "it moves q/k layer norms into the weight-decay group");
+    ValuePtr state = mapping_of(opt->at("state"));
+    std::map<int64_t, ValuePtr> by_index;  // torch's state by parameter index
+    for (const auto& [k, val] : state->entries)
+      if (k->is(Kind::kInt)) by_index.emplace(k->int_value, val);
+    const int64_t chunks = std::max<int64_t>(degrees_.vpp, 1);
+    std::vector<std::pair<std::size_t, LocalParam>> all;  // (chunk, parameter), chunk after chunk
+    std::vector<std::vector<LocalParam>> params;
+    for (int64_t v = 0; v < chunks; ++v) {
+      params.push_back(chunk_params(r, v));
+      for (const LocalParam& p : params.back()) all.emplace_back(static_cast<std::size_t>(v), p);
+    }
+    std::vector<std::map<std::string, std::map<std::string, ValuePtr>>> found(params.size());
+    std::size_t named = 0;
+    const auto& groups = opt->at("param_groups")->as_sequence();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const std::string what = r.path + ": optimizer param group " + std::to_string(g);
+      ValuePtr group = mapping_of(groups[g]);
+      auto number = [&](std::string_view key, double fallback) {
+        ValuePtr x = group->get(key);
+        return x && (x->is(Kind::kInt) || x->is(Kind::kFloat)) ? x->as_number() : fallback;
+      };
+      auto flag = [&](std::string_view key) {
+        ValuePtr x = group->get(key);
+        return x && x->is(Kind::kBool) && x->as_bool();
+      };
+      const double wd_mult = number("wd_mult", -1);
+      if ((wd_mult != 0.0 && wd_mult != 1.0) || number("lr_mult", 1) != 1.0 || flag("is_decoupled_lr") ||
+          flag("is_expert_parallel"))
+        fail(ErrorCode::kUnimplemented,
+             what + " (" + group->repr(1) +
+                 ") is not one of megatron-core 0.16's standard groups (weight decay, or wd_mult 0 for biases and "
+                 "1-d parameters); which parameters it holds is not guessed");
+      const bool no_wd = wd_mult == 0.0;
+      std::vector<const std::pair<std::size_t, LocalParam>*> members;
+      for (const auto& cp : all)
+        if (no_weight_decay_v016(cp.second) == no_wd) members.push_back(&cp);
+      const auto& indices = group->at("params")->as_sequence();
+      std::vector<ValuePtr> group_masters;
+      if (masters) {
+        const auto& all_masters = masters->as_sequence();
+        if (g >= all_masters.size()) fail_data_loss(what + ": no fp32_from_fp16_params for it");
+        group_masters = all_masters[g]->as_sequence();
+      }
+      std::size_t next_master = 0;
+      if (indices.size() != members.size())
+        fail(ErrorCode::kUnimplemented,
+             what + " holds " + std::to_string(indices.size()) + " parameters; megatron-core 0.16's rule (" +
+                 (no_wd ? "biases and 1-d parameters" : "the parameters that are neither") + ") gives " +
+                 std::to_string(members.size()) + " of this rank's model: not a grouping ckptconv knows");
+      for (std::size_t j = 0; j < indices.size(); ++j) {
+        const auto& [v, p] = *members[j];
+        const int64_t idx = indices[j]->as_int();
+        auto found_entry = by_index.find(idx);
+        ValuePtr entry = found_entry == by_index.end() ? nullptr : mapping_of(found_entry->second);
+        if (!entry)
+          fail_data_loss(what + ": no optimizer state for parameter " + std::to_string(idx) + " (" + p.name + ")");
+        for (const std::string& kind : kinds) {
+          if (kind == "param") continue;  // the master: fp32_from_fp16_params, below
+          ValuePtr val = entry->at(kind);
+          const TensorEntry* t = tensor_of(*r.decoded, *val);
+          if (!t || t->shape != p.shape)
+            fail(ErrorCode::kUnimplemented, r.path + ": optimizer state " + std::to_string(idx) + " '" + kind +
+                                                "' is " + (t ? shape_str(t->shape) : std::string("not a tensor")) +
+                                                ", but megatron-core 0.16's grouping " + "names it " + p.name +
+                                                " of shape " + shape_str(p.shape) + ": not a grouping ckptconv knows");
+          found[v][p.name][kind] = val;
+        }
+        if (masters) {
+          // The fp32 masters of the group's 16-bit parameters, in order. A
+          // group mixing fp32 parameters in (no master of their own) is not
+          // what Megatron-LM's Float16Module makes, and megatron-core's own
+          // sharded save of one pairs masters with the wrong parameters.
+          if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
+            fail(ErrorCode::kUnimplemented, what + ": " + p.name + " is " + std::string(dtype_name(p.dtype)) +
+                                                " under the mixed-precision optimizer; only all-16-bit groups are "
+                                                "known");
+          if (next_master >= group_masters.size())
+            fail_data_loss(what + ": fewer fp32_from_fp16_params than 16-bit parameters");
+          ValuePtr master = group_masters[next_master++];
+          const TensorEntry* t = tensor_of(*r.decoded, *master);
+          if (!t || t->shape != p.shape || t->dtype != DType::kFloat32)
+            fail(ErrorCode::kUnimplemented, what + ": fp32_from_fp16_params entry " + std::to_string(next_master - 1) +
+                                                " is not a float32 " + shape_str(p.shape) + " (the master of " +
+                                                p.name + " by megatron-core 0.16's grouping)");
+          found[v][p.name]["param"] = master;
+        }
+        check_common_step(r, entry, p.name);
+        ++named;
+      }
+      if (next_master != group_masters.size())
+        fail_data_loss(what + ": " + std::to_string(group_masters.size()) + " fp32_from_fp16_params for " +
+                       std::to_string(next_master) + " 16-bit parameters");
+    }
+    if (named != all.size())
+      fail(ErrorCode::kUnimplemented, r.path + ": the optimizer's param groups hold " + std::to_string(named) +
+                                          " parameters, the rank's model " + std::to_string(all.size()));
+    std::vector<std::map<std::string, ValuePtr>> out(params.size());
+    for (std::size_t v = 0; v < out.size(); ++v)
+      for (const std::string& kind : kinds) {
+        out[v][kind] = Value::dict();
+        for (const LocalParam& p : params[v])
+          out[v][kind]->entries.emplace_back(Value::str(p.name), found[v].at(p.name).at(kind));
+      }
+    return out;
+  }
+
+  // torch Adam keeps a `step` per parameter; megatron-core steps them all
+  // together (its own sharded save keeps one common step), so every one
+  // must be equal. The first is kept for param_groups.
+  void check_common_step(const RankFile& r, const ValuePtr& entry, const std::string& name) {
+    ValuePtr step = entry->get("step");
+    const TensorEntry* t = step ? tensor_of(*r.decoded, *step) : nullptr;
+    if (!t) return;  // a float step (older torch): left out
+    std::string bytes = row_major_bytes(*t);
+    if (!step_) {
+      step_ = *t;
+      step_bytes_ = std::move(bytes);
+    } else if (t->dtype != step_->dtype || t->shape != step_->shape || bytes != step_bytes_) {
+      fail_data_loss(r.path + ": the optimizer's step of " + name +
+                     " differs from the others'; megatron-core steps every parameter together");
+    }
+  }
+
+  // TP 0 / PP 0's optimizer param_groups without their `params` (indices
+  // into one rank's parameters, which mean nothing in the merged state; the
+  // distributed optimizer saves none), as the torch_dist view gives them.
+  // The plain optimizer's common step (see check_common_step) goes into
+  // each group as `step`, where the distributed optimizer keeps it.
+  ValuePtr param_groups(CheckpointModel& model) {
+    ValuePtr out = Value::list({});
+    ValuePtr opt = mapping_of(ranks_.at(0).decoded->root->at("optimizer"));
+    // The DistributedOptimizer (and the mixed-precision wrapper) keep the
+    // inner optimizer's state dict under `optimizer`.
+    if (opt->is(Kind::kDict) && opt->get("optimizer")) opt = mapping_of(opt->get("optimizer"));
+    ValuePtr groups = opt->is(Kind::kDict) ? opt->get("param_groups") : nullptr;
+    if (!groups) return out;
+    ValuePtr step;
+    if (step_) {
+      model.tensors.push_back(*step_);
+      model.tensors.back().name = "param_groups.step";
+      step = make_tensor_ref(model.tensors.size() - 1);
+    }
+    for (const ValuePtr& g : groups->as_sequence()) {
+      ValuePtr copy = Value::dict();
+      for (const auto& [k, val] : mapping_of(g)->entries)
+        if (!(k->is(Kind::kStr) && k->as_str() == "params")) copy->entries.emplace_back(k, val);
+      if (step && !copy->get("step")) copy->entries.emplace_back(Value::str("step"), step);
+      out->items.push_back(copy);
+    }
+    return out;
+  }
+
   std::string dir_;
   ProblemSink* sink_;
   std::string only_;
@@ -467,7 +871,10 @@ class LegacyReader {
   Degrees degrees_;
   std::vector<RankFile> ranks_;  // pp-major, tp-minor
   int64_t iteration_ = -1;
-  bool complete_ = true;  // every rank file read (validate reads on past a missing one)
+  bool complete_ = true;
+  std::vector<std::string> optim_files_;  // the distrib_optim.pt files read
+  std::optional<TensorEntry> step_;       // the plain optimizer's common step (check_common_step)
+  std::string step_bytes_;                // every rank file read (validate reads on past a missing one)
 };
 
 }  // namespace

@@ -11,8 +11,9 @@
 //       (distrib_optim.pt beside it with the distributed optimizer)
 //
 // The model is given as the TP=1/PP=1 model's state dict: TP pieces merged
-// by tp_layout.h, layers renumbered to their global index. The optimizer is
-// not read yet (--only optim is refused).
+// by tp_layout.h, layers renumbered to their global index. --only optim
+// gives the optimizer's state per parameter name (optim_layout.h), merged
+// the same way.
 #pragma once
 
 #include <optional>
@@ -25,6 +26,8 @@ namespace ckpt::megatron_legacy {
 
 inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
 inline constexpr const char* kRankFile = "model_optim_rng.pt";
+// Beside the rank file under the distributed optimizer: its flat state.
+inline constexpr const char* kDistribOptimFile = "distrib_optim.pt";
 
 // A folder holding mp_rank_* rank folders (one iteration of a legacy save).
 bool is_iteration_dir(const std::string& dir);
