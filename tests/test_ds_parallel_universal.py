@@ -270,12 +270,16 @@ def test_moe_universal_checkpoint_resharded_again_is_stacked_the_same(tmp_path, 
 @needs_deepspeed
 def test_moe_universal_checkpoint_at_another_ep_size_is_refused_by_deepspeed(tmp_path, run_ckptconv):
     """The stacked files are for the source's ep_size: an engine at ep_size 1
-    stops at its own check (two experts stacked where it wants one), never
-    loads other experts' values."""
+    stops, never loads other experts' values. Which refusal a rank meets
+    first depends on which parameter it loads first: DeepSpeed's own check
+    (two experts stacked where it wants one) at local experts 0 and 1, or no
+    folder at local experts 2 and 3 (there are only the EP2 local names)."""
     write_ucp(run_ckptconv, "moe_z1_fp32_ws2_ep2", tmp_path / "ours")
     cmd = [str(DS_PY), str(REPO / "tests" / "ds_parallel_universal_load.py"), "moe_z1_fp32_ws2_ep2",
            str(tmp_path / "ours"), TAG, "1", "2", str(tmp_path / "ep1.pt"), "1"]
     r = subprocess.run(cmd, env=ds_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode != 0
-    assert "full param numel 128 != tensor slice numel 64" in r.stdout + r.stderr
+    said = r.stdout + r.stderr
+    assert ("full param numel 128 != tensor slice numel 64" in said
+            or re.search(r"No such file or directory: '[^']*/zero/[^']*deepspeed_experts\.[23]\.", said)), said
     assert not (tmp_path / "ep1.pt").exists()

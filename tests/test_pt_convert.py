@@ -67,15 +67,16 @@ def test_every_pt_fixture_inspects(p, run_ckptconv):
     # a tensor referenced from two places is listed twice but counted once
     assert info["totals"]["tensors"] <= len(info["tensors"])
     # A universal checkpoint's zero/optimizer_state.pt is DeepSpeed's global
-    # optimizer state (at ZeRO-1/2 plain values only), a Megatron checkpoint's
-    # common.pt its unsharded state (iteration, param_groups). Every other
+    # optimizer state (at ZeRO-1/2 plain values only), a Megatron-core
+    # checkpoint's common.pt (beside its metadata.json, wherever the fixture
+    # lives: megatron/, arch/) its unsharded state (iteration, param_groups). Every other
     # file holds tensors.
     # A DeepSpeed pipeline stage's mp_rank_NN_model_states.pt stores
     # module=None: its layer_LL-model_states.pt files hold the weights.
     pipeline_stage = p.name.startswith("mp_rank_") and p.name.endswith("_model_states.pt") and \
         any(p.parent.glob("layer_*-model_states.pt"))
     no_tensors = (p.name == "optimizer_state.pt" and p.parent.parent.name.endswith("_universal")) or \
-        (p.name == "common.pt" and p.parent.name == "ckpt" and "megatron" in p.parts) or pipeline_stage
+        (p.name == "common.pt" and (p.parent / "metadata.json").is_file()) or pipeline_stage
     if not no_tensors:
         assert info["totals"]["tensors"] > 0
 
