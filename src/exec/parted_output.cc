@@ -89,6 +89,22 @@ class UploadFile final : public ByteSink {
 // An error or an interrupt before that aborts every upload (nothing was
 // visible); one while publishing also deletes the objects already
 // published.
+// Runs the writer over one sink per output file, every unit written whole
+// (one process: no --part); a failure names the file it was writing.
+template <class File>
+void write_every_unit(PartedWriter& w, const std::vector<std::unique_ptr<File>>& files, const CopyOptions& copy) {
+  std::vector<ByteSink*> sinks;
+  for (const auto& f : files) sinks.push_back(f.get());
+  w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
+    try {
+      write_unit(u, sink, zip, copy);
+    } catch (Error& e) {
+      e.add_context(w.output_path(u.file));  // named only on failure: a run emits thousands of units
+      throw;
+    }
+  });
+}
+
 Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& options) {
   if (!w.publishes_to_object_store())
     fail(ErrorCode::kOutputFailed, options.path + ": writing a " + w.kind() +
@@ -109,16 +125,7 @@ Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& opti
       };
     files.push_back(std::make_unique<UploadFile>(w.output_path(k), s3_part_size(sizes[k]), std::move(on_open)));
   }
-  std::vector<ByteSink*> sinks;
-  for (auto& f : files) sinks.push_back(f.get());
-  w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
-    try {
-      write_unit(u, sink, zip, options.copy);
-    } catch (Error& e) {
-      e.add_context(w.output_path(u.file));
-      throw;
-    }
-  });
+  write_every_unit(w, files, options.copy);
   if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
   for (; closed < count; ++closed) files[closed]->close();
   const std::vector<MarkerFile> markers = w.marker_files();
@@ -178,16 +185,7 @@ Published write_whole(PartedWriter& w, const PartedOptions& options) {
     files.push_back(std::make_unique<StagedFile>(scratch.path_of("data-" + std::to_string(k)), w.output_path(k),
                                                  options.durable, std::move(on_open)));
   }
-  std::vector<ByteSink*> sinks;
-  for (auto& f : files) sinks.push_back(f.get());
-  w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
-    try {
-      write_unit(u, sink, zip, options.copy);
-    } catch (Error& e) {
-      e.add_context(w.output_path(u.file));  // named only on failure: a run emits thousands of units
-      throw;
-    }
-  });
+  write_every_unit(w, files, options.copy);
   if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
   for (; closed < count; ++closed) paths[closed] = files[closed]->close();
   check_interrupted();  // an interrupted job leaves nothing, even when its files are done
