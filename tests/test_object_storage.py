@@ -207,6 +207,27 @@ def test_an_endpoint_that_never_answers_fails_within_a_minute(run_s3):
     assert r.seconds < 60
 
 
+def forward(handler: http.server.BaseHTTPRequestHandler, upstream: str, body: bytes) -> bytes:
+    """Sends the handler's request to `upstream` (host:port) and its answer
+    back to the client; returns the answer's body."""
+    conn = http.client.HTTPConnection(upstream, timeout=30)
+    conn.request(handler.command, handler.path, body=body, headers=dict(handler.headers))
+    resp = conn.getresponse()
+    data = resp.read()
+    handler.send_response(resp.status)
+    for k, v in resp.getheaders():
+        if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+            handler.send_header(k, v)
+    # A HEAD's Content-Length is the object's size, sent without the object.
+    handler.send_header("Content-Length", resp.getheader("Content-Length", "0") if handler.command == "HEAD"
+                        else str(len(data)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(data)
+    conn.close()
+    return data
+
+
 class FaultyProxy(http.server.ThreadingHTTPServer):
     """Forwards to moto; answers every third request with 503 SlowDown and
     drops every fifth connection without a response, counting requests."""
@@ -249,24 +270,10 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
             if self.command != "HEAD":
                 self.wfile.write(xml)
             return
-        conn = http.client.HTTPConnection(srv.upstream, timeout=30)
-        conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-        resp = conn.getresponse()
-        data = resp.read()
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
-                self.send_header(k, v)
-        # A HEAD's Content-Length is the object's size, sent without the object.
-        self.send_header("Content-Length", resp.getheader("Content-Length", "0") if self.command == "HEAD"
-                         else str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        data = forward(self, srv.upstream, body)
         if self.command == "GET":
             with srv.lock:
                 srv.got_bytes += len(data)
-        conn.close()
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_one
 

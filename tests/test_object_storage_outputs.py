@@ -28,7 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from test_object_storage import (BUCKET, KEY_ID, SECRET, UUID, FaultyProxy, moto, run_s3, s3_env,  # noqa: F401
+from test_object_storage import (BUCKET, KEY_ID, SECRET, UUID, FaultyProxy, forward, moto, run_s3, s3_env,  # noqa: F401
                                  url)
 
 DCP = "dcp/fsdp2_adamw_ws2"
@@ -225,20 +225,7 @@ class RuleHandler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(xml)
             return
-        conn = http.client.HTTPConnection(srv.upstream, timeout=30)
-        conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-        resp = conn.getresponse()
-        data = resp.read()
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", resp.getheader("Content-Length", "0") if self.command == "HEAD"
-                         else str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-        conn.close()
+        forward(self, srv.upstream, body)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_one
 

@@ -134,8 +134,8 @@ struct Evaluator {
 
 // A pattern's placeholders ({L}) in order, and its regex: literal text
 // escaped, each placeholder a decimal index, '*' (skip patterns) anything.
-// LinearRegex, not std::regex: the names matched are the checkpoint's, and
-// std::regex recurses once per byte of them.
+// LinearRegex, not the standard library's backtracking matcher: the names
+// matched are the checkpoint's, and that matcher recurses once per byte.
 struct Pattern {
   LinearRegex re;
   std::vector<std::string> names;
