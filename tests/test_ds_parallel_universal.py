@@ -205,16 +205,72 @@ def test_universal_checkpoint_reads_back_as_its_source(case, tmp_path, run_ckptc
     assert r.stdout.rstrip().endswith("equal")
 
 
-def test_moe_without_a_recorded_expert_parallel_size_is_warned(tmp_path, run_ckptconv):
-    """A consolidation of the MoE run does not say at which ep it ran: the
-    experts are written by global id, and the log says which engines load
-    that right."""
+def test_moe_without_a_recorded_expert_parallel_size_is_refused(tmp_path, run_ckptconv):
+    """A consolidation of the MoE run does not say at which ep it ran, and
+    the expert folders' names depend on the ep of the engine that loads
+    them: without --expert-parallel it is exit 3 naming the option, nothing
+    written (it used to write global ids with a warning, which an engine at
+    ep 2 loads as rank 0's experts on both expert-parallel ranks)."""
     full = tmp_path / "full.pt"
     assert run_ckptconv("consolidate", PARALLEL / "moe_z1_fp32_ws2_ep2", "-o", full).returncode == 0
     r = run_ckptconv("reshard", full, "-o", tmp_path / TAG, "--layout", "deepspeed-universal")
+    assert r.returncode == 3, r.stderr
+    assert "does not record the expert-parallel size" in r.stderr and "--expert-parallel N" in r.stderr
+    assert str(full) in r.stderr
+    assert not (tmp_path / TAG).exists() and not (tmp_path / "latest_universal").exists()
+
+
+def test_moe_expert_parallel_given_for_a_consolidation_writes_what_the_source_would(tmp_path, run_ckptconv):
+    """With --expert-parallel 2 the consolidation's universal checkpoint is
+    the one the EP2 DeepSpeed checkpoint itself gives, byte for byte."""
+    case = "moe_z1_fp32_ws2_ep2"
+    direct = write_ucp(run_ckptconv, case, tmp_path / "direct")
+    full = tmp_path / "full.pt"
+    assert run_ckptconv("consolidate", PARALLEL / case, "-o", full).returncode == 0
+    (tmp_path / "given").mkdir()
+    given = tmp_path / "given" / TAG
+    r = run_ckptconv("reshard", full, "-o", given, "--layout", "deepspeed-universal", "--expert-parallel", "2")
     assert r.returncode == 0, r.stderr
-    assert "does not record the expert-parallel size" in r.stderr and "ep_size 1 only" in r.stderr
-    assert (tmp_path / TAG / "zero" / f"{EXPERT}3.weight" / "fp32.pt").exists()
+    files = sorted(str(p.relative_to(direct)) for p in (direct / "zero").rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(given)) for p in (given / "zero").rglob("*") if p.is_file())
+    assert any(f"{EXPERT}1.weight" in f for f in files) and not any(f"{EXPERT}2." in f for f in files)
+    for f in files:
+        assert (direct / f).read_bytes() == (given / f).read_bytes(), f
+
+
+@pytest.mark.parametrize("value,layout,code,said", [
+    ("0", "deepspeed-universal", 2, "--expert-parallel must be at least 1"),
+    ("3", "deepspeed-universal", 3, "4 experts under 'moe.deepspeed_moe.experts.deepspeed_experts.' do not divide over "
+                                    "expert-parallel size 3"),
+    ("2", "dcp", 2, "--expert-parallel: only for --layout deepspeed-universal (not dcp)")])
+def test_expert_parallel_mistakes_are_named(value, layout, code, said, tmp_path, run_ckptconv):
+    out = tmp_path / TAG
+    r = run_ckptconv("reshard", PARALLEL / "moe_z1_fp32_ws2_ep2", "-o", out, "--layout", layout, "--world-size", "2",
+                     "--expert-parallel", value)
+    assert r.returncode == code, r.stderr
+    assert said in r.stderr
+    assert not out.exists()
+
+
+@needs_deepspeed
+def test_moe_at_another_expert_parallel_size_loads_when_asked(tmp_path, run_ckptconv):
+    """The EP2 checkpoint written for ep 1 (--expert-parallel 1: experts by
+    global id) loads into an engine at ep_size 1 on 2 ranks with every
+    master and moment exact, and trains a step."""
+    case = "moe_z1_fp32_ws2_ep2"
+    root = tmp_path / "ours"
+    root.mkdir()
+    r = run_ckptconv("reshard", PARALLEL / case, "-o", root / TAG, "--layout", "deepspeed-universal",
+                     "--expert-parallel", "1")
+    assert r.returncode == 0, r.stderr
+    assert (root / TAG / "zero" / f"{EXPERT}3.weight" / "fp32.pt").exists()
+    cmd = [str(DS_PY), str(REPO / "tests" / "ds_parallel_universal_load.py"), case, str(root), TAG, "1", "2",
+           str(tmp_path / "ep1.pt"), "1"]
+    done = subprocess.run(cmd, env=ds_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = torch.load(tmp_path / "ep1.pt", weights_only=False)
+    assert_loaded_is_reference(got, reference(case))
+    assert_one_step_ran(got)
 
 
 def test_moe_universal_checkpoint_split_across_processes_is_the_same_bytes(tmp_path, run_ckptconv):

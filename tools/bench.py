@@ -451,12 +451,15 @@ def ucp(args) -> None:
                     pass
         results, disk = {}, {}
         results["raw read (cat>/dev/null)"] = run_measured(["sh", "-c", f"cat {names} > /dev/null"])
-        # Best of 3 passes, the pair in alternating order: one run of each,
+        # Best of PASSES, the pair in alternating order: one run of each,
         # fsync first, had --no-fsync slower (ZeRO-3 3.10 s against 1.42 s),
         # and by hand the same --no-fsync run took 0.41 s three times and
-        # 1.26 s once (the VM's free page reporting: PASSES says why).
+        # 1.26 s once (the VM's free page reporting: PASSES says why). Three
+        # passes once kept 2.96 s for a ZeRO-3 run that took 1.42 s alone:
+        # after a process freed GBs of huge pages (the converter, a torch
+        # generator), the next runs took 6-24 s of system time, by hand.
         pair = (("ckptconv universal", []), ("  ... --no-fsync", ["--no-fsync"]))
-        for pass_index in range(3):
+        for pass_index in range(PASSES):
             for name, extra in (pair if pass_index % 2 == 0 else reversed(pair)):
                 shutil.rmtree(ours, ignore_errors=True)
                 with DiskPeak(work) as peak:

@@ -260,6 +260,13 @@ def _entry(rank: int, ws: int, port: int, fn, args) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Done and written: leave without the interpreter's teardown. A spawned
+    # ZeRO-3 rank now and then died there with "terminate called without an
+    # active exception" (a native thread still joinable when its owner was
+    # destroyed at exit), failing a run whose work had all succeeded.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(ws: int, fn, *args) -> None:

@@ -37,6 +37,13 @@ void register_reshard(CLI::App& app) {
                 "deepspeed-universal: point an existing <root>/latest_universal at the new tag folder (without it "
                 "an existing one is kept; a missing one is always written)")
       ->group(kOutputGroup);
+  auto expert_parallel = std::make_shared<int>(0);
+  CLI::Option* expert_parallel_option =
+      sub->add_option("--expert-parallel", *expert_parallel,
+                      "deepspeed-universal: the ep_size of the engine that will load a MoE checkpoint (DeepSpeed "
+                      "names experts by their index on each expert-parallel rank); default: the source's own, "
+                      "required when the source records none")
+          ->group(kOutputGroup);
   bind_common(sub, req->common, kOnly | kDtype | kDevice | kThreads, help);
   sub->add_option(
          "--mesh-device", req->mesh_device,
@@ -59,8 +66,9 @@ void register_reshard(CLI::App& app) {
       "size or memory limit hit; 5 installation problem or internal error; 130/143/129 stopped by\n"
       "SIGINT/SIGTERM/SIGHUP (nothing written).",
       jobs::source_kinds_help());
-  add_runner(sub, [req, world_size, world_size_option] {
+  add_runner(sub, [req, world_size, world_size_option, expert_parallel, expert_parallel_option] {
     if (world_size_option->count() > 0) req->world_size = *world_size;
+    if (expert_parallel_option->count() > 0) req->expert_parallel = *expert_parallel;
     return jobs::run_reshard(*req, std::cout).exit_code;
   });
 }

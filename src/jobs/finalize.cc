@@ -97,6 +97,8 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       r.mesh_device = j.at("mesh_device").get<std::string>();
       r.mesh_dim_names = j.at("mesh_dim_names").get<std::vector<std::string>>();
       r.update_latest = j.value("update_latest", false);
+      if (j.contains("expert_parallel") && !j.at("expert_parallel").is_null())
+        r.expert_parallel = j.at("expert_parallel").get<int>();
       r.common.force = req.force;  // only from this command line, never from the stored request
       r.common.no_fsync = r.common.no_fsync || req.no_fsync;
       r.part = "finalize";

@@ -67,7 +67,8 @@ std::string request_json(const ReshardRequest& r) {
             {"layout", r.layout},
             {"mesh_device", r.mesh_device},
             {"mesh_dim_names", r.mesh_dim_names},
-            {"update_latest", r.update_latest}};
+            {"update_latest", r.update_latest},
+            {"expert_parallel", r.expert_parallel ? json(*r.expert_parallel) : json(nullptr)}};
   return j.dump(1);
 }
 

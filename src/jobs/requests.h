@@ -44,6 +44,10 @@ struct ReshardRequest {
   // latest_universal beside it (which the job may have read its source
   // through); without it an existing pointer is kept and only a missing one written.
   bool update_latest = false;
+  // --expert-parallel: deepspeed-universal, the ep_size of the engine that
+  // will load a MoE checkpoint; absent: the expert-parallel size the source
+  // records (a source that records none and holds experts is refused).
+  std::optional<int> expert_parallel;
 };
 
 // The request as the parts folder keeps it: the command, the directory it

@@ -295,7 +295,10 @@ void write_universal_layout(const LayoutJob& j) {
   if (req.world_size)
     log::info("--world-size " + std::to_string(*req.world_size) +
               ": not used, a universal checkpoint loads at the world size of the engine that loads it");
-  ds_universal::UniversalPlan plan = ds_universal::plan_universal(j.model, source_world_size(j.model));
+  if (req.expert_parallel && *req.expert_parallel < 1)
+    fail_invalid("--expert-parallel must be at least 1 (got " + std::to_string(*req.expert_parallel) + ")");
+  ds_universal::UniversalPlan plan =
+      ds_universal::plan_universal(j.model, source_world_size(j.model), req.expert_parallel);
   j.report.bytes = plan.tensor_bytes;
   j.report.summary = "wrote " + req.output + " (" + std::string(j.layout.name) + "): " + std::to_string(plan.params) +
                      " parameters with optimizer state, " + std::to_string(plan.others) + " without";
@@ -430,6 +433,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   const LayoutInfo& layout = req.layout.empty() ? default_layout(model) : *find_layout(req.layout);
   if (layout.world_size == WorldSizeRule::kRequired && !req.world_size)
     fail_invalid("--world-size N is required (the number of ranks to write)");
+  if (req.expert_parallel && &layout != find_layout("deepspeed-universal"))
+    fail_invalid("--expert-parallel: only for --layout deepspeed-universal (not " + std::string(layout.name) + ")");
   if (!layout.object_store) refuse_remote_output(req.output, "--layout " + std::string(layout.name));
   if (!req.part.empty()) refuse_remote_output(req.output, "--part shares");
   if (!layout.part && !req.part.empty())

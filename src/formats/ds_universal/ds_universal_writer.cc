@@ -41,10 +41,13 @@ void require_component(const std::string& name, const std::string& what) {
 
 class Planner {
  public:
-  Planner(const CheckpointModel& model, int world_size)
+  Planner(const CheckpointModel& model, int world_size, std::optional<int> expert_parallel)
       : model_(model),
         world_size_(world_size),
-        ep_(model.info.parallel ? std::max(1, model.info.parallel->expert) : 1) {}
+        ep_known_(expert_parallel || model.info.parallel),
+        ep_(expert_parallel       ? *expert_parallel
+            : model.info.parallel ? std::max(1, model.info.parallel->expert)
+                                  : 1) {}
 
   UniversalPlan plan() {
     ValuePtr root = mapping_of(model_.root);
@@ -68,8 +71,8 @@ class Planner {
       states.emplace(k->text, v);
     }
     UniversalPlan out;
+    if (!ep_known_) refuse_unknown_expert_parallelism(*module);
     if (ep_ > 1) count_experts(*module);
-    if (!model_.info.parallel) warn_unknown_expert_parallelism(*module);
     std::set<std::string> written;
     std::map<std::size_t, std::string> owner_of;  // tensor index -> the first name it has
     for (const auto& [k, v] : module->entries) {
@@ -225,18 +228,18 @@ class Planner {
   }
 
   // A source that does not record the expert-parallel size (a consolidated
-  // file, DCP) but names DeepSpeed experts: written by global id, which an
-  // engine at ep_size 1 loads; at ep > 1 every rank would read the folders
-  // of its local ids, rank 0's experts.
-  void warn_unknown_expert_parallelism(const Value& module) const {
+  // file, DCP) but names DeepSpeed experts: the folders' names depend on the
+  // ep_size of the engine that will load them (by global id at 1, stacked
+  // by local index above), and a guess loads rank 0's experts on every
+  // expert-parallel rank without an error. So the size must be given.
+  void refuse_unknown_expert_parallelism(const Value& module) const {
     for (const auto& [k, v] : module.entries)
-      if (zero::parse_expert_name(path_component(*k))) {
-        log::warn(model_.source + " names DeepSpeed MoE experts ('" + path_component(*k).substr(0, 200) +
-                  "') but does not record the expert-parallel size: the universal checkpoint keys them by global "
-                  "id, which loads right into an engine at ep_size 1 only; reshard the DeepSpeed checkpoint "
-                  "itself to load at ep_size > 1");
-        return;
-      }
+      if (zero::parse_expert_name(path_component(*k)))
+        fail(ErrorCode::kUnimplemented,
+             model_.source + " names DeepSpeed MoE experts ('" + path_component(*k).substr(0, 200) +
+                 "') but does not record the expert-parallel size, and a universal checkpoint's expert folders "
+                 "depend on the ep_size of the engine that loads it: give it with --expert-parallel N (1 keys "
+                 "experts by global id)");
   }
 
   // Local experts per expert-parallel rank of x's MoE layer.
@@ -439,7 +442,8 @@ class Planner {
 
   const CheckpointModel& model_;
   int world_size_;
-  int ep_;                                                   // expert-parallel size the source records
+  bool ep_known_;                                            // given, or recorded by the source
+  int ep_;                                                   // expert-parallel size to write for
   std::map<std::string, int> num_experts_;                   // MoE: per expert name prefix
   std::map<std::string, std::size_t> index_of_;              // MoE: expert entry name -> tensor
   std::map<std::string, Shape> trainable_;                   // parameters with optimizer state
@@ -451,9 +455,9 @@ class Planner {
 
 }  // namespace
 
-UniversalPlan plan_universal(const CheckpointModel& model, int source_world_size) {
+UniversalPlan plan_universal(const CheckpointModel& model, int source_world_size, std::optional<int> expert_parallel) {
   require_distinct_paths(*model.root, "a universal checkpoint");
-  return Planner(model, source_world_size).plan();
+  return Planner(model, source_world_size, expert_parallel).plan();
 }
 
 }  // namespace ckpt::ds_universal

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,10 +83,15 @@ struct UniversalPlan {
 // folder is written under a global name >= L.
 //
 // The plan for `model`, read from a source written at `source_world_size`
-// ranks (the model states' dp_world_size). InvalidArgument naming the entry
-// when the state dict is not a full training state dict keyed by FQN (an
-// optimizer state keyed by index, --only, a name that is not a plain path
-// component), or a parameter's state does not have its shape.
-UniversalPlan plan_universal(const CheckpointModel& model, int source_world_size);
+// ranks (the model states' dp_world_size), for engines at expert-parallel
+// size `expert_parallel` (absent: the one the source records). InvalidArgument
+// naming the entry when the state dict is not a full training state dict
+// keyed by FQN (an optimizer state keyed by index, --only, a name that is not
+// a plain path component), or a parameter's state does not have its shape;
+// Unimplemented when the model names DeepSpeed experts, records no
+// expert-parallel size and none is given (the folders' names depend on it),
+// or its experts do not divide over the size.
+UniversalPlan plan_universal(const CheckpointModel& model, int source_world_size,
+                             std::optional<int> expert_parallel = std::nullopt);
 
 }  // namespace ckpt::ds_universal
