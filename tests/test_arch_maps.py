@@ -395,3 +395,36 @@ def test_an_expert_shape_the_config_does_not_give_is_exit_3(field, value, names,
     for n in names + ["config.json"]:
         assert n in r.stderr, (n, r.stderr)
     assert not out.exists()
+
+
+def test_a_tie_rule_writes_the_output_layer_from_the_embedding(tmp_path, run_ckptconv):
+    """A megatron model trained with share_embeddings_and_output_weights has
+    no output layer; a map with a `tie` rule also writes the embedding as
+    lm_head.weight, for a reader that does not tie by itself. Proven by
+    loading the export with tie_word_embeddings turned off: transformers then
+    takes lm_head from the file, and the logits are megatron's."""
+    case = "llama_tied_tp2pp1"
+    spec = json.loads(LLAMA_MAP.read_text())
+    spec["rules"].append({"from": "embedding.word_embeddings.weight", "to": "lm_head.weight", "tie": True,
+                          "unpad": "vocab_size", "shape": ["vocab_size", "hidden_size"],
+                          "unless": "1 - tie_word_embeddings"})
+    path = tmp_path / "tied.json"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, case, out, "--map", str(path))
+    assert r.returncode == 0, r.stderr
+    weights = load_file(out / "model.safetensors")
+    assert weights["lm_head.weight"].shape == (60, 32)
+    assert weights["lm_head.weight"].equal(weights["model.embed_tokens.weight"])
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (out / "config.json").write_text(json.dumps(cfg))
+    got = _logits_diff(out, case)
+    assert got["max_abs_diff"] <= TOLERANCE, got
+    # Under an untying config the tie is off and the missing output layer is exit 3, as without it.
+    config = tmp_path / "config"
+    shutil.copytree(ARCH / case / "hf_config", config)
+    (config / "config.json").write_text(json.dumps({**json.loads((config / "config.json").read_text()),
+                                                    "tie_word_embeddings": False}))
+    r = _export(run_ckptconv, case, tmp_path / "untied", "--map", str(path), config=config)
+    assert r.returncode == 3 and "'output_layer.weight' is missing" in r.stderr, r.stderr

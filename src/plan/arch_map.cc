@@ -225,6 +225,8 @@ int parse_stacking(const JsonMembers& m, MapRule& r, const std::string& where) {
 void check_stacking(const MapRule& r, const std::vector<std::string>& captured, const std::string& where) {
   if (r.op == MapRule::Op::kStack && r.shapes.front().empty())
     fail_invalid(where + ": a stacked target's shape has the stacked dim first");
+  if (r.tie && (r.op == MapRule::Op::kStack || r.op == MapRule::Op::kUnstack))
+    fail_invalid(where + ": a tie copies one tensor to one place; it cannot stack or unstack");
   if (r.op != MapRule::Op::kUnstack) return;
   if (std::binary_search(captured.begin(), captured.end(), r.unstack))
     fail_invalid(where + ": unstack puts {" + r.unstack + "} into the targets, and '" + r.from[0] +
@@ -237,8 +239,9 @@ void check_stacking(const MapRule& r, const std::vector<std::string>& captured, 
 MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
   if (!j.is_object()) fail_invalid(where + ": a rule is an object");
   JsonMembers m(j, where);
-  static const std::set<std::string> kKnown = {"from",  "to",     "split",    "unpad",  "permute_rope", "stack",
-                                               "shape", "shapes", "optional", "unless", "comment",      "unstack"};
+  static const std::set<std::string> kKnown = {"from",   "to",      "split", "unpad",  "permute_rope",
+                                               "stack",  "unstack", "shape", "shapes", "optional",
+                                               "unless", "comment", "tie"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   MapRule r;
@@ -290,6 +293,10 @@ MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
     r.optional = o->get<bool>();
   }
   if (const auto* u = m.find("unless")) r.unless = as_expression(*u, where + ".unless");
+  if (const auto* t = m.find("tie")) {
+    if (!t->is_boolean()) fail_invalid(where + ".tie: true or false");
+    r.tie = t->get<bool>();
+  }
   // Every alternative captures the same placeholders, and every
   // placeholder of a target is captured.
   std::vector<std::string> names = compile_pattern(r.from[0], where + ".from").names;
@@ -691,6 +698,39 @@ std::string unstack_targets(const MapRule& rule, const TensorEntry& src, Capture
   return first;
 }
 
+// tie: the copies the tie rules (those not off) make of `src`, besides
+// the rule that claims it. True when one did.
+bool write_ties(const TensorEntry& src, const std::string& path, const ArchMap& map,
+                const std::vector<std::vector<Pattern>>& from, const std::vector<bool>& off, const Evaluator& eval,
+                std::map<std::string, std::string>& written, std::vector<std::set<std::string>>& seen,
+                CheckpointModel& out, Entries& entries, const std::string& where) {
+  bool tied = false;
+  for (std::size_t r = 0; r < map.rules.size(); ++r) {
+    const MapRule& rule = map.rules[r];
+    if (!rule.tie || off[r]) continue;
+    RegexMatch m;
+    const Pattern* hit = nullptr;
+    for (const auto& p : from[r])
+      if (!hit && p.re.match(path, m)) hit = &p;
+    if (!hit) continue;
+    Captured values;
+    for (std::size_t i = 0; i < hit->names.size(); ++i) values[hit->names[i]] = m.str(i + 1);
+    seen[r].insert(substitute(rule.to.front(), values));
+    for (std::size_t i = 0; i < rule.to.size(); ++i) {
+      const std::string name = substitute(rule.to[i], values);
+      auto [it, fresh] = written.emplace(name, path);
+      if (!fresh)
+        fail(ErrorCode::kUnimplemented, where + ": '" + it->second + "' and '" + path + "' both become '" + name + "'");
+      TensorEntry t = target_tensor(src, rule, i, name, eval);
+      check_shape(t, path, rule.shapes[i], eval);
+      entries.emplace_back(pickle::Value::str(name), make_tensor_ref(out.tensors.size()));
+      out.tensors.push_back(std::move(t));
+    }
+    tied = true;
+  }
+  return tied;
+}
+
 // The name the completeness check looks for: the first target, an unstack
 // rule's at index 0.
 std::string first_target(const MapRule& rule, Captured values) {
@@ -729,8 +769,9 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
     RegexMatch m;
     for (const auto& s : skip)
       if (s.re.match(leaf.path)) return;
+    const bool tied = write_ties(src, leaf.path, map, from, off, eval, written, seen, out, entries, where);
     for (std::size_t r = 0; r < map.rules.size(); ++r) {
-      if (off[r]) continue;
+      if (off[r] || map.rules[r].tie) continue;
       const Pattern* hit = nullptr;
       for (const auto& p : from[r])
         if (!hit && p.re.match(leaf.path, m)) hit = &p;
@@ -757,6 +798,7 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
       }
       return;
     }
+    if (tied) return;  // a tensor only a tie copies is written all the same
     for (std::size_t r = 0; r < map.rules.size(); ++r)
       for (const auto& p : from[r])
         if (off[r] && p.re.match(leaf.path))

@@ -4,8 +4,9 @@
 //
 // A map is a pure model-to-model transform: every operation it offers
 // (rename, split of a fused tensor per group into sections, unpad of a
-// vocabulary, permute_rope) picks rows of a source tensor along dim 0, so it
-// rewrites names, shapes and chunks and reads no byte. The executor then
+// vocabulary, permute_rope) picks rows of a source tensor along dim 0, or
+// adds or takes a leading dim (stack, unstack: experts), or writes a tensor
+// twice (tie), so it rewrites names, shapes and chunks and reads no byte. The executor then
 // gathers the strided chunks within --memory-limit as it gathers any other
 // source's, and the writers stay as they are.
 #pragma once
@@ -75,6 +76,11 @@ struct MapRule {
   // unstack: the placeholder the targets put each index of the source's
   // leading dim into ("E"), counted by "indices" like a captured one.
   std::string unstack;
+  // tie: the rule writes a second copy of a tensor another rule writes (the
+  // output layer of a model that shares it with the embedding, for a
+  // target that does not tie by itself): it matches besides the first
+  // matching rule, whatever their order, and claims nothing.
+  bool tie = false;
   std::vector<std::vector<std::string>> shapes;  // per target: an expression per dim, checked against the config
   bool optional = false;                         // the source may lack it
   // The rule is off when this config expression is non-zero (the output

@@ -376,3 +376,42 @@ TEST_CASE("arch map: the MoE maps are built in, the per-expert ones by name only
     CHECK(m->architectures.empty());
   }
 }
+
+TEST_CASE("arch map: a tie rule writes a second copy of a tensor another rule claims", "[plan][arch_map]") {
+  // The embedding also written as the output layer when the config ties them (the tie rule listed first or last).
+  ArchMap map = parse_arch_map(R"({"rules": [
+    {"from": "emb", "to": "head", "tie": true, "unpad": "vocab", "shape": ["vocab", 2], "unless": "1 - tied"},
+    {"from": "emb", "to": "embed", "unpad": "vocab", "shape": ["vocab", 2]},
+    {"from": "out", "to": "head", "unpad": "vocab", "shape": ["vocab", 2], "unless": "tied"}]})",
+                               "tie", "here");
+  CheckpointModel m = model_of({numbered("", 8, 2, {4})}, {"emb"});
+  CheckpointModel out = apply_arch_map(m, map, {{"vocab", 5}, {"tied", 1}}, "config.json");
+  std::vector<std::string> names;
+  walk_leaves(*out.root, [&](const Leaf& l) { names.push_back(l.path); });
+  CHECK(names == std::vector<std::string>{"head", "embed"});
+  CHECK(rows_of(out.tensors[0]) == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(rows_of(out.tensors[1]) == rows_of(out.tensors[0]));
+  std::string msg;
+  // Untied, the tie is off and the output layer the source lacks is missing.
+  CHECK(code_of(
+            [&] {
+              apply_arch_map(m, map, {{"vocab", 5}, {"tied", 0}}, "config.json");
+            },
+            msg) == ErrorCode::kNotFound);
+  CHECK_THAT(msg, Catch::Contains("'out' is missing"));
+  // Tied, an output layer of its own has no place; and a tie cannot stack.
+  CheckpointModel both = model_of({numbered("", 8, 2, {}), numbered("", 8, 2, {})}, {"emb", "out"});
+  CHECK(code_of(
+            [&] {
+              apply_arch_map(both, map, {{"vocab", 5}, {"tied", 1}}, "config.json");
+            },
+            msg) == ErrorCode::kDataLoss);
+  CHECK(code_of(
+            [] {
+              parse_arch_map(R"({"indices": {"E": 2}, "rules": [{"from": "a.{E}", "to": "b", "stack": "E", "tie": true,
+                                 "shape": [2, 2]}]})",
+                             "mine", "mine.json");
+            },
+            msg) == ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("tie"));
+}
