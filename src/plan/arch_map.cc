@@ -560,6 +560,11 @@ namespace {
 using Captured = std::map<std::string, std::string>;  // placeholder -> the index a name gave it
 using Entries = std::vector<std::pair<pickle::ValuePtr, pickle::ValuePtr>>;
 
+// More slices than any model has experts or layers: a count past it comes
+// from a hostile file (a stack's config or an unstacked tensor's shape), and
+// would be a loop and an allocation that size.
+constexpr int64_t kMaxSlices = int64_t{1} << 20;
+
 // Calls `fn` with every combination of the placeholders `names` (each from
 // 0 to its count in the map's indices) set in `values`.
 void each_index(const std::vector<std::string>& names, std::size_t k, const ArchMap& map, const Evaluator& eval,
@@ -594,9 +599,9 @@ class Stacks {
       t.chunks.clear();
       t.shape.clear();
       for (const auto& d : rule.shapes.front()) t.shape.push_back(eval_(d));
-      if (t.shape.front() < 0)
+      if (t.shape.front() < 0 || t.shape.front() > kMaxSlices)
         fail(ErrorCode::kDataLoss, "tensor '" + name + "': " + rule.shapes.front().front() + " = " +
-                                       std::to_string(t.shape.front()) + " in " + eval_.config_name);
+                                       std::to_string(t.shape.front()) + " slices in " + eval_.config_name);
       entries.emplace_back(pickle::Value::str(name), make_tensor_ref(out.tensors.size()));
       it = targets_.emplace(name, Target{out.tensors.size(), r, std::vector<std::string>(t.shape[0])}).first;
       out.tensors.push_back(std::move(t));
@@ -613,7 +618,11 @@ class Stacks {
                                      ")");
     }
     ConfigFields with = eval_.config;
-    for (const auto& [k, v] : values) with[k] = std::stoll(v);
+    for (const auto& [k, v] : values) {
+      if (v.size() > 18)
+        fail(ErrorCode::kDataLoss, "tensor '" + src.name + "': index " + k + " = " + v + " is too large");
+      with[k] = std::stoll(v);
+    }
     const int64_t index = Evaluator{map_, with, eval_.config_name}(rule.stack);
     auto& sources = it->second.sources;
     if (index < 0 || index >= t.shape[0])
@@ -677,7 +686,7 @@ std::string unstack_targets(const MapRule& rule, const TensorEntry& src, Capture
                             const Evaluator& eval, std::map<std::string, std::string>& written, CheckpointModel& out,
                             Entries& entries, const std::string& where) {
   const int64_t count = eval(map.indices.at(rule.unstack));
-  if (src.shape.empty() || src.shape[0] != count)
+  if (src.shape.empty() || src.shape[0] != count || count > kMaxSlices)
     fail(ErrorCode::kDataLoss, "tensor '" + src.name + "' " + shape_str(src.shape) + " does not unstack into " +
                                    map.indices.at(rule.unstack) + " = " + std::to_string(count) + " of " +
                                    eval.config_name);
