@@ -9,7 +9,10 @@ transformers wrote (testdata/arch/, tools/make_arch_checkpoints.py).
 `consolidate --only model --config-from` applies the built-in map, and
 transformers 5's from_pretrained in .venv-hf (scripts/setup-hf) loads the
 export, every weight from the folder, and gives the same logits
-(tests/hf_arch_logits.py). So does torchtitan 0.3.0's Llama3Model saved
+(tests/hf_arch_logits.py). The mixtures of experts (Mixtral; Qwen3-MoE,
+with q/k norms) saved at expert parallelism 2 do too, their experts stacked
+into transformers 5's fused 3-D tensors or, by the per-expert maps, under
+each expert's own names. So does torchtitan 0.3.0's Llama3Model saved
 with dcp.save, through `--map torchtitan-llama3-llama` (q/k permuted from
 interleaved to half-split rotary pairs).
 
@@ -42,6 +45,9 @@ CASES = {  # case -> (architecture, the built-in map the config selects)
     "qwen2_tp2pp1": ("Qwen2ForCausalLM", "megatron-gpt-qwen2"),
     "qwen3_tp1pp2": ("Qwen3ForCausalLM", "megatron-gpt-qwen3"),
     "llama_tied_tp2pp1": ("LlamaForCausalLM", "megatron-gpt-llama"),  # share_embeddings_and_output_weights
+    # Mixtures of experts saved at expert parallelism 2: experts stacked into transformers 5's fused tensors.
+    "mixtral_ep2": ("MixtralForCausalLM", "megatron-gpt-mixtral"),
+    "qwen3moe_ep2": ("Qwen3MoeForCausalLM", "megatron-gpt-qwen3moe"),
 }
 
 
@@ -269,3 +275,156 @@ def test_a_dcp_export_gets_no_map_unless_asked(tmp_path, run_ckptconv):
     assert r.returncode == 0, r.stderr
     assert "map" not in r.stderr.replace(str(out), "").replace("--map", ""), r.stderr
     assert "fc1.weight" in load_file(out / "model.safetensors")
+
+
+MIXTRAL_MAP = REPO / "maps" / "megatron-gpt-mixtral.json"
+PER_EXPERT_MAP = REPO / "maps" / "megatron-gpt-mixtral-per-expert.json"
+
+
+def test_moe_experts_are_stacked_into_transformers_fused_tensors(tmp_path, run_ckptconv):
+    """Each layer's 4 experts (2 per expert-parallel rank) in one gate_up_proj
+    [experts, 2 x intermediate, hidden] and one down_proj, expert e's bytes
+    at index e: megatron's fc1 of expert e is its [gate; up], as
+    transformers chunks gate_up_proj[e]."""
+    out = tmp_path / "export"
+    assert _export(run_ckptconv, "mixtral_ep2", out).returncode == 0
+    weights = load_file(out / "model.safetensors")
+    plain = tmp_path / "plain"
+    assert _export(run_ckptconv, "mixtral_ep2", plain, "--map", "none").returncode == 0
+    source = load_file(plain / "model.safetensors")
+    cfg = json.loads((ARCH / "mixtral_ep2" / "hf_config" / "config.json").read_text())
+    e, i, h = cfg["num_local_experts"], cfg["intermediate_size"], cfg["hidden_size"]
+    for layer in range(cfg["num_hidden_layers"]):
+        gate_up = weights[f"model.layers.{layer}.mlp.experts.gate_up_proj"]
+        down = weights[f"model.layers.{layer}.mlp.experts.down_proj"]
+        assert gate_up.shape == (e, 2 * i, h) and down.shape == (e, h, i)
+        for x in range(e):
+            experts = f"decoder.layers.{layer}.mlp.experts.local_experts.{x}"
+            assert gate_up[x].equal(source[f"{experts}.linear_fc1.weight"])
+            assert down[x].equal(source[f"{experts}.linear_fc2.weight"])
+        assert weights[f"model.layers.{layer}.mlp.gate.weight"].equal(source[f"decoder.layers.{layer}.mlp.router.weight"])
+
+
+@pytest.mark.parametrize("case,map_name,names", [
+    ("mixtral_ep2", "megatron-gpt-mixtral-per-expert",
+     ["model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.3.w1.weight",
+      "model.layers.1.block_sparse_moe.experts.3.w3.weight", "model.layers.1.block_sparse_moe.experts.3.w2.weight"]),
+    ("qwen3moe_ep2", "megatron-gpt-qwen3moe-per-expert",
+     ["model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.3.gate_proj.weight",
+      "model.layers.1.mlp.experts.3.up_proj.weight", "model.layers.1.mlp.experts.3.down_proj.weight"]),
+])
+def test_per_expert_names_give_the_same_logits(case, map_name, names, tmp_path, run_ckptconv):
+    """--map ...-per-expert: the model's own per-expert names (what vLLM and
+    transformers 4 read), which transformers 5 fuses as it loads them."""
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, case, out, "--map", map_name)
+    assert r.returncode == 0, r.stderr
+    weights = load_file(out / "model.safetensors")
+    assert set(names) <= set(weights)
+    assert not any("gate_up_proj" in n for n in weights)
+    got = _logits_diff(out, case)
+    assert got["max_abs_diff"] <= TOLERANCE, got
+
+
+def _reversed_experts(spec):
+    for rule in spec["rules"]:
+        if "stack" in rule:
+            rule["stack"] = "num_local_experts - 1 - E"
+
+
+def _swapped_per_expert_gate_up(spec):
+    for rule in spec["rules"]:
+        if rule["from"] == "decoder.layers.{L}.mlp.experts.local_experts.{E}.linear_fc1.weight":
+            rule["to"] = rule["to"][::-1]
+
+
+@pytest.mark.parametrize("base,wrong", [(MIXTRAL_MAP, _reversed_experts), (PER_EXPERT_MAP, _swapped_per_expert_gate_up)],
+                         ids=["experts_reversed", "per_expert_gate_up_swapped"])
+def test_plausible_wrong_moe_maps_fail_the_logits_proof(base, wrong, tmp_path, run_ckptconv):
+    spec = json.loads(base.read_text())
+    wrong(spec)
+    path = tmp_path / "wrong.json"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "mixtral_ep2", out, "--map", str(path))
+    assert r.returncode == 0, r.stderr  # the shapes fit: only the logits tell
+    assert _logits_diff(out, "mixtral_ep2")["max_abs_diff"] > 1000 * TOLERANCE
+
+
+def test_a_fused_gate_up_in_the_other_order_fails_the_logits_proof(tmp_path, run_ckptconv):
+    """transformers chunks gate_up_proj[e] into (gate, up): the export with
+    each expert's halves swapped ([up; gate], the order some other fused
+    layouts use) loads and misses. No map operation reorders a slice, so the
+    halves are swapped in the written file."""
+    import torch
+    from safetensors.torch import save_file
+    out = tmp_path / "export"
+    assert _export(run_ckptconv, "mixtral_ep2", out).returncode == 0
+    weights = load_file(out / "model.safetensors")
+    for name, t in weights.items():
+        if name.endswith("gate_up_proj"):
+            gate, up = t.chunk(2, dim=1)
+            weights[name] = torch.cat([up, gate], dim=1).contiguous()
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    assert _logits_diff(out, "mixtral_ep2")["max_abs_diff"] > 1000 * TOLERANCE
+
+
+def test_a_moe_map_streams_within_the_memory_limit(tmp_path, run_ckptconv):
+    """The stacked experts are gathered from the two expert-parallel ranks'
+    pieces in slabs of --memory-limit: 1 KiB gives the same bytes."""
+    whole, slabs = tmp_path / "whole", tmp_path / "slabs"
+    assert _export(run_ckptconv, "mixtral_ep2", whole).returncode == 0
+    r = _export(run_ckptconv, "mixtral_ep2", slabs, "--memory-limit", "1K")
+    assert r.returncode == 0, r.stderr
+    assert (whole / "model.safetensors").read_bytes() == (slabs / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("field,value,names", [
+    ("num_local_experts", 8, ["decoder.layers.0.mlp.router.weight", "num_local_experts = 8"]),
+    ("intermediate_size", 12, ["decoder.layers.0.mlp.experts.local_experts.", "intermediate_size = "]),
+])
+def test_an_expert_shape_the_config_does_not_give_is_exit_3(field, value, names, tmp_path, run_ckptconv):
+    config = tmp_path / "config"
+    shutil.copytree(ARCH / "mixtral_ep2" / "hf_config", config)
+    cfg = json.loads((config / "config.json").read_text())
+    cfg[field] = value
+    (config / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, "mixtral_ep2", out, config=config)
+    assert r.returncode == 3, r.stderr
+    for n in names + ["config.json"]:
+        assert n in r.stderr, (n, r.stderr)
+    assert not out.exists()
+
+
+def test_a_tie_rule_writes_the_output_layer_from_the_embedding(tmp_path, run_ckptconv):
+    """A megatron model trained with share_embeddings_and_output_weights has
+    no output layer; a map with a `tie` rule also writes the embedding as
+    lm_head.weight, for a reader that does not tie by itself. Proven by
+    loading the export with tie_word_embeddings turned off: transformers then
+    takes lm_head from the file, and the logits are megatron's."""
+    case = "llama_tied_tp2pp1"
+    spec = json.loads(LLAMA_MAP.read_text())
+    spec["rules"].append({"from": "embedding.word_embeddings.weight", "to": "lm_head.weight", "tie": True,
+                          "unpad": "vocab_size", "shape": ["vocab_size", "hidden_size"],
+                          "unless": "1 - tie_word_embeddings"})
+    path = tmp_path / "tied.json"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, case, out, "--map", str(path))
+    assert r.returncode == 0, r.stderr
+    weights = load_file(out / "model.safetensors")
+    assert weights["lm_head.weight"].shape == (60, 32)
+    assert weights["lm_head.weight"].equal(weights["model.embed_tokens.weight"])
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (out / "config.json").write_text(json.dumps(cfg))
+    got = _logits_diff(out, case)
+    assert got["max_abs_diff"] <= TOLERANCE, got
+    # Under an untying config the tie is off and the missing output layer is exit 3, as without it.
+    config = tmp_path / "config"
+    shutil.copytree(ARCH / case / "hf_config", config)
+    (config / "config.json").write_text(json.dumps({**json.loads((config / "config.json").read_text()),
+                                                    "tie_word_embeddings": False}))
+    r = _export(run_ckptconv, case, tmp_path / "untied", "--map", str(path), config=config)
+    assert r.returncode == 3 and "'output_layer.weight' is missing" in r.stderr, r.stderr

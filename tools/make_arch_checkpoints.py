@@ -16,9 +16,10 @@ tools/make_megatron_checkpoints.py, whose helpers this imports):
    so that the logits are of order 1), gives every layer norm
    weight distinct values (their init is all ones, which no map could get
    wrong), and saves it with dist_checkpointing.save;
-2. TP x PP processes build the model at the case's parallelism, load that
-   checkpoint with megatron-core's dist_checkpointing.load and save it again:
-   CASE/ckpt is what megatron-core wrote at TP x PP;
+2. TP x PP (x EP) processes build the model at the case's parallelism, load
+   that checkpoint with megatron-core's dist_checkpointing.load and save it
+   again: CASE/ckpt is what megatron-core wrote at TP x PP (the MoE cases:
+   at expert parallelism 2, each rank holding half the experts);
 3. one process builds the model at TP=1 x PP=1, loads CASE/ckpt and runs
    GPTModel.forward on fixed token ids in fp32: CASE/logits.json holds the
    ids and the logits of the real vocabulary (the padded rows are no
@@ -58,6 +59,8 @@ ROTARY_BASE = 10000
 VOCAB, DIVISIBLE_BY, SEQ = 60, 8, 16
 TOKENS = [[3, 17, 42, 8, 59, 0, 23, 11, 5, 36], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 
+MOE = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=24, moe_grouped_gemm=False)
+
 # name -> (tp, pp, extra TransformerConfig, local spec options, Hugging Face architecture, config fields)
 CASES = {
     "llama_gqa_tp2pp2": (2, 2, {}, {}, "LlamaForCausalLM", {}),
@@ -66,6 +69,19 @@ CASES = {
     # share_embeddings_and_output_weights: no output_layer.weight is saved.
     "llama_tied_tp2pp1": (2, 1, {"share_embeddings_and_output_weights": True}, {}, "LlamaForCausalLM",
                           {"tie_word_embeddings": True}),
+    # Mixture of experts (SequentialMLP, the local spec's; TEGroupedMLP saves
+    # the same keys): 4 experts of ffn 24, top-2, saved at expert parallelism
+    # 2 (each of the 2 ranks holds 2 experts). Megatron's default router
+    # (top-k of the logits, then softmax over those k) is Mixtral's (softmax,
+    # top-k, renormalised) and Qwen3-MoE's with norm_topk_prob; no aux loss
+    # at inference, no capacity factor (no token dropped).
+    "mixtral_ep2": (1, 1, {**MOE, "expert_model_parallel_size": 2}, {"num_experts": 4},
+                    "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2,
+                                           "intermediate_size": MOE["moe_ffn_hidden_size"]}),
+    "qwen3moe_ep2": (1, 1, {**MOE, "expert_model_parallel_size": 2, "qk_layernorm": True},
+                     {"num_experts": 4, "qk_layernorm": True}, "Qwen3MoeForCausalLM",
+                     {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": MOE["moe_ffn_hidden_size"],
+                      "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
 }
 # The GPTModel argument among a case's extra config (the rest is TransformerConfig's).
 MODEL_ARGS = ("share_embeddings_and_output_weights",)
@@ -83,7 +99,9 @@ def build(tp: int, pp: int, extra: dict, spec_opts: dict, vocab: int):
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ep = extra.get("expert_model_parallel_size", 1)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=ep)
     model_args = {"share_embeddings_and_output_weights": False, **{k: extra[k] for k in MODEL_ARGS if k in extra}}
     extra = {k: v for k, v in extra.items() if k not in MODEL_ARGS}
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", **spec_opts)
@@ -142,6 +160,12 @@ def logits_job(rank, ws, port, extra, spec_opts, vocab, ckpt, out):
     import contextlib
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
     CudaRNGStatesTracker.fork = lambda self, *a, **k: contextlib.nullcontext()
+    # megatron-core 0.16.1 imports te_general_gemm in a try block that fails
+    # without Transformer Engine and then tests it for None, undefined: None
+    # is what it means there, and the router's own torch.mm path runs.
+    from megatron.core.transformer.moe import moe_utils
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
     from megatron.core import dist_checkpointing
     model = build(1, 1, extra, spec_opts, vocab)
     loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt)
@@ -183,15 +207,19 @@ def make_case(name: str, root: Path) -> None:
         shutil.rmtree(case)
     case.mkdir(parents=True)
     vocab = padded_vocab(tp)
+    # Expert parallelism only where the case saves (its data-parallel ranks
+    # hold the experts); the first and the logits jobs are one process.
+    ep = extra.get("expert_model_parallel_size", 1)
+    one = {k: v for k, v in extra.items() if k != "expert_model_parallel_size"}
     tmp = case / "tp1pp1"
     tmp.mkdir()
-    mp.spawn(first_job, args=(1, free_port(), extra, spec_opts, vocab, str(tmp)), nprocs=1, join=True)
+    mp.spawn(first_job, args=(1, free_port(), one, spec_opts, vocab, str(tmp)), nprocs=1, join=True)
     ckpt = case / "ckpt"
     ckpt.mkdir()
-    mp.spawn(reshard_job, args=(tp * pp, free_port(), tp, pp, extra, spec_opts, vocab, str(tmp), str(ckpt)),
-             nprocs=tp * pp, join=True)
+    mp.spawn(reshard_job, args=(tp * pp * ep, free_port(), tp, pp, extra, spec_opts, vocab, str(tmp), str(ckpt)),
+             nprocs=tp * pp * ep, join=True)
     shutil.rmtree(tmp)
-    mp.spawn(logits_job, args=(1, free_port(), extra, spec_opts, vocab, str(ckpt), str(case / "logits.json")),
+    mp.spawn(logits_job, args=(1, free_port(), one, spec_opts, vocab, str(ckpt), str(case / "logits.json")),
              nprocs=1, join=True)
     hf = case / "hf_config"
     version = subprocess.run([str(HF_PY), "-c", HF_CONFIG, arch, json.dumps(hf_fields(extra, more)), str(hf)],
@@ -200,7 +228,7 @@ def make_case(name: str, root: Path) -> None:
     (hf / "tokenizer_config.json").write_text(json.dumps({"model_max_length": SEQ}) + "\n")
     import megatron.core
     info = {"megatron_core": megatron.core.__version__, "torch": torch.__version__, "transformers": version,
-            "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+            "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "expert_model_parallel_size": ep,
             "spec": "get_gpt_layer_local_spec(normalization='RMSNorm'" +
                     "".join(f", {k}={v}" for k, v in spec_opts.items()) + ")",
             "model_config": {**BASE, **extra, "rotary_base": ROTARY_BASE}, "vocab_size": VOCAB, "padded_vocab_size": vocab,

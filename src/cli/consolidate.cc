@@ -48,7 +48,8 @@ CLI::App* register_write_command(CLI::App& app, const char* name, const char* de
                   "(docs/maps.md): a built-in map (" +
                       jobs::builtin_map_names() +
                       "), a map file, or none (names kept); default: the built-in map for the source kind and the "
-                      "config's architectures, with --only model")
+                      "config's architectures, with --only model (Mixtral and Qwen3-MoE experts in transformers 5's "
+                      "fused tensors; the ...-per-expert maps write each expert under its own names)")
       ->type_name("NAME|FILE|none")
       ->group(kOutputGroup);
   sub->add_option("--compression", req->compression, "HDF5: compress datasets (shuffle + deflate)")

@@ -202,11 +202,46 @@ std::vector<std::string> as_strings(const nlohmann::ordered_json& v, const std::
   return out;
 }
 
+// "stack": an expression (the index each source takes); "unstack": the
+// placeholder the targets take. The count of operations they add.
+int parse_stacking(const JsonMembers& m, MapRule& r, const std::string& where) {
+  int ops = 0;
+  if (const auto* s = m.find("stack")) {
+    ++ops;
+    r.op = MapRule::Op::kStack;
+    r.stack = as_expression(*s, where + ".stack");
+  }
+  if (const auto* u = m.find("unstack")) {
+    ++ops;
+    r.op = MapRule::Op::kUnstack;
+    r.unstack = as_string(*u, where + ".unstack");
+  }
+  return ops;
+}
+
+// A stacked target is one tensor (its shape with the new leading dim); an
+// unstacked one names the placeholder its slices take, which the source
+// does not capture (`captured`, sorted).
+void check_stacking(const MapRule& r, const std::vector<std::string>& captured, const std::string& where) {
+  if (r.op == MapRule::Op::kStack && r.shapes.front().empty())
+    fail_invalid(where + ": a stacked target's shape has the stacked dim first");
+  if (r.tie && (r.op == MapRule::Op::kStack || r.op == MapRule::Op::kUnstack))
+    fail_invalid(where + ": a tie copies one tensor to one place; it cannot stack or unstack");
+  if (r.op != MapRule::Op::kUnstack) return;
+  if (std::binary_search(captured.begin(), captured.end(), r.unstack))
+    fail_invalid(where + ": unstack puts {" + r.unstack + "} into the targets, and '" + r.from[0] +
+                 "' captures it already");
+  const auto in_target = compile_pattern(r.to.front(), where + ".to").names;
+  if (std::find(in_target.begin(), in_target.end(), r.unstack) == in_target.end())
+    fail_invalid(where + ": unstack's target '" + r.to.front() + "' does not use {" + r.unstack + "}");
+}
+
 MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
   if (!j.is_object()) fail_invalid(where + ": a rule is an object");
   JsonMembers m(j, where);
-  static const std::set<std::string> kKnown = {"from",  "to",     "split",    "unpad",  "permute_rope",
-                                               "shape", "shapes", "optional", "unless", "comment"};
+  static const std::set<std::string> kKnown = {"from",   "to",      "split", "unpad",  "permute_rope",
+                                               "stack",  "unstack", "shape", "shapes", "optional",
+                                               "unless", "comment", "tie"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   MapRule r;
@@ -238,7 +273,8 @@ MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
     r.op = MapRule::Op::kPermuteRope;
     r.head_dim = as_expression(*p, where + ".permute_rope");
   }
-  if (ops > 1) fail_invalid(where + ": one operation per rule (split, unpad or permute_rope)");
+  ops += parse_stacking(m, r, where);
+  if (ops > 1) fail_invalid(where + ": one operation per rule (split, unpad, permute_rope, stack or unstack)");
   if (r.op != MapRule::Op::kSplit && r.to.size() != 1) fail_invalid(where + ": only split has several targets");
   const auto* shape = m.find("shape");
   const auto* shapes = m.find("shapes");
@@ -257,6 +293,10 @@ MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
     r.optional = o->get<bool>();
   }
   if (const auto* u = m.find("unless")) r.unless = as_expression(*u, where + ".unless");
+  if (const auto* t = m.find("tie")) {
+    if (!t->is_boolean()) fail_invalid(where + ".tie: true or false");
+    r.tie = t->get<bool>();
+  }
   // Every alternative captures the same placeholders, and every
   // placeholder of a target is captured.
   std::vector<std::string> names = compile_pattern(r.from[0], where + ".from").names;
@@ -268,8 +308,9 @@ MapRule parse_rule(const nlohmann::ordered_json& j, const std::string& where) {
   }
   for (const auto& t : r.to)
     for (const auto& n : compile_pattern(t, where + ".to").names)
-      if (!std::binary_search(names.begin(), names.end(), n))
+      if (!std::binary_search(names.begin(), names.end(), n) && n != r.unstack)
         fail_invalid(where + ": target '" + t + "' uses {" + n + "}, which '" + r.from[0] + "' does not capture");
+  check_stacking(r, names, where);
   return r;
 }
 
@@ -322,6 +363,8 @@ TensorEntry target_tensor(const TensorEntry& src, const MapRule& rule, std::size
                                        " (an even number) in " + eval.config_name);
       return gather_rows(src, interleaved_to_half_runs(rows, head_dim), name);
     }
+    case MapRule::Op::kStack:
+    case MapRule::Op::kUnstack: break;  // several sources to one target, or one to several: Stacks, unstack_targets
   }
   fail(ErrorCode::kInternal, "unknown map operation");
 }
@@ -390,6 +433,42 @@ std::vector<RowRun> interleaved_to_half_runs(int64_t rows, int64_t head_dim) {
   return runs;
 }
 
+void place_slice(TensorEntry& stacked, const TensorEntry& slice, int64_t index) {
+  if (stacked.shape.empty() || index < 0 || index >= stacked.shape[0] ||
+      !std::equal(slice.shape.begin(), slice.shape.end(), stacked.shape.begin() + 1, stacked.shape.end()))
+    fail_invalid("tensor '" + slice.name + "' of shape " + shape_str(slice.shape) + " cannot be index " +
+                 std::to_string(index) + " of '" + stacked.name + "' " + shape_str(stacked.shape));
+  for (const TensorChunk& c : slice.chunks) {
+    TensorChunk n = c;
+    n.offsets.insert(n.offsets.begin(), index);
+    n.sizes.insert(n.sizes.begin(), 1);
+    // A dim of extent 1 may carry any stride: the slice's own extent, as a
+    // contiguous stack would have it.
+    n.strides.insert(n.strides.begin(), static_cast<int64_t>(c.numel()));
+    stacked.chunks.push_back(std::move(n));
+  }
+}
+
+TensorEntry slice_of(const TensorEntry& source, int64_t index, const std::string& name) {
+  if (source.shape.empty() || index < 0 || index >= source.shape[0])
+    fail_invalid("tensor '" + source.name + "' " + shape_str(source.shape) + " has no index " + std::to_string(index) +
+                 " to unstack");
+  TensorEntry out = source;
+  out.name = name;
+  out.shape.erase(out.shape.begin());
+  out.chunks.clear();
+  for (const TensorChunk& c : source.chunks) {
+    if (index < c.offsets[0] || index >= c.offsets[0] + c.sizes[0]) continue;
+    TensorChunk n = c;
+    n.storage_offset = c.storage_offset + (index - c.offsets[0]) * c.strides[0];
+    n.offsets.erase(n.offsets.begin());
+    n.sizes.erase(n.sizes.begin());
+    n.strides.erase(n.strides.begin());
+    out.chunks.push_back(std::move(n));
+  }
+  return out;
+}
+
 namespace {
 
 ArchMap parse_map(const std::string& text, const std::string& name, const std::string& origin, int depth);
@@ -444,6 +523,9 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
     for (const auto& n : compile_pattern(r.from[0], where).names)
       if (!map.indices.count(n))
         fail_invalid(where + ": '" + r.from[0] + "' uses {" + n + "}, which \"indices\" does not count");
+  for (const auto& r : map.rules)
+    if (!r.unstack.empty() && !map.indices.count(r.unstack))
+      fail_invalid(where + ": unstack into {" + r.unstack + "}, which \"indices\" does not count");
   return map;
 }
 
@@ -473,6 +555,200 @@ const ArchMap* builtin_arch_map_for(const std::string& source_format, const std:
   return nullptr;
 }
 
+namespace {
+
+using Captured = std::map<std::string, std::string>;  // placeholder -> the index a name gave it
+using Entries = std::vector<std::pair<pickle::ValuePtr, pickle::ValuePtr>>;
+
+// More slices than any model has experts or layers: a count past it comes
+// from a hostile file (a stack's config or an unstacked tensor's shape), and
+// would be a loop and an allocation that size.
+constexpr int64_t kMaxSlices = int64_t{1} << 20;
+
+// Calls `fn` with every combination of the placeholders `names` (each from
+// 0 to its count in the map's indices) set in `values`.
+void each_index(const std::vector<std::string>& names, std::size_t k, const ArchMap& map, const Evaluator& eval,
+                Captured& values, const std::function<void()>& fn) {
+  if (k == names.size()) return fn();
+  const int64_t count = eval(map.indices.at(names[k]));
+  for (int64_t i = 0; i < count; ++i) {
+    values[names[k]] = std::to_string(i);
+    each_index(names, k + 1, map, eval, values, fn);
+  }
+}
+
+// The targets of stack rules: each made at its first slice (its shape the
+// rule's, from the config), every index given once, and complete at the end.
+class Stacks {
+ public:
+  Stacks(const ArchMap& map, const Evaluator& eval, const std::string& where) : map_(map), eval_(eval), where_(where) {}
+
+  // `src` at the index the rule's stack expression gives with `values`.
+  void add(std::size_t r, const TensorEntry& src, const Captured& values, std::map<std::string, std::string>& written,
+           CheckpointModel& out, Entries& entries) {
+    const MapRule& rule = map_.rules[r];
+    const std::string name = substitute(rule.to.front(), values);
+    auto it = targets_.find(name);
+    if (it == targets_.end()) {
+      auto [w, fresh] = written.emplace(name, src.name);
+      if (!fresh)
+        fail(ErrorCode::kUnimplemented,
+             where_ + ": '" + w->second + "' and '" + src.name + "' both become '" + name + "'");
+      TensorEntry t = src;
+      t.name = name;
+      t.chunks.clear();
+      t.shape.clear();
+      for (const auto& d : rule.shapes.front()) t.shape.push_back(eval_(d));
+      if (t.shape.front() < 0 || t.shape.front() > kMaxSlices)
+        fail(ErrorCode::kDataLoss, "tensor '" + name + "': " + rule.shapes.front().front() + " = " +
+                                       std::to_string(t.shape.front()) + " slices in " + eval_.config_name);
+      entries.emplace_back(pickle::Value::str(name), make_tensor_ref(out.tensors.size()));
+      it = targets_.emplace(name, Target{out.tensors.size(), r, std::vector<std::string>(t.shape[0])}).first;
+      out.tensors.push_back(std::move(t));
+    }
+    TensorEntry& t = out.tensors[it->second.tensor];
+    const auto& dims = rule.shapes.front();
+    if (!std::equal(src.shape.begin(), src.shape.end(), t.shape.begin() + 1, t.shape.end()) || src.dtype != t.dtype) {
+      std::string want;
+      for (std::size_t i = 1; i < dims.size(); ++i)
+        want += (i > 1 ? ", " : "") + dims[i] + " = " + std::to_string(t.shape[i]);
+      fail(ErrorCode::kDataLoss, "tensor '" + src.name + "' (" + std::string(dtype_name(src.dtype)) + " " +
+                                     shape_str(src.shape) + ") cannot be a slice of '" + name + "' (" +
+                                     std::string(dtype_name(t.dtype)) + "): " + eval_.config_name + " gives (" + want +
+                                     ")");
+    }
+    ConfigFields with = eval_.config;
+    for (const auto& [k, v] : values) {
+      if (v.size() > 18)
+        fail(ErrorCode::kDataLoss, "tensor '" + src.name + "': index " + k + " = " + v + " is too large");
+      with[k] = std::stoll(v);
+    }
+    const int64_t index = Evaluator{map_, with, eval_.config_name}(rule.stack);
+    auto& sources = it->second.sources;
+    if (index < 0 || index >= t.shape[0])
+      fail(ErrorCode::kDataLoss, "tensor '" + src.name + "' would be index " + std::to_string(index) + " (" +
+                                     rule.stack + ") of '" + name + "', whose " + dims.front() + " = " +
+                                     std::to_string(t.shape[0]) + " in " + eval_.config_name);
+    if (!sources[index].empty())
+      fail(ErrorCode::kUnimplemented, where_ + ": '" + sources[index] + "' and '" + src.name + "' both become index " +
+                                          std::to_string(index) + " of '" + name + "'");
+    sources[index] = src.name;
+    place_slice(t, src, index);
+  }
+
+  // Every target each stack rule names (its placeholders' every index) made,
+  // no other, and every index of each given: a missing expert would load as
+  // a freshly initialised one.
+  void check_complete(const std::vector<bool>& off) const {
+    for (std::size_t r = 0; r < map_.rules.size(); ++r) {
+      const MapRule& rule = map_.rules[r];
+      if (rule.op != MapRule::Op::kStack || rule.optional || off[r]) continue;
+      std::size_t expected = 0, made = 0;
+      Captured values;
+      each_index(compile_pattern(rule.to.front(), where_).names, 0, map_, eval_, values, [&] {
+        ++expected;
+        const std::string name = substitute(rule.to.front(), values);
+        if (!targets_.count(name))
+          fail(ErrorCode::kNotFound, "tensor '" + name + "' has no slice: no tensor matches '" + rule.from[0] +
+                                         "' there (" + where_ + "; --map none writes the source's names)");
+      });
+      for (const auto& [name, t] : targets_) {
+        if (t.rule != r) continue;
+        ++made;
+        for (std::size_t i = 0; i < t.sources.size(); ++i)
+          if (t.sources[i].empty())
+            fail(ErrorCode::kNotFound, "tensor '" + name + "' has no index " + std::to_string(i) + ": no tensor '" +
+                                           rule.from[0] + "' gives it (" + rule.stack + "; " + where_ + ")");
+      }
+      if (made != expected)
+        fail(ErrorCode::kDataLoss, where_ + ": '" + rule.from[0] + "' makes " + std::to_string(made) +
+                                       " tensors, not the " + std::to_string(expected) + " " + eval_.config_name +
+                                       " counts");
+    }
+  }
+
+ private:
+  struct Target {
+    std::size_t tensor;                // in the output model
+    std::size_t rule;                  // the rule that made it
+    std::vector<std::string> sources;  // per index, the source given there ("" none yet)
+  };
+  const ArchMap& map_;
+  const Evaluator& eval_;
+  const std::string& where_;
+  std::map<std::string, Target> targets_;
+};
+
+// unstack: a target per index of `src`'s leading dim (its placeholder set
+// to the index), as many as the map's indices count. Returns the first
+// target's name, the one the completeness check looks for.
+std::string unstack_targets(const MapRule& rule, const TensorEntry& src, Captured values, const ArchMap& map,
+                            const Evaluator& eval, std::map<std::string, std::string>& written, CheckpointModel& out,
+                            Entries& entries, const std::string& where) {
+  const int64_t count = eval(map.indices.at(rule.unstack));
+  if (src.shape.empty() || src.shape[0] != count || count > kMaxSlices)
+    fail(ErrorCode::kDataLoss, "tensor '" + src.name + "' " + shape_str(src.shape) + " does not unstack into " +
+                                   map.indices.at(rule.unstack) + " = " + std::to_string(count) + " of " +
+                                   eval.config_name);
+  std::string first;
+  for (int64_t i = 0; i < count; ++i) {
+    values[rule.unstack] = std::to_string(i);
+    const std::string name = substitute(rule.to.front(), values);
+    if (i == 0) first = name;
+    auto [it, fresh] = written.emplace(name, src.name);
+    if (!fresh)
+      fail(ErrorCode::kUnimplemented,
+           where + ": '" + it->second + "' and '" + src.name + "' both become '" + name + "'");
+    TensorEntry t = slice_of(src, i, name);
+    check_shape(t, src.name, rule.shapes.front(), eval);
+    entries.emplace_back(pickle::Value::str(name), make_tensor_ref(out.tensors.size()));
+    out.tensors.push_back(std::move(t));
+  }
+  return first;
+}
+
+// tie: the copies the tie rules (those not off) make of `src`, besides
+// the rule that claims it. True when one did.
+bool write_ties(const TensorEntry& src, const std::string& path, const ArchMap& map,
+                const std::vector<std::vector<Pattern>>& from, const std::vector<bool>& off, const Evaluator& eval,
+                std::map<std::string, std::string>& written, std::vector<std::set<std::string>>& seen,
+                CheckpointModel& out, Entries& entries, const std::string& where) {
+  bool tied = false;
+  for (std::size_t r = 0; r < map.rules.size(); ++r) {
+    const MapRule& rule = map.rules[r];
+    if (!rule.tie || off[r]) continue;
+    RegexMatch m;
+    const Pattern* hit = nullptr;
+    for (const auto& p : from[r])
+      if (!hit && p.re.match(path, m)) hit = &p;
+    if (!hit) continue;
+    Captured values;
+    for (std::size_t i = 0; i < hit->names.size(); ++i) values[hit->names[i]] = m.str(i + 1);
+    seen[r].insert(substitute(rule.to.front(), values));
+    for (std::size_t i = 0; i < rule.to.size(); ++i) {
+      const std::string name = substitute(rule.to[i], values);
+      auto [it, fresh] = written.emplace(name, path);
+      if (!fresh)
+        fail(ErrorCode::kUnimplemented, where + ": '" + it->second + "' and '" + path + "' both become '" + name + "'");
+      TensorEntry t = target_tensor(src, rule, i, name, eval);
+      check_shape(t, path, rule.shapes[i], eval);
+      entries.emplace_back(pickle::Value::str(name), make_tensor_ref(out.tensors.size()));
+      out.tensors.push_back(std::move(t));
+    }
+    tied = true;
+  }
+  return tied;
+}
+
+// The name the completeness check looks for: the first target, an unstack
+// rule's at index 0.
+std::string first_target(const MapRule& rule, Captured values) {
+  if (!rule.unstack.empty()) values[rule.unstack] = "0";
+  return substitute(rule.to.front(), values);
+}
+
+}  // namespace
+
 CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
                                const std::string& config_name) {
   const Evaluator eval{map, config, config_name};
@@ -495,14 +771,16 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
   std::vector<bool> off(map.rules.size());
   for (std::size_t r = 0; r < map.rules.size(); ++r)
     off[r] = !map.rules[r].unless.empty() && eval(map.rules[r].unless) != 0;
+  Stacks stacks(map, eval, where);
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor) return;  // plain values: a model folder holds tensors only
     const TensorEntry& src = model.tensors[*leaf.tensor];
     RegexMatch m;
     for (const auto& s : skip)
       if (s.re.match(leaf.path)) return;
+    const bool tied = write_ties(src, leaf.path, map, from, off, eval, written, seen, out, entries, where);
     for (std::size_t r = 0; r < map.rules.size(); ++r) {
-      if (off[r]) continue;
+      if (off[r] || map.rules[r].tie) continue;
       const Pattern* hit = nullptr;
       for (const auto& p : from[r])
         if (!hit && p.re.match(leaf.path, m)) hit = &p;
@@ -510,6 +788,11 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
       const MapRule& rule = map.rules[r];
       std::map<std::string, std::string> values;
       for (std::size_t i = 0; i < hit->names.size(); ++i) values[hit->names[i]] = m.str(i + 1);
+      if (rule.op == MapRule::Op::kStack) return stacks.add(r, src, values, written, out, entries);
+      if (rule.op == MapRule::Op::kUnstack) {
+        seen[r].insert(unstack_targets(rule, src, values, map, eval, written, out, entries, where));
+        return;
+      }
       seen[r].insert(substitute(rule.to.front(), values));
       for (std::size_t i = 0; i < rule.to.size(); ++i) {
         const std::string name = substitute(rule.to[i], values);
@@ -524,6 +807,7 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
       }
       return;
     }
+    if (tied) return;  // a tensor only a tie copies is written all the same
     for (std::size_t r = 0; r < map.rules.size(); ++r)
       for (const auto& p : from[r])
         if (off[r] && p.re.match(leaf.path))
@@ -536,17 +820,16 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
   // freshly initialised one.
   for (std::size_t r = 0; r < map.rules.size(); ++r) {
     const MapRule& rule = map.rules[r];
-    if (rule.optional || off[r]) continue;
+    if (rule.optional || off[r] || rule.op == MapRule::Op::kStack) continue;  // stacks: Stacks::check_complete
     const std::vector<std::string>& names = from[r][0].names;
     std::map<std::string, std::string> values;
     std::function<void(std::size_t)> each = [&](std::size_t k) {
       if (k == names.size()) {
-        if (seen[r].count(substitute(rule.to.front(), values))) return;
+        if (seen[r].count(first_target(rule, values))) return;
         std::string name;
         for (const auto& f : rule.from) name += (name.empty() ? "'" : "' or '") + substitute(f, values);
         fail(ErrorCode::kNotFound, "tensor " + name + "' is missing: " + where + " needs it for '" +
-                                       substitute(rule.to.front(), values) +
-                                       "' (--map none writes the source's names)");
+                                       first_target(rule, values) + "' (--map none writes the source's names)");
       }
       const std::string& n = names[k];
       const int64_t count = eval(map.indices.at(n));
@@ -562,6 +845,7 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
       fail(ErrorCode::kDataLoss, where + ": '" + rule.from[0] + "' matches " + std::to_string(seen[r].size()) +
                                      " tensors, not the " + std::to_string(expected) + " " + config_name + " counts");
   }
+  stacks.check_complete(off);
   out.root = pickle::Value::dict(std::move(entries));
   require_valid(out);
   return out;

@@ -4,8 +4,9 @@
 //
 // A map is a pure model-to-model transform: every operation it offers
 // (rename, split of a fused tensor per group into sections, unpad of a
-// vocabulary, permute_rope) picks rows of a source tensor along dim 0, so it
-// rewrites names, shapes and chunks and reads no byte. The executor then
+// vocabulary, permute_rope) picks rows of a source tensor along dim 0, or
+// adds or takes a leading dim (stack, unstack: experts), or writes a tensor
+// twice (tie), so it rewrites names, shapes and chunks and reads no byte. The executor then
 // gathers the strided chunks within --memory-limit as it gathers any other
 // source's, and the writers stay as they are.
 #pragma once
@@ -45,18 +46,41 @@ std::vector<RowRun> split_runs(int64_t groups, const std::vector<int64_t>& secti
 // heads of `head_dim` rows: per head its even rows, then its odd ones.
 std::vector<RowRun> interleaved_to_half_runs(int64_t rows, int64_t head_dim);
 
+// stack: `slice` placed at index `index` of `stacked`'s leading dim (the
+// dim stack adds: experts stacked into transformers' fused 3-D tensors):
+// each of its chunks gains that dim, of size 1 at offset `index`. No byte
+// is read. InvalidArgument (a bug in the map) when the slice's shape is not
+// the stacked one's after its leading dim, or the index leaves it.
+void place_slice(TensorEntry& stacked, const TensorEntry& slice, int64_t index);
+
+// unstack: slice `index` of `source`'s leading dim, that dim dropped, named
+// `name`: the chunks holding it, each narrowed to it. No byte is read.
+TensorEntry slice_of(const TensorEntry& source, int64_t index, const std::string& name);
+
 // One rule of a map: a source name pattern ({X} matches a decimal index,
 // captured and put into the targets), or several naming one tensor in
 // different specs (a source holds one of them), and what it becomes.
 struct MapRule {
-  enum class Op { kRename, kSplit, kUnpad, kPermuteRope };
+  enum class Op { kRename, kSplit, kUnpad, kPermuteRope, kStack, kUnstack };
   std::vector<std::string> from;
   std::vector<std::string> to;  // one target; one per section for split
   Op op = Op::kRename;
-  std::string groups;                            // split: an expression
-  std::vector<std::string> sections;             // split: an expression per target
-  std::string rows;                              // unpad: the rows kept
-  std::string head_dim;                          // permute_rope
+  std::string groups;                 // split: an expression
+  std::vector<std::string> sections;  // split: an expression per target
+  std::string rows;                   // unpad: the rows kept
+  std::string head_dim;               // permute_rope
+  // stack: the index along the target's new leading dim where each source
+  // goes, an expression of config fields and the placeholders the source
+  // captured ("E"); the target's shape gives the dim's size.
+  std::string stack;
+  // unstack: the placeholder the targets put each index of the source's
+  // leading dim into ("E"), counted by "indices" like a captured one.
+  std::string unstack;
+  // tie: the rule writes a second copy of a tensor another rule writes (the
+  // output layer of a model that shares it with the embedding, for a
+  // target that does not tie by itself): it matches besides the first
+  // matching rule, whatever their order, and claims nothing.
+  bool tie = false;
   std::vector<std::vector<std::string>> shapes;  // per target: an expression per dim, checked against the config
   bool optional = false;                         // the source may lack it
   // The rule is off when this config expression is non-zero (the output

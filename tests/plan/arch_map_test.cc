@@ -230,3 +230,188 @@ TEST_CASE("arch map: the built-in maps parse and are found by source kind and ar
   CHECK(builtin_arch_map_for("dcp", "LlamaForCausalLM") == nullptr);
   CHECK(find_builtin_arch_map("megatron-gpt-qwen3"));
 }
+
+namespace {
+
+// A stacked float32 tensor read whole through the executor's gather.
+std::vector<float> values_of(const TensorEntry& t) {
+  std::vector<float> v(static_cast<std::size_t>(t.numel()));
+  assemble_rows(t, 0, t.shape[0], reinterpret_cast<std::byte*>(v.data()));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("arch map: stack places each slice's chunks at its index of a new leading dim", "[plan][arch_map]") {
+  // Three experts' [2 x 2] weights, the second written by two ranks (one row each); stacked out of order.
+  std::vector<TensorEntry> experts = {numbered("e0", 2, 2, {}), numbered("e1", 2, 2, {1}), numbered("e2", 2, 2, {})};
+  TensorEntry stacked;
+  stacked.name = "gate_up";
+  stacked.shape = {3, 2, 2};
+  place_slice(stacked, experts[2], 2);
+  place_slice(stacked, experts[0], 0);
+  place_slice(stacked, experts[1], 1);
+  CHECK(stacked.chunks.size() == 4);  // no chunk merged, no byte read
+  for (const auto& c : stacked.chunks) CHECK((c.sizes[0] == 1 && c.offsets.size() == 3));
+  // Element (e, r, c) of the stack is element (r, c) of expert e: r * 100 + c.
+  CHECK(values_of(stacked) == std::vector<float>{0, 1, 100, 101, 0, 1, 100, 101, 0, 1, 100, 101});
+  std::string msg;
+  CHECK(code_of([&] { place_slice(stacked, numbered("wide", 2, 3, {}), 0); }, msg) == ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("'wide'") && Catch::Contains("'gate_up'"));
+  CHECK(code_of([&] { place_slice(stacked, experts[0], 3); }, msg) == ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("arch map: unstack takes one index of the leading dim from the chunks that hold it", "[plan][arch_map]") {
+  // A [4 x 3] tensor seen as 4 slices of [3], written by two ranks (rows 0-2 and 3).
+  TensorEntry fused = numbered("down", 4, 3, {3});
+  for (int64_t i = 0; i < 4; ++i) {
+    TensorEntry s = slice_of(fused, i, "down." + std::to_string(i));
+    CHECK(s.shape == Shape{3});
+    REQUIRE(s.chunks.size() == 1);
+    std::vector<float> v(3);
+    assemble_rows(s, 0, 3, reinterpret_cast<std::byte*>(v.data()));
+    const float r = static_cast<float>(i * 100);
+    CHECK(v == std::vector<float>{r, r + 1, r + 2});
+  }
+  // Round trip: the slices stacked again read as the tensor.
+  TensorEntry again;
+  again.name = "again";
+  again.shape = {4, 3};
+  for (int64_t i = 3; i >= 0; --i) place_slice(again, slice_of(fused, i, "s"), i);
+  CHECK(values_of(again) == values_of(fused));
+  std::string msg;
+  CHECK(code_of([&] { slice_of(fused, 4, "x"); }, msg) == ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("'down'"));
+}
+
+TEST_CASE("arch map: stack and unstack rules fill every expert of every layer once", "[plan][arch_map]") {
+  ArchMap map = parse_arch_map(R"({
+    "indices": {"L": "layers", "E": "experts"},
+    "rules": [
+      {"from": "l.{L}.e.{E}.fc1", "to": "l.{L}.gate_up", "stack": "E", "shape": ["experts", 2, 2]},
+      {"from": "l.{L}.down", "to": "l.{L}.e.{E}.down", "unstack": "E", "shape": [2]}
+    ]})",
+                               "moe", "here");
+  const ConfigFields config = {{"layers", 1}, {"experts", 2}};
+  CheckpointModel m = model_of({numbered("", 2, 2, {}), numbered("", 2, 2, {1}), numbered("", 2, 2, {})},
+                               {"l.0.e.1.fc1", "l.0.e.0.fc1", "l.0.down"});
+  CheckpointModel out = apply_arch_map(m, map, config, "config.json");
+  std::vector<std::string> names;
+  walk_leaves(*out.root, [&](const Leaf& l) { names.push_back(l.path); });
+  CHECK(names == std::vector<std::string>{"l.0.gate_up", "l.0.e.0.down", "l.0.e.1.down"});
+  CHECK(out.tensors[0].shape == Shape{2, 2, 2});
+  CHECK(out.tensors[2].shape == Shape{2});
+
+  std::string msg;
+  // An expert missing: the stacked tensor would hold uninitialised rows.
+  CheckpointModel missing = model_of({numbered("", 2, 2, {}), numbered("", 2, 2, {})}, {"l.0.e.1.fc1", "l.0.down"});
+  CHECK(code_of([&] { apply_arch_map(missing, map, config, "config.json"); }, msg) == ErrorCode::kNotFound);
+  CHECK_THAT(msg, Catch::Contains("'l.0.gate_up' has no index 0"));
+  // An expert the config does not count, a slice of another shape, a layer missing.
+  CheckpointModel extra = model_of({numbered("", 2, 2, {}), numbered("", 2, 2, {}), numbered("", 2, 2, {})},
+                                   {"l.0.e.0.fc1", "l.0.e.2.fc1", "l.0.down"});
+  CHECK(code_of([&] { apply_arch_map(extra, map, config, "config.json"); }, msg) == ErrorCode::kDataLoss);
+  CHECK_THAT(msg, Catch::Contains("'l.0.e.2.fc1' would be index 2") && Catch::Contains("experts = 2"));
+  CheckpointModel wide = model_of({numbered("", 2, 3, {}), numbered("", 2, 2, {}), numbered("", 2, 2, {})},
+                                  {"l.0.e.0.fc1", "l.0.e.1.fc1", "l.0.down"});
+  CHECK(code_of([&] { apply_arch_map(wide, map, config, "config.json"); }, msg) == ErrorCode::kDataLoss);
+  CHECK_THAT(msg, Catch::Contains("'l.0.e.0.fc1'") && Catch::Contains("'l.0.gate_up'"));
+  CheckpointModel no_experts =
+      model_of({numbered("", 2, 2, {}), numbered("", 2, 2, {}), numbered("", 2, 2, {}), numbered("", 2, 2, {})},
+               {"l.0.e.0.fc1", "l.0.e.1.fc1", "l.0.down", "l.1.down"});
+  CHECK(code_of(
+            [&] {
+              apply_arch_map(no_experts, map, {{"layers", 2}, {"experts", 2}}, "config.json");
+            },
+            msg) == ErrorCode::kNotFound);
+  CHECK_THAT(msg, Catch::Contains("'l.1.gate_up' has no slice"));
+  // Unstacking into a count the config does not give.
+  CHECK(code_of(
+            [&] {
+              apply_arch_map(m, map, {{"layers", 1}, {"experts", 3}}, "config.json");
+            },
+            msg) == ErrorCode::kDataLoss);
+  CHECK_THAT(msg, Catch::Contains("'l.0.down'"));
+  // The index is an expression: a map may reverse the experts (a wrong map the logits proof must catch).
+  ArchMap reversed = parse_arch_map(
+      R"({"indices": {"E": "experts"},
+          "rules": [{"from": "e.{E}", "to": "w", "stack": "experts - 1 - E", "shape": ["experts", 2, 2]}]})",
+      "rev", "here");
+  CheckpointModel two = model_of({numbered("", 2, 2, {}), numbered("", 2, 2, {1})}, {"e.0", "e.1"});
+  CheckpointModel rev = apply_arch_map(two, reversed, {{"experts", 2}}, "config.json");
+  REQUIRE(rev.tensors.size() == 1);
+  CHECK(rev.tensors[0].chunks.size() == 3);
+  CHECK(rev.tensors[0].chunks[0].offsets[0] == 1);  // e.0 at index 1
+}
+
+TEST_CASE("arch map: a malformed stack or unstack rule is a usage error", "[plan][arch_map]") {
+  std::string msg;
+  auto parse = [](const char* text) { return [text] { parse_arch_map(text, "mine", "mine.json"); }; };
+  CHECK(code_of(parse(R"({"indices": {"E": 2}, "rules": [{"from": "a", "to": "b.{E}", "unstack": "E", "unpad": 1,
+                          "shape": [1]}]})"),
+                msg) == ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("one operation per rule"));
+  CHECK(code_of(parse(R"({"indices": {"E": 2}, "rules": [{"from": "a", "to": "b", "unstack": "E", "shape": [1]}]})"),
+                msg) == ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("does not use {E}"));
+  CHECK(code_of(parse(R"({"rules": [{"from": "a", "to": "b.{F}", "unstack": "F", "shape": [1]}]})"), msg) ==
+        ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("indices"));
+  CHECK(code_of(parse(R"({"indices": {"E": 2}, "rules": [{"from": "a.{E}", "to": "b", "stack": "E", "shape": []}]})"),
+                msg) == ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("stacked dim first"));
+}
+
+TEST_CASE("arch map: the MoE maps are built in, the per-expert ones by name only", "[plan][arch_map]") {
+  const ArchMap* mixtral = builtin_arch_map_for("megatron-torch-dist", "MixtralForCausalLM");
+  REQUIRE(mixtral);
+  CHECK(mixtral->name == "megatron-gpt-mixtral");
+  const ArchMap* qwen3moe = builtin_arch_map_for("megatron-torch-dist", "Qwen3MoeForCausalLM");
+  REQUIRE(qwen3moe);
+  CHECK(qwen3moe->name == "megatron-gpt-qwen3moe");
+
+  for (const char* name : {"megatron-gpt-mixtral-per-expert", "megatron-gpt-qwen3moe-per-expert"}) {
+    const ArchMap* m = find_builtin_arch_map(name);
+    REQUIRE(m);
+    CHECK(m->architectures.empty());
+  }
+}
+
+TEST_CASE("arch map: a tie rule writes a second copy of a tensor another rule claims", "[plan][arch_map]") {
+  // The embedding also written as the output layer when the config ties them (the tie rule listed first or last).
+  ArchMap map = parse_arch_map(R"({"rules": [
+    {"from": "emb", "to": "head", "tie": true, "unpad": "vocab", "shape": ["vocab", 2], "unless": "1 - tied"},
+    {"from": "emb", "to": "embed", "unpad": "vocab", "shape": ["vocab", 2]},
+    {"from": "out", "to": "head", "unpad": "vocab", "shape": ["vocab", 2], "unless": "tied"}]})",
+                               "tie", "here");
+  CheckpointModel m = model_of({numbered("", 8, 2, {4})}, {"emb"});
+  CheckpointModel out = apply_arch_map(m, map, {{"vocab", 5}, {"tied", 1}}, "config.json");
+  std::vector<std::string> names;
+  walk_leaves(*out.root, [&](const Leaf& l) { names.push_back(l.path); });
+  CHECK(names == std::vector<std::string>{"head", "embed"});
+  CHECK(rows_of(out.tensors[0]) == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(rows_of(out.tensors[1]) == rows_of(out.tensors[0]));
+  std::string msg;
+  // Untied, the tie is off and the output layer the source lacks is missing.
+  CHECK(code_of(
+            [&] {
+              apply_arch_map(m, map, {{"vocab", 5}, {"tied", 0}}, "config.json");
+            },
+            msg) == ErrorCode::kNotFound);
+  CHECK_THAT(msg, Catch::Contains("'out' is missing"));
+  // Tied, an output layer of its own has no place; and a tie cannot stack.
+  CheckpointModel both = model_of({numbered("", 8, 2, {}), numbered("", 8, 2, {})}, {"emb", "out"});
+  CHECK(code_of(
+            [&] {
+              apply_arch_map(both, map, {{"vocab", 5}, {"tied", 1}}, "config.json");
+            },
+            msg) == ErrorCode::kDataLoss);
+  CHECK(code_of(
+            [] {
+              parse_arch_map(R"({"indices": {"E": 2}, "rules": [{"from": "a.{E}", "to": "b", "stack": "E", "tie": true,
+                                 "shape": [2, 2]}]})",
+                             "mine", "mine.json");
+            },
+            msg) == ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("tie"));
+}
