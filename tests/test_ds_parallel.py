@@ -367,6 +367,16 @@ def test_a_missing_tensor_parallel_file_is_exit_3_naming_it(missing, named, tmp_
     assert named in r.stdout + r.stderr
 
 
+def test_a_merged_tensor_parallel_run_reshards_to_dcp(tmp_path, run_ckptconv):
+    """The merged state, resharded for 3 FSDP ranks, reads back as the same
+    state; chunks name the ranks in Megatron's order (d x 2 + t)."""
+    dst = tmp_path / "resharded"
+    r = run_ckptconv("reshard", PARALLEL / TP_CASE, "-o", dst, "--world-size", "3", "--layout", "dcp")
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("diff", PARALLEL / TP_CASE, dst)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def _with_info(src: Path, change) -> None:
     """Rewrites the universal_checkpoint_info of every mp rank's model states."""
     for f in (src / TAG).glob("mp_rank_*_model_states.pt"):

@@ -193,7 +193,8 @@ def test_ds_to_universal_fails_on_moe(tmp_path):
     assert int(m.group(2)) == 2 * math.prod(int(x) for x in m.group(1).split(","))
 
 
-@pytest.mark.parametrize("case", ["pp2_dp2_bf16_ws4", "moe_z1_fp32_ws2_ep2", "moe_z2_bf16_ws4_ep2"])
+@pytest.mark.parametrize("case", ["pp2_dp2_bf16_ws4", "moe_z1_fp32_ws2_ep2", "moe_z2_bf16_ws4_ep2",
+                                  "tp2_dp2_fp32_ws4_ucinfo"])
 def test_universal_checkpoint_reads_back_as_its_source(case, tmp_path, run_ckptconv):
     """ckptconv reads its universal checkpoint as the checkpoint it came from
     (MoE: each global expert from its entry of the stacked local folder):

@@ -59,14 +59,20 @@ struct StageParts {
 class ZeroReader {
  public:
   // `rank_base`: the global rank of this reader's data-parallel rank 0 (a
-  // pipeline stage's; chunks and problems name global ranks).
-  ZeroReader(TagFiles files, ProblemSink* problems, std::string only, int rank_base = 0)
-      : files_(std::move(files)), problems_(problems), only_(std::move(only)), rank_base_(rank_base) {}
+  // pipeline stage's, a tensor-parallel rank's), `rank_stride` the distance
+  // between its data-parallel ranks (a tensor-parallel rank's: the degree);
+  // chunks and problems name global ranks.
+  ZeroReader(TagFiles files, ProblemSink* problems, std::string only, int rank_base = 0, int rank_stride = 1)
+      : files_(std::move(files)),
+        problems_(problems),
+        only_(std::move(only)),
+        rank_base_(rank_base),
+        rank_stride_(rank_stride) {}
 
   // Decodes the files and reads the layout they give (param_shapes, stage).
   void load() {
-    for (const auto& f : files_.model) models_.push_back(decode(f.path, rank_base_ + f.rank, problems_, only_));
-    for (const auto& f : files_.optim) optims_.push_back(decode(f.path, rank_base_ + f.rank, problems_, only_));
+    for (const auto& f : files_.model) models_.push_back(decode(f.path, global_rank(f.rank), problems_, only_));
+    for (const auto& f : files_.optim) optims_.push_back(decode(f.path, global_rank(f.rank), problems_, only_));
     ws_ = int(optims_.size());
     read_layout();
   }
@@ -300,7 +306,7 @@ class ZeroReader {
           uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
           if (k >= parts[r].size())
             fail_data_loss(optims_[r].path + ": fewer flat groups than param_shapes needs ('" + params_[i].name + "')");
-          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, rank_base_ + r,
+          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, global_rank(r),
                          optims_[r].path + ": '" + params_[i].name + "'");
         }
         off += part;
@@ -328,7 +334,7 @@ class ZeroReader {
             uint64_t lo = std::max(off, k * p), hi = std::min(off + numel, (k + 1) * p);
             if (lo >= hi) continue;
             if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
-            add_flat_range(model.tensors[out[i]], *parts[r][g], lo - k * p, lo - off, hi - lo, rank_base_ + r,
+            add_flat_range(model.tensors[out[i]], *parts[r][g], lo - k * p, lo - off, hi - lo, global_rank(r),
                            optims_[r].path + ": '" + slot.name + "'");
           }
           off += numel + uint64_t(slot.local < pads.size() ? pads[slot.local] : 0);
@@ -368,7 +374,7 @@ class ZeroReader {
     report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
                                       optims_[r].path + ": " + message + "; param_shapes (in " + models_[0].path +
                                           ") does not describe these partitions",
-                                      optims_[r].path, rank_base_ + r});
+                                      optims_[r].path, global_rank(r)});
   }
 
   // Every element of every rank's flat partitions belongs to one parameter
@@ -587,7 +593,7 @@ class ZeroReader {
                                  optims_[r].path + ": optimizer '" + key + "' of group " + std::to_string(k) +
                                      " differs from rank 0's (files of two tags or "
                                      "two runs mixed?)",
-                                 optims_[r].path, rank_base_ + r, "optim.state." + key});
+                                 optims_[r].path, global_rank(r), "optim.state." + key});
     }
   }
 
@@ -678,6 +684,8 @@ class ZeroReader {
   std::string only_;  // --only: client_state entries with unknown globals are dropped
   std::vector<Decoded> models_, optims_;
   int rank_base_ = 0;
+  int rank_stride_ = 1;
+  int global_rank(int r) const { return rank_base_ + r * rank_stride_; }
   int expert_parallel_ = 1;
   // per group, the ranks holding each of its flat buffers in partition order:
   // {0..ws-1}, or an expert group's expert-data-parallel groups
@@ -998,7 +1006,8 @@ CheckpointModel read_tensor_parallel(const TagListing& listing, ProblemSink* pro
       fail_data_loss(listing.dir + ": tensor-parallel rank " + std::to_string(t) + " has " +
                      std::to_string(files.optim.size()) + " optimizer files, rank 0 " + std::to_string(dp) +
                      " (files of two runs mixed?)");
-    readers.push_back(std::make_unique<ZeroReader>(files, problems, only, t * dp));
+    // Megatron's order: data-parallel rank d of tensor-parallel rank t is global rank d * tp + t
+    readers.push_back(std::make_unique<ZeroReader>(files, problems, only, t, tp));
     readers.back()->load();
     require_tensor_degree(readers.back()->model_file(), tp);
     if (readers.back()->zero_stage() == 3)
