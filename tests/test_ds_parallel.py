@@ -303,6 +303,7 @@ def test_tensor_parallel_ranks_without_patterns_are_each_their_own_part(tmp_path
     r = run_ckptconv("inspect", case)
     assert r.returncode == 0, r.stderr
     assert "  parallelism: data 1, pipeline 1, tensor 2, expert 1\n" in r.stdout
+    assert "  tensor_parallel: 2 ranks, each its own part (no universal_checkpoint_info)\n" in r.stdout
     r = run_ckptconv("validate", case, "--expect-world-size", "2")
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -1047,6 +1047,9 @@ CheckpointModel read_tensor_parallel(const TagListing& listing, ProblemSink* pro
   prune_unreferenced(model.root, model.tensors);
   for (int t = 1; t < tp; ++t) readers[t]->describe(model);
   finish_info(model, *readers[0], ParallelDegrees{.data = dp, .tensor = tp});
+  model.facts["tensor_parallel"] =
+      std::to_string(tp) + (model.info.tensor_parallel ? " ranks merged as universal_checkpoint_info says"
+                                                       : " ranks, each its own part (no universal_checkpoint_info)");
   return model;
 }
 
