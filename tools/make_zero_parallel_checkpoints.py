@@ -31,7 +31,7 @@ Each case folder ``<out>/<case>/`` holds the DeepSpeed checkpoint (``latest``,
   flat partitions all-gathered over each group's own data-parallel group
   (``safe_get_full_optimizer_state`` raises for the expert group), the
   masters checked against ``safe_get_full_fp32_param``.
-- ``reference_model.pt``: ``module_state`` with the trainable entries replaced
+- ``reference_model.pt`` (tp2_dp2_fp32_ws4_ucinfo: its merged ``model``): ``module_state`` with the trainable entries replaced
   by their fp32 masters, flat ``{name: tensor}`` (what ``consolidate --only
   model`` gives).
 - ``tp2_fp32_ws2`` (tensor parallelism through an ``mpu``, no
@@ -733,6 +733,13 @@ def write_model_reference(d: Path) -> None:
     torch.save({n: ref["model"].get(n, v) for n, v in ref["module_state"].items()}, d / "reference_model.pt")
 
 
+def write_tp_model_reference(d: Path) -> None:
+    """reference_model.pt of a merged tensor-parallel case: the merged fp32
+    masters, flat {name: tensor} in module order (every entry is trainable)."""
+    ref = torch.load(d / "reference_live.pt", weights_only=True)
+    torch.save(dict(ref["model"]), d / "reference_model.pt")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "testdata" / "zero_parallel"))
@@ -752,6 +759,8 @@ def main(argv=None) -> None:
         if c["kind"] not in ("tp", "tpu"):  # no layer or expert files
             check_files(name, d)
             write_model_reference(d)
+        if c["kind"] == "tpu":
+            write_tp_model_reference(d)
         info = json.loads((d / "case.json").read_text())
         info["files"] = {k: v for k, v in info["files"].items() if k not in info["removed"]}
         (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
