@@ -6,6 +6,9 @@
 // size (docs/deepspeed.md, "Universal checkpoints"):
 //
 //   zero/<fqn>/fp32.pt          {'cat_dim': 0, 'param': full fp32 tensor}
+//                               (a tensor-parallel source merged by its
+//                               patterns: its category's keys, as
+//                               merge_tp_slices writes them)
 //   zero/<fqn>/<key>.pt         the same for each optimizer state of the
 //                               parameter's shape (exp_avg, exp_avg_sq)
 //   zero/<fqn>/step.pt          the step, a 0-d float32 tensor
@@ -85,7 +88,8 @@ struct UniversalPlan {
 // ranks (the model states' dp_world_size). InvalidArgument naming the entry
 // when the state dict is not a full training state dict keyed by FQN (an
 // optimizer state keyed by index, --only, a name that is not a plain path
-// component), or a parameter's state does not have its shape.
+// component), or a parameter's state does not have its shape; Unimplemented
+// for tensor-parallel ranks read unmerged (no universal_checkpoint_info).
 UniversalPlan plan_universal(const CheckpointModel& model, int source_world_size);
 
 }  // namespace ckpt::ds_universal
