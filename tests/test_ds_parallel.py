@@ -322,10 +322,11 @@ def test_tensor_parallel_with_patterns_consolidates_to_the_live_engines(tmp_path
     live = torch.load(PARALLEL / TP_CASE / "reference_live.pt", weights_only=True)
     assert list(full["model"]) == list(live["model"]) == [
         "embed.weight", "norm.weight", "norm.bias", "h_to_4h.weight", "proj.weight", "proj.bias", "out.weight",
-        "out.bias"]
+        "out.bias", "out2.weight"]
     shapes = {n: tuple(t.shape) for n, t in full["model"].items()}
     assert shapes == {"embed.weight": (10, 6), "norm.weight": (6,), "norm.bias": (6,), "h_to_4h.weight": (12, 6),
-                      "proj.weight": (4, 6), "proj.bias": (4,), "out.weight": (4, 10), "out.bias": (4,)}
+                      "proj.weight": (4, 6), "proj.bias": (4,), "out.weight": (4, 6), "out.bias": (4,),
+                      "out2.weight": (4, 4)}
     for name, want in live["model"].items():
         assert _equal(full["model"][name], want), name
     for name, state in live["optim"].items():

@@ -303,9 +303,9 @@ def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_n
     output of the same checkpoint holds (the same keys: cat_dim 1 for the
     row-parallel weight, none for replicated ones, param_n_sub_params,
     vocab_tensor; the same tensors, bit for bit), and a real TP2 engine
-    through an mpu at one data-parallel rank loads it with every master and
-    moment exact (its ranks' slices merged back as the source's were) and
-    trains a step."""
+    through an mpu at one data-parallel rank, and a TP1 engine, load it with
+    every master and moment exact (the ranks' slices merged back as the
+    source's were) and train a step."""
     ours = write_ucp(run_ckptconv, TP_CASE, tmp_path / "ours")
     theirs = tmp_path / "theirs" / TAG
     r = ds_to_universal(TP_CASE, theirs)
@@ -333,6 +333,13 @@ def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_n
     got = engine_load(TP_CASE, tmp_path / "ours", 2, 1, tmp_path / "ours.pt")
     assert_loaded_is_reference(got, ref)
     assert_one_step_ran(got)
+    # at a new tensor-parallel degree: one rank holding the whole model
+    tp1 = engine_load(TP_CASE, tmp_path / "ours", 1, 1, tmp_path / "tp1.pt")
+    assert_loaded_is_reference(tp1, ref)
+    assert_one_step_ran(tp1)
+    # the same function of the same weights on the same batch: the losses
+    # differ only by the order the tensor-parallel partial sums are added in
+    assert abs(tp1["losses"][0] - got["losses"][0]) < 1e-5, (tp1["losses"], got["losses"])
 
 
 def test_tensor_parallel_without_patterns_is_not_written_universal(tmp_path, run_ckptconv):

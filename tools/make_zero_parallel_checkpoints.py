@@ -293,7 +293,7 @@ def universal_checkpoint_info() -> dict:
             VOCAB_PATTERNS: [r"embed\.weight"],
             TP_REPLICATED: [r"norm\.weight", r"out\.bias"],
             TO_AVERAGE: [r"norm\.bias"],
-            ROW_PARALLEL: [r"out\.weight"],
+            ROW_PARALLEL: [r"out\.weight", r"out2\.weight"],
             TWO_SUB_PARAMS: [r"h_to_4h\.weight"]}
 
 
@@ -332,16 +332,18 @@ def full_tp_weights() -> dict:
     r = lambda *shape: torch.randn(*shape, generator=g) * 0.5  # noqa: E731
     return {"embed.weight": r(PADDED_VOCAB, HIDDEN), "norm.weight": 1 + 0.1 * r(HIDDEN), "norm.bias": 0.1 * r(HIDDEN),
             "gate": r(FFN, HIDDEN), "up": r(FFN, HIDDEN), "proj.weight": r(PROJ, HIDDEN), "proj.bias": r(PROJ),
-            "out.weight": r(OUT, FFN + PROJ), "out.bias": r(OUT)}
+            "out.weight": r(OUT, FFN), "out.bias": r(OUT), "out2.weight": r(OUT, PROJ)}
 
 
 class MegatronTpBlock(nn.Module):
     """One tensor-parallel rank of a Megatron-style block: a vocabulary-parallel
     embedding (rows of the padded vocabulary), a replicated LayerNorm, a
     column-parallel SwiGLU h_to_4h (this rank's gate rows, then its up rows: two
-    sub-parameters), a column-parallel proj, a row-parallel out (this rank's
-    input columns) with a replicated bias. The collectives are Megatron's, so
-    the replicated parameters get the same gradients on every tensor-parallel rank."""
+    sub-parameters), a column-parallel proj, and row-parallel out (of the
+    SwiGLU, with a replicated bias) and out2 (of proj), each holding this
+    rank's input columns. The collectives are Megatron's, so the replicated
+    parameters get the same gradients on every tensor-parallel rank, and the
+    model at any degree computes the same function of the merged weights."""
 
     def __init__(self, mpu: "TensorParallelMpu") -> None:
         super().__init__()
@@ -353,8 +355,8 @@ class MegatronTpBlock(nn.Module):
         self.norm = nn.LayerNorm(HIDDEN)
         self.h_to_4h = nn.Linear(HIDDEN, 2 * FFN // n, bias=False)
         self.proj = nn.Linear(HIDDEN, PROJ // n)
-        self.out = nn.Linear((FFN + PROJ) // n, OUT)
-        cols = torch.cat([w["out.weight"][:, :FFN].chunk(n, dim=1)[t], w["out.weight"][:, FFN:].chunk(n, dim=1)[t]], 1)
+        self.out = nn.Linear(FFN // n, OUT)
+        self.out2 = nn.Linear(PROJ // n, OUT, bias=False)
         with torch.no_grad():
             self.embed.weight.copy_(rows(w["embed.weight"], t))
             self.norm.weight.copy_(w["norm.weight"])
@@ -362,8 +364,9 @@ class MegatronTpBlock(nn.Module):
             self.h_to_4h.weight.copy_(torch.cat([rows(w["gate"], t), rows(w["up"], t)]))
             self.proj.weight.copy_(rows(w["proj.weight"], t))
             self.proj.bias.copy_(rows(w["proj.bias"], t))
-            self.out.weight.copy_(cols)
+            self.out.weight.copy_(w["out.weight"].chunk(n, dim=1)[t])
             self.out.bias.copy_(w["out.bias"])
+            self.out2.weight.copy_(w["out2.weight"].chunk(n, dim=1)[t])
         # how Megatron-DeepSpeed records it: save_checkpoint's client_state (see tpu_job)
 
     def forward(self, tokens: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -373,8 +376,9 @@ class MegatronTpBlock(nn.Module):
         e = self.embed((tokens - lo) * mine) * mine.unsqueeze(-1)
         x = _CopyToTp.apply(self.norm(_ReduceFromTp.apply(e, group)), group)
         gate, up = self.h_to_4h(x).chunk(2, dim=-1)
-        h = torch.cat([nn.functional.silu(gate) * up, torch.tanh(self.proj(x))], dim=-1)
-        y = _ReduceFromTp.apply(nn.functional.linear(h, self.out.weight), group) + self.out.bias
+        partial = (nn.functional.linear(nn.functional.silu(gate) * up, self.out.weight)
+                   + nn.functional.linear(torch.tanh(self.proj(x)), self.out2.weight))
+        y = _ReduceFromTp.apply(partial, group) + self.out.bias
         return (y - target).pow(2).mean()
 
 
