@@ -6,6 +6,8 @@ Run by tests/test_ds_parallel_universal.py with the DeepSpeed side environment
 
     .venv-deepspeed/bin/python tests/ds_parallel_universal_load.py CASE LOAD_DIR TAG PP DP OUT.pt [EP]
 
+(for a tensor-parallel case, PP is the tensor-parallel degree of the mpu loaded at)
+
 CASE is a case of tools/make_zero_parallel_checkpoints.py: its model
 (``layer_specs()`` as a ``PipelineModule`` of PP stages, or ``MoENet`` at the
 case's expert-parallel size, or EP), ds_config (with DP data-parallel ranks per
@@ -123,10 +125,43 @@ def moe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp:
                     "skipped_steps": engine.skipped_steps}, out)
 
 
+def tpu_job(rank: int, ws: int, name: str, load_dir: str, tag: str, tp: int, dp: int, out: str, ep=None) -> None:
+    """The Megatron-style tensor-parallel block at TP x DP through an mpu. Values
+    are each tensor-parallel rank's whole (dp-gathered) ones merged as the
+    generator merges the source's (gen.merged_reference), so they compare with
+    reference_live.pt's merged values whatever the degree loaded at."""
+    import deepspeed
+    c = dict(gen.CASES[name], tp=tp, dp=dp)
+    mpu = gen.TensorParallelMpu(tp)
+    net = gen.MegatronTpBlock(mpu)
+    cfg = dict(gen.ds_config(c), checkpoint={"load_universal": True})
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg, mpu=mpu)
+    engine.load_checkpoint(load_dir, tag=tag)
+    info = gen.universal_checkpoint_info()
+
+    def merged_now() -> dict:
+        every = [None] * ws
+        dist.all_gather_object(every, (mpu.tp_rank, mpu.dp_rank, gen.gather_tp_rank(engine)))
+        ranks = [next(v for t, d, v in every if t == k and d == 0) for k in range(tp)]
+        ref = gen.merged_reference(ranks, info)
+        return {n: {"fp32": ref["model"][n], **ref["optim"][n]} for n in ref["model"]}
+
+    loaded = merged_now()
+    loss = engine(*gen.tpu_batch(gen.STEPS, mpu.dp_rank))
+    engine.backward(loss)
+    engine.step()
+    losses = [None] * ws
+    dist.all_gather_object(losses, float(loss))
+    after = merged_now()
+    if rank == 0:
+        torch.save({"loaded": loaded, "after": after, "losses": losses, "global_steps": engine.global_steps,
+                    "skipped_steps": engine.skipped_steps}, out)
+
+
 def main(argv) -> None:
     name, load_dir, tag, pp, dp, out, *ep = argv
     pp, dp = int(pp), int(dp)
-    job = {"pipe": pipe_job, "moe": moe_job}[gen.CASES[name]["kind"]]
+    job = {"pipe": pipe_job, "moe": moe_job, "tpu": tpu_job}[gen.CASES[name]["kind"]]
     spawn(pp * dp, job, name, load_dir, tag, pp, dp, out, int(ep[0]) if ep else None)
 
 

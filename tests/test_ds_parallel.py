@@ -21,6 +21,7 @@ CASES = sorted(p.name for p in PARALLEL.iterdir() if (p / "latest").exists())
 PIPE_CASES = [c for c in CASES if c.startswith("pp")]
 MOE_CASES = [c for c in CASES if c.startswith("moe")]
 TAG = "global_step3"
+TP_CASE = "tp2_dp2_fp32_ws4_ucinfo"
 
 
 def _equal(a, b) -> bool:
@@ -40,7 +41,7 @@ def test_the_fixtures_are_pipeline_and_moe_runs():
         names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
         assert [n for n in names if "expert" in n] == [
             f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)]
-    assert set(CASES) == set(PIPE_CASES) | set(MOE_CASES) | {"tp2_fp32_ws2"}
+    assert set(CASES) == set(PIPE_CASES) | set(MOE_CASES) | {"tp2_fp32_ws2", TP_CASE}
     for case in PIPE_CASES:
         info = json.loads((PARALLEL / case / "case.json").read_text())
         assert info["pipeline_stages"] == 2 and info["ds_version"] == "0.19.8"
@@ -275,21 +276,135 @@ def test_a_moe_run_reshards_to_dcp(tmp_path, run_ckptconv):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_tensor_parallelism_is_refused_naming_the_ranks(tmp_path, run_ckptconv):
-    """Real DeepSpeed with an mpu of 2 tensor-parallel ranks: each mp rank
-    holds its own slice of the split tensors under the same names and
-    shapes, and nothing says along which dimension, so ckptconv refuses
-    rather than concatenate on a guessed one."""
+def test_tensor_parallel_ranks_without_patterns_are_each_their_own_part(tmp_path, run_ckptconv):
+    """Real DeepSpeed with an mpu of 2 tensor-parallel ranks and no
+    universal_checkpoint_info: each mp rank holds its own slice of the split
+    tensors under the same names and shapes, and nothing says along which
+    dimension, so each rank is consolidated as its own part (mp_rank_00,
+    mp_rank_01), with a warning, never concatenated on a guessed dimension."""
     case = PARALLEL / "tp2_fp32_ws2"
     ms = torch.load(case / TAG / "mp_rank_01_model_states.pt", weights_only=False)
     assert ms["checkpoint_parallel_dimensions"] == {"pp_degree": 1, "tp_degree": 2}
+    assert "universal_checkpoint_info" not in ms
     ranks = torch.load(case / "reference_live.pt", weights_only=True)["tp_ranks"]
     assert not torch.equal(ranks[0]["col.weight"], ranks[1]["col.weight"])
     out = tmp_path / "out.pt"
-    for command in (["consolidate", case, "-o", out], ["inspect", case], ["validate", case]):
-        r = run_ckptconv(*command)
-        assert r.returncode == 3, (command, r.stdout + r.stderr)
-        assert "tensor-parallel DeepSpeed checkpoints (mp_rank_00, mp_rank_01) are not supported" in r.stdout + r.stderr
+    r = run_ckptconv("consolidate", case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "read each as its own part" in r.stderr and "does not guess" in r.stderr
+    full = torch.load(out, weights_only=True)
+    assert [k for k in full if k.startswith("mp_rank")] == ["mp_rank_00", "mp_rank_01"]
+    for t, want in enumerate(ranks):
+        part = full[f"mp_rank_{t:02d}"]
+        assert list(part["model"]) == list(want)
+        for name, value in want.items():
+            assert _equal(part["model"][name], value), (t, name)
+        assert set(part["optim"]["state"]) == set(want)
+    r = run_ckptconv("inspect", case)
+    assert r.returncode == 0, r.stderr
+    assert "  parallelism: data 1, pipeline 1, tensor 2, expert 1\n" in r.stdout
+    assert "  tensor_parallel: 2 ranks, each its own part (no universal_checkpoint_info)\n" in r.stdout
+    r = run_ckptconv("validate", case, "--expect-world-size", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_tensor_parallel_with_patterns_consolidates_to_the_live_engines(tmp_path, run_ckptconv):
+    """TP2 x DP2 through an mpu, the model recording Megatron-DeepSpeed's
+    universal_checkpoint_info: the tensor-parallel slices merged as the
+    patterns say (replicated and averaged: one copy; row-parallel: dim 1; two
+    sub-parameters: per half on dim 0; default: dim 0; the vocabulary's
+    padding rows cut), equal bit for bit to the live engines' fp32 masters and
+    AdamW state merged the same way by the generator's own code."""
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", PARALLEL / TP_CASE, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    live = torch.load(PARALLEL / TP_CASE / "reference_live.pt", weights_only=True)
+    assert list(full["model"]) == list(live["model"]) == [
+        "embed.weight", "norm.weight", "norm.bias", "h_to_4h.weight", "proj.weight", "proj.bias", "out.weight",
+        "out.bias", "out2.weight"]
+    shapes = {n: tuple(t.shape) for n, t in full["model"].items()}
+    assert shapes == {"embed.weight": (10, 6), "norm.weight": (6,), "norm.bias": (6,), "h_to_4h.weight": (12, 6),
+                      "proj.weight": (4, 6), "proj.bias": (4,), "out.weight": (4, 6), "out.bias": (4,),
+                      "out2.weight": (4, 4)}
+    for name, want in live["model"].items():
+        assert _equal(full["model"][name], want), name
+    for name, state in live["optim"].items():
+        got = full["optim"]["state"][name]
+        assert list(got) == ["step", "exp_avg", "exp_avg_sq"], name
+        for key, want in state.items():
+            assert _equal(got[key], want), (name, key)
+    # the per-rank slices differ where they are split, so the merge is not trivially rank 0's
+    ranks = live["tp_ranks"]
+    assert not torch.equal(ranks[0]["out.weight"]["fp32"], ranks[1]["out.weight"]["fp32"])
+    (group,) = full["optim"]["param_groups"]
+    assert group["params"] == list(live["model"])
+    r = run_ckptconv("inspect", PARALLEL / TP_CASE, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["parallelism"] == {"data": 2, "pipeline": 1, "tensor": 2, "expert": 1}
+    r = run_ckptconv("validate", PARALLEL / TP_CASE, "--expect-world-size", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("missing, named", [
+    (["zero_pp_rank_1_mp_rank_01_optim_states.pt"], "tensor-parallel rank 1 has 1 optimizer files, rank 0 2"),
+    (["zero_pp_rank_0_mp_rank_01_optim_states.pt"],
+     "the optimizer file of rank 0 of 2 is missing (*zero_pp_rank_0_mp_rank_01_optim_states.pt)"),
+    (["mp_rank_01_model_states.pt"], "no mp_rank_01_model_states.pt"),
+    (["mp_rank_01_model_states.pt", "zero_pp_rank_0_mp_rank_01_optim_states.pt",
+      "zero_pp_rank_1_mp_rank_01_optim_states.pt"],
+     "tp_degree 2 but the files of 1 tensor-parallel rank(s) are here (mp_rank_01_model_states.pt missing)"),
+])
+def test_a_missing_tensor_parallel_file_is_exit_3_naming_it(missing, named, tmp_path, run_ckptconv):
+    src = _copy(TP_CASE, tmp_path)
+    for name in missing:
+        (src / TAG / name).unlink()
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert named in r.stderr
+    assert not out.exists() and not list(tmp_path.glob("out.pt*"))
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert named in r.stdout + r.stderr
+
+
+def test_a_merged_tensor_parallel_run_reshards_to_dcp(tmp_path, run_ckptconv):
+    """The merged state, resharded for 3 FSDP ranks, reads back as the same
+    state; chunks name the ranks in Megatron's order (d x 2 + t)."""
+    dst = tmp_path / "resharded"
+    r = run_ckptconv("reshard", PARALLEL / TP_CASE, "-o", dst, "--world-size", "3", "--layout", "dcp")
+    assert r.returncode == 0, r.stderr
+    r = run_ckptconv("diff", PARALLEL / TP_CASE, dst)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _with_info(src: Path, change) -> None:
+    """Rewrites the universal_checkpoint_info of every mp rank's model states."""
+    for f in (src / TAG).glob("mp_rank_*_model_states.pt"):
+        ms = torch.load(f, weights_only=False)
+        change(ms["universal_checkpoint_info"])
+        torch.save(ms, f)
+
+
+@pytest.mark.parametrize("change, named", [
+    # proj.weight is split: called replicated, its slices differ
+    (lambda i: i["tp_replicated_parameter_patterns"].append(r"proj\.weight"),
+     "'model.proj.weight' (tp_replicated_parameter_patterns) differs between tensor-parallel ranks 0 and 1"),
+    (lambda i: i["parameter_to_average_patterns"].append(r"proj\.bias"),
+     "'model.proj.bias' (parameter_to_average_patterns) differs between tensor-parallel ranks 0 and 1"),
+    (lambda i: i.update(parameter_with_sub_params=[{"patterns": ["x"], "shape": [3, -1], "partition_dim": 0}]),
+     "has 'parameter_with_sub_params'"),
+    (lambda i: i["parameter_with_row_parallelism_patterns"].append(r"out\."),
+     "patterns 'out\\.weight' and 'out\\.' both match 'out.weight'"),
+])
+def test_patterns_that_do_not_fit_the_slices_are_exit_3(change, named, tmp_path, run_ckptconv):
+    src = _copy(TP_CASE, tmp_path)
+    _with_info(src, change)
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert named in r.stderr
     assert not out.exists()
 
 

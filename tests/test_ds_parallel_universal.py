@@ -193,7 +193,8 @@ def test_ds_to_universal_fails_on_moe(tmp_path):
     assert int(m.group(2)) == 2 * math.prod(int(x) for x in m.group(1).split(","))
 
 
-@pytest.mark.parametrize("case", ["pp2_dp2_bf16_ws4", "moe_z1_fp32_ws2_ep2", "moe_z2_bf16_ws4_ep2"])
+@pytest.mark.parametrize("case", ["pp2_dp2_bf16_ws4", "moe_z1_fp32_ws2_ep2", "moe_z2_bf16_ws4_ep2",
+                                  "tp2_dp2_fp32_ws4_ucinfo"])
 def test_universal_checkpoint_reads_back_as_its_source(case, tmp_path, run_ckptconv):
     """ckptconv reads its universal checkpoint as the checkpoint it came from
     (MoE: each global expert from its entry of the stacked local folder):
@@ -339,3 +340,69 @@ def test_moe_universal_checkpoint_at_another_ep_size_is_refused_by_deepspeed(tmp
     assert ("full param numel 128 != tensor slice numel 64" in said
             or re.search(r"No such file or directory: '[^']*/zero/[^']*deepspeed_experts\.[23]\.", said)), said
     assert not (tmp_path / "ep1.pt").exists()
+
+
+TP_CASE = "tp2_dp2_fp32_ws4_ucinfo"
+
+
+def ds_to_universal(case: str, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(DS_PY), "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                           str(PARALLEL / case / "global_step3"), "--output_folder", str(out),
+                           "--num_extract_workers", "1", "--num_merge_workers", "1"],
+                          env=ds_env(), capture_output=True, text=True, timeout=600)
+
+
+@needs_deepspeed
+def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_new_dp_size(tmp_path, run_ckptconv):
+    """TP2 x DP2 with Megatron-DeepSpeed's universal_checkpoint_info: every
+    per-parameter file ckptconv writes holds what ds_to_universal.py's own
+    output of the same checkpoint holds (the same keys: cat_dim 1 for the
+    row-parallel weight, none for replicated ones, param_n_sub_params,
+    vocab_tensor; the same tensors, bit for bit), and a real TP2 engine
+    through an mpu at one data-parallel rank, and a TP1 engine, load it with
+    every master and moment exact (the ranks' slices merged back as the
+    source's were) and train a step."""
+    ours = write_ucp(run_ckptconv, TP_CASE, tmp_path / "ours")
+    theirs = tmp_path / "theirs" / TAG
+    r = ds_to_universal(TP_CASE, theirs)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ref = reference(TP_CASE)
+    keys = {}
+    for n in ref["model"]:
+        names = sorted(p.name for p in (theirs / "zero" / n).iterdir())
+        assert sorted(p.name for p in (ours / "zero" / n).iterdir()) == names == [
+            "exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"], n
+        for f in names:
+            a = torch.load(ours / "zero" / n / f, weights_only=True)
+            b = torch.load(theirs / "zero" / n / f, weights_only=False)
+            if f == "step.pt":
+                assert torch.equal(a, b), n
+                continue
+            assert list(a) == list(b), (n, f, list(a), list(b))
+            assert {k: v for k, v in a.items() if k != "param"} == {k: v for k, v in b.items() if k != "param"}
+            assert torch.equal(a["param"], b["param"].detach()), (n, f)
+        keys[n] = list(torch.load(ours / "zero" / n / "fp32.pt", weights_only=True))
+    assert keys["out.weight"] == ["cat_dim", "param"] and keys["norm.weight"] == ["param"]
+    assert keys["h_to_4h.weight"] == ["cat_dim", "param_n_sub_params", "param"]
+    assert keys["embed.weight"] == ["cat_dim", "vocab_tensor", "param"]
+    assert torch.load(ours / "zero" / "out.weight" / "fp32.pt", weights_only=True)["cat_dim"] == 1
+    got = engine_load(TP_CASE, tmp_path / "ours", 2, 1, tmp_path / "ours.pt")
+    assert_loaded_is_reference(got, ref)
+    assert_one_step_ran(got)
+    # at a new tensor-parallel degree: one rank holding the whole model
+    tp1 = engine_load(TP_CASE, tmp_path / "ours", 1, 1, tmp_path / "tp1.pt")
+    assert_loaded_is_reference(tp1, ref)
+    assert_one_step_ran(tp1)
+    # the same function of the same weights on the same batch: the losses
+    # differ only by the order the tensor-parallel partial sums are added in
+    assert abs(tp1["losses"][0] - got["losses"][0]) < 1e-5, (tp1["losses"], got["losses"])
+
+
+def test_tensor_parallel_without_patterns_is_not_written_universal(tmp_path, run_ckptconv):
+    """Without universal_checkpoint_info a universal checkpoint (each
+    parameter whole) would need a guessed concatenation: refused, exit 3,
+    nothing written."""
+    r = run_ckptconv("reshard", PARALLEL / "tp2_fp32_ws2", "-o", tmp_path / TAG, "--layout", "deepspeed-universal")
+    assert r.returncode == 3, r.stderr
+    assert "tensor-parallel ranks that the checkpoint does not say how to merge" in r.stderr
+    assert not (tmp_path / TAG).exists() and not (tmp_path / "latest_universal").exists()

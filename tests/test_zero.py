@@ -180,12 +180,14 @@ def test_files_of_two_tags_are_refused(tmp_path, run_ckptconv):
     assert r.returncode == 1 and "two tags" in r.stdout, r.stdout + r.stderr
 
 
-def test_tensor_parallel_ranks_are_refused(tmp_path, run_ckptconv):
+def test_a_tensor_parallel_rank_without_optimizer_files_is_exit_3(tmp_path, run_ckptconv):
+    """An mp_rank_01 model-states file reads as a second tensor-parallel rank
+    (docs/deepspeed.md), whose optimizer files must be there."""
     root, tag = _copy("z2_bf16_ws2", tmp_path)
     shutil.copy(tag / "mp_rank_00_model_states.pt", tag / "mp_rank_01_model_states.pt")
     r = run_ckptconv("inspect", root)
     assert r.returncode == 3, r.stderr
-    assert "tensor-parallel" in r.stderr and "mp_rank_01" in r.stderr
+    assert "no *_mp_rank_01_optim_states.pt files" in r.stderr
 
 
 def test_tag_directory_latest_and_tag_option(tmp_path, run_ckptconv):

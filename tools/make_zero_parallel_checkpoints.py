@@ -31,12 +31,18 @@ Each case folder ``<out>/<case>/`` holds the DeepSpeed checkpoint (``latest``,
   flat partitions all-gathered over each group's own data-parallel group
   (``safe_get_full_optimizer_state`` raises for the expert group), the
   masters checked against ``safe_get_full_fp32_param``.
-- ``reference_model.pt``: ``module_state`` with the trainable entries replaced
+- ``reference_model.pt`` (tp2_dp2_fp32_ws4_ucinfo: its merged ``model``): ``module_state`` with the trainable entries replaced
   by their fp32 masters, flat ``{name: tensor}`` (what ``consolidate --only
   model`` gives).
-- ``tp2_fp32_ws2`` (tensor parallelism through an ``mpu``) keeps only each
-  tensor-parallel rank's own masters, ``{"tp_ranks": [{name: fp32}, ...]}``:
-  ckptconv refuses the layout, and the case is there to show that it does.
+- ``tp2_fp32_ws2`` (tensor parallelism through an ``mpu``, no
+  universal_checkpoint_info) keeps only each tensor-parallel rank's own
+  masters, ``{"tp_ranks": [{name: fp32}, ...]}``: ckptconv reads each rank as
+  its own part.
+- ``tp2_dp2_fp32_ws4_ucinfo`` (TP2 x DP2, a Megatron-style block saved with
+  Megatron-DeepSpeed's universal_checkpoint_info): ``{"tp_ranks": [{name:
+  {fp32, exp_avg, exp_avg_sq, step}}], "model": {name: merged fp32}, "optim":
+  {name: merged state}, "universal_checkpoint_info": ...}``, the merge written
+  here in torch (``merge_tp``) as ds_to_universal.py's merge_tp_slices does it.
 - ``case.json``: the case, topology, ds_config, versions, files and sizes.
 
 Self-checks: the file names per stage (MoE: per expert) (``layer_LL-model_TT-model_states.pt``,
@@ -124,6 +130,11 @@ CASES = {
     "tp2_fp32_ws2": dict(kind="tp", pp=1, dp=1, tp=2, dtype="fp32", stage=1,
                          exercises="tensor parallelism through an mpu (Megatron's interface), 2 ranks, ZeRO-1: "
                                    "mp_rank_01 files; what ckptconv refuses"),
+    "tp2_dp2_fp32_ws4_ucinfo": dict(kind="tpu", pp=1, dp=2, tp=2, dtype="fp32", stage=1,
+                                    exercises="tensor parallelism 2 x data parallelism 2 through an mpu, ZeRO-1, "
+                                              "the model recording Megatron-DeepSpeed's universal_checkpoint_info "
+                                              "patterns (vocabulary, TP-replicated, to-average, row-parallel, two "
+                                              "sub-parameters, default column-parallel)"),
     "moe_z1_fp32_ws2_ep2": dict(kind="moe", pp=1, dp=2, ep=2, dtype="fp32", stage=1,
                                 exercises="MoE, 4 experts over 2 expert-parallel ranks, fp32, ZeRO-1: each expert "
                                           "group held whole by one rank"),
@@ -147,7 +158,7 @@ class MoENet(nn.Module):
 
 
 def ds_config(c) -> dict:
-    gas = 1 if c["kind"] in ("moe", "tp") else 2
+    gas = 1 if c["kind"] in ("moe", "tp", "tpu") else 2
     cfg = {
         "train_batch_size": MICRO_BATCH * gas * c["dp"],
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
@@ -172,20 +183,28 @@ def data_iter(rank_in_dp: int, dtype):
 
 
 class TensorParallelMpu:
-    """Megatron's mpu interface over a tensor-parallel group of every rank and
-    data-parallel groups of one rank each: what deepspeed.initialize(mpu=...)
-    reads to name mp_rank_TT files."""
+    """Megatron's mpu interface: tensor-parallel groups of `tp` consecutive
+    ranks (rank = dp_rank * tp + tp_rank, Megatron's order) and data-parallel
+    groups of the ranks with one tp_rank; what deepspeed.initialize(mpu=...)
+    reads to name mp_rank_TT files and to partition ZeRO over the dp group.
+    tp None: one tensor-parallel group of every rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, tp: int | None = None) -> None:
         ws = dist.get_world_size()
-        self.tp = dist.new_group(list(range(ws)))
-        self.dps = [dist.new_group([r]) for r in range(ws)]
+        self.tp_size = tp or ws
+        self.dp_size = ws // self.tp_size
+        rank = dist.get_rank()
+        self.tp_rank, self.dp_rank = rank % self.tp_size, rank // self.tp_size
+        # every rank creates every group, in one order (torch.distributed's rule)
+        tps = [dist.new_group([d * self.tp_size + t for t in range(self.tp_size)]) for d in range(self.dp_size)]
+        dps = [dist.new_group([d * self.tp_size + t for d in range(self.dp_size)]) for t in range(self.tp_size)]
+        self.tp, self.dp = tps[self.dp_rank], dps[self.tp_rank]
 
     def get_model_parallel_rank(self):
-        return dist.get_rank()
+        return self.tp_rank
 
     def get_model_parallel_world_size(self):
-        return dist.get_world_size()
+        return self.tp_size
 
     def get_model_parallel_group(self):
         return self.tp
@@ -195,13 +214,13 @@ class TensorParallelMpu:
     get_tensor_model_parallel_group = get_model_parallel_group
 
     def get_data_parallel_rank(self):
-        return 0
+        return self.dp_rank
 
     def get_data_parallel_world_size(self):
-        return 1
+        return self.dp_size
 
     def get_data_parallel_group(self):
-        return self.dps[dist.get_rank()]
+        return self.dp
 
 
 class TpShard(nn.Module):
@@ -251,6 +270,221 @@ def tp_job(rank: int, ws: int, out: str, name: str) -> None:
             "patches": ["deepspeed.comm.torch.build_shm_op -> None (optional shared-memory allreduce op)"],
             "generator": "tools/make_zero_parallel_checkpoints.py"}
     (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+
+# Megatron-DeepSpeed's pattern keys (deepspeed/checkpoint/constants.py), by value
+UCI_VERSION = "universal_checkpoint_version"
+VOCAB_PATTERNS = "vocabulary_parameter_patterns"
+TP_REPLICATED = "tp_replicated_parameter_patterns"
+TO_AVERAGE = "parameter_to_average_patterns"
+ROW_PARALLEL = "parameter_with_row_parallelism_patterns"
+TWO_SUB_PARAMS = "parameter_with_2_sub_params_cat_dim_0"
+VOCAB, PADDED_VOCAB, HIDDEN, FFN, PROJ, OUT = 10, 12, 6, 6, 4, 4
+
+
+def universal_checkpoint_info() -> dict:
+    """What Megatron-DeepSpeed's save_checkpoint puts in client_state under
+    UNIVERSAL_CHECKPOINT_INFO (megatron/checkpointing.py _universal_checkpoint_info
+    and GPTModel.universal_checkpoint_info): the vocabulary sizes and, per
+    category, the patterns (re.match) of the parameters ds_to_universal merges
+    that way; any other parameter is concatenated on dim 0."""
+    return {UCI_VERSION: 0.2, "original_vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
+            VOCAB_PATTERNS: [r"embed\.weight"],
+            TP_REPLICATED: [r"norm\.weight", r"out\.bias"],
+            TO_AVERAGE: [r"norm\.bias"],
+            ROW_PARALLEL: [r"out\.weight", r"out2\.weight"],
+            TWO_SUB_PARAMS: [r"h_to_4h\.weight"]}
+
+
+class _ReduceFromTp(torch.autograd.Function):
+    """Megatron's reduce_from_tensor_model_parallel_region: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _CopyToTp(torch.autograd.Function):
+    """Megatron's copy_to_tensor_model_parallel_region: identity forward, all-reduce backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        dist.all_reduce(g, group=ctx.group)
+        return g, None
+
+
+def full_tp_weights() -> dict:
+    """The unsplit model, seeded: every tensor-parallel rank cuts its shards from it."""
+    g = torch.Generator().manual_seed(SEED)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.5  # noqa: E731
+    return {"embed.weight": r(PADDED_VOCAB, HIDDEN), "norm.weight": 1 + 0.1 * r(HIDDEN), "norm.bias": 0.1 * r(HIDDEN),
+            "gate": r(FFN, HIDDEN), "up": r(FFN, HIDDEN), "proj.weight": r(PROJ, HIDDEN), "proj.bias": r(PROJ),
+            "out.weight": r(OUT, FFN), "out.bias": r(OUT), "out2.weight": r(OUT, PROJ)}
+
+
+class MegatronTpBlock(nn.Module):
+    """One tensor-parallel rank of a Megatron-style block: a vocabulary-parallel
+    embedding (rows of the padded vocabulary), a replicated LayerNorm, a
+    column-parallel SwiGLU h_to_4h (this rank's gate rows, then its up rows: two
+    sub-parameters), a column-parallel proj, and row-parallel out (of the
+    SwiGLU, with a replicated bias) and out2 (of proj), each holding this
+    rank's input columns. The collectives are Megatron's, so the replicated
+    parameters get the same gradients on every tensor-parallel rank, and the
+    model at any degree computes the same function of the merged weights."""
+
+    def __init__(self, mpu: "TensorParallelMpu") -> None:
+        super().__init__()
+        self.mpu = mpu
+        t, n = mpu.tp_rank, mpu.tp_size
+        w = full_tp_weights()
+        rows = lambda x, k: x.chunk(n, dim=0)[k]  # noqa: E731
+        self.embed = nn.Embedding(PADDED_VOCAB // n, HIDDEN)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.h_to_4h = nn.Linear(HIDDEN, 2 * FFN // n, bias=False)
+        self.proj = nn.Linear(HIDDEN, PROJ // n)
+        self.out = nn.Linear(FFN // n, OUT)
+        self.out2 = nn.Linear(PROJ // n, OUT, bias=False)
+        with torch.no_grad():
+            self.embed.weight.copy_(rows(w["embed.weight"], t))
+            self.norm.weight.copy_(w["norm.weight"])
+            self.norm.bias.copy_(w["norm.bias"])
+            self.h_to_4h.weight.copy_(torch.cat([rows(w["gate"], t), rows(w["up"], t)]))
+            self.proj.weight.copy_(rows(w["proj.weight"], t))
+            self.proj.bias.copy_(rows(w["proj.bias"], t))
+            self.out.weight.copy_(w["out.weight"].chunk(n, dim=1)[t])
+            self.out.bias.copy_(w["out.bias"])
+            self.out2.weight.copy_(w["out2.weight"].chunk(n, dim=1)[t])
+        # how Megatron-DeepSpeed records it: save_checkpoint's client_state (see tpu_job)
+
+    def forward(self, tokens: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        group, rows = self.mpu.tp, self.embed.weight.shape[0]
+        lo = self.mpu.tp_rank * rows
+        mine = (tokens >= lo) & (tokens < lo + rows)
+        e = self.embed((tokens - lo) * mine) * mine.unsqueeze(-1)
+        x = _CopyToTp.apply(self.norm(_ReduceFromTp.apply(e, group)), group)
+        gate, up = self.h_to_4h(x).chunk(2, dim=-1)
+        partial = (nn.functional.linear(nn.functional.silu(gate) * up, self.out.weight)
+                   + nn.functional.linear(torch.tanh(self.proj(x)), self.out2.weight))
+        y = _ReduceFromTp.apply(partial, group) + self.out.bias
+        return (y - target).pow(2).mean()
+
+
+def tpu_batch(step: int, dp_rank: int):
+    g = torch.Generator().manual_seed(1000 * step + dp_rank)
+    return torch.randint(0, VOCAB, (MICRO_BATCH * 2,), generator=g), torch.randn(MICRO_BATCH * 2, OUT, generator=g)
+
+
+def merge_tp(name: str, slices: list, info: dict) -> torch.Tensor:
+    """The tensor-parallel slices of one parameter (or of one of its Adam
+    moments) as ds_to_universal.py's merge_tp_slices merges them, written
+    here independently of both ckptconv and DeepSpeed: replicated and
+    averaged ones must be equal (one copy), two sub-parameters cat per half on
+    dim 0, row-parallel cat on dim 1, the rest on dim 0; the vocabulary's
+    padding rows cut off."""
+    import re
+    hit = lambda key: any(re.match(p, name) for p in info.get(key, []))  # noqa: E731
+    if hit(TP_REPLICATED) or hit(TO_AVERAGE):
+        assert all(torch.equal(s, slices[0]) for s in slices[1:]), (name, "replicas differ")
+        out = slices[0]
+    elif hit(TWO_SUB_PARAMS):
+        halves = [s.chunk(2, dim=0) for s in slices]
+        out = torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
+    else:
+        out = torch.cat(slices, dim=1 if hit(ROW_PARALLEL) else 0)
+    if hit(VOCAB_PATTERNS):
+        out = out[:info["original_vocab_size"]]
+    return out.clone()
+
+
+def gather_tp_rank(engine) -> dict:
+    """This rank's parameters, whole over its data-parallel group: the live
+    flat fp32 partition and AdamW state all-gathered over the dp group and cut
+    at each parameter's offset, checked against safe_get_full_fp32_param and
+    safe_get_full_optimizer_state."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    opt = engine.optimizer
+    fqn_of = {id(p): n for n, p in engine.module.named_parameters()}
+    got = {}
+    for i, (lp_flat, part, ps) in enumerate(zip(opt.bit16_groups_flat, opt.single_partition_of_fp32_groups,
+                                                opt.bit16_groups)):
+        grp = opt.real_dp_process_group[i]
+        st = opt.optimizer.state[part]
+        full = {"fp32": _gather(part, grp), "exp_avg": _gather(st["exp_avg"], grp),
+                "exp_avg_sq": _gather(st["exp_avg_sq"], grp)}
+        for p in ps:
+            off = p.data.storage_offset() - lp_flat.storage_offset()
+            v = {k: f.narrow(0, off, p.numel()).view(p.shape).clone() for k, f in full.items()}
+            v["step"] = st["step"].clone()
+            got[fqn_of[id(p)]] = v
+    for n, p in engine.module.named_parameters():
+        assert torch.equal(safe_get_full_fp32_param(p).detach().view(p.shape), got[n]["fp32"]), n
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(safe_get_full_optimizer_state(p, k).detach().view(p.shape), got[n][k]), (n, k)
+    return got
+
+
+def merged_reference(every: list, info: dict) -> dict:
+    """{"model": {name: merged fp32}, "optim": {name: {step, exp_avg, exp_avg_sq}}}
+    from each tensor-parallel rank's whole values (every[t])."""
+    ref = {"model": {}, "optim": {}}
+    for n in every[0]:
+        ref["model"][n] = merge_tp(n, [e[n]["fp32"] for e in every], info)
+        ref["optim"][n] = {"step": every[0][n]["step"],
+                           **{k: merge_tp(n, [e[n][k] for e in every], info) for k in ("exp_avg", "exp_avg_sq")}}
+        assert all(torch.equal(e[n]["step"], every[0][n]["step"]) for e in every), n
+    return ref
+
+
+def tpu_job(rank: int, ws: int, out: str, name: str) -> None:
+    import deepspeed
+    c = CASES[name]
+    d = Path(out) / name
+    mpu = TensorParallelMpu(c["tp"])
+    net = MegatronTpBlock(mpu)
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=ds_config(c), mpu=mpu)
+    for step in range(STEPS):
+        loss = engine(*tpu_batch(step, mpu.dp_rank))
+        engine.backward(loss)
+        engine.step()
+    if rank == 0 and d.exists():
+        shutil.rmtree(d)
+    dist.barrier()
+    info = universal_checkpoint_info()
+    engine.save_checkpoint(str(d), client_state={"universal_checkpoint_info": info})
+    dist.barrier()
+    mine = gather_tp_rank(engine)
+    every = [None] * ws
+    dist.all_gather_object(every, {"tp_rank": mpu.tp_rank, "dp_rank": mpu.dp_rank, "values": mine})
+    if rank != 0:
+        return
+    tp_ranks = [next(e["values"] for e in every if e["tp_rank"] == t and e["dp_rank"] == 0) for t in range(c["tp"])]
+    ref = merged_reference(tp_ranks, info)
+    ref["tp_ranks"] = tp_ranks
+    ref["universal_checkpoint_info"] = info
+    torch.save(ref, d / "reference_live.pt")
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+    meta = {"case": name, "kind": "tpu", "world_size": ws, "tensor_parallel": c["tp"], "data_parallel": c["dp"],
+            "dtype": c["dtype"], "zero_stage": c["stage"], "exercises": c["exercises"], "ds_config": ds_config(c),
+            "universal_checkpoint_info": info, "ds_version": deepspeed.__version__,
+            "torch_version": torch.__version__, "seed": SEED, "steps": STEPS, "tag": TAG,
+            "names": {n: plain(list(t.shape)) for n, t in ref["model"].items()}, "files": files,
+            "removed": ["zero_to_fp32.py", "zero_to_torch.py"],
+            "patches": ["deepspeed.comm.torch.build_shm_op -> None (optional shared-memory allreduce op)"],
+            "generator": "tools/make_zero_parallel_checkpoints.py"}
+    (d / "case.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 def global_expert_name(name: str, expp_rank: int, num_local: int) -> str:
@@ -503,6 +737,13 @@ def write_model_reference(d: Path) -> None:
     torch.save({n: ref["model"].get(n, v) for n, v in ref["module_state"].items()}, d / "reference_model.pt")
 
 
+def write_tp_model_reference(d: Path) -> None:
+    """reference_model.pt of a merged tensor-parallel case: the merged fp32
+    masters, flat {name: tensor} in module order (every entry is trainable)."""
+    ref = torch.load(d / "reference_live.pt", weights_only=True)
+    torch.save(dict(ref["model"]), d / "reference_model.pt")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "testdata" / "zero_parallel"))
@@ -513,15 +754,17 @@ def main(argv=None) -> None:
     for name in args.only or CASES:
         t = time.time()
         c = CASES[name]
-        jobs = {"pipe": job, "moe": moe_job, "tp": tp_job}
+        jobs = {"pipe": job, "moe": moe_job, "tp": tp_job, "tpu": tpu_job}
         spawn(c["pp"] * c["dp"] * c.get("tp", 1), jobs[c["kind"]], str(out), name)
         d = out / name
         for script in ("zero_to_fp32.py", "zero_to_torch.py"):
             if (d / script).exists():
                 (d / script).unlink()
-        if c["kind"] != "tp":  # tp: nothing consolidates it (ckptconv refuses it)
+        if c["kind"] not in ("tp", "tpu"):  # no layer or expert files
             check_files(name, d)
             write_model_reference(d)
+        if c["kind"] == "tpu":
+            write_tp_model_reference(d)
         info = json.loads((d / "case.json").read_text())
         info["files"] = {k: v for k, v in info["files"].items() if k not in info["removed"]}
         (d / "case.json").write_text(json.dumps(info, indent=1) + "\n")

@@ -131,6 +131,25 @@ struct ParallelDegrees {
   int expert = 1;
 };
 
+// How one parameter of a tensor-parallel DeepSpeed checkpoint was merged
+// from its tensor-parallel slices, as the model's universal_checkpoint_info
+// patterns say (formats/zero/tensor_parallel.h): what a universal
+// checkpoint records beside it so that a loader at any tensor-parallel
+// degree cuts it back the same way.
+struct TensorParallelMerge {
+  enum class Kind { kReplicated, kCat, kTwoSubParams };
+  Kind kind = Kind::kCat;
+  int cat_dim = 0;          // kCat (kTwoSubParams: 0)
+  bool vocabulary = false;  // the padded vocabulary's rows cut off after the merge
+};
+
+// A tensor-parallel DeepSpeed checkpoint read merged: its degree and, by
+// parameter FQN, how each trainable parameter was merged.
+struct TensorParallelLayout {
+  int degree = 1;
+  std::map<std::string, TensorParallelMerge> params;
+};
+
 struct SourceInfo {
   SourceKind kind = SourceKind::kTorchPt;
   std::vector<std::string> files;           // the files read, sorted (per-rank sources; else SRC itself)
@@ -141,6 +160,7 @@ struct SourceInfo {
   std::optional<Fsdp1Layout> fsdp1;         // FSDP1 flat-parameter files read with --param-layout
   std::optional<MegatronLayout> megatron;   // a torch_dist checkpoint's stored view
   std::optional<ParallelDegrees> parallel;  // DeepSpeed ZeRO checkpoints
+  std::optional<TensorParallelLayout> tensor_parallel;  // DeepSpeed TP ranks merged by their patterns
   // The source names tensors by flat dotted keys only (safetensors without
   // ckptconv.tree): how they nest is unknown, so diff compares paths only.
   bool flat_keys = false;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/error.h"
+
 namespace ckpt {
 namespace {
 
@@ -37,7 +39,44 @@ std::vector<uint64_t> element_offsets(const TensorChunk& c, std::size_t itemsize
   return out;
 }
 
+// The tensor's elements in row-major order of its global shape, read
+// through its chunks (each chunk's storage span read once); elements no
+// chunk covers stay zero, and a chunk outside the shape is an error.
+std::vector<std::byte> row_major_bytes(const TensorEntry& t) {
+  const std::size_t item = dtype_size(t.dtype);
+  std::vector<std::byte> out(static_cast<std::size_t>(t.nbytes()), std::byte{0});
+  const Shape global = contiguous_strides(t.shape);
+  for (const TensorChunk& c : t.chunks) {
+    if (c.numel() == 0) continue;
+    if (!c.storage) fail_data_loss(t.name + ": a chunk without storage");
+    int64_t last = c.storage_offset;
+    for (std::size_t d = 0; d < c.sizes.size(); ++d) last += (c.sizes[d] - 1) * c.strides[d];
+    const std::vector<std::byte> span =
+        c.storage->read_vector(uint64_t(c.storage_offset) * item, std::size_t(last - c.storage_offset + 1) * item);
+    Shape idx(c.sizes.size(), 0);
+    for (uint64_t n = 0; n < c.numel(); ++n) {
+      int64_t src = 0, dst = 0;
+      for (std::size_t d = 0; d < idx.size(); ++d) {
+        src += idx[d] * c.strides[d];
+        dst += (c.offsets[d] + idx[d]) * global[d];
+      }
+      if (dst < 0 || uint64_t(dst) >= t.numel()) fail_data_loss(t.name + ": a chunk outside the tensor's shape");
+      std::copy_n(span.begin() + src * int64_t(item), item, out.begin() + dst * int64_t(item));
+      for (std::size_t d = idx.size(); d-- > 0;) {
+        if (++idx[d] < c.sizes[d]) break;
+        idx[d] = 0;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+bool same_tensor_values(const TensorEntry& a, const TensorEntry& b) {
+  if (a.dtype != b.dtype || a.shape != b.shape) return false;
+  return row_major_bytes(a) == row_major_bytes(b);
+}
 
 bool same_tensor_bytes(const TensorEntry& a, const TensorEntry& b) {
   if (a.dtype != b.dtype || a.shape != b.shape || a.chunks.size() != 1 || b.chunks.size() != 1) return false;

@@ -10,4 +10,10 @@ namespace ckpt {
 // True when two plain (single-chunk) tensors hold the same elements bytewise.
 bool same_tensor_bytes(const TensorEntry& a, const TensorEntry& b);
 
+// True when two tensors of any chunking (a ZeRO parameter's pieces of
+// several ranks' partitions) have the same dtype, shape and elements
+// bytewise. Each is read whole into memory: for the small tensors a
+// checkpoint keeps replicated (norms, biases), not for bulk comparison.
+bool same_tensor_values(const TensorEntry& a, const TensorEntry& b);
+
 }  // namespace ckpt

@@ -472,3 +472,9 @@ TEST_CASE("reader conformance: deepspeed-zero: MoE 4 experts, ep 2, ZeRO-2 bf16 
   check_reader({testdata("zero_parallel/moe_z2_bf16_ws4_ep2"), "model",
                 testdata("zero_parallel/moe_z2_bf16_ws4_ep2/reference_model.pt"), SourceKind::kZero, 4});
 }
+
+TEST_CASE("reader conformance: deepspeed-zero: tensor parallel 2 x dp 2, merged by its patterns (model)",
+          "[formats][conformance]") {
+  check_reader({testdata("zero_parallel/tp2_dp2_fp32_ws4_ucinfo"), "model",
+                testdata("zero_parallel/tp2_dp2_fp32_ws4_ucinfo/reference_model.pt"), SourceKind::kZero, 4});
+}

@@ -1,5 +1,6 @@
-// The pure pieces of the DeepSpeed pipeline and MoE readers
-// (formats/zero/pipeline_layers.h, formats/zero/moe_experts.h).
+// The pure pieces of the DeepSpeed pipeline, MoE and tensor-parallel readers
+// (formats/zero/pipeline_layers.h, formats/zero/moe_experts.h,
+// formats/zero/tensor_parallel.h).
 #include <catch2/catch.hpp>
 #include <map>
 #include <string>
@@ -8,6 +9,9 @@
 #include "core/error.h"
 #include "formats/zero/moe_experts.h"
 #include "formats/zero/pipeline_layers.h"
+#include "formats/zero/tensor_parallel.h"
+#include "io/byte_source.h"
+#include "model/tensor_compare.h"
 
 using namespace ckpt;
 using namespace ckpt::zero;
@@ -77,4 +81,86 @@ TEST_CASE("experts go after the other entries of their MoE module", "[formats][z
                                  "moe.deepspeed_moe.experts.deepspeed_experts.1.weight", "out.weight"});
   CHECK(names(with_experts({{"a"}}, {{"x.deepspeed_experts.0.w"}})) ==
         std::vector<std::string>{"a", "x.deepspeed_experts.0.w"});
+}
+
+namespace {
+
+// A float32 tensor of `shape` holding `values`, one chunk in memory.
+TensorEntry floats(Shape shape, const std::vector<float>& values) {
+  TensorEntry t;
+  t.name = "t";
+  t.dtype = DType::kFloat32;
+  t.shape = shape;
+  TensorChunk c;
+  c.offsets = Shape(shape.size(), 0);
+  c.sizes = shape;
+  c.strides = contiguous_strides(shape);
+  c.storage = make_memory_source(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  t.chunks.push_back(c);
+  return t;
+}
+
+std::vector<float> range(float from, int n) {
+  std::vector<float> out;
+  for (int i = 0; i < n; ++i) out.push_back(from + float(i));
+  return out;
+}
+
+pickle::ValuePtr patterns(const char* key, const char* pattern) {
+  return pickle::Value::dict({{pickle::Value::str(key), pickle::Value::list({pickle::Value::str(pattern)})}});
+}
+
+}  // namespace
+
+TEST_CASE("tensor-parallel slices merge as ds_to_universal merges their category", "[formats][zero]") {
+  // two ranks' [4, 2] slices: rank 0 holds 0..7, rank 1 10..17
+  TensorEntry a = floats({4, 2}, range(0, 8)), b = floats({4, 2}, range(10, 8));
+  std::vector<const TensorEntry*> slices = {&a, &b};
+  auto merged = [&](const pickle::Value& info, const std::string& name) {
+    TensorParallelRules rules(info, "F");
+    return merge_slices(slices, rules.rule_for(name), rules, name);
+  };
+  auto info = pickle::Value::dict(
+      {{pickle::Value::str("parameter_with_row_parallelism_patterns"), pickle::Value::list({pickle::Value::str("o")})},
+       {pickle::Value::str("parameter_with_2_sub_params_cat_dim_0"), pickle::Value::list({pickle::Value::str("w")})},
+       {pickle::Value::str("vocabulary_parameter_patterns"), pickle::Value::list({pickle::Value::str("e")})},
+       {pickle::Value::str("original_vocab_size"), pickle::Value::integer(7)}});
+  // default: dim 0
+  CHECK(
+      same_tensor_values(merged(*info, "x"), floats({8, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17})));
+  // row parallelism: dim 1
+  CHECK(same_tensor_values(merged(*info, "o.weight"),
+                           floats({4, 4}, {0, 1, 10, 11, 2, 3, 12, 13, 4, 5, 14, 15, 6, 7, 16, 17})));
+  // two sub-parameters: the first halves, then the second halves
+  CHECK(
+      same_tensor_values(merged(*info, "w"), floats({8, 2}, {0, 1, 2, 3, 10, 11, 12, 13, 4, 5, 6, 7, 14, 15, 16, 17})));
+  // vocabulary: dim 0, the padding rows from original_vocab_size cut off
+  TensorEntry e = merged(*info, "e");
+  CHECK(e.shape == Shape{7, 2});
+  CHECK(same_tensor_values(e, floats({7, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15})));
+  // re.match: anchored at the start only
+  CHECK(TensorParallelRules(*info, "F").rule_for("wo").merge.kind == TensorParallelMerge::Kind::kTwoSubParams);
+  CHECK(TensorParallelRules(*info, "F").rule_for("xw").merge.kind == TensorParallelMerge::Kind::kCat);
+}
+
+TEST_CASE("replicated tensor-parallel slices must be equal", "[formats][zero]") {
+  TensorEntry a = floats({3}, range(0, 3)), b = floats({3}, range(0, 3)), c = floats({3}, range(1, 3));
+  auto info = patterns("tp_replicated_parameter_patterns", "n");
+  TensorParallelRules rules(*info, "F");
+  TensorEntry one = merge_slices({&a, &b}, rules.rule_for("n"), rules, "n");
+  CHECK(one.shape == Shape{3});
+  CHECK(same_tensor_values(one, a));
+  try {
+    merge_slices({&a, &c}, rules.rule_for("n"), rules, "n");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kDataLoss);
+    CHECK(std::string(e.what()).find("'n' (tp_replicated_parameter_patterns) differs") != std::string::npos);
+  }
+  auto avg = patterns("parameter_to_average_patterns", "n");
+  TensorParallelRules averaged(*avg, "F");
+  CHECK(same_tensor_values(merge_slices({&a, &b}, averaged.rule_for("n"), averaged, "n"), a));
+  CHECK_THROWS_AS(merge_slices({&a, &c}, averaged.rule_for("n"), averaged, "n"), Error);
+  auto sub = patterns("parameter_with_sub_params", "n");
+  CHECK_THROWS_AS(TensorParallelRules(*sub, "F"), Error);
 }

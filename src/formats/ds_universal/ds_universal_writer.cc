@@ -50,6 +50,12 @@ class Planner {
                                   : 1) {}
 
   UniversalPlan plan() {
+    if (model_.info.parallel && model_.info.parallel->tensor > 1 && !model_.info.tensor_parallel)
+      fail(ErrorCode::kUnimplemented,
+           model_.source + ": " + std::to_string(model_.info.parallel->tensor) +
+               " tensor-parallel ranks that the checkpoint does not say how to merge (no "
+               "universal_checkpoint_info): a universal checkpoint holds each parameter whole, and ckptconv does "
+               "not concatenate slices on a guessed dimension");
     ValuePtr root = mapping_of(model_.root);
     if (!root || !root->is(Kind::kDict) || !root->get("model") || !root->get("optim"))
       fail_invalid(model_.source +
@@ -186,7 +192,7 @@ class Planner {
     auto sliced = [&](const std::string& key, std::size_t index) {
       UniversalFile f = file("zero/" + name + "/" + key + ".pt");
       ValuePtr ref = add(f, index);
-      f.root = Value::dict({{Value::str("cat_dim"), Value::integer(0)}, {Value::str("param"), ref}});
+      f.root = sliced_root(name, ref);
       push(out, std::move(f));
     };
     sliced("fp32", param);
@@ -211,6 +217,29 @@ class Planner {
             ": a universal checkpoint holds per-parameter states of the parameter's shape");
       sliced(key, *index);
     }
+  }
+
+  // A parameter's {'cat_dim': 0, 'param': ...}; of a tensor-parallel source
+  // merged by its patterns (TensorParallelLayout), what ds_to_universal.py's
+  // merge_tp_slices writes for its category, so that a loader at any
+  // tensor-parallel degree cuts it the same way (universal_checkpoint.py
+  // load_hp_checkpoint_state): no cat_dim for a replicated one (the loader
+  // keeps a tensor of its own shape whole), param_n_sub_params 2 for two
+  // sub-parameters, vocab_tensor for the vocabulary (re-padded at load).
+  ValuePtr sliced_root(const std::string& name, const ValuePtr& ref) const {
+    const TensorParallelMerge* m = nullptr;
+    if (model_.info.tensor_parallel)
+      if (auto it = model_.info.tensor_parallel->params.find(name); it != model_.info.tensor_parallel->params.end())
+        m = &it->second;
+    auto d = Value::dict();
+    using MergeKind = TensorParallelMerge::Kind;
+    if (!m || m->kind != MergeKind::kReplicated)
+      d->entries.emplace_back(Value::str("cat_dim"), Value::integer(m && m->kind == MergeKind::kCat ? m->cat_dim : 0));
+    if (m && m->kind == MergeKind::kTwoSubParams)
+      d->entries.emplace_back(Value::str("param_n_sub_params"), Value::integer(2));
+    if (m && m->vocabulary) d->entries.emplace_back(Value::str("vocab_tensor"), Value::boolean(true));
+    d->entries.emplace_back(Value::str("param"), ref);
+    return d;
   }
 
   // MoE: how many experts each MoE layer (expert name prefix) has, from the

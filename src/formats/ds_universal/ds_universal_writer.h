@@ -6,6 +6,9 @@
 // size (docs/deepspeed.md, "Universal checkpoints"):
 //
 //   zero/<fqn>/fp32.pt          {'cat_dim': 0, 'param': full fp32 tensor}
+//                               (a tensor-parallel source merged by its
+//                               patterns: its category's keys, as
+//                               merge_tp_slices writes them)
 //   zero/<fqn>/<key>.pt         the same for each optimizer state of the
 //                               parameter's shape (exp_avg, exp_avg_sq)
 //   zero/<fqn>/step.pt          the step, a 0-d float32 tensor
@@ -90,7 +93,8 @@ struct UniversalPlan {
 // a plain path component), or a parameter's state does not have its shape;
 // Unimplemented when the model names DeepSpeed experts, records no
 // expert-parallel size and none is given (the folders' names depend on it),
-// or its experts do not divide over the size.
+// or its experts do not divide over the size, and for tensor-parallel ranks
+// read unmerged (no universal_checkpoint_info).
 UniversalPlan plan_universal(const CheckpointModel& model, int source_world_size,
                              std::optional<int> expert_parallel = std::nullopt);
 

@@ -18,9 +18,17 @@ namespace {
 // `client_state` dict into the model file) or engine bookkeeping it does
 // not need.
 bool is_read_entry(const std::string& key) {
-  static const std::set<std::string> kRead = {
-      "module",        "buffer_names",  "param_shapes", "frozen_param_shapes",  "frozen_param_fragments",
-      "shared_params", "dp_world_size", "ds_version",   "optimizer_state_dict", "param_groups"};
+  static const std::set<std::string> kRead = {"module",
+                                              "buffer_names",
+                                              "param_shapes",
+                                              "frozen_param_shapes",
+                                              "frozen_param_fragments",
+                                              "shared_params",
+                                              "dp_world_size",
+                                              "ds_version",
+                                              "optimizer_state_dict",
+                                              "param_groups",
+                                              "universal_checkpoint_info"};
   return kRead.count(key) > 0;
 }
 

@@ -156,26 +156,24 @@ TagListing list_files(const std::string& dir) {
                                         ": pipeline layer files with a tensor-parallel rank "
                                         "(layer_LL-model_TT-model_states.pt) are not supported; ckptconv reads "
                                         "pipeline-parallel and data-parallel DeepSpeed checkpoints");
-  if (out.layer_files.empty() && (by_mp.size() > 1 || (by_mp.size() == 1 && by_mp.begin()->first != "00")))
-    // Each mp rank holds its own slice of the split tensors, and nothing in
-    // DeepSpeed's files says along which dimension: never guessed.
+  if (!out.expert_files.empty() && (by_mp.size() > 1 || (by_mp.size() == 1 && by_mp.begin()->first != "00")))
     fail(ErrorCode::kUnimplemented,
-         dir + ": tensor-parallel DeepSpeed checkpoints (" + found +
-             ") are not supported: each mp rank holds its own slice of the split tensors and the files do not "
-             "say along which dimension; ckptconv reads data-parallel ZeRO (mp_rank_00 only), pipeline-parallel "
-             "(layer_LL-model_states.pt files) and MoE checkpoints");
+         dir + ": MoE expert files beside tensor-parallel ranks (" + found + ") are not supported");
   if (by_mp.empty())
     fail(ErrorCode::kNotFound, dir + ": no *_optim_states.pt files (a ZeRO checkpoint has one per rank)");
-  // Pipeline stages are the mp ranks 00..S-1 (PipelineParallelGrid's
-  // ds_model_rank), each written in two digits; every one must be there.
+  // Pipeline stages (PipelineParallelGrid's ds_model_rank), or without layer
+  // files the tensor-parallel ranks of an mpu, are the mp ranks 00..S-1, each
+  // written in two digits; every one must be there.
   int stages = 0;
   for (const auto& [mp, names] : by_mp) stages = std::max(stages, std::stoi(mp) + 1);
   for (int s = 0; s < stages; ++s) {
     std::string mp = (s < 10 ? "0" : "") + std::to_string(s);
     auto it = by_mp.find(mp);
     if (it == by_mp.end())
-      fail(ErrorCode::kNotFound, dir + ": the files of pipeline stage " + std::to_string(s) + " of " +
-                                     std::to_string(stages) + " are missing (mp_rank_" + mp + "_model_states.pt)");
+      fail(ErrorCode::kNotFound, dir + ": the files of " +
+                                     (out.layer_files.empty() ? "tensor-parallel rank " : "pipeline stage ") +
+                                     std::to_string(s) + " of " + std::to_string(stages) + " are missing (mp_rank_" +
+                                     mp + "_model_states.pt)");
     out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second));
   }
   if (by_mp.size() != std::size_t(stages))

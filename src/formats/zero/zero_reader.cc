@@ -21,11 +21,13 @@
 #include "formats/torch_pt/pt_reader.h"
 #include "formats/zero/moe_experts.h"
 #include "formats/zero/pipeline_layers.h"
+#include "formats/zero/tensor_parallel.h"
 #include "formats/zero/zero_files.h"
 #include "formats/zero/zero_listing.h"
 #include "io/containment.h"
 #include "io/storage.h"
 #include "model/flat_range.h"
+#include "model/tensor_compare.h"
 #include "model/tree_walk.h"
 #include "pickle/policy.h"
 
@@ -57,14 +59,20 @@ struct StageParts {
 class ZeroReader {
  public:
   // `rank_base`: the global rank of this reader's data-parallel rank 0 (a
-  // pipeline stage's; chunks and problems name global ranks).
-  ZeroReader(TagFiles files, ProblemSink* problems, std::string only, int rank_base = 0)
-      : files_(std::move(files)), problems_(problems), only_(std::move(only)), rank_base_(rank_base) {}
+  // pipeline stage's, a tensor-parallel rank's), `rank_stride` the distance
+  // between its data-parallel ranks (a tensor-parallel rank's: the degree);
+  // chunks and problems name global ranks.
+  ZeroReader(TagFiles files, ProblemSink* problems, std::string only, int rank_base = 0, int rank_stride = 1)
+      : files_(std::move(files)),
+        problems_(problems),
+        only_(std::move(only)),
+        rank_base_(rank_base),
+        rank_stride_(rank_stride) {}
 
   // Decodes the files and reads the layout they give (param_shapes, stage).
   void load() {
-    for (const auto& f : files_.model) models_.push_back(decode(f.path, rank_base_ + f.rank, problems_, only_));
-    for (const auto& f : files_.optim) optims_.push_back(decode(f.path, rank_base_ + f.rank, problems_, only_));
+    for (const auto& f : files_.model) models_.push_back(decode(f.path, global_rank(f.rank), problems_, only_));
+    for (const auto& f : files_.optim) optims_.push_back(decode(f.path, global_rank(f.rank), problems_, only_));
     ws_ = int(optims_.size());
     read_layout();
   }
@@ -298,7 +306,7 @@ class ZeroReader {
           uint64_t lo = std::min(numel, uint64_t(r) * part), hi = std::min(numel, uint64_t(r + 1) * part);
           if (k >= parts[r].size())
             fail_data_loss(optims_[r].path + ": fewer flat groups than param_shapes needs ('" + params_[i].name + "')");
-          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, rank_base_ + r,
+          add_flat_range(model.tensors[out[i]], *parts[r][k], off - group_start[k], lo, hi - lo, global_rank(r),
                          optims_[r].path + ": '" + params_[i].name + "'");
         }
         off += part;
@@ -326,7 +334,7 @@ class ZeroReader {
             uint64_t lo = std::max(off, k * p), hi = std::min(off + numel, (k + 1) * p);
             if (lo >= hi) continue;
             if (g >= parts[r].size()) fail_data_loss(optims_[r].path + ": fewer partitions than param groups");
-            add_flat_range(model.tensors[out[i]], *parts[r][g], lo - k * p, lo - off, hi - lo, rank_base_ + r,
+            add_flat_range(model.tensors[out[i]], *parts[r][g], lo - k * p, lo - off, hi - lo, global_rank(r),
                            optims_[r].path + ": '" + slot.name + "'");
           }
           off += numel + uint64_t(slot.local < pads.size() ? pads[slot.local] : 0);
@@ -366,7 +374,7 @@ class ZeroReader {
     report_or_fail(problems_, Problem{ErrorCode::kDataLoss,
                                       optims_[r].path + ": " + message + "; param_shapes (in " + models_[0].path +
                                           ") does not describe these partitions",
-                                      optims_[r].path, rank_base_ + r});
+                                      optims_[r].path, global_rank(r)});
   }
 
   // Every element of every rank's flat partitions belongs to one parameter
@@ -585,7 +593,7 @@ class ZeroReader {
                                  optims_[r].path + ": optimizer '" + key + "' of group " + std::to_string(k) +
                                      " differs from rank 0's (files of two tags or "
                                      "two runs mixed?)",
-                                 optims_[r].path, rank_base_ + r, "optim.state." + key});
+                                 optims_[r].path, global_rank(r), "optim.state." + key});
     }
   }
 
@@ -676,6 +684,8 @@ class ZeroReader {
   std::string only_;  // --only: client_state entries with unknown globals are dropped
   std::vector<Decoded> models_, optims_;
   int rank_base_ = 0;
+  int rank_stride_ = 1;
+  int global_rank(int r) const { return rank_base_ + r * rank_stride_; }
   int expert_parallel_ = 1;
   // per group, the ranks holding each of its flat buffers in partition order:
   // {0..ws-1}, or an expert group's expert-data-parallel groups
@@ -774,10 +784,13 @@ std::vector<ModuleEntry> expert_entries(const TagListing& listing, const Decoded
   return out;
 }
 
+void require_tensor_degree(const Decoded& m, int ranks);
+
 CheckpointModel read_data_parallel(const TagListing& listing, ProblemSink* problems, const std::string& only) {
   const TagFiles& files = listing.mp_ranks.at(0);
   ZeroReader reader(files, problems, only);
   reader.load();
+  require_tensor_degree(reader.model_file(), 1);
   std::deque<Decoded> experts;  // owns what ModuleEntry points into, until the model is built
   if (reader.expert_parallel() > 1 && listing.expert_files.empty())
     fail(ErrorCode::kNotFound, files.dir +
@@ -811,6 +824,17 @@ std::map<std::string, int64_t> parallel_dimensions(const Decoded& m) {
     for (const auto& [k, v] : dims->entries)
       if (k->is(Kind::kStr) && v->is(Kind::kInt)) out[k->text] = v->int_value;
   return out;
+}
+
+// The tensor-parallel degree `m` records (checkpoint_parallel_dimensions)
+// against the `ranks` whose files are here: every file of the last ranks
+// gone would otherwise read as a smaller (or data-parallel) checkpoint.
+void require_tensor_degree(const Decoded& m, int ranks) {
+  std::map<std::string, int64_t> dims = parallel_dimensions(m);
+  if (auto tp = dims.find("tp_degree"); tp != dims.end() && tp->second != ranks)
+    fail(ErrorCode::kNotFound, m.path + ": tp_degree " + std::to_string(tp->second) + " but the files of " +
+                                   std::to_string(ranks) + " tensor-parallel rank(s) are here (mp_rank_" +
+                                   (ranks < 10 ? "0" : "") + std::to_string(ranks) + "_model_states.pt missing)");
 }
 
 // A pipeline-parallel checkpoint: one ZeroReader per stage (mp rank) over
@@ -871,11 +895,170 @@ CheckpointModel read_pipeline(const TagListing& listing, ProblemSink* problems, 
   return model;
 }
 
+// ---- tensor parallelism (tensor_parallel.h) ----
+
+std::string mp_name(std::size_t t) { return (t < 10 ? "mp_rank_0" : "mp_rank_") + std::to_string(t); }
+
+// The tensor-parallel ranks' parts (parts[t]: rank t's, built into `model`)
+// as one, each tensor merged by `rules`: trainable parameters and their
+// optimizer state by the rule of the parameter's name (recorded in
+// `layout`); frozen parameters and buffers kept once where every rank holds
+// the same value, else merged by the same rule; per-group scalars (step) and
+// param groups are rank 0's, the scalars checked equal on every rank.
+StageParts merge_tensor_parallel(CheckpointModel& model, const std::vector<StageParts>& parts,
+                                 const TensorParallelRules& rules, TensorParallelLayout& layout,
+                                 const std::string& dir) {
+  const std::size_t tp = parts.size();
+  // Each rank's entries by name; every rank holds the same names as rank 0.
+  auto by_name = [&](const std::vector<std::pair<ValuePtr, ValuePtr>>& entries, std::size_t expected, std::size_t t,
+                     const char* what) {
+    std::map<std::string, ValuePtr> out;
+    for (const auto& [k, v] : entries) out[k->as_str()] = v;
+    if (out.size() != expected)
+      fail_data_loss(dir + ": " + mp_name(t) + " has " + std::to_string(out.size()) + " " + what + " entries, " +
+                     mp_name(0) + " " + std::to_string(expected) + ": not the same model");
+    return out;
+  };
+  std::vector<std::map<std::string, ValuePtr>> modules, states;
+  for (std::size_t t = 0; t < tp; ++t) {
+    modules.push_back(by_name(parts[t].model, parts[0].model.size(), t, "module"));
+    states.push_back(by_name(parts[t].state, parts[0].state.size(), t, "optimizer state"));
+  }
+  auto slices_of = [&](const std::vector<std::map<std::string, ValuePtr>>& maps, const std::string& name,
+                       const std::string& key) {
+    std::vector<std::size_t> out;
+    for (std::size_t t = 0; t < tp; ++t) {
+      auto it = maps[t].find(name);
+      if (it == maps[t].end())
+        fail_data_loss(dir + ": " + mp_name(t) + " has no '" + name + "' (" + mp_name(0) + " has)");
+      ValuePtr v = it->second;
+      if (!key.empty()) v = as_dict(*v).get(key);
+      auto index = v ? tensor_ref_index(*v) : std::nullopt;
+      if (!index) fail_data_loss(dir + ": " + mp_name(t) + "'s '" + name + "' has no tensor " + key);
+      out.push_back(*index);
+    }
+    return out;
+  };
+  auto merged = [&](const std::vector<std::size_t>& idx, const TensorParallelRule& rule, const std::string& name) {
+    std::vector<const TensorEntry*> slices;
+    for (std::size_t i : idx) slices.push_back(&model.tensors.at(i));
+    TensorEntry t = merge_slices(slices, rule, rules, name);
+    t.sharding += ", merged from " + std::to_string(tp) + " tensor-parallel ranks";
+    model.tensors.push_back(std::move(t));
+    return make_tensor_ref(model.tensors.size() - 1);
+  };
+  auto all_equal = [&](const std::vector<std::size_t>& idx) {
+    for (std::size_t t = 1; t < idx.size(); ++t)
+      if (!same_tensor_values(model.tensors.at(idx[t]), model.tensors.at(idx[0]))) return false;
+    return true;
+  };
+  layout.degree = int(tp);
+  StageParts out;
+  std::map<std::size_t, ValuePtr> done;  // rank 0's tensor -> its merged reference (tied aliases stay tied)
+  for (const auto& [k, v] : parts[0].model) {
+    const std::string name = k->as_str();
+    std::vector<std::size_t> idx = slices_of(modules, name, "");
+    ValuePtr& ref = done[idx[0]];
+    if (!ref) {
+      TensorParallelRule rule = rules.rule_for(name);
+      if (states[0].count(name)) {
+        ref = merged(idx, rule, "model." + name);
+        layout.params[name] = rule.merge;
+      } else {
+        ref = all_equal(idx) ? make_tensor_ref(idx[0]) : merged(idx, rule, "model." + name);
+      }
+    }
+    out.model.emplace_back(k, ref);
+  }
+  for (const auto& [k, v] : parts[0].state) {
+    const std::string name = k->as_str();
+    const TensorParallelRule rule = rules.rule_for(name);
+    auto per_param = Value::dict();
+    for (const auto& [key, ref] : as_dict(*v).entries) {
+      std::vector<std::size_t> idx = slices_of(states, name, key->as_str());
+      if (model.tensors.at(idx[0]).shape.empty()) {  // step
+        if (!all_equal(idx))
+          fail_data_loss(dir + ": optimizer '" + key->as_str() + "' of '" + name +
+                         "' differs between tensor-parallel ranks (files of two tags or runs mixed?)");
+        per_param->entries.emplace_back(key, make_tensor_ref(idx[0]));
+      } else {
+        per_param->entries.emplace_back(key, merged(idx, rule, "optim.state." + name + "." + key->as_str()));
+      }
+    }
+    out.state.emplace_back(k, per_param);
+  }
+  out.param_groups = parts[0].param_groups;
+  return out;
+}
+
+// A tensor-parallel checkpoint (mp_rank_00..T-1 without layer files): one
+// ZeroReader per tensor-parallel rank over its data-parallel ranks' files.
+// With universal_checkpoint_info the ranks are merged into one state dict;
+// without, each is its own part under its mp_rank_XX name, never
+// concatenated on a guessed dimension.
+CheckpointModel read_tensor_parallel(const TagListing& listing, ProblemSink* problems, const std::string& only) {
+  const int tp = int(listing.mp_ranks.size());
+  const int dp = int(listing.mp_ranks[0].optim.size());
+  std::vector<std::unique_ptr<ZeroReader>> readers;
+  for (int t = 0; t < tp; ++t) {
+    const TagFiles& files = listing.mp_ranks[t];
+    if (int(files.optim.size()) != dp)
+      fail_data_loss(listing.dir + ": tensor-parallel rank " + std::to_string(t) + " has " +
+                     std::to_string(files.optim.size()) + " optimizer files, rank 0 " + std::to_string(dp) +
+                     " (files of two runs mixed?)");
+    // Megatron's order: data-parallel rank d of tensor-parallel rank t is global rank d * tp + t
+    readers.push_back(std::make_unique<ZeroReader>(files, problems, only, t, tp));
+    readers.back()->load();
+    require_tensor_degree(readers.back()->model_file(), tp);
+    if (readers.back()->zero_stage() == 3)
+      fail(ErrorCode::kUnimplemented, listing.dir +
+                                          ": ZeRO-3 with tensor parallelism: ckptconv reads tensor-parallel "
+                                          "checkpoints of ZeRO stages 1 and 2 (not generated as a fixture)");
+    if (readers.back()->expert_parallel() > 1)
+      fail(ErrorCode::kUnimplemented, listing.dir + ": MoE expert groups with tensor parallelism are not supported");
+    readers.back()->use_saved_module();
+  }
+  CheckpointModel model;
+  model.source = listing.dir;
+  std::vector<StageParts> parts;
+  for (int t = 0; t < tp; ++t) parts.push_back(readers[t]->build(model));
+  const Decoded& m0 = readers[0]->model_file();
+  ValuePtr info = m0.root->get("universal_checkpoint_info");
+  if (info && !info->is(Kind::kNone)) {
+    TensorParallelRules rules(*info, m0.path);
+    TensorParallelLayout layout;
+    std::vector<StageParts> one;
+    one.push_back(merge_tensor_parallel(model, parts, rules, layout, listing.dir));
+    model.root = assemble_root(std::move(one), listing.dir);
+    model.info.tensor_parallel = std::move(layout);
+  } else {
+    log::warn(listing.dir + ": " + std::to_string(tp) +
+              " tensor-parallel ranks, read each as its own part (mp_rank_00, mp_rank_01, ...: each a "
+              "state dict of that rank's slices): the model-states files record no universal_checkpoint_info "
+              "saying along which dimension each tensor is split, and ckptconv does not guess");
+    model.root = Value::dict();
+    for (int t = 0; t < tp; ++t) {
+      std::vector<StageParts> one;
+      one.push_back(std::move(parts[t]));
+      model.root->entries.emplace_back(Value::str(mp_name(t)), assemble_root(std::move(one), listing.dir));
+    }
+  }
+  add_training_state(model, m0);
+  prune_unreferenced(model.root, model.tensors);
+  for (int t = 1; t < tp; ++t) readers[t]->describe(model);
+  finish_info(model, *readers[0], ParallelDegrees{.data = dp, .tensor = tp});
+  model.facts["tensor_parallel"] =
+      std::to_string(tp) + (model.info.tensor_parallel ? " ranks merged as universal_checkpoint_info says"
+                                                       : " ranks, each its own part (no universal_checkpoint_info)");
+  return model;
+}
+
 }  // namespace
 
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
                           ProblemSink* problems) {
   TagListing listing = list_files(tag_dir(src, tag));
+  if (listing.layer_files.empty() && listing.mp_ranks.size() > 1) return read_tensor_parallel(listing, problems, only);
   if (listing.layer_files.empty()) return read_data_parallel(listing, problems, only);
   return read_pipeline(listing, problems, only);
 }
