@@ -97,6 +97,9 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       r.mesh_device = j.at("mesh_device").get<std::string>();
       r.mesh_dim_names = j.at("mesh_dim_names").get<std::vector<std::string>>();
       r.update_latest = j.value("update_latest", false);
+      r.map = j.value("map", std::string());  // absent in requests of earlier versions
+      r.config_from = j.value("config_from", std::string());
+      r.padded_vocab_multiple = j.value("padded_vocab_multiple", int64_t{128});
       r.common.force = req.force;  // only from this command line, never from the stored request
       r.common.no_fsync = r.common.no_fsync || req.no_fsync;
       r.part = "finalize";

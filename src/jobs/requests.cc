@@ -67,7 +67,10 @@ std::string request_json(const ReshardRequest& r) {
             {"layout", r.layout},
             {"mesh_device", r.mesh_device},
             {"mesh_dim_names", r.mesh_dim_names},
-            {"update_latest", r.update_latest}};
+            {"update_latest", r.update_latest},
+            {"map", r.map},
+            {"config_from", r.config_from},
+            {"padded_vocab_multiple", r.padded_vocab_multiple}};
   return j.dump(1);
 }
 

@@ -44,6 +44,14 @@ struct ReshardRequest {
   // latest_universal beside it (which the job may have read its source
   // through); without it an existing pointer is kept and only a missing one written.
   bool update_latest = false;
+  // The way back (docs/maps.md): --map (a built-in name, a file, "none";
+  // empty: chosen for --layout megatron by the config's architectures),
+  // --config-from (default: the source folder's config.json), and the
+  // multiple the vocabulary is padded to (megatron's
+  // make_vocab_size_divisible_by x TP).
+  std::string map;
+  std::string config_from;
+  int64_t padded_vocab_multiple = 128;
 };
 
 // The request as the parts folder keeps it: the command, the directory it
