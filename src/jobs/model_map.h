@@ -36,6 +36,12 @@ CheckpointModel apply_requested_map(CheckpointModel model, const std::string& ma
 // Model only: --only optim is refused (InvalidArgument), a tensor the map
 // has no place for (an optimizer's state) is Unimplemented naming it.
 // `pad_multiple`: the vocabulary's padding (--padded-vocab-multiple).
+// Whether reshard maps its source back (the rules above), and the refusals
+// it can make before reading the source: a layout that is no framework's,
+// --only optim (InvalidArgument).
+bool maps_back(const std::string& map_option, const std::string& layout, const std::string& source_format);
+void check_map_back_request(const std::string& map_option, const std::string& layout, const std::string& only,
+                            const std::string& source_format);
 struct MappedBack {
   CheckpointModel model;
   bool mapped = false;

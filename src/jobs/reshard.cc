@@ -432,6 +432,7 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid(req.output + ": output exists (use --force to overwrite)");
   // The layout named, else the source's own, decides whether --only's entry
   // stays under its key (LayoutInfo::bare).
+  check_map_back_request(req.map, req.layout, opt.only, source_format_name(kind));
   MappedBack back = apply_requested_map_back(read_selected(opt, /*keep_nesting=*/!reads_bare(req.layout, kind)),
                                              req.map, req.config_from, req.layout, opt.only, req.padded_vocab_multiple);
   const CheckpointModel& model = back.model;

@@ -114,7 +114,19 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
   };
 
   for (const MapRule& rule : map.rules) {
-    if (!rule.unless.empty() && eval(rule.unless) != 0) continue;  // a tied output layer: none to write
+    if (!rule.unless.empty() && eval(rule.unless) != 0) {
+      // A tied output layer: none to write. A folder may still name it
+      // (model.state_dict() holds lm_head.weight as the embedding itself).
+      for_each_index(pattern_indices(rule.from[0]), map, eval, [&](const Indices& at) {
+        for (const auto& to : rule.to) {
+          const std::string name = substitute_indices(to, at);
+          if (!by_name.count(name)) continue;
+          used.insert(name);
+          log::info("'" + name + "' left out: " + rule.unless + " in " + config_name + " (" + where + ")");
+        }
+      });
+      continue;
+    }
     for_each_index(pattern_indices(rule.from[0]), map, eval, [&](const Indices& at) {
       const std::string source_name = substitute_indices(rule.from[0], at);
       std::vector<const TensorEntry*> targets;
