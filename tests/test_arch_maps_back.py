@@ -14,8 +14,9 @@ From it the way back must give:
 - megatron-core (.venv-megatron) loading it into a GPTModel at TP=2 x PP=2
   and TP=1, TP=2 at PP=1 exactly what it loads from its own files (padding
   rows excepted), and its forward at PP=1 reproducing the committed logits
-  (fp32, <= 1e-4: the tensors are the same bytes, so the logits are
-  megatron's own forward again, measured 0.0);
+  (fp32, <= 1e-4: the tensors are the same bytes, so at TP=1 the logits
+  are megatron's own forward again, measured 0.0; at TP=2 the split
+  matmuls sum in another order, measured 4.8e-7);
 - torchtitan's stored tensors bit for bit (torch's dcp_to_torch_save of the
   committed fixture and of ours), q and k permuted back to interleaved
   rotary pairs."""
