@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 ARCH = REPO / "testdata" / "arch"
 HF_PY = REPO / ".venv-hf" / "bin" / "python"
 MEGATRON_PY = REPO / ".venv-megatron" / "bin" / "python"
+TITAN_PY = REPO / ".venv-titan" / "bin" / "python"
+TITAN_MAP = REPO / "maps" / "torchtitan-llama3-llama.json"
 TOLERANCE = 1e-4
 # The fixtures' vocabulary (60) padded as megatron pads it at TP=2:
 # make_vocab_size_divisible_by 8 x TP 2.
@@ -187,19 +189,51 @@ def test_a_missing_or_misshapen_tensor_is_refused(hf_folders, tmp_path, run_ckpt
         assert not out.exists()
 
 
+def _titan_back(run_ckptconv, tmp_path: Path, map_arg: str, name: str) -> Path:
+    """The torchtitan fixture exported to a Hugging Face folder, and back with `map_arg`."""
+    case = ARCH / "titan_llama3"
+    export, out = tmp_path / "export", tmp_path / name
+    if not export.exists():
+        r = run_ckptconv("consolidate", str(case / "ckpt"), "--map", "torchtitan-llama3-llama", "--config-from",
+                         str(case / "hf_config"), "-o", f"{export}/")
+        assert r.returncode == 0, r.stderr
+    r = run_ckptconv("reshard", str(export), "--layout", "dcp", "--map", map_arg, "--world-size", "2", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _titan_logits(ckpt: Path) -> dict:
+    require_side_env(TITAN_PY, "torchtitan loads the way back", "scripts/setup-titan")
+    r = subprocess.run([str(TITAN_PY), str(REPO / "tests" / "titan_arch_back.py"), str(ckpt),
+                        str(ARCH / "titan_llama3" / "logits.json")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_torchtitan_loads_the_way_back_and_gives_its_logits(tmp_path, run_ckptconv):
+    """torchtitan 0.3.0's Llama3Model fills every key of its state dict from
+    the way back (dcp.load, then a strict load_state_dict) and its forward
+    gives the committed logits (measured 0.0: the same bytes). With q and k
+    left half-split (the map without permute_rope) it loads as well, and misses."""
+    got = _titan_logits(_titan_back(run_ckptconv, tmp_path, "torchtitan-llama3-llama", "back"))
+    assert got["keys"] == 21 and got["max_abs_logit"] > 0.5
+    assert got["max_abs_diff"] <= TOLERANCE, got
+    spec = json.loads(TITAN_MAP.read_text())
+    for rule in spec["rules"]:
+        rule.pop("permute_rope", None)
+    unpermuted = tmp_path / "unpermuted.json"
+    unpermuted.write_text(json.dumps(spec))
+    wrong = _titan_logits(_titan_back(run_ckptconv, tmp_path, str(unpermuted), "wrong"))
+    assert wrong["max_abs_diff"] > 1000 * TOLERANCE, wrong
+
+
 def test_torchtitan_the_way_back_gives_torchtitans_stored_tensors(tmp_path, run_ckptconv):
     """HF -> torchtitan DCP: every tensor the committed torchtitan 0.3.0
     checkpoint stores, bit for bit, under torchtitan's names (wq and wk
     permuted back from half-split to interleaved rotary pairs), read by
     torch's own dcp_to_torch_save."""
     case = ARCH / "titan_llama3"
-    export, out = tmp_path / "export", tmp_path / "back"
-    r = run_ckptconv("consolidate", str(case / "ckpt"), "--map", "torchtitan-llama3-llama", "--config-from",
-                     str(case / "hf_config"), "-o", f"{export}/")
-    assert r.returncode == 0, r.stderr
-    r = run_ckptconv("reshard", str(export), "--layout", "dcp", "--map", "torchtitan-llama3-llama", "--world-size",
-                     "2", "-o", str(out))
-    assert r.returncode == 0, r.stderr
+    out = _titan_back(run_ckptconv, tmp_path, "torchtitan-llama3-llama", "back")
     dcp_to_torch_save(case / "ckpt", tmp_path / "want.pt")
     dcp_to_torch_save(out, tmp_path / "got.pt")
     want = torch.load(tmp_path / "want.pt", weights_only=True)
