@@ -142,6 +142,26 @@ def test_the_way_back_streams_within_the_memory_limit(hf_folders, tmp_path, run_
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
 
 
+def test_the_way_back_in_parts_writes_the_single_process_files(hf_folders, tmp_path, run_ckptconv):
+    """--part I/N: each worker writes its share, the last one finalizes by
+    rerunning the kept request (its --map, --config-from and
+    --padded-vocab-multiple with it): the files of one process."""
+    from torch.distributed.checkpoint import FileSystemReader
+    hf = hf_folders["llama_gqa_tp2pp2"]
+    solo, many = tmp_path / "solo", tmp_path / "many"
+    assert _back(run_ckptconv, hf, solo).returncode == 0
+    for i in range(2):
+        r = _back(run_ckptconv, hf, many, "--part", f"{i}/2")
+        assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in solo.iterdir())
+    assert sorted(p.name for p in many.iterdir()) == names
+    for name in names:
+        if name != ".metadata":
+            assert (solo / name).read_bytes() == (many / name).read_bytes(), name
+    a, b = FileSystemReader(str(solo)).read_metadata(), FileSystemReader(str(many)).read_metadata()
+    assert a.state_dict_metadata == b.state_dict_metadata and a.storage_data == b.storage_data
+
+
 def test_the_way_back_is_model_only(hf_folders, tmp_path, run_ckptconv):
     """An optimizer does not travel back: --only optim is a usage error, and
     a tensor the map has no place for (here an optimizer state beside the
