@@ -265,3 +265,15 @@ def test_torchtitan_the_way_back_gives_torchtitans_stored_tensors(tmp_path, run_
         assert torch.equal(got[k].view(torch.uint8), w.view(torch.uint8)), k
     # Without the inverse permutation q and k would come back scrambled.
     assert any("wq" in k for k in want)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--layout", "megatron", "--map", "torchtitan-llama3-llama"], "a map for dcp checkpoints"),
+    (["--layout", "hf", "--map", "megatron-gpt-llama"], "the way back writes --layout megatron or dcp"),
+    (["--layout", "dcp", "--map", "megatron-gpt-llama"], "a map for megatron-torch-dist checkpoints"),
+])
+def test_a_map_for_another_layout_is_a_usage_error(args, message, hf_folders, tmp_path, run_ckptconv):
+    out = tmp_path / "back"
+    r = run_ckptconv("reshard", str(hf_folders["llama_gqa_tp2pp2"]), "--world-size", "2", "-o", str(out), *args)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not out.exists()
