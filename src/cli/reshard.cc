@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "jobs/layouts.h"
+#include "jobs/model_map.h"
 #include "jobs/reshard.h"
 #include "jobs/source_kinds.h"
 
@@ -51,6 +52,26 @@ void register_reshard(CLI::App& app) {
       ->group(kOutputGroup);
   sub->add_option("--mesh-dim-names", req->mesh_dim_names,
                   "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none")
+      ->group(kOutputGroup);
+  sub->add_option("--map", req->map,
+                  "--layout megatron|dcp from a Hugging Face folder: the architecture map read backwards "
+                  "(docs/maps.md): a built-in map (" +
+                      jobs::builtin_map_names() +
+                      "), a map file, or none (names kept); default for --layout megatron: the built-in map for "
+                      "the config's architectures")
+      ->type_name("NAME|FILE|none")
+      ->group(kOutputGroup);
+  sub->add_option("--config-from", req->config_from,
+                  "--map: the Hugging Face config whose fields size every tensor (default: the source folder's "
+                  "config.json)")
+      ->type_name("DIR2")
+      ->group(kOutputGroup);
+  sub->add_option("--padded-vocab-multiple", req->padded_vocab_multiple,
+                  "--map: pad the vocabulary's rows with zeros to a multiple of M, Megatron-LM's "
+                  "make_vocab_size_divisible_by x the TP size that loads it")
+      ->type_name("M")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str()
       ->group(kOutputGroup);
   bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize | kNoVerify, help);
   sub->add_option("--part", req->part,

@@ -168,12 +168,14 @@ void copy_side_files(const std::vector<std::string>& side_files, const std::stri
 }
 
 DcpWriter::DcpWriter(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
-                     std::string dir, std::vector<std::string> side_files)
+                     std::string dir, std::vector<std::string> side_files,
+                     std::vector<std::pair<std::string, std::string>> made_files)
     : model_(model),
       source_(source),
       plan_(plan),
       dir_(without_trailing_slashes(std::move(dir))),
-      side_files_(std::move(side_files)) {
+      side_files_(std::move(side_files)),
+      made_files_(std::move(made_files)) {
   require_distinct_paths(*model.root, "a DCP checkpoint");
 }
 
@@ -202,6 +204,11 @@ void DcpWriter::run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) {
 Published DcpWriter::publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) {
   return publish_directory(dir_, file_names(), data_path, force, durable, [&](const std::string& temp) {
     copy_side_files(side_files_, temp);
+    for (const auto& [name, bytes] : made_files_) {
+      auto sink = AtomicFileSink::create(path_join(temp, name), false, durable);
+      sink->write(bytes);
+      sink->finish();
+    }
     auto meta = AtomicFileSink::create(temp + "/.metadata", false, durable);
     meta->write(dcp::encode_metadata(metadata_, dir_, dcp::random_save_id()));
     meta->finish();
@@ -214,6 +221,7 @@ std::vector<MarkerFile> DcpWriter::marker_files() const {
     SourcePtr from = open_file_source(file);
     out.push_back({path_join(dir_, file_name(file)), from->read_string(0, static_cast<std::size_t>(from->size()))});
   }
+  for (const auto& [name, bytes] : made_files_) out.push_back({path_join(dir_, name), bytes});
   out.push_back({dir_ + "/.metadata", dcp::encode_metadata(metadata_, dir_, dcp::random_save_id())});
   return out;
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exec/parted_output.h"
@@ -30,8 +31,11 @@ void copy_side_files(const std::vector<std::string>& side_files, const std::stri
 // must outlive the writer.
 class DcpWriter final : public PartedWriter {
  public:
+  // `made_files` (name, bytes): small files ckptconv makes, written beside
+  // the items like the side files (a torch_dist checkpoint's common.pt and
+  // metadata.json for a model that had none).
   DcpWriter(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan, std::string dir,
-            std::vector<std::string> side_files = {});
+            std::vector<std::string> side_files = {}, std::vector<std::pair<std::string, std::string>> made_files = {});
   std::string kind() const override { return "dcp"; }
   std::vector<std::string> file_names() const override;
   std::vector<std::string> destinations() const override { return {dir_}; }
@@ -51,6 +55,7 @@ class DcpWriter final : public PartedWriter {
   const ReshardPlan& plan_;
   std::string dir_;
   std::vector<std::string> side_files_;
+  std::vector<std::pair<std::string, std::string>> made_files_;
   dcp::DcpMetadata metadata_;  // of the last run
 };
 

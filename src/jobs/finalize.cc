@@ -99,6 +99,9 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       r.update_latest = j.value("update_latest", false);
       if (j.contains("expert_parallel") && !j.at("expert_parallel").is_null())
         r.expert_parallel = j.at("expert_parallel").get<int>();
+      r.map = j.value("map", std::string());  // absent in requests of earlier versions
+      r.config_from = j.value("config_from", std::string());
+      r.padded_vocab_multiple = j.value("padded_vocab_multiple", int64_t{128});
       r.common.force = req.force;  // only from this command line, never from the stored request
       r.common.no_fsync = r.common.no_fsync || req.no_fsync;
       r.part = "finalize";

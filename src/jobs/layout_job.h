@@ -26,6 +26,9 @@ struct LayoutJob {
   const CopyOptions& copy;
   JobReport& report;
   std::ostream& out;
+  // The model was mapped back from a Hugging Face folder (docs/maps.md): in
+  // the framework's names, with none of its own layout.
+  bool mapped_back = false;
 };
 
 // How --world-size applies to a layout.

@@ -51,8 +51,8 @@ const std::vector<LayoutInfo>& reshard_layouts() {
        .bare = true,
        .write = write_fsdp1_flat_layout},
       {.name = "megatron",
-       .help = "a Megatron-core torch_dist checkpoint, from one read whole, which megatron-core loads at any TP x PP "
-               "x DP",
+       .help = "a Megatron-core torch_dist checkpoint, from one read whole or from a Hugging Face folder through an "
+               "architecture map (--map), which megatron-core loads at any TP x PP x DP",
        .write = write_megatron_layout},
   };
   return layouts;

@@ -6,9 +6,11 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
 #include "plan/arch_map.h"
+#include "plan/arch_map_inverse.h"
 
 namespace ckpt::jobs {
 namespace {
@@ -105,6 +107,68 @@ CheckpointModel apply_requested_map(CheckpointModel model, const std::string& ma
     }
   }
   return apply_arch_map(model, *map, config->fields, config->path);
+}
+
+bool maps_back(const std::string& map_option, const std::string& layout, const std::string& source_format) {
+  if (map_option == "none") return false;
+  // No --map: a torch_dist source keeps its layout (and --layout megatron's refusals).
+  if (map_option.empty()) return layout == "megatron" && source_format != "megatron-torch-dist";
+  return true;
+}
+
+void check_map_back_request(const std::string& map_option, const std::string& layout, const std::string& only,
+                            const std::string& source_format) {
+  if (!maps_back(map_option, layout, source_format)) return;
+  if (layout != "megatron" && layout != "dcp")
+    fail_invalid("--map " + map_option + ": the way back writes --layout megatron or dcp, not " +
+                 (layout.empty() ? std::string("the source's own layout") : layout));
+  if (only == "optim")
+    fail_invalid(
+        "--only optim: the way back through an architecture map writes a model only (a Hugging Face "
+        "folder holds no optimizer state); --map none reshards the optimizer under its own names");
+}
+
+MappedBack apply_requested_map_back(CheckpointModel model, const std::string& map_option,
+                                    const std::string& config_from, const std::string& layout, const std::string& only,
+                                    int64_t pad_multiple) {
+  if (!maps_back(map_option, layout, model.format())) return {std::move(model), false};
+  check_map_back_request(map_option, layout, only, model.format());
+  // The source kind of the map read backwards: what the layout writes.
+  const std::string target = layout == "megatron" ? "megatron-torch-dist" : "dcp";
+  std::string dir = config_from;
+  if (dir.empty())
+    dir = is_directory(model.source) ? model.source : std::filesystem::path(model.source).parent_path().string();
+  if (map_option.empty() && config_from.empty() && !is_regular_file(path_join(dir, "config.json")))
+    fail_invalid(
+        "--layout megatron: the source must be a Megatron-core torch_dist checkpoint read whole, or a "
+        "Hugging Face folder whose config.json selects a map back to megatron-core's names (docs/maps.md); " +
+        model.source + " is " + model.format() + ", with no config.json");
+  HfConfig config = read_config(dir);
+  std::optional<ArchMap> map;
+  if (!map_option.empty()) {
+    map = named_map(map_option);
+    if (!map->source_kinds.empty() && !lists(map->source_kinds, target))
+      fail_invalid("--map " + map_option + ": a map for " + map->source_kinds.front() + " checkpoints; --layout " +
+                   layout + " writes " + target);
+  } else {
+    for (const auto& arch : config.architectures)
+      if (const ArchMap* m = builtin_arch_map_for(target, arch)) {
+        map = *m;
+        log::info("map " + m->name + " (built in), the way back: " + arch + "'s names as " + target + "'s, for " +
+                  config.path + " (--map none keeps the source's names)");
+        break;
+      }
+    if (!map) {
+      std::string archs;
+      for (const auto& a : config.architectures) archs += (archs.empty() ? "" : ", ") + a;
+      fail_invalid("--layout megatron: " + model.source +
+                   " is no torch_dist checkpoint, and no built-in map leads from " +
+                   (archs.empty() ? "(no architectures)" : archs) + " in " + config.path +
+                   " to megatron-core's names (built in: " + builtin_map_names() + "; --map FILE for another)");
+    }
+  }
+  CheckpointModel back = apply_arch_map_back(model, *map, config.fields, config.path, pad_multiple);
+  return {std::move(back), true};
 }
 
 }  // namespace ckpt::jobs

@@ -22,6 +22,34 @@ namespace ckpt::jobs {
 CheckpointModel apply_requested_map(CheckpointModel model, const std::string& map_option,
                                     const std::string& config_from, const std::string& only);
 
+// The way back (reshard, docs/maps.md): `model`, a Hugging Face model, in
+// the names and layouts of the framework `layout` writes, by the map
+// chosen in reverse, and whether one was applied:
+// - "none": no map;
+// - a built-in map's name, or a map file: that map backwards; its
+//   source_kinds must include what the layout writes (--layout megatron:
+//   megatron-torch-dist; dcp: dcp);
+// - "" (no --map): for --layout megatron from a source that is no torch_dist
+//   checkpoint, the built-in map for megatron-torch-dist and the config's
+//   `architectures`, said in a note; otherwise none.
+// The config is `config_from`'s config.json, else the source folder's.
+// Model only: --only optim is refused (InvalidArgument), a tensor the map
+// has no place for (an optimizer's state) is Unimplemented naming it.
+// `pad_multiple`: the vocabulary's padding (--padded-vocab-multiple).
+// Whether reshard maps its source back (the rules above), and the refusals
+// it can make before reading the source: a layout that is no framework's,
+// --only optim (InvalidArgument).
+bool maps_back(const std::string& map_option, const std::string& layout, const std::string& source_format);
+void check_map_back_request(const std::string& map_option, const std::string& layout, const std::string& only,
+                            const std::string& source_format);
+struct MappedBack {
+  CheckpointModel model;
+  bool mapped = false;
+};
+MappedBack apply_requested_map_back(CheckpointModel model, const std::string& map_option,
+                                    const std::string& config_from, const std::string& layout, const std::string& only,
+                                    int64_t pad_multiple);
+
 // The names of the built-in maps, for --map's help.
 std::string builtin_map_names();
 

@@ -68,7 +68,10 @@ std::string request_json(const ReshardRequest& r) {
             {"mesh_device", r.mesh_device},
             {"mesh_dim_names", r.mesh_dim_names},
             {"update_latest", r.update_latest},
-            {"expert_parallel", r.expert_parallel ? json(*r.expert_parallel) : json(nullptr)}};
+            {"expert_parallel", r.expert_parallel ? json(*r.expert_parallel) : json(nullptr)},
+            {"map", r.map},
+            {"config_from", r.config_from},
+            {"padded_vocab_multiple", r.padded_vocab_multiple}};
   return j.dump(1);
 }
 

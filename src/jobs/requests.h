@@ -48,6 +48,14 @@ struct ReshardRequest {
   // will load a MoE checkpoint; absent: the expert-parallel size the source
   // records (a source that records none and holds experts is refused).
   std::optional<int> expert_parallel;
+  // The way back (docs/maps.md): --map (a built-in name, a file, "none";
+  // empty: chosen for --layout megatron by the config's architectures),
+  // --config-from (default: the source folder's config.json), and the
+  // multiple the vocabulary is padded to (megatron's
+  // make_vocab_size_divisible_by x TP).
+  std::string map;
+  std::string config_from;
+  int64_t padded_vocab_multiple = 128;
 };
 
 // The request as the parts folder keeps it: the command, the directory it

@@ -23,6 +23,7 @@
 #include "io/storage.h"
 #include "jobs/layout_writers.h"
 #include "jobs/layouts.h"
+#include "jobs/model_map.h"
 #include "jobs/output_folder.h"
 #include "model/describe.h"
 #include "model/tree_walk.h"
@@ -170,11 +171,12 @@ void finish_layout(const LayoutJob& j, PartedWriter& writer, const std::function
 // `model` as a DCP directory of `source_md`'s items for the new world
 // size, `side_files` copied beside them.
 void write_as_dcp(const LayoutJob& j, const CheckpointModel& model, const dcp::DcpMetadata& source_md,
-                  const std::vector<std::string>& side_files) {
+                  const std::vector<std::string>& side_files,
+                  const std::vector<std::pair<std::string, std::string>>& made_files = {}) {
   ReshardPlan plan = plan_reshard(model.tensors, *j.req.world_size, source_world_size(model));
   j.report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, j.report.bytes, j.req.output, j.layout.name);
-  DcpWriter writer(model, source_md, plan, j.req.output, side_files);
+  DcpWriter writer(model, source_md, plan, j.req.output, side_files, made_files);
   finish_layout(j, writer, [&] {
     std::size_t bytes_items = 0;
     for (const auto& item : source_md.items) bytes_items += item.is_tensor ? 0 : 1;
@@ -182,6 +184,7 @@ void write_as_dcp(const LayoutJob& j, const CheckpointModel& model, const dcp::D
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(),
                      j.out);
     for (const auto& f : side_files) j.out << fs::path(f).filename().string() << " (copied)\n";
+    for (const auto& [name, bytes] : made_files) j.out << name << " (made)\n";
   });
 }
 
@@ -254,9 +257,13 @@ void write_dcp_layout(const LayoutJob& j) {
 // Megatron-core torch_dist: the stored tensors and sharded objects as DCP
 // items for the new world size, common.pt and metadata.json copied
 // (formats/megatron/megatron_writer.h).
+// A model mapped back from a Hugging Face folder has no torch_dist layout
+// of its own: its layers are stacked as megatron-core saves them, and
+// common.pt and metadata.json made.
 void write_megatron_layout(const LayoutJob& j) {
-  megatron::TorchDistOutput torch_dist = megatron::torch_dist_output(j.model);
-  write_as_dcp(j, torch_dist.items, flattened_layout(torch_dist.items), torch_dist.side_files);
+  megatron::TorchDistOutput torch_dist =
+      j.mapped_back ? megatron::torch_dist_from_model(j.model) : megatron::torch_dist_output(j.model);
+  write_as_dcp(j, torch_dist.items, flattened_layout(torch_dist.items), torch_dist.side_files, torch_dist.made_files);
 }
 
 // torch's DCP Hugging Face layout (HuggingFaceStorageWriter with
@@ -428,7 +435,10 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid(req.output + ": output exists (use --force to overwrite)");
   // The layout named, else the source's own, decides whether --only's entry
   // stays under its key (LayoutInfo::bare).
-  CheckpointModel model = read_selected(opt, /*keep_nesting=*/!reads_bare(req.layout, kind));
+  check_map_back_request(req.map, req.layout, opt.only, source_format_name(kind));
+  MappedBack back = apply_requested_map_back(read_selected(opt, /*keep_nesting=*/!reads_bare(req.layout, kind)),
+                                             req.map, req.config_from, req.layout, opt.only, req.padded_vocab_multiple);
+  const CheckpointModel& model = back.model;
   check_output_is_not_input(req.output, model);
   const LayoutInfo& layout = req.layout.empty() ? default_layout(model) : *find_layout(req.layout);
   if (layout.world_size == WorldSizeRule::kRequired && !req.world_size)
@@ -456,7 +466,14 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   // -o new/dir/ws4: its parents are made now (as consolidate's -o DIR/
   // makes them), and removed again if the job fails.
   CreatedDirectories parents = opt.dry_run ? CreatedDirectories() : CreatedDirectories::parents_of(req.output);
-  layout.write({.layout = layout, .req = req, .job = job, .model = model, .copy = copy, .report = report, .out = out});
+  layout.write({.layout = layout,
+                .req = req,
+                .job = job,
+                .model = model,
+                .copy = copy,
+                .report = report,
+                .out = out,
+                .mapped_back = back.mapped});
   parents.keep();
   clock.finish(report);
   return report;

@@ -494,7 +494,7 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
   if (!j.is_object()) fail_invalid(where + ": a map is a JSON object");
   JsonMembers m(j, where);
   static const std::set<std::string> kKnown = {"description", "extends", "source_kinds", "architectures", "indices",
-                                               "defaults",    "rules",   "skip",         "comment"};
+                                               "defaults",    "rules",   "skip",         "comment",       "back_none"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   ArchMap map;
@@ -519,6 +519,8 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
     map.rules.push_back(parse_rule(rules[i], where + ".rules[" + std::to_string(i) + "]"));
   if (const auto* s = m.find("skip"))
     for (auto& p : as_strings(*s, where + ".skip", false)) map.skip.push_back(std::move(p));
+  if (const auto* b = m.find("back_none"))
+    for (auto& p : as_strings(*b, where + ".back_none", false)) map.back_none.push_back(std::move(p));
   for (const auto& r : map.rules)
     for (const auto& n : compile_pattern(r.from[0], where).names)
       if (!map.indices.count(n))
@@ -526,6 +528,10 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
   for (const auto& r : map.rules)
     if (!r.unstack.empty() && !map.indices.count(r.unstack))
       fail_invalid(where + ": unstack into {" + r.unstack + "}, which \"indices\" does not count");
+  for (const auto& b : map.back_none)
+    for (const auto& n : compile_pattern(b, where).names)
+      if (!map.indices.count(n))
+        fail_invalid(where + ".back_none: '" + b + "' uses {" + n + "}, which \"indices\" does not count");
   return map;
 }
 
@@ -849,6 +855,19 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
   out.root = pickle::Value::dict(std::move(entries));
   require_valid(out);
   return out;
+}
+
+int64_t evaluate_map_expression(const std::string& text, const ArchMap& map, const ConfigFields& config,
+                                const std::string& config_name) {
+  return Evaluator{map, config, config_name}(text);
+}
+
+std::string substitute_indices(const std::string& pattern, const std::map<std::string, std::string>& values) {
+  return substitute(pattern, values);
+}
+
+std::vector<std::string> pattern_indices(const std::string& pattern) {
+  return compile_pattern(pattern, "pattern").names;
 }
 
 }  // namespace ckpt

@@ -103,6 +103,11 @@ struct ArchMap {
   std::map<std::string, std::string> defaults;
   std::vector<MapRule> rules;
   std::vector<std::string> skip;  // patterns of source entries left out (megatron's _extra_state)
+  // The way back (plan/arch_map_inverse.h): source entries a Hugging Face
+  // folder has no tensor for, written as None (megatron-core's
+  // `_extra_state` of each linear layer, which its local spec saves as None
+  // and a strict load asks for).
+  std::vector<std::string> back_none;
 };
 
 // Parses a map; InvalidArgument naming `origin` and what is wrong. A map
@@ -128,5 +133,15 @@ using ConfigFields = std::map<std::string, int64_t>;
 // config fields (`config_name` in messages).
 CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
                                const std::string& config_name);
+
+// For the way back (plan/arch_map_inverse.h), which applies a map's rules
+// in the other direction with the same expressions and patterns:
+// `text` evaluated against the config (the errors of apply_arch_map), and a
+// pattern with its placeholders ({L}) put in.
+int64_t evaluate_map_expression(const std::string& text, const ArchMap& map, const ConfigFields& config,
+                                const std::string& config_name);
+std::string substitute_indices(const std::string& pattern, const std::map<std::string, std::string>& values);
+// The placeholders of a pattern, in order ("decoder.layers.{L}.x" -> {"L"}).
+std::vector<std::string> pattern_indices(const std::string& pattern);
 
 }  // namespace ckpt

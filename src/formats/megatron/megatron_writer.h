@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/checkpoint_model.h"
@@ -21,10 +22,24 @@ struct TorchDistOutput {
   CheckpointModel items;
   // The source's common.pt and metadata.json, copied beside the items.
   std::vector<std::string> side_files;
+  // Or, for a model that was no torch_dist checkpoint: the files made
+  // (name, bytes) in their place.
+  std::vector<std::pair<std::string, std::string>> made_files;
 };
 
 // `stored`: a torch_dist checkpoint read whole (SourceInfo::megatron set);
 // InvalidArgument otherwise.
 TorchDistOutput torch_dist_output(const CheckpointModel& stored);
+
+// A model in megatron-core's unstacked names (decoder.layers.<i>.<param>,
+// what --only model reads and a map's way back writes: a flat dict of
+// tensors and None values) as the torch_dist checkpoint megatron-core saves
+// of such a model: every decoder.layers.<i>.<param> stacked back on a
+// leading layer axis (each layer's chunks at offset i, no byte read), each
+// None value under a layer (a linear's _extra_state) a sharded object of
+// shape (layers,), and common.pt ({}: a model holds no common state) and
+// metadata.json made. InvalidArgument for a model whose layers do not stack
+// (a layer missing, shapes or dtypes that differ) or a value outside them.
+TorchDistOutput torch_dist_from_model(const CheckpointModel& model);
 
 }  // namespace ckpt::megatron

@@ -1,0 +1,279 @@
+"""The way back (#51, docs/maps.md): a Hugging Face folder rewritten as the
+training framework's checkpoint by the same architecture map read
+backwards, megatron-core's torch_dist with `reshard --layout megatron`,
+torchtitan's DCP with `reshard --layout dcp --map torchtitan-llama3-llama`.
+
+The Hugging Face folder is one transformers itself saved: the forward
+export of each real megatron-core fixture (testdata/arch/, proven by
+tests/test_arch_maps.py), loaded by transformers 5's from_pretrained and
+written again with save_pretrained (tests/hf_arch_logits.py, .venv-hf).
+From it the way back must give:
+- megatron's stored tensors bit for bit (ckptconv's `--only model --map none`
+  reading of the original and of ours), except the padded vocabulary rows,
+  which the folder does not hold and which are zeros;
+- megatron-core (.venv-megatron) loading it into a GPTModel at TP=2 x PP=2
+  and TP=1, TP=2 at PP=1 exactly what it loads from its own files (padding
+  rows excepted), and its forward at PP=1 reproducing the committed logits
+  (fp32, <= 1e-4: the tensors are the same bytes, so at TP=1 the logits
+  are megatron's own forward again, measured 0.0; at TP=2 the split
+  matmuls sum in another order, measured 4.8e-7);
+- torchtitan's stored tensors bit for bit (torch's dcp_to_torch_save of the
+  committed fixture and of ours), q and k permuted back to interleaved
+  rotary pairs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from proofs_guard import require_side_env
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+REPO = Path(__file__).resolve().parent.parent
+ARCH = REPO / "testdata" / "arch"
+HF_PY = REPO / ".venv-hf" / "bin" / "python"
+MEGATRON_PY = REPO / ".venv-megatron" / "bin" / "python"
+TITAN_PY = REPO / ".venv-titan" / "bin" / "python"
+TITAN_MAP = REPO / "maps" / "torchtitan-llama3-llama.json"
+TOLERANCE = 1e-4
+# The fixtures' vocabulary (60) padded as megatron pads it at TP=2:
+# make_vocab_size_divisible_by 8 x TP 2.
+MULTIPLE = "16"
+PADDED = ("embedding.word_embeddings.weight", "output_layer.weight")
+CASES = ["llama_gqa_tp2pp2", "qwen2_tp2pp1", "qwen3_tp1pp2", "llama_tied_tp2pp1"]
+
+
+def _hf_folder(run_ckptconv, case: str, tmp_path: Path) -> Path:
+    """The case exported (the forward map), then loaded and saved again by transformers."""
+    require_side_env(HF_PY, "transformers writes the Hugging Face folder", "scripts/setup-hf")
+    export, saved = tmp_path / "export", tmp_path / "hf"
+    r = run_ckptconv("consolidate", str(ARCH / case / "ckpt"), "--only", "model", "--config-from",
+                     str(ARCH / case / "hf_config"), "-o", f"{export}/")
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(HF_PY), str(REPO / "tests" / "hf_arch_logits.py"), str(export),
+                        str(ARCH / case / "logits.json"), str(saved)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["max_abs_diff"] <= TOLERANCE
+    return saved
+
+
+def _back(run_ckptconv, hf: Path, out: Path, *extra: str):
+    return run_ckptconv("reshard", str(hf), "--layout", "megatron", "--world-size", "3", "--padded-vocab-multiple",
+                        MULTIPLE, "-o", str(out), *extra)
+
+
+def _model(run_ckptconv, ckpt: Path, out: Path) -> dict:
+    r = run_ckptconv("consolidate", str(ckpt), "--only", "model", "--map", "none", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    return load_file(out)
+
+
+@pytest.fixture(scope="module")
+def hf_folders(tmp_path_factory, ckptconv):
+    """Each case's Hugging Face folder, made once for the module (lazily: a
+    test asks for its case)."""
+    def run(*args):
+        return subprocess.run([str(ckptconv), *map(str, args)], capture_output=True, text=True, timeout=600)
+
+    class Folders(dict):
+        def __missing__(self, case):
+            self[case] = _hf_folder(run, case, tmp_path_factory.mktemp(case))
+            return self[case]
+
+    return Folders()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_way_back_gives_megatrons_stored_tensors(case, hf_folders, tmp_path, run_ckptconv):
+    out = tmp_path / "back"
+    r = _back(run_ckptconv, hf_folders[case], out)
+    assert r.returncode == 0, r.stderr
+    assert "map megatron-gpt-" in r.stderr and "the way back" in r.stderr  # chosen by the config's architectures
+    assert sorted(p.name for p in out.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
+                                                     "common.pt", "metadata.json"]
+    assert (out / "metadata.json").read_text() == (ARCH / case / "ckpt" / "metadata.json").read_text()
+    assert torch.load(out / "common.pt", weights_only=True) == {}
+    want = _model(run_ckptconv, ARCH / case / "ckpt", tmp_path / "want.safetensors")
+    got = _model(run_ckptconv, out, tmp_path / "got.safetensors")
+    assert sorted(got) == sorted(want)
+    vocab = json.loads((ARCH / case / "case.json").read_text())["vocab_size"]
+    for name, w in want.items():
+        g = got[name]
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        if name in PADDED:  # the rows no token reaches: not in the folder, zeros
+            assert g[vocab:].count_nonzero() == 0, name
+            g, w = g[:vocab], w[:vocab]
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("case,tp,pp", [
+    ("llama_gqa_tp2pp2", 2, 2), ("llama_gqa_tp2pp2", 1, 1), ("llama_gqa_tp2pp2", 2, 1),
+    ("qwen2_tp2pp1", 1, 1), ("qwen3_tp1pp2", 1, 1), ("llama_tied_tp2pp1", 2, 1),
+])
+def test_megatron_core_loads_the_way_back_and_gives_the_logits(case, tp, pp, hf_folders, tmp_path, run_ckptconv):
+    require_side_env(MEGATRON_PY, "loading with megatron-core itself runs", "scripts/setup-megatron")
+    out = tmp_path / "back"
+    assert _back(run_ckptconv, hf_folders[case], out).returncode == 0
+    report = tmp_path / "load.json"
+    r = subprocess.run([str(MEGATRON_PY), str(REPO / "tests" / "megatron_arch_back.py"), str(ARCH / case / "ckpt"),
+                        str(out), str(ARCH / case), str(tp), str(pp), str(report)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(report.read_text())
+    assert got["ranks"] == tp * pp and got["tensors"] > 0
+    assert got["differ"] == [] and got["padded_nonzero"] == [], got
+    if pp == 1:
+        assert got["max_abs_diff"] <= TOLERANCE, got
+
+
+def test_the_way_back_streams_within_the_memory_limit(hf_folders, tmp_path, run_ckptconv):
+    """The concatenated and padded tensors are gathered in slabs of
+    --memory-limit: with 1 KiB the files are the same tensors as with the default."""
+    hf = hf_folders["llama_gqa_tp2pp2"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _back(run_ckptconv, hf, a).returncode == 0
+    r = _back(run_ckptconv, hf, b, "--memory-limit", "1K")
+    assert r.returncode == 0, r.stderr
+    for f in ("__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "common.pt", "metadata.json"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_the_way_back_in_parts_writes_the_single_process_files(hf_folders, tmp_path, run_ckptconv):
+    """--part I/N: each worker writes its share, the last one finalizes by
+    rerunning the kept request (its --map, --config-from and
+    --padded-vocab-multiple with it): the files of one process."""
+    from torch.distributed.checkpoint import FileSystemReader
+    hf = hf_folders["llama_gqa_tp2pp2"]
+    solo, many = tmp_path / "solo", tmp_path / "many"
+    assert _back(run_ckptconv, hf, solo).returncode == 0
+    for i in range(2):
+        r = _back(run_ckptconv, hf, many, "--part", f"{i}/2")
+        assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in solo.iterdir())
+    assert sorted(p.name for p in many.iterdir()) == names
+    for name in names:
+        if name != ".metadata":
+            assert (solo / name).read_bytes() == (many / name).read_bytes(), name
+    a, b = FileSystemReader(str(solo)).read_metadata(), FileSystemReader(str(many)).read_metadata()
+    assert a.state_dict_metadata == b.state_dict_metadata and a.storage_data == b.storage_data
+
+
+def test_the_way_back_is_model_only(hf_folders, tmp_path, run_ckptconv):
+    """An optimizer does not travel back: --only optim is a usage error, and
+    a tensor the map has no place for (here an optimizer state beside the
+    model's) is exit 3 naming it. Nothing is written either way."""
+    hf = hf_folders["llama_gqa_tp2pp2"]
+    out = tmp_path / "back"
+    r = _back(run_ckptconv, hf, out, "--only", "optim")
+    assert r.returncode == 2 and "model only" in r.stderr, r.stderr
+    assert not out.exists()
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    for f in hf.iterdir():
+        (extra / f.name).write_bytes(f.read_bytes())
+    from safetensors.torch import save_file
+    weights = load_file(hf / "model.safetensors")
+    weights["optimizer.state.exp_avg.model.norm.weight"] = torch.zeros(32)
+    save_file(weights, extra / "model.safetensors", metadata={"format": "pt"})
+    r = _back(run_ckptconv, extra, out)
+    assert r.returncode == 3, r.stderr
+    assert "optimizer.state.exp_avg.model.norm.weight" in r.stderr and "optimizer" in r.stderr
+    assert not out.exists()
+
+
+def test_a_missing_or_misshapen_tensor_is_refused(hf_folders, tmp_path, run_ckptconv):
+    hf = hf_folders["llama_gqa_tp2pp2"]
+    weights = load_file(hf / "model.safetensors")
+    from safetensors.torch import save_file
+    for change, code, names in (
+        (lambda w: w.pop("model.layers.1.self_attn.k_proj.weight"), 3,
+         ["model.layers.1.self_attn.k_proj.weight", "missing"]),
+        (lambda w: w.__setitem__("model.layers.0.mlp.up_proj.weight", torch.zeros(40, 32)), 3,
+         ["model.layers.0.mlp.up_proj.weight", "intermediate_size"]),
+    ):
+        bad = tmp_path / "bad"
+        bad.mkdir(exist_ok=True)
+        (bad / "config.json").write_bytes((hf / "config.json").read_bytes())
+        w = dict(weights)
+        change(w)
+        save_file(w, bad / "model.safetensors", metadata={"format": "pt"})
+        out = tmp_path / "back"
+        r = _back(run_ckptconv, bad, out)
+        assert r.returncode == code, r.stderr
+        for n in names:
+            assert n in r.stderr, (n, r.stderr)
+        assert not out.exists()
+
+
+def _titan_back(run_ckptconv, tmp_path: Path, map_arg: str, name: str) -> Path:
+    """The torchtitan fixture exported to a Hugging Face folder, and back with `map_arg`."""
+    case = ARCH / "titan_llama3"
+    export, out = tmp_path / "export", tmp_path / name
+    if not export.exists():
+        r = run_ckptconv("consolidate", str(case / "ckpt"), "--map", "torchtitan-llama3-llama", "--config-from",
+                         str(case / "hf_config"), "-o", f"{export}/")
+        assert r.returncode == 0, r.stderr
+    r = run_ckptconv("reshard", str(export), "--layout", "dcp", "--map", map_arg, "--world-size", "2", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _titan_logits(ckpt: Path) -> dict:
+    require_side_env(TITAN_PY, "torchtitan loads the way back", "scripts/setup-titan")
+    r = subprocess.run([str(TITAN_PY), str(REPO / "tests" / "titan_arch_back.py"), str(ckpt),
+                        str(ARCH / "titan_llama3" / "logits.json")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_torchtitan_loads_the_way_back_and_gives_its_logits(tmp_path, run_ckptconv):
+    """torchtitan 0.3.0's Llama3Model fills every key of its state dict from
+    the way back (dcp.load, then a strict load_state_dict) and its forward
+    gives the committed logits (measured 0.0: the same bytes). With q and k
+    left half-split (the map without permute_rope) it loads as well, and misses."""
+    got = _titan_logits(_titan_back(run_ckptconv, tmp_path, "torchtitan-llama3-llama", "back"))
+    assert got["keys"] == 21 and got["max_abs_logit"] > 0.5
+    assert got["max_abs_diff"] <= TOLERANCE, got
+    spec = json.loads(TITAN_MAP.read_text())
+    for rule in spec["rules"]:
+        rule.pop("permute_rope", None)
+    unpermuted = tmp_path / "unpermuted.json"
+    unpermuted.write_text(json.dumps(spec))
+    wrong = _titan_logits(_titan_back(run_ckptconv, tmp_path, str(unpermuted), "wrong"))
+    assert wrong["max_abs_diff"] > 1000 * TOLERANCE, wrong
+
+
+def test_torchtitan_the_way_back_gives_torchtitans_stored_tensors(tmp_path, run_ckptconv):
+    """HF -> torchtitan DCP: every tensor the committed torchtitan 0.3.0
+    checkpoint stores, bit for bit, under torchtitan's names (wq and wk
+    permuted back from half-split to interleaved rotary pairs), read by
+    torch's own dcp_to_torch_save."""
+    case = ARCH / "titan_llama3"
+    out = _titan_back(run_ckptconv, tmp_path, "torchtitan-llama3-llama", "back")
+    dcp_to_torch_save(case / "ckpt", tmp_path / "want.pt")
+    dcp_to_torch_save(out, tmp_path / "got.pt")
+    want = torch.load(tmp_path / "want.pt", weights_only=True)
+    got = torch.load(tmp_path / "got.pt", weights_only=True)
+    want = {k: v for k, v in want.items() if not k.endswith("freqs_cis")}  # a buffer the map skips
+    assert sorted(got) == sorted(want)
+    for k, w in want.items():
+        assert got[k].dtype == w.dtype and got[k].shape == w.shape, k
+        assert torch.equal(got[k].view(torch.uint8), w.view(torch.uint8)), k
+    # Without the inverse permutation q and k would come back scrambled.
+    assert any("wq" in k for k in want)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--layout", "megatron", "--map", "torchtitan-llama3-llama"], "a map for dcp checkpoints"),
+    (["--layout", "hf", "--map", "megatron-gpt-llama"], "the way back writes --layout megatron or dcp"),
+    (["--layout", "dcp", "--map", "megatron-gpt-llama"], "a map for megatron-torch-dist checkpoints"),
+])
+def test_a_map_for_another_layout_is_a_usage_error(args, message, hf_folders, tmp_path, run_ckptconv):
+    out = tmp_path / "back"
+    r = run_ckptconv("reshard", str(hf_folders["llama_gqa_tp2pp2"]), "--world-size", "2", "-o", str(out), *args)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not out.exists()
