@@ -647,3 +647,27 @@ def test_legacy_layout_needs_a_legacy_source(tmp_path, run_ckptconv):
     assert r.returncode == 2, r.stderr
     assert "Megatron-LM args" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_legacy_output_by_parts_and_dry_run(tmp_path, run_ckptconv):
+    # --part: the same files from two processes as from one; --dry-run: each
+    # rank file's exact size, nothing written; the optimizer's absence said.
+    one = to_legacy(run_ckptconv, 2, 1, tmp_path / "one")
+    assert "--no-load-optim --no-load-rng" in run_ckptconv(
+        "reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "--tp", "2", "-o", str(tmp_path / "x"),
+        "--dry-run").stderr
+    for part in ("0/2", "1/2"):
+        to_legacy(run_ckptconv, 2, 1, tmp_path / "two", "--part", part)
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert [str(f) for f in files] == ["iter_0000007/mp_rank_00/model_optim_rng.pt",
+                                       "iter_0000007/mp_rank_01/model_optim_rng.pt",
+                                       "latest_checkpointed_iteration.txt"]
+    for f in files:
+        assert (one / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
+    r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "--tp", "2", "-o",
+                     str(tmp_path / "dry"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    size = (one / files[0]).stat().st_size
+    assert f"iter_0000007/mp_rank_00/model_optim_rng.pt: 53 tensors, {size} bytes" in r.stdout
+    assert "latest_checkpointed_iteration.txt: 7" in r.stdout
+    assert not (tmp_path / "dry").exists()

@@ -278,8 +278,7 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
   finish_layout(j, writer, [&] {
     std::vector<uint64_t> sizes = output_sizes(writer);
     for (std::size_t k = 0; k < plan.files.size(); ++k)
-      j.out << plan.files[k].name << ": " << plan.files[k].tensors.size() << " tensors, "
-            << human_bytes(static_cast<double>(sizes[k])) << "\n";
+      j.out << plan.files[k].name << ": " << plan.files[k].tensors.size() << " tensors, " << sizes[k] << " bytes\n";
     j.out << megatron_legacy::kTrackerFile << ": " << plan.tracker << "\n";
   });
 }

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/paths.h"
 #include "formats/megatron_legacy/tp_layout.h"
 #include "formats/torch_pt/pt_writer.h"
@@ -131,6 +132,9 @@ class LegacyStacker {
                    "and its args, which say the layer spec and go into common.pt with the iteration");
     args = mapping_of(args);
     spec_of(args);
+    log::warn(legacy_.source +
+              ": the optimizer and RNG states are not written (per rank; not resharded yet): load the output with "
+              "--no-load-optim --no-load-rng");
     stored_ = legacy_;
     stored_.root = Value::dict();
     stack_model(mapping_of(model));

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "formats/megatron_legacy/legacy_reader.h"
 #include "formats/megatron_legacy/tp_layout.h"
 #include "model/tree_walk.h"
@@ -72,6 +73,9 @@ class LegacyPlanner {
     args_ = mapping_of(args_);
     model = mapping_of(model);
     settle_model(model);
+    log::warn(legacy_.source +
+              ": the optimizer and RNG states are not written (per rank; not resharded yet): load the output with "
+              "--no-load-optim --no-load-rng");
     LegacyOutput out;
     auto it = legacy_.facts.find("megatron iteration");
     const bool release = it != legacy_.facts.end() && it->second == "release";
