@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Loads a Megatron-LM legacy checkpoint with Megatron-LM's own
+``load_checkpoint`` at TP x PP, as a job resuming with ``--load CKPT
+--no-load-optim --no-load-rng`` does, and checks the model it got against
+MODEL_REF. A check run by hand: Megatron-LM's training code is not on PyPI,
+so the test suite (tests/test_megatron_legacy.py, tests/megatron_legacy_load.py)
+proves the same outputs with megatron-core's load_state_dict instead, which is
+the call load_checkpoint makes. With a ``core_v0.16.1`` tree of Megatron-LM
+on PYTHONPATH (tools/make_megatron_legacy_checkpoints.py's docstring):
+
+    PYTHONPATH=/tmp/mlm .venv-megatron/bin/python tools/check_megatron_lm_load.py CKPT TP PP MODEL_REF
+
+Every rank builds the fixture's job the way make_megatron_legacy_checkpoints.py
+does (Megatron-LM's parse_args, the GPT in megatron's DDP, Adam) at TP x PP,
+calls ``load_checkpoint(ddp_models, optimizer, None, strict=True)``, and saves
+what it loaded with megatron-core's ``dist_checkpointing.save``; one
+TP=1/PP=1 process loads that and compares it with MODEL_REF bit for bit.
+Prints the iteration load_checkpoint returned and the names that differ."""
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import make_megatron_checkpoints as mk  # noqa: E402
+import make_megatron_legacy_checkpoints as legacy  # noqa: E402
+import megatron_legacy_load as check  # noqa: E402
+
+
+def job(rank, ws, port, ckpt, tp, pp, resaved, out):
+    legacy._init(rank, ws, port)
+    from megatron.core import dist_checkpointing, parallel_state as ps
+    from megatron.training.checkpointing import load_checkpoint
+    args = legacy.megatron_args(tp, pp, resaved)
+    args.load = ckpt
+    args.no_load_optim = True
+    args.no_load_rng = True
+    args.finetune = False
+    models, ddps, opt = legacy.build(args, tp, pp)
+    # validate_args' and set_global_variables' part that load_checkpoint reads
+    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+    args.global_batch_size = args.micro_batch_size
+    init_num_microbatches_calculator(rank, None, args.global_batch_size, args.micro_batch_size, 1)
+    iteration, _ = load_checkpoint(ddps, opt, None, strict=True)
+    dist_checkpointing.save(models[0].sharded_state_dict(), resaved)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"iteration": iteration}))
+    dist.barrier()
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    ckpt, tp, pp, model_ref = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    with tempfile.TemporaryDirectory() as tmp:
+        resaved, loaded, compared = Path(tmp) / "resaved", Path(tmp) / "loaded.json", Path(tmp) / "compared.json"
+        resaved.mkdir()
+        mp.spawn(job, args=(tp * pp, mk.free_port(), ckpt, tp, pp, str(resaved), str(loaded)), nprocs=tp * pp,
+                 join=True)
+        mp.spawn(check.compare, args=(1, mk.free_port(), str(resaved), model_ref, str(compared)), nprocs=1, join=True)
+        report = {**json.loads(loaded.read_text()), **json.loads(compared.read_text()), "tp": tp, "pp": pp}
+        print(json.dumps(report))
