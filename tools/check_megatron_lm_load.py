@@ -8,7 +8,10 @@ proves the same outputs with megatron-core's load_state_dict instead, which is
 the call load_checkpoint makes. With a ``core_v0.16.1`` tree of Megatron-LM
 on PYTHONPATH (tools/make_megatron_legacy_checkpoints.py's docstring):
 
-    PYTHONPATH=/tmp/mlm .venv-megatron/bin/python tools/check_megatron_lm_load.py CKPT TP PP MODEL_REF
+    PYTHONPATH=/tmp/mlm .venv-megatron/bin/python tools/check_megatron_lm_load.py CKPT TP PP MODEL_REF [torch_dist]
+
+(torch_dist: CKPT holds a torch_dist iteration folder and its tracker, the
+job runs with --ckpt-format torch_dist.)
 
 Every rank builds the fixture's job the way make_megatron_legacy_checkpoints.py
 does (Megatron-LM's parse_args, the GPT in megatron's DDP, Adam) at TP x PP,
@@ -32,12 +35,14 @@ import make_megatron_legacy_checkpoints as legacy  # noqa: E402
 import megatron_legacy_load as check  # noqa: E402
 
 
-def job(rank, ws, port, ckpt, tp, pp, resaved, out):
+def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format):
     legacy._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
     from megatron.training.checkpointing import load_checkpoint
     args = legacy.megatron_args(tp, pp, resaved)
     args.load = ckpt
+    if ckpt_format == "torch_dist":  # validate_args: --ckpt-format torch_dist
+        args.ckpt_format, args.use_dist_ckpt = "torch_dist", True
     args.no_load_optim = True
     args.no_load_rng = True
     args.finetune = False
@@ -57,11 +62,12 @@ def job(rank, ws, port, ckpt, tp, pp, resaved, out):
 
 if __name__ == "__main__":
     ckpt, tp, pp, model_ref = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    ckpt_format = sys.argv[5] if len(sys.argv) > 5 else "torch"
     with tempfile.TemporaryDirectory() as tmp:
         resaved, loaded, compared = Path(tmp) / "resaved", Path(tmp) / "loaded.json", Path(tmp) / "compared.json"
         resaved.mkdir()
-        mp.spawn(job, args=(tp * pp, mk.free_port(), ckpt, tp, pp, str(resaved), str(loaded)), nprocs=tp * pp,
+        mp.spawn(job, args=(tp * pp, mk.free_port(), ckpt, tp, pp, str(resaved), str(loaded), ckpt_format), nprocs=tp * pp,
                  join=True)
         mp.spawn(check.compare, args=(1, mk.free_port(), str(resaved), model_ref, str(compared)), nprocs=1, join=True)
-        report = {**json.loads(loaded.read_text()), **json.loads(compared.read_text()), "tp": tp, "pp": pp}
+        report = {**json.loads(loaded.read_text()), **json.loads(compared.read_text()), "tp": tp, "pp": pp, "format": ckpt_format}
         print(json.dumps(report))
