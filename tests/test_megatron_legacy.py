@@ -671,3 +671,23 @@ def test_legacy_output_by_parts_and_dry_run(tmp_path, run_ckptconv):
     assert f"iter_0000007/mp_rank_00/model_optim_rng.pt: 53 tensors, {size} bytes" in r.stdout
     assert "latest_checkpointed_iteration.txt: 7" in r.stdout
     assert not (tmp_path / "dry").exists()
+
+
+def test_tied_embeddings_keep_the_last_stages_copy_only_across_stages(tmp_path, run_ckptconv):
+    # gpt_pp2_dp2_tied (Megatron-LM's default tied embeddings, vocabulary 17):
+    # at PP 1 no output_layer.weight (the TP=1/PP=1 model megatron-core
+    # reads: model_ref.pt), at PP 2 the last stage's copy, as the source holds it.
+    case = ROOT / "gpt_pp2_dp2_tied"
+    consolidate(run_ckptconv, case / "ckpt", tmp_path / "src.pt", "--only", "model")
+    for pp, want in ((1, load(case / "model_ref.pt")), (2, load(tmp_path / "src.pt"))):
+        out = tmp_path / f"pp{pp}"
+        r = run_ckptconv("reshard", str(case / "ckpt"), "--layout", "megatron-legacy", "--pp", str(pp), "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        consolidate(run_ckptconv, out, tmp_path / f"back{pp}.pt", "--only", "model")
+        assert_same(load(tmp_path / f"back{pp}.pt"), want)
+    assert "output_layer.weight" in load(tmp_path / "back2.pt") and "output_layer.weight" not in load(tmp_path / "back1.pt")
+    # At TP 2 Megatron-LM pads 17 rows to 18: rows the source does not hold.
+    r = run_ckptconv("reshard", str(case / "ckpt"), "--layout", "megatron-legacy", "--tp", "2", "-o",
+                     str(tmp_path / "tp2"))
+    assert r.returncode == 3 and "pads the vocabulary of 17 to 18 rows" in r.stderr, r.stderr
+    assert not (tmp_path / "tp2").exists()

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <optional>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -89,13 +91,14 @@ class LegacyPlanner {
       folder = "iter_" + std::string(folder.size() < 7 ? 7 - folder.size() : 0, '0') + folder;
     }
     ValuePtr args = new_args();
+    const std::vector<std::pair<std::string, ValuePtr>> entries = model_entries(model);
     for (int p = 0; p < pp_; ++p)
       for (int t = 0; t < tp_; ++t) {
         LegacyRankFile file;
         file.name = folder + "/" + rank_folder_name(t, p, 0, pp_, 1) + "/" + kRankFile;
         ValuePtr rank_model = Value::dict();
         with_context(file.name, [&] {
-          for (const auto& [k, v] : model->entries) add_entry(path_component(*k), v, t, p, rank_model, file.tensors);
+          for (const auto& [name, v] : entries) add_entry(name, v, t, p, rank_model, file.tensors);
         });
         file.root = Value::dict();
         for (const auto& [k, v] : root->entries) {
@@ -111,14 +114,7 @@ class LegacyPlanner {
   // What the model and the new degrees must agree on before anything is cut.
   void settle_model(const ValuePtr& model) {
     swiglu_ = bool_entry(args_, "swiglu");
-    // Tied embeddings at PP > 1 keep a copy of the word embeddings on the
-    // last stage (the reader keeps it as output_layer.weight); a TP=1/PP=1
-    // tied model has none.
-    if (!bool_entry(args_, "untie_embeddings_and_output_weights") && (pp_ > 1 || model->get("output_layer.weight")))
-      fail(ErrorCode::kUnimplemented,
-           legacy_.source +
-               ": tied embeddings (no args.untie_embeddings_and_output_weights) across pipeline "
-               "stages; writing or dropping the last stage's copy is not supported yet");
+    tied_ = !bool_entry(args_, "untie_embeddings_and_output_weights");
     for (const auto& [k, v] : model->entries)
       if (auto at = layer_index_in(path_component(*k))) num_layers_ = std::max(num_layers_, at->index + 1);
     if (const int64_t said = int_entry(args_, "num_layers", num_layers_); said != num_layers_)
@@ -155,6 +151,27 @@ class LegacyPlanner {
       fail(ErrorCode::kUnimplemented, legacy_.source + ": " + std::to_string(vocab_rows_) +
                                           " vocabulary rows do not divide over TP " + std::to_string(tp_) +
                                           " (set a vocabulary args.make_vocab_size_divisible_by pads to a multiple)");
+  }
+
+  // The model's entries by name, with tied embeddings (Megatron-LM's
+  // default) as the new pipeline holds them: at PP > 1 the last stage keeps
+  // a copy of the word embeddings as output_layer.weight (the reader keeps
+  // a PP > 1 source's as stored; from a PP = 1 source it is the embedding's
+  // tensor), at PP = 1 there is none.
+  std::vector<std::pair<std::string, ValuePtr>> model_entries(const ValuePtr& model) const {
+    std::vector<std::pair<std::string, ValuePtr>> out;
+    const bool copy_needed = tied_ && pp_ > 1 && !model->get("output_layer.weight");
+    ValuePtr embedding = model->get("embedding.word_embeddings.weight");
+    if (copy_needed && !embedding)
+      fail_data_loss(legacy_.source + ": tied embeddings, but no embedding.word_embeddings.weight");
+    for (const auto& [k, v] : model->entries) {
+      std::string name = path_component(*k);
+      if (tied_ && pp_ == 1 && name == "output_layer.weight") continue;
+      if (copy_needed && name == "output_layer._extra_state") out.emplace_back("output_layer.weight", embedding);
+      out.emplace_back(std::move(name), v);
+    }
+    if (copy_needed && !model->get("output_layer._extra_state")) out.emplace_back("output_layer.weight", embedding);
+    return out;
   }
 
   // args for the new job: Megatron-LM's load_checkpoint compares the TP and
@@ -251,7 +268,7 @@ class LegacyPlanner {
   const CheckpointModel& legacy_;
   int tp_, pp_;
   ValuePtr args_;
-  bool swiglu_ = false;
+  bool swiglu_ = false, tied_ = false;
   int64_t num_layers_ = 0;
   int64_t vocab_rows_ = 0;
 };

@@ -42,7 +42,9 @@ struct LegacyOutput {
 // one read with --only, Unimplemented (exit 3) naming what does not split:
 // layers that do not divide by PP, a TP-split dimension, query groups or
 // the padded vocabulary that do not divide by TP, a parameter tp_layout.h
-// does not know, tied embeddings, virtual pipeline stages.
+// does not know. Tied embeddings: the last stage's copy of the word
+// embeddings (output_layer.weight) is written at PP > 1 and left out at
+// PP = 1. No virtual pipeline stages are written.
 LegacyOutput plan_legacy_output(const CheckpointModel& legacy, int tp, int pp);
 
 }  // namespace ckpt::megatron_legacy
