@@ -691,3 +691,13 @@ def test_tied_embeddings_keep_the_last_stages_copy_only_across_stages(tmp_path, 
                      str(tmp_path / "tp2"))
     assert r.returncode == 3 and "pads the vocabulary of 17 to 18 rows" in r.stderr, r.stderr
     assert not (tmp_path / "tp2").exists()
+
+
+def test_a_release_checkpoint_is_written_as_release(tmp_path, run_ckptconv):
+    src = copy_ckpt(tmp_path)
+    (src / ITER).rename(src / "release")
+    (src / "latest_checkpointed_iteration.txt").write_text("release\n")
+    r = run_ckptconv("reshard", str(src), "--layout", "megatron-legacy", "--pp", "2", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "latest_checkpointed_iteration.txt").read_text() == "release"
+    assert sorted(p.name for p in (tmp_path / "out" / "release").iterdir()) == ["mp_rank_00_000", "mp_rank_00_001"]
