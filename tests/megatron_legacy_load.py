@@ -21,9 +21,13 @@ with megatron-core's own ``dist_checkpointing.save``. One TP=1/PP=1
 process then loads that save and compares its
 ``state_dict_for_save_checkpoint()`` with MODEL_REF (megatron-core's own
 TP=1/PP=1 reading of the job's weights) bit for bit: the TP x PP pieces are
-joined by megatron-core, never by a rule of ours. Writes
-{"ranks": N, "tensors": compared, "differ": [...], "unexpected": [...], "common": [...]}
-(common: the entries of common.pt rank 0's dist_checkpointing.load returned)."""
+joined by megatron-core, never by a rule of ours. At PP 1 each rank also takes one training step on a fixed batch from what it
+loaded (train_step_losses), and the TP=1/PP=1 process the same step from
+MODEL_REF's weights. Writes {"ranks": N, "tensors": compared, "differ": [...],
+"unexpected": [...], "common": [...], "losses": [[first], [after the step]]
+or null at PP > 1, "ref_losses": the same from MODEL_REF} (common: the
+entries of common.pt rank 0's dist_checkpointing.load returned)."""
+import contextlib
 import json
 import sys
 import tempfile
@@ -43,6 +47,31 @@ EXTRA = {"num_layers": legacy.NUM_LAYERS, "num_attention_heads": legacy.HEADS, "
 def build(tp, pp):
     _, model = mk.build_model(tp, pp, EXTRA, vocab=legacy.VOCAB, seq=legacy.SEQ, init=False)
     return model
+
+
+def train_step_losses(model):
+    """One training step on a fixed batch: the per-token losses of a
+    forward pass, then of a second one after backward and an SGD step
+    (lr 0.1) on this rank's parameters. At PP 1 that is tensor-parallel
+    training as megatron-core runs it: the layer norms' and row-parallel
+    biases' gradients are whole on every TP rank (its all-reduce in the
+    column-parallel input's backward), so no further reduction is due.
+    Dropout is off (eval mode), so the CUDA RNG tracker, which this CPU run
+    has no states for, draws nothing: its fork is a no-op."""
+    from megatron.core import tensor_parallel
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, legacy.VOCAB, (2, legacy.SEQ), generator=g)
+    labels = torch.randint(0, legacy.VOCAB, (2, legacy.SEQ), generator=g)
+    positions = torch.arange(legacy.SEQ).unsqueeze(0).expand(2, legacy.SEQ)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = model(tokens, positions, None, labels=labels)
+    first.float().mean().backward()
+    optimizer.step()
+    with torch.no_grad():
+        second = model(tokens, positions, None, labels=labels)
+    return [first.detach().flatten().tolist(), second.flatten().tolist()]
 
 
 def load_legacy(model, ours, tp, pp):
@@ -78,10 +107,12 @@ def load_and_resave(rank, ws, port, kind, tp, pp, ours, resaved, out):
         result = model.load_state_dict({k: v for k, v in loaded.items() if k in request}, strict=False)
         problems = [f"missing {k}" for k in result.missing_keys] + [f"unexpected {k}" for k in result.unexpected_keys]
     dist_checkpointing.save(model.sharded_state_dict(), resaved)
+    losses = train_step_losses(model) if pp == 1 else None  # a pipeline needs megatron's schedules: not run here
     results = [None] * ws
     dist.all_gather_object(results, problems)
     if rank == 0:
-        Path(out).write_text(json.dumps({"problems": [p for r in results for p in r], "common": common}))
+        Path(out).write_text(json.dumps({"problems": [p for r in results for p in r], "common": common,
+                                         "losses": losses}))
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
@@ -103,8 +134,10 @@ def compare(rank, ws, port, resaved, model_ref, out):
 
     differ = sorted(k for k in want if k not in got or not same(got[k], want[k]))
     differ += sorted(set(got) - set(want))
+    # The same training step from the legacy job's own weights (megatron-core's reading), at TP=1/PP=1.
+    model.load_state_dict(want, strict=True)
     Path(out).write_text(json.dumps({"tensors": sum(isinstance(v, torch.Tensor) for v in want.values()),
-                                     "differ": differ}))
+                                     "differ": differ, "ref_losses": train_step_losses(model)}))
     ps.destroy_model_parallel()
     dist.destroy_process_group()
 
@@ -120,5 +153,5 @@ if __name__ == "__main__":
         report = json.loads(compared.read_text())
         report["ranks"] = tp * pp
         loaded = json.loads(problems.read_text())
-        report["unexpected"], report["common"] = loaded["problems"], loaded["common"]
+        report["unexpected"], report["common"], report["losses"] = loaded["problems"], loaded["common"], loaded["losses"]
         Path(out).write_text(json.dumps(report))
