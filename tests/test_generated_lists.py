@@ -22,7 +22,7 @@ ONCE_MISSING_KINDS = ["Megatron-core torch_dist checkpoint", "DeepSpeed universa
                       "Hugging Face model folder (pytorch_model.bin)"]
 ONCE_MISSING_LAYOUTS = ["megatron", "deepspeed-universal", "accelerate", "fsdp1-flat", "hf"]
 ALL_LAYOUTS = ["dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal",
-               "fsdp1-flat", "megatron"]
+               "fsdp1-flat", "megatron", "megatron-legacy"]
 
 
 def _kind_names(repo: Path) -> list[str]:

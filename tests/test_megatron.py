@@ -463,8 +463,8 @@ def test_dry_run_lists_the_files_and_writes_nothing(tmp_path, run_ckptconv):
     r = run_ckptconv("reshard", str(ROOT / "gpt_tp2pp2" / "ckpt"), "--world-size", "2", "-o", str(tmp_path / "out"),
                      "--dry-run")
     assert r.returncode == 0, r.stderr
-    for line in ("rank 0: __0_0.distcp", "rank 1: __1_0.distcp", ".metadata:", "common.pt (copied)",
-                 "metadata.json (copied)"):
+    for line in ("rank 0: __0_0.distcp", "rank 1: __1_0.distcp", ".metadata:", "common.pt (",
+                 "metadata.json ("):
         assert line in r.stdout, line
     assert not (tmp_path / "out").exists()
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from proofs_guard import require_side_env
 from state_compare import assert_same
 
 REPO = Path(__file__).resolve().parent.parent
@@ -495,3 +496,220 @@ def test_tied_embeddings_at_pp2_get_buckets_of_their_own(tmp_path, run_ckptconv,
              lambda a: setattr(a, "untie_embeddings_and_output_weights", True), "args")
     r = run_ckptconv("consolidate", str(it), "-o", str(tmp_path / "u.pt"), "--only", "optim")
     assert r.returncode == 3 and "does not guess" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------ reshard --layout megatron (legacy -> torch_dist)
+
+MEGATRON_PY = REPO / ".venv-megatron" / "bin" / "python"
+
+
+def to_torch_dist(run_ckptconv, ws, out, *args):
+    r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron", "--world-size", str(ws), "-o", str(out),
+                     *args)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def megatron_core_reads(kind, out, tp, pp, tmp_path):
+    """tests/megatron_legacy_load.py: a model built by megatron-core at TP x
+    PP loads `out`; what it loaded, gathered by megatron-core's own save and
+    TP=1/PP=1 load, must be the legacy job's model bit for bit."""
+    import subprocess
+    require_side_env(MEGATRON_PY, "loading with megatron-core itself runs", "scripts/setup-megatron")
+    report = tmp_path / "load.json"
+    r = subprocess.run([str(MEGATRON_PY), str(REPO / "tests" / "megatron_legacy_load.py"), kind, str(out), str(tp),
+                        str(pp), str(CASE / "model_ref.pt"), str(report)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(report.read_text())
+    assert got["ranks"] == tp * pp and got["tensors"] == 53
+    assert got["differ"] == [] and got["unexpected"] == []
+    if pp == 1:
+        # One training step from the loaded model gives the per-token losses
+        # (before and after an SGD step) of the same step from the job's own
+        # weights at TP=1/PP=1, in the same run: bit for bit at TP 1; at TP 2
+        # the row-parallel layers and the vocab-parallel cross entropy sum
+        # two partial results, which rounds differently (fp32: a few ulp).
+        assert len(got["losses"][0]) == 16 and got["losses"][1] != got["losses"][0]  # the step moved the weights
+        for ours, ref in zip(got["losses"], got["ref_losses"]):
+            if tp == 1:
+                assert ours == ref
+            else:
+                assert ours == pytest.approx(ref, rel=1e-5, abs=0)
+    return got
+
+
+@pytest.mark.parametrize("tp,pp,ws", [(1, 2, 3), (2, 1, 2), (1, 1, 1)])
+def test_megatron_core_loads_the_torch_dist_written_from_legacy(tp, pp, ws, tmp_path, run_ckptconv):
+    # The TP=2 x PP=2 legacy job written as torch_dist for ws ranks, loaded at TP x PP.
+    got = megatron_core_reads("torch_dist", to_torch_dist(run_ckptconv, ws, tmp_path / "dist"), tp, pp, tmp_path)
+    # common.pt's entries, which dist_checkpointing.load hands back beside the model
+    assert got["common"] == ["args", "checkpoint_version", "iteration", "num_floating_point_operations_so_far"]
+
+
+def test_torch_dist_from_legacy_stacks_the_layers_under_the_stored_names(tmp_path, run_ckptconv, megatron_enums):
+    # What the directory holds, read with torch alone: the layers stacked
+    # on a leading axis under megatron-core's stored names (the local
+    # spec's input_layernorm is self_attention.linear_qkv.layer_norm_*),
+    # each layer's _extra_state an object shard, and common.pt the job's
+    # entries with args as the Namespace it was.
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = to_torch_dist(run_ckptconv, 2, tmp_path / "dist")
+    assert json.loads((out / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
+    common = torch.load(out / "common.pt", weights_only=False)
+    assert common["iteration"] == 7 and common["checkpoint_version"] == 3.0
+    assert common["args"].tensor_model_parallel_size == 2 and common["args"].num_layers == 4
+    dcp_to_torch_save(out, tmp_path / "flat.pt")
+    flat = torch.load(tmp_path / "flat.pt", weights_only=False)
+    ref = load(CASE / "model_ref.pt")
+    stacked = {
+        "decoder.layers.self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+        "decoder.layers.mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
+        "decoder.layers.mlp.linear_fc1.weight": "mlp.linear_fc1.weight",
+        "decoder.layers.self_attention.linear_proj.weight": "self_attention.linear_proj.weight",
+    }
+    for key, name in stacked.items():
+        assert torch.equal(flat[key], torch.stack([ref[f"decoder.layers.{i}.{name}"] for i in range(4)])), key
+    for key in ("embedding.word_embeddings.weight", "output_layer.weight", "decoder.final_layernorm.weight"):
+        assert torch.equal(flat[key], ref[key]), key
+    assert flat["decoder.layers.mlp.linear_fc2._extra_state/shard_3_4"] == [None]
+    assert not any(k.startswith("output_layer._extra_state") or ".input_layernorm." in k for k in flat)
+
+
+def test_torch_dist_from_legacy_needs_it_read_whole(tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron", "--world-size", "2", "-o",
+                     str(tmp_path / "out"), "--only", "model")
+    assert r.returncode == 2, r.stderr
+    assert "read whole" in r.stderr and "args" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------ reshard --layout megatron-legacy --tp --pp
+
+
+def to_legacy(run_ckptconv, tp, pp, out, *args):
+    r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "--tp", str(tp), "--pp", str(pp),
+                     "-o", str(out), *args)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 2), (2, 1), (1, 1), (2, 2)])
+def test_megatron_core_loads_the_legacy_checkpoint_written_for_another_tp_pp(tp, pp, tmp_path, run_ckptconv):
+    # Each rank of a model built at TP x PP loads its rank file as
+    # Megatron-LM's load_checkpoint does (load_state_dict, strict), its args
+    # saying this TP and PP.
+    megatron_core_reads("legacy", to_legacy(run_ckptconv, tp, pp, tmp_path / "legacy"), tp, pp, tmp_path)
+
+
+def test_legacy_output_names_its_rank_folders_and_tracker(tmp_path, run_ckptconv, megatron_enums):
+    out = to_legacy(run_ckptconv, 1, 2, tmp_path / "legacy")
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == "7"
+    assert sorted(p.name for p in (out / ITER).iterdir()) == ["mp_rank_00_000", "mp_rank_00_001"]
+    first = load_rank(rank_file(out, "mp_rank_00_000"))
+    last = load_rank(rank_file(out, "mp_rank_00_001"))
+    src = load_rank(rank_file(CASE / "ckpt", "mp_rank_00_001"))
+    assert first["args"].tensor_model_parallel_size == 1 and first["args"].pipeline_model_parallel_size == 2
+    assert first["iteration"] == 7 and first["checkpoint_version"] == 3.0 and "optimizer" not in first
+    assert set(src) - set(first) == {"optimizer", "rng_state"}
+    # Stage 1 holds layers 2 and 3 as its 0 and 1, the final norm and the output layer.
+    ref = load(CASE / "model_ref.pt")
+    assert "embedding.word_embeddings.weight" in first["model"] and "output_layer.weight" not in first["model"]
+    assert torch.equal(last["model"]["decoder.layers.0.mlp.linear_fc1.weight"], ref["decoder.layers.2.mlp.linear_fc1.weight"])
+    assert torch.equal(last["model"]["output_layer.weight"], ref["output_layer.weight"])
+    # Read back by ckptconv: the same TP=1/PP=1 model.
+    consolidate(run_ckptconv, out, tmp_path / "back.pt", "--only", "model")
+    assert_same(load(tmp_path / "back.pt"), ref)
+
+
+def test_legacy_output_at_tp2_gives_each_rank_its_swiglu_halves_and_query_groups(tmp_path, run_ckptconv,
+                                                                                 megatron_enums):
+    out = to_legacy(run_ckptconv, 2, 1, tmp_path / "legacy")
+    ref = load(CASE / "model_ref.pt")
+    fc1 = ref["decoder.layers.1.mlp.linear_fc1.weight"]  # [gate (12); up (12)]
+    qkv = ref["decoder.layers.1.self_attention.linear_qkv.weight"]  # 2 query groups of [q q; k; v] rows
+    for t in range(2):
+        model = load_rank(rank_file(out, f"mp_rank_{t:02d}"))["model"]
+        assert torch.equal(model["decoder.layers.1.mlp.linear_fc1.weight"],
+                           torch.cat([fc1[6 * t:6 * t + 6], fc1[12 + 6 * t:12 + 6 * t + 6]]))
+        assert torch.equal(model["decoder.layers.1.self_attention.linear_qkv.weight"], qkv[8 * t:8 * t + 8])
+        assert torch.equal(model["decoder.layers.1.self_attention.linear_proj.weight"],
+                           ref["decoder.layers.1.self_attention.linear_proj.weight"][:, 4 * t:4 * t + 4])
+        assert torch.equal(model["decoder.layers.1.self_attention.linear_proj.bias"],
+                           ref["decoder.layers.1.self_attention.linear_proj.bias"])
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--layout", "megatron-legacy", "--tp", "3"], 3, "query groups do not divide over TP 3"),
+    (["--layout", "megatron-legacy", "--pp", "3"], 3, "4 layers do not divide into 3 pipeline stages"),
+    (["--layout", "megatron-legacy", "--world-size", "2"], 2, "one rank per --tp x --pp"),
+    (["--layout", "megatron-legacy", "--only", "model"], 2, "read whole"),
+    (["--layout", "megatron", "--world-size", "2", "--tp", "2"], 2, "--tp / --pp"),
+])
+def test_legacy_layout_refusals(args, code, message, tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(CASE / "ckpt"), "-o", str(tmp_path / "out"), *args)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_legacy_layout_needs_a_legacy_source(tmp_path, run_ckptconv):
+    # A torch_dist checkpoint holds no Megatron-LM args to write into the rank files.
+    r = run_ckptconv("reshard", str(REPO / "testdata" / "megatron" / "gpt_tp2pp2" / "ckpt"), "--layout",
+                     "megatron-legacy", "--tp", "1", "--pp", "2", "-o", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr
+    assert "Megatron-LM args" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_legacy_output_by_parts_and_dry_run(tmp_path, run_ckptconv):
+    # --part: the same files from two processes as from one; --dry-run: each
+    # rank file's exact size, nothing written; the optimizer's absence said.
+    one = to_legacy(run_ckptconv, 2, 1, tmp_path / "one")
+    assert "--no-load-optim --no-load-rng" in run_ckptconv(
+        "reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "--tp", "2", "-o", str(tmp_path / "x"),
+        "--dry-run").stderr
+    for part in ("0/2", "1/2"):
+        to_legacy(run_ckptconv, 2, 1, tmp_path / "two", "--part", part)
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert [str(f) for f in files] == ["iter_0000007/mp_rank_00/model_optim_rng.pt",
+                                       "iter_0000007/mp_rank_01/model_optim_rng.pt",
+                                       "latest_checkpointed_iteration.txt"]
+    for f in files:
+        assert (one / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
+    r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "--tp", "2", "-o",
+                     str(tmp_path / "dry"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    size = (one / files[0]).stat().st_size
+    assert f"iter_0000007/mp_rank_00/model_optim_rng.pt: 53 tensors, {size} bytes" in r.stdout
+    assert "latest_checkpointed_iteration.txt: 7" in r.stdout
+    assert not (tmp_path / "dry").exists()
+
+
+def test_tied_embeddings_keep_the_last_stages_copy_only_across_stages(tmp_path, run_ckptconv):
+    # gpt_pp2_dp2_tied (Megatron-LM's default tied embeddings, vocabulary 17):
+    # at PP 1 no output_layer.weight (the TP=1/PP=1 model megatron-core
+    # reads: model_ref.pt), at PP 2 the last stage's copy, as the source holds it.
+    case = ROOT / "gpt_pp2_dp2_tied"
+    consolidate(run_ckptconv, case / "ckpt", tmp_path / "src.pt", "--only", "model")
+    for pp, want in ((1, load(case / "model_ref.pt")), (2, load(tmp_path / "src.pt"))):
+        out = tmp_path / f"pp{pp}"
+        r = run_ckptconv("reshard", str(case / "ckpt"), "--layout", "megatron-legacy", "--pp", str(pp), "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        consolidate(run_ckptconv, out, tmp_path / f"back{pp}.pt", "--only", "model")
+        assert_same(load(tmp_path / f"back{pp}.pt"), want)
+    assert "output_layer.weight" in load(tmp_path / "back2.pt") and "output_layer.weight" not in load(tmp_path / "back1.pt")
+    # At TP 2 Megatron-LM pads 17 rows to 18: rows the source does not hold.
+    r = run_ckptconv("reshard", str(case / "ckpt"), "--layout", "megatron-legacy", "--tp", "2", "-o",
+                     str(tmp_path / "tp2"))
+    assert r.returncode == 3 and "pads the vocabulary of 17 to 18 rows" in r.stderr, r.stderr
+    assert not (tmp_path / "tp2").exists()
+
+
+def test_a_release_checkpoint_is_written_as_release(tmp_path, run_ckptconv):
+    src = copy_ckpt(tmp_path)
+    (src / ITER).rename(src / "release")
+    (src / "latest_checkpointed_iteration.txt").write_text("release\n")
+    r = run_ckptconv("reshard", str(src), "--layout", "megatron-legacy", "--pp", "2", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "latest_checkpointed_iteration.txt").read_text() == "release"
+    assert sorted(p.name for p in (tmp_path / "out" / "release").iterdir()) == ["mp_rank_00_000", "mp_rank_00_001"]

@@ -34,6 +34,13 @@ void register_reshard(CLI::App& app) {
   sub->add_option("--layout", req->layout, jobs::layout_help())
       ->check(CLI::IsMember(jobs::layout_choices()))
       ->group(kOutputGroup);
+  auto tp = std::make_shared<int>(1), pp = std::make_shared<int>(1);
+  CLI::Option* tp_option =
+      sub->add_option("--tp", *tp, "megatron-legacy: tensor-parallel size of the job that loads it (default 1)")
+          ->group(kOutputGroup);
+  CLI::Option* pp_option =
+      sub->add_option("--pp", *pp, "megatron-legacy: pipeline-parallel size of the job that loads it (default 1)")
+          ->group(kOutputGroup);
   sub->add_flag("--update-latest", req->update_latest,
                 "deepspeed-universal: point an existing <root>/latest_universal at the new tag folder (without it "
                 "an existing one is kept; a missing one is always written)")
@@ -82,16 +89,20 @@ void register_reshard(CLI::App& app) {
       sub,
       {"ckptconv reshard ckpt/step-1000 -o ckpt-ws4 --world-size 4",
        "ckptconv reshard hf-model/ -o ckpt-ws8 --world-size 8 --layout dcp",
-       "ckptconv reshard ds_ckpt -o fsdp-ws2 --world-size 2 --layout fsdp-dtensor --dry-run"},
+       "ckptconv reshard ds_ckpt -o fsdp-ws2 --world-size 2 --layout fsdp-dtensor --dry-run",
+       "ckptconv reshard megatron-lm/ -o megatron-tp1pp2 --layout megatron-legacy --tp 1 --pp 2"},
       "0 written; 2 usage error; 3 input unreadable, corrupt, unsupported or unsafe; 4 output not written, or a\n"
       "size or memory limit hit; 5 installation problem or internal error; 130/143/129 stopped by\n"
       "SIGINT/SIGTERM/SIGHUP (nothing written).",
       jobs::source_kinds_help());
-  add_runner(sub, [req, world_size, world_size_option, expert_parallel, expert_parallel_option] {
-    if (world_size_option->count() > 0) req->world_size = *world_size;
-    if (expert_parallel_option->count() > 0) req->expert_parallel = *expert_parallel;
-    return jobs::run_reshard(*req, std::cout).exit_code;
-  });
+  add_runner(
+      sub, [req, world_size, world_size_option, expert_parallel, expert_parallel_option, tp, tp_option, pp, pp_option] {
+        if (world_size_option->count() > 0) req->world_size = *world_size;
+        if (expert_parallel_option->count() > 0) req->expert_parallel = *expert_parallel;
+        if (tp_option->count() > 0) req->tp = *tp;
+        if (pp_option->count() > 0) req->pp = *pp;
+        return jobs::run_reshard(*req, std::cout).exit_code;
+      });
 }
 
 }  // namespace ckpt::cli

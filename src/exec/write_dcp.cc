@@ -153,6 +153,15 @@ dcp::DcpMetadata emit_items(const CheckpointModel& model, const dcp::DcpMetadata
   return out;
 }
 
+// Each side file as a file of `into`.
+void write_side_files(const std::vector<SideFile>& side_files, const std::string& into, bool durable) {
+  for (const SideFile& file : side_files) {
+    auto sink = AtomicFileSink::create(path_join(into, file.name), false, durable);
+    sink->write(file.bytes);
+    sink->finish();
+  }
+}
+
 }  // namespace
 
 // Through a file source, as every input is read: a side file linked out of
@@ -168,14 +177,12 @@ void copy_side_files(const std::vector<std::string>& side_files, const std::stri
 }
 
 DcpWriter::DcpWriter(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan,
-                     std::string dir, std::vector<std::string> side_files,
-                     std::vector<std::pair<std::string, std::string>> made_files)
+                     std::string dir, std::vector<SideFile> side_files)
     : model_(model),
       source_(source),
       plan_(plan),
       dir_(without_trailing_slashes(std::move(dir))),
-      side_files_(std::move(side_files)),
-      made_files_(std::move(made_files)) {
+      side_files_(std::move(side_files)) {
   require_distinct_paths(*model.root, "a DCP checkpoint");
 }
 
@@ -203,12 +210,7 @@ void DcpWriter::run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) {
 
 Published DcpWriter::publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) {
   return publish_directory(dir_, file_names(), data_path, force, durable, [&](const std::string& temp) {
-    copy_side_files(side_files_, temp);
-    for (const auto& [name, bytes] : made_files_) {
-      auto sink = AtomicFileSink::create(path_join(temp, name), false, durable);
-      sink->write(bytes);
-      sink->finish();
-    }
+    write_side_files(side_files_, temp, durable);
     auto meta = AtomicFileSink::create(temp + "/.metadata", false, durable);
     meta->write(dcp::encode_metadata(metadata_, dir_, dcp::random_save_id()));
     meta->finish();
@@ -217,11 +219,7 @@ Published DcpWriter::publish(const std::function<std::string(std::size_t)>& data
 
 std::vector<MarkerFile> DcpWriter::marker_files() const {
   std::vector<MarkerFile> out;
-  for (const auto& file : side_files_) {  // Lightning's meta.pt: a few KB
-    SourcePtr from = open_file_source(file);
-    out.push_back({path_join(dir_, file_name(file)), from->read_string(0, static_cast<std::size_t>(from->size()))});
-  }
-  for (const auto& [name, bytes] : made_files_) out.push_back({path_join(dir_, name), bytes});
+  for (const SideFile& file : side_files_) out.push_back({path_join(dir_, file.name), file.bytes});
   out.push_back({dir_ + "/.metadata", dcp::encode_metadata(metadata_, dir_, dcp::random_save_id())});
   return out;
 }

@@ -10,32 +10,31 @@
 #include "exec/parted_output.h"
 #include "exec/tensor_copy.h"
 #include "formats/dcp/dcp_metadata.h"
+#include "io/atomic_dir.h"
 #include "model/checkpoint_model.h"
 #include "model/tree_walk.h"
 #include "plan/reshard.h"
 
 namespace ckpt {
 
-// Copies `side_files` unchanged into directory `into` under their own names.
+// Copies `side_files` unchanged into directory `into` under their own names
+// (streamed: an Accelerate folder's files saved whole may be large).
 void copy_side_files(const std::vector<std::string>& side_files, const std::string& into);
 
 // The DCP directory `dir` for the plan's world size: a PartedWriter
 // (exec/parted_output.h) whose files are the ranks' __<r>_0.distcp, each
 // tensor item assembled from the overlapping source ranges only, non-tensor
 // items written once by rank 0; its publish writes .metadata (checkpoint_id:
-// `dir`) and copies `side_files` unchanged (Lightning's meta.pt, which its
-// loader reads beside the DCP items) into the directory it renames into
-// place. `source` is the metadata the model was read from, or
+// `dir`) and writes `side_files` (Lightning's meta.pt, which its loader
+// reads beside the DCP items; megatron-core's common.pt and metadata.json)
+// into the directory it renames into place. `source` is the metadata the model was read from, or
 // flattened_layout() of a .pt model (its item order and planner_data are
 // kept). The model must have passed require_valid(); model, source and plan
 // must outlive the writer.
 class DcpWriter final : public PartedWriter {
  public:
-  // `made_files` (name, bytes): small files ckptconv makes, written beside
-  // the items like the side files (a torch_dist checkpoint's common.pt and
-  // metadata.json for a model that had none).
   DcpWriter(const CheckpointModel& model, const dcp::DcpMetadata& source, const ReshardPlan& plan, std::string dir,
-            std::vector<std::string> side_files = {}, std::vector<std::pair<std::string, std::string>> made_files = {});
+            std::vector<SideFile> side_files = {});
   std::string kind() const override { return "dcp"; }
   std::vector<std::string> file_names() const override;
   std::vector<std::string> destinations() const override { return {dir_}; }
@@ -54,8 +53,7 @@ class DcpWriter final : public PartedWriter {
   const dcp::DcpMetadata& source_;
   const ReshardPlan& plan_;
   std::string dir_;
-  std::vector<std::string> side_files_;
-  std::vector<std::pair<std::string, std::string>> made_files_;
+  std::vector<SideFile> side_files_;
   dcp::DcpMetadata metadata_;  // of the last run
 };
 

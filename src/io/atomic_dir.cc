@@ -13,9 +13,17 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/log.h"
+#include "core/paths.h"
+#include "io/byte_source.h"
 #include "io/temp_output.h"
 
 namespace ckpt {
+
+SideFile read_side_file(const std::string& path) {
+  SourcePtr from = open_file_source(path);
+  return {file_name(path), from->read_string(0, static_cast<std::size_t>(from->size()))};
+}
+
 namespace {
 
 namespace fs = std::filesystem;

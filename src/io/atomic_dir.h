@@ -15,6 +15,20 @@ namespace ckpt {
 // `dir` without trailing slashes ("out/" and "out" name one directory; "/" stays).
 std::string without_trailing_slashes(std::string dir);
 
+// A small file a directory output writes beside its data from memory: one
+// copied from the source (Lightning's meta.pt, megatron-core's common.pt and
+// metadata.json), or one a writer makes (the common.pt of a torch_dist
+// checkpoint written from a Megatron-LM legacy one).
+struct SideFile {
+  std::string name;   // in the output directory
+  std::string bytes;  // its whole content
+};
+
+// The file at `path` (through a file source, as every input is read: one
+// linked out of the checkpoint is refused, io/containment.h) as a SideFile
+// of the same name.
+SideFile read_side_file(const std::string& path);
+
 // fsyncs the directory holding `path`, so that an output just renamed into it
 // survives a power loss (the rename is an entry of that directory, which the
 // output's own fsync does not cover). Best effort, after the output is in

@@ -35,6 +35,7 @@ struct LayoutJob {
 enum class WorldSizeRule {
   kRequired,  // written for one world size: --world-size N is required
   kAny,       // loads at any world size (deepspeed-universal): --world-size is not used
+  kTpPp,      // one rank per TP x PP position (megatron-legacy): --tp and --pp, not --world-size
 };
 
 struct LayoutInfo {

@@ -54,6 +54,11 @@ const std::vector<LayoutInfo>& reshard_layouts() {
        .help = "a Megatron-core torch_dist checkpoint, from one read whole or from a Hugging Face folder through an "
                "architecture map (--map), which megatron-core loads at any TP x PP x DP",
        .write = write_megatron_layout},
+      {.name = "megatron-legacy",
+       .help = "a Megatron-LM ckpt_format=torch checkpoint for a job at --tp x --pp (tracker, iter_<N>/mp_rank_*/"
+               "model_optim_rng.pt: the model and the job's args), from a legacy one read whole",
+       .world_size = WorldSizeRule::kTpPp,
+       .write = write_megatron_legacy_layout},
   };
   return layouts;
 }
@@ -126,11 +131,15 @@ std::string reshard_description() {
 }
 
 std::string world_size_help() {
-  std::string any;
-  for (const LayoutInfo& l : reshard_layouts())
+  std::string any, tp_pp;
+  for (const LayoutInfo& l : reshard_layouts()) {
     if (l.world_size == WorldSizeRule::kAny) any += (any.empty() ? "" : ", ") + std::string(l.name);
-  return "Number of ranks to write (required" + (any.empty() ? "" : ", except for " + any + ", which loads at any") +
-         ")";
+    if (l.world_size == WorldSizeRule::kTpPp) tp_pp += (tp_pp.empty() ? "" : ", ") + std::string(l.name);
+  }
+  std::string except;
+  if (!any.empty()) except += ", except for " + any + ", which loads at any";
+  if (!tp_pp.empty()) except += (except.empty() ? ", except for " : "; and ") + tp_pp + ", whose ranks are --tp x --pp";
+  return "Number of ranks to write (required" + except + ")";
 }
 
 }  // namespace ckpt::jobs

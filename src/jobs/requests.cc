@@ -65,6 +65,8 @@ std::string request_json(const ReshardRequest& r) {
             {"output", r.output},
             {"world_size", r.world_size ? json(*r.world_size) : json(nullptr)},
             {"layout", r.layout},
+            {"tp", r.tp ? json(*r.tp) : json(nullptr)},
+            {"pp", r.pp ? json(*r.pp) : json(nullptr)},
             {"mesh_device", r.mesh_device},
             {"mesh_dim_names", r.mesh_dim_names},
             {"update_latest", r.update_latest},

@@ -35,8 +35,10 @@ struct ReshardRequest {
   std::string output;
   // --world-size; absent only where the layout needs none (deepspeed-universal loads at any)
   std::optional<int> world_size;
-  // dcp | hf | fsdp-sharded-tensor | fsdp-dtensor | accelerate | deepspeed-universal; empty: the source's own
+  // a layout of jobs/layouts.cc; empty: the source's own
   std::string layout;
+  // --tp / --pp: megatron-legacy: the tensor and pipeline parallel sizes of the job that loads it (default 1)
+  std::optional<int> tp, pp;
   std::string mesh_device;                  // DTensor layout: the mesh's device type; empty: the source's, else cpu
   std::vector<std::string> mesh_dim_names;  // and its dimension name (veRL: fsdp); empty: the source's, else none
   std::string part;                         // --part I/N|auto|finalize: this process's share (exec/parted_output.h)

@@ -13,10 +13,12 @@
 #include "exec/write_dcp_hf.h"
 #include "exec/write_ds_universal.h"
 #include "exec/write_fsdp1_flat.h"
+#include "exec/write_megatron_legacy.h"
 #include "exec/write_rank_files.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/detect.h"
 #include "formats/megatron/megatron_writer.h"
+#include "formats/megatron_legacy/legacy_reader.h"
 #include "formats/rank_file_names.h"
 #include "formats/source_traits.h"
 #include "io/atomic_dir.h"
@@ -169,22 +171,20 @@ void finish_layout(const LayoutJob& j, PartedWriter& writer, const std::function
 }
 
 // `model` as a DCP directory of `source_md`'s items for the new world
-// size, `side_files` copied beside them.
+// size, `side_files` beside them.
 void write_as_dcp(const LayoutJob& j, const CheckpointModel& model, const dcp::DcpMetadata& source_md,
-                  const std::vector<std::string>& side_files,
-                  const std::vector<std::pair<std::string, std::string>>& made_files = {}) {
+                  const std::vector<SideFile>& side_files) {
   ReshardPlan plan = plan_reshard(model.tensors, *j.req.world_size, source_world_size(model));
   j.report.bytes = plan_output_bytes(model, plan);
   log_plan(plan, j.report.bytes, j.req.output, j.layout.name);
-  DcpWriter writer(model, source_md, plan, j.req.output, side_files, made_files);
+  DcpWriter writer(model, source_md, plan, j.req.output, side_files);
   finish_layout(j, writer, [&] {
     std::size_t bytes_items = 0;
     for (const auto& item : source_md.items) bytes_items += item.is_tensor ? 0 : 1;
     std::vector<RankFilesOut> files = files_by_rank(writer, plan.world_size, same_rank);
     describe_reshard(model, plan, bytes_items, false, files, {{".metadata", writer.metadata_size()}}, log::verbose(),
                      j.out);
-    for (const auto& f : side_files) j.out << fs::path(f).filename().string() << " (copied)\n";
-    for (const auto& [name, bytes] : made_files) j.out << name << " (made)\n";
+    for (const SideFile& f : side_files) j.out << f.name << " (" << f.bytes.size() << " bytes)\n";
   });
 }
 
@@ -247,10 +247,10 @@ void write_dcp_layout(const LayoutJob& j) {
   bool own_layout = model.info.flat_layout && j.req.common.only.empty();
   dcp::DcpMetadata source_md = own_layout ? dcp::metadata_of(*model.info.flat_layout) : flattened_layout(model);
   // A DCP source's own side files go with its own layout (Lightning's meta.pt).
-  std::vector<std::string> side_files;
+  std::vector<SideFile> side_files;
   if (own_layout)
     for (const auto& f : model.info.files)
-      if (fs::path(f).filename() == "meta.pt") side_files.push_back(f);
+      if (fs::path(f).filename() == "meta.pt") side_files.push_back(read_side_file(f));
   write_as_dcp(j, model, source_md, side_files);
 }
 
@@ -263,7 +263,29 @@ void write_dcp_layout(const LayoutJob& j) {
 void write_megatron_layout(const LayoutJob& j) {
   megatron::TorchDistOutput torch_dist =
       j.mapped_back ? megatron::torch_dist_from_model(j.model) : megatron::torch_dist_output(j.model);
-  write_as_dcp(j, torch_dist.items, flattened_layout(torch_dist.items), torch_dist.side_files, torch_dist.made_files);
+  write_as_dcp(j, torch_dist.items, flattened_layout(torch_dist.items), torch_dist.side_files);
+}
+
+// Megatron-LM legacy rank files for a job at --tp x --pp
+// (formats/megatron_legacy/legacy_writer.h).
+void write_megatron_legacy_layout(const LayoutJob& j) {
+  const int tp = j.req.tp.value_or(1), pp = j.req.pp.value_or(1);
+  megatron_legacy::LegacyOutput plan = megatron_legacy::plan_legacy_output(j.model, tp, pp);
+  uint64_t bytes = 0;
+  for (const auto& f : plan.files)
+    for (const auto& t : f.tensors) bytes += t.output_nbytes();
+  j.report.bytes = bytes;
+  j.report.summary = "wrote " + j.req.output + " (" + std::string(j.layout.name) + "): TP " + std::to_string(tp) +
+                     " x PP " + std::to_string(pp) + ", " + std::to_string(plan.files.size()) + " rank files";
+  log::debug("plan: " + std::to_string(plan.files.size()) + " rank files for TP " + std::to_string(tp) + " x PP " +
+             std::to_string(pp) + ", " + human_bytes(static_cast<double>(bytes)) + " -> " + j.req.output);
+  MegatronLegacyWriter writer(plan, j.req.output);
+  finish_layout(j, writer, [&] {
+    std::vector<uint64_t> sizes = output_sizes(writer);
+    for (std::size_t k = 0; k < plan.files.size(); ++k)
+      j.out << plan.files[k].name << ": " << plan.files[k].tensors.size() << " tensors, " << sizes[k] << " bytes\n";
+    j.out << megatron_legacy::kTrackerFile << ": " << plan.tracker << "\n";
+  });
 }
 
 // torch's DCP Hugging Face layout (HuggingFaceStorageWriter with
@@ -445,6 +467,11 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid("--world-size N is required (the number of ranks to write)");
   if (req.expert_parallel && &layout != find_layout("deepspeed-universal"))
     fail_invalid("--expert-parallel: only for --layout deepspeed-universal (not " + std::string(layout.name) + ")");
+  if (layout.world_size == WorldSizeRule::kTpPp && req.world_size)
+    fail_invalid("--world-size: --layout " + std::string(layout.name) + " writes one rank per --tp x --pp position");
+  if (layout.world_size != WorldSizeRule::kTpPp && (req.tp || req.pp))
+    fail_invalid("--tp / --pp: only for a layout written per TP x PP position (not --layout " +
+                 std::string(layout.name) + ")");
   if (!layout.object_store) refuse_remote_output(req.output, "--layout " + std::string(layout.name));
   if (!req.part.empty()) refuse_remote_output(req.output, "--part shares");
   if (!layout.part && !req.part.empty())

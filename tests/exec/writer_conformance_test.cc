@@ -221,6 +221,8 @@ struct Layout {
   std::string output_name = "out";        // the output directory's name
   std::vector<std::string> beside = {};   // what the layout writes beside the output, besides it
   std::vector<std::string> as_fp32 = {};  // tensors the layout writes as float32 (check_equal)
+  std::optional<int> tp = {}, pp = {};    // --tp / --pp (megatron-legacy)
+  std::string read_back = {};             // the folder under the output its reader reads ("": the output)
 };
 
 // The contract of a reshard layout: run_reshard writes the fixture in the
@@ -236,6 +238,8 @@ void check_layout(const Layout& l) {
   req.common.no_fsync = true;
   req.output = (dir / l.output_name).string();
   req.world_size = l.world_size;
+  req.tp = l.tp;
+  req.pp = l.pp;
   req.layout = l.layout;
   std::ostringstream out;
   jobs::JobReport report = jobs::run_reshard(req, out);
@@ -248,7 +252,7 @@ void check_layout(const Layout& l) {
   std::sort(expected.begin(), expected.end());
   CHECK(names_in(dir) == expected);
 
-  CheckpointModel back = read_checkpoint(req.output, read);
+  CheckpointModel back = read_checkpoint(l.read_back.empty() ? req.output : req.output + "/" + l.read_back, read);
   CHECK(back.info.kind == l.read_as);
   if (l.world_size) CHECK(back.info.world_sizes == std::vector<int>{*l.world_size});
   for (const auto& f : back.info.files) CHECK(fs::is_regular_file(f));
@@ -351,6 +355,16 @@ TEST_CASE("writer conformance: layout fsdp1-flat", "[exec][writers][conformance]
 
 TEST_CASE("writer conformance: layout megatron", "[exec][writers][conformance]") {
   check_layout({"megatron", testdata("megatron/gpt_tp1pp1/ckpt"), 2, SourceKind::kMegatron});
+}
+
+// At the source's own TP 2 x PP 2, so that its args (which say TP and PP) read back equal too.
+TEST_CASE("writer conformance: layout megatron-legacy", "[exec][writers][conformance]") {
+  Layout l{"megatron-legacy", testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), std::nullopt,
+           SourceKind::kMegatronLegacy};
+  l.tp = 2;
+  l.pp = 2;
+  l.read_back = "iter_0000007";
+  check_layout(l);
 }
 
 TEST_CASE("output formats are found by every name and extension they list", "[exec][writers]") {

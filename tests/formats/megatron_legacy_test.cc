@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "formats/megatron_legacy/legacy_reader.h"
+#include "formats/megatron_legacy/legacy_writer.h"
 #include "formats/megatron_legacy/optim_layout.h"
 #include "formats/megatron_legacy/tp_layout.h"
 #include "model/tree_walk.h"
@@ -172,4 +173,80 @@ TEST_CASE("the distributed optimizer's state per parameter points into distrib_o
   TensorEntry emb = chunk_of("embedding.word_embeddings.weight", "param");
   REQUIRE(emb.chunks.size() == 2);
   CHECK(emb.chunks[0].storage_offset == 3648 - 64);
+}
+
+namespace {
+
+// The plan's rank file `name`'s model entry `key`, a tensor.
+const TensorEntry& planned(const LegacyOutput& out, const std::string& name, const std::string& key) {
+  for (const LegacyRankFile& f : out.files)
+    if (f.name == name) {
+      pickle::ValuePtr v = mapping_of(f.root->get("model"))->get(key);
+      REQUIRE(v);
+      auto idx = tensor_ref_index(*v);
+      REQUIRE(idx);
+      return f.tensors.at(*idx);
+    }
+  FAIL("no rank file " << name);
+  throw;
+}
+
+}  // namespace
+
+TEST_CASE("legacy writer: each rank's piece is the TP=1 tensor's rows or columns, stages renumbered",
+          "[formats][megatron_legacy]") {
+  CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "");
+  LegacyOutput out = plan_legacy_output(m, 2, 2);
+  CHECK(out.tracker == "7");
+  REQUIRE(out.files.size() == 4);
+  CHECK(out.files[1].name == "iter_0000007/mp_rank_01_000/model_optim_rng.pt");
+  CHECK(out.files[2].name == "iter_0000007/mp_rank_00_001/model_optim_rng.pt");
+  // args say the new degrees; TP 2 x PP 2 is the source's own.
+  pickle::ValuePtr args = mapping_of(out.files[0].root->get("args"));
+  CHECK(args->get("tensor_model_parallel_size")->as_int() == 2);
+  CHECK(args->get("pipeline_model_parallel_size")->as_int() == 2);
+  // Rank (1, 1): global layer 3 as its layer 1; SwiGLU fc1 [gate_1; up_1]
+  // from the TP=1 [gate; up] (24 rows), 6 rows each.
+  const TensorEntry& fc1 =
+      planned(out, "iter_0000007/mp_rank_01_001/model_optim_rng.pt", "decoder.layers.1.mlp.linear_fc1.weight");
+  CHECK(fc1.shape == Shape{12, 8});
+  REQUIRE(fc1.chunks.size() == 2);
+  CHECK(fc1.chunks[0].offsets == Shape{0, 0});
+  CHECK(fc1.chunks[1].offsets == Shape{6, 0});
+  CHECK(fc1.chunks[0].sizes == Shape{6, 8});
+  // Back where the reader found them: TP rank 1's own file, its gate then up rows.
+  CHECK(fc1.chunks[0].file.find("mp_rank_01_001") != std::string::npos);
+  CHECK(fc1.chunks[1].storage_offset == fc1.chunks[0].storage_offset + 6 * 8);
+  // Row-parallel: columns 4..8.
+  const TensorEntry& proj = planned(out, "iter_0000007/mp_rank_01_000/model_optim_rng.pt",
+                                    "decoder.layers.0.self_attention.linear_proj.weight");
+  CHECK(proj.shape == Shape{8, 4});
+  // The first stage has no output layer, the last no embeddings.
+  CHECK_FALSE(mapping_of(out.files[0].root->get("model"))->get("output_layer.weight"));
+  CHECK_FALSE(mapping_of(out.files[3].root->get("model"))->get("embedding.word_embeddings.weight"));
+  CHECK(mapping_of(out.files[3].root->get("model"))->get("output_layer.weight"));
+}
+
+TEST_CASE("legacy writer: what does not split is refused, naming it", "[formats][megatron_legacy]") {
+  CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "");
+  auto refused = [&](int tp, int pp, ErrorCode code, const std::string& text) {
+    try {
+      plan_legacy_output(m, tp, pp);
+      FAIL("no error for TP " << tp << " x PP " << pp);
+    } catch (const Error& e) {
+      CHECK(e.code() == code);
+      CHECK(e.message().find(text) != std::string::npos);
+    }
+  };
+  refused(4, 1, ErrorCode::kUnimplemented, "query groups do not divide over TP 4");
+  refused(1, 3, ErrorCode::kUnimplemented, "4 layers do not divide into 3 pipeline stages");
+  refused(0, 1, ErrorCode::kInvalidArgument, "--tp and --pp must be at least 1");
+  CheckpointModel only_model = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "model");
+  try {
+    plan_legacy_output(only_model, 1, 1);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kInvalidArgument);
+    CHECK(e.message().find("read whole") != std::string::npos);
+  }
 }

@@ -25,8 +25,9 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-const std::vector<std::string> kNames = {
-    "dcp", "hf", "fsdp-sharded-tensor", "fsdp-dtensor", "accelerate", "deepspeed-universal", "fsdp1-flat", "megatron"};
+const std::vector<std::string> kNames = {"dcp",          "hf",         "fsdp-sharded-tensor",
+                                         "fsdp-dtensor", "accelerate", "deepspeed-universal",
+                                         "fsdp1-flat",   "megatron",   "megatron-legacy"};
 
 }  // namespace
 
@@ -55,9 +56,12 @@ TEST_CASE("layout table: bare, --part, world-size and any-source flags as run_re
     CHECK(l.bare == (bare.count(name) > 0));
     CHECK(l.part == (name != "accelerate"));
     CHECK((l.world_size == WorldSizeRule::kAny) == (name == "deepspeed-universal"));
+    CHECK((l.world_size == WorldSizeRule::kTpPp) == (name == "megatron-legacy"));
   }
   CHECK(any_source_layouts() == "dcp|hf|fsdp-sharded-tensor|fsdp-dtensor");
-  CHECK(world_size_help() == "Number of ranks to write (required, except for deepspeed-universal, which loads at any)");
+  CHECK(world_size_help() ==
+        "Number of ranks to write (required, except for deepspeed-universal, which loads at any; and megatron-legacy, "
+        "whose ranks are --tp x --pp)");
   CHECK(find_layout("fsdp-dtensor")->values == RankLayout::kDTensor);
   CHECK(find_layout("fsdp-sharded-tensor")->values == RankLayout::kShardedTensor);
   CHECK(find_layout("fsdp1-flat")->values == RankLayout::kShardedTensor);  // model_rank{r}.pt names

@@ -6,12 +6,17 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
+#include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/paths.h"
+#include "formats/megatron_legacy/tp_layout.h"
 #include "formats/torch_pt/pt_writer.h"
 #include "io/byte_sink.h"
 #include "model/tree_walk.h"
+#include "pickle/framework_objects.h"
 
 namespace ckpt::megatron {
 namespace {
@@ -46,18 +51,12 @@ void add_object_items(const std::string& key, const ValuePtr& value, const std::
   }
 }
 
-}  // namespace
-
-TorchDistOutput torch_dist_output(const CheckpointModel& stored) {
-  if (!stored.info.megatron)
-    fail_invalid(
-        "--layout megatron: the source must be a Megatron-core torch_dist checkpoint read whole (no "
-        "--only, which unstacks the layers into a model's own names: write those with --layout dcp)");
-  const MegatronLayout& layout = *stored.info.megatron;
+// The stored view (as the torch_dist reader gives it: tensors and objects
+// under their stored keys, common.pt's entries at the top) as DCP items.
+CheckpointModel items_of(const CheckpointModel& stored, const MegatronLayout& layout) {
   std::set<std::string> common(layout.common_keys.begin(), layout.common_keys.end());
   std::map<std::string, std::vector<int64_t>> objects(layout.objects.begin(), layout.objects.end());
-  TorchDistOutput out;
-  out.items = stored;
+  CheckpointModel items = stored;
   ValuePtr root = Value::dict();
   for (const auto& [k, v] : mapping_of(stored.root)->entries) {
     std::string key = path_component(*k);
@@ -68,11 +67,225 @@ TorchDistOutput torch_dist_output(const CheckpointModel& stored) {
     else
       add_object_items(key, v, object->second, {}, root);
   }
-  out.items.root = root;
-  prune_unreferenced(out.items.root, out.items.tensors);
+  items.root = root;
+  prune_unreferenced(items.root, items.tensors);
+  return items;
+}
+
+// What megatron-core's torch_dist save writes as metadata.json (0.16.1).
+constexpr const char* kTorchDistMetadata =
+    R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", )"
+    R"("common_backend_version": 1})";
+
+// ---- from a Megatron-LM legacy checkpoint ----
+
+// The layer spec's sharded_state_dict_keys_map (megatron-core's
+// models/gpt/gpt_layer_specs.py): the local spec stores its layer norms
+// under the linear layer they feed, where Transformer Engine fuses them,
+// so a checkpoint loads into either spec. `rest`: a layer's entry name
+// after "layers.<i>.".
+std::string stored_layer_name(const std::string& rest, bool local_spec) {
+  static const std::pair<std::string, std::string> kLocalSpecKeys[] = {
+      {"input_layernorm.", "self_attention.linear_qkv.layer_norm_"},
+      {"pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"},
+  };
+  if (!local_spec) return rest;
+  for (const auto& [from, to] : kLocalSpecKeys)
+    if (rest.rfind(from, 0) == 0) return to + rest.substr(from.size());
+  return rest;
+}
+
+// `c` as the piece of layer `layer` of a stack: a leading axis of size 1 at
+// that offset (its stride never steps, any value does).
+TensorChunk with_layer_axis(TensorChunk c, int64_t layer) {
+  c.offsets.insert(c.offsets.begin(), layer);
+  c.strides.insert(c.strides.begin(), static_cast<int64_t>(std::max<uint64_t>(c.numel(), 1)));
+  c.sizes.insert(c.sizes.begin(), 1);
+  return c;
+}
+
+bool bool_entry(const ValuePtr& args, std::string_view key) {
+  ValuePtr v = args->get(key);
+  return v && v->is(Kind::kBool) && v->as_bool();
+}
+
+// One stored key of the layers: each layer's value, by global layer index.
+struct LayerStack {
+  std::string key;
+  std::size_t place = 0;  // its entry in the stored root
+  std::vector<ValuePtr> layers;
+};
+
+// The legacy reader's TP=1/PP=1 model (layers under their global index,
+// the module's own names) as the stored view of a torch_dist checkpoint
+// of the same model, the job's entries as common.pt's.
+class LegacyStacker {
+ public:
+  explicit LegacyStacker(const CheckpointModel& legacy) : legacy_(legacy) {}
+
+  TorchDistOutput run() {
+    ValuePtr root = mapping_of(legacy_.root);
+    ValuePtr model = root->is(Kind::kDict) ? root->get("model") : nullptr;
+    ValuePtr args = root->is(Kind::kDict) ? root->get("args") : nullptr;
+    if (!model || !args)
+      fail_invalid(legacy_.source +
+                   ": --layout megatron writes a Megatron-LM legacy checkpoint read whole (no --only): its model, "
+                   "and its args, which say the layer spec and go into common.pt with the iteration");
+    args = mapping_of(args);
+    spec_of(args);
+    log::warn(legacy_.source +
+              ": the optimizer and RNG states are not written (per rank; not resharded yet): load the output with "
+              "--no-load-optim --no-load-rng");
+    stored_ = legacy_;
+    stored_.root = Value::dict();
+    stack_model(mapping_of(model));
+    MegatronLayout layout;
+    ValuePtr common = Value::dict();
+    for (const auto& [k, v] : root->entries) {
+      const std::string key = path_component(*k);
+      if (key == "model") continue;
+      stored_.root->entries.emplace_back(k, v);
+      common->entries.emplace_back(k, v);
+      layout.common_keys.push_back(key);
+    }
+    for (const LayerStack& s : stacks_)
+      if (!tensor_ref_index(*stored_.root->entries.at(s.place).second))
+        layout.objects.push_back({s.key, {num_layers_}});
+    TorchDistOutput out;
+    out.items = items_of(stored_, layout);
+    out.side_files.push_back({"common.pt", common_pt(common)});
+    out.side_files.push_back({"metadata.json", kTorchDistMetadata});
+    return out;
+  }
+
+ private:
+  // Which keys map the layers' names (args.transformer_impl).
+  void spec_of(const ValuePtr& args) {
+    ValuePtr impl = args->get("transformer_impl");
+    const std::string name = impl && impl->is(Kind::kStr) ? impl->as_str() : "";
+    if (name != "local" && name != "transformer_engine")
+      fail(ErrorCode::kUnimplemented,
+           legacy_.source + ": args.transformer_impl is " + (impl ? impl->repr() : std::string("absent")) +
+               "; the stored names of megatron-core's local and transformer_engine GPT layer specs are known");
+    local_spec_ = name == "local";
+    // Tied embeddings: the last stage's output_layer.weight is a copy of the
+    // word embeddings, which megatron-core stores once, under the embedding's key.
+    tied_ = !bool_entry(args, "untie_embeddings_and_output_weights");
+  }
+
+  void stack_model(const ValuePtr& model) {
+    std::map<std::string, std::size_t> stack_of;
+    for (const auto& [k, v] : model->entries) {
+      const std::string name = path_component(*k);
+      std::optional<megatron_legacy::LayerIndexAt> at = megatron_legacy::layer_index_in(name);
+      if (!at) {
+        add_unstacked(name, k, v);
+        continue;
+      }
+      const std::string key =
+          name.substr(0, at->pos) + stored_layer_name(name.substr(at->pos + at->len + 1), local_spec_);
+      auto [it, added] = stack_of.emplace(key, stacks_.size());
+      if (added) {
+        stacks_.push_back({key, stored_.root->entries.size(), {}});
+        stored_.root->entries.emplace_back(Value::str(key), nullptr);
+      }
+      LayerStack& s = stacks_[it->second];
+      const auto index = static_cast<std::size_t>(at->index);
+      if (s.layers.size() <= index) s.layers.resize(index + 1);
+      if (s.layers[index])
+        fail_data_loss(legacy_.source + ": two model entries are stored as '" + key + "' of layer " +
+                       std::to_string(at->index) + " ('" + name + "')");
+      s.layers[index] = v;
+      num_layers_ = std::max(num_layers_, at->index + 1);
+    }
+    for (LayerStack& s : stacks_) stored_.root->entries.at(s.place).second = stacked(s);
+  }
+
+  // An entry outside the layers, under its own name; GPTModel's
+  // sharded_state_dict leaves output_layer._extra_state out (None in old
+  // checkpoints too), and a tied output layer.
+  void add_unstacked(const std::string& name, const ValuePtr& k, const ValuePtr& v) {
+    const bool tensor = tensor_ref_index(*v).has_value();
+    if (name == "output_layer._extra_state" && mapping_of(v)->is(Kind::kNone)) return;
+    if (name == "output_layer.weight" && tied_) return;
+    if (!tensor)
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": model entry '" + name +
+                                          "' is an object outside the layers; how megatron-core shards it is not "
+                                          "known here");
+    stored_.root->entries.emplace_back(k, v);
+  }
+
+  // A stack's layers as one tensor with a leading num_layers axis, or one
+  // sharded object (a list, one value per layer) for _extra_state.
+  ValuePtr stacked(const LayerStack& s) {
+    if (static_cast<int64_t>(s.layers.size()) != num_layers_ ||
+        std::any_of(s.layers.begin(), s.layers.end(), [](const ValuePtr& v) { return !v; }))
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": '" + s.key + "' is not in every one of the " +
+                                          std::to_string(num_layers_) +
+                                          " layers; layers that differ do not stack into one tensor");
+    const bool object = s.key.size() > 13 && s.key.compare(s.key.size() - 13, 13, "._extra_state") == 0;
+    if (object) {
+      for (const ValuePtr& v : s.layers)
+        if (tensor_ref_index(*v)) fail_data_loss(legacy_.source + ": '" + s.key + "' is a tensor in a layer");
+      return Value::list(s.layers);
+    }
+    const TensorEntry* first = nullptr;
+    TensorEntry out;
+    for (std::size_t i = 0; i < s.layers.size(); ++i) {
+      auto idx = tensor_ref_index(*s.layers[i]);
+      if (!idx) fail_data_loss(legacy_.source + ": '" + s.key + "' of layer " + std::to_string(i) + " is not a tensor");
+      const TensorEntry& t = stored_.tensors.at(*idx);
+      if (!first) {
+        first = &t;
+        out = t;
+        out.name = s.key;
+        out.shape.insert(out.shape.begin(), num_layers_);
+        out.chunks.clear();
+      } else if (t.dtype != first->dtype || t.shape != first->shape) {
+        fail(ErrorCode::kUnimplemented, legacy_.source + ": '" + t.name + "' is " + std::string(dtype_name(t.dtype)) +
+                                            " " + shape_str(t.shape) + ", '" + first->name + "' " +
+                                            std::string(dtype_name(first->dtype)) + " " + shape_str(first->shape) +
+                                            "; layers that differ do not stack into one tensor");
+      }
+      for (const TensorChunk& c : t.chunks) out.chunks.push_back(with_layer_axis(c, static_cast<int64_t>(i)));
+    }
+    stored_.tensors.push_back(std::move(out));
+    return make_tensor_ref(stored_.tensors.size() - 1);
+  }
+
+  // common.pt: torch.save of the job's entries, each framework object (the
+  // args Namespace, megatron enums, numpy values) as it was stored.
+  std::string common_pt(const ValuePtr& common) const {
+    if (pickle::find_node(*common, [](const Value& v) { return tensor_ref_index(v).has_value(); }))
+      fail(ErrorCode::kUnimplemented, legacy_.source +
+                                          ": a job entry beside the model holds a tensor; common.pt is written "
+                                          "from plain values only");
+    MemorySink sink;
+    torch_pt::write_pt(
+        sink, *pickle::with_stored_objects(common), {}, [](std::size_t, archive::ZipWriter&) {}, "common");
+    return sink.take();
+  }
+
+  const CheckpointModel& legacy_;
+  CheckpointModel stored_;
+  std::vector<LayerStack> stacks_;
+  int64_t num_layers_ = 0;
+  bool local_spec_ = false, tied_ = false;
+};
+
+}  // namespace
+
+TorchDistOutput torch_dist_output(const CheckpointModel& stored) {
+  if (stored.info.kind == SourceKind::kMegatronLegacy) return LegacyStacker(stored).run();
+  if (!stored.info.megatron)
+    fail_invalid(
+        "--layout megatron: the source must be a Megatron-core torch_dist checkpoint or a Megatron-LM legacy one, "
+        "read whole (no --only, which unstacks the layers into a model's own names: write those with --layout dcp)");
+  TorchDistOutput out;
+  out.items = items_of(stored, *stored.info.megatron);
   for (const std::string& f : stored.info.files) {
     std::string name = file_name(f);
-    if (name == "common.pt" || name == "metadata.json") out.side_files.push_back(f);
+    if (name == "common.pt" || name == "metadata.json") out.side_files.push_back(read_side_file(f));
   }
   return out;
 }
@@ -103,13 +316,7 @@ TensorEntry stacked(const std::vector<const TensorEntry*>& layers, const std::st
       fail_invalid("--layout megatron: '" + t.name + "' is " + std::string(dtype_name(t.dtype)) + " " +
                    shape_str(t.shape) + ", layer 0's is " + std::string(dtype_name(layers[0]->dtype)) + " " +
                    shape_str(layers[0]->shape) + ": the layers do not stack into '" + key + "'");
-    for (TensorChunk c : t.chunks) {
-      const int64_t whole = c.sizes.empty() ? 1 : c.sizes[0] * c.strides[0];  // a stride for the one slice
-      c.offsets.insert(c.offsets.begin(), static_cast<int64_t>(i));
-      c.sizes.insert(c.sizes.begin(), 1);
-      c.strides.insert(c.strides.begin(), std::max<int64_t>(whole, 1));
-      out.chunks.push_back(std::move(c));
-    }
+    for (const TensorChunk& c : t.chunks) out.chunks.push_back(with_layer_axis(c, static_cast<int64_t>(i)));
   }
   return out;
 }
@@ -183,10 +390,7 @@ TorchDistOutput torch_dist_from_model(const CheckpointModel& model) {
     }
   }
   out.items.root = root;
-  out.made_files = {
-      {"common.pt", empty_common_pt()},
-      {"metadata.json", R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", )"
-                        R"("common_backend_version": 1})"}};
+  out.side_files = {{"common.pt", empty_common_pt()}, {"metadata.json", kTorchDistMetadata}};
   return out;
 }
 

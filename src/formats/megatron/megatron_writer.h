@@ -5,12 +5,23 @@
 // the stored view written as DCP items for the new world size, each
 // sharded object stored as megatron-core does, and common.pt and
 // metadata.json copied unchanged: neither depends on the parallelism.
+//
+// From a Megatron-LM legacy (ckpt_format=torch) checkpoint read whole, the
+// same directory is made from its TP=1/PP=1 model: every run of layers
+// stacked into one tensor per parameter (decoder.layers.<rest>, leading
+// num_layers axis), named by the layer spec's sharded_state_dict_keys_map
+// (the local spec's input_layernorm.weight is stored as
+// self_attention.linear_qkv.layer_norm_weight), each layer's _extra_state a
+// shard of a sharded object of shape (num_layers,); common.pt made of the
+// job's entries (args, iteration, checkpoint_version, ...) and
+// metadata.json of megatron-core's torch_dist backend.
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "io/atomic_dir.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::megatron {
@@ -20,15 +31,13 @@ struct TorchDistOutput {
   // shard of a sharded object as KEY/shard_<offsets>_<shape> holding
   // [value] (megatron-core's torch.save([obj]) of one ShardedObject).
   CheckpointModel items;
-  // The source's common.pt and metadata.json, copied beside the items.
-  std::vector<std::string> side_files;
-  // Or, for a model that was no torch_dist checkpoint: the files made
-  // (name, bytes) in their place.
-  std::vector<std::pair<std::string, std::string>> made_files;
+  // common.pt and metadata.json, written beside the items: the source's
+  // copied, or made from a legacy checkpoint's job entries.
+  std::vector<SideFile> side_files;
 };
 
-// `stored`: a torch_dist checkpoint read whole (SourceInfo::megatron set);
-// InvalidArgument otherwise.
+// `stored`: a torch_dist checkpoint read whole (SourceInfo::megatron set),
+// or a Megatron-LM legacy checkpoint read whole; InvalidArgument otherwise.
 TorchDistOutput torch_dist_output(const CheckpointModel& stored);
 
 // A model in megatron-core's unstacked names (decoder.layers.<i>.<param>,

@@ -1,0 +1,284 @@
+#include "formats/megatron_legacy/legacy_writer.h"
+
+#include <algorithm>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/megatron_legacy/legacy_reader.h"
+#include "formats/megatron_legacy/tp_layout.h"
+#include "model/tree_walk.h"
+
+namespace ckpt::megatron_legacy {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+using pickle::ValuePtr;
+
+int64_t int_entry(const ValuePtr& args, std::string_view key, int64_t fallback) {
+  ValuePtr v = args->get(key);
+  return v && v->is(Kind::kInt) ? v->int_value : fallback;
+}
+
+bool bool_entry(const ValuePtr& args, std::string_view key) {
+  ValuePtr v = args->get(key);
+  return v && v->is(Kind::kBool) && v->as_bool();
+}
+
+// `dict` with `key` set to `value` where it has the key (the Namespace's
+// attributes Megatron-LM's own parse_args made; none is added).
+void set_existing(const ValuePtr& dict, std::string_view key, ValuePtr value) {
+  for (auto& [k, v] : dict->entries)
+    if (k->is(Kind::kStr) && k->as_str() == key) v = std::move(value);
+}
+
+// Appends the chunks of `t` that cover [from, from + count) of dim `dim`,
+// cut to that range and placed at `at` on that dim.
+void add_range(const TensorEntry& t, std::size_t dim, int64_t from, int64_t count, int64_t at,
+               std::vector<TensorChunk>& out) {
+  for (const TensorChunk& c : t.chunks) {
+    const int64_t lo = std::max(from, c.offsets[dim]);
+    const int64_t hi = std::min(from + count, c.offsets[dim] + c.sizes[dim]);
+    if (lo >= hi) continue;
+    TensorChunk piece = c;
+    piece.storage_offset += (lo - c.offsets[dim]) * c.strides[dim];
+    piece.sizes[dim] = hi - lo;
+    piece.offsets[dim] = at + (lo - from);
+    out.push_back(std::move(piece));
+  }
+}
+
+// Megatron-LM's _vocab_size_with_padding: the vocabulary rounded up to a
+// multiple of make_vocab_size_divisible_by x TP.
+int64_t padded_vocab(int64_t vocab, int64_t divisible_by, int tp) {
+  const int64_t multiple = divisible_by * tp;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+class LegacyPlanner {
+ public:
+  LegacyPlanner(const CheckpointModel& legacy, int tp, int pp) : legacy_(legacy), tp_(tp), pp_(pp) {}
+
+  LegacyOutput run() {
+    ValuePtr root = mapping_of(legacy_.root);
+    ValuePtr model = root->is(Kind::kDict) ? root->get("model") : nullptr;
+    args_ = root->is(Kind::kDict) ? root->get("args") : nullptr;
+    if (legacy_.info.kind != SourceKind::kMegatronLegacy || !model || !args_)
+      fail_invalid(legacy_.source +
+                   ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint read whole (no --only): its "
+                   "TP=1/PP=1 model and its args, which the rank files carry with the new TP and PP (a torch_dist "
+                   "or Hugging Face source holds no Megatron-LM args)");
+    args_ = mapping_of(args_);
+    model = mapping_of(model);
+    settle_model(model);
+    log::warn(legacy_.source +
+              ": the optimizer and RNG states are not written (per rank; not resharded yet): load the output with "
+              "--no-load-optim --no-load-rng");
+    LegacyOutput out;
+    auto it = legacy_.facts.find("megatron iteration");
+    const bool release = it != legacy_.facts.end() && it->second == "release";
+    ValuePtr iteration = root->get("iteration");
+    if (!release && !(iteration && iteration->is(Kind::kInt)))
+      fail_data_loss(legacy_.source + ": no integer 'iteration' beside the model");
+    out.tracker = release ? "release" : std::to_string(iteration->int_value);
+    std::string folder = "release";
+    if (!release) {
+      folder = std::to_string(iteration->int_value);
+      folder = "iter_" + std::string(folder.size() < 7 ? 7 - folder.size() : 0, '0') + folder;
+    }
+    ValuePtr args = new_args();
+    const std::vector<std::pair<std::string, ValuePtr>> entries = model_entries(model);
+    for (int p = 0; p < pp_; ++p)
+      for (int t = 0; t < tp_; ++t) {
+        LegacyRankFile file;
+        file.name = folder + "/" + rank_folder_name(t, p, 0, pp_, 1) + "/" + kRankFile;
+        ValuePtr rank_model = Value::dict();
+        with_context(file.name, [&] {
+          for (const auto& [name, v] : entries) add_entry(name, v, t, p, rank_model, file.tensors);
+        });
+        file.root = Value::dict();
+        for (const auto& [k, v] : root->entries) {
+          const std::string key = path_component(*k);
+          file.root->entries.emplace_back(k, key == "model" ? rank_model : key == "args" ? args : v);
+        }
+        out.files.push_back(std::move(file));
+      }
+    return out;
+  }
+
+ private:
+  // What the model and the new degrees must agree on before anything is cut.
+  void settle_model(const ValuePtr& model) {
+    swiglu_ = bool_entry(args_, "swiglu");
+    tied_ = !bool_entry(args_, "untie_embeddings_and_output_weights");
+    for (const auto& [k, v] : model->entries)
+      if (auto at = layer_index_in(path_component(*k))) num_layers_ = std::max(num_layers_, at->index + 1);
+    if (const int64_t said = int_entry(args_, "num_layers", num_layers_); said != num_layers_)
+      fail_data_loss(legacy_.source + ": the model holds " + std::to_string(num_layers_) + " layers, args.num_layers " +
+                     std::to_string(said));
+    if (num_layers_ % pp_)
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": " + std::to_string(num_layers_) +
+                                          " layers do not divide into " + std::to_string(pp_) +
+                                          " pipeline stages (an uneven split is not written yet)");
+    const int64_t heads = int_entry(args_, "num_attention_heads", -1);
+    const int64_t groups =
+        bool_entry(args_, "group_query_attention") ? int_entry(args_, "num_query_groups", -1) : heads;
+    if (heads < 1 || groups < 1 || heads % tp_ || groups % tp_)
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": " + std::to_string(heads) + " attention heads in " +
+                                          std::to_string(groups) + " query groups do not divide over TP " +
+                                          std::to_string(tp_) + " (each TP rank holds whole query groups)");
+    // The vocabulary padded as Megatron-LM pads it for the new TP. Rows past
+    // the vocabulary are padding no token reads: dropped when the new TP
+    // needs fewer; more would be rows the source does not have.
+    const int64_t stored_rows = int_entry(args_, "padded_vocab_size", -1);
+    const int64_t vocab = int_entry(args_, "vocab_size", -1);
+    if (stored_rows < 1)
+      fail_data_loss(legacy_.source + ": no args.padded_vocab_size, which Megatron-LM saves with every job");
+    vocab_rows_ = stored_rows;
+    if (vocab > 0) {
+      vocab_rows_ = padded_vocab(vocab, int_entry(args_, "make_vocab_size_divisible_by", 128), tp_);
+      if (vocab_rows_ > stored_rows)
+        fail(ErrorCode::kUnimplemented,
+             legacy_.source + ": at TP " + std::to_string(tp_) + " Megatron-LM pads the vocabulary of " +
+                 std::to_string(vocab) + " to " + std::to_string(vocab_rows_) + " rows, more than the " +
+                 std::to_string(stored_rows) + " stored; adding padding rows is not supported yet");
+    }
+    if (vocab_rows_ % tp_)
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": " + std::to_string(vocab_rows_) +
+                                          " vocabulary rows do not divide over TP " + std::to_string(tp_) +
+                                          " (set a vocabulary args.make_vocab_size_divisible_by pads to a multiple)");
+  }
+
+  // The model's entries by name, with tied embeddings (Megatron-LM's
+  // default) as the new pipeline holds them: at PP > 1 the last stage keeps
+  // a copy of the word embeddings as output_layer.weight (the reader keeps
+  // a PP > 1 source's as stored; from a PP = 1 source it is the embedding's
+  // tensor), at PP = 1 there is none.
+  std::vector<std::pair<std::string, ValuePtr>> model_entries(const ValuePtr& model) const {
+    std::vector<std::pair<std::string, ValuePtr>> out;
+    const bool copy_needed = tied_ && pp_ > 1 && !model->get("output_layer.weight");
+    ValuePtr embedding = model->get("embedding.word_embeddings.weight");
+    if (copy_needed && !embedding)
+      fail_data_loss(legacy_.source + ": tied embeddings, but no embedding.word_embeddings.weight");
+    for (const auto& [k, v] : model->entries) {
+      std::string name = path_component(*k);
+      if (tied_ && pp_ == 1 && name == "output_layer.weight") continue;
+      if (copy_needed && name == "output_layer._extra_state") out.emplace_back("output_layer.weight", embedding);
+      out.emplace_back(std::move(name), v);
+    }
+    if (copy_needed && !model->get("output_layer._extra_state")) out.emplace_back("output_layer.weight", embedding);
+    return out;
+  }
+
+  // args for the new job: Megatron-LM's load_checkpoint compares the TP and
+  // PP sizes (check_checkpoint_args) and pads the vocabulary for its TP. No
+  // virtual stages are written.
+  ValuePtr new_args() const {
+    auto args = std::make_shared<Value>(*args_);  // keeps `stored`: written back as the Namespace it was
+    set_existing(args, "tensor_model_parallel_size", Value::integer(tp_));
+    set_existing(args, "pipeline_model_parallel_size", Value::integer(pp_));
+    set_existing(args, "transformer_pipeline_model_parallel_size", Value::integer(pp_));
+    set_existing(args, "padded_vocab_size", Value::integer(vocab_rows_));
+    for (const char* vpp : {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
+                            "num_virtual_stages_per_pipeline_rank"})
+      set_existing(args, vpp, Value::none());
+    return args;
+  }
+
+  // The pipeline stage holding a model entry outside the layers: the
+  // embeddings are the first stage's, the final norm and output layer the last's.
+  int stage_of_unlayered(const std::string& name) const {
+    if (name.rfind("embedding.", 0) == 0) return 0;
+    if (name.rfind("decoder.", 0) == 0 || name.rfind("output_layer.", 0) == 0) return pp_ - 1;
+    fail(ErrorCode::kUnimplemented, legacy_.source + ": model entry '" + name +
+                                        "' is outside the layers, the embeddings, the decoder and the output layer; "
+                                        "which pipeline stage holds it is not known here");
+  }
+
+  // Entry `name` of the TP=1/PP=1 model, as TP rank t / PP rank p holds it
+  // (if it does): under its stage-local name, its TP piece.
+  void add_entry(const std::string& name, const ValuePtr& v, int t, int p, ValuePtr& into,
+                 std::vector<TensorEntry>& tensors) const {
+    std::string local = name;
+    const int64_t per_stage = num_layers_ / pp_;
+    if (auto at = layer_index_in(name)) {
+      if (at->index / per_stage != p) return;
+      local.replace(at->pos, at->len, std::to_string(at->index - p * per_stage));
+    } else if (stage_of_unlayered(name) != p) {
+      return;
+    }
+    auto idx = tensor_ref_index(*v);
+    if (!idx) {  // an _extra_state object (None for the local spec): every rank's
+      into->entries.emplace_back(Value::str(local), v);
+      return;
+    }
+    tensors.push_back(tp_piece(legacy_.tensors.at(*idx), name, t));
+    tensors.back().name = local;
+    into->entries.emplace_back(Value::str(local), make_tensor_ref(tensors.size() - 1));
+  }
+
+  // TP rank t's piece of `full` (the TP=1 tensor of `name`).
+  TensorEntry tp_piece(const TensorEntry& full, const std::string& name, int t) const {
+    const bool vocab = name.find("word_embeddings.") != std::string::npos || name.rfind("output_layer.", 0) == 0;
+    std::optional<TpSplit> split = tp_split_of(name, swiglu_);
+    if (!split || (tp_ == 1 && !vocab)) {
+      if (!split && tp_ > 1)
+        fail(ErrorCode::kUnimplemented, "'" + name +
+                                            "' is a parameter whose tensor-parallel layout ckptconv does not know; "
+                                            "refusing to guess how to cut it for TP " +
+                                            std::to_string(tp_));
+      return full;
+    }
+    if (*split == TpSplit::kWhole || *split == TpSplit::kExtraState) return full;
+    const std::size_t dim = *split == TpSplit::kDim1 ? 1 : 0;
+    if (full.shape.size() <= dim)
+      fail_data_loss("'" + name + "' of shape " + shape_str(full.shape) + " has no dim " + std::to_string(dim) +
+                     " to cut for TP (" + tp_split_name(*split) + ")");
+    TensorEntry out = full;
+    out.chunks.clear();
+    const int64_t rows = vocab ? vocab_rows_ : full.shape[dim];
+    if (vocab && full.shape[0] < rows)
+      fail_data_loss("'" + name + "' has " + std::to_string(full.shape[0]) + " rows, args.padded_vocab_size more");
+    if (*split == TpSplit::kGatedDim0) {
+      // [gate; up] at TP=1 -> [gate_t; up_t] on rank t.
+      const int64_t half = rows / 2;
+      if (rows % 2 || half % tp_)
+        fail(ErrorCode::kUnimplemented, "'" + name + "' has " + std::to_string(rows) +
+                                            " rows: [gate; up] halves that do not divide over TP " +
+                                            std::to_string(tp_));
+      const int64_t per = half / tp_;
+      add_range(full, 0, t * per, per, 0, out.chunks);
+      add_range(full, 0, half + t * per, per, per, out.chunks);
+      out.shape[0] = 2 * per;
+      return out;
+    }
+    if (rows % tp_)
+      fail(ErrorCode::kUnimplemented, "'" + name + "' has " + std::to_string(rows) + " on dim " + std::to_string(dim) +
+                                          ", which does not divide over TP " + std::to_string(tp_));
+    const int64_t per = rows / tp_;
+    add_range(full, dim, t * per, per, 0, out.chunks);
+    out.shape[dim] = per;
+    return out;
+  }
+
+  const CheckpointModel& legacy_;
+  int tp_, pp_;
+  ValuePtr args_;
+  bool swiglu_ = false, tied_ = false;
+  int64_t num_layers_ = 0;
+  int64_t vocab_rows_ = 0;
+};
+
+}  // namespace
+
+LegacyOutput plan_legacy_output(const CheckpointModel& legacy, int tp, int pp) {
+  if (tp < 1 || pp < 1)
+    fail_invalid("--tp and --pp must be at least 1 (got " + std::to_string(tp) + " and " + std::to_string(pp) + ")");
+  return LegacyPlanner(legacy, tp, pp).run();
+}
+
+}  // namespace ckpt::megatron_legacy
