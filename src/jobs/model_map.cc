@@ -111,8 +111,10 @@ CheckpointModel apply_requested_map(CheckpointModel model, const std::string& ma
 
 bool maps_back(const std::string& map_option, const std::string& layout, const std::string& source_format) {
   if (map_option == "none") return false;
-  // No --map: a torch_dist source keeps its layout (and --layout megatron's refusals).
-  if (map_option.empty()) return layout == "megatron" && source_format != "megatron-torch-dist";
+  // No --map: a Megatron source (torch_dist, or Megatron-LM legacy, which
+  // --layout megatron restacks) keeps its names (and --layout megatron's refusals).
+  if (map_option.empty())
+    return layout == "megatron" && source_format != "megatron-torch-dist" && source_format != "megatron-legacy";
   return true;
 }
 
