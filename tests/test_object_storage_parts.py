@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from test_object_storage import BUCKET, moto, run_s3, s3_env  # noqa: F401
-from test_object_storage_outputs import RuleProxy, fetch, keys_under, open_uploads, s3, serving  # noqa: F401
+from test_object_storage_outputs import (RuleProxy, dcp_tensors, fetch, keys_under, open_uploads, s3,  # noqa: F401
+                                         serving)
 
 
 @pytest.fixture(scope="module")
@@ -147,4 +148,55 @@ def test_an_existing_object_is_refused_by_every_worker_before_any_upload(ckptcon
     assert r.returncode == 2, r.stderr
     assert f"s3://{BUCKET}/{key}: output exists" in r.stderr
     assert keys_under(s3, "exists-parted/") == [key]
+    assert open_uploads(s3) == []
+
+
+def same_dcp_folder(s3, prefix: str, local: Path, tmp: Path) -> None:
+    """The objects under `prefix` are the local folder's files (.metadata
+    records the output path and a random save id: it is loaded instead),
+    and torch's DCP reader loads them as the local folder's tensors."""
+    want = sorted(p.name for p in local.iterdir())
+    assert ".metadata" in want and keys_under(s3, prefix + "/") == [f"{prefix}/{n}" for n in want]
+    got = tmp / "got"
+    got.mkdir()
+    for n in want:
+        (got / n).write_bytes(fetch(s3, f"{prefix}/{n}"))
+        if n != ".metadata":
+            assert (got / n).read_bytes() == (local / n).read_bytes(), n
+    loaded, source = dcp_tensors(got, tmp), dcp_tensors(local, tmp)
+    assert sorted(loaded) == sorted(source) and len(source) >= 7
+    for name, t in source.items():
+        assert torch.equal(loaded[name], t), name
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reshard_parted_to_s3_is_the_local_dcp_folder(ckptconv, run_s3, s3, moto, wide, tmp_path, n):
+    """DCP fills its ranks' files together; every rank file's parts are
+    shared out by bytes, each DCP item's zip metadata patched by the
+    finalizer, .metadata put last."""
+    prefix = f"reshard-parted-{n}/ws4"
+    cmd = [str(ckptconv), "reshard", str(wide), "-o", f"s3://{BUCKET}/{prefix}", "--world-size", "4", "--layout",
+           "dcp", "--part"]
+    procs = [subprocess.Popen([*cmd, f"{i}/{n}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=s3_env(moto)) for i in range(n)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    local = run_s3("reshard", wide, "-o", tmp_path / "ws4", "--world-size", "4", "--layout", "dcp", "-q")
+    assert local.returncode == 0, local.stderr
+    same_dcp_folder(s3, prefix, tmp_path / "ws4", tmp_path)
+    assert open_uploads(s3) == [] and keys_under(s3, prefix + ".parts") == []
+
+
+def test_a_dcp_output_within_the_memory_limit_is_written_in_groups_of_ranks(run_s3, s3, moto, wide, tmp_path):
+    """Four rank files of about 9.5 MiB hold a part buffer of 8 MiB each
+    while DCP fills them together; under --memory-limit 17M they are
+    written two at a time (the writer run twice, the other ranks' tensors
+    skipped), and the objects are the one-pass local folder's."""
+    r = run_s3("reshard", wide, "-o", f"s3://{BUCKET}/grouped/ws4", "--world-size", "4", "--layout", "dcp",
+               "--memory-limit", "17M", "-q")
+    assert r.returncode == 0, r.stderr
+    local = run_s3("reshard", wide, "-o", tmp_path / "ws4", "--world-size", "4", "--layout", "dcp", "-q")
+    assert local.returncode == 0, local.stderr
+    same_dcp_folder(s3, "grouped/ws4", tmp_path / "ws4", tmp_path)
     assert open_uploads(s3) == []
