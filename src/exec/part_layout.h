@@ -21,8 +21,9 @@ struct PartSpec {
   int index = 0;  // this worker, 0-based
   int count = 1;  // workers in all
   bool finalize_only = false;
-  bool abort = false;  // give the output up: remove the parts (s3://: abort the shared uploads)
   std::string from;    // where index/count came from, for the log: "--part", "Slurm (SLURM_PROCID/SLURM_NTASKS)", ...
+  bool abort = false;  // give the output up: remove the parts (s3://: abort the shared uploads); last, so
+                       // that {index, count, finalize_only, from} still initialises the rest
 };
 
 struct PartOutcome {
