@@ -128,6 +128,10 @@ def test_a_worker_killed_mid_upload_leaves_no_object(ckptconv, run_s3, s3, moto,
     assert refused.returncode == 3, refused.stderr
     assert f"{out}: parts 1/2 have no receipt" in refused.stderr
     assert key not in keys_under(s3, f"killed-{then}/")
+    # `ckptconv finalize OUT` finds the state prefix beside an s3:// OUT and reruns the stored request.
+    refused = run_s3("finalize", out)
+    assert refused.returncode == 3, refused.stderr
+    assert f"{out}: parts 1/2 have no receipt" in refused.stderr
     if then == "finalize":
         rerun = run_s3("consolidate", wide, "-o", out, "--part", "1/2", "-q")
         assert rerun.returncode == 0, rerun.stderr

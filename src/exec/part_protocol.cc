@@ -20,6 +20,7 @@
 #include "io/byte_sink.h"
 #include "io/part_sink.h"
 #include "io/parts_folder.h"
+#include "io/s3_upload.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
@@ -546,6 +547,7 @@ std::vector<std::string> parts_folders(const std::string& output) {
 }
 
 std::optional<std::string> stored_request(const std::string& folder) {
+  if (is_s3_url(folder)) return s3_get_object(folder + "/request.json");  // the state prefix of an s3:// OUT
   std::optional<PartsFolder> parts = PartsFolder::open(folder);
   if (!parts) return std::nullopt;
   return parts->read_file("request.json");
