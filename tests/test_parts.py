@@ -172,6 +172,22 @@ def test_receipts_of_another_split_are_refused(tmp_path, run_ckptconv):
     assert not out.exists()
 
 
+def test_part_abort_removes_the_parts_and_writes_nothing(tmp_path, run_ckptconv):
+    """Giving a run up: --part abort with the workers' command removes the
+    parts folder of that plan; OUT never appears, and a second abort finds
+    nothing to remove."""
+    src, _ = SOURCES["dcp"]
+    out = tmp_path / "a.pt"
+    assert run_ckptconv("consolidate", src, "-o", out, "--part", "0/2").returncode == 0
+    [parts] = list(tmp_path.glob("a.pt.parts-*"))
+    assert (parts / "part-0-of-2.json").is_file()
+    r = run_ckptconv("consolidate", src, "-o", out, "--part", "abort")
+    assert r.returncode == 0 and f"removed {parts}" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+    r = run_ckptconv("consolidate", src, "-o", out, "--part", "abort")
+    assert r.returncode == 0 and "no parts of this plan to remove" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("args, says", [
     (["--part", "3/3"], "is not one of 0..2"),
     (["--part", "1-of-2"], "--part must be I/N"),

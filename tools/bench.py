@@ -20,6 +20,11 @@ in one report comes from the same run on the same warm page cache.
     python tools/bench.py ucp --ckpt ZERO2_DIR --ckpt ZERO3_DIR --work DIR --ckptconv BIN --ds-python PY
         (ckptconv reshard --layout deepspeed-universal against DeepSpeed's ds_to_universal.py:
         wall time, peak RSS and peak extra disk, and every tensor of the two outputs compared)
+    python tools/bench.py s3 --sizes 2.5e8,1e9 --work DIR --ckptconv BIN [--s3-python PY]
+        (object storage, moto's S3 server on loopback, started here: for each size a generated
+        DCP checkpoint (world size 4) uploaded to it, consolidated to .pt from s3:// and from
+        local disk, to s3://, and by torch's dcp_to_torch_save over s3fs (FsspecReader, run by
+        PY, a Python with s3fs: scripts/setup-s3bench), wall time and peak RSS side by side)
     python tools/bench.py megatron --ckpt DIR --work DIR --ckptconv BIN --megatron-python PY
         (a megatron-core torch_dist checkpoint from tools/make_megatron_bench.py: ckptconv
         consolidate --only model against megatron-core's load into a TP=1/PP=1 model +
@@ -220,6 +225,97 @@ def consolidate(args) -> None:
           f"{results['ckptconv --part x4'][0] / c:.2f}x the single process's time (target <= 1.1 on one disk; "
           "docs/scaling.md)")
     print_validate_ratios(results)
+
+
+S3_KEY_ID, S3_SECRET = "AKIDBENCH", "bench-secret"
+
+
+def s3(args) -> None:
+    """consolidate from an s3:// checkpoint against the same from local disk
+    and against torch's dcp_to_torch_save reading the bucket through fsspec
+    (s3fs), all on one moto server on loopback started by this process, so
+    every row pays the same server. moto is Python and serves each ranged
+    GET by slicing the whole object, so the s3:// rows measure the request
+    pattern against a slow server more than a real store's bandwidth; the
+    peak RSS is what matters: it must stay flat as the checkpoint grows."""
+    import boto3
+    import moto.server as moto_server
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=S3_KEY_ID, AWS_SECRET_ACCESS_KEY=S3_SECRET,
+               AWS_REGION="us-east-1", AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent")
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_KEY_ID, aws_secret_access_key=S3_SECRET,
+                          region_name="us-east-1")
+    client.create_bucket(Bucket="bench")
+    torch_script = Path(__file__).parent / "bench_s3_torch.py"
+    out_pt = work / "s3.pt"
+    rows = []
+    try:
+        for text in args.sizes.split(","):
+            ckpt = work / f"s3_{text}"
+            shutil.rmtree(ckpt, ignore_errors=True)
+            subprocess.run([sys.executable, str(Path(__file__).parent / "make_checkpoints.py"), "bench", "--out",
+                            str(ckpt), "--bytes", text, "--world-size", "4", "--layout", "dcp"], check=True,
+                           stdout=subprocess.DEVNULL)
+            size = dir_bytes(ckpt)
+            prefix = f"ckpt_{text}"
+            for f in sorted(ckpt.iterdir()):
+                if f.is_file():
+                    client.upload_file(str(f), "bench", f"{prefix}/{f.name}")
+            url = f"s3://bench/{prefix}"
+            ours = [args.ckptconv, "-q", "consolidate"]
+            commands = {
+                "ckptconv from local": [*ours, str(ckpt), "-o", str(out_pt)],
+                "ckptconv from s3://": [*ours, url, "-o", str(out_pt)],
+                "ckptconv to s3://": [*ours, str(ckpt), "-o", f"s3://bench/out_{text}.pt", "--force"],
+                "ckptconv s3->s3 x2": ["sh", "-c", " ".join(
+                    f"{args.ckptconv} -q consolidate {url} -o s3://bench/parted_{text}.pt --force --part {i}/2 &"
+                    for i in range(2)) + " wait"],
+            }
+            if args.s3_python:
+                commands["torch dcp_to_torch_save"] = [args.s3_python, str(torch_script), url, str(out_pt), endpoint]
+            best = {}
+            for _ in range(args.passes):
+                warm_cache(ckpt)
+                results = {}
+                for name, cmd in commands.items():
+                    results[name] = run_measured(cmd, env=env)
+                    out_pt.unlink(missing_ok=True)
+                keep_best(best, results)
+            rows.append((size, best))
+            for f in sorted(ckpt.iterdir()):
+                client.delete_object(Bucket="bench", Key=f"{prefix}/{f.name}")
+            shutil.rmtree(ckpt)
+            print(f"s3: {size / 1e9:.2f} GB done", file=sys.stderr)
+    finally:
+        server.stop()
+    if not args.s3_python:
+        print("bench: torch's s3 row skipped: no Python with s3fs (run scripts/setup-s3bench, or set CKPT_S3_PYTHON)")
+    names = list(rows[0][1])
+    print(f"object storage (moto on loopback, DCP world size 4, consolidate to .pt, best of {args.passes}): "
+          "wall s / peak RSS MB")
+    print(f"{'size GB':>8} " + " ".join(f"{n:>26}" for n in names))
+    for size, best in rows:
+        print(f"{size / 1e9:8.2f} " + " ".join(f"{best[n][0]:15.2f} s {best[n][1] / 1e6:5.0f} MB" for n in names))
+    for size, best in rows:
+        remote, local = best["ckptconv from s3://"], best["ckptconv from local"]
+        line = (f"{size / 1e9:.2f} GB: from s3:// {remote[0] / local[0]:.2f}x the local run's time (moto-bound; "
+                f"no target), peak RSS {remote[1] / size:.1%} of the checkpoint (target < 15%)")
+        if "torch dcp_to_torch_save" in best:
+            t = best["torch dcp_to_torch_save"]
+            line += (f"; torch over s3fs / ckptconv from s3:// = {t[0] / remote[0]:.2f} (target >= 1), "
+                     f"torch's peak RSS {t[1] / size:.0%} of the checkpoint")
+        print(line)
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        print(f"from {first[0] / 1e9:.2f} to {last[0] / 1e9:.2f} GB: peak RSS " + ", ".join(
+            f"{n} {last[1][n][1] / 1e6 - first[1][n][1] / 1e6:+.0f} MB" for n in names) +
+            " (target: ckptconv's flat, within +/-16 MB)")
 
 
 def scale(args) -> None:
@@ -807,6 +903,12 @@ def main() -> None:
     mg.add_argument("--work", required=True)
     mg.add_argument("--ckptconv", required=True)
     mg.add_argument("--megatron-python", required=True, help="a Python that can import megatron.core")
+    s3p = sub.add_parser("s3")
+    s3p.add_argument("--sizes", required=True, help="checkpoint sizes in bytes, e.g. 2.5e8,1e9")
+    s3p.add_argument("--work", required=True)
+    s3p.add_argument("--ckptconv", required=True)
+    s3p.add_argument("--s3-python", help="a Python with torch and s3fs (scripts/setup-s3bench)")
+    s3p.add_argument("--passes", type=int, default=2)
     abp = sub.add_parser("ab")
     abp.add_argument("--ckpt", required=True)
     abp.add_argument("--work", required=True)
@@ -815,7 +917,7 @@ def main() -> None:
     abp.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "ucp": ucp,
-     "hf": hf, "fsdp1": fsdp1, "megatron": megatron, "ab": ab}[args.cmd](args)
+     "hf": hf, "fsdp1": fsdp1, "megatron": megatron, "s3": s3, "ab": ab}[args.cmd](args)
 
 
 if __name__ == "__main__":

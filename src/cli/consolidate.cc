@@ -59,9 +59,11 @@ CLI::App* register_write_command(CLI::App& app, const char* name, const char* de
   bind_common(sub, req->common,
               kThreads | kDevice | kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize | kNoVerify,
               {.dry_run = "Print a summary of the plan (with -v, every chunk); write nothing"});
-  sub->add_option("--part", req->part,
-                  "Write worker I's share of OUT (I/N, 0-based; auto: from Slurm, Open MPI, PMI or torchrun); the "
-                  "worker completing the set finalizes OUT (finalize: only that step). .pt and .safetensors")
+  sub->add_option(
+         "--part", req->part,
+         "Write worker I's share of OUT (I/N, 0-based; auto: from Slurm, Open MPI, PMI or torchrun); the "
+         "worker completing the set finalizes OUT (finalize: only that step; abort: give the parts up). .pt and "
+         ".safetensors, local or s3://")
       ->group(kPerformanceGroup);
   add_runner(sub, [req] { return jobs::run_consolidate(*req, std::cout).exit_code; });
   return sub;

@@ -83,7 +83,8 @@ void register_reshard(CLI::App& app) {
   bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize | kNoVerify, help);
   sub->add_option("--part", req->part,
                   "Write worker I's share of the output files (I/N, 0-based; auto: from Slurm, Open MPI, PMI or "
-                  "torchrun); the worker completing the set finalizes DST (finalize: only that step)")
+                  "torchrun); the worker completing the set finalizes DST (finalize: only that step; abort: give the "
+                  "parts up)")
       ->group(kPerformanceGroup);
   set_footer(
       sub,

@@ -14,10 +14,14 @@
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "exec/checksum.h"
+#include "exec/object_store_parts.h"
+#include "exec/part_layout.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
 #include "io/part_sink.h"
 #include "io/parts_folder.h"
+#include "io/s3_upload.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
 #include "plan/reshard.h"
@@ -25,54 +29,6 @@
 namespace ckpt {
 namespace fs = std::filesystem;
 namespace {
-
-// Bytes [begin, end) of a unit, written by `owner`: the whole unit, or rows
-// [r0, r1) of its tensor when the unit spans a boundary between two shares.
-struct Piece {
-  uint64_t begin = 0, end = 0;
-  int64_t r0 = 0, r1 = 0;
-  bool whole = true;
-  int owner = 0;
-};
-
-// Where every unit's bytes go in the output (which file, at what offset),
-// found by running the writer against counting sinks, and which worker
-// writes which piece of it.
-struct Layout {
-  std::vector<std::string> names;  // per file
-  std::vector<uint64_t> total;     // per file
-  std::vector<std::size_t> file;   // per unit
-  std::vector<uint64_t> offset, size;
-  std::vector<int64_t> rows;               // dim 0 of the unit's tensor when it may be cut there, else 0
-  std::vector<bool> zipped;                // a record of a zip archive: its receipt's CRC-32 goes into the output
-  std::string hash;                        // of the plan and the source's files: receipts of another plan are stale
-  std::vector<std::vector<Piece>> pieces;  // per unit, in byte order (assign_owners)
-
-  std::size_t units() const { return size.size(); }
-  PartSink::Ranges ranges_of(int part, std::size_t k) const {
-    PartSink::Ranges r;
-    for (std::size_t u = 0; u < units(); ++u)
-      if (file[u] == k)
-        for (const Piece& p : pieces[u])
-          if (p.owner == part && p.end > p.begin) r.emplace_back(offset[u] + p.begin, offset[u] + p.end);
-    std::sort(r.begin(), r.end());
-    return r;
-  }
-  // Every byte of file k no unit holds: what the finalizing process writes.
-  PartSink::Ranges metadata(std::size_t k) const {
-    PartSink::Ranges units_in, out;
-    for (std::size_t u = 0; u < units(); ++u)
-      if (file[u] == k && size[u] > 0) units_in.emplace_back(offset[u], offset[u] + size[u]);
-    std::sort(units_in.begin(), units_in.end());
-    uint64_t at = 0;
-    for (const auto& [b, e] : units_in) {
-      if (b > at) out.emplace_back(at, b);
-      at = std::max(at, e);
-    }
-    if (at < total.at(k)) out.emplace_back(at, total[k]);
-    return out;
-  }
-};
 
 // The job's request without what may differ between the workers and the
 // finalizer and does not change the bytes (where each ran, --force,
@@ -91,6 +47,10 @@ std::string request_fingerprint(const std::string& request) {
     for (const char* key : {"force", "no_fsync", "no_verify", "threads", "memory_limit", "device"}) c->erase(key);
   return j.dump();
 }
+
+}  // namespace
+
+namespace part_plan {
 
 Layout layout_of(PartedWriter& w, const PartedOptions& options) {
   Layout l;
@@ -133,6 +93,19 @@ Layout layout_of(PartedWriter& w, const PartedOptions& options) {
   l.hash = h.hex_digest();
   return l;
 }
+
+std::string parts_dir(const std::string& output, const Layout& l) {
+  return without_trailing_slashes(output) + ".parts-" + l.hash;
+}
+
+}  // namespace part_plan
+
+namespace {
+
+using part_plan::Layout;
+using part_plan::layout_of;
+using part_plan::parts_dir;
+using part_plan::Piece;
 
 // Which worker writes what when the output is split `parts` ways (the
 // plan's hash does not depend on it: the parts folder is found first). By
@@ -197,10 +170,6 @@ void assign_owners(Layout& l, int parts) {
 }
 
 std::string data_file(const std::string& dir, std::size_t k) { return dir + "/data-" + std::to_string(k); }
-
-std::string parts_dir(const std::string& output, const Layout& l) {
-  return without_trailing_slashes(output) + ".parts-" + l.hash;
-}
 
 std::string receipt_name(int part, int parts) {
   return "part-" + std::to_string(part) + "-of-" + std::to_string(parts) + ".json";
@@ -479,6 +448,11 @@ PartSpec parse_part(const std::string& text) {
     p.from = "--part finalize";
     return p;
   }
+  if (text == "abort") {
+    p.abort = true;
+    p.from = "--part abort";
+    return p;
+  }
   auto both = [&](const char* rank, const char* size, const char* who) -> bool {
     const char* r = std::getenv(rank);
     const char* s = std::getenv(size);
@@ -501,7 +475,7 @@ PartSpec parse_part(const std::string& text) {
                   text.find_first_not_of("0123456789/") == std::string::npos &&
                   text.find('/', slash + 1) == std::string::npos;
     if (!digits || slash > 6 || text.size() - slash - 1 > 6)
-      fail_invalid("--part must be I/N (worker I of N, 0-based), auto or finalize, not '" + text + "'");
+      fail_invalid("--part must be I/N (worker I of N, 0-based), auto, finalize or abort, not '" + text + "'");
     p.index = std::atoi(text.substr(0, slash).c_str());
     p.count = std::atoi(text.substr(slash + 1).c_str());
     p.from = "--part";
@@ -513,6 +487,19 @@ PartSpec parse_part(const std::string& text) {
 }
 
 PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const PartSpec& part) {
+  if (is_s3_url(options.path)) {
+    if (!w.publishes_to_object_store())
+      fail(ErrorCode::kOutputFailed, options.path + ": writing a " + w.kind() +
+                                         " output to s3:// is not supported yet: write it locally and upload it "
+                                         "(docs/object-storage.md)");
+    return write_parted_to_object_store(w, options, part, layout_of(w, options));
+  }
+  if (part.abort) {
+    const std::string dir = parts_dir(options.path, layout_of(w, options));
+    if (!PartsFolder::open(dir)) return {false, "no parts of this plan to remove (no " + dir + ")", 0, 0};
+    storage_for(dir).remove_tree(dir);
+    return {false, "removed " + dir, 0, 0};
+  }
   if (part.finalize_only) {
     // The folder's name does not depend on the number of parts; the
     // receipts in it say what it was.
@@ -560,6 +547,7 @@ std::vector<std::string> parts_folders(const std::string& output) {
 }
 
 std::optional<std::string> stored_request(const std::string& folder) {
+  if (is_s3_url(folder)) return s3_get_object(folder + "/request.json");  // the state prefix of an s3:// OUT
   std::optional<PartsFolder> parts = PartsFolder::open(folder);
   if (!parts) return std::nullopt;
   return parts->read_file("request.json");

@@ -13,7 +13,8 @@
 // the output. The result is byte for byte the single-process output (a DCP
 // .metadata's random save id aside). Formats: .pt, .safetensors (sharded
 // too), DCP directories, per-rank files and DeepSpeed universal checkpoints
-// (reshard); docs/scaling.md.
+// (reshard); docs/scaling.md. An s3:// OUT is shared through multipart
+// uploads instead of files (exec/object_store_parts.h).
 #pragma once
 
 #include <cstdint>
@@ -21,28 +22,15 @@
 #include <string>
 #include <vector>
 
+#include "exec/part_layout.h"
 #include "exec/parted_writer.h"
 
 namespace ckpt {
 
-struct PartSpec {
-  int index = 0;  // this worker, 0-based
-  int count = 1;  // workers in all
-  bool finalize_only = false;
-  std::string from;  // where index/count came from, for the log: "--part", "Slurm (SLURM_PROCID/SLURM_NTASKS)", ...
-};
-
 // "I/N" (0 <= I < N), "auto" (the launcher's environment: Slurm, Open MPI,
 // PMI, torchrun; InvalidArgument naming the variables when none is set),
-// or "finalize". InvalidArgument otherwise.
+// "finalize" or "abort". InvalidArgument otherwise.
 PartSpec parse_part(const std::string& text);
-
-struct PartOutcome {
-  bool published = false;   // this process finalized: OUT is in place
-  std::string summary;      // what was done, for the success line
-  std::size_t tensors = 0;  // pieces this worker wrote
-  uint64_t bytes = 0;
-};
 
 // This worker's share of the output, and the finalization when it
 // completes the set. Exit 3 (DataLoss) when finalizing finds a receipt

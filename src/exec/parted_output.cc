@@ -1,5 +1,6 @@
 #include "exec/parted_output.h"
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <vector>
@@ -83,19 +84,16 @@ class UploadFile final : public ByteSink {
   std::unique_ptr<S3UploadSink> upload_;  // destroyed uncompleted: aborted
 };
 
-// write_whole for an s3:// OUT: every data file streamed into its own
-// multipart upload (no local copy), then, all of them written, completed in
-// order and the marker files put after them, the checkpoint's marker last.
-// An error or an interrupt before that aborts every upload (nothing was
-// visible); one while publishing also deletes the objects already
-// published.
-// Runs the writer over one sink per output file, every unit written whole
-// (one process: no --part); a failure names the file it was writing.
-template <class File>
-void write_every_unit(PartedWriter& w, const std::vector<std::unique_ptr<File>>& files, const CopyOptions& copy) {
-  std::vector<ByteSink*> sinks;
-  for (const auto& f : files) sinks.push_back(f.get());
+// Runs the writer over one sink per output file, every unit of the files
+// `writes(k)` says written whole, the others' skipped (no byte of theirs
+// read; their sinks only count); a failure names the file it was writing.
+void write_units(PartedWriter& w, const std::vector<ByteSink*>& sinks, const CopyOptions& copy,
+                 const std::function<bool(std::size_t)>& writes) {
   w.run(sinks, [&](const PartUnit& u, ByteSink& sink, archive::ZipWriter* zip) {
+    if (!writes(u.file)) {
+      skip_unit(u, sink, zip);
+      return;
+    }
     try {
       write_unit(u, sink, zip, copy);
     } catch (Error& e) {
@@ -105,6 +103,37 @@ void write_every_unit(PartedWriter& w, const std::vector<std::unique_ptr<File>>&
   });
 }
 
+// One process, every unit written (no --part).
+template <class File>
+void write_every_unit(PartedWriter& w, const std::vector<std::unique_ptr<File>>& files, const CopyOptions& copy) {
+  std::vector<ByteSink*> sinks;
+  for (const auto& f : files) sinks.push_back(f.get());
+  write_units(w, sinks, copy, [](std::size_t) { return true; });
+}
+
+// The files [first, end) of an s3:// output whose part buffers, written
+// together, fit in `budget` (at least one file): a part each, or the whole
+// of a file smaller than a part.
+std::size_t files_within(const std::vector<uint64_t>& sizes, std::size_t first, uint64_t budget) {
+  std::size_t end = first;
+  uint64_t held = 0;
+  do {
+    held += std::min(sizes[end], s3_part_size(sizes[end]));
+    ++end;
+  } while (end < sizes.size() && held + std::min(sizes[end], s3_part_size(sizes[end])) <= budget);
+  return end;
+}
+
+// write_whole for an s3:// OUT: every data file streamed into its own
+// multipart upload (no local copy), then, all of them written, completed in
+// order and the marker files put after them, the checkpoint's marker last.
+// An error or an interrupt before that aborts every upload (nothing was
+// visible); one while publishing also deletes the objects already
+// published. Each file being written holds a part buffer: a writer that
+// fills its files in order holds one; one that fills them together (DCP,
+// every rank's file item by item) runs once per group of files whose
+// buffers fit in --memory-limit, skipping the other files' units, so
+// memory stays bounded whatever the world size.
 Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& options) {
   if (!w.publishes_to_object_store())
     fail(ErrorCode::kOutputFailed, options.path + ": writing a " + w.kind() +
@@ -125,42 +154,25 @@ Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& opti
       };
     files.push_back(std::make_unique<UploadFile>(w.output_path(k), s3_part_size(sizes[k]), std::move(on_open)));
   }
-  write_every_unit(w, files, options.copy);
+  if (w.fills_files_in_order()) {
+    write_every_unit(w, files, options.copy);
+  } else {
+    for (std::size_t first = 0; first < count;) {
+      const std::size_t end = files_within(sizes, first, options.copy.memory_limit);
+      std::vector<PartSink> counters;  // the other files' bytes, counted and dropped
+      for (std::size_t k = 0; k < count; ++k) counters.emplace_back(-1, PartSink::Ranges{}, w.output_path(k));
+      std::vector<ByteSink*> sinks;
+      for (std::size_t k = 0; k < count; ++k)
+        sinks.push_back(k >= first && k < end ? static_cast<ByteSink*>(files[k].get()) : &counters[k]);
+      write_units(w, sinks, options.copy, [&](std::size_t k) { return k >= first && k < end; });
+      for (std::size_t k = first; k < end; ++k) files[k]->close();
+      first = end;
+    }
+  }
   if (options.copy.verify) options.copy.verify->check_deferred();  // before anything is published
   for (; closed < count; ++closed) files[closed]->close();
-  const std::vector<MarkerFile> markers = w.marker_files();
   check_interrupted();  // an interrupted job leaves nothing, even when its files are uploaded
-  // A folder output (DCP, rank files) replaced with --force: S3 cannot swap
-  // a prefix in one step as a local rename does. The old marker goes first,
-  // so that no reader takes the old folder for a checkpoint while its files
-  // are replaced one by one, and after the new marker the old objects the
-  // new output has no use for (a larger world size's rank files).
-  const std::vector<std::string> dests = w.destinations();
-  const bool folder = dests.size() == 1 && (count == 0 || dests[0] != w.output_path(0));
-  if (options.force)
-    for (const auto& m : markers)
-      if (!s3_delete_object(m.path))  // S3 answers 204 for a key that is not there
-        fail(ErrorCode::kOutputFailed, m.path + ": cannot remove the marker of the output --force replaces");
-  std::vector<std::string> published;
-  try {
-    for (auto& f : files) {
-      f->complete(options.force);
-      published.push_back(f->url());
-    }
-    for (const auto& m : markers) {
-      s3_put_object(m.path, m.bytes, options.force);
-      published.push_back(s3_url_string(parse_s3_url(m.path)));
-    }
-  } catch (const Error&) {
-    for (const auto& url : published) s3_delete_object(url);
-    throw;
-  }
-  if (options.force && folder) {
-    const std::set<std::string> kept(published.begin(), published.end());
-    for (const auto& url : s3_objects_below(dests[0]))
-      if (!kept.count(url)) s3_delete_object(url);
-  }
-  return {published, std::to_string(published.size()) + (published.size() == 1 ? " object" : " objects")};
+  return publish_uploads(w, options, [&](std::size_t k, bool overwrite) { files[k]->complete(overwrite); });
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/object_store_publish.h"
 #include "exec/part_protocol.h"
 #include "exec/parted_writer.h"
 #include "model/checkpoint_model.h"

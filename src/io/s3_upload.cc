@@ -79,6 +79,16 @@ S3Request request_for(const S3Url& where, const char* method) {
   return req;
 }
 
+// The object at `where` is the one a completion of parts with these ETags
+// makes (its ETag is their multipart_etag).
+bool completed_from(const S3Url& where, const std::vector<std::string>& etags) {
+  const std::string expected = multipart_etag(etags);
+  if (expected.empty()) return false;
+  S3Request head = request_for(where, "HEAD");
+  S3Response r = default_s3_client().send(head, s3_url_string(where));
+  return r.status == 200 && r.headers["etag"] == expected;
+}
+
 }  // namespace
 
 uint64_t s3_part_size(uint64_t size) {
@@ -89,12 +99,7 @@ uint64_t s3_part_size(uint64_t size) {
 
 S3UploadSink::S3UploadSink(const std::string& url, uint64_t part_size)
     : where_(parse_s3_url(url)), url_(s3_url_string(where_)), part_size_(part_size) {
-  if (where_.key.empty()) fail_invalid(url_ + ": an output needs a key after the bucket (s3://BUCKET/KEY)");
-  S3Request req = request_for(where_, "POST");
-  req.query = {{"uploads", ""}};
-  S3Response r = send_write(req, url_, "starting the upload");
-  upload_id_ = xml_element(r.body, "UploadId").value_or("");
-  if (upload_id_.empty()) fail(ErrorCode::kOutputFailed, url_ + ": starting the upload: the answer has no UploadId");
+  upload_id_ = s3_create_upload(url_);
 }
 
 S3UploadSink::~S3UploadSink() { abort(); }
@@ -139,79 +144,105 @@ void S3UploadSink::reserve_for(std::size_t n) {
 }
 
 void S3UploadSink::upload_part() {
-  const std::size_t number = etags_.size() + 1;
+  const uint64_t number = parts_.size() + 1;
   if (number > kS3MaxParts)
     fail(ErrorCode::kOutputFailed, url_ + ": more than " + std::to_string(kS3MaxParts) + " parts of " +
                                        std::to_string(part_size_) + " bytes (the output grew past its plan)");
-  S3Request req = request_for(where_, "PUT");
-  req.query = {{"partNumber", std::to_string(number)}, {"uploadId", upload_id_}};
-  req.body = buffer_.data();
-  req.body_size = buffer_.size();
-  S3Response r = send_write(req, url_, ("uploading part " + std::to_string(number)).c_str());
-  auto etag = r.headers.find("etag");
-  if (etag == r.headers.end() || etag->second.empty())
-    fail(ErrorCode::kOutputFailed, url_ + ": part " + std::to_string(number) + ": the answer has no ETag");
-  etags_.push_back(etag->second);
+  parts_.push_back({number, s3_upload_part(url_, upload_id_, number, buffer_.data(), buffer_.size())});
   buffer_.clear();  // keeps its capacity for the next part
 }
 
 void S3UploadSink::close() {
   if (closed_) return;
   // The last part may be short; an empty object is one empty part.
-  if (!buffer_.empty() || etags_.empty()) upload_part();
+  if (!buffer_.empty() || parts_.empty()) upload_part();
   std::vector<char>().swap(buffer_);  // a closed upload keeps no buffer (a run may hold thousands)
   closed_ = true;
 }
 
 void S3UploadSink::complete(bool overwrite) {
   close();
-  std::string body = "<CompleteMultipartUpload>";
-  for (std::size_t i = 0; i < etags_.size(); ++i) {
-    std::string etag;
-    for (char c : etags_[i]) etag += c == '"' ? std::string("&quot;") : std::string(1, c);
-    body += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + etag + "</ETag></Part>";
-  }
-  body += "</CompleteMultipartUpload>";
-  S3Request req = request_for(where_, "POST");
-  req.query = {{"uploadId", upload_id_}};
-  if (!overwrite) req.headers.push_back("If-None-Match: *");
-  req.body = body.data();
-  req.body_size = body.size();
-  S3Response r = send_write(req, url_, "completing the upload", /*judge_lost_answers=*/true);
-  // 412 (the object exists) or 404 NoSuchUpload: the object may be this
-  // upload, completed by a try whose answer was lost (libcurl itself resends
-  // a request whose reused connection died, so tries may say 1). Its ETag
-  // tells: the MD5 of this upload's parts' MD5s.
-  if ((r.status == 412 || r.status == 404) && !completed_by_this_upload()) {
-    if (r.status == 412) fail_invalid(url_ + ": output exists (use --force to overwrite)");
-    fail(ErrorCode::kOutputFailed, url_ + ": completing the upload failed: " + r.error_text());
-  }
+  s3_complete_upload(url_, upload_id_, parts_, overwrite);
   done_ = true;
-}
-
-bool S3UploadSink::completed_by_this_upload() const {
-  const std::string expected = multipart_etag(etags_);
-  if (expected.empty()) return false;
-  S3Request head = request_for(where_, "HEAD");
-  S3Response r = default_s3_client().send(head, url_);
-  return r.status == 200 && r.headers["etag"] == expected;
 }
 
 void S3UploadSink::abort() noexcept {
   if (done_) return;
   done_ = true;
+  s3_abort_upload(url_, upload_id_);
+}
+
+std::string s3_create_upload(const std::string& url) {
+  const S3Url where = parse_s3_url(url);
+  const std::string name = s3_url_string(where);
+  if (where.key.empty()) fail_invalid(name + ": an output needs a key after the bucket (s3://BUCKET/KEY)");
+  S3Request req = request_for(where, "POST");
+  req.query = {{"uploads", ""}};
+  S3Response r = send_write(req, name, "starting the upload");
+  std::string id = xml_element(r.body, "UploadId").value_or("");
+  if (id.empty()) fail(ErrorCode::kOutputFailed, name + ": starting the upload: the answer has no UploadId");
+  return id;
+}
+
+std::string s3_upload_part(const std::string& url, const std::string& upload_id, uint64_t number, const char* data,
+                           std::size_t n) {
+  const S3Url where = parse_s3_url(url);
+  const std::string name = s3_url_string(where);
+  S3Request req = request_for(where, "PUT");
+  req.query = {{"partNumber", std::to_string(number)}, {"uploadId", upload_id}};
+  req.body = data;
+  req.body_size = n;
+  S3Response r = send_write(req, name, ("uploading part " + std::to_string(number)).c_str());
+  auto etag = r.headers.find("etag");
+  if (etag == r.headers.end() || etag->second.empty())
+    fail(ErrorCode::kOutputFailed, name + ": part " + std::to_string(number) + ": the answer has no ETag");
+  return etag->second;
+}
+
+void s3_complete_upload(const std::string& url, const std::string& upload_id, const std::vector<S3UploadedPart>& parts,
+                        bool overwrite) {
+  const S3Url where = parse_s3_url(url);
+  const std::string name = s3_url_string(where);
+  std::string body = "<CompleteMultipartUpload>";
+  std::vector<std::string> etags;
+  for (const auto& part : parts) {
+    std::string etag;
+    for (char c : part.etag) etag += c == '"' ? std::string("&quot;") : std::string(1, c);
+    body += "<Part><PartNumber>" + std::to_string(part.number) + "</PartNumber><ETag>" + etag + "</ETag></Part>";
+    etags.push_back(part.etag);
+  }
+  body += "</CompleteMultipartUpload>";
+  S3Request req = request_for(where, "POST");
+  req.query = {{"uploadId", upload_id}};
+  if (!overwrite) req.headers.push_back("If-None-Match: *");
+  req.body = body.data();
+  req.body_size = body.size();
+  S3Response r = send_write(req, name, "completing the upload", /*judge_lost_answers=*/true);
+  // 412 (the object exists) or 404 NoSuchUpload: the object may be this
+  // upload, completed by a try whose answer was lost (libcurl itself resends
+  // a request whose reused connection died, so tries may say 1). Its ETag
+  // tells: the MD5 of this upload's parts' MD5s.
+  if ((r.status == 412 || r.status == 404) && !completed_from(where, etags)) {
+    if (r.status == 412) fail_invalid(name + ": output exists (use --force to overwrite)");
+    fail(ErrorCode::kOutputFailed, name + ": completing the upload failed: " + r.error_text());
+  }
+}
+
+bool s3_abort_upload(const std::string& url, const std::string& upload_id) noexcept {
   try {
-    S3Request req = request_for(where_, "DELETE");
-    req.query = {{"uploadId", upload_id_}};
+    const S3Url where = parse_s3_url(url);
+    S3Request req = request_for(where, "DELETE");
+    req.query = {{"uploadId", upload_id}};
     req.cleanup = true;
-    S3Response r = default_s3_client().send(req, url_);
-    if (r.status != 204 && r.status != 200 && r.status != 404)
-      log::warn(url_ + ": cannot abort the unfinished upload (" + r.error_text() +
-                "); the bucket's lifecycle rule for incomplete multipart uploads removes its parts");
+    S3Response r = default_s3_client().send(req, url);
+    if (r.status == 204 || r.status == 200 || r.status == 404) return true;
+    log::warn(url + ": cannot abort the unfinished upload (" + r.error_text() +
+              "); the bucket's lifecycle rule for incomplete multipart uploads removes its parts");
   } catch (const std::exception& e) {
-    log::warn(url_ + ": cannot abort the unfinished upload (" + std::string(e.what()) +
+    log::warn(url + ": cannot abort the unfinished upload (" + std::string(e.what()) +
               "); the bucket's lifecycle rule for incomplete multipart uploads removes its parts");
   }
+  return false;
 }
 
 void s3_put_object(const std::string& url, const std::string& bytes, bool overwrite) {
@@ -221,6 +252,35 @@ void s3_put_object(const std::string& url, const std::string& bytes, bool overwr
   req.body = bytes.data();
   req.body_size = bytes.size();
   send_write(req, s3_url_string(where), "writing");
+}
+
+bool s3_put_new_object(const std::string& url, const std::string& bytes) {
+  const S3Url where = parse_s3_url(url);
+  S3Request req = request_for(where, "PUT");
+  req.headers.push_back("If-None-Match: *");
+  req.body = bytes.data();
+  req.body_size = bytes.size();
+  const std::string name = s3_url_string(where);
+  const S3Response r = send_write(req, name, "writing", /*judge_lost_answers=*/true);
+  if (r.status == 404) fail(ErrorCode::kOutputFailed, name + ": writing failed: " + r.error_text());
+  // A 412 may answer the retry of a PUT whose first answer was lost: the
+  // object is then these bytes (unique to the caller), and it won.
+  return r.status != 412 || s3_get_object(name) == bytes;
+}
+
+std::optional<std::string> s3_get_object(const std::string& url) {
+  const S3Url where = parse_s3_url(url);
+  const std::string name = s3_url_string(where);
+  S3Response r;
+  try {
+    r = default_s3_client().send(request_for(where, "GET"), name);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kDataLoss) throw;
+    fail(ErrorCode::kOutputFailed, e.message());
+  }
+  if (r.status == 404) return std::nullopt;
+  if (r.status != 200) fail(ErrorCode::kOutputFailed, name + ": reading failed: " + r.error_text());
+  return std::move(r.body);
 }
 
 bool s3_delete_object(const std::string& url) noexcept {

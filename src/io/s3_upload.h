@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ inline constexpr uint64_t kS3MaxParts = 10000;
 // The part size for an object of `size` bytes: kS3MinPartSize, or larger
 // (whole MiB) when the object needs more than kS3MaxParts of those.
 uint64_t s3_part_size(uint64_t size);
+
+// A part of a multipart upload, sent: its number (from 1) and ETag.
+struct S3UploadedPart {
+  uint64_t number = 0;
+  std::string etag;
+};
 
 // Streams bytes into one multipart upload: a part buffer, growing to
 // part_size bytes (the only memory it holds: a file smaller than a part
@@ -60,8 +67,6 @@ class S3UploadSink final : public ByteSink {
 
  private:
   void reserve_for(std::size_t n);
-  // The object at the key is the one this upload's parts make (its ETag).
-  bool completed_by_this_upload() const;
   void upload_part();
 
   S3Url where_;
@@ -70,7 +75,7 @@ class S3UploadSink final : public ByteSink {
   uint64_t part_size_;
   std::vector<char> buffer_;  // the part being filled
   uint64_t position_ = 0;
-  std::vector<std::string> etags_;  // of parts 1, 2, ...
+  std::vector<S3UploadedPart> parts_;  // 1, 2, ...
   bool closed_ = false;
   bool done_ = false;  // completed or aborted
 };
@@ -78,6 +83,32 @@ class S3UploadSink final : public ByteSink {
 // One PUT of `bytes` at `url`, visible at once (the small file that
 // publishes an output); If-None-Match: * unless `overwrite`.
 void s3_put_object(const std::string& url, const std::string& bytes, bool overwrite);
+// The same PUT with If-None-Match: *, false when another object is there
+// already: one of several workers racing to create a name wins. `bytes`
+// must be unique to the caller (a try whose answer was lost is told from
+// another writer's object by them).
+bool s3_put_new_object(const std::string& url, const std::string& bytes);
+// The object's bytes, read now (not the run's remembered listing: state
+// other processes change); nullopt when there is none. For small objects.
+std::optional<std::string> s3_get_object(const std::string& url);
+
+// The steps of a multipart upload that several processes share (a --part
+// output: exec/object_store_parts.h). Part numbers need not be consecutive;
+// the completion lists them in ascending order.
+// CreateMultipartUpload: the new upload's id.
+std::string s3_create_upload(const std::string& url);
+// UploadPart: the part's ETag.
+std::string s3_upload_part(const std::string& url, const std::string& upload_id, uint64_t number, const char* data,
+                           std::size_t n);
+// CompleteMultipartUpload (If-None-Match: * unless `overwrite`): the object
+// appears. A 412 or 404 answer is checked against the object's ETag (an
+// earlier try may have completed it and lost the answer) before it is
+// "output exists" (exit 2) or a failure (exit 4).
+void s3_complete_upload(const std::string& url, const std::string& upload_id, const std::vector<S3UploadedPart>& parts,
+                        bool overwrite);
+// AbortMultipartUpload; best effort (logged, never thrown), sent even
+// after Ctrl-C. True when the upload is gone.
+bool s3_abort_upload(const std::string& url, const std::string& upload_id) noexcept;
 // DeleteObject, to undo an output; best effort, sent even after Ctrl-C.
 bool s3_delete_object(const std::string& url) noexcept;
 

@@ -101,7 +101,9 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   const CommonOptions& opt = req.common;
   const JobOptions job = settle(opt);
   std::string directory;  // -o DIR/: the folder the file goes into, created when missing
-  if (!req.part.empty()) refuse_remote_output(req.output, "--part shares");
+  // One file's shares go into its multipart upload; a folder's side files are copied by one process.
+  if (!req.part.empty() && is_output_directory(req.output))
+    refuse_remote_output(req.output, "--part shares of a folder");
   if (is_output_directory(req.output)) {
     // A new prefix only: S3 has no rename to swap a folder with, nor to add files to one all at once.
     if (is_directory(req.output)) refuse_remote_output(req.output, "a folder output over an existing prefix");
@@ -179,7 +181,9 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   if (!req.part.empty()) {
     PartSpec part = parse_part(req.part);
     spdlog::info("--part: {} ({})",
-                 part.finalize_only ? "finalize" : std::to_string(part.index) + "/" + std::to_string(part.count),
+                 part.finalize_only ? "finalize"
+                 : part.abort       ? "abort"
+                                    : std::to_string(part.index) + "/" + std::to_string(part.count),
                  part.from);
     PartOutcome done;
     {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "exec/parted_output.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 #include "jobs/consolidate.h"
 #include "jobs/reshard.h"
@@ -48,8 +49,11 @@ void require_same_output(const std::string& folder, const std::string& output, c
   } catch (const json::exception& e) {
     fail(ErrorCode::kDataLoss, folder + "/request.json: not a request ckptconv wrote (" + e.what() + ")");
   }
-  const std::string given = resolved_path(output);
-  const std::string theirs = resolved_path((fs::path(cwd) / named).string());
+  // An s3:// OUT names itself; a local one is relative to where the workers ran.
+  const bool remote = is_s3_url(output) || is_s3_url(named);
+  const std::string given = remote ? s3_url_string(parse_s3_url(output)) : resolved_path(output);
+  const std::string theirs = remote ? (is_s3_url(named) ? s3_url_string(parse_s3_url(named)) : named)
+                                    : resolved_path((fs::path(cwd) / named).string());
   if (given != theirs)
     fail(ErrorCode::kUnsafe, folder + "/request.json: its output is " + theirs + ", not " + given +
                                  " (the OUT given to finalize); refused");

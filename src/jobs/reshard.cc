@@ -116,10 +116,11 @@ void log_plan(const ReshardPlan& plan, uint64_t bytes, const std::string& output
 std::optional<PartSpec> part_of(const ReshardRequest& req) {
   if (req.part.empty()) return std::nullopt;
   PartSpec part = parse_part(req.part);
-  log::info(
-      "--part: " +
-      (part.finalize_only ? std::string("finalize") : std::to_string(part.index) + "/" + std::to_string(part.count)) +
-      " (" + part.from + ")");
+  log::info("--part: " +
+            (part.finalize_only ? std::string("finalize")
+             : part.abort       ? std::string("abort")
+                                : std::to_string(part.index) + "/" + std::to_string(part.count)) +
+            " (" + part.from + ")");
   return part;
 }
 
@@ -473,7 +474,6 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid("--tp / --pp: only for a layout written per TP x PP position (not --layout " +
                  std::string(layout.name) + ")");
   if (!layout.object_store) refuse_remote_output(req.output, "--layout " + std::string(layout.name));
-  if (!req.part.empty()) refuse_remote_output(req.output, "--part shares");
   if (!layout.part && !req.part.empty())
     fail_invalid("--part: not available for --layout " + std::string(layout.name) + "; use --layout dcp");
   auto backend = choose_backend(job, job.cast_to || job.optim_cast_to);
