@@ -143,6 +143,22 @@ def test_map_none_keeps_megatrons_names(tmp_path, run_ckptconv):
     assert weights["embedding.word_embeddings.weight"].shape[0] == 64  # megatron's padded vocabulary
 
 
+def assert_config_mismatch_named(case, field, value, names, tmp_path, run_ckptconv):
+    """The case's config with `field` set to `value`: the export is exit 3
+    naming the tensor and the config field, and writes nothing."""
+    config = tmp_path / "config"
+    shutil.copytree(ARCH / case / "hf_config", config)
+    cfg = json.loads((config / "config.json").read_text())
+    cfg[field] = value
+    (config / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "export"
+    r = _export(run_ckptconv, case, out, config=config)
+    assert r.returncode == 3, r.stderr
+    for n in names + ["config.json"]:
+        assert n in r.stderr, (n, r.stderr)
+    assert not out.exists() and list(tmp_path.iterdir()) == [config]
+
+
 @pytest.mark.parametrize("field,value,names", [
     ("hidden_size", 16, ["model.embed_tokens.weight", "hidden_size = 16"]),
     ("num_key_value_heads", 1, ["decoder.layers.0.self_attention.linear_qkv.weight", "num_key_value_heads"]),
@@ -150,17 +166,7 @@ def test_map_none_keeps_megatrons_names(tmp_path, run_ckptconv):
     ("vocab_size", 70, ["embedding.word_embeddings.weight", "vocab_size = 70"]),
 ])
 def test_a_shape_the_config_does_not_give_is_exit_3_and_writes_nothing(field, value, names, tmp_path, run_ckptconv):
-    config = tmp_path / "config"
-    shutil.copytree(ARCH / "llama_gqa_tp2pp2" / "hf_config", config)
-    cfg = json.loads((config / "config.json").read_text())
-    cfg[field] = value
-    (config / "config.json").write_text(json.dumps(cfg))
-    out = tmp_path / "export"
-    r = _export(run_ckptconv, "llama_gqa_tp2pp2", out, config=config)
-    assert r.returncode == 3, r.stderr
-    for n in names + ["config.json"]:
-        assert n in r.stderr, (n, r.stderr)
-    assert not out.exists() and list(tmp_path.iterdir()) == [config]
+    assert_config_mismatch_named("llama_gqa_tp2pp2", field, value, names, tmp_path, run_ckptconv)
 
 
 def test_bad_map_requests_are_usage_errors(tmp_path, run_ckptconv):
@@ -384,17 +390,7 @@ def test_a_moe_map_streams_within_the_memory_limit(tmp_path, run_ckptconv):
     ("intermediate_size", 12, ["decoder.layers.0.mlp.experts.local_experts.", "intermediate_size = "]),
 ])
 def test_an_expert_shape_the_config_does_not_give_is_exit_3(field, value, names, tmp_path, run_ckptconv):
-    config = tmp_path / "config"
-    shutil.copytree(ARCH / "mixtral_ep2" / "hf_config", config)
-    cfg = json.loads((config / "config.json").read_text())
-    cfg[field] = value
-    (config / "config.json").write_text(json.dumps(cfg))
-    out = tmp_path / "export"
-    r = _export(run_ckptconv, "mixtral_ep2", out, config=config)
-    assert r.returncode == 3, r.stderr
-    for n in names + ["config.json"]:
-        assert n in r.stderr, (n, r.stderr)
-    assert not out.exists()
+    assert_config_mismatch_named("mixtral_ep2", field, value, names, tmp_path, run_ckptconv)
 
 
 def test_a_tie_rule_writes_the_output_layer_from_the_embedding(tmp_path, run_ckptconv):

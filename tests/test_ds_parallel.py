@@ -103,6 +103,22 @@ def test_validate_accepts_every_stage_and_counts_the_world_size(run_ckptconv):
     assert r.returncode == 1, r.stdout + r.stderr
 
 
+def assert_missing_files_named(case, missing, named, tmp_path, run_ckptconv):
+    """The case with `missing` files removed: consolidate is exit 3 naming
+    what is missing and writes nothing; validate fails naming it."""
+    src = _copy(case, tmp_path)
+    for name in missing:
+        (src / TAG / name).unlink()
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert named in r.stderr
+    assert not out.exists() and not list(tmp_path.glob("out.pt*"))
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert named in r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("missing, named", [
     ("layer_04-model_states.pt", "the layer file layer_04-model_states.pt of pipeline stage 1 is missing"),
     ("layer_00-model_states.pt", "the layer file layer_00-model_states.pt of pipeline stage 0 is missing"),
@@ -112,16 +128,7 @@ def test_validate_accepts_every_stage_and_counts_the_world_size(run_ckptconv):
     ("mp_rank_01_model_states.pt", "no mp_rank_01_model_states.pt"),
 ])
 def test_a_missing_file_is_exit_3_naming_it_and_writes_nothing(missing, named, tmp_path, run_ckptconv):
-    src = _copy("pp2_dp2_bf16_ws4", tmp_path)
-    (src / TAG / missing).unlink()
-    out = tmp_path / "out.pt"
-    r = run_ckptconv("consolidate", src, "-o", out)
-    assert r.returncode == 3, r.stderr
-    assert named in r.stderr
-    assert not out.exists() and not list(tmp_path.glob("out.pt*"))
-    r = run_ckptconv("validate", src)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert named in r.stdout + r.stderr
+    assert_missing_files_named("pp2_dp2_bf16_ws4", [missing], named, tmp_path, run_ckptconv)
 
 
 def test_a_whole_missing_stage_is_named_from_pp_degree(tmp_path, run_ckptconv):
@@ -356,17 +363,7 @@ def test_tensor_parallel_with_patterns_consolidates_to_the_live_engines(tmp_path
      "tp_degree 2 but the files of 1 tensor-parallel rank(s) are here (mp_rank_01_model_states.pt missing)"),
 ])
 def test_a_missing_tensor_parallel_file_is_exit_3_naming_it(missing, named, tmp_path, run_ckptconv):
-    src = _copy(TP_CASE, tmp_path)
-    for name in missing:
-        (src / TAG / name).unlink()
-    out = tmp_path / "out.pt"
-    r = run_ckptconv("consolidate", src, "-o", out)
-    assert r.returncode == 3, r.stderr
-    assert named in r.stderr
-    assert not out.exists() and not list(tmp_path.glob("out.pt*"))
-    r = run_ckptconv("validate", src)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert named in r.stdout + r.stderr
+    assert_missing_files_named(TP_CASE, missing, named, tmp_path, run_ckptconv)
 
 
 def test_a_merged_tensor_parallel_run_reshards_to_dcp(tmp_path, run_ckptconv):
