@@ -90,8 +90,7 @@ void register_reshard(CLI::App& app) {
       sub,
       {"ckptconv reshard ckpt/step-1000 -o ckpt-ws4 --world-size 4",
        "ckptconv reshard hf-model/ -o ckpt-ws8 --world-size 8 --layout dcp",
-       "ckptconv reshard ds_ckpt -o fsdp-ws2 --world-size 2 --layout fsdp-dtensor --dry-run",
-       "ckptconv reshard megatron-lm/ -o megatron-tp1pp2 --layout megatron-legacy --tp 1 --pp 2"},
+       "ckptconv reshard megatron-lm/ -o megatron-tp1pp2 --layout megatron-legacy --tp 1 --pp 2 --dry-run"},
       "0 written; 2 usage error; 3 input unreadable, corrupt, unsupported or unsafe; 4 output not written, or a\n"
       "size or memory limit hit; 5 installation problem or internal error; 130/143/129 stopped by\n"
       "SIGINT/SIGTERM/SIGHUP (nothing written).",
