@@ -104,6 +104,27 @@ TensorChunk with_layer_axis(TensorChunk c, int64_t layer) {
   return c;
 }
 
+// The layers' tensors (of `source`) as one under `key`, stacked on a new
+// leading axis: layer i's chunks at offset i, its bytes where they are.
+// Layers of another dtype or shape do not stack: Unimplemented naming both.
+TensorEntry stack_layers(const std::vector<const TensorEntry*>& layers, const std::string& key,
+                         const std::string& source) {
+  TensorEntry out = *layers.at(0);
+  out.name = key;
+  out.chunks.clear();
+  out.shape.insert(out.shape.begin(), static_cast<int64_t>(layers.size()));
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const TensorEntry& t = *layers[i];
+    if (t.dtype != layers[0]->dtype || t.shape != layers[0]->shape)
+      fail(ErrorCode::kUnimplemented,
+           source + ": '" + t.name + "' is " + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape) + ", '" +
+               layers[0]->name + "' " + std::string(dtype_name(layers[0]->dtype)) + " " + shape_str(layers[0]->shape) +
+               "; layers that differ do not stack into '" + key + "'");
+    for (const TensorChunk& c : t.chunks) out.chunks.push_back(with_layer_axis(c, static_cast<int64_t>(i)));
+  }
+  return out;
+}
+
 bool bool_entry(const ValuePtr& args, std::string_view key) {
   ValuePtr v = args->get(key);
   return v && v->is(Kind::kBool) && v->as_bool();
@@ -229,26 +250,13 @@ class LegacyStacker {
         if (tensor_ref_index(*v)) fail_data_loss(legacy_.source + ": '" + s.key + "' is a tensor in a layer");
       return Value::list(s.layers);
     }
-    const TensorEntry* first = nullptr;
-    TensorEntry out;
+    std::vector<const TensorEntry*> parts;
     for (std::size_t i = 0; i < s.layers.size(); ++i) {
       auto idx = tensor_ref_index(*s.layers[i]);
       if (!idx) fail_data_loss(legacy_.source + ": '" + s.key + "' of layer " + std::to_string(i) + " is not a tensor");
-      const TensorEntry& t = stored_.tensors.at(*idx);
-      if (!first) {
-        first = &t;
-        out = t;
-        out.name = s.key;
-        out.shape.insert(out.shape.begin(), num_layers_);
-        out.chunks.clear();
-      } else if (t.dtype != first->dtype || t.shape != first->shape) {
-        fail(ErrorCode::kUnimplemented, legacy_.source + ": '" + t.name + "' is " + std::string(dtype_name(t.dtype)) +
-                                            " " + shape_str(t.shape) + ", '" + first->name + "' " +
-                                            std::string(dtype_name(first->dtype)) + " " + shape_str(first->shape) +
-                                            "; layers that differ do not stack into one tensor");
-      }
-      for (const TensorChunk& c : t.chunks) out.chunks.push_back(with_layer_axis(c, static_cast<int64_t>(i)));
+      parts.push_back(&stored_.tensors.at(*idx));
     }
+    TensorEntry out = stack_layers(parts, s.key, legacy_.source);
     stored_.tensors.push_back(std::move(out));
     return make_tensor_ref(stored_.tensors.size() - 1);
   }
@@ -301,24 +309,6 @@ std::optional<std::pair<int64_t, std::string>> layer_key(const std::string& key)
   while (end < key.size() && std::isdigit(static_cast<unsigned char>(key[end]))) ++end;
   if (end == kHead.size() || end - kHead.size() > 9 || end >= key.size() || key[end] != '.') return std::nullopt;
   return std::make_pair(std::stoll(key.substr(kHead.size(), end - kHead.size())), kHead + key.substr(end + 1));
-}
-
-// The layers' tensors as one, stacked on a new leading axis: layer i's
-// chunks at offset i (its bytes where they are).
-TensorEntry stacked(const std::vector<const TensorEntry*>& layers, const std::string& key) {
-  TensorEntry out = *layers.at(0);
-  out.name = key;
-  out.chunks.clear();
-  out.shape.insert(out.shape.begin(), static_cast<int64_t>(layers.size()));
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    const TensorEntry& t = *layers[i];
-    if (t.dtype != layers[0]->dtype || t.shape != layers[0]->shape)
-      fail_invalid("--layout megatron: '" + t.name + "' is " + std::string(dtype_name(t.dtype)) + " " +
-                   shape_str(t.shape) + ", layer 0's is " + std::string(dtype_name(layers[0]->dtype)) + " " +
-                   shape_str(layers[0]->shape) + ": the layers do not stack into '" + key + "'");
-    for (const TensorChunk& c : t.chunks) out.chunks.push_back(with_layer_axis(c, static_cast<int64_t>(i)));
-  }
-  return out;
 }
 
 // torch.save({}) as megatron-core's save_common writes it for a state
@@ -381,7 +371,7 @@ TorchDistOutput torch_dist_from_model(const CheckpointModel& model) {
     }
     if (tensor) {
       root->entries.emplace_back(Value::str(key), make_tensor_ref(out.items.tensors.size()));
-      out.items.tensors.push_back(stacked(parts, key));
+      out.items.tensors.push_back(stack_layers(parts, key, model.source));
     } else {
       // A sharded object of shape (layers,): one item per layer.
       std::vector<ValuePtr> values;
