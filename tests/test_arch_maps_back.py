@@ -209,6 +209,41 @@ def test_a_missing_or_misshapen_tensor_is_refused(hf_folders, tmp_path, run_ckpt
         assert not out.exists()
 
 
+def test_a_tied_folders_lm_head_is_dropped_only_when_it_is_the_embedding(hf_folders, tmp_path, run_ckptconv):
+    """A tying config's folder that lists lm_head.weight anyway (as
+    model.state_dict() does): equal to the embedding, it is the tie and is
+    left out (the way back's tensors are the folder's without it); different,
+    the model was trained untied under a config that ties, and dropping it
+    would lose the output layer: exit 3 naming it, nothing written."""
+    hf = hf_folders["llama_tied_tp2pp1"]
+    assert json.loads((hf / "config.json").read_text())["tie_word_embeddings"] is True
+    weights = load_file(hf / "model.safetensors")
+    assert "lm_head.weight" not in weights
+    from safetensors.torch import save_file
+    plain = tmp_path / "plain"
+    r = _back(run_ckptconv, hf, plain)
+    assert r.returncode == 0, r.stderr
+    for name, lm_head in (("copy", weights["model.embed_tokens.weight"].clone()),
+                          ("untied", weights["model.embed_tokens.weight"] * 0.5)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_bytes((hf / "config.json").read_bytes())
+        save_file({**weights, "lm_head.weight": lm_head}, folder / "model.safetensors", metadata={"format": "pt"})
+        out = tmp_path / f"{name}-back"
+        r = _back(run_ckptconv, folder, out)
+        if name == "copy":
+            assert r.returncode == 0, r.stderr
+            assert "'lm_head.weight' left out" in r.stderr
+            want = _model(run_ckptconv, plain, tmp_path / "want.safetensors")
+            got = _model(run_ckptconv, out, tmp_path / "got.safetensors")
+            assert sorted(got) == sorted(want)
+            assert all(torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)) for k in want)
+        else:
+            assert r.returncode == 3, r.stderr
+            assert "'lm_head.weight' equals no other tensor" in r.stderr and "tie_word_embeddings" in r.stderr
+            assert not out.exists()
+
+
 def _titan_back(run_ckptconv, tmp_path: Path, map_arg: str, name: str) -> Path:
     """The torchtitan fixture exported to a Hugging Face folder, and back with `map_arg`."""
     case = ARCH / "titan_llama3"

@@ -353,6 +353,28 @@ def ds_to_universal(case: str, out: Path) -> subprocess.CompletedProcess:
 
 
 @needs_deepspeed
+def assert_same_files_as_ds_to_universal(written: Path, theirs: Path, ref: dict) -> dict:
+    """Every parameter's folder in `written` holds what ds_to_universal.py's
+    `theirs` holds: the same files, the same keys (the categories), the same
+    tensors bit for bit. The fp32.pt keys by parameter."""
+    keys = {}
+    for n in ref["model"]:
+        names = sorted(p.name for p in (theirs / "zero" / n).iterdir())
+        assert sorted(p.name for p in (written / "zero" / n).iterdir()) == names == [
+            "exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"], n
+        for f in names:
+            a = torch.load(written / "zero" / n / f, weights_only=True)
+            b = torch.load(theirs / "zero" / n / f, weights_only=False)
+            if f == "step.pt":
+                assert torch.equal(a, b), n
+                continue
+            assert list(a) == list(b), (written, n, f, list(a), list(b))
+            assert {k: v for k, v in a.items() if k != "param"} == {k: v for k, v in b.items() if k != "param"}
+            assert torch.equal(a["param"], b["param"].detach()), (n, f)
+        keys[n] = list(torch.load(written / "zero" / n / "fp32.pt", weights_only=True))
+    return keys
+
+
 def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_new_dp_size(tmp_path, run_ckptconv):
     """TP2 x DP2 with Megatron-DeepSpeed's universal_checkpoint_info: every
     per-parameter file ckptconv writes holds what ds_to_universal.py's own
@@ -361,27 +383,19 @@ def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_n
     vocab_tensor; the same tensors, bit for bit), and a real TP2 engine
     through an mpu at one data-parallel rank, and a TP1 engine, load it with
     every master and moment exact (the ranks' slices merged back as the
-    source's were) and train a step."""
+    source's were) and train a step. ds_to_universal's output read back and
+    written again keeps every category too (read from its files: without
+    them a TP2 loader cuts the row-parallel weight on dim 0, silently)."""
     ours = write_ucp(run_ckptconv, TP_CASE, tmp_path / "ours")
     theirs = tmp_path / "theirs" / TAG
     r = ds_to_universal(TP_CASE, theirs)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    again = tmp_path / "again" / TAG
+    r = run_ckptconv("reshard", theirs, "-o", again, "--layout", "deepspeed-universal")
+    assert r.returncode == 0, r.stderr
     ref = reference(TP_CASE)
-    keys = {}
-    for n in ref["model"]:
-        names = sorted(p.name for p in (theirs / "zero" / n).iterdir())
-        assert sorted(p.name for p in (ours / "zero" / n).iterdir()) == names == [
-            "exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"], n
-        for f in names:
-            a = torch.load(ours / "zero" / n / f, weights_only=True)
-            b = torch.load(theirs / "zero" / n / f, weights_only=False)
-            if f == "step.pt":
-                assert torch.equal(a, b), n
-                continue
-            assert list(a) == list(b), (n, f, list(a), list(b))
-            assert {k: v for k, v in a.items() if k != "param"} == {k: v for k, v in b.items() if k != "param"}
-            assert torch.equal(a["param"], b["param"].detach()), (n, f)
-        keys[n] = list(torch.load(ours / "zero" / n / "fp32.pt", weights_only=True))
+    assert_same_files_as_ds_to_universal(again, theirs, ref)
+    keys = assert_same_files_as_ds_to_universal(ours, theirs, ref)
     assert keys["out.weight"] == ["cat_dim", "param"] and keys["norm.weight"] == ["param"]
     assert keys["h_to_4h.weight"] == ["cat_dim", "param_n_sub_params", "param"]
     assert keys["embed.weight"] == ["cat_dim", "vocab_tensor", "param"]
@@ -396,6 +410,29 @@ def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_n
     # the same function of the same weights on the same batch: the losses
     # differ only by the order the tensor-parallel partial sums are added in
     assert abs(tp1["losses"][0] - got["losses"][0]) < 1e-5, (tp1["losses"], got["losses"])
+
+
+def test_tensor_parallel_degree_1_with_patterns_loads_at_degree_2(tmp_path, run_ckptconv):
+    """Megatron-DeepSpeed at TP1 records its universal_checkpoint_info too.
+    The universal checkpoint ckptconv writes from it is ds_to_universal.py's
+    (the categories: row-parallel cat_dim 1, replicated, two sub-parameters,
+    the vocabulary's padding cut), so a TP2 engine loads it with every master
+    and moment exact. It used to say cat_dim 0 for all, and a TP2 engine cut
+    the row-parallel weights on dim 0: wrong values, no error."""
+    case = "tp1_dp2_fp32_ws2_ucinfo"
+    ours = write_ucp(run_ckptconv, case, tmp_path / "ours")
+    theirs = tmp_path / "theirs" / TAG
+    r = ds_to_universal(case, theirs)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ref = reference(case)
+    keys = assert_same_files_as_ds_to_universal(ours, theirs, ref)
+    assert keys["out.weight"] == ["cat_dim", "param"] and keys["norm.weight"] == ["param"]
+    assert torch.load(ours / "zero" / "out.weight" / "fp32.pt", weights_only=True)["cat_dim"] == 1
+    assert tuple(torch.load(ours / "zero" / "embed.weight" / "fp32.pt", weights_only=True)["param"].shape)[0] == \
+        ref["universal_checkpoint_info"]["original_vocab_size"]
+    got = engine_load(case, tmp_path / "ours", 2, 1, tmp_path / "tp2.pt")
+    assert_loaded_is_reference(got, ref)
+    assert_one_step_ran(got)
 
 
 def test_tensor_parallel_without_patterns_is_not_written_universal(tmp_path, run_ckptconv):

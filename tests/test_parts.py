@@ -228,7 +228,7 @@ def _one_big_tensor(path: Path, fmt: str) -> Path:
 def test_one_big_tensor_is_split_between_workers_by_rows(fmt, tmp_path, ckptconv, run_ckptconv):
     """Two workers share the 20 KB tensor: each receipt names a row-aligned
     piece of it, and the .pt's CRC-32 of the record is the two pieces'
-    joined (torch.load checks it)."""
+    joined (Python's zipfile checks it; torch.load does not check CRCs)."""
     src = _one_big_tensor(tmp_path / f"src.{fmt}", fmt)
     want = _single(ckptconv, src, [], tmp_path / f"single.{fmt}")
     out = tmp_path / f"parts.{fmt}"
@@ -244,6 +244,9 @@ def test_one_big_tensor_is_split_between_workers_by_rows(fmt, tmp_path, ckptconv
     assert _sha(out) == want
     if fmt == "pt":
         import torch
+        import zipfile
+        with zipfile.ZipFile(out) as z:
+            assert z.testzip() is None  # every record's bytes against its CRC-32
         got, ref = torch.load(out, weights_only=True), torch.load(src, weights_only=True)
         assert torch.equal(got["big"], ref["big"]) and torch.equal(got["small"], ref["small"])
 

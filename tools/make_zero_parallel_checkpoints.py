@@ -135,6 +135,10 @@ CASES = {
                                               "the model recording Megatron-DeepSpeed's universal_checkpoint_info "
                                               "patterns (vocabulary, TP-replicated, to-average, row-parallel, two "
                                               "sub-parameters, default column-parallel)"),
+    "tp1_dp2_fp32_ws2_ucinfo": dict(kind="tpu", pp=1, dp=2, tp=1, dtype="fp32", stage=1,
+                                    exercises="the same block at tensor-parallel degree 1 (one mp_rank_00), 2 "
+                                              "data-parallel ranks: universal_checkpoint_info recorded without a "
+                                              "second tensor-parallel rank, as Megatron-DeepSpeed saves at TP 1"),
     "moe_z1_fp32_ws2_ep2": dict(kind="moe", pp=1, dp=2, ep=2, dtype="fp32", stage=1,
                                 exercises="MoE, 4 experts over 2 expert-parallel ranks, fp32, ZeRO-1: each expert "
                                           "group held whole by one rank"),

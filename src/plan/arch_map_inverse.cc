@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/tensor_compare.h"
 #include "model/tree_walk.h"
 #include "model/validate.h"
 
@@ -36,6 +37,25 @@ std::string dims_of(const std::vector<std::string>& dims, const Shape& values) {
   std::string out;
   for (std::size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + dims[i] + " = " + std::to_string(values[i]);
   return out;
+}
+
+// A tied tensor the folder holds anyway (an lm_head that
+// model.state_dict() lists beside the embedding it is): true when another
+// tensor of the same dtype and shape holds the same bytes. Such a folder's
+// reader, told to tie, takes the other; one whose copy differs is a model
+// trained untied under a config that ties, and its output layer would be
+// lost. Read in 1 MiB blocks, and only for folders that hold the copy.
+bool holds_a_copy(const CheckpointModel& model, std::size_t tied, const std::map<std::string, std::size_t>& by_name) {
+  const TensorEntry& t = model.tensors.at(tied);
+  int names_of_tied = 0;
+  for (const auto& [name, index] : by_name) {
+    if (index == tied && ++names_of_tied > 1) return true;  // the reader's alias (a folder that ties): the same tensor
+    const TensorEntry& other = model.tensors.at(index);
+    if (index == tied || other.dtype != t.dtype || other.shape != t.shape) continue;
+    const bool plain = t.chunks.size() == 1 && other.chunks.size() == 1;
+    if (plain ? same_tensor_bytes(t, other) : same_tensor_values(t, other)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -120,8 +140,16 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
       for_each_index(pattern_indices(rule.from[0]), map, eval, [&](const Indices& at) {
         for (const auto& to : rule.to) {
           const std::string name = substitute_indices(to, at);
-          if (!by_name.count(name)) continue;
+          auto it = by_name.find(name);
+          if (it == by_name.end()) continue;
           used.insert(name);
+          if (!holds_a_copy(model, it->second, by_name))
+            fail(ErrorCode::kDataLoss, model.source + ": tensor '" + name +
+                                           "' equals no other tensor of its shape, "
+                                           "but " +
+                                           rule.unless + " in " + config_name + " ties it to one (" + where +
+                                           "): an untied model under a tying config; fix the config, or remove '" +
+                                           name + "' to take the tie as transformers does");
           log::info("'" + name + "' left out: " + rule.unless + " in " + config_name + " (" + where + ")");
         }
       });

@@ -98,6 +98,10 @@ class UniversalReader {
     // Stacked experts say the expert-parallel size: writing this checkpoint
     // as a universal checkpoint again stacks them the same way.
     if (expert_parallel_ > 1) model.info.parallel = ParallelDegrees{.data = ws, .expert = expert_parallel_};
+    // The categories its fp32.pt files record: written as a universal
+    // checkpoint again, each parameter keeps them (without them a loader at
+    // tensor-parallel degree 2 cuts a row-parallel weight along dim 0).
+    if (tensor_parallel_.has_value()) model.info.tensor_parallel = std::move(tensor_parallel_);
     model.facts["saved_at_world_size"] = std::to_string(ws);
     if (ValuePtr v = optim_.root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
     model.facts["tag"] = fs::path(dir_).filename().string();
@@ -135,6 +139,11 @@ class UniversalReader {
         shared_.emplace_back(k->as_str(), v->as_str());
         owners_.emplace(shared_.back().first, shared_.back().second);
       }
+    // Copied from a tensor-parallel run (Megatron-DeepSpeed through
+    // ds_to_universal): param_shapes and module are tensor-parallel rank 0's,
+    // slices; the zero/ folders hold the parameters whole.
+    if (ValuePtr mp = root.get("mp_world_size"); mp && mp->is(Kind::kInt) && mp->int_value > 1)
+      slices_of_rank0_ = int(mp->int_value);
     if (ValuePtr m = root.get("module"); m && zero::as_dict(*m).is(Kind::kDict)) {
       module_ = m;
       module_index_ = name_index(zero::as_dict(*m));
@@ -225,6 +234,7 @@ class UniversalReader {
     files_.push_back(d.path);
     std::size_t idx = zero::copy_tensor(model, d, tensor_value(d), out_name);
     TensorEntry& t = model.tensors[idx];
+    if (key == "fp32" && !is_expert_file(d)) record_merge(name, d);
     if (is_expert_file(d)) {
       if (!slot)
         fail(ErrorCode::kUnimplemented, d.path +
@@ -245,6 +255,60 @@ class UniversalReader {
       add_flat_range(t, flat, 0, 0, shape_numel(*shape), -1, d.path + ": '" + out_name + "'");
     }
     return idx;
+  }
+
+  // A whole parameter of a tensor-parallel run against rank 0's slice
+  // param_shapes names: each dimension the slice's, or up to the ranks' sum
+  // (the dimension it is cut along; a vocabulary's padding is cut off).
+  void check_holds_slice(const std::string& name, const Shape& whole) const {
+    auto s = shapes_.find(name);
+    if (s == shapes_.end()) return;
+    const Shape& slice = s->second;
+    bool fits = slice.size() == whole.size();
+    for (std::size_t i = 0; fits && i < slice.size(); ++i)
+      fits = whole[i] == slice[i] || (whole[i] > slice[i] && whole[i] <= slice[i] * slices_of_rank0_);
+    if (!fits)
+      fail_data_loss(dir_ + ": zero/" + name + "/fp32.pt has shape " + shape_str(whole) + ", not a whole of the " +
+                     shape_str(slice) + " slices param_shapes names (tensor-parallel size " +
+                     std::to_string(slices_of_rank0_) + ")");
+  }
+
+  // How a loader at any tensor-parallel degree cuts parameter `name`, as
+  // its fp32.pt says (load_hp_checkpoint_state in DeepSpeed's
+  // universal_checkpoint.py): no cat_dim, kept whole (replicated);
+  // param_n_sub_params 2, each half cut on dim 0; else cut on cat_dim;
+  // vocab_tensor, re-padded. Only a checkpoint with some parameter not cut
+  // plainly on dim 0 (all a source without tensor parallelism has) gets a
+  // layout, so a data-parallel one reads as it did.
+  void record_merge(const std::string& name, const Decoded& d) {
+    const Value& root = zero::as_dict(*d.root);
+    if (!root.is(Kind::kDict)) return;  // a bare tensor: ds_to_universal's ZeRO-3 files, cut on dim 0
+    using MergeKind = TensorParallelMerge::Kind;
+    TensorParallelMerge m;
+    ValuePtr cat = root.get("cat_dim");
+    ValuePtr subs = root.get("param_n_sub_params");
+    ValuePtr vocab = root.get("vocab_tensor");
+    if (!cat) {
+      m.kind = MergeKind::kReplicated;
+    } else if (subs) {
+      if (!subs->is(Kind::kInt) || subs->int_value != 2)
+        fail(ErrorCode::kUnimplemented, d.path + ": param_n_sub_params " + value_text(*subs) +
+                                            " (DeepSpeed's universal loader cuts 2 sub-parameters)");
+      m.kind = MergeKind::kTwoSubParams;
+    } else {
+      if (!cat->is(Kind::kInt) || cat->int_value < 0 || cat->int_value >= 8)
+        fail_data_loss(d.path + ": cat_dim " + value_text(*cat) + " is not a dimension");
+      m.cat_dim = int(cat->int_value);
+    }
+    m.vocabulary = vocab && vocab->is(Kind::kBool) && vocab->bool_value;
+    // A parameter the layout does not name is written cut on dim 0.
+    if (m.kind == MergeKind::kCat && m.cat_dim == 0 && !m.vocabulary) return;
+    if (!tensor_parallel_) tensor_parallel_.emplace();
+    tensor_parallel_->params[name] = m;
+  }
+
+  static std::string value_text(const Value& v) {
+    return v.is(Kind::kInt) ? std::to_string(v.int_value) : std::string("(not an int)");
   }
 
   // The step of a parameter with no step.pt: optimizer_state.pt's
@@ -316,8 +380,15 @@ class UniversalReader {
     if (module_) {
       auto found = module_index_.find(name);
       ValuePtr v = found == module_index_.end() ? nullptr : found->second;
-      if (v && tensor_ref_index(*v) && states_.tensor(*v, states_.path).numel() > 0)
+      if (v && tensor_ref_index(*v) && states_.tensor(*v, states_.path).numel() > 0) {
+        // Tensor-parallel rank 0's value: the whole tensor only if it is
+        // replicated, which nothing in the files says.
+        if (slices_of_rank0_ && !is_buffer(name))
+          fail(ErrorCode::kUnimplemented, states_.path + ": frozen parameter '" + name +
+                                              "' is tensor-parallel rank 0's of " + std::to_string(slices_of_rank0_) +
+                                              " (mp_world_size), and nothing says whether it is split");
         return zero::copy_tensor(model, states_, *v, out_name);
+      }
     }
     if (frozen_shapes_.count(name))
       if (auto idx = from_fragments(model, name)) return idx;
@@ -373,9 +444,10 @@ class UniversalReader {
       std::optional<std::size_t> idx;
       if (trainable(name)) {
         std::optional<Shape> shape;
-        if (auto s = shapes_.find(name); s != shapes_.end()) shape = s->second;
+        if (auto s = shapes_.find(name); s != shapes_.end() && !slices_of_rank0_) shape = s->second;
         idx = param_tensor(model, name, "fp32", shape, "model." + name);
         if (!idx) fail_data_loss(dir_ + ": no zero/" + name + "/fp32.pt for trainable parameter '" + name + "'");
+        if (slices_of_rank0_) check_holds_slice(name, model.tensors[*idx].shape);
         shape = model.tensors[*idx].shape;
         auto per_param = Value::dict();
         std::optional<std::size_t> step =
@@ -494,7 +566,9 @@ class UniversalReader {
   std::map<std::string, std::set<std::string>> folders_;    // zero/<fqn>/ -> its file stems
   // MoE, per expert name without its id: the ids param_shapes names, the ids with a folder
   std::optional<std::map<std::string, std::pair<std::set<int>, std::set<int>>>> expert_counts_;
-  int expert_parallel_ = 1;  // the entries of the stacked expert files read
+  int expert_parallel_ = 1;                              // the entries of the stacked expert files read
+  int slices_of_rank0_ = 0;                              // the states file's mp_world_size, when above 1
+  std::optional<TensorParallelLayout> tensor_parallel_;  // record_merge: the parameters not cut plainly on dim 0
 };
 
 }  // namespace

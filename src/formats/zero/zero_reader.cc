@@ -785,6 +785,9 @@ std::vector<ModuleEntry> expert_entries(const TagListing& listing, const Decoded
 }
 
 void require_tensor_degree(const Decoded& m, int ranks);
+StageParts merge_tensor_parallel(CheckpointModel& model, const std::vector<StageParts>& parts,
+                                 const TensorParallelRules& rules, TensorParallelLayout& layout,
+                                 const std::string& dir);
 
 CheckpointModel read_data_parallel(const TagListing& listing, ProblemSink* problems, const std::string& only) {
   const TagFiles& files = listing.mp_ranks.at(0);
@@ -810,9 +813,25 @@ CheckpointModel read_data_parallel(const TagListing& listing, ProblemSink* probl
   model.source = files.dir;
   std::vector<StageParts> parts;
   parts.push_back(reader.build(model));
+  // Megatron-DeepSpeed at tensor-parallel degree 1 records its patterns
+  // too: read as the one rank of a tensor-parallel run, so that the
+  // vocabulary's padding is cut and a universal checkpoint written from it
+  // says how a loader at degree 2 cuts each parameter, as ds_to_universal's
+  // does (without, a row-parallel weight is cut on dim 0 there, silently).
+  // Not for ZeRO-3 or MoE, which ckptconv reads tensor-parallel at no degree.
+  ValuePtr info = reader.model_file().root->get("universal_checkpoint_info");
+  const bool patterns = info && !info->is(Kind::kNone) && reader.zero_stage() != 3 && listing.expert_files.empty();
+  if (patterns) {
+    TensorParallelRules rules(*info, reader.model_file().path);
+    TensorParallelLayout layout;
+    parts = {merge_tensor_parallel(model, parts, rules, layout, files.dir)};
+    model.info.tensor_parallel = std::move(layout);
+  }
   model.root = assemble_root(std::move(parts), files.dir);
   add_training_state(model, reader.model_file());
+  prune_unreferenced(model.root, model.tensors);
   finish_info(model, reader, ParallelDegrees{.data = reader.world_size(), .expert = reader.expert_parallel()});
+  if (patterns) model.facts["tensor_parallel"] = "1, universal_checkpoint_info applied (its vocabulary padding cut)";
   return model;
 }
 
@@ -943,7 +962,7 @@ StageParts merge_tensor_parallel(CheckpointModel& model, const std::vector<Stage
     std::vector<const TensorEntry*> slices;
     for (std::size_t i : idx) slices.push_back(&model.tensors.at(i));
     TensorEntry t = merge_slices(slices, rule, rules, name);
-    t.sharding += ", merged from " + std::to_string(tp) + " tensor-parallel ranks";
+    if (tp > 1) t.sharding += ", merged from " + std::to_string(tp) + " tensor-parallel ranks";
     model.tensors.push_back(std::move(t));
     return make_tensor_ref(model.tensors.size() - 1);
   };
