@@ -594,11 +594,14 @@ class TpBlock(nn.Module):
 
 
 def pptp_layer_specs():
-    """Embedding (tied), two blocks, the tied embedding as the head: uniform
-    partition puts layers 0-1 on stage 0 and 2-3 on stage 1."""
+    """GPTModelPipe's shape: the embedding (tied), two blocks, a final
+    LayerNorm (replicated), the tied embedding as the head. Uniform partition
+    puts layers 0-2 on stage 0 and 3-4 on stage 1. ds_to_universal.py's
+    DeepSpeedCheckpoint takes the layer files between the first and the last
+    as transformer layers, at least one per stage (else it divides by zero)."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
     return [TiedLayerSpec("embed", VocabEmbed), LayerSpec(TpBlock, 1), LayerSpec(TpBlock, 2),
-            TiedLayerSpec("embed", VocabEmbed, forward_fn=lm_head)]
+            LayerSpec(nn.LayerNorm, HIDDEN), TiedLayerSpec("embed", VocabEmbed, forward_fn=lm_head)]
 
 
 def pptp_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -612,7 +615,7 @@ def pptp_info() -> dict:
     return {UCI_VERSION: 0.2, "original_vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
             VOCAB_PATTERNS: [r"tied_modules\.embed\.weight"],
             PIPELINE_REPLICATED: [r"tied_modules\.embed\.weight"],
-            TP_REPLICATED: [r"\d+\.norm\.weight", r"\d+\.out\.bias"],
+            TP_REPLICATED: [r"\d+\.norm\.weight", r"\d+\.out\.bias", r"\d+\.weight", r"\d+\.bias"],
             TO_AVERAGE: [r"\d+\.norm\.bias"],
             ROW_PARALLEL: [r"\d+\.out\.weight"],
             TWO_SUB_PARAMS: [r"\d+\.h_to_4h\.weight"]}
@@ -692,11 +695,11 @@ def pptp_job(rank: int, ws: int, out: str, name: str) -> None:
     assert list(ref["model"]) == order
     torch.save(ref, d / "reference_live.pt")
     tagdir = d / TAG
-    # the head (layer 3) is the tied module called through forward_fn, a
+    # the head (layer 4) is the tied module called through forward_fn, a
     # functools.partial with no state_dict: PipelineModule.save_state_dict
     # writes no file for it, so the last stage has no copy of the embedding
     # but its optimizer's (as in Megatron-DeepSpeed's GPTModelPipe)
-    want = sorted([f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in range(3) for t in range(c["tp"])]
+    want = sorted([f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in range(4) for t in range(c["tp"])]
                   + [f"mp_rank_{m:02d}_model_states.pt" for m in range(c["pp"] * c["tp"])]
                   + [f"zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt" for m in range(c["pp"] * c["tp"])
                      for r in range(c["dp"])])
@@ -705,7 +708,7 @@ def pptp_job(rank: int, ws: int, out: str, name: str) -> None:
     for t in range(c["tp"]):  # layer 0's file holds the tied embedding's live lp value
         sd = torch.load(tagdir / f"layer_00-model_{t:02d}-model_states.pt", weights_only=True)
         assert list(sd) == ["weight"] and torch.equal(sd["weight"], tp_ranks[t]["tied_modules.embed.weight"]["lp"])
-        for i in (1, 2):
+        for i in (1, 2, 3):
             sd = torch.load(tagdir / f"layer_{i:02d}-model_{t:02d}-model_states.pt", weights_only=True)
             for k, v in sd.items():
                 assert torch.equal(v, tp_ranks[t][f"{i}.{k}"]["lp"]), (i, k)
