@@ -497,6 +497,9 @@ def test_pipeline_with_a_tensor_axis_without_patterns_is_each_tp_rank_its_own_pa
                 assert _equal(part["optim"]["state"][name][key], v[key]), (t, name, key)
     r = run_ckptconv("inspect", src)
     assert "  tensor_parallel: 2 ranks, each its own part (no universal_checkpoint_info)\n" in r.stdout
+    r = run_ckptconv("reshard", src, "-o", src / "ucp", "--layout", "deepspeed-universal")
+    assert r.returncode == 3 and "does not say how to merge" in r.stderr, r.stderr
+    assert not (src / "ucp").exists() and not (src / "latest_universal").exists()
 
 
 @pytest.mark.parametrize("missing, named", [
