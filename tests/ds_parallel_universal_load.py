@@ -4,9 +4,11 @@
 Run by tests/test_ds_parallel_universal.py with the DeepSpeed side environment
 (``.venv-deepspeed``; CPU, gloo), never by the project venv:
 
-    .venv-deepspeed/bin/python tests/ds_parallel_universal_load.py CASE LOAD_DIR TAG PP DP OUT.pt [EP]
+    .venv-deepspeed/bin/python tests/ds_parallel_universal_load.py CASE LOAD_DIR TAG PP DP OUT.pt [EP|TP]
 
-(for a tensor-parallel case, PP is the tensor-parallel degree of the mpu loaded at)
+(for a tensor-parallel case, PP is the tensor-parallel degree of the mpu loaded at;
+for a pipeline x tensor-parallel case, the last argument is the tensor-parallel
+degree, and PP x TP x DP ranks are spawned)
 
 CASE is a case of tools/make_zero_parallel_checkpoints.py: its model
 (``layer_specs()`` as a ``PipelineModule`` of PP stages, or ``MoENet`` at the
@@ -158,11 +160,41 @@ def tpu_job(rank: int, ws: int, name: str, load_dir: str, tag: str, tp: int, dp:
                     "skipped_steps": engine.skipped_steps}, out)
 
 
+def pptp_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp: int, out: str, tp=None) -> None:
+    """The pipeline x tensor-parallel model (gen.build_pptp_engine) at PP x TP x
+    DP. Values are merged as the generator merges the source's
+    (gen.pptp_reference: stages joined, the tied embedding once, tensor-parallel
+    ranks merged by the patterns), so they compare with reference_live.pt's
+    whatever the degrees loaded at."""
+    c = gen.CASES[name]
+    cfg = dict(gen.ds_config(dict(c, dp=dp)), checkpoint={"load_universal": True})
+    engine = gen.build_pptp_engine(pp, dp, tp, cfg)
+    engine.load_checkpoint(load_dir, tag=tag)
+    info = gen.pptp_info()
+
+    def merged_now() -> dict:
+        every = [None] * ws
+        dist.all_gather_object(every, gen.pptp_rank_values(engine))
+        ref = gen.pptp_reference(every, pp, tp, info)
+        return {n: {"fp32": ref["model"][n], **ref["optim"][n]} for n in ref["model"]}
+
+    loaded = merged_now()
+    loss = engine.train_batch(data_iter=gen.pptp_data(engine.grid.get_data_parallel_rank()))
+    losses = [None] * ws
+    dist.all_gather_object(losses, float(loss))
+    after = merged_now()
+    if rank == 0:
+        torch.save({"loaded": loaded, "after": after, "losses": losses, "global_steps": engine.global_steps,
+                    "skipped_steps": engine.skipped_steps}, out)
+
+
 def main(argv) -> None:
-    name, load_dir, tag, pp, dp, out, *ep = argv
+    name, load_dir, tag, pp, dp, out, *extra = argv
     pp, dp = int(pp), int(dp)
-    job = {"pipe": pipe_job, "moe": moe_job, "tpu": tpu_job}[gen.CASES[name]["kind"]]
-    spawn(pp * dp, job, name, load_dir, tag, pp, dp, out, int(ep[0]) if ep else None)
+    kind = gen.CASES[name]["kind"]
+    job = {"pipe": pipe_job, "moe": moe_job, "tpu": tpu_job, "pptp": pptp_job}[kind]
+    ranks = pp * dp * (int(extra[0]) if kind == "pptp" else 1)
+    spawn(ranks, job, name, load_dir, tag, pp, dp, out, int(extra[0]) if extra else None)
 
 
 if __name__ == "__main__":

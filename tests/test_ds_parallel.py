@@ -10,15 +10,22 @@ documented exit codes."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-PARALLEL = Path(__file__).resolve().parent.parent / "testdata" / "zero_parallel"
+from proofs_guard import require_side_env
+
+REPO = Path(__file__).resolve().parent.parent
+PARALLEL = REPO / "testdata" / "zero_parallel"
+DS_PY = REPO / ".venv-deepspeed" / "bin" / "python"
 CASES = sorted(p.name for p in PARALLEL.iterdir() if (p / "latest").exists())
-PIPE_CASES = [c for c in CASES if c.startswith("pp")]
+PPTP_CASE = "pp2_tp2_dp2_fp32_ws8_ucinfo"
+PIPE_CASES = [c for c in CASES if c.startswith("pp") and c != PPTP_CASE]
 MOE_CASES = [c for c in CASES if c.startswith("moe")]
 TAG = "global_step3"
 TP_CASE = "tp2_dp2_fp32_ws4_ucinfo"
@@ -42,7 +49,7 @@ def test_the_fixtures_are_pipeline_and_moe_runs():
         names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
         assert [n for n in names if "expert" in n] == [
             f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)]
-    assert set(CASES) == set(PIPE_CASES) | set(MOE_CASES) | {"tp2_fp32_ws2", TP_CASE, TP1_CASE}
+    assert set(CASES) == set(PIPE_CASES) | set(MOE_CASES) | {"tp2_fp32_ws2", TP_CASE, TP1_CASE, PPTP_CASE}
     for case in PIPE_CASES:
         info = json.loads((PARALLEL / case / "case.json").read_text())
         assert info["pipeline_stages"] == 2 and info["ds_version"] == "0.19.8"
@@ -123,7 +130,7 @@ def assert_missing_files_named(case, missing, named, tmp_path, run_ckptconv):
 @pytest.mark.parametrize("missing, named", [
     ("layer_04-model_states.pt", "the layer file layer_04-model_states.pt of pipeline stage 1 is missing"),
     ("layer_00-model_states.pt", "the layer file layer_00-model_states.pt of pipeline stage 0 is missing"),
-    ("bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt", "pipeline stage 1 has 1 optimizer files, stage 0 2"),
+    ("bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt", "pipeline stage 1 (mp_rank_01) has 1 optimizer files, stage 0 2"),
     ("bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
      "the optimizer file of rank 0 of 2 is missing (*zero_pp_rank_0_mp_rank_01_optim_states.pt)"),
     ("mp_rank_01_model_states.pt", "no mp_rank_01_model_states.pt"),
@@ -168,12 +175,13 @@ def test_a_layer_file_of_the_wrong_shape_is_named(tmp_path, run_ckptconv):
     assert "layer_01-model_states.pt" in r.stderr or "'1.bias'" in r.stderr
 
 
-def test_tensor_parallel_layer_files_are_refused_precisely(tmp_path, run_ckptconv):
+def test_layer_files_with_and_without_a_tensor_axis_are_refused_precisely(tmp_path, run_ckptconv):
     src = _copy("pp2_fp32_ws2", tmp_path)
     (src / TAG / "layer_00-model_states.pt").rename(src / TAG / "layer_00-model_01-model_states.pt")
     r = run_ckptconv("consolidate", src, "-o", tmp_path / "out.pt")
     assert r.returncode == 3, r.stderr
-    assert "layer_LL-model_TT-model_states.pt" in r.stderr
+    assert ("layer files with a tensor-parallel rank (layer_00-model_01-model_states.pt) beside layer files "
+            "without (layer_01-model_states.pt): files of two runs mixed") in r.stderr
 
 
 @pytest.mark.parametrize("layout", ["dcp", "fsdp-dtensor"])
@@ -370,13 +378,14 @@ def test_a_missing_tensor_parallel_file_is_exit_3_naming_it(missing, named, tmp_
     assert_missing_files_named(TP_CASE, missing, named, tmp_path, run_ckptconv)
 
 
-def test_a_merged_tensor_parallel_run_reshards_to_dcp(tmp_path, run_ckptconv):
+@pytest.mark.parametrize("case", [TP_CASE, PPTP_CASE])
+def test_a_merged_tensor_parallel_run_reshards_to_dcp(case, tmp_path, run_ckptconv):
     """The merged state, resharded for 3 FSDP ranks, reads back as the same
     state; chunks name the ranks in Megatron's order (d x 2 + t)."""
     dst = tmp_path / "resharded"
-    r = run_ckptconv("reshard", PARALLEL / TP_CASE, "-o", dst, "--world-size", "3", "--layout", "dcp")
+    r = run_ckptconv("reshard", PARALLEL / case, "-o", dst, "--world-size", "3", "--layout", "dcp")
     assert r.returncode == 0, r.stderr
-    r = run_ckptconv("diff", PARALLEL / TP_CASE, dst)
+    r = run_ckptconv("diff", PARALLEL / case, dst)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -420,3 +429,113 @@ def test_a_root_of_pipeline_tags_lists_every_stage_in_the_world_size(tmp_path, r
     lines = {line.split()[0]: line for line in r.stdout.splitlines()[1:]}
     assert "world size 4" in lines[TAG] and "complete" in lines[TAG]
     assert "world size ?" in lines["global_step6"] and "INCOMPLETE (a rank's files are missing)" in lines["global_step6"]
+
+
+# ---- pipeline x tensor parallelism (PipeModelDataParallelTopology), tied layers ----
+
+
+def test_pipeline_with_a_tensor_axis_consolidates_to_the_live_engines(run_ckptconv, tmp_path):
+    """PP2 x TP2 x DP2, Megatron-DeepSpeed's layout: each tensor-parallel
+    rank's stages joined (layers under their global index), the tied
+    embedding (tied_modules.embed.weight, on both stages) once, the
+    tensor-parallel ranks merged by universal_checkpoint_info: equal bit for
+    bit to the live engines' fp32 masters and AdamW state merged the same way
+    by the generator's own code."""
+    case = PARALLEL / PPTP_CASE
+    names = sorted(p.name for p in (case / TAG).iterdir())
+    assert [n for n in names if n.startswith("layer_")] == [
+        f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in range(4) for t in range(2)]
+    assert [n for n in names if n.startswith("mp_rank")] == [f"mp_rank_{m:02d}_model_states.pt" for m in range(4)]
+    out = tmp_path / "full.pt"
+    r = run_ckptconv("consolidate", case, "-o", out)
+    assert r.returncode == 0, r.stderr
+    full = torch.load(out, weights_only=True)
+    live = torch.load(case / "reference_live.pt", weights_only=True)
+    assert list(full["model"]) == list(live["model"]) == [
+        "tied_modules.embed.weight", *[f"{i}.{k}" for i in (1, 2) for k in (
+            "norm.weight", "norm.bias", "h_to_4h.weight", "out.weight", "out.bias")], "3.weight", "3.bias"]
+    assert live["stages"]["tied_modules.embed.weight"] == [0, 1]
+    assert tuple(full["model"]["tied_modules.embed.weight"].shape) == (10, 6)  # padding rows cut
+    assert tuple(full["model"]["1.h_to_4h.weight"].shape) == (12, 6)
+    for name, want in live["model"].items():
+        assert _equal(full["model"][name], want), name
+    for name, state in live["optim"].items():
+        got = full["optim"]["state"][name]
+        assert list(got) == ["step", "exp_avg", "exp_avg_sq"], name
+        for key, want in state.items():
+            assert _equal(got[key], want), (name, key)
+    ranks = live["tp_ranks"]
+    assert not torch.equal(ranks[0]["2.out.weight"]["fp32"], ranks[1]["2.out.weight"]["fp32"])
+    (group,) = full["optim"]["param_groups"]
+    assert group["params"] == list(live["model"])
+    assert full["global_steps"] == 3
+    r = run_ckptconv("inspect", case)
+    assert r.returncode == 0, r.stderr
+    assert "  parallelism: data 2, pipeline 2, tensor 2, expert 1\n" in r.stdout
+    assert "  tensor_parallel: 2 ranks merged as universal_checkpoint_info says\n" in r.stdout
+    r = run_ckptconv("validate", case, "--expect-world-size", "8")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_pipeline_with_a_tensor_axis_without_patterns_is_each_tp_rank_its_own_part(tmp_path, run_ckptconv):
+    """Without universal_checkpoint_info each tensor-parallel rank's stages
+    are one part (tp_rank_00, tp_rank_01: a part spans the mp ranks of its
+    stages), the rank's own slices, with the warning; never concatenated."""
+    src = _copy(PPTP_CASE, tmp_path)
+    for f in (src / TAG).glob("mp_rank_*_model_states.pt"):
+        ms = torch.load(f, weights_only=False)
+        del ms["universal_checkpoint_info"]
+        torch.save(ms, f)
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "read each as its own part (tp_rank_00, tp_rank_01" in r.stderr and "does not guess" in r.stderr
+    full = torch.load(out, weights_only=True)
+    assert [k for k in full if k.startswith("tp_rank")] == ["tp_rank_00", "tp_rank_01"]
+    for t, want in enumerate(torch.load(src / "reference_live.pt", weights_only=True)["tp_ranks"]):
+        part = full[f"tp_rank_{t:02d}"]
+        assert list(part["model"]) == list(want)
+        for name, v in want.items():
+            assert _equal(part["model"][name], v["fp32"]), (t, name)
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                assert _equal(part["optim"]["state"][name][key], v[key]), (t, name, key)
+    r = run_ckptconv("inspect", src)
+    assert "  tensor_parallel: 2 ranks, each its own part (no universal_checkpoint_info)\n" in r.stdout
+    r = run_ckptconv("reshard", src, "-o", src / "ucp", "--layout", "deepspeed-universal")
+    assert r.returncode == 3 and "does not say how to merge" in r.stderr, r.stderr
+    assert not (src / "ucp").exists() and not (src / "latest_universal").exists()
+
+
+@pytest.mark.parametrize("missing, named", [
+    (["layer_02-model_01-model_states.pt"], "the layer file layer_02-model_01-model_states.pt of pipeline stage 0 is missing"),
+    (["layer_00-model_01-model_states.pt"],
+     "pipeline stage 0 trains the tied module 'embed' (tied_modules.embed.*) but no layer file holds its entries"),
+    (["zero_pp_rank_1_mp_rank_03_optim_states.pt"], "pipeline stage 1 (mp_rank_03) has 1 optimizer files, stage 0 2"),
+    (["mp_rank_03_model_states.pt"], "no mp_rank_03_model_states.pt"),
+    ([f"layer_{i:02d}-model_01-model_states.pt" for i in range(4)],
+     "tp_degree 2 but the layer files of 1 tensor-parallel rank(s) are here"),
+])
+def test_a_missing_pipeline_tensor_parallel_file_is_exit_3_naming_it(missing, named, tmp_path, run_ckptconv):
+    assert_missing_files_named(PPTP_CASE, missing, named, tmp_path, run_ckptconv)
+
+
+def test_tied_copies_that_differ_are_exit_3_naming_both_stages_files(tmp_path, run_ckptconv):
+    """Each stage keeps its own master of the tied embedding; DeepSpeed keeps
+    them equal. One changed (in the last stage's optimizer file, rewritten
+    by torch in the DeepSpeed environment, which its pickles need) is exit 3
+    naming both stages' files, nothing written."""
+    require_side_env(DS_PY, "rewriting a DeepSpeed optimizer file needs DeepSpeed's classes", "scripts/setup-deepspeed")
+    src = _copy(PPTP_CASE, tmp_path)
+    f = src / TAG / "zero_pp_rank_0_mp_rank_02_optim_states.pt"
+    # tied_modules.embed.weight is first in stage 1's param_shapes: element 0 of dp rank 0's partition
+    code = ("import sys, torch; f = sys.argv[1]; sd = torch.load(f, weights_only=False); "
+            "sd['optimizer_state_dict']['single_partition_of_fp32_groups'][0].data[0] += 1; torch.save(sd, f)")
+    r = subprocess.run([str(DS_PY), "-c", code, str(f)], env=dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=""),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "out.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert ("tied parameter 'tied_modules.embed.weight' differs between pipeline stage 0 "
+            "(*_mp_rank_00_optim_states.pt) and stage 1 (*_mp_rank_02_optim_states.pt)") in r.stderr
+    assert not out.exists()

@@ -52,9 +52,10 @@ def write_ucp(run_ckptconv, case: str, root: Path) -> Path:
     return root / TAG
 
 
-def engine_load(case: str, root: Path, pp: int, dp: int, out: Path) -> dict:
+def engine_load(case: str, root: Path, pp: int, dp: int, out: Path, tp: int | None = None) -> dict:
+    """`tp`: the tensor-parallel degree of a pipeline x tensor-parallel case."""
     cmd = [str(DS_PY), str(REPO / "tests" / "ds_parallel_universal_load.py"), case, str(root), TAG, str(pp), str(dp),
-           str(out)]
+           str(out)] + ([str(tp)] if tp else [])
     r = subprocess.run(cmd, env=ds_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return torch.load(out, weights_only=False)
@@ -352,7 +353,6 @@ def ds_to_universal(case: str, out: Path) -> subprocess.CompletedProcess:
                           env=ds_env(), capture_output=True, text=True, timeout=600)
 
 
-@needs_deepspeed
 def assert_same_files_as_ds_to_universal(written: Path, theirs: Path, ref: dict) -> dict:
     """Every parameter's folder in `written` holds what ds_to_universal.py's
     `theirs` holds: the same files, the same keys (the categories), the same
@@ -375,6 +375,7 @@ def assert_same_files_as_ds_to_universal(written: Path, theirs: Path, ref: dict)
     return keys
 
 
+@needs_deepspeed
 def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_new_dp_size(tmp_path, run_ckptconv):
     """TP2 x DP2 with Megatron-DeepSpeed's universal_checkpoint_info: every
     per-parameter file ckptconv writes holds what ds_to_universal.py's own
@@ -412,6 +413,7 @@ def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_n
     assert abs(tp1["losses"][0] - got["losses"][0]) < 1e-5, (tp1["losses"], got["losses"])
 
 
+@needs_deepspeed
 def test_tensor_parallel_degree_1_with_patterns_loads_at_degree_2(tmp_path, run_ckptconv):
     """Megatron-DeepSpeed at TP1 records its universal_checkpoint_info too.
     The universal checkpoint ckptconv writes from it is ds_to_universal.py's
@@ -433,6 +435,53 @@ def test_tensor_parallel_degree_1_with_patterns_loads_at_degree_2(tmp_path, run_
     got = engine_load(case, tmp_path / "ours", 2, 1, tmp_path / "tp2.pt")
     assert_loaded_is_reference(got, ref)
     assert_one_step_ran(got)
+
+
+PPTP_CASE = "pp2_tp2_dp2_fp32_ws8_ucinfo"
+
+
+@needs_deepspeed
+def test_pipeline_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_new_degrees(
+        tmp_path, run_ckptconv):
+    """PP2 x TP2 x DP2 (Megatron-DeepSpeed's layout, a tied embedding): every
+    per-parameter file ckptconv writes holds what ds_to_universal.py's output
+    of the same checkpoint holds (keys and tensors, bit for bit; one folder
+    for the tied embedding, which both stages' engines load by its name), and
+    real PipelineEngines load it with every master and moment exact and
+    train a step: at PP2 x TP2 x DP1 (a new data-parallel size) and at PP1 x
+    TP1 x DP2 (new pipeline, tensor and data-parallel degrees, the vocabulary
+    padded back by the loader). At PP1 x TP1 x DP2 ds_to_universal.py's output
+    loads to the same state and trains the same step, bit for bit."""
+    ours = write_ucp(run_ckptconv, PPTP_CASE, tmp_path / "ours")
+    theirs = tmp_path / "theirs" / TAG
+    r = ds_to_universal(PPTP_CASE, theirs)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ref = reference(PPTP_CASE)
+    assert sorted(p.name for p in (ours / "zero").iterdir()) == sorted(p.name for p in (theirs / "zero").iterdir())
+    for n in ref["model"]:
+        names = sorted(p.name for p in (theirs / "zero" / n).iterdir())
+        assert sorted(p.name for p in (ours / "zero" / n).iterdir()) == names == [
+            "exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"], n
+        for f in names:
+            a = torch.load(ours / "zero" / n / f, weights_only=True)
+            b = torch.load(theirs / "zero" / n / f, weights_only=False)
+            if f == "step.pt":
+                assert torch.equal(a, b), n
+                continue
+            assert {k: v for k, v in a.items() if k != "param"} == {k: v for k, v in b.items() if k != "param"}
+            assert torch.equal(a["param"], b["param"].detach()), (n, f)
+    assert list(torch.load(ours / "zero" / "tied_modules.embed.weight" / "fp32.pt", weights_only=True)) == [
+        "cat_dim", "vocab_tensor", "param"]
+    for pp, tp, dp in ((2, 2, 1), (1, 1, 2)):
+        got = engine_load(PPTP_CASE, tmp_path / "ours", pp, dp, tmp_path / f"ours{pp}{tp}{dp}.pt", tp)
+        assert_loaded_is_reference(got, ref)
+        assert_one_step_ran(got)
+    want = engine_load(PPTP_CASE, tmp_path / "theirs", 1, 2, tmp_path / "theirs112.pt", 1)
+    for what in ("loaded", "after"):
+        for n in ref["model"]:
+            for k in ("fp32", "exp_avg", "exp_avg_sq", "step"):
+                assert torch.equal(got[what][n][k], want[what][n][k]), (what, n, k)
+    assert got["losses"] == want["losses"]
 
 
 def test_tensor_parallel_without_patterns_is_not_written_universal(tmp_path, run_ckptconv):

@@ -142,6 +142,12 @@ CASES = {
     "moe_z1_fp32_ws2_ep2": dict(kind="moe", pp=1, dp=2, ep=2, dtype="fp32", stage=1,
                                 exercises="MoE, 4 experts over 2 expert-parallel ranks, fp32, ZeRO-1: each expert "
                                           "group held whole by one rank"),
+    "pp2_tp2_dp2_fp32_ws8_ucinfo": dict(kind="pptp", pp=2, dp=2, tp=2, dtype="fp32", stage=1,
+                                    exercises="pipeline 2 stages x tensor parallelism 2 x data parallelism 2 (PipeModelDataParallelTopology, "
+                                              "the Megatron-DeepSpeed / BLOOM layout), ZeRO-1: layer_LL-model_TT files, "
+                                              "mp_rank = stage x 2 + tp rank, a vocabulary-parallel embedding tied "
+                                              "(TiedLayerSpec) between the first and last stage, Megatron-DeepSpeed's "
+                                              "universal_checkpoint_info patterns"),
 }
 
 
@@ -163,6 +169,8 @@ class MoENet(nn.Module):
 
 def ds_config(c) -> dict:
     gas = 1 if c["kind"] in ("moe", "tp", "tpu") else 2
+    if c["kind"] == "pptp":
+        gas = 2
     cfg = {
         "train_batch_size": MICRO_BATCH * gas * c["dp"],
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
@@ -491,6 +499,487 @@ def tpu_job(rank: int, ws: int, out: str, name: str) -> None:
     (d / "case.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
+# ---- pipeline x tensor parallelism (Megatron-DeepSpeed's GPTModelPipe layout, in small) ----
+
+PIPELINE_REPLICATED = "pipeline_replicated_parameter_patterns"
+
+
+class PipeTp:
+    """This rank's tensor-parallel rank, degree and group in a
+    PipeModelDataParallelTopology (axes pipe, data, model: rank = (s x dp + d)
+    x tp + t), made before the PipelineModule so its layers can use it (the
+    module builds its own grid, with the same ranks, inside its constructor)."""
+
+    def __init__(self, pp: int, dp: int, tp: int) -> None:
+        rank = dist.get_rank()
+        self.tp_size, self.tp_rank = tp, rank % tp
+        groups = [dist.new_group([(s * dp + d) * tp + t for t in range(tp)]) for s in range(pp) for d in range(dp)]
+        self.tp = groups[rank // tp]
+
+
+PIPE_TP: PipeTp | None = None  # set in each rank before the layers are built
+
+
+class _GatherFromTp(torch.autograd.Function):
+    """Megatron's gather_from_tensor_model_parallel_region on the last dim:
+    all-gather forward, this rank's slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(PIPE_TP.tp_size)]
+        dist.all_gather(parts, x.contiguous(), group=PIPE_TP.tp)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.chunk(PIPE_TP.tp_size, dim=-1)[PIPE_TP.tp_rank].contiguous()
+
+
+def full_pptp_weights() -> dict:
+    """The unsplit model, seeded: every (stage, tensor-parallel rank) cuts its shards from it."""
+    g = torch.Generator().manual_seed(SEED)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.5  # noqa: E731
+    w = {"embed": r(PADDED_VOCAB, HIDDEN)}
+    for layer in (1, 2):
+        w.update({f"{layer}.norm.weight": 1 + 0.1 * r(HIDDEN), f"{layer}.norm.bias": 0.1 * r(HIDDEN),
+                  f"{layer}.gate": r(FFN, HIDDEN), f"{layer}.up": r(FFN, HIDDEN), f"{layer}.out.weight": r(HIDDEN, FFN),
+                  f"{layer}.out.bias": r(HIDDEN)})
+    return w
+
+
+class VocabEmbed(nn.Module):
+    """A vocabulary-parallel embedding (this rank's rows of the padded
+    vocabulary), tied between the first stage (lookup) and the last (the
+    output projection, `lm_head`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n, t = PIPE_TP.tp_size, PIPE_TP.tp_rank
+        self.weight = nn.Parameter(full_pptp_weights()["embed"].chunk(n, dim=0)[t].clone())
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.shape[0]
+        lo = PIPE_TP.tp_rank * rows
+        mine = (tokens >= lo) & (tokens < lo + rows)
+        e = nn.functional.embedding((tokens - lo) * mine, self.weight) * mine.unsqueeze(-1)
+        return _ReduceFromTp.apply(e, PIPE_TP.tp)
+
+
+def lm_head(embed: VocabEmbed, h: torch.Tensor) -> torch.Tensor:
+    """The tied embedding as the output layer: this rank's vocabulary columns, gathered."""
+    return _GatherFromTp.apply(nn.functional.linear(_CopyToTp.apply(h, PIPE_TP.tp), embed.weight))
+
+
+class TpBlock(nn.Module):
+    """A Megatron-style residual MLP block at one tensor-parallel rank: a
+    replicated LayerNorm (its bias averaged), a column-parallel SwiGLU h_to_4h
+    (this rank's gate rows, then its up rows: two sub-parameters) and a
+    row-parallel out with a replicated bias."""
+
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        n, t = PIPE_TP.tp_size, PIPE_TP.tp_rank
+        w = full_pptp_weights()
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.h_to_4h = nn.Linear(HIDDEN, 2 * FFN // n, bias=False)
+        self.out = nn.Linear(FFN // n, HIDDEN)
+        with torch.no_grad():
+            self.norm.weight.copy_(w[f"{layer}.norm.weight"])
+            self.norm.bias.copy_(w[f"{layer}.norm.bias"])
+            self.h_to_4h.weight.copy_(torch.cat([w[f"{layer}.gate"].chunk(n)[t], w[f"{layer}.up"].chunk(n)[t]]))
+            self.out.weight.copy_(w[f"{layer}.out.weight"].chunk(n, dim=1)[t])
+            self.out.bias.copy_(w[f"{layer}.out.bias"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _CopyToTp.apply(self.norm(x), PIPE_TP.tp)
+        gate, up = self.h_to_4h(y).chunk(2, dim=-1)
+        partial = nn.functional.linear(nn.functional.silu(gate) * up, self.out.weight)
+        return x + _ReduceFromTp.apply(partial, PIPE_TP.tp) + self.out.bias
+
+
+def pptp_layer_specs():
+    """GPTModelPipe's shape: the embedding (tied), two blocks, a final
+    LayerNorm (replicated), the tied embedding as the head. Uniform partition
+    puts layers 0-2 on stage 0 and 3-4 on stage 1. ds_to_universal.py's
+    DeepSpeedCheckpoint takes the layer files between the first and the last
+    as transformer layers, at least one per stage (else it divides by zero)."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+    return [TiedLayerSpec("embed", VocabEmbed), LayerSpec(TpBlock, 1), LayerSpec(TpBlock, 2),
+            LayerSpec(nn.LayerNorm, HIDDEN), TiedLayerSpec("embed", VocabEmbed, forward_fn=lm_head)]
+
+
+def pptp_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits[:, :VOCAB].float(), target)
+
+
+def pptp_info() -> dict:
+    """Megatron-DeepSpeed's universal_checkpoint_info for these names
+    (GPTModelPipe records the same categories: the tied word embedding as a
+    vocabulary and pipeline-replicated parameter)."""
+    return {UCI_VERSION: 0.2, "original_vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
+            VOCAB_PATTERNS: [r"tied_modules\.embed\.weight"],
+            PIPELINE_REPLICATED: [r"tied_modules\.embed\.weight"],
+            TP_REPLICATED: [r"\d+\.norm\.weight", r"\d+\.out\.bias", r"\d+\.weight", r"\d+\.bias"],
+            TO_AVERAGE: [r"\d+\.norm\.bias"],
+            ROW_PARALLEL: [r"\d+\.out\.weight"],
+            TWO_SUB_PARAMS: [r"\d+\.h_to_4h\.weight"]}
+
+
+def pptp_data(dp_rank: int):
+    step = 0
+    while True:
+        g = torch.Generator().manual_seed(1000 * step + dp_rank)
+        yield torch.randint(0, VOCAB, (MICRO_BATCH,), generator=g), torch.randint(0, VOCAB, (MICRO_BATCH,), generator=g)
+        step += 1
+
+
+def build_pptp_engine(pp: int, dp: int, tp: int, config: dict):
+    """A PipelineEngine of the pptp model at PP x DP x TP (used by the
+    universal-checkpoint loading test too)."""
+    global PIPE_TP
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    PIPE_TP = PipeTp(pp, dp, tp)
+    net = PipelineModule(layers=pptp_layer_specs(), topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp,
+                                                                                           num_dp=dp),
+                         loss_fn=pptp_loss, partition_method="uniform")
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters()],
+                                           config=config)
+    return engine
+
+
+def pptp_reference(every: list, pp: int, tp: int, info: dict) -> dict:
+    """merged_reference of a pipeline at `tp` tensor-parallel ranks: per
+    tensor-parallel rank, its stages' values (every[i]: one rank's
+    {"stage", "tp_rank", "dp_rank", "mp_rank", "values", "order"}) in stage
+    order, the tied embedding once (the stages' copies must be equal: its
+    gradient is all-reduced over the tied stages), then merged over the
+    tensor-parallel ranks; "tp_ranks" the per-rank values."""
+    tp_ranks = []
+    for t in range(tp):
+        vals = {}
+        for s in range(pp):
+            e = next(e for e in every if e["stage"] == s and e["tp_rank"] == t and e["dp_rank"] == 0)
+            assert e["mp_rank"] == s * tp + t, e["mp_rank"]
+            for n in e["order"]:
+                v = e["values"][n]
+                if n in vals:
+                    assert all(torch.equal(vals[n][k], v[k]) for k in v), (n, "tied copies differ")
+                    continue
+                vals[n] = v
+        tp_ranks.append(vals)
+    ref = merged_reference(tp_ranks, info)
+    ref["tp_ranks"] = tp_ranks
+    return ref
+
+
+def pptp_rank_values(engine) -> dict:
+    """What pptp_reference takes from each rank of a pptp engine."""
+    grid = engine.grid
+    mine = gather_tp_rank(engine)
+    for n, p in engine.module.named_parameters():
+        mine[n]["lp"] = p.data.detach().clone()
+    return {"stage": grid.get_stage_id(), "tp_rank": grid.get_slice_parallel_rank(),
+            "dp_rank": grid.get_data_parallel_rank(), "mp_rank": grid.get_model_parallel_rank(), "values": mine,
+            "order": list(mine)}
+
+
+def pptp_job(rank: int, ws: int, out: str, name: str) -> None:
+    import deepspeed
+    c = CASES[name]
+    d = Path(out) / name
+    engine = build_pptp_engine(c["pp"], c["dp"], c["tp"], ds_config(c))
+    grid = engine.grid
+    it = pptp_data(grid.get_data_parallel_rank())
+    for _ in range(STEPS):
+        engine.train_batch(data_iter=it)
+    assert engine.global_steps == STEPS
+    if rank == 0 and d.exists():
+        shutil.rmtree(d)
+    dist.barrier()
+    info = pptp_info()
+    engine.save_checkpoint(str(d), client_state={"universal_checkpoint_info": info})
+    dist.barrier()
+    every = [None] * ws
+    dist.all_gather_object(every, pptp_rank_values(engine))
+    if rank != 0:
+        return
+    ref = pptp_reference(every, c["pp"], c["tp"], info)
+    tp_ranks, order = ref["tp_ranks"], list(ref["model"])
+    ref["universal_checkpoint_info"] = info
+    torch.save(ref, d / "reference_live.pt")
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+    meta = {"case": name, "kind": "tpu", "world_size": ws, "tensor_parallel": c["tp"], "data_parallel": c["dp"],
+            "dtype": c["dtype"], "zero_stage": c["stage"], "exercises": c["exercises"], "ds_config": ds_config(c),
+            "universal_checkpoint_info": info, "ds_version": deepspeed.__version__,
+            "torch_version": torch.__version__, "seed": SEED, "steps": STEPS, "tag": TAG,
+            "names": {n: plain(list(t.shape)) for n, t in ref["model"].items()}, "files": files,
+            "removed": ["zero_to_fp32.py", "zero_to_torch.py"],
+            "patches": ["deepspeed.comm.torch.build_shm_op -> None (optional shared-memory allreduce op)"],
+            "generator": "tools/make_zero_parallel_checkpoints.py"}
+    (d / "case.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+# ---- pipeline x tensor parallelism (Megatron-DeepSpeed's GPTModelPipe layout, in small) ----
+
+PIPELINE_REPLICATED = "pipeline_replicated_parameter_patterns"
+
+
+class PipeTp:
+    """This rank's tensor-parallel rank, degree and group in a
+    PipeModelDataParallelTopology (axes pipe, data, model: rank = (s x dp + d)
+    x tp + t), made before the PipelineModule so its layers can use it (the
+    module builds its own grid, with the same ranks, inside its constructor)."""
+
+    def __init__(self, pp: int, dp: int, tp: int) -> None:
+        rank = dist.get_rank()
+        self.tp_size, self.tp_rank = tp, rank % tp
+        groups = [dist.new_group([(s * dp + d) * tp + t for t in range(tp)]) for s in range(pp) for d in range(dp)]
+        self.tp = groups[rank // tp]
+
+
+PIPE_TP: PipeTp | None = None  # set in each rank before the layers are built
+
+
+class _GatherFromTp(torch.autograd.Function):
+    """Megatron's gather_from_tensor_model_parallel_region on the last dim:
+    all-gather forward, this rank's slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(PIPE_TP.tp_size)]
+        dist.all_gather(parts, x.contiguous(), group=PIPE_TP.tp)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.chunk(PIPE_TP.tp_size, dim=-1)[PIPE_TP.tp_rank].contiguous()
+
+
+def full_pptp_weights() -> dict:
+    """The unsplit model, seeded: every (stage, tensor-parallel rank) cuts its shards from it."""
+    g = torch.Generator().manual_seed(SEED)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.5  # noqa: E731
+    w = {"embed": r(PADDED_VOCAB, HIDDEN)}
+    for layer in (1, 2):
+        w.update({f"{layer}.norm.weight": 1 + 0.1 * r(HIDDEN), f"{layer}.norm.bias": 0.1 * r(HIDDEN),
+                  f"{layer}.gate": r(FFN, HIDDEN), f"{layer}.up": r(FFN, HIDDEN), f"{layer}.out.weight": r(HIDDEN, FFN),
+                  f"{layer}.out.bias": r(HIDDEN)})
+    return w
+
+
+class VocabEmbed(nn.Module):
+    """A vocabulary-parallel embedding (this rank's rows of the padded
+    vocabulary), tied between the first stage (lookup) and the last (the
+    output projection, `lm_head`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n, t = PIPE_TP.tp_size, PIPE_TP.tp_rank
+        self.weight = nn.Parameter(full_pptp_weights()["embed"].chunk(n, dim=0)[t].clone())
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.shape[0]
+        lo = PIPE_TP.tp_rank * rows
+        mine = (tokens >= lo) & (tokens < lo + rows)
+        e = nn.functional.embedding((tokens - lo) * mine, self.weight) * mine.unsqueeze(-1)
+        return _ReduceFromTp.apply(e, PIPE_TP.tp)
+
+
+def lm_head(embed: VocabEmbed, h: torch.Tensor) -> torch.Tensor:
+    """The tied embedding as the output layer: this rank's vocabulary columns, gathered."""
+    return _GatherFromTp.apply(nn.functional.linear(_CopyToTp.apply(h, PIPE_TP.tp), embed.weight))
+
+
+class TpBlock(nn.Module):
+    """A Megatron-style residual MLP block at one tensor-parallel rank: a
+    replicated LayerNorm (its bias averaged), a column-parallel SwiGLU h_to_4h
+    (this rank's gate rows, then its up rows: two sub-parameters) and a
+    row-parallel out with a replicated bias."""
+
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        n, t = PIPE_TP.tp_size, PIPE_TP.tp_rank
+        w = full_pptp_weights()
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.h_to_4h = nn.Linear(HIDDEN, 2 * FFN // n, bias=False)
+        self.out = nn.Linear(FFN // n, HIDDEN)
+        with torch.no_grad():
+            self.norm.weight.copy_(w[f"{layer}.norm.weight"])
+            self.norm.bias.copy_(w[f"{layer}.norm.bias"])
+            self.h_to_4h.weight.copy_(torch.cat([w[f"{layer}.gate"].chunk(n)[t], w[f"{layer}.up"].chunk(n)[t]]))
+            self.out.weight.copy_(w[f"{layer}.out.weight"].chunk(n, dim=1)[t])
+            self.out.bias.copy_(w[f"{layer}.out.bias"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _CopyToTp.apply(self.norm(x), PIPE_TP.tp)
+        gate, up = self.h_to_4h(y).chunk(2, dim=-1)
+        partial = nn.functional.linear(nn.functional.silu(gate) * up, self.out.weight)
+        return x + _ReduceFromTp.apply(partial, PIPE_TP.tp) + self.out.bias
+
+
+def pptp_layer_specs():
+    """GPTModelPipe's shape: the embedding (tied), two blocks, a final
+    LayerNorm (replicated), the tied embedding as the head. Uniform partition
+    puts layers 0-2 on stage 0 and 3-4 on stage 1. ds_to_universal.py's
+    DeepSpeedCheckpoint takes the layer files between the first and the last
+    as transformer layers, at least one per stage (else it divides by zero)."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+    return [TiedLayerSpec("embed", VocabEmbed), LayerSpec(TpBlock, 1), LayerSpec(TpBlock, 2),
+            LayerSpec(nn.LayerNorm, HIDDEN), TiedLayerSpec("embed", VocabEmbed, forward_fn=lm_head)]
+
+
+def pptp_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits[:, :VOCAB].float(), target)
+
+
+def pptp_info() -> dict:
+    """Megatron-DeepSpeed's universal_checkpoint_info for these names
+    (GPTModelPipe records the same categories: the tied word embedding as a
+    vocabulary and pipeline-replicated parameter)."""
+    return {UCI_VERSION: 0.2, "original_vocab_size": VOCAB, "padded_vocab_size": PADDED_VOCAB,
+            VOCAB_PATTERNS: [r"tied_modules\.embed\.weight"],
+            PIPELINE_REPLICATED: [r"tied_modules\.embed\.weight"],
+            TP_REPLICATED: [r"\d+\.norm\.weight", r"\d+\.out\.bias", r"\d+\.weight", r"\d+\.bias"],
+            TO_AVERAGE: [r"\d+\.norm\.bias"],
+            ROW_PARALLEL: [r"\d+\.out\.weight"],
+            TWO_SUB_PARAMS: [r"\d+\.h_to_4h\.weight"]}
+
+
+def pptp_data(dp_rank: int):
+    step = 0
+    while True:
+        g = torch.Generator().manual_seed(1000 * step + dp_rank)
+        yield torch.randint(0, VOCAB, (MICRO_BATCH,), generator=g), torch.randint(0, VOCAB, (MICRO_BATCH,), generator=g)
+        step += 1
+
+
+def build_pptp_engine(pp: int, dp: int, tp: int, config: dict):
+    """A PipelineEngine of the pptp model at PP x DP x TP (used by the
+    universal-checkpoint loading test too)."""
+    global PIPE_TP
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    PIPE_TP = PipeTp(pp, dp, tp)
+    net = PipelineModule(layers=pptp_layer_specs(), topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp,
+                                                                                           num_dp=dp),
+                         loss_fn=pptp_loss, partition_method="uniform")
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters()],
+                                           config=config)
+    return engine
+
+
+def pptp_reference(every: list, pp: int, tp: int, info: dict) -> dict:
+    """merged_reference of a pipeline at `tp` tensor-parallel ranks: per
+    tensor-parallel rank, its stages' values (every[i]: one rank's
+    {"stage", "tp_rank", "dp_rank", "mp_rank", "values", "order"}) in stage
+    order, the tied embedding once (the stages' copies must be equal: its
+    gradient is all-reduced over the tied stages), then merged over the
+    tensor-parallel ranks; "tp_ranks" the per-rank values."""
+    tp_ranks = []
+    for t in range(tp):
+        vals = {}
+        for s in range(pp):
+            e = next(e for e in every if e["stage"] == s and e["tp_rank"] == t and e["dp_rank"] == 0)
+            assert e["mp_rank"] == s * tp + t, e["mp_rank"]
+            for n in e["order"]:
+                v = e["values"][n]
+                if n in vals:
+                    assert all(torch.equal(vals[n][k], v[k]) for k in v), (n, "tied copies differ")
+                    continue
+                vals[n] = v
+        tp_ranks.append(vals)
+    ref = merged_reference(tp_ranks, info)
+    ref["tp_ranks"] = tp_ranks
+    return ref
+
+
+def pptp_rank_values(engine) -> dict:
+    """What pptp_reference takes from each rank of a pptp engine."""
+    grid = engine.grid
+    mine = gather_tp_rank(engine)
+    for n, p in engine.module.named_parameters():
+        mine[n]["lp"] = p.data.detach().clone()
+    return {"stage": grid.get_stage_id(), "tp_rank": grid.get_slice_parallel_rank(),
+            "dp_rank": grid.get_data_parallel_rank(), "mp_rank": grid.get_model_parallel_rank(), "values": mine,
+            "order": list(mine)}
+
+
+def pptp_job(rank: int, ws: int, out: str, name: str) -> None:
+    import deepspeed
+    c = CASES[name]
+    d = Path(out) / name
+    engine = build_pptp_engine(c["pp"], c["dp"], c["tp"], ds_config(c))
+    grid = engine.grid
+    it = pptp_data(grid.get_data_parallel_rank())
+    for _ in range(STEPS):
+        engine.train_batch(data_iter=it)
+    assert engine.global_steps == STEPS
+    if rank == 0 and d.exists():
+        shutil.rmtree(d)
+    dist.barrier()
+    info = pptp_info()
+    engine.save_checkpoint(str(d), client_state={"universal_checkpoint_info": info})
+    dist.barrier()
+    every = [None] * ws
+    dist.all_gather_object(every, pptp_rank_values(engine))
+    if rank != 0:
+        return
+    # per tensor-parallel rank: its stages' values in stage order, the tied
+    # embedding once (the stages' copies are equal: its gradient is all-reduced
+    # over the tied stages), then merged over the tensor-parallel ranks
+    tp_ranks, order = [], []
+    for t in range(c["tp"]):
+        vals = {}
+        for s in range(c["pp"]):
+            e = next(e for e in every if e["stage"] == s and e["tp_rank"] == t and e["dp_rank"] == 0)
+            assert e["mp_rank"] == s * c["tp"] + t, e["mp_rank"]
+            for n in e["order"]:
+                v = e["values"][n]
+                if n in vals:
+                    assert all(torch.equal(vals[n][k], v[k]) for k in v), (name, n, "tied copies differ")
+                    continue
+                vals[n] = v
+                if t == 0:
+                    order.append(n)
+        tp_ranks.append(vals)
+    ref = merged_reference(tp_ranks, info)
+    ref["tp_ranks"] = tp_ranks
+    ref["universal_checkpoint_info"] = info
+    ref["stages"] = {n: sorted({e["stage"] for e in every if n in e["values"]}) for n in order}
+    torch.save(ref, d / "reference_live.pt")
+    tagdir = d / TAG
+    # the head (layer 4) is the tied module called through forward_fn, a
+    # functools.partial with no state_dict: PipelineModule.save_state_dict
+    # writes no file for it, so the last stage has no copy of the embedding
+    # but its optimizer's (as in Megatron-DeepSpeed's GPTModelPipe)
+    want = sorted([f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in range(4) for t in range(c["tp"])]
+                  + [f"mp_rank_{m:02d}_model_states.pt" for m in range(c["pp"] * c["tp"])]
+                  + [f"zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt" for m in range(c["pp"] * c["tp"])
+                     for r in range(c["dp"])])
+    got = sorted(p.name for p in tagdir.iterdir())
+    assert got == want, (got, want)
+    for t in range(c["tp"]):  # layer 0's file holds the tied embedding's live lp value
+        sd = torch.load(tagdir / f"layer_00-model_{t:02d}-model_states.pt", weights_only=True)
+        assert list(sd) == ["weight"] and torch.equal(sd["weight"], tp_ranks[t]["tied_modules.embed.weight"]["lp"])
+        for i in (1, 2, 3):
+            sd = torch.load(tagdir / f"layer_{i:02d}-model_{t:02d}-model_states.pt", weights_only=True)
+            for k, v in sd.items():
+                assert torch.equal(v, tp_ranks[t][f"{i}.{k}"]["lp"]), (i, k)
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+    meta = {"case": name, "kind": "pptp", "world_size": ws, "pipeline_stages": c["pp"], "tensor_parallel": c["tp"],
+            "data_parallel": c["dp"], "dtype": c["dtype"], "zero_stage": c["stage"], "exercises": c["exercises"],
+            "ds_config": ds_config(c), "universal_checkpoint_info": info, "ds_version": deepspeed.__version__,
+            "torch_version": torch.__version__, "seed": SEED, "steps": STEPS, "tag": TAG,
+            "names": {n: plain(list(t.shape)) for n, t in ref["model"].items()}, "stages": ref["stages"],
+            "files": files, "removed": ["zero_to_fp32.py", "zero_to_torch.py"],
+            "patches": ["deepspeed.comm.torch.build_shm_op -> None (optional shared-memory allreduce op)"],
+            "generator": "tools/make_zero_parallel_checkpoints.py"}
+    (d / "case.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
 def global_expert_name(name: str, expp_rank: int, num_local: int) -> str:
     """The name DeepSpeed's _save_moe_checkpoint gives a local expert's entry:
     the local expert id replaced by expp_rank * num_local_experts + local id."""
@@ -758,16 +1247,16 @@ def main(argv=None) -> None:
     for name in args.only or CASES:
         t = time.time()
         c = CASES[name]
-        jobs = {"pipe": job, "moe": moe_job, "tp": tp_job, "tpu": tpu_job}
+        jobs = {"pipe": job, "moe": moe_job, "tp": tp_job, "tpu": tpu_job, "pptp": pptp_job}
         spawn(c["pp"] * c["dp"] * c.get("tp", 1), jobs[c["kind"]], str(out), name)
         d = out / name
         for script in ("zero_to_fp32.py", "zero_to_torch.py"):
             if (d / script).exists():
                 (d / script).unlink()
-        if c["kind"] not in ("tp", "tpu"):  # no layer or expert files
+        if c["kind"] not in ("tp", "tpu", "pptp"):  # no layer or expert files (pptp: checked in its job)
             check_files(name, d)
             write_model_reference(d)
-        if c["kind"] == "tpu":
+        if c["kind"] in ("tpu", "pptp"):
             write_tp_model_reference(d)
         info = json.loads((d / "case.json").read_text())
         info["files"] = {k: v for k, v in info["files"].items() if k not in info["removed"]}

@@ -3,6 +3,7 @@
 // formats/zero/tensor_parallel.h).
 #include <catch2/catch.hpp>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,29 @@ TEST_CASE("pipeline names give their layer index", "[formats][zero]") {
   CHECK_FALSE(pipeline_layer_of("3a.weight"));
   CHECK(layer_file_name(3) == "layer_03-model_states.pt");
   CHECK(layer_file_name(123) == "layer_123-model_states.pt");
+  CHECK(layer_file_name(3, 1) == "layer_03-model_01-model_states.pt");
+  CHECK(tied_key_of("tied_modules.embed.weight") == "embed");
+  CHECK(tied_key_of("tied_modules.embed.norm.bias") == "embed");
+  CHECK_FALSE(tied_key_of("tied_modules..weight"));
+  CHECK_FALSE(tied_key_of("tied_modules.embed"));
+  CHECK_FALSE(tied_key_of("0.tied_modules.embed.weight"));
+}
+
+TEST_CASE("a tied module's layer file is the one whose entries are exactly the module's", "[formats][zero]") {
+  std::set<std::string> names = {"tied_modules.embed.weight", "tied_modules.head.weight", "tied_modules.head.bias",
+                                 "1.weight"};
+  CHECK(tied_key_of_layer({"weight"}, names, "F") == "embed");
+  CHECK(tied_key_of_layer({"bias", "weight"}, names, "F") == "head");
+  CHECK_FALSE(tied_key_of_layer({"weight", "scale"}, names, "F"));
+  // two tied modules of the same entries: nothing says which the file is
+  names.insert("tied_modules.pos.weight");
+  try {
+    tied_key_of_layer({"weight"}, names, "F");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnimplemented);
+    CHECK(std::string(e.what()).find("fit tied modules 'embed' and 'pos' alike") != std::string::npos);
+  }
 }
 
 TEST_CASE("layer files go to the stage that trains them; state-only layers to the stage below", "[formats][zero]") {
@@ -43,7 +67,14 @@ TEST_CASE("a layer file a stage trains is required, named with its stage", "[for
     CHECK(std::string(e.what()).find("the layer file layer_04-model_states.pt of pipeline stage 1 is missing") !=
           std::string::npos);
   }
-  CHECK_THROWS_AS(stage_layers({{"tied_modules.e.weight"}}, files, "DIR"), Error);
+  CHECK(stage_layers({{"tied_modules.e.weight", "0.weight"}}, files, "DIR") == std::vector<std::vector<int>>{{0}});
+  CHECK_THROWS_AS(stage_layers({{"embed.weight"}}, files, "DIR"), Error);  // neither numbered nor tied
+  try {
+    stage_layers({{"0.weight"}, {"4.weight"}}, files, "DIR", 1);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("layer_04-model_01-model_states.pt of pipeline stage 1") != std::string::npos);
+  }
   CHECK_THROWS_AS(stage_layers({{"0.weight"}, {"0.bias"}}, files, "DIR"), Error);  // two stages train layer 0
 }
 

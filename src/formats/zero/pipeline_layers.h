@@ -15,10 +15,25 @@
 // the indices have gaps. PipelineModule registers layer LL as the submodule
 // "LL", so its state_dict() and load_state_dir name layer LL's entry `k`
 // "LL.k": the names param_shapes uses, and the names ckptconv gives.
+//
+// With a tensor axis in the topology (PipeModelDataParallelTopology, what
+// Megatron-DeepSpeed trains with) every file name carries the tensor-parallel
+// rank: layer_LL-model_TT-model_states.pt, and mp_rank_MM with MM = stage x
+// tp_degree + TT (PipelineParallelGrid's ds_model_rank).
+//
+// Tied layers (TiedLayerSpec): the module is registered once per stage as
+// tied_modules.KEY, ahead of the numbered layers, so param_shapes names its
+// parameters "tied_modules.KEY.k" on every stage that uses it, each stage
+// keeping its own master (DeepSpeed all-reduces the gradient between them).
+// Its layer file is written under each layer index that calls the module
+// itself; a layer calling it through forward_fn (a functools.partial, as
+// Megatron-DeepSpeed's output layer does) has no state dict and no file, so
+// a stage may hold a tied parameter whose state is in another stage's file.
 #pragma once
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,19 +45,39 @@ namespace ckpt::zero {
 // for names of no numbered layer (TiedLayerSpec's "tied_modules.KEY.*").
 std::optional<int> pipeline_layer_of(const std::string& name);
 
+// The key of a tied module's entry: "tied_modules.embed.weight" -> "embed";
+// nullopt for any other name.
+std::optional<std::string> tied_key_of(const std::string& name);
+
 // The layer files each stage's module is made of, by layer index.
 // stage_params[s]: the parameter names of stage s's param_shapes. Every
 // layer a parameter names must have its file (else NotFound naming the file
 // and the stage); a layer file no parameter names (buffers or frozen
-// parameters only) goes to the stage holding the nearest lower layer.
+// parameters only, or a tied module's) goes to the stage holding the nearest
+// lower layer. Tied modules' parameters name no layer. `tp`: the
+// tensor-parallel rank the files are of (-1: no tensor axis), for the names.
 std::vector<std::vector<int>> stage_layers(const std::vector<std::vector<std::string>>& stage_params,
-                                           const std::map<int, std::string>& layer_files, const std::string& dir);
+                                           const std::map<int, std::string>& layer_files, const std::string& dir,
+                                           int tp = -1);
 
-// The entries of decoded layer file `file` of layer `layer`, named "LL.k"
-// as PipelineModule's state_dict() names them, appended to `out`.
-void append_layer_entries(std::vector<ModuleEntry>& out, int layer, const Decoded& file);
+// The tied module a layer file holds: the key KEY whose entries among
+// `names` (the stages' param_shapes and buffer names, "tied_modules.KEY.k")
+// are exactly the file's keys `file_keys`; nullopt when no key's are. Two
+// keys fitting is Unimplemented (exit 3) naming `path`: nothing else says
+// which module the file is.
+std::optional<std::string> tied_key_of_layer(const std::set<std::string>& file_keys, const std::set<std::string>& names,
+                                             const std::string& path);
 
-// "layer_03-model_states.pt": the file name DeepSpeed gives layer 3.
-std::string layer_file_name(int layer);
+// The entries of decoded layer file `file`, named `prefix` + k as
+// PipelineModule's state_dict() names them ("LL." for layer LL,
+// "tied_modules.KEY." for a tied module's), appended to `out`.
+void append_layer_entries(std::vector<ModuleEntry>& out, const std::string& prefix, const Decoded& file);
+
+// The keys of decoded layer file `file`'s state dict.
+std::set<std::string> layer_file_keys(const Decoded& file);
+
+// "layer_03-model_states.pt": the file name DeepSpeed gives layer 3; with a
+// tensor-parallel rank `tp` >= 0, "layer_03-model_01-model_states.pt".
+std::string layer_file_name(int layer, int tp = -1);
 
 }  // namespace ckpt::zero

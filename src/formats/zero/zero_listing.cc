@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/linear_regex.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "formats/latest_file.h"
 #include "io/containment.h"
 #include "io/storage.h"
@@ -115,7 +116,6 @@ TagListing list_files(const std::string& dir) {
   std::map<std::string, MpRankNames> by_mp;
   TagListing out;
   out.dir = dir;
-  bool tp_layers = false;
   std::string moe_file;
   if (!is_directory(dir)) fail(ErrorCode::kNotFound, dir + ": cannot list directory: not a directory");
   for (const DirEntry& e : list_directory(dir)) {
@@ -130,7 +130,7 @@ TagListing list_files(const std::string& dir) {
     } else if (layer_re.match(name, m)) {
       out.layer_files[std::stoi(m.str(1))] = e.path;
     } else if (tp_layer_re.match(name, m)) {
-      tp_layers = true;
+      out.tp_layer_files[std::stoi(m.str(2))][std::stoi(m.str(1))] = e.path;
     } else if (expert_re.match(name, m) && m[3] == "00") {
       out.expert_files[{std::stoi(m.str(1)), std::stoi(m.str(2))}] = e.path;
     } else if (expert_re.match(name, m) || old_expert_re.match(name, m) || expp_re.match(name, m)) {
@@ -149,13 +149,12 @@ TagListing list_files(const std::string& dir) {
              ": a MoE file of a layout ckptconv does not read (expert files of tensor-parallel ranks, "
              "pre-0.5 expert_E files, or the expp_rank optimizer files of a run without ZeRO); it reads "
              "layer_L_expert_E_mp_rank_00 files beside ZeRO-1/2 optimizer files");
-  if (!out.expert_files.empty() && !out.layer_files.empty())
+  if (!out.expert_files.empty() && (!out.layer_files.empty() || !out.tp_layer_files.empty()))
     fail(ErrorCode::kUnimplemented, dir + ": MoE expert files beside pipeline layer files are not supported");
-  if (tp_layers)
-    fail(ErrorCode::kUnimplemented, dir +
-                                        ": pipeline layer files with a tensor-parallel rank "
-                                        "(layer_LL-model_TT-model_states.pt) are not supported; ckptconv reads "
-                                        "pipeline-parallel and data-parallel DeepSpeed checkpoints");
+  if (!out.layer_files.empty() && !out.tp_layer_files.empty())
+    fail_data_loss(dir + ": layer files with a tensor-parallel rank (" +
+                   file_name(out.tp_layer_files.begin()->second.begin()->second) + ") beside layer files without (" +
+                   file_name(out.layer_files.begin()->second) + "): files of two runs mixed");
   if (!out.expert_files.empty() && (by_mp.size() > 1 || (by_mp.size() == 1 && by_mp.begin()->first != "00")))
     fail(ErrorCode::kUnimplemented,
          dir + ": MoE expert files beside tensor-parallel ranks (" + found + ") are not supported");
@@ -171,7 +170,9 @@ TagListing list_files(const std::string& dir) {
     auto it = by_mp.find(mp);
     if (it == by_mp.end())
       fail(ErrorCode::kNotFound, dir + ": the files of " +
-                                     (out.layer_files.empty() ? "tensor-parallel rank " : "pipeline stage ") +
+                                     (!out.tp_layer_files.empty() ? "model-parallel rank (stage x tp + tp rank) "
+                                      : out.layer_files.empty()   ? "tensor-parallel rank "
+                                                                  : "pipeline stage ") +
                                      std::to_string(s) + " of " + std::to_string(stages) + " are missing (mp_rank_" +
                                      mp + "_model_states.pt)");
     out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second));

@@ -29,7 +29,9 @@ struct TagFiles {
 struct TagListing {
   std::string dir;
   std::vector<TagFiles> mp_ranks;  // by mp rank: the pipeline stages, the tensor-parallel ranks, or mp_rank_00 alone
-  std::map<int, std::string> layer_files;                   // layer_LL-model_states.pt by layer index
+  std::map<int, std::string> layer_files;  // layer_LL-model_states.pt by layer index
+  // a topology with a tensor axis: layer_LL-model_TT-model_states.pt, by TT then LL
+  std::map<int, std::map<int, std::string>> tp_layer_files;
   std::map<std::pair<int, int>, std::string> expert_files;  // layer_L_expert_E_mp_rank_00 by (L, E)
 };
 
@@ -60,9 +62,8 @@ std::optional<int> tag_world_size(const std::string& dir);
 std::string tag_dir(const std::string& src, const std::string& tag);
 
 // A tag directory's files, every rank file of every stage required (NotFound
-// naming the first missing one); layer files of tensor-parallel ranks and
-// MoE files of a layout ckptconv does not read are refused (Unimplemented,
-// naming them).
+// naming the first missing one); MoE files of a layout ckptconv does not
+// read are refused (Unimplemented, naming them).
 TagListing list_files(const std::string& dir);
 
 }  // namespace ckpt::zero

@@ -239,6 +239,7 @@ class ZeroReader {
  public:
   int expert_parallel() const { return expert_parallel_; }
   int zero_stage() const { return stage_; }
+  const std::set<std::string>& buffer_names() const { return buffer_names_; }
 
  private:
   // The base optimizer's state_dict(): {'state': {i: {...}}, 'param_groups': [...]}.
@@ -705,22 +706,72 @@ class ZeroReader {
 };
 
 // The root a ZeRO checkpoint reads as, torch's full state dict:
-// {"model": {fqn: ...}, "optim": {"state": {fqn: ...}, "param_groups": [...]}},
-// from one reader's parts or, for a pipeline, every stage's in stage order
-// (stages hold consecutive layers, so that is the module's order). Param
-// group g of the stages' optimizers is one group: its hyper-parameters are
-// the same on every stage (one ds_config), its params every stage's.
-ValuePtr assemble_root(std::vector<StageParts> stages, const std::string& dir) {
+// {"model": {fqn: ...}, "optim": {"state": {fqn: ...}, "param_groups": [...]}}.
+ValuePtr assemble_root(StageParts parts) {
   auto model_dict = Value::dict({}, true);
+  for (auto& e : parts.model) model_dict->entries.push_back(std::move(e));
   auto state = Value::dict();
-  std::vector<ValuePtr> groups;
+  for (auto& e : parts.state) state->entries.push_back(std::move(e));
+  auto optim = Value::dict(
+      {{Value::str("state"), state}, {Value::str("param_groups"), Value::list(std::move(parts.param_groups))}});
+  return Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
+}
+
+// The pipeline stages' parts as one, in stage order (stages hold consecutive
+// layers, so that is the module's order). Param group g of the stages'
+// optimizers is one group: its hyper-parameters are the same on every stage
+// (one ds_config), its params every stage's. A tied module's entries
+// (tied_modules.KEY.*) are on every stage that uses it, each stage with its
+// own master and optimizer state: kept once, the first stage's, after
+// checking that every later stage's values are equal (else DataLoss naming
+// both stages' files: the copies DeepSpeed keeps in step have drifted, or
+// the files are of two runs). `files[s]` names stage s's files.
+StageParts concat_stages(const CheckpointModel& model, std::vector<StageParts> stages,
+                         const std::vector<std::string>& files, const std::string& dir) {
+  StageParts out;
+  std::map<std::string, std::pair<std::size_t, ValuePtr>> seen_model, seen_state;  // name -> (stage, value)
+  // The tensors under `a` and `b` (a tensor reference, or a dict of them) are equal.
+  auto require_equal = [&](const std::string& name, std::size_t sa, const Value& a, std::size_t sb, const Value& b) {
+    std::vector<std::pair<std::string, std::pair<const Value*, const Value*>>> pairs;
+    if (tensor_ref_index(a)) {
+      pairs.push_back({"", {&a, &b}});
+    } else {
+      for (const auto& [k, v] : as_dict(a).entries) {
+        ValuePtr other = as_dict(b).get(k->as_str());
+        if (!other)
+          fail_data_loss(dir + ": tied parameter '" + name + "' has no optimizer '" + k->as_str() +
+                         "' on pipeline stage " + std::to_string(sb) + " (" + files[sb] + ")");
+        pairs.push_back({" (optimizer " + k->as_str() + ")", {v.get(), other.get()}});
+      }
+    }
+    for (const auto& [what, ab] : pairs) {
+      auto ia = tensor_ref_index(*ab.first), ib = tensor_ref_index(*ab.second);
+      if (ia && ib && same_tensor_values(model.tensors.at(*ia), model.tensors.at(*ib))) continue;
+      fail_data_loss(dir + ": tied parameter '" + name + "'" + what + " differs between pipeline stage " +
+                     std::to_string(sa) + " (" + files[sa] + ") and stage " + std::to_string(sb) + " (" + files[sb] +
+                     "): DeepSpeed keeps the tied copies equal, so these files are not of one save");
+    }
+  };
+  auto take = [&](std::vector<std::pair<ValuePtr, ValuePtr>>& into, decltype(seen_model)& seen, std::size_t s,
+                  std::pair<ValuePtr, ValuePtr>& e) {
+    const std::string name = e.first->as_str();
+    auto [it, fresh] = seen.emplace(name, std::make_pair(s, e.second));
+    if (fresh) {
+      into.push_back(std::move(e));
+      return;
+    }
+    if (!tied_key_of(name))
+      fail_data_loss(dir + ": pipeline stages " + std::to_string(it->second.first) + " and " + std::to_string(s) +
+                     " both hold '" + name.substr(0, 200) + "', which is no tied module's (tied_modules.KEY)");
+    require_equal(name, it->second.first, *it->second.second, s, *e.second);
+  };
   for (std::size_t s = 0; s < stages.size(); ++s) {
     StageParts& p = stages[s];
-    for (auto& e : p.model) model_dict->entries.push_back(std::move(e));
-    for (auto& e : p.state) state->entries.push_back(std::move(e));
+    for (auto& e : p.model) take(out.model, seen_model, s, e);
+    for (auto& e : p.state) take(out.state, seen_state, s, e);
     for (std::size_t g = 0; g < p.param_groups.size(); ++g) {
-      if (g == groups.size()) {
-        groups.push_back(p.param_groups[g]);
+      if (g == out.param_groups.size()) {
+        out.param_groups.push_back(p.param_groups[g]);
         continue;
       }
       auto hyper = [](const Value& group) {
@@ -729,18 +780,19 @@ ValuePtr assemble_root(std::vector<StageParts> stages, const std::string& dir) {
           if (!(k->is(Kind::kStr) && k->text == "params")) copy->entries.emplace_back(k, v);
         return copy->repr(8, 64);
       };
-      if (hyper(*groups[g]) != hyper(*p.param_groups[g]))
+      if (hyper(*out.param_groups[g]) != hyper(*p.param_groups[g]))
         fail(ErrorCode::kUnimplemented, dir + ": param group " + std::to_string(g) + " of pipeline stage " +
                                             std::to_string(s) +
                                             " has other hyper-parameters than stage 0's; ckptconv merges "
                                             "the stages' groups only where they agree");
-      ValuePtr mine = groups[g]->get("params"), theirs = p.param_groups[g]->get("params");
-      for (const auto& name : theirs->items) mine->items.push_back(name);
+      ValuePtr mine = out.param_groups[g]->get("params"), theirs = p.param_groups[g]->get("params");
+      std::set<std::string> listed;
+      for (const auto& n : mine->items) listed.insert(n->as_str());
+      for (const auto& name : theirs->items)
+        if (listed.insert(name->as_str()).second) mine->items.push_back(name);  // a tied module's: listed once
     }
   }
-  auto param_groups = Value::list(std::move(groups));
-  auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), param_groups}});
-  return Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
+  return out;
 }
 
 void finish_info(CheckpointModel& model, const ZeroReader& first, ParallelDegrees degrees) {
@@ -785,9 +837,9 @@ std::vector<ModuleEntry> expert_entries(const TagListing& listing, const Decoded
 }
 
 void require_tensor_degree(const Decoded& m, int ranks);
-StageParts merge_tensor_parallel(CheckpointModel& model, const std::vector<StageParts>& parts,
-                                 const TensorParallelRules& rules, TensorParallelLayout& layout,
-                                 const std::string& dir);
+void join_tensor_parallel(CheckpointModel& model, std::vector<StageParts> parts, const Decoded& m0,
+                          const std::string& dir, const std::string& prefix);
+std::string tensor_parallel_fact(const CheckpointModel& model, int tp);
 
 CheckpointModel read_data_parallel(const TagListing& listing, ProblemSink* problems, const std::string& only) {
   const TagFiles& files = listing.mp_ranks.at(0);
@@ -811,27 +863,19 @@ CheckpointModel read_data_parallel(const TagListing& listing, ProblemSink* probl
     reader.use_saved_module();
   }
   model.source = files.dir;
-  std::vector<StageParts> parts;
-  parts.push_back(reader.build(model));
   // Megatron-DeepSpeed at tensor-parallel degree 1 records its patterns
-  // too: read as the one rank of a tensor-parallel run, so that the
-  // vocabulary's padding is cut and a universal checkpoint written from it
-  // says how a loader at degree 2 cuts each parameter, as ds_to_universal's
-  // does (without, a row-parallel weight is cut on dim 0 there, silently).
-  // Not for ZeRO-3 or MoE, which ckptconv reads tensor-parallel at no degree.
-  ValuePtr info = reader.model_file().root->get("universal_checkpoint_info");
-  const bool patterns = info && !info->is(Kind::kNone) && reader.zero_stage() != 3 && listing.expert_files.empty();
-  if (patterns) {
-    TensorParallelRules rules(*info, reader.model_file().path);
-    TensorParallelLayout layout;
-    parts = {merge_tensor_parallel(model, parts, rules, layout, files.dir)};
-    model.info.tensor_parallel = std::move(layout);
-  }
-  model.root = assemble_root(std::move(parts), files.dir);
+  // too: applied as to the one rank of a tensor-parallel run (see
+  // join_tensor_parallel). Not for ZeRO-3 or MoE, which ckptconv reads
+  // tensor-parallel at no degree (not generated as fixtures).
+  const bool patterns = reader.zero_stage() != 3 && listing.expert_files.empty();
+  if (patterns)
+    join_tensor_parallel(model, {reader.build(model)}, reader.model_file(), files.dir, "mp_rank_");
+  else
+    model.root = assemble_root(reader.build(model));
   add_training_state(model, reader.model_file());
   prune_unreferenced(model.root, model.tensors);
   finish_info(model, reader, ParallelDegrees{.data = reader.world_size(), .expert = reader.expert_parallel()});
-  if (patterns) model.facts["tensor_parallel"] = "1, universal_checkpoint_info applied (its vocabulary padding cut)";
+  if (model.info.tensor_parallel) model.facts["tensor_parallel"] = tensor_parallel_fact(model, 1);
   return model;
 }
 
@@ -854,64 +898,6 @@ void require_tensor_degree(const Decoded& m, int ranks) {
     fail(ErrorCode::kNotFound, m.path + ": tp_degree " + std::to_string(tp->second) + " but the files of " +
                                    std::to_string(ranks) + " tensor-parallel rank(s) are here (mp_rank_" +
                                    (ranks < 10 ? "0" : "") + std::to_string(ranks) + "_model_states.pt missing)");
-}
-
-// A pipeline-parallel checkpoint: one ZeroReader per stage (mp rank) over
-// its data-parallel ranks' files, the module state dict of each stage from
-// its layer files (pipeline_layers.h).
-CheckpointModel read_pipeline(const TagListing& listing, ProblemSink* problems, const std::string& only) {
-  const int stages = int(listing.mp_ranks.size());
-  const int dp = int(listing.mp_ranks[0].optim.size());
-  std::vector<std::unique_ptr<ZeroReader>> readers;
-  for (int s = 0; s < stages; ++s) {
-    const TagFiles& files = listing.mp_ranks[s];
-    if (files.per_rank_model)
-      fail(ErrorCode::kUnimplemented, listing.dir +
-                                          ": ZeRO-3 files beside pipeline layer files (DeepSpeed's "
-                                          "pipeline engine allows ZeRO stages 0 and 1 only)");
-    if (int(files.optim.size()) != dp)
-      fail_data_loss(listing.dir + ": pipeline stage " + std::to_string(s) + " has " +
-                     std::to_string(files.optim.size()) + " optimizer files, stage 0 " + std::to_string(dp) +
-                     " (files of two runs mixed?)");
-    readers.push_back(std::make_unique<ZeroReader>(files, problems, only, s * dp));
-    readers.back()->load();
-    // What the stage's own file says of the topology: a stage missing
-    // altogether (all its files) shows here, and a tensor axis is refused.
-    const Decoded& m = readers.back()->model_file();
-    std::map<std::string, int64_t> dims = parallel_dimensions(m);
-    if (auto pp = dims.find("pp_degree"); pp != dims.end() && pp->second != stages)
-      fail(ErrorCode::kNotFound, m.path + ": pp_degree " + std::to_string(pp->second) + " but the files of " +
-                                     std::to_string(stages) + " pipeline stage(s) are here (mp_rank_" +
-                                     (stages < 10 ? "0" : "") + std::to_string(stages) + "_model_states.pt missing)");
-    if (auto tp = dims.find("tp_degree"); tp != dims.end() && tp->second != 1)
-      fail(ErrorCode::kUnimplemented, m.path + ": tp_degree " + std::to_string(tp->second) +
-                                          ": pipeline with tensor parallelism is not supported");
-  }
-  std::vector<std::vector<std::string>> names(stages);
-  for (int s = 0; s < stages; ++s)
-    for (const ParamSlot& p : readers[s]->params()) names[s].push_back(p.name);
-  std::vector<std::vector<int>> layers = stage_layers(names, listing.layer_files, listing.dir);
-
-  std::deque<Decoded> layer_files;  // owns what ModuleEntry points into, until the model is built
-  CheckpointModel model;
-  model.source = listing.dir;
-  std::vector<StageParts> parts;
-  for (int s = 0; s < stages; ++s) {
-    std::vector<ModuleEntry> module;
-    for (int layer : layers[s]) {
-      const std::string& path = listing.layer_files.at(layer);
-      layer_files.push_back(decode(path, s * dp, problems, only, "entries of a layer state dict"));
-      append_layer_entries(module, layer, layer_files.back());
-      model.info.files.push_back(path);
-    }
-    readers[s]->use_module(std::move(module));
-    parts.push_back(readers[s]->build(model));
-  }
-  model.root = assemble_root(std::move(parts), listing.dir);
-  add_training_state(model, readers[0]->model_file());
-  for (int s = 1; s < stages; ++s) readers[s]->describe(model);
-  finish_info(model, *readers[0], ParallelDegrees{.data = dp, .pipeline = stages});
-  return model;
 }
 
 // ---- tensor parallelism (tensor_parallel.h) ----
@@ -1010,6 +996,49 @@ StageParts merge_tensor_parallel(CheckpointModel& model, const std::vector<Stage
   return out;
 }
 
+// The tensor-parallel ranks' parts (parts[t]: rank t's state dict) as the
+// model's root. With universal_checkpoint_info (in `m0`, rank 0's
+// model-states file) they are merged into one state dict; without, each is
+// its own part under `prefix` + its two-digit rank (`mp_rank_01`: a
+// tensor-parallel checkpoint's parts are its mp ranks; a pipeline's span
+// several mp ranks each, so they are `tp_rank_01`), never concatenated on a
+// guessed dimension. One part alone is the root, with the patterns applied
+// where there are some (Megatron-DeepSpeed records them at degree 1 too):
+// the vocabulary's padding cut, and a universal checkpoint written from it
+// saying how a loader at degree 2 cuts each parameter, as ds_to_universal's
+// does (without, a row-parallel weight is cut on dim 0 there, silently).
+void join_tensor_parallel(CheckpointModel& model, std::vector<StageParts> parts, const Decoded& m0,
+                          const std::string& dir, const std::string& prefix) {
+  const std::size_t tp = parts.size();
+  ValuePtr info = m0.root->get("universal_checkpoint_info");
+  const bool patterns = info && !info->is(Kind::kNone);
+  if (tp == 1 && !patterns) {
+    model.root = assemble_root(std::move(parts[0]));
+    return;
+  }
+  if (patterns) {
+    TensorParallelRules rules(*info, m0.path);
+    TensorParallelLayout layout;
+    model.root = assemble_root(merge_tensor_parallel(model, parts, rules, layout, dir));
+    model.info.tensor_parallel = std::move(layout);
+    return;
+  }
+  log::warn(dir + ": " + std::to_string(tp) + " tensor-parallel ranks, read each as its own part (" + prefix + "00, " +
+            prefix + "01, ...: each a state dict of that rank's slices): the model-states files record no " +
+            "universal_checkpoint_info saying along which dimension each tensor is split, and ckptconv does not guess");
+  model.root = Value::dict();
+  for (std::size_t t = 0; t < tp; ++t)
+    model.root->entries.emplace_back(Value::str(prefix + (t < 10 ? "0" : "") + std::to_string(t)),
+                                     assemble_root(std::move(parts[t])));
+}
+
+// inspect's `tensor_parallel` line: which of the two join_tensor_parallel did.
+std::string tensor_parallel_fact(const CheckpointModel& model, int tp) {
+  if (tp == 1) return "1, universal_checkpoint_info applied (its vocabulary padding cut)";
+  return std::to_string(tp) + (model.info.tensor_parallel ? " ranks merged as universal_checkpoint_info says"
+                                                          : " ranks, each its own part (no universal_checkpoint_info)");
+}
+
 // A tensor-parallel checkpoint (mp_rank_00..T-1 without layer files): one
 // ZeroReader per tensor-parallel rank over its data-parallel ranks' files.
 // With universal_checkpoint_info the ranks are merged into one state dict;
@@ -1042,33 +1071,150 @@ CheckpointModel read_tensor_parallel(const TagListing& listing, ProblemSink* pro
   std::vector<StageParts> parts;
   for (int t = 0; t < tp; ++t) parts.push_back(readers[t]->build(model));
   const Decoded& m0 = readers[0]->model_file();
-  ValuePtr info = m0.root->get("universal_checkpoint_info");
-  if (info && !info->is(Kind::kNone)) {
-    TensorParallelRules rules(*info, m0.path);
-    TensorParallelLayout layout;
-    std::vector<StageParts> one;
-    one.push_back(merge_tensor_parallel(model, parts, rules, layout, listing.dir));
-    model.root = assemble_root(std::move(one), listing.dir);
-    model.info.tensor_parallel = std::move(layout);
-  } else {
-    log::warn(listing.dir + ": " + std::to_string(tp) +
-              " tensor-parallel ranks, read each as its own part (mp_rank_00, mp_rank_01, ...: each a "
-              "state dict of that rank's slices): the model-states files record no universal_checkpoint_info "
-              "saying along which dimension each tensor is split, and ckptconv does not guess");
-    model.root = Value::dict();
-    for (int t = 0; t < tp; ++t) {
-      std::vector<StageParts> one;
-      one.push_back(std::move(parts[t]));
-      model.root->entries.emplace_back(Value::str(mp_name(t)), assemble_root(std::move(one), listing.dir));
-    }
-  }
+  join_tensor_parallel(model, std::move(parts), m0, listing.dir, "mp_rank_");
   add_training_state(model, m0);
   prune_unreferenced(model.root, model.tensors);
   for (int t = 1; t < tp; ++t) readers[t]->describe(model);
   finish_info(model, *readers[0], ParallelDegrees{.data = dp, .tensor = tp});
-  model.facts["tensor_parallel"] =
-      std::to_string(tp) + (model.info.tensor_parallel ? " ranks merged as universal_checkpoint_info says"
-                                                       : " ranks, each its own part (no universal_checkpoint_info)");
+  model.facts["tensor_parallel"] = tensor_parallel_fact(model, tp);
+  return model;
+}
+
+// The pipeline stages of tensor-parallel rank t of `tp` (mp ranks s x tp + t;
+// tp 1 without a tensor axis): one ZeroReader per stage over its
+// data-parallel ranks' files, the module state dict of each stage from its
+// layer files `layer_files` (pipeline_layers.h), built into `model` and
+// concatenated. `readers` and `decoded` own what the parts point into.
+StageParts read_pipeline_stages(CheckpointModel& model, const TagListing& listing,
+                                const std::map<int, std::string>& layer_files, int t, int tp, ProblemSink* problems,
+                                const std::string& only, std::vector<std::unique_ptr<ZeroReader>>& readers,
+                                std::deque<Decoded>& decoded) {
+  const bool tensor_axis = !listing.tp_layer_files.empty();
+  const int stages = int(listing.mp_ranks.size()) / tp;
+  const int dp = int(listing.mp_ranks[0].optim.size());
+  const std::size_t first = readers.size();
+  std::vector<std::string> stage_files;  // for messages: each stage's optimizer files
+  for (int s = 0; s < stages; ++s) {
+    const TagFiles& files = listing.mp_ranks[std::size_t(s * tp + t)];
+    const std::string mp = mp_name(std::size_t(s * tp + t));
+    if (files.per_rank_model)
+      fail(ErrorCode::kUnimplemented, listing.dir +
+                                          ": ZeRO-3 files beside pipeline layer files (DeepSpeed's "
+                                          "pipeline engine allows ZeRO stages 0 and 1 only)");
+    if (int(files.optim.size()) != dp)
+      fail_data_loss(listing.dir + ": pipeline stage " + std::to_string(s) + " (" + mp + ") has " +
+                     std::to_string(files.optim.size()) + " optimizer files, stage 0 " + std::to_string(dp) +
+                     " (files of two runs mixed?)");
+    // PipeModelDataParallelTopology: data-parallel rank d of stage s at
+    // tensor-parallel rank t is global rank (s x dp + d) x tp + t
+    readers.push_back(std::make_unique<ZeroReader>(files, problems, only, s * dp * tp + t, tp));
+    readers.back()->load();
+    stage_files.push_back("*_" + mp + "_optim_states.pt");
+    // What the stage's own file says of the topology: a stage or a
+    // tensor-parallel rank missing altogether (all its files) shows here.
+    const Decoded& m = readers.back()->model_file();
+    std::map<std::string, int64_t> dims = parallel_dimensions(m);
+    if (auto d = dims.find("tp_degree"); d != dims.end() && d->second != tp)
+      fail(ErrorCode::kNotFound, m.path + ": tp_degree " + std::to_string(d->second) + " but the layer files of " +
+                                     std::to_string(tp) + " tensor-parallel rank(s) are here" +
+                                     (tensor_axis ? " (" + layer_file_name(0, tp) + " and the like missing)"
+                                                  : " (layer_LL-model_states.pt, no tensor axis)"));
+    if (auto d = dims.find("pp_degree"); d != dims.end() && d->second != stages)
+      fail(ErrorCode::kNotFound, m.path + ": pp_degree " + std::to_string(d->second) + " but the files of " +
+                                     std::to_string(stages) + " pipeline stage(s) are here (" +
+                                     mp_name(std::size_t(stages * tp)) + "_model_states.pt missing)");
+  }
+  std::vector<std::vector<std::string>> names(stages);
+  std::set<std::string> all_names;  // every stage's parameters and buffers: what tied modules hold
+  std::set<int> trained_layers;
+  for (int s = 0; s < stages; ++s) {
+    for (const ParamSlot& p : readers[first + s]->params()) {
+      names[s].push_back(p.name);
+      all_names.insert(p.name);
+      if (std::optional<int> layer = pipeline_layer_of(p.name)) trained_layers.insert(*layer);
+    }
+    all_names.insert(readers[first + s]->buffer_names().begin(), readers[first + s]->buffer_names().end());
+  }
+  std::vector<std::vector<int>> layers = stage_layers(names, layer_files, listing.dir, tensor_axis ? t : -1);
+
+  // Each layer file decoded once; one no parameter names may be a tied
+  // module's, recognised by its entries (the first such file of each key).
+  std::map<int, const Decoded*> file_of;
+  std::map<std::string, const Decoded*> tied_file;
+  std::set<int> tied_layers;
+  for (int s = 0; s < stages; ++s)
+    for (int layer : layers[s]) {
+      const std::string& path = layer_files.at(layer);
+      decoded.push_back(decode(path, s * dp * tp + t, problems, only, "entries of a layer state dict"));
+      file_of[layer] = &decoded.back();
+      model.info.files.push_back(path);
+      if (trained_layers.count(layer)) continue;
+      if (std::optional<std::string> key = tied_key_of_layer(layer_file_keys(decoded.back()), all_names, path)) {
+        tied_file.emplace(*key, &decoded.back());
+        tied_layers.insert(layer);
+      }
+    }
+
+  std::vector<StageParts> parts;
+  for (int s = 0; s < stages; ++s) {
+    ZeroReader& reader = *readers[first + s];
+    // PipelineModule registers tied_modules ahead of the numbered layers:
+    // the stage's tied modules first, in the order its parameters name them.
+    std::vector<std::string> keys;
+    for (const std::string& n : names[s])
+      if (std::optional<std::string> key = tied_key_of(n);
+          key && std::find(keys.begin(), keys.end(), *key) == keys.end())
+        keys.push_back(*key);
+    std::vector<ModuleEntry> module;
+    for (const std::string& key : keys) {
+      auto it = tied_file.find(key);
+      if (it == tied_file.end())
+        fail(ErrorCode::kNotFound, listing.dir + ": pipeline stage " + std::to_string(s) + " trains the tied module '" +
+                                       key + "' (tied_modules." + key +
+                                       ".*) but no layer file holds its entries (DeepSpeed writes one under the "
+                                       "index of each layer that calls the module itself)");
+      append_layer_entries(module, "tied_modules." + key + ".", *it->second);
+    }
+    for (int layer : layers[s])
+      if (!tied_layers.count(layer)) append_layer_entries(module, std::to_string(layer) + ".", *file_of.at(layer));
+    reader.use_module(std::move(module));
+    parts.push_back(reader.build(model));
+  }
+  return concat_stages(model, std::move(parts), stage_files, listing.dir);
+}
+
+// A pipeline-parallel checkpoint (pipeline_layers.h), with or without a
+// tensor axis: each tensor-parallel rank's stages read as one state dict
+// (read_pipeline_stages), the tensor-parallel ranks then joined as
+// join_tensor_parallel says.
+CheckpointModel read_pipeline(const TagListing& listing, ProblemSink* problems, const std::string& only) {
+  const bool tensor_axis = !listing.tp_layer_files.empty();
+  const int tp = tensor_axis ? int(listing.tp_layer_files.size()) : 1;
+  if (tensor_axis && listing.tp_layer_files.rbegin()->first != tp - 1)
+    fail(ErrorCode::kNotFound, listing.dir + ": layer files of tensor-parallel ranks up to " +
+                                   std::to_string(listing.tp_layer_files.rbegin()->first) + " but of only " +
+                                   std::to_string(tp) + " ranks (layer_LL-model_TT-model_states.pt missing)");
+  if (listing.mp_ranks.size() % std::size_t(tp) != 0)
+    fail(ErrorCode::kNotFound, listing.dir + ": " + std::to_string(listing.mp_ranks.size()) +
+                                   " model-parallel ranks (mp_rank_XX) for " + std::to_string(tp) +
+                                   " tensor-parallel ranks: a stage's files are missing");
+  const int stages = int(listing.mp_ranks.size()) / tp;
+  const int dp = int(listing.mp_ranks[0].optim.size());
+  std::vector<std::unique_ptr<ZeroReader>> readers;  // tensor-parallel rank t's stages at t x stages ..
+  std::deque<Decoded> layer_files;                   // owns what ModuleEntry points into, until the model is built
+  CheckpointModel model;
+  model.source = listing.dir;
+  std::vector<StageParts> ranks;
+  for (int t = 0; t < tp; ++t)
+    ranks.push_back(read_pipeline_stages(model, listing,
+                                         tensor_axis ? listing.tp_layer_files.at(t) : listing.layer_files, t, tp,
+                                         problems, only, readers, layer_files));
+  join_tensor_parallel(model, std::move(ranks), readers[0]->model_file(), listing.dir, "tp_rank_");
+  add_training_state(model, readers[0]->model_file());
+  prune_unreferenced(model.root, model.tensors);
+  for (std::size_t i = 1; i < readers.size(); ++i) readers[i]->describe(model);
+  finish_info(model, *readers[0], ParallelDegrees{.data = dp, .pipeline = stages, .tensor = tp});
+  if (tp > 1 || model.info.tensor_parallel) model.facts["tensor_parallel"] = tensor_parallel_fact(model, tp);
   return model;
 }
 
@@ -1077,9 +1223,10 @@ CheckpointModel read_tensor_parallel(const TagListing& listing, ProblemSink* pro
 CheckpointModel read_zero(const std::string& src, const std::string& tag, const std::string& only,
                           ProblemSink* problems) {
   TagListing listing = list_files(tag_dir(src, tag));
-  if (listing.layer_files.empty() && listing.mp_ranks.size() > 1) return read_tensor_parallel(listing, problems, only);
-  if (listing.layer_files.empty()) return read_data_parallel(listing, problems, only);
-  return read_pipeline(listing, problems, only);
+  const bool pipeline = !listing.layer_files.empty() || !listing.tp_layer_files.empty();
+  if (pipeline) return read_pipeline(listing, problems, only);
+  if (listing.mp_ranks.size() > 1) return read_tensor_parallel(listing, problems, only);
+  return read_data_parallel(listing, problems, only);
 }
 
 }  // namespace ckpt::zero
