@@ -75,6 +75,16 @@ def merged(ws: int, mine: dict) -> dict:
     return out
 
 
+def save_result(rank: int, ws: int, engine, loss, loaded: dict, after: dict, out: str) -> None:
+    """What the test reads (rank 0 writes it): the state loaded, the state
+    after one step, every rank's loss and the engine's step counters."""
+    losses = [None] * ws
+    dist.all_gather_object(losses, float(loss))
+    if rank == 0:
+        torch.save({"loaded": loaded, "after": after, "losses": losses, "global_steps": engine.global_steps,
+                    "skipped_steps": engine.skipped_steps}, out)
+
+
 def pipe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp: int, out: str, ep=None) -> None:
     import deepspeed
     from deepspeed.pipe import PipelineModule
@@ -89,12 +99,7 @@ def pipe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp
     engine.load_checkpoint(load_dir, tag=tag)
     loaded = merged(ws, gather_groups(engine, lambda n: n))
     loss = engine.train_batch(data_iter=gen.data_iter(engine.grid.get_data_parallel_rank(), lp_dtype))
-    losses = [None] * ws
-    dist.all_gather_object(losses, float(loss))
-    after = merged(ws, gather_groups(engine, lambda n: n))
-    if rank == 0:
-        torch.save({"loaded": loaded, "after": after, "losses": losses, "global_steps": engine.global_steps,
-                    "skipped_steps": engine.skipped_steps}, out)
+    save_result(rank, ws, engine, loss, loaded, merged(ws, gather_groups(engine, lambda n: n)), out)
 
 
 def moe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp: int, out: str, ep=None) -> None:
@@ -119,12 +124,7 @@ def moe_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp:
     loss = engine(torch.randn(gen.MICRO_BATCH * 2, 6, generator=g).to(lp_dtype))
     engine.backward(loss)
     engine.step()
-    losses = [None] * ws
-    dist.all_gather_object(losses, float(loss))
-    after = merged(ws, gather_groups(engine, rename))
-    if rank == 0:
-        torch.save({"loaded": loaded, "after": after, "losses": losses, "global_steps": engine.global_steps,
-                    "skipped_steps": engine.skipped_steps}, out)
+    save_result(rank, ws, engine, loss, loaded, merged(ws, gather_groups(engine, rename)), out)
 
 
 def tpu_job(rank: int, ws: int, name: str, load_dir: str, tag: str, tp: int, dp: int, out: str, ep=None) -> None:
@@ -152,12 +152,7 @@ def tpu_job(rank: int, ws: int, name: str, load_dir: str, tag: str, tp: int, dp:
     loss = engine(*gen.tpu_batch(gen.STEPS, mpu.dp_rank))
     engine.backward(loss)
     engine.step()
-    losses = [None] * ws
-    dist.all_gather_object(losses, float(loss))
-    after = merged_now()
-    if rank == 0:
-        torch.save({"loaded": loaded, "after": after, "losses": losses, "global_steps": engine.global_steps,
-                    "skipped_steps": engine.skipped_steps}, out)
+    save_result(rank, ws, engine, loss, loaded, merged_now(), out)
 
 
 def pptp_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp: int, out: str, tp=None) -> None:
@@ -180,12 +175,7 @@ def pptp_job(rank: int, ws: int, name: str, load_dir: str, tag: str, pp: int, dp
 
     loaded = merged_now()
     loss = engine.train_batch(data_iter=gen.pptp_data(engine.grid.get_data_parallel_rank()))
-    losses = [None] * ws
-    dist.all_gather_object(losses, float(loss))
-    after = merged_now()
-    if rank == 0:
-        torch.save({"loaded": loaded, "after": after, "losses": losses, "global_steps": engine.global_steps,
-                    "skipped_steps": engine.skipped_steps}, out)
+    save_result(rank, ws, engine, loss, loaded, merged_now(), out)
 
 
 def main(argv) -> None:

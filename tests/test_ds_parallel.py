@@ -36,6 +36,18 @@ def _equal(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+def assert_is_live_masters_and_adam(full: dict, live: dict) -> None:
+    """A consolidation's model and AdamW state against reference_live.pt's
+    merged values, bit for bit."""
+    for name, want in live["model"].items():
+        assert _equal(full["model"][name], want), name
+    for name, state in live["optim"].items():
+        got = full["optim"]["state"][name]
+        assert list(got) == ["step", "exp_avg", "exp_avg_sq"], name
+        for key, want in state.items():
+            assert _equal(got[key], want), (name, key)
+
+
 def _copy(case: str, tmp_path: Path) -> Path:
     dst = tmp_path / case
     shutil.copytree(PARALLEL / case, dst)
@@ -345,13 +357,7 @@ def test_tensor_parallel_with_patterns_consolidates_to_the_live_engines(case, tp
     assert shapes == {"embed.weight": (10, 6), "norm.weight": (6,), "norm.bias": (6,), "h_to_4h.weight": (12, 6),
                       "proj.weight": (4, 6), "proj.bias": (4,), "out.weight": (4, 6), "out.bias": (4,),
                       "out2.weight": (4, 4)}
-    for name, want in live["model"].items():
-        assert _equal(full["model"][name], want), name
-    for name, state in live["optim"].items():
-        got = full["optim"]["state"][name]
-        assert list(got) == ["step", "exp_avg", "exp_avg_sq"], name
-        for key, want in state.items():
-            assert _equal(got[key], want), (name, key)
+    assert_is_live_masters_and_adam(full, live)
     # the per-rank slices differ where they are split, so the merge is not trivially rank 0's
     ranks = live["tp_ranks"]
     assert len(ranks) == tp
@@ -361,6 +367,13 @@ def test_tensor_parallel_with_patterns_consolidates_to_the_live_engines(case, tp
     r = run_ckptconv("inspect", PARALLEL / case, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["parallelism"] == {"data": dp, "pipeline": 1, "tensor": tp, "expert": 1}
+    r = run_ckptconv("inspect", PARALLEL / case)
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("model.")}
+    ranks = f"{tp} tensor-parallel rank{'s' if tp > 1 else ''}"
+    assert f"concatenated on dim 1 over {ranks}" in lines["model.out.weight"] or tp == 1
+    assert f"replicated over {ranks} (averaged)" in lines["model.norm.bias"]
+    assert f"2 sub-parameters joined per half over {ranks}" in lines["model.h_to_4h.weight"]
+    assert "vocabulary padding cut" in lines["model.embed.weight"]
     r = run_ckptconv("validate", PARALLEL / case, "--expect-world-size", str(tp * dp))
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -457,13 +470,7 @@ def test_pipeline_with_a_tensor_axis_consolidates_to_the_live_engines(run_ckptco
     assert live["stages"]["tied_modules.embed.weight"] == [0, 1]
     assert tuple(full["model"]["tied_modules.embed.weight"].shape) == (10, 6)  # padding rows cut
     assert tuple(full["model"]["1.h_to_4h.weight"].shape) == (12, 6)
-    for name, want in live["model"].items():
-        assert _equal(full["model"][name], want), name
-    for name, state in live["optim"].items():
-        got = full["optim"]["state"][name]
-        assert list(got) == ["step", "exp_avg", "exp_avg_sq"], name
-        for key, want in state.items():
-            assert _equal(got[key], want), (name, key)
+    assert_is_live_masters_and_adam(full, live)
     ranks = live["tp_ranks"]
     assert not torch.equal(ranks[0]["2.out.weight"]["fp32"], ranks[1]["2.out.weight"]["fp32"])
     (group,) = full["optim"]["param_groups"]

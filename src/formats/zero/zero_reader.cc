@@ -910,6 +910,23 @@ std::string mp_name(std::size_t t) { return (t < 10 ? "mp_rank_0" : "mp_rank_") 
 // `layout`); frozen parameters and buffers kept once where every rank holds
 // the same value, else merged by the same rule; per-group scalars (step) and
 // param groups are rank 0's, the scalars checked equal on every rank.
+// How a merged tensor was made of `tp` ranks' slices, for inspect's
+// per-tensor line: the category universal_checkpoint_info gave it.
+std::string merge_note(const TensorParallelRule& rule, std::size_t tp) {
+  using Kind = TensorParallelMerge::Kind;
+  const std::string ranks = std::to_string(tp) + " tensor-parallel rank" + (tp == 1 ? "" : "s");
+  std::string note;
+  switch (rule.merge.kind) {
+    case Kind::kReplicated: note = "replicated over " + ranks + (rule.averaged ? " (averaged)" : ""); break;
+    case Kind::kTwoSubParams: note = "2 sub-parameters joined per half over " + ranks; break;
+    case Kind::kCat:
+      note =
+          (tp == 1 ? "split on dim " : "concatenated on dim ") + std::to_string(rule.merge.cat_dim) + " over " + ranks;
+      break;
+  }
+  return rule.merge.vocabulary ? note + ", vocabulary padding cut" : note;
+}
+
 StageParts merge_tensor_parallel(CheckpointModel& model, const std::vector<StageParts>& parts,
                                  const TensorParallelRules& rules, TensorParallelLayout& layout,
                                  const std::string& dir) {
@@ -948,7 +965,7 @@ StageParts merge_tensor_parallel(CheckpointModel& model, const std::vector<Stage
     std::vector<const TensorEntry*> slices;
     for (std::size_t i : idx) slices.push_back(&model.tensors.at(i));
     TensorEntry t = merge_slices(slices, rule, rules, name);
-    if (tp > 1) t.sharding += ", merged from " + std::to_string(tp) + " tensor-parallel ranks";
+    t.sharding += ", " + merge_note(rule, tp);
     model.tensors.push_back(std::move(t));
     return make_tensor_ref(model.tensors.size() - 1);
   };
