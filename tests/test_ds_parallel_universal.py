@@ -473,6 +473,26 @@ def test_pipeline_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_l
     assert got["losses"] == want["losses"]
 
 
+@needs_deepspeed
+def test_pipeline_at_tensor_parallel_degree_1_with_patterns_loads_at_degree_2(tmp_path, run_ckptconv):
+    """PP2 x TP1 with the patterns recorded (Megatron-DeepSpeed at TP1): the
+    universal checkpoint is ds_to_universal.py's, and a PipelineEngine at a
+    new tensor-parallel degree, PP1 x TP2, loads it with every master and
+    moment exact and trains a step (written with cat_dim 0 for every
+    parameter, as before, TP2 cut the row-parallel weights wrong, silently)."""
+    case = "pp2_tp1_dp1_fp32_ws2_ucinfo"
+    ours = write_ucp(run_ckptconv, case, tmp_path / "ours")
+    theirs = tmp_path / "theirs" / TAG
+    r = ds_to_universal(case, theirs)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ref = reference(case)
+    keys = assert_same_files_as_ds_to_universal(ours, theirs, ref)
+    assert keys["1.out.weight"] == ["cat_dim", "param"] and keys["1.norm.weight"] == ["param"]
+    got = engine_load(case, tmp_path / "ours", 1, 1, tmp_path / "pp1tp2.pt", 2)
+    assert_loaded_is_reference(got, ref)
+    assert_one_step_ran(got)
+
+
 def test_tensor_parallel_without_patterns_is_not_written_universal(tmp_path, run_ckptconv):
     """Without universal_checkpoint_info a universal checkpoint (each
     parameter whole) would need a guessed concatenation: refused, exit 3,

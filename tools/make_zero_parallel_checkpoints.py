@@ -148,6 +148,10 @@ CASES = {
                                               "mp_rank = stage x 2 + tp rank, a vocabulary-parallel embedding tied "
                                               "(TiedLayerSpec) between the first and last stage, Megatron-DeepSpeed's "
                                               "universal_checkpoint_info patterns"),
+    "pp2_tp1_dp1_fp32_ws2_ucinfo": dict(kind="pptp", pp=2, dp=1, tp=1, dtype="fp32", stage=1,
+                                        exercises="the same model at tensor parallelism 1 (2 stages, 1 data-parallel "
+                                                  "rank): universal_checkpoint_info recorded without a second "
+                                                  "tensor-parallel rank, as Megatron-DeepSpeed saves at TP 1"),
 }
 
 
