@@ -629,16 +629,23 @@ def pipe(args) -> None:
     ours, theirs = work / "pipe-ucp-ckptconv" / f"{tag}_universal", work / "pipe-ucp-ds" / f"{tag}_universal"
     consolidate_cmd = [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "-o", str(ours_pt), "--force"]
     universal_cmd = [args.ckptconv, "-q", "reshard", str(ckpt), "-o", str(ours), "--layout", "deepspeed-universal"]
+    raw = work / "pipe-raw"
+    ours.parent.mkdir(parents=True, exist_ok=True)
+    run_measured(universal_cmd)  # untimed: the universal checkpoint's size, for its floor
+    ucp_bytes = sum(p.stat().st_size for p in tree_files(ours))
     timed = [("ckptconv --only model", consolidate_cmd), ("  ... --no-fsync", consolidate_cmd + ["--no-fsync"]),
-             ("ckptconv universal", universal_cmd), ("  ... universal --no-fsync", universal_cmd + ["--no-fsync"])]
+             ("ckptconv universal", universal_cmd), ("  ... universal --no-fsync", universal_cmd + ["--no-fsync"]),
+             ("raw copy of its size, fsync", raw_copy_floor(files, ucp_bytes, raw))]
     best = {}
     for pass_index in range(PASSES):
         warm_cache(ckpt / tag)
         results = {"raw read (cat>/dev/null)": run_measured(["sh", "-c", f"cat {' '.join(map(str, files))} > /dev/null"])}
         for name, cmd in rotated(timed, pass_index):
-            shutil.rmtree(ours.parent, ignore_errors=True)
-            ours.parent.mkdir(parents=True)
+            if "universal" in name:  # the others leave the last universal run's output
+                shutil.rmtree(ours.parent, ignore_errors=True)
+                ours.parent.mkdir(parents=True)
             results[name] = run_measured(cmd)
+            raw.unlink(missing_ok=True)
         if pass_index < 2:  # DeepSpeed's converter takes tens of seconds: best of two
             shutil.rmtree(theirs.parent, ignore_errors=True)
             theirs.parent.mkdir(parents=True)
@@ -656,6 +663,7 @@ def pipe(args) -> None:
     # ckptconv's model against ds_to_universal's fp32 masters, parameter by parameter
     model = torch.load(ours_pt, map_location="cpu", mmap=True, weights_only=True)
     masters = {p.parent.name: p for p in (theirs / "zero").glob("*/fp32.pt")}
+    assert masters and tree_files(ours), f"nothing to compare in {ours} or {theirs}"
     differ = [k for k, f in masters.items() if k not in model or not bits_equal(
         model[k].reshape(-1), torch.load(f, map_location="cpu", mmap=True, weights_only=False)["param"].reshape(-1))]
     n = sum(model[k].numel() for k in masters if k in model)
@@ -675,8 +683,12 @@ def pipe(args) -> None:
     t = {k: v[0] for k, v in best.items()}
     raw = t["raw read (cat>/dev/null)"]
     ratio = t["ds_to_universal.py"] / t["ckptconv universal"]
-    print(f"ratios: ds_to_universal/ckptconv universal = {ratio:.2f} (target >= 5, {'met' if ratio >= 5 else 'MISSED'}; "
-          f"{t['ds_to_universal.py'] / t['  ... universal --no-fsync']:.2f} against --no-fsync), "
+    print("ds_to_universal does not fsync its output; ckptconv fsyncs every file, as the raw copy of the universal "
+          "checkpoint's size does.")
+    print(f"ratios: ds_to_universal/ckptconv universal = {ratio:.2f} (the ucp row's target >= 5, "
+          f"{'met' if ratio >= 5 else 'MISSED'}; {t['ds_to_universal.py'] / t['  ... universal --no-fsync']:.2f} "
+          f"against --no-fsync), ckptconv universal/its floor (raw copy of {ucp_bytes / 1e9:.2f} GB, fsync) = "
+          f"{t['ckptconv universal'] / t['raw copy of its size, fsync']:.2f}, "
           f"ckptconv/raw read: --only model = {t['ckptconv --only model'] / raw:.2f}, universal = "
           f"{t['ckptconv universal'] / raw:.2f}; zero_to_fp32: no ratio, it fails on a pipeline checkpoint")
     rss = max(best["ckptconv --only model"][1], best["ckptconv universal"][1])
@@ -843,6 +855,8 @@ def megatron_export(args) -> None:
     files = sorted(ckpt.glob("*.distcp"))
     size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file() and p.name != "bench.json")
     ours, theirs, raw = work / "export-ckptconv", work / "export-python", work / "export-raw"
+    # the same tensors under megatron's own names (no --config-from, no map), one .safetensors: what the map adds
+    unmapped = work / "export-unmapped.safetensors"
     generator = str(Path(__file__).parent / "make_megatron_bench.py")
     mc_env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     export = [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "--config-from",
@@ -852,25 +866,30 @@ def megatron_export(args) -> None:
         shutil.rmtree(ours, ignore_errors=True)
         shutil.rmtree(theirs, ignore_errors=True)
         raw.unlink(missing_ok=True)
+        unmapped.unlink(missing_ok=True)
 
     clear()
     run_measured(export)  # untimed: the output's size, for the floor
     out_bytes = sum(p.stat().st_size for p in ours.glob("*.safetensors"))
-    timed = [("raw copy (floor, fsync)", raw_copy_floor(files, out_bytes, raw)), ("ckptconv export", export),
-             ("  ... --no-fsync", export + ["--no-fsync"])]
+    timed = [("raw copy (floor, fsync)", raw_copy_floor(files, out_bytes, raw), raw),
+             ("ckptconv export", export, ours), ("  ... --no-fsync", export + ["--no-fsync"], ours),
+             ("  ... no map, .safetensors", [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "-o",
+                                             str(unmapped)], unmapped)]
     best = {}
     for pass_index in range(PASSES):
-        clear()
         warm_cache(ckpt)
         results = {}
-        for name, cmd in rotated(timed, pass_index):
-            clear()
+        for name, cmd, out in rotated(timed, pass_index):
+            # each command's own output only: the last export's stays, to be compared
+            shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink(missing_ok=True)
             results[name] = run_measured(cmd)
         if pass_index < 2:  # the Python route takes tens of seconds: best of two
+            shutil.rmtree(theirs, ignore_errors=True)
             results["megatron load+map+save_file"] = run_measured(
                 [args.megatron_python, generator, "export", "--ckpt", str(ckpt), "--out", str(theirs)], env=mc_env)
         keep_best(best, results)
     a, b = safetensors_folder(ours), safetensors_folder(theirs)
+    assert a and b, f"no tensors to compare in {ours} or {theirs}"
     differ = [k for k, v in b.items() if k not in a or not bits_equal(a[k], v)]
     extra_keys = [k for k in a if k not in b]
     n = sum(v.numel() for v in b.values())
@@ -889,6 +908,7 @@ def megatron_export(args) -> None:
     print("The Python route: no side environment has both megatron-core and transformers, so it ends with "
           "safetensors' save_file, the call save_pretrained makes for one shard; it does not fsync.")
     print(f"ratios: ckptconv/floor = {ct / ft:.2f} (target <= 1.3, {'met' if ct / ft <= 1.3 else 'MISSED'}), "
+          f"export/no map = {ct / best['  ... no map, .safetensors'][0]:.2f}, "
           f"python/ckptconv = {pt / ct:.2f} ({pt / nt:.2f} against --no-fsync); peak RSS: ckptconv {cr / 1e6:.1f} MB "
           f"(target <= 256 MB, {'met' if cr <= 256e6 else 'MISSED'}), python {pr / 1e6:.1f} MB")
     print("outputs: " + (f"DIFFER: {len(differ)} of {len(b)} tensors {differ[:5]}" if differ else
@@ -928,7 +948,7 @@ def megatron_legacy(args) -> None:
         for name, cmd in rotated(timed, pass_index):
             raw.unlink(missing_ok=True)
             results[name] = run_measured(cmd)
-        raw.unlink()
+        raw.unlink(missing_ok=True)
         if pass_index < 2:  # the Python route takes tens of seconds: best of two
             results["python import only"] = run_measured([args.megatron_python, "-c", "import torch, megatron.core"],
                                                          env=mc_env)
@@ -939,6 +959,7 @@ def megatron_legacy(args) -> None:
     a = torch.load(ours, map_location="cpu", mmap=True, weights_only=True)
     b = torch.load(theirs, map_location="cpu", mmap=True, weights_only=False)
     tensors = {k: v for k, v in b.items() if isinstance(v, torch.Tensor)}
+    assert a and tensors, f"no tensors to compare in {ours} or {theirs}"
     differ = [k for k, v in tensors.items() if not isinstance(a.get(k), torch.Tensor) or not bits_equal(a[k], v)]
     n = sum(v.numel() for v in tensors.values())
     meta = json.loads((ckpt / "bench.json").read_text())
