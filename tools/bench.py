@@ -29,6 +29,18 @@ in one report comes from the same run on the same warm page cache.
         (a megatron-core torch_dist checkpoint from tools/make_megatron_bench.py: ckptconv
         consolidate --only model against megatron-core's load into a TP=1/PP=1 model +
         torch.save, run by PY, a Python with megatron-core)
+    python tools/bench.py megatron-export --ckpt DIR --work DIR --ckptconv BIN --megatron-python PY
+        (the same checkpoint, with hf_config/ beside it, exported to a Hugging Face folder: ckptconv
+        consolidate --only model --config-from against the I/O floor and the Python route,
+        make_megatron_bench.py export)
+    python tools/bench.py megatron-legacy --ckpt DIR --work DIR --ckptconv BIN --megatron-python PY
+        (a Megatron-LM legacy checkpoint from tools/make_megatron_legacy_bench.py: ckptconv
+        consolidate --only model against the I/O floor and the script users write,
+        make_megatron_legacy_bench.py consolidate)
+    python tools/bench.py pipe --ckpt DIR --work DIR --ckptconv BIN --ds-python PY
+        (a DeepSpeed PipelineModule checkpoint from make_zero_bench.py --pipeline: ckptconv
+        consolidate --only model against zero_to_fp32 (which fails on it) and reshard --layout
+        deepspeed-universal against ds_to_universal.py, every tensor compared)
 """
 from __future__ import annotations
 
@@ -596,6 +608,103 @@ def ucp(args) -> None:
         shutil.rmtree(theirs.parent)
 
 
+def pipe(args) -> None:
+    """A DeepSpeed PipelineModule checkpoint (make_zero_bench.py --pipeline:
+    2 stages, bf16, ZeRO-1) against DeepSpeed's own tools, in one run over a
+    warm cache: ckptconv consolidate --only model against zero_to_fp32
+    (which fails on a pipeline checkpoint: its stages' model states hold
+    `module: None`, the weights being in the layer files; the failure is
+    reported, and the consolidation is compared with ds_to_universal's fp32
+    masters instead), and ckptconv reshard --layout deepspeed-universal
+    against ds_to_universal.py, every tensor of the two universal
+    checkpoints compared."""
+    import torch
+    ckpt, work = Path(args.ckpt), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    ds_env = {**os.environ, "DS_ACCELERATOR": "cpu", "TQDM_DISABLE": "1"}
+    tag = (ckpt / "latest").read_text().strip()
+    files = [p for p in tree_files(ckpt) if p.name != "bench.json"]
+    size = sum(p.stat().st_size for p in files)
+    ours_pt, z2f = work / "pipe-ckptconv.pt", work / "pipe-zero-to-fp32"
+    ours, theirs = work / "pipe-ucp-ckptconv" / f"{tag}_universal", work / "pipe-ucp-ds" / f"{tag}_universal"
+    consolidate_cmd = [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "-o", str(ours_pt), "--force"]
+    universal_cmd = [args.ckptconv, "-q", "reshard", str(ckpt), "-o", str(ours), "--layout", "deepspeed-universal"]
+    raw = work / "pipe-raw"
+    ours.parent.mkdir(parents=True, exist_ok=True)
+    run_measured(universal_cmd)  # untimed: the universal checkpoint's size, for its floor
+    ucp_bytes = sum(p.stat().st_size for p in tree_files(ours))
+    timed = [("ckptconv --only model", consolidate_cmd), ("  ... --no-fsync", consolidate_cmd + ["--no-fsync"]),
+             ("ckptconv universal", universal_cmd), ("  ... universal --no-fsync", universal_cmd + ["--no-fsync"]),
+             ("raw copy of its size, fsync", raw_copy_floor(files, ucp_bytes, raw))]
+    best = {}
+    for pass_index in range(PASSES):
+        warm_cache(ckpt / tag)
+        results = {"raw read (cat>/dev/null)": run_measured(["sh", "-c", f"cat {' '.join(map(str, files))} > /dev/null"])}
+        for name, cmd in rotated(timed, pass_index):
+            if "universal" in name:  # the others leave the last universal run's output
+                shutil.rmtree(ours.parent, ignore_errors=True)
+                ours.parent.mkdir(parents=True)
+            results[name] = run_measured(cmd)
+            raw.unlink(missing_ok=True)
+        if pass_index < 2:  # DeepSpeed's converter takes tens of seconds: best of two
+            shutil.rmtree(theirs.parent, ignore_errors=True)
+            theirs.parent.mkdir(parents=True)
+            # with its default worker counts (as the ucp row runs it)
+            results["ds_to_universal.py"] = run_measured(
+                [args.ds_python, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt / tag),
+                 "--output_folder", str(theirs), "--inject_missing_state"], env=ds_env)
+        keep_best(best, results)
+    shutil.rmtree(z2f, ignore_errors=True)
+    start = time.perf_counter()
+    failed = subprocess.run([args.ds_python, "-c", ZERO_TO_FP32, str(ckpt), str(z2f)], env=ds_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    z2f_wall = time.perf_counter() - start
+    z2f_error = (failed.stderr.strip().splitlines() or ["(no message)"])[-1]
+    # ckptconv's model against ds_to_universal's fp32 masters, parameter by parameter
+    model = torch.load(ours_pt, map_location="cpu", mmap=True, weights_only=True)
+    masters = {p.parent.name: p for p in (theirs / "zero").glob("*/fp32.pt")}
+    assert masters and tree_files(ours), f"nothing to compare in {ours} or {theirs}"
+    differ = [k for k, f in masters.items() if k not in model or not bits_equal(
+        model[k].reshape(-1), torch.load(f, map_location="cpu", mmap=True, weights_only=False)["param"].reshape(-1))]
+    n = sum(model[k].numel() for k in masters if k in model)
+    ucp_agree = compare_ucp(ours, theirs)
+    out_size = sum(p.stat().st_size for p in tree_files(theirs))
+    ours_size = sum(p.stat().st_size for p in tree_files(ours))
+    info = json.loads((ckpt / "bench.json").read_text())
+    print(f"checkpoint: {ckpt} (DeepSpeed {info['ds_version']} {info['model']} x {info['data_parallel']} data-parallel "
+          f"rank, {info['dtype']} ZeRO-{info['stage']}; {size / 1e9:.2f} GB, {len(files)} files); model output "
+          f"{ours_pt.stat().st_size / 1e9:.2f} GB; universal checkpoint {out_size / 1e9:.2f} GB (ds_to_universal), "
+          f"{ours_size / 1e9:.2f} GB (ckptconv); best of {PASSES} passes (ds_to_universal: of 2), warm cache")
+    print(f"{'command':<28} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12}")
+    for name, (wall, rss) in best.items():
+        print(f"{name:<28} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f}")
+    print(f"{'ds zero_to_fp32':<28} {z2f_wall:8.2f} FAILED (exit {failed.returncode}): {z2f_error}"
+          if failed.returncode else f"{'ds zero_to_fp32':<28} {z2f_wall:8.2f} (it ran: compare it with ckptconv's)")
+    t = {k: v[0] for k, v in best.items()}
+    raw = t["raw read (cat>/dev/null)"]
+    ratio = t["ds_to_universal.py"] / t["ckptconv universal"]
+    print("ds_to_universal does not fsync its output; ckptconv fsyncs every file, as the raw copy of the universal "
+          "checkpoint's size does.")
+    print(f"ratios: ds_to_universal/ckptconv universal = {ratio:.2f} (the ucp row's target >= 5, "
+          f"{'met' if ratio >= 5 else 'MISSED'}; {t['ds_to_universal.py'] / t['  ... universal --no-fsync']:.2f} "
+          f"against --no-fsync), ckptconv universal/its floor (raw copy of {ucp_bytes / 1e9:.2f} GB, fsync) = "
+          f"{t['ckptconv universal'] / t['raw copy of its size, fsync']:.2f}, "
+          f"ckptconv/raw read: --only model = {t['ckptconv --only model'] / raw:.2f}, universal = "
+          f"{t['ckptconv universal'] / raw:.2f}; zero_to_fp32: no ratio, it fails on a pipeline checkpoint")
+    rss = max(best["ckptconv --only model"][1], best["ckptconv universal"][1])
+    print(f"peak RSS: ckptconv {rss / 1e6:.1f} MB (target <= 256 MB, {'met' if rss <= 256e6 else 'MISSED'}), "
+          f"ds_to_universal {best['ds_to_universal.py'][1] / 1e6:.1f} MB (its parent process; GNU time reports the "
+          "largest of its worker pools' processes when larger)")
+    print("outputs: --only model " + (f"DIFFERS from ds_to_universal's fp32 masters: {len(differ)} of {len(masters)} "
+                                      f"{differ[:5]}" if differ else
+                                      f"agrees: all {len(masters)} fp32 masters of ds_to_universal's output "
+                                      f"({n / 1e6:.1f}M elements) bit-equal in ckptconv's") +
+          f"; universal checkpoints {ucp_agree}")
+    ours_pt.unlink()
+    shutil.rmtree(ours.parent)
+    shutil.rmtree(theirs.parent)
+
+
 def fsdp1(args) -> None:
     """FSDP1's fast save (LOCAL_STATE_DICT model files and raw Adam state,
     use_orig_params=False) to one full .pt: ckptconv consolidate
@@ -683,7 +792,7 @@ def megatron(args) -> None:
     out_size = theirs.stat().st_size
     meta = json.loads((ckpt / "bench.json").read_text())
     print(f"checkpoint: {ckpt} (megatron-core {meta['megatron_core']} torch_dist, TP={meta['tensor_model_parallel_size']}"
-          f" x PP={meta['pipeline_model_parallel_size']}, GPT {meta['layers']} layers, hidden {meta['hidden']}, "
+          f" x PP={meta['pipeline_model_parallel_size']}, Llama-shaped GPT {meta['layers']} layers, hidden {meta['hidden']}, "
           f"ffn {meta['ffn']}, {meta['params'] / 1e6:.0f}M parameters, model + fp32 Adam "
           f"{meta['distrib_optim_sharding_type']}; {size / 1e9:.2f} GB, {len(files)} .distcp files); "
           f"model output: {out_size / 1e9:.2f} GB")
@@ -701,6 +810,178 @@ def megatron(args) -> None:
                          f"{', '.join(sorted({str(v.dtype) for v in b.values()}))}) bit-equal in ckptconv's; "
                          f"ckptconv has {len(extra)} more keys ("
                          f"{'all _extra_state' if all(k.endswith('._extra_state') for k in extra) else extra[:5]})"))
+    ours.unlink()
+    theirs.unlink()
+
+
+def rotated(items: list, k: int) -> list:
+    """`items` started at index k: commands whose ratio is a target take
+    turns at running first, since on this VM whichever writes first into
+    pages the host took back is the slower (see PASSES)."""
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def raw_copy_floor(files: list[Path], nbytes: int, out: Path) -> list[str]:
+    """The I/O floor of a command that reads `nbytes` out of `files` and
+    writes as many, durable: that many bytes of the files copied to `out`
+    and fsynced (the export and the legacy consolidation read the model's
+    tensors and not the optimizer's, so the whole checkpoint is not their floor)."""
+    names = " ".join(str(p) for p in files)
+    return ["sh", "-c", f"cat {names} | head -c {nbytes} > {out} && sync {out}"]
+
+
+def safetensors_folder(d: Path) -> dict:
+    """Every tensor of a Hugging Face folder's .safetensors files, by name (memory-mapped)."""
+    from safetensors.torch import load_file
+    tensors = {}
+    for f in sorted(d.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def megatron_export(args) -> None:
+    """The architecture-map export (docs/maps.md) of the megatron row's
+    checkpoint (Llama-shaped GPT, TP=2 x PP=2, model + fp32 Adam) to a
+    Hugging Face folder: ckptconv consolidate --only model --config-from
+    (map megatron-gpt-llama) against the Python route
+    (make_megatron_bench.py export in the megatron Python: megatron-core's
+    load into a TP=1/PP=1 model, the mapping in torch, safetensors'
+    save_file as save_pretrained calls it), and against the I/O floor (as
+    many bytes as the export writes, read from the checkpoint and written
+    durable); every tensor of the two folders compared."""
+    ckpt, work = Path(args.ckpt), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    files = sorted(ckpt.glob("*.distcp"))
+    size = sum(p.stat().st_size for p in ckpt.iterdir() if p.is_file() and p.name != "bench.json")
+    ours, theirs, raw = work / "export-ckptconv", work / "export-python", work / "export-raw"
+    # the same tensors under megatron's own names (no --config-from, no map), one .safetensors: what the map adds
+    unmapped = work / "export-unmapped.safetensors"
+    generator = str(Path(__file__).parent / "make_megatron_bench.py")
+    mc_env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    export = [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "--config-from",
+              str(ckpt / "hf_config"), "-o", f"{ours}/"]
+
+    def clear():
+        shutil.rmtree(ours, ignore_errors=True)
+        shutil.rmtree(theirs, ignore_errors=True)
+        raw.unlink(missing_ok=True)
+        unmapped.unlink(missing_ok=True)
+
+    clear()
+    run_measured(export)  # untimed: the output's size, for the floor
+    out_bytes = sum(p.stat().st_size for p in ours.glob("*.safetensors"))
+    timed = [("raw copy (floor, fsync)", raw_copy_floor(files, out_bytes, raw), raw),
+             ("ckptconv export", export, ours), ("  ... --no-fsync", export + ["--no-fsync"], ours),
+             ("  ... no map, .safetensors", [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "-o",
+                                             str(unmapped)], unmapped)]
+    best = {}
+    for pass_index in range(PASSES):
+        warm_cache(ckpt)
+        results = {}
+        for name, cmd, out in rotated(timed, pass_index):
+            # each command's own output only: the last export's stays, to be compared
+            shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink(missing_ok=True)
+            results[name] = run_measured(cmd)
+        if pass_index < 2:  # the Python route takes tens of seconds: best of two
+            shutil.rmtree(theirs, ignore_errors=True)
+            results["megatron load+map+save_file"] = run_measured(
+                [args.megatron_python, generator, "export", "--ckpt", str(ckpt), "--out", str(theirs)], env=mc_env)
+        keep_best(best, results)
+    a, b = safetensors_folder(ours), safetensors_folder(theirs)
+    assert a and b, f"no tensors to compare in {ours} or {theirs}"
+    differ = [k for k, v in b.items() if k not in a or not bits_equal(a[k], v)]
+    extra_keys = [k for k in a if k not in b]
+    n = sum(v.numel() for v in b.values())
+    meta = json.loads((ckpt / "bench.json").read_text())
+    print(f"checkpoint: {ckpt} (megatron-core {meta['megatron_core']} torch_dist, TP={meta['tensor_model_parallel_size']}"
+          f" x PP={meta['pipeline_model_parallel_size']}, Llama-shaped GPT, {meta['layers']} layers, hidden "
+          f"{meta['hidden']}, {meta['heads']} heads in {meta['query_groups']} groups, ffn {meta['ffn']}, model + fp32 "
+          f"Adam; {size / 1e9:.2f} GB) exported with --config-from (map megatron-gpt-llama) to a Hugging Face "
+          f"folder: {out_bytes / 1e9:.2f} GB of safetensors; best of {PASSES} passes (the Python route: of 2), "
+          "warm cache")
+    print(f"{'command':<30} {'wall s':>8} {'GB/s out':>9} {'peak RSS MB':>12}")
+    for name, (wall, rss) in best.items():
+        print(f"{name:<30} {wall:8.2f} {out_bytes / 1e9 / wall:9.2f} {rss / 1e6:12.1f}")
+    (ct, cr), (nt, _), (pt, pr), (ft, _) = (best[k] for k in ("ckptconv export", "  ... --no-fsync",
+                                                              "megatron load+map+save_file", "raw copy (floor, fsync)"))
+    print("The Python route: no side environment has both megatron-core and transformers, so it ends with "
+          "safetensors' save_file, the call save_pretrained makes for one shard; it does not fsync.")
+    print(f"ratios: ckptconv/floor = {ct / ft:.2f} (target <= 1.3, {'met' if ct / ft <= 1.3 else 'MISSED'}), "
+          f"export/no map = {ct / best['  ... no map, .safetensors'][0]:.2f}, "
+          f"python/ckptconv = {pt / ct:.2f} ({pt / nt:.2f} against --no-fsync); peak RSS: ckptconv {cr / 1e6:.1f} MB "
+          f"(target <= 256 MB, {'met' if cr <= 256e6 else 'MISSED'}), python {pr / 1e6:.1f} MB")
+    print("outputs: " + (f"DIFFER: {len(differ)} of {len(b)} tensors {differ[:5]}" if differ else
+                         f"agree: all {len(b)} tensors of the Python route's model.safetensors ({n / 1e6:.1f}M "
+                         f"elements) bit-equal in ckptconv's, under the same names; ckptconv has {len(extra_keys)} "
+                         "more"))
+    clear()
+
+
+def megatron_legacy(args) -> None:
+    """A Megatron-LM legacy checkpoint (ckpt_format=torch, TP=2 x PP=2, model
+    + plain fp32 Adam, from tools/make_megatron_legacy_bench.py) to one model
+    .pt: ckptconv consolidate --only model against the script users write
+    without it (make_megatron_legacy_bench.py consolidate in the megatron
+    Python: torch.load per rank, merge by Megatron's layout, torch.save;
+    Megatron-LM's convert.py needs a tree of Megatron-LM, which is not on
+    PyPI) and against the I/O floor (as many bytes as the model read from
+    the rank files and written durable); both outputs compared tensor by tensor."""
+    import torch
+    ckpt, work = Path(args.ckpt), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    files = sorted(ckpt.rglob("model_optim_rng.pt"))
+    size = sum(p.stat().st_size for p in files)
+    ours, theirs, raw = work / "legacy-ckptconv.pt", work / "legacy-python.pt", work / "legacy-raw"
+    generator = str(Path(__file__).parent / "make_megatron_legacy_bench.py")
+    mc_env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    only = [args.ckptconv, "-q", "consolidate", str(ckpt), "--only", "model", "-o", str(ours), "--force"]
+    run_measured(only)  # untimed: the output's size, for the floor
+    out_bytes = ours.stat().st_size
+    timed = [("raw copy (floor, fsync)", raw_copy_floor(files, out_bytes, raw)), ("ckptconv --only model", only),
+             ("  ... --no-fsync", only + ["--no-fsync"])]
+    best = {}
+    for pass_index in range(PASSES):
+        for d in files:
+            warm_cache(d.parent)
+        results = {"raw read (cat>/dev/null)": run_measured(["sh", "-c", f"cat {' '.join(map(str, files))} > /dev/null"])}
+        for name, cmd in rotated(timed, pass_index):
+            raw.unlink(missing_ok=True)
+            results[name] = run_measured(cmd)
+        raw.unlink(missing_ok=True)
+        if pass_index < 2:  # the Python route takes tens of seconds: best of two
+            results["python import only"] = run_measured([args.megatron_python, "-c", "import torch, megatron.core"],
+                                                         env=mc_env)
+            results["python torch.load+merge+save"] = run_measured(
+                [args.megatron_python, generator, "consolidate", "--ckpt", str(ckpt), "--out", str(theirs)],
+                env=mc_env)
+        keep_best(best, results)
+    a = torch.load(ours, map_location="cpu", mmap=True, weights_only=True)
+    b = torch.load(theirs, map_location="cpu", mmap=True, weights_only=False)
+    tensors = {k: v for k, v in b.items() if isinstance(v, torch.Tensor)}
+    assert a and tensors, f"no tensors to compare in {ours} or {theirs}"
+    differ = [k for k, v in tensors.items() if not isinstance(a.get(k), torch.Tensor) or not bits_equal(a[k], v)]
+    n = sum(v.numel() for v in tensors.values())
+    meta = json.loads((ckpt / "bench.json").read_text())
+    print(f"checkpoint: {ckpt} (Megatron-LM legacy ckpt_format=torch, TP={meta['tensor_model_parallel_size']} x "
+          f"PP={meta['pipeline_model_parallel_size']}, GPT {meta['layers']} layers, hidden {meta['hidden']}, "
+          f"{meta['heads']} heads in {meta['query_groups']} groups, ffn {meta['ffn']}, {meta['params'] / 1e6:.0f}M "
+          f"parameters, model + fp32 Adam; {size / 1e9:.2f} GB in {len(files)} rank files); model output: "
+          f"{out_bytes / 1e9:.2f} GB; best of {PASSES} passes (the Python route: of 2), warm cache")
+    print(f"{'command':<30} {'wall s':>8} {'GB/s':>7} {'peak RSS MB':>12}")
+    for name, (wall, rss) in best.items():
+        print(f"{name:<30} {wall:8.2f} {size / 1e9 / wall:7.2f} {rss / 1e6:12.1f}")
+    (ct, cr), (nt, _), (pt, pr), (ft, _) = (best[k] for k in ("ckptconv --only model", "  ... --no-fsync",
+                                                              "python torch.load+merge+save", "raw copy (floor, fsync)"))
+    print("The Python route is the script users write (Megatron-LM's convert.py, loader legacy -> saver, needs "
+          "Megatron-LM's tree, which is not on PyPI); torch.save does not fsync.")
+    print(f"ratios: ckptconv/floor = {ct / ft:.2f} (target <= 1.3, {'met' if ct / ft <= 1.3 else 'MISSED'}), "
+          f"python/ckptconv = {pt / ct:.2f} ({pt / nt:.2f} against --no-fsync), ckptconv/raw read of the whole "
+          f"checkpoint = {ct / best['raw read (cat>/dev/null)'][0]:.2f}")
+    print(f"peak RSS: ckptconv {cr / 1e6:.1f} MB, python {pr / 1e6:.1f} MB = {pr / size:.0%} of the checkpoint")
+    print("outputs: " + (f"DIFFER: {len(differ)} of {len(tensors)} tensors {differ[:5]}" if differ else
+                         f"agree: all {len(tensors)} tensors of the Python route's output ({n / 1e6:.1f}M elements) "
+                         f"bit-equal in ckptconv's, under the same names"))
     ours.unlink()
     theirs.unlink()
 
@@ -890,6 +1171,11 @@ def main() -> None:
     u.add_argument("--work", required=True)
     u.add_argument("--ckptconv", required=True)
     u.add_argument("--ds-python", required=True, help="a Python that can import deepspeed")
+    pp = sub.add_parser("pipe")
+    pp.add_argument("--ckpt", required=True, help="a folder made by make_zero_bench.py --pipeline")
+    pp.add_argument("--work", required=True)
+    pp.add_argument("--ckptconv", required=True)
+    pp.add_argument("--ds-python", required=True, help="a Python that can import deepspeed")
     h = sub.add_parser("hf")
     h.add_argument("--bytes", default="2e9", help="the Hugging Face folder's size (default 2e9)")
     h.add_argument("--work", required=True)
@@ -903,6 +1189,16 @@ def main() -> None:
     mg.add_argument("--work", required=True)
     mg.add_argument("--ckptconv", required=True)
     mg.add_argument("--megatron-python", required=True, help="a Python that can import megatron.core")
+    mx = sub.add_parser("megatron-export")
+    mx.add_argument("--ckpt", required=True, help="a folder made by make_megatron_bench.py make --hf-python PY")
+    mx.add_argument("--work", required=True)
+    mx.add_argument("--ckptconv", required=True)
+    mx.add_argument("--megatron-python", required=True, help="a Python that can import megatron.core")
+    ml = sub.add_parser("megatron-legacy")
+    ml.add_argument("--ckpt", required=True, help="a folder made by make_megatron_legacy_bench.py make")
+    ml.add_argument("--work", required=True)
+    ml.add_argument("--ckptconv", required=True)
+    ml.add_argument("--megatron-python", required=True, help="a Python that can import megatron.core")
     s3p = sub.add_parser("s3")
     s3p.add_argument("--sizes", required=True, help="checkpoint sizes in bytes, e.g. 2.5e8,1e9")
     s3p.add_argument("--work", required=True)
@@ -916,8 +1212,10 @@ def main() -> None:
     abp.add_argument("--baseline", required=True, help="the binary to compare with (an earlier build)")
     abp.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "ucp": ucp,
-     "hf": hf, "fsdp1": fsdp1, "megatron": megatron, "s3": s3, "ab": ab}[args.cmd](args)
+    {"consolidate": consolidate, "validate": validate, "scale": scale, "zero": zero, "ucp": ucp, "pipe": pipe,
+     "hf": hf, "fsdp1": fsdp1, "megatron": megatron, "megatron-export": megatron_export,
+     "megatron-legacy": megatron_legacy, "s3": s3,
+     "ab": ab}[args.cmd](args)
 
 
 if __name__ == "__main__":

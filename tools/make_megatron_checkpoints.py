@@ -113,9 +113,12 @@ def _run_on_cpu() -> None:
     torch.cuda.default_stream = lambda *a: NoStream()
 
 
-def build_model(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SEQ, init: bool = True):
+def build_model(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SEQ, init: bool = True,
+                spec_args: dict | None = None, model_args: dict | None = None):
     """The GPT at TP x PP (x EP from `extra`), `extra` overriding the
-    TransformerConfig defaults (the bench's sizes, the MoE case's experts)."""
+    TransformerConfig defaults (the bench's sizes, the MoE case's experts);
+    `spec_args` go to the layer spec and `model_args` to GPTModel (the
+    bench's Llama shape: RMSNorm, rotary positions)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -124,7 +127,8 @@ def build_model(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SE
     ep = extra.get("expert_model_parallel_size", 1)
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  expert_model_parallel_size=ep)
-    spec = get_gpt_layer_local_spec(num_experts=extra.get("num_moe_experts"), moe_grouped_gemm=False)
+    spec = get_gpt_layer_local_spec(num_experts=extra.get("num_moe_experts"), moe_grouped_gemm=False,
+                                    **(spec_args or {}))
     config = dict(num_layers=NUM_LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=FFN,
                   gated_linear_unit=True, activation_func=torch.nn.functional.silu, use_cpu_initialization=True,
                   perform_initialization=init, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
@@ -132,16 +136,18 @@ def build_model(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SE
     cfg = TransformerConfig(**{**config, **extra})
     torch.manual_seed(1234)
     model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=vocab, max_sequence_length=seq,
-                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
+                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+                     **(model_args or {}))
     return cfg, model
 
 
-def build(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SEQ):
+def build(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SEQ, spec_args: dict | None = None,
+          model_args: dict | None = None):
     """build_model wrapped in megatron's DDP and DistributedOptimizer (Adam)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    cfg, model = build_model(tp, pp, extra, vocab, seq)
+    cfg, model = build_model(tp, pp, extra, vocab, seq, spec_args=spec_args, model_args=model_args)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=True), module=model)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True,
                                                  params_dtype=torch.float32), [ddp])

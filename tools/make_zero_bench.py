@@ -21,6 +21,17 @@ that the checkpoint is about BYTES:
 
 The reduce/allgather buckets are made smaller than DeepSpeed's defaults
 (5e8 elements) to keep the 4 ranks' memory down; that changes no file.
+
+    .venv-deepspeed/bin/python tools/make_zero_bench.py --pipeline [--bytes 2e9] [--out-root bench-out]
+
+writes instead ``<out-root>/pipe_pp2_bf16_<BYTES>/``, the pipeline row's
+checkpoint: a ``deepspeed.pipe.PipelineModule`` of PIPE_LAYERS
+Linear(d, d) layers (with bias) in 2 stages x 1 data-parallel rank, bf16,
+ZeRO-1 (DeepSpeed's BF16_Optimizer), saved after 1 ``train_batch`` with the
+ds_config of tools/make_zero_parallel_checkpoints.py's pipeline fixtures:
+``layer_LL-model_states.pt`` (bf16 weights), ``mp_rank_0S_model_states.pt``
+and ``bf16_zero_pp_rank_0_mp_rank_0S_optim_states.pt`` (fp32 master,
+exp_avg, exp_avg_sq: 2 + 12 = 14 bytes per parameter).
 """
 
 from __future__ import annotations
@@ -59,8 +70,8 @@ class BenchNet(nn.Module):
         return x.float().pow(2).mean()
 
 
-def width_for(nbytes: float, stage: int, layers: int = LAYERS) -> int:
-    params = nbytes / BYTES_PER_PARAM[stage]
+def width_for(nbytes: float, bytes_per_param: int, layers: int = LAYERS) -> int:
+    params = nbytes / bytes_per_param
     # layers * (d*d + d) = params
     return int((-1 + math.sqrt(1 + 4 * params / layers)) / 2)
 
@@ -90,6 +101,74 @@ def job(rank: int, ws: int, out: str, stage: int, d: int, layers: int) -> None:
     dist.barrier()
 
 
+PIPE_LAYERS, PIPE_STAGES = 8, 2
+PIPE_CASE = dict(kind="pipe", pp=PIPE_STAGES, dp=1, dtype="bf16", stage=1)
+PIPE_BYTES_PER_PARAM = 2 + 12  # the bf16 weight in a layer file; fp32 master, exp_avg, exp_avg_sq
+
+
+def pipe_job(rank: int, ws: int, out: str, d: int) -> None:
+    import deepspeed
+    from deepspeed.pipe import LayerSpec, PipelineModule
+    import make_zero_parallel_checkpoints as mzp
+    torch.manual_seed(mzc.SEED)
+    net = PipelineModule(layers=[LayerSpec(nn.Linear, d, d) for _ in range(PIPE_LAYERS)], num_stages=PIPE_STAGES,
+                         loss_fn=mzp.loss_fn, partition_method="parameters", base_seed=mzc.SEED)
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=list(net.parameters()),
+                                           config=mzp.ds_config(PIPE_CASE))
+    g = torch.Generator().manual_seed(1000)
+
+    def batches():
+        while True:
+            yield (torch.randn(mzp.MICRO_BATCH, d, generator=g).to(torch.bfloat16),
+                   torch.randn(mzp.MICRO_BATCH, d, generator=g))
+
+    engine.train_batch(data_iter=batches())
+    assert engine.global_steps == STEPS, engine.global_steps
+    dist.barrier()
+    engine.save_checkpoint(out)
+    dist.barrier()
+
+
+def make_pipe(root: Path, bytes_arg: str) -> Path:
+    d = root / f"pipe_pp{PIPE_STAGES}_bf16_{bytes_arg}"
+    marker = d / "bench.json"
+    if marker.is_file():
+        print(f"make_zero_bench: reusing {d}", flush=True)
+        return d
+    if d.exists():
+        import shutil
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    width = width_for(float(bytes_arg), PIPE_BYTES_PER_PARAM, PIPE_LAYERS)
+    params = PIPE_LAYERS * (width * width + width)
+    print(f"make_zero_bench: pipeline {PIPE_STAGES} stages x 1, bf16 ZeRO-1: {PIPE_LAYERS} x Linear({width}, {width}),"
+          f" {params / 1e6:.1f}M params -> {d}", flush=True)
+    t = time.time()
+    mzc.spawn(PIPE_STAGES, pipe_job, str(d), width)
+    for script in ("zero_to_fp32.py", "zero_to_torch.py"):
+        (d / script).unlink(missing_ok=True)
+    tag = (d / "latest").read_text().strip()
+    assert tag == f"global_step{STEPS}", tag
+    expected = sorted([f"layer_{i:02d}-model_states.pt" for i in range(PIPE_LAYERS)] +
+                      [f"mp_rank_{s:02d}_model_states.pt" for s in range(PIPE_STAGES)] +
+                      [f"bf16_zero_pp_rank_0_mp_rank_{s:02d}_optim_states.pt" for s in range(PIPE_STAGES)])
+    got = sorted(p.name for p in (d / tag).iterdir())
+    assert got == expected, (got, expected)
+    files = {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+    import deepspeed
+    import make_zero_parallel_checkpoints as mzp
+    info = {"stage": 1, "dtype": "bf16", "world_size": PIPE_STAGES, "pipeline_stages": PIPE_STAGES,
+            "data_parallel": 1, "steps": STEPS, "bytes_arg": bytes_arg,
+            "model": f"PipelineModule of {PIPE_LAYERS} x Linear({width}, {width}) with bias, {PIPE_STAGES} stages",
+            "params": params, "ds_config": mzp.ds_config(PIPE_CASE), "ds_version": deepspeed.__version__,
+            "torch_version": torch.__version__, "files": files, "total_bytes": sum(files.values()),
+            "seconds": round(time.time() - t, 1), "generator": "tools/make_zero_bench.py --pipeline"}
+    marker.write_text(json.dumps(info, indent=1) + "\n")
+    print(f"make_zero_bench: {d}: {info['total_bytes'] / 1e9:.2f} GB in {len(files)} files, "
+          f"{info['seconds']}s", flush=True)
+    return d
+
+
 def make(root: Path, bytes_arg: str, stage: int) -> Path:
     d = root / f"zero{stage}_ws{WORLD_SIZE}_{bytes_arg}"
     marker = d / "bench.json"
@@ -100,7 +179,7 @@ def make(root: Path, bytes_arg: str, stage: int) -> Path:
         import shutil
         shutil.rmtree(d)
     d.mkdir(parents=True)
-    width = width_for(float(bytes_arg), stage)
+    width = width_for(float(bytes_arg), BYTES_PER_PARAM[stage])
     params = LAYERS * (width * width + width)
     print(f"make_zero_bench: ZeRO-{stage} bf16 ws {WORLD_SIZE}: {LAYERS} x Linear({width}, {width}), "
           f"{params / 1e6:.1f}M params -> {d}", flush=True)
@@ -131,8 +210,12 @@ def main(argv=None) -> None:
     ap.add_argument("--bytes", default="2e9", help="about this many bytes per checkpoint (default 2e9)")
     ap.add_argument("--out-root", default=str(Path(__file__).resolve().parent.parent / "bench-out"))
     ap.add_argument("--stages", nargs="*", type=int, default=[2, 3], choices=[2, 3])
+    ap.add_argument("--pipeline", action="store_true", help="the pipeline row's checkpoint instead")
     args = ap.parse_args(argv)
     root = Path(args.out_root)
+    if args.pipeline:
+        make_pipe(root, args.bytes)
+        return
     for stage in args.stages:
         make(root, args.bytes, stage)
 
