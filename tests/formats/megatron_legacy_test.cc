@@ -196,7 +196,7 @@ const TensorEntry& planned(const LegacyOutput& out, const std::string& name, con
 TEST_CASE("legacy writer: each rank's piece is the TP=1 tensor's rows or columns, stages renumbered",
           "[formats][megatron_legacy]") {
   CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "");
-  LegacyOutput out = plan_legacy_output(m, 2, 2);
+  LegacyOutput out = plan_legacy_output(m, nullptr, 2, 2);
   CHECK(out.tracker == "7");
   REQUIRE(out.files.size() == 4);
   CHECK(out.files[1].name == "iter_0000007/mp_rank_01_000/model_optim_rng.pt");
@@ -231,7 +231,7 @@ TEST_CASE("legacy writer: what does not split is refused, naming it", "[formats]
   CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "");
   auto refused = [&](int tp, int pp, ErrorCode code, const std::string& text) {
     try {
-      plan_legacy_output(m, tp, pp);
+      plan_legacy_output(m, nullptr, tp, pp);
       FAIL("no error for TP " << tp << " x PP " << pp);
     } catch (const Error& e) {
       CHECK(e.code() == code);
@@ -243,7 +243,7 @@ TEST_CASE("legacy writer: what does not split is refused, naming it", "[formats]
   refused(0, 1, ErrorCode::kInvalidArgument, "--tp and --pp must be at least 1");
   CheckpointModel only_model = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "model");
   try {
-    plan_legacy_output(only_model, 1, 1);
+    plan_legacy_output(only_model, nullptr, 1, 1);
     FAIL("no error");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kInvalidArgument);
