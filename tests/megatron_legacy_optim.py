@@ -144,14 +144,22 @@ def same(x, y):
             and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)))
 
 
-def put_reference_state(model, opt, ref):
+def source_step(case):
+    """The step the distributed optimizer keeps in its param groups (its
+    optim_ref.pt has no common step), from the source's first rank file."""
+    rank_file = next((Path(case) / "ckpt").glob("iter_*/mp_rank_*/model_optim_rng.pt"))
+    groups = torch.load(rank_file, weights_only=False)["optimizer"]["optimizer"]["param_groups"]
+    return torch.tensor(float(groups[0]["step"]))
+
+
+def put_reference_state(model, opt, ref, case):
     """optim_ref.pt's state (the source job's, per parameter name) into
     this TP=1 optimizer: each Adam state under the parameter torch's Adam
     steps (the weight itself, or under bf16 its fp32 master, whose value
     is set too), with the common step."""
     names = {id(p): n for n, p in model.named_parameters()}
     inner = opt.chained_optimizers[0] if hasattr(opt, "chained_optimizers") else opt
-    step = ref["common_step"]
+    step = ref["common_step"] if "common_step" in ref else source_step(case)
     if hasattr(inner, "fp32_from_float16_groups"):
         pairs = [(names[id(p16)], master) for g16, g32 in zip(inner.float16_groups, inner.fp32_from_float16_groups)
                  for p16, master in zip(g16, g32)]
@@ -186,14 +194,18 @@ def compare(rank, ws, port, case, bf16, loaded_dir, stepped_dir, stepped, out):
             continue
         for kind, want in states.items():
             report["optim_compared"] += 1
-            if not same(got_optim.get(name, {}).get(kind), want):
+            # The distributed optimizer's fp32 master of an fp32 model is a
+            # view of the weight, which FP32Optimizer keeps as its master.
+            got = got_model.get(name) if kind == "param" else got_optim.get(name, {}).get(kind)
+            if not same(got, want):
                 report["optim_differ"].append(f"{name} {kind}")
-    report["optim_differ"] += sorted(set(got_optim) - set(want_optim))
+    # (common_step: the plain optimizer's, where the distributed one's reference has none)
+    report["optim_differ"] += sorted(set(got_optim) - set(want_optim) - {"common_step"})
     if stepped:
         # The same step from the source job's own state at TP=1/PP=1.
         model, ddp, opt = build(1, 1, bf16)
         model.load_state_dict(want_model, strict=True)
-        report["ref_params"] = put_reference_state(model, opt, want_optim)
+        report["ref_params"] = put_reference_state(model, opt, want_optim, case)
         report["ref_losses"] = adam_step(ddp, opt)
         ref_stepped = {k: v.detach().clone() for k, v in model.state_dict_for_save_checkpoint().items()
                        if isinstance(v, torch.Tensor)}

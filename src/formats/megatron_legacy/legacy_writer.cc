@@ -135,6 +135,11 @@ class LegacyPlanner {
   // plain optimizer's step in each, which torch keeps per parameter).
   void settle_optim() {
     if (!optim_) return;
+    if (bool_entry(args_, "use_distributed_optimizer"))
+      log::warn(legacy_.source +
+                ": the distributed optimizer's state is written as the plain optimizer's `optimizer` entry of "
+                "each rank file (no distrib_optim.pt), and args.use_distributed_optimizer as False: load it with a "
+                "job without --use-distributed-optimizer");
     ValuePtr root = mapping_of(optim_->root);
     ValuePtr view = root->is(Kind::kDict) ? root->get("optim") : nullptr;
     if (!view) fail(ErrorCode::kInternal, legacy_.source + ": the optimizer view holds no 'optim' entry");
@@ -225,8 +230,8 @@ class LegacyPlanner {
       masters.push_back(Value::list(std::move(group_masters)));
     }
     if (index != static_cast<int64_t>(params.size()))
-      fail(ErrorCode::kUnimplemented, legacy_.source + ": the optimizer's param groups take " +
-                                          std::to_string(index) + " of the rank's " + std::to_string(params.size()) +
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": the optimizer's param groups take " + std::to_string(index) +
+                                          " of the rank's " + std::to_string(params.size()) +
                                           " parameters; megatron-core 0.16's grouping would leave some out");
     ValuePtr torch_sd =
         Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), Value::list(std::move(groups))}});
