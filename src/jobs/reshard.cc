@@ -278,11 +278,10 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
   std::optional<CheckpointModel> optim;
   auto saved = j.model.facts.find("megatron optimizer");
   if (j.model.info.kind == SourceKind::kMegatronLegacy && saved != j.model.facts.end() && saved->second != "not saved")
-    optim = with_context("reading the optimizer to write it for TP " + std::to_string(tp) + " x PP " +
-                             std::to_string(pp),
-                         [&] { return megatron_legacy::read_legacy(j.model.source, nullptr, "optim"); });
-  megatron_legacy::LegacyOutput plan =
-      megatron_legacy::plan_legacy_output(j.model, optim ? &*optim : nullptr, tp, pp);
+    optim =
+        with_context("reading the optimizer to write it for TP " + std::to_string(tp) + " x PP " + std::to_string(pp),
+                     [&] { return megatron_legacy::read_legacy(j.model.source, nullptr, "optim"); });
+  megatron_legacy::LegacyOutput plan = megatron_legacy::plan_legacy_output(j.model, optim ? &*optim : nullptr, tp, pp);
   uint64_t bytes = 0;
   for (const auto& f : plan.files)
     for (const auto& t : f.tensors) bytes += t.output_nbytes();
