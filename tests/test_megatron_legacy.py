@@ -661,6 +661,17 @@ def test_legacy_layout_needs_a_legacy_source(tmp_path, run_ckptconv):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_torch_dist_save_of_a_megatron_lm_job_is_refused_saying_what_loads_it(tmp_path, run_ckptconv):
+    # gpt_tp2pp1_mlm keeps Megatron-LM's args in common.pt: not the missing
+    # args, but its sharded names and distributed optimizer are not mapped back.
+    r = run_ckptconv("reshard", str(REPO / "testdata" / "megatron" / "gpt_tp2pp1_mlm" / "ckpt"), "--layout",
+                     "megatron-legacy", "--tp", "1", "-o", str(tmp_path / "out"))
+    assert r.returncode == 3, r.stderr
+    assert "a torch_dist checkpoint of a Megatron-LM job (args in common.pt) is not written as a legacy" in r.stderr
+    assert "--ckpt-format torch_dist" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_legacy_output_by_parts_and_dry_run(tmp_path, run_ckptconv):
     # --part: the same files from two processes as from one; --dry-run: each
     # rank file's exact size, nothing written; the RNG states' absence said.

@@ -78,11 +78,23 @@ class LegacyPlanner {
     ValuePtr root = mapping_of(legacy_.root);
     ValuePtr model = root->is(Kind::kDict) ? root->get("model") : nullptr;
     args_ = root->is(Kind::kDict) ? root->get("args") : nullptr;
+    // A Megatron-LM job's torch_dist save keeps its args in common.pt, but
+    // its model under megatron-core's sharded names (the local spec's fused
+    // layer-norm keys, layers stacked) and its optimizer in the distributed
+    // optimizer's layouts: not mapped back to a legacy rank file's yet.
+    if (legacy_.info.kind == SourceKind::kMegatron && args_)
+      fail(ErrorCode::kUnimplemented,
+           legacy_.source +
+               ": a torch_dist checkpoint of a Megatron-LM job (args in common.pt) is not written as a legacy "
+               "checkpoint yet (its model is stored under megatron-core's sharded names, its optimizer in the "
+               "distributed optimizer's layout); a job at the new TP x PP loads the torch_dist checkpoint itself "
+               "(--ckpt-format torch_dist), or reshard it with --layout megatron --world-size N");
     if (legacy_.info.kind != SourceKind::kMegatronLegacy || !model || !args_)
       fail_invalid(legacy_.source +
                    ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint read whole (no --only): its "
-                   "TP=1/PP=1 model and its args, which the rank files carry with the new TP and PP (a torch_dist "
-                   "or Hugging Face source holds no Megatron-LM args)");
+                   "TP=1/PP=1 model and its args, which the rank files carry with the new TP and PP (this source "
+                   "holds no Megatron-LM args: a Hugging Face folder, or a torch_dist checkpoint megatron-core saved "
+                   "without them)");
     args_ = mapping_of(args_);
     model = mapping_of(model);
     settle_model(model);
