@@ -852,6 +852,9 @@ def test_the_distributed_optimizer_is_written_as_the_plain_one(tmp_path, run_ckp
     rank = load_rank(out / "iter_0000005" / "mp_rank_00" / "model_optim_rng.pt")
     assert rank["args"].use_distributed_optimizer is False
     assert set(rank["optimizer"]) == {"state", "param_groups"} and len(rank["optimizer"]["state"]) == 53
+    # torch Adam's per-parameter step, a 0-d float32 tensor, from the groups' 1.0
+    steps = [s["step"] for s in rank["optimizer"]["state"].values()]
+    assert all(isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.shape == () and x == 1 for x in steps)
 
 
 def test_a_source_without_an_optimizer_writes_none_and_says_so(tmp_path, run_ckptconv, megatron_enums):
@@ -876,3 +879,18 @@ def test_an_optimizer_whose_layout_is_not_known_is_refused_writing_nothing(tmp_p
     assert r.returncode == 3, r.stderr
     assert "reading the optimizer to write it for TP 1 x PP 2" in r.stderr and "standard groups" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tied_copy_written_at_pp2_from_pp1_gets_the_embeddings_state(tmp_path, run_ckptconv):
+    # No fixture is a tied job at PP 1: the tied PP 2 job written at PP 1
+    # (no copy) is one. Written at PP 2 again, the last stage's copy of the
+    # embedding gets the embedding's optimizer state, as it gets its weight
+    # (the two receive the same gradient in a tied job).
+    case = ROOT / "gpt_pp2_dp2_tied"
+    for pp, src, out in ((1, case / "ckpt", tmp_path / "pp1"), (2, tmp_path / "pp1", tmp_path / "pp2")):
+        r = run_ckptconv("reshard", str(src), "--layout", "megatron-legacy", "--pp", str(pp), "-o", str(out))
+        assert r.returncode == 0, r.stderr
+    consolidate(run_ckptconv, tmp_path / "pp2", tmp_path / "o.pt", "--only", "optim")
+    state = load(tmp_path / "o.pt")["state"]
+    assert list(state)[-1] == "output_layer.weight"
+    assert_same(state["output_layer.weight"], state["embedding.word_embeddings.weight"])

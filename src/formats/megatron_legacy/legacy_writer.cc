@@ -1,6 +1,7 @@
 #include "formats/megatron_legacy/legacy_writer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "formats/megatron_legacy/legacy_reader.h"
 #include "formats/megatron_legacy/optim_layout.h"
 #include "formats/megatron_legacy/tp_layout.h"
+#include "io/byte_source.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::megatron_legacy {
@@ -61,6 +63,22 @@ int64_t padded_vocab(int64_t vocab, int64_t divisible_by, int tp) {
 }
 
 bool is_16_bit(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
+
+// A 0-d float32 tensor holding `value`: torch Adam's per-parameter step,
+// made from the distributed optimizer's number (its param groups keep the
+// step as a float), so that the rank file holds what a plain optimizer saves.
+TensorEntry scalar_float32(double value, std::string name) {
+  const float f = static_cast<float>(value);
+  std::string bytes(sizeof f, '\0');
+  std::memcpy(bytes.data(), &f, sizeof f);  // little-endian, as torch.save writes on this host
+  TensorChunk c;
+  c.storage = make_memory_source(std::move(bytes), "<step>");
+  TensorEntry t;
+  t.name = std::move(name);
+  t.dtype = DType::kFloat32;
+  t.chunks.push_back(std::move(c));
+  return t;
+}
 
 // A parameter a rank file's model holds: its TP=1 name (the optimizer
 // view's) and its piece among the file's tensors.
@@ -220,13 +238,17 @@ class LegacyPlanner {
         ValuePtr s = state_of(p.name);
         const std::string label = w.name + ".";
         ValuePtr per = Value::dict();
-        if (auto at = tensor_ref_index(*step)) {  // a 0-d tensor, as torch's Adam keeps it
+        // A 0-d float32 tensor, as torch's Adam keeps it: the plain
+        // optimizer's own, or made from the distributed optimizer's number.
+        if (auto at = tensor_ref_index(*step)) {
           tensors.push_back(optim_->tensors.at(*at));
           tensors.back().name = label + "step";
-          per->entries.emplace_back(Value::str("step"), make_tensor_ref(tensors.size() - 1));
-        } else {  // a number (the distributed optimizer's): torch's Adam makes it a tensor on load
-          per->entries.emplace_back(Value::str("step"), step);
+        } else if (step->is(Kind::kInt) || step->is(Kind::kFloat)) {
+          tensors.push_back(scalar_float32(step->as_number(), label + "step"));
+        } else {
+          fail_data_loss(legacy_.source + ": the optimizer's step is " + step->repr(1) + ", not a number or tensor");
         }
+        per->entries.emplace_back(Value::str("step"), make_tensor_ref(tensors.size() - 1));
         for (const char* kind : {"exp_avg", "exp_avg_sq"})
           per->entries.emplace_back(Value::str(kind), optim_piece(s->get(kind), p.name, t, label + kind, tensors));
         if (half) {
