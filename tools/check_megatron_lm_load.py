@@ -8,11 +8,15 @@ proves the same outputs with megatron-core's load_state_dict instead, which is
 the call load_checkpoint makes. With a ``core_v0.16.1`` tree of Megatron-LM
 on PYTHONPATH (tools/make_megatron_legacy_checkpoints.py's docstring):
 
-    PYTHONPATH=/tmp/mlm .venv-megatron/bin/python tools/check_megatron_lm_load.py CKPT TP PP MODEL_REF [torch|torch_dist [tied]]
+    PYTHONPATH=/tmp/mlm .venv-megatron/bin/python tools/check_megatron_lm_load.py CKPT TP PP MODEL_REF [torch|torch_dist|torch-optim [tied]]
 
 (torch_dist: CKPT holds a torch_dist iteration folder and its tracker, the
-job runs with --ckpt-format torch_dist; tied: the job of gpt_pp2_dp2_tied,
-tied embeddings and a vocabulary of 17.)
+job runs with --ckpt-format torch_dist; torch-optim: a legacy CKPT with its
+optimizer (reshard --layout megatron-legacy), loaded without
+--no-load-optim, and what the optimizer got compared with the optim_ref.pt
+beside MODEL_REF as tests/megatron_legacy_optim.py compares it (an fp32
+job's); tied: the job of gpt_pp2_dp2_tied, tied embeddings and a
+vocabulary of 17.)
 
 Every rank builds the fixture's job the way make_megatron_legacy_checkpoints.py
 does (Megatron-LM's parse_args, the GPT in megatron's DDP, Adam) at TP x PP,
@@ -34,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import make_megatron_checkpoints as mk  # noqa: E402
 import make_megatron_legacy_checkpoints as legacy  # noqa: E402
 import megatron_legacy_load as check  # noqa: E402
+import megatron_legacy_optim as check_optim  # noqa: E402
 
 
 def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied):
@@ -44,7 +49,7 @@ def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied):
     args.load = ckpt
     if ckpt_format == "torch_dist":  # validate_args: --ckpt-format torch_dist
         args.ckpt_format, args.use_dist_ckpt = "torch_dist", True
-    args.no_load_optim = True
+    args.no_load_optim = ckpt_format != "torch-optim"
     args.no_load_rng = True
     args.finetune = False
     models, ddps, opt = legacy.build(args, tp, pp)
@@ -53,7 +58,12 @@ def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied):
     args.global_batch_size = args.micro_batch_size
     init_num_microbatches_calculator(rank, None, args.global_batch_size, args.micro_batch_size, 1)
     iteration, _ = load_checkpoint(ddps, opt, None, strict=True)
-    dist_checkpointing.save(models[0].sharded_state_dict(), resaved)
+    msd = models[0].sharded_state_dict()
+    if ckpt_format == "torch-optim":
+        dist_checkpointing.save({"model": msd, "optimizer": opt.sharded_state_dict(msd, metadata=legacy.REF_SHARDING)},
+                                resaved)
+    else:
+        dist_checkpointing.save(msd, resaved)
     if rank == 0:
         Path(out).write_text(json.dumps({"iteration": iteration}))
     dist.barrier()
@@ -86,7 +96,10 @@ if __name__ == "__main__":
         resaved.mkdir()
         mp.spawn(job, args=(tp * pp, mk.free_port(), ckpt, tp, pp, str(resaved), str(loaded), ckpt_format, tied), nprocs=tp * pp,
                  join=True)
-        if tied:  # tests/megatron_legacy_load.py's TP=1/PP=1 model is the untied one: compare the tied job's own
+        if ckpt_format == "torch-optim":
+            mp.spawn(check_optim.compare, args=(1, mk.free_port(), str(Path(model_ref).parent), False, str(resaved),
+                                                None, False, str(compared)), nprocs=1, join=True)
+        elif tied:  # tests/megatron_legacy_load.py's TP=1/PP=1 model is the untied one: compare the tied job's own
             assert tp * pp == 1, "the tied job is compared at TP 1 x PP 1 only"
             mp.spawn(compare_tied, args=(mk.free_port(), str(resaved), model_ref, str(compared)), nprocs=1, join=True)
         else:

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -271,7 +272,16 @@ void write_megatron_layout(const LayoutJob& j) {
 // (formats/megatron_legacy/legacy_writer.h).
 void write_megatron_legacy_layout(const LayoutJob& j) {
   const int tp = j.req.tp.value_or(1), pp = j.req.pp.value_or(1);
-  megatron_legacy::LegacyOutput plan = megatron_legacy::plan_legacy_output(j.model, tp, pp);
+  // The optimizer's state per parameter name, for each rank's `optimizer`:
+  // the same checkpoint's --only optim view (refused, exit 3, where its
+  // layout rules are not known: nothing is written then).
+  std::optional<CheckpointModel> optim;
+  auto saved = j.model.facts.find("megatron optimizer");
+  if (j.model.info.kind == SourceKind::kMegatronLegacy && saved != j.model.facts.end() && saved->second != "not saved")
+    optim =
+        with_context("reading the optimizer to write it for TP " + std::to_string(tp) + " x PP " + std::to_string(pp),
+                     [&] { return megatron_legacy::read_legacy(j.model.source, nullptr, "optim"); });
+  megatron_legacy::LegacyOutput plan = megatron_legacy::plan_legacy_output(j.model, optim ? &*optim : nullptr, tp, pp);
   uint64_t bytes = 0;
   for (const auto& f : plan.files)
     for (const auto& t : f.tensors) bytes += t.output_nbytes();

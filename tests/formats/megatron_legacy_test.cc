@@ -196,7 +196,7 @@ const TensorEntry& planned(const LegacyOutput& out, const std::string& name, con
 TEST_CASE("legacy writer: each rank's piece is the TP=1 tensor's rows or columns, stages renumbered",
           "[formats][megatron_legacy]") {
   CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "");
-  LegacyOutput out = plan_legacy_output(m, 2, 2);
+  LegacyOutput out = plan_legacy_output(m, nullptr, 2, 2);
   CHECK(out.tracker == "7");
   REQUIRE(out.files.size() == 4);
   CHECK(out.files[1].name == "iter_0000007/mp_rank_01_000/model_optim_rng.pt");
@@ -231,7 +231,7 @@ TEST_CASE("legacy writer: what does not split is refused, naming it", "[formats]
   CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "");
   auto refused = [&](int tp, int pp, ErrorCode code, const std::string& text) {
     try {
-      plan_legacy_output(m, tp, pp);
+      plan_legacy_output(m, nullptr, tp, pp);
       FAIL("no error for TP " << tp << " x PP " << pp);
     } catch (const Error& e) {
       CHECK(e.code() == code);
@@ -243,10 +243,73 @@ TEST_CASE("legacy writer: what does not split is refused, naming it", "[formats]
   refused(0, 1, ErrorCode::kInvalidArgument, "--tp and --pp must be at least 1");
   CheckpointModel only_model = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "model");
   try {
-    plan_legacy_output(only_model, 1, 1);
+    plan_legacy_output(only_model, nullptr, 1, 1);
     FAIL("no error");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kInvalidArgument);
     CHECK(e.message().find("read whole") != std::string::npos);
+  }
+}
+
+TEST_CASE("legacy writer: each rank's optimizer numbers its parameters group after group, states cut as weights",
+          "[formats][megatron_legacy]") {
+  const std::string dir = testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007");
+  CheckpointModel m = read_legacy(dir, nullptr, "");
+  CheckpointModel optim = read_legacy(dir, nullptr, "optim");
+  LegacyOutput out = plan_legacy_output(m, &optim, 2, 1);
+  REQUIRE(out.files.size() == 2);
+  const LegacyRankFile& rank1 = out.files[1];
+  pickle::ValuePtr model = mapping_of(rank1.root->get("model"));
+  pickle::ValuePtr opt = mapping_of(rank1.root->get("optimizer"));
+  REQUIRE(opt);
+  // FP32Optimizer: torch's state_dict alone (no fp32_from_fp16_params).
+  CHECK_FALSE(opt->get("fp32_from_fp16_params"));
+  const auto& groups = opt->at("param_groups")->as_sequence();
+  REQUIRE(groups.size() == 2);
+  // The default group's parameters first (2-d weights), then wd_mult 0's,
+  // numbered on from where the first group ends; no group keeps a step.
+  std::vector<std::string> weights, no_wd;
+  for (const auto& [k, v] : model->entries)
+    if (auto idx = tensor_ref_index(*v)) {
+      const TensorEntry& t = rank1.tensors.at(*idx);
+      const std::string name = k->as_str();
+      (t.shape.size() == 1 || name.ends_with(".bias") ? no_wd : weights).push_back(name);
+    }
+  const auto& first = mapping_of(groups[0])->at("params")->as_sequence();
+  const auto& second = mapping_of(groups[1])->at("params")->as_sequence();
+  CHECK(first.size() == weights.size());
+  CHECK(second.size() == no_wd.size());
+  CHECK(second.front()->as_int() == static_cast<int64_t>(weights.size()));
+  CHECK_FALSE(mapping_of(groups[0])->get("step"));
+  CHECK(mapping_of(groups[1])->at("wd_mult")->as_number() == 0.0);
+  // Layer 1's linear_fc1 (state index: its place among the weights): its
+  // exp_avg is TP rank 1's [gate_1; up_1] of the TP=1 state, from the
+  // source's TP rank 1 file of the first stage.
+  std::size_t at = 0;
+  while (weights.at(at) != "decoder.layers.1.mlp.linear_fc1.weight") ++at;
+  pickle::ValuePtr state;
+  for (const auto& [k, v] : mapping_of(opt->at("state"))->entries)
+    if (k->is(pickle::Kind::kInt) && k->int_value == static_cast<int64_t>(at)) state = mapping_of(v);
+  REQUIRE(state);
+  const TensorEntry& exp_avg = rank1.tensors.at(*tensor_ref_index(*state->at("exp_avg")));
+  CHECK(exp_avg.shape == Shape{12, 8});
+  REQUIRE(exp_avg.chunks.size() == 2);
+  CHECK(exp_avg.chunks[0].file.find("mp_rank_01_000") != std::string::npos);
+  CHECK(exp_avg.chunks[1].offsets == Shape{6, 0});
+  CHECK(rank1.tensors.at(*tensor_ref_index(*state->at("step"))).shape.empty());
+}
+
+TEST_CASE("legacy writer: a parameter the optimizer holds no state for is named", "[formats][megatron_legacy]") {
+  const std::string dir = testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007");
+  CheckpointModel m = read_legacy(dir, nullptr, "");
+  CheckpointModel optim = read_legacy(dir, nullptr, "optim");
+  pickle::ValuePtr state = mapping_of(mapping_of(optim.root->get("optim"))->get("state"));
+  std::erase_if(state->entries, [](const auto& e) { return e.first->as_str() == "decoder.final_layernorm.bias"; });
+  try {
+    plan_legacy_output(m, &optim, 1, 2);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kDataLoss);
+    CHECK(e.message().find("holds no state for 'decoder.final_layernorm.bias'") != std::string::npos);
   }
 }

@@ -442,6 +442,19 @@ class LegacyReader {
       if (ValuePtr v = args_ ? args_->get(a) : nullptr)
         key_args += (key_args.empty() ? "" : ", ") + (a + ("=" + v->repr()));
     model.facts["megatron args"] = key_args;
+    if (!ranks_.empty() && ranks_[0].decoded && only_ != "model")
+      model.facts["megatron optimizer"] = optimizer_kind(ranks_[0]);
+  }
+
+  // What kind of optimizer state the job saved, from TP 0 / PP 0's file:
+  // what --only optim reads, and what --layout megatron-legacy writes.
+  std::string optimizer_kind(const RankFile& r) const {
+    ValuePtr opt = r.decoded->root->get("optimizer");
+    if (!opt) return "not saved";
+    if (bool_arg("use_distributed_optimizer")) return "distributed (distrib_optim.pt)";
+    opt = mapping_of(opt);
+    if (opt->is(Kind::kDict) && opt->get("fp32_from_fp16_params")) return "plain, mixed precision";
+    return "plain";
   }
 
   // Without --only: the job's entries from TP 0 / PP 0's file beside the

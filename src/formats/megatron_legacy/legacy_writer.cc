@@ -1,6 +1,7 @@
 #include "formats/megatron_legacy/legacy_writer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -9,7 +10,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/megatron_legacy/legacy_reader.h"
+#include "formats/megatron_legacy/optim_layout.h"
 #include "formats/megatron_legacy/tp_layout.h"
+#include "io/byte_source.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::megatron_legacy {
@@ -59,25 +62,67 @@ int64_t padded_vocab(int64_t vocab, int64_t divisible_by, int tp) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
+bool is_16_bit(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
+
+// A 0-d float32 tensor holding `value`: torch Adam's per-parameter step,
+// made from the distributed optimizer's number (its param groups keep the
+// step as a float), so that the rank file holds what a plain optimizer saves.
+TensorEntry scalar_float32(double value, std::string name) {
+  const float f = static_cast<float>(value);
+  std::string bytes(sizeof f, '\0');
+  std::memcpy(bytes.data(), &f, sizeof f);  // little-endian, as torch.save writes on this host
+  TensorChunk c;
+  c.storage = make_memory_source(std::move(bytes), "<step>");
+  TensorEntry t;
+  t.name = std::move(name);
+  t.dtype = DType::kFloat32;
+  t.chunks.push_back(std::move(c));
+  return t;
+}
+
+// A parameter a rank file's model holds: its TP=1 name (the optimizer
+// view's) and its piece among the file's tensors.
+struct RankParam {
+  std::string name;
+  std::size_t tensor = 0;
+};
+
 class LegacyPlanner {
  public:
-  LegacyPlanner(const CheckpointModel& legacy, int tp, int pp) : legacy_(legacy), tp_(tp), pp_(pp) {}
+  LegacyPlanner(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp)
+      : legacy_(legacy), optim_(optim), tp_(tp), pp_(pp) {}
 
   LegacyOutput run() {
     ValuePtr root = mapping_of(legacy_.root);
     ValuePtr model = root->is(Kind::kDict) ? root->get("model") : nullptr;
     args_ = root->is(Kind::kDict) ? root->get("args") : nullptr;
+    // A Megatron-LM job's torch_dist save keeps its args in common.pt, but
+    // its model under megatron-core's sharded names (the local spec's fused
+    // layer-norm keys, layers stacked) and its optimizer in the distributed
+    // optimizer's layouts: not mapped back to a legacy rank file's yet.
+    if (legacy_.info.kind == SourceKind::kMegatron && args_)
+      fail(ErrorCode::kUnimplemented,
+           legacy_.source +
+               ": a torch_dist checkpoint of a Megatron-LM job (args in common.pt) is not written as a legacy "
+               "checkpoint yet (its model is stored under megatron-core's sharded names, its optimizer in the "
+               "distributed optimizer's layout); a job at the new TP x PP loads the torch_dist checkpoint itself "
+               "(--ckpt-format torch_dist), or reshard it with --layout megatron --world-size N");
     if (legacy_.info.kind != SourceKind::kMegatronLegacy || !model || !args_)
       fail_invalid(legacy_.source +
                    ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint read whole (no --only): its "
-                   "TP=1/PP=1 model and its args, which the rank files carry with the new TP and PP (a torch_dist "
-                   "or Hugging Face source holds no Megatron-LM args)");
+                   "TP=1/PP=1 model and its args, which the rank files carry with the new TP and PP (this source "
+                   "holds no Megatron-LM args: a Hugging Face folder, or a torch_dist checkpoint megatron-core saved "
+                   "without them)");
     args_ = mapping_of(args_);
     model = mapping_of(model);
     settle_model(model);
-    log::warn(legacy_.source +
-              ": the optimizer and RNG states are not written (per rank; not resharded yet): load the output with "
-              "--no-load-optim --no-load-rng");
+    settle_optim();
+    // Megatron-LM seeds each rank's RNGs by its TP and PP rank and itself
+    // ignores a torch_dist checkpoint's RNG state at another TP x PP; a
+    // legacy load has no such check, so the flag is the job's to pass.
+    log::warn(legacy_.source + ": the RNG states are not written (" +
+              (optim_ ? "the optimizer is" : "neither is the optimizer: the source saved none") +
+              "): load the output with --no-load-rng" + (optim_ ? "" : " --no-load-optim"));
     LegacyOutput out;
     auto it = legacy_.facts.find("megatron iteration");
     const bool release = it != legacy_.facts.end() && it->second == "release";
@@ -97,13 +142,18 @@ class LegacyPlanner {
         LegacyRankFile file;
         file.name = folder + "/" + rank_folder_name(t, p, 0, pp_, 1) + "/" + kRankFile;
         ValuePtr rank_model = Value::dict();
+        std::vector<RankParam> params;
+        ValuePtr optimizer;
         with_context(file.name, [&] {
-          for (const auto& [name, v] : entries) add_entry(name, v, t, p, rank_model, file.tensors);
+          for (const auto& [name, v] : entries) add_entry(name, v, t, p, rank_model, file.tensors, params);
+          if (optim_) optimizer = rank_optimizer(t, params, file.tensors);
         });
         file.root = Value::dict();
         for (const auto& [k, v] : root->entries) {
           const std::string key = path_component(*k);
           file.root->entries.emplace_back(k, key == "model" ? rank_model : key == "args" ? args : v);
+          // Where Megatron-LM's generate_state_dict puts it: after the model.
+          if (key == "model" && optimizer) file.root->entries.emplace_back(Value::str("optimizer"), optimizer);
         }
         out.files.push_back(std::move(file));
       }
@@ -111,6 +161,119 @@ class LegacyPlanner {
   }
 
  private:
+  // The optimizer view: its state per parameter name and its groups (the
+  // plain optimizer's step in each, which torch keeps per parameter).
+  void settle_optim() {
+    if (!optim_) return;
+    if (bool_entry(args_, "use_distributed_optimizer"))
+      log::warn(legacy_.source +
+                ": the distributed optimizer's state is written as the plain optimizer's `optimizer` entry of "
+                "each rank file (no distrib_optim.pt), and args.use_distributed_optimizer as False: load it with a "
+                "job without --use-distributed-optimizer");
+    ValuePtr root = mapping_of(optim_->root);
+    ValuePtr view = root->is(Kind::kDict) ? root->get("optim") : nullptr;
+    if (!view) fail(ErrorCode::kInternal, legacy_.source + ": the optimizer view holds no 'optim' entry");
+    view = mapping_of(view);
+    optim_state_ = mapping_of(view->at("state"));
+    optim_groups_ = view->at("param_groups")->as_sequence();
+  }
+
+  // The optimizer state of the TP=1 parameter `name`. A tied model's output
+  // layer copy (written at PP > 1) has the embedding's where the source
+  // kept no copy: the two get the same gradient, so the same state.
+  ValuePtr state_of(const std::string& name) const {
+    ValuePtr s = optim_state_->get(name);
+    if (!s && tied_ && name == "output_layer.weight") s = optim_state_->get("embedding.word_embeddings.weight");
+    if (!s) fail_data_loss(legacy_.source + ": the optimizer holds no state for '" + name + "'");
+    return mapping_of(s);
+  }
+
+  // TP rank t's piece of the optimizer tensor `ref` (shaped like the
+  // parameter `name`, cut as it is), added to `tensors` as `label`.
+  ValuePtr optim_piece(const ValuePtr& ref, const std::string& name, int t, const std::string& label,
+                       std::vector<TensorEntry>& tensors) const {
+    auto idx = ref ? tensor_ref_index(*ref) : std::nullopt;
+    if (!idx) fail_data_loss(legacy_.source + ": the optimizer's " + label + " is not a tensor");
+    tensors.push_back(tp_piece(optim_->tensors.at(*idx), name, t));
+    tensors.back().name = label;
+    return make_tensor_ref(tensors.size() - 1);
+  }
+
+  // One rank's `optimizer` entry, as megatron-core 0.16's plain optimizer
+  // over this rank's model saves it: torch Adam's state_dict, whose state
+  // indices number the parameters group after group. _get_param_groups
+  // gathers every rank's group keys, so each rank has the source's groups
+  // in order (an empty one included), each holding the rank's parameters
+  // its rule selects in model order. An fp32 model's FP32Optimizer saves
+  // that alone (its master is the weight; a distributed optimizer's fp32
+  // master is a view of it); a 16-bit model's Float16OptimizerWithFloat16Params
+  // adds each group's fp32 masters in order.
+  ValuePtr rank_optimizer(int t, const std::vector<RankParam>& params, std::vector<TensorEntry>& tensors) const {
+    bool half = false, full = false;
+    for (const RankParam& p : params) (is_16_bit(tensors[p.tensor].dtype) ? half : full) = true;
+    if (half && full)
+      fail(ErrorCode::kUnimplemented, legacy_.source +
+                                          ": the model mixes 16-bit and fp32 parameters, which Megatron-LM's "
+                                          "Float16Module never makes; no optimizer layout is known for it");
+    ValuePtr state = Value::dict();
+    std::vector<ValuePtr> groups, masters;
+    int64_t index = 0;
+    for (const ValuePtr& g : optim_groups_) {
+      ValuePtr group = mapping_of(g);
+      ValuePtr wd = group->get("wd_mult");
+      const bool no_wd = wd && (wd->is(Kind::kInt) || wd->is(Kind::kFloat)) && wd->as_number() == 0.0;
+      ValuePtr copy = Value::dict(), step;
+      for (const auto& [k, v] : group->entries) {
+        const std::string key = path_component(*k);
+        if (key == "step")  // the view's common step: torch keeps it per parameter
+          step = v;
+        else if (key != "params")
+          copy->entries.emplace_back(k, v);
+      }
+      if (!step) fail_data_loss(legacy_.source + ": an optimizer param group without a step");
+      std::vector<ValuePtr> indices, group_masters;
+      for (const RankParam& p : params) {
+        const TensorEntry& w = tensors[p.tensor];
+        if (no_weight_decay_v016({p.name, w.shape, w.dtype}) != no_wd) continue;
+        ValuePtr s = state_of(p.name);
+        const std::string label = w.name + ".";
+        ValuePtr per = Value::dict();
+        // A 0-d float32 tensor, as torch's Adam keeps it: the plain
+        // optimizer's own, or made from the distributed optimizer's number.
+        if (auto at = tensor_ref_index(*step)) {
+          tensors.push_back(optim_->tensors.at(*at));
+          tensors.back().name = label + "step";
+        } else if (step->is(Kind::kInt) || step->is(Kind::kFloat)) {
+          tensors.push_back(scalar_float32(step->as_number(), label + "step"));
+        } else {
+          fail_data_loss(legacy_.source + ": the optimizer's step is " + step->repr(1) + ", not a number or tensor");
+        }
+        per->entries.emplace_back(Value::str("step"), make_tensor_ref(tensors.size() - 1));
+        for (const char* kind : {"exp_avg", "exp_avg_sq"})
+          per->entries.emplace_back(Value::str(kind), optim_piece(s->get(kind), p.name, t, label + kind, tensors));
+        if (half) {
+          if (!s->get("param"))
+            fail_data_loss(legacy_.source + ": no fp32 master of '" + p.name + "' for the 16-bit model's optimizer");
+          group_masters.push_back(optim_piece(s->get("param"), p.name, t, label + "fp32_master", tensors));
+        }
+        state->entries.emplace_back(Value::integer(index), per);
+        indices.push_back(Value::integer(index++));
+      }
+      copy->entries.emplace_back(Value::str("params"), Value::list(std::move(indices)));
+      groups.push_back(copy);
+      masters.push_back(Value::list(std::move(group_masters)));
+    }
+    if (index != static_cast<int64_t>(params.size()))
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": the optimizer's param groups take " + std::to_string(index) +
+                                          " of the rank's " + std::to_string(params.size()) +
+                                          " parameters; megatron-core 0.16's grouping would leave some out");
+    ValuePtr torch_sd =
+        Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), Value::list(std::move(groups))}});
+    if (!half) return torch_sd;
+    return Value::dict(
+        {{Value::str("optimizer"), torch_sd}, {Value::str("fp32_from_fp16_params"), Value::list(std::move(masters))}});
+  }
+
   // What the model and the new degrees must agree on before anything is cut.
   void settle_model(const ValuePtr& model) {
     swiglu_ = bool_entry(args_, "swiglu");
@@ -183,6 +346,9 @@ class LegacyPlanner {
     set_existing(args, "pipeline_model_parallel_size", Value::integer(pp_));
     set_existing(args, "transformer_pipeline_model_parallel_size", Value::integer(pp_));
     set_existing(args, "padded_vocab_size", Value::integer(vocab_rows_));
+    // The optimizer is written as the plain one's `optimizer` entry, which a
+    // job with the distributed optimizer does not read (it wants distrib_optim.pt).
+    if (optim_) set_existing(args, "use_distributed_optimizer", Value::boolean(false));
     for (const char* vpp : {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
                             "num_virtual_stages_per_pipeline_rank"})
       set_existing(args, vpp, Value::none());
@@ -202,7 +368,7 @@ class LegacyPlanner {
   // Entry `name` of the TP=1/PP=1 model, as TP rank t / PP rank p holds it
   // (if it does): under its stage-local name, its TP piece.
   void add_entry(const std::string& name, const ValuePtr& v, int t, int p, ValuePtr& into,
-                 std::vector<TensorEntry>& tensors) const {
+                 std::vector<TensorEntry>& tensors, std::vector<RankParam>& params) const {
     std::string local = name;
     const int64_t per_stage = num_layers_ / pp_;
     if (auto at = layer_index_in(name)) {
@@ -218,6 +384,7 @@ class LegacyPlanner {
     }
     tensors.push_back(tp_piece(legacy_.tensors.at(*idx), name, t));
     tensors.back().name = local;
+    params.push_back({name, tensors.size() - 1});
     into->entries.emplace_back(Value::str(local), make_tensor_ref(tensors.size() - 1));
   }
 
@@ -266,7 +433,10 @@ class LegacyPlanner {
   }
 
   const CheckpointModel& legacy_;
+  const CheckpointModel* optim_;
   int tp_, pp_;
+  ValuePtr optim_state_;
+  std::vector<ValuePtr> optim_groups_;
   ValuePtr args_;
   bool swiglu_ = false, tied_ = false;
   int64_t num_layers_ = 0;
@@ -275,10 +445,10 @@ class LegacyPlanner {
 
 }  // namespace
 
-LegacyOutput plan_legacy_output(const CheckpointModel& legacy, int tp, int pp) {
+LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp) {
   if (tp < 1 || pp < 1)
     fail_invalid("--tp and --pp must be at least 1 (got " + std::to_string(tp) + " and " + std::to_string(pp) + ")");
-  return LegacyPlanner(legacy, tp, pp).run();
+  return LegacyPlanner(legacy, optim, tp, pp).run();
 }
 
 }  // namespace ckpt::megatron_legacy

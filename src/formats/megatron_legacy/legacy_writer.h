@@ -12,8 +12,16 @@
 // of tp_layout.h (column-parallel rows, row-parallel columns, vocab rows,
 // SwiGLU linear_fc1 as this rank's [gate_r; up_r]) and of the pipeline
 // renumbering (stage p holds layers [p L/P, (p+1) L/P), numbered from 0).
-// The optimizer and RNG states are per rank and are not written: the job
-// loads it with --no-load-optim --no-load-rng.
+// With the source's optimizer state per parameter name (the reader's
+// --only optim view), each rank file also holds `optimizer` as megatron-
+// core's plain optimizer saves it for that rank's model: torch Adam's
+// state_dict, its state indexed in the order of megatron-core 0.16's
+// _get_param_groups (the source's groups in order, each holding the rank's
+// parameters its rule selects), every state the rank's TP piece of the
+// parameter's; under fp16/bf16 wrapped as Float16OptimizerWithFloat16Params
+// saves it, with the fp32 masters in fp32_from_fp16_params. The RNG states
+// are not written (seeded per TP x PP position; the job loads with
+// --no-load-rng), nor is distrib_optim.pt.
 #pragma once
 
 #include <string>
@@ -44,7 +52,10 @@ struct LegacyOutput {
 // the padded vocabulary that do not divide by TP, a parameter tp_layout.h
 // does not know. Tied embeddings: the last stage's copy of the word
 // embeddings (output_layer.weight) is written at PP > 1 and left out at
-// PP = 1. No virtual pipeline stages are written.
-LegacyOutput plan_legacy_output(const CheckpointModel& legacy, int tp, int pp);
+// PP = 1. No virtual pipeline stages are written. `optim`: the same
+// checkpoint read with --only optim, or nullptr to write no optimizer;
+// its state must name every parameter the ranks hold (DataLoss naming the
+// one it lacks).
+LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp);
 
 }  // namespace ckpt::megatron_legacy
