@@ -870,4 +870,13 @@ std::vector<std::string> pattern_indices(const std::string& pattern) {
   return compile_pattern(pattern, "pattern").names;
 }
 
+std::optional<std::map<std::string, std::string>> match_pattern(const std::string& pattern, const std::string& name) {
+  const Pattern p = compile_pattern(pattern, "pattern");
+  RegexMatch m;
+  if (!p.re.match(name, m)) return std::nullopt;
+  std::map<std::string, std::string> values;
+  for (std::size_t i = 0; i < p.names.size(); ++i) values[p.names[i]] = m.str(i + 1);
+  return values;
+}
+
 }  // namespace ckpt

@@ -143,5 +143,8 @@ int64_t evaluate_map_expression(const std::string& text, const ArchMap& map, con
 std::string substitute_indices(const std::string& pattern, const std::map<std::string, std::string>& values);
 // The placeholders of a pattern, in order ("decoder.layers.{L}.x" -> {"L"}).
 std::vector<std::string> pattern_indices(const std::string& pattern);
+// The index each placeholder of `pattern` takes in `name` ("l.{L}.w",
+// "l.3.w" -> {L: "3"}); nullopt when the name does not match.
+std::optional<std::map<std::string, std::string>> match_pattern(const std::string& pattern, const std::string& name);
 
 }  // namespace ckpt
