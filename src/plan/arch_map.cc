@@ -493,19 +493,23 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
   }
   if (!j.is_object()) fail_invalid(where + ": a map is a JSON object");
   JsonMembers m(j, where);
-  static const std::set<std::string> kKnown = {"description", "extends", "source_kinds", "architectures", "indices",
-                                               "defaults",    "rules",   "skip",         "comment",       "back_none"};
+  static const std::set<std::string> kKnown = {
+      "description", "extends", "source_kinds", "architectures", "indices",           "defaults",
+      "rules",       "skip",    "comment",      "back_none",     "back_architectures"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   ArchMap map;
   if (const auto* e = m.find("extends")) map = base_map(as_string(*e, where + ".extends"), where, depth);
   map.source_kinds.clear();
   map.architectures.clear();
+  map.back_architectures.clear();
   map.name = name;
   map.origin = origin;
   if (const auto* d = m.find("description")) map.description = as_string(*d, where + ".description");
   if (const auto* s = m.find("source_kinds")) map.source_kinds = as_strings(*s, where + ".source_kinds", false);
   if (const auto* a = m.find("architectures")) map.architectures = as_strings(*a, where + ".architectures", false);
+  if (const auto* a = m.find("back_architectures"))
+    map.back_architectures = as_strings(*a, where + ".back_architectures", false);
   for (const char* key : {"indices", "defaults"}) {
     const auto* o = m.find(key);
     if (!o) continue;

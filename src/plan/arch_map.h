@@ -95,6 +95,10 @@ struct ArchMap {
   std::string description;
   std::vector<std::string> source_kinds;   // format names (SourceInfo): the sources it applies to
   std::vector<std::string> architectures;  // a config's `architectures` it writes
+  // More architectures whose folders the map reads backwards when reshard
+  // is given no --map (a per-expert map: transformers 5 saves a mixture of
+  // experts under those names), never chosen for an export.
+  std::vector<std::string> back_architectures;
   // Index placeholders and the config expression counting them ({"L":
   // "num_hidden_layers"}): every index must be present once.
   std::map<std::string, std::string> indices;

@@ -148,6 +148,24 @@ std::string unused_tensor_message(const std::string& name, const CheckpointModel
 
 }  // namespace
 
+bool holds_map_targets(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
+                       const std::string& config_name) {
+  std::set<std::string> names;
+  walk_leaves(*model.root, [&](const Leaf& leaf) {
+    if (leaf.tensor) names.insert(leaf.path);
+  });
+  for (const MapRule& rule : map.rules) {
+    if (rule.optional || (!rule.unless.empty() && evaluate_map_expression(rule.unless, map, config, config_name)))
+      continue;
+    for (const std::string& to : rule.to) {
+      Indices zeros;
+      for (const std::string& n : pattern_indices(to)) zeros[n] = "0";
+      if (!names.count(substitute_indices(to, zeros))) return false;
+    }
+  }
+  return true;
+}
+
 CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
                                     const std::string& config_name, int64_t pad_multiple) {
   if (pad_multiple < 1) fail_invalid("the vocabulary's padding multiple must be at least 1");
@@ -172,16 +190,17 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
     entries.emplace_back(pickle::Value::str(t.name), make_tensor_ref(out.tensors.size()));
     out.tensors.push_back(std::move(t));
   };
-  // The folder's tensor `name`, with the shape the config gives it; null
-  // when it is missing and the rule optional.
-  auto target = [&](const MapRule& rule, const std::string& name, const std::vector<std::string>& dims,
+  // The folder's tensor `pattern` names at `at`, with the shape the config
+  // gives it; null when it is missing and the rule optional.
+  auto target = [&](const MapRule& rule, const std::string& pattern, const std::vector<std::string>& dims,
                     const std::string& source_name, const Indices& at) -> const TensorEntry* {
+    const std::string name = substitute_indices(pattern, at);
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       if (rule.optional) return nullptr;
-      std::string indices;
-      for (const auto& [k, v] : at)
-        indices += (indices.empty() ? " (" : ", ") + k + " = " + v + " of " + map.indices.at(k) + " = " +
+      std::string indices;  // the missing tensor's own (a fused tensor is no one expert's)
+      for (const auto& k : pattern_indices(pattern))
+        indices += (indices.empty() ? " (" : ", ") + k + " = " + at.at(k) + " of " + map.indices.at(k) + " = " +
                    std::to_string(eval(map.indices.at(k)));
       fail(ErrorCode::kNotFound, model.source + ": tensor '" + name + "' is missing: " + where + " needs it for '" +
                                      source_name + "'" + (indices.empty() ? "" : indices + " in " + config_name + ")"));
@@ -228,7 +247,7 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
         for (int64_t i = 0; i < count; ++i) {
           Indices with = at;
           with[rule.unstack] = std::to_string(i);
-          const TensorEntry* t = target(rule, substitute_indices(rule.to[0], with), rule.shapes[0], source_name, with);
+          const TensorEntry* t = target(rule, rule.to[0], rule.shapes[0], source_name, with);
           if (!t) return;
           if (!slices.empty() && t->dtype != slices[0]->dtype)
             fail(ErrorCode::kDataLoss, "tensor '" + t->name + "' is " + std::string(dtype_name(t->dtype)) + ", '" +
@@ -246,7 +265,7 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
       }
       std::vector<const TensorEntry*> targets;
       for (std::size_t i = 0; i < rule.to.size(); ++i) {
-        const TensorEntry* t = target(rule, substitute_indices(rule.to[i], at), rule.shapes[i], source_name, at);
+        const TensorEntry* t = target(rule, rule.to[i], rule.shapes[i], source_name, at);
         if (!t) return;
         targets.push_back(t);
       }
