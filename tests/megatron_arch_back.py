@@ -1,10 +1,12 @@
 """megatron-core's reading of the way back (run by tests/test_arch_maps_back.py
 in the side environment .venv-megatron, which scripts/test makes):
 
-    .venv-megatron/bin/python tests/megatron_arch_back.py ORIGINAL OURS CASE TP PP OUT.json
+    .venv-megatron/bin/python tests/megatron_arch_back.py ORIGINAL OURS CASE TP PP EP OUT.json
 
 CASE is a folder of testdata/arch/ (tools/make_arch_checkpoints.py: its
-model and case.json). Every rank builds that GPT at TP x PP and runs
+model and case.json). Every rank builds that GPT at TP x PP (x EP, the
+expert parallelism of an MoE case: each rank loads its experts, at their
+global indices) and runs
 ``dist_checkpointing.load`` of its model's sharded state dict from ORIGINAL
 (what megatron-core saved) and from OURS (what ckptconv wrote from a Hugging
 Face folder): every loaded tensor must be bit-equal, except the padded
@@ -30,13 +32,22 @@ from make_megatron_checkpoints import _init, free_port  # noqa: E402
 PADDED = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
-def job(rank, ws, port, tp, pp, original, ours, case_dir, out):
+def job(rank, ws, port, tp, pp, ep, original, ours, case_dir, out):
     _init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
     CudaRNGStatesTracker.fork = lambda self, *a, **k: contextlib.nullcontext()  # no CUDA RNG on the CPU
+    # megatron-core 0.16.1's MoE router tests te_general_gemm, undefined
+    # without Transformer Engine, for None (as tools/make_arch_checkpoints.py).
+    from megatron.core.transformer.moe import moe_utils
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
     case = json.loads((Path(case_dir) / "case.json").read_text())
     _, _, extra, spec_opts, _, _ = arch.CASES[Path(case_dir).name]
+    if "expert_model_parallel_size" in extra:
+        extra = {**extra, "expert_model_parallel_size": ep}
+    elif ep != 1:
+        sys.exit(f"{case_dir}: a dense model has no expert parallelism")
     model = arch.build(tp, pp, extra, spec_opts, case["padded_vocab_size"])
     vocab = case["vocab_size"]
 
@@ -95,7 +106,9 @@ def job(rank, ws, port, tp, pp, original, ours, case_dir, out):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 7:
+    if len(sys.argv) != 8:
         sys.exit(__doc__)
-    original, ours, case_dir, tp, pp, out = *sys.argv[1:4], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-    mp.spawn(job, args=(tp * pp, free_port(), tp, pp, original, ours, case_dir, out), nprocs=tp * pp, join=True)
+    original, ours, case_dir, out = *sys.argv[1:4], sys.argv[7]
+    tp, pp, ep = (int(a) for a in sys.argv[4:7])
+    mp.spawn(job, args=(tp * pp * ep, free_port(), tp, pp, ep, original, ours, case_dir, out), nprocs=tp * pp * ep,
+             join=True)

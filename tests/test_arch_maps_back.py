@@ -47,12 +47,14 @@ PADDED = ("embedding.word_embeddings.weight", "output_layer.weight")
 CASES = ["llama_gqa_tp2pp2", "qwen2_tp2pp1", "qwen3_tp1pp2", "llama_tied_tp2pp1"]
 
 
-def _hf_folder(run_ckptconv, case: str, tmp_path: Path) -> Path:
-    """The case exported (the forward map), then loaded and saved again by transformers."""
+def _hf_folder(run_ckptconv, case: str, tmp_path: Path, map_name: str | None = None) -> Path:
+    """The case exported (the forward map: the architecture's, or `map_name`),
+    then loaded and saved again by transformers (which saves a mixture of
+    experts in the layout it loaded: fused, or one tensor per expert)."""
     require_side_env(HF_PY, "transformers writes the Hugging Face folder", "scripts/setup-hf")
     export, saved = tmp_path / "export", tmp_path / "hf"
     r = run_ckptconv("consolidate", str(ARCH / case / "ckpt"), "--only", "model", "--config-from",
-                     str(ARCH / case / "hf_config"), "-o", f"{export}/")
+                     str(ARCH / case / "hf_config"), "-o", f"{export}/", *(["--map", map_name] if map_name else []))
     assert r.returncode == 0, r.stderr
     r = subprocess.run([str(HF_PY), str(REPO / "tests" / "hf_arch_logits.py"), str(export),
                         str(ARCH / case / "logits.json"), str(saved)], capture_output=True, text=True)
@@ -75,28 +77,32 @@ def _model(run_ckptconv, ckpt: Path, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def hf_folders(tmp_path_factory, ckptconv):
     """Each case's Hugging Face folder, made once for the module (lazily: a
-    test asks for its case)."""
+    test asks for its case, or for (case, map) exported by that map)."""
     def run(*args):
         return subprocess.run([str(ckptconv), *map(str, args)], capture_output=True, text=True, timeout=600)
 
     class Folders(dict):
-        def __missing__(self, case):
-            self[case] = _hf_folder(run, case, tmp_path_factory.mktemp(case))
-            return self[case]
+        def __missing__(self, key):
+            case, map_name = key if isinstance(key, tuple) else (key, None)
+            self[key] = _hf_folder(run, case, tmp_path_factory.mktemp(case), map_name)
+            return self[key]
 
     return Folders()
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_the_way_back_gives_megatrons_stored_tensors(case, hf_folders, tmp_path, run_ckptconv):
-    out = tmp_path / "back"
-    r = _back(run_ckptconv, hf_folders[case], out)
-    assert r.returncode == 0, r.stderr
-    assert "map megatron-gpt-" in r.stderr and "the way back" in r.stderr  # chosen by the config's architectures
-    assert sorted(p.name for p in out.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
-                                                     "common.pt", "metadata.json"]
+def _assert_megatrons_tensors(run_ckptconv, case: str, out: Path, tmp_path: Path) -> None:
+    """`out` holds what megatron-core stored for `case`, bit for bit, under
+    the same stored keys (its experts and layers stacked as megatron-core
+    stacks them, its sharded objects split as it splits them), padding rows
+    excepted, which are zeros."""
+    from torch.distributed.checkpoint import FileSystemReader
     assert (out / "metadata.json").read_text() == (ARCH / case / "ckpt" / "metadata.json").read_text()
     assert torch.load(out / "common.pt", weights_only=True) == {}
+    stored = FileSystemReader(str(ARCH / case / "ckpt")).read_metadata().state_dict_metadata
+    ours = FileSystemReader(str(out)).read_metadata().state_dict_metadata
+    assert sorted(ours) == sorted(stored)
+    for key, meta in stored.items():
+        assert getattr(ours[key], "size", None) == getattr(meta, "size", None), key
     want = _model(run_ckptconv, ARCH / case / "ckpt", tmp_path / "want.safetensors")
     got = _model(run_ckptconv, out, tmp_path / "got.safetensors")
     assert sorted(got) == sorted(want)
@@ -110,24 +116,165 @@ def test_the_way_back_gives_megatrons_stored_tensors(case, hf_folders, tmp_path,
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), name
 
 
+def _megatron_load(case: str, out: Path, tp: int, pp: int, ep: int, tmp_path: Path) -> dict:
+    """megatron-core's dist_checkpointing.load of `out` into the case's
+    GPTModel at TP x PP x EP (tests/megatron_arch_back.py)."""
+    require_side_env(MEGATRON_PY, "loading with megatron-core itself runs", "scripts/setup-megatron")
+    report = tmp_path / "load.json"
+    r = subprocess.run([str(MEGATRON_PY), str(REPO / "tests" / "megatron_arch_back.py"), str(ARCH / case / "ckpt"),
+                        str(out), str(ARCH / case), str(tp), str(pp), str(ep), str(report)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(report.read_text())
+    assert got["ranks"] == tp * pp * ep and got["tensors"] > 0
+    assert got["differ"] == [] and got["padded_nonzero"] == [], got
+    return got
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_way_back_gives_megatrons_stored_tensors(case, hf_folders, tmp_path, run_ckptconv):
+    out = tmp_path / "back"
+    r = _back(run_ckptconv, hf_folders[case], out)
+    assert r.returncode == 0, r.stderr
+    assert "map megatron-gpt-" in r.stderr and "the way back" in r.stderr  # chosen by the config's architectures
+    assert sorted(p.name for p in out.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp",
+                                                     "common.pt", "metadata.json"]
+    _assert_megatrons_tensors(run_ckptconv, case, out, tmp_path)
+
+
 @pytest.mark.parametrize("case,tp,pp", [
     ("llama_gqa_tp2pp2", 2, 2), ("llama_gqa_tp2pp2", 1, 1), ("llama_gqa_tp2pp2", 2, 1),
     ("qwen2_tp2pp1", 1, 1), ("qwen3_tp1pp2", 1, 1), ("llama_tied_tp2pp1", 2, 1),
 ])
 def test_megatron_core_loads_the_way_back_and_gives_the_logits(case, tp, pp, hf_folders, tmp_path, run_ckptconv):
-    require_side_env(MEGATRON_PY, "loading with megatron-core itself runs", "scripts/setup-megatron")
     out = tmp_path / "back"
     assert _back(run_ckptconv, hf_folders[case], out).returncode == 0
-    report = tmp_path / "load.json"
-    r = subprocess.run([str(MEGATRON_PY), str(REPO / "tests" / "megatron_arch_back.py"), str(ARCH / case / "ckpt"),
-                        str(out), str(ARCH / case), str(tp), str(pp), str(report)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(report.read_text())
-    assert got["ranks"] == tp * pp and got["tensors"] > 0
-    assert got["differ"] == [] and got["padded_nonzero"] == [], got
+    got = _megatron_load(case, out, tp, pp, 1, tmp_path)
     if pp == 1:
         assert got["max_abs_diff"] <= TOLERANCE, got
+
+
+# The mixtures of experts (megatron-core's SequentialMLP, 4 experts saved at
+# expert parallelism 2): the folder transformers saves of the default export
+# (transformers 5's fused 3-D gate_up_proj and down_proj: it saves the layout
+# it loaded) and of the per-expert one (the names of the models' published
+# checkpoints), each with the map the way back chooses with no --map: by the
+# config's architecture and the names the folder holds.
+MOE_FOLDERS = {
+    "mixtral-fused": (("mixtral_ep2", None), "megatron-gpt-mixtral"),
+    "mixtral-per-expert": (("mixtral_ep2", "megatron-gpt-mixtral-per-expert"), "megatron-gpt-mixtral-per-expert"),
+    "qwen3moe-fused": (("qwen3moe_ep2", None), "megatron-gpt-qwen3moe"),
+    "qwen3moe-per-expert": (("qwen3moe_ep2", "megatron-gpt-qwen3moe-per-expert"), "megatron-gpt-qwen3moe-per-expert"),
+}
+
+
+@pytest.mark.parametrize("folder", MOE_FOLDERS)
+def test_the_moe_way_back_gives_megatrons_stored_tensors(folder, hf_folders, tmp_path, run_ckptconv):
+    """Every expert at its global index of megatron-core's
+    `mlp.experts.experts.*` (layers x experts), the router, q/k norms:
+    megatron's stored tensors bit for bit."""
+    key, chosen = MOE_FOLDERS[folder]
+    out = tmp_path / "back"
+    r = _back(run_ckptconv, hf_folders[key], out)
+    assert r.returncode == 0, r.stderr
+    assert f"map {chosen} (built in), the way back" in r.stderr, r.stderr
+    _assert_megatrons_tensors(run_ckptconv, key[0], out, tmp_path)
+
+
+@pytest.mark.parametrize("folder,tp,ep", [
+    ("mixtral-fused", 1, 1), ("mixtral-fused", 1, 2), ("mixtral-per-expert", 2, 1), ("qwen3moe-per-expert", 1, 2),
+])
+def test_megatron_core_loads_the_moe_way_back_and_gives_the_logits(folder, tp, ep, hf_folders, tmp_path,
+                                                                    run_ckptconv):
+    """megatron-core loads the way back into a GPTModel with MoE at expert
+    parallelism 1 and 2 (each rank its experts, at their global indices) and
+    TP=2, exactly what it loads from its own files, and its forward gives
+    the committed logits (measured 0.0 at TP=1, the same bytes through the
+    same arithmetic; 4.8e-7 at TP=2)."""
+    key, _ = MOE_FOLDERS[folder]
+    out = tmp_path / "back"
+    assert _back(run_ckptconv, hf_folders[key], out).returncode == 0
+    got = _megatron_load(key[0], out, tp, 1, ep, tmp_path)
+    assert got["max_abs_diff"] <= TOLERANCE, got
+
+
+def _wrong_map(tmp_path: Path, name: str, change) -> Path:
+    spec = json.loads((REPO / "maps" / f"{name}.json").read_text())
+    for rule in spec["rules"]:
+        change(rule)
+    spec.pop("back_architectures", None)
+    path = tmp_path / f"wrong-{name}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_a_wrong_moe_inverse_misses_megatrons_tensors(hf_folders, tmp_path, run_ckptconv):
+    """The proof above can fail: experts taken in reverse order from the
+    fused tensors, or the per-expert gate and up swapped, load as well and
+    give tensors that are not megatron's."""
+    def reverse(rule):
+        if "stack" in rule:
+            rule["stack"] = "num_local_experts - 1 - E"
+
+    def swap(rule):
+        if "experts.{E}.w1.weight" in str(rule["to"]):
+            rule["to"] = rule["to"][::-1]
+
+    want = _model(run_ckptconv, ARCH / "mixtral_ep2" / "ckpt", tmp_path / "want.safetensors")
+    for key, wrong in ((("mixtral_ep2", None), _wrong_map(tmp_path, "megatron-gpt-mixtral", reverse)),
+                       (("mixtral_ep2", "megatron-gpt-mixtral-per-expert"),
+                        _wrong_map(tmp_path, "megatron-gpt-mixtral-per-expert", swap))):
+        out = tmp_path / wrong.stem
+        r = _back(run_ckptconv, hf_folders[key], out, "--map", str(wrong))
+        assert r.returncode == 0, r.stderr
+        got = _model(run_ckptconv, out, tmp_path / f"{wrong.stem}.safetensors")
+        differ = sorted(k for k, w in want.items() if k not in PADDED and not torch.equal(got[k], w))
+        assert differ and all(".experts.local_experts." in k and "linear_fc" in k for k in differ), differ
+
+
+def _refused(run_ckptconv, hf: Path, tmp_path: Path, change, names, config_change=None):
+    """`hf` changed by `change` (its weights) and `config_change`: exit 3
+    naming each of `names`, nothing written."""
+    from safetensors.torch import save_file
+    bad = tmp_path / "bad"
+    bad.mkdir(exist_ok=True)
+    config = json.loads((hf / "config.json").read_text())
+    if config_change:
+        config_change(config)
+    (bad / "config.json").write_text(json.dumps(config))
+    weights = dict(load_file(hf / "model.safetensors"))
+    change(weights)
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "back"
+    r = _back(run_ckptconv, bad, out)
+    assert r.returncode == 3, r.stderr
+    for n in names:
+        assert n in r.stderr, (n, r.stderr)
+    assert not out.exists()
+
+
+def test_a_moe_folder_that_disagrees_with_its_config_is_refused(hf_folders, tmp_path, run_ckptconv):
+    fused = hf_folders[("mixtral_ep2", None)]
+    per_expert = hf_folders[("mixtral_ep2", "megatron-gpt-mixtral-per-expert")]
+    # The config counts 5 experts, the router and the fused tensors hold 4.
+    _refused(run_ckptconv, fused, tmp_path, lambda w: None, ["model.layers.0.mlp.gate.weight", "num_local_experts = 5"],
+             lambda c: c.__setitem__("num_local_experts", 5))
+    # A fused tensor of 3 experts where the config counts 4.
+    _refused(run_ckptconv, fused, tmp_path,
+             lambda w: w.__setitem__("model.layers.1.mlp.experts.gate_up_proj",
+                                     w["model.layers.1.mlp.experts.gate_up_proj"][:3].clone()),
+             ["model.layers.1.mlp.experts.gate_up_proj", "(3, 48, 32)", "num_local_experts = 4"])
+    # An expert missing from a per-expert folder.
+    _refused(run_ckptconv, per_expert, tmp_path,
+             lambda w: w.pop("model.layers.1.block_sparse_moe.experts.2.w3.weight"),
+             ["model.layers.1.block_sparse_moe.experts.2.w3.weight", "missing", "E = 2 of num_local_experts = 4"])
+    # An expert more than the config counts.
+    def fifth(w):
+        for p in ("w1", "w2", "w3"):
+            w[f"model.layers.0.block_sparse_moe.experts.4.{p}.weight"] = \
+                w[f"model.layers.0.block_sparse_moe.experts.0.{p}.weight"].clone()
+    _refused(run_ckptconv, per_expert, tmp_path, fifth,
+             ["model.layers.0.block_sparse_moe.experts.4.w", "E = 4, past num_local_experts = 4"])
 
 
 def test_the_way_back_streams_within_the_memory_limit(hf_folders, tmp_path, run_ckptconv):

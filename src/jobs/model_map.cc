@@ -58,6 +58,24 @@ ArchMap named_map(const std::string& option) {
   return parse_arch_map(read_small_file(option, kMaxMapBytes), std::filesystem::path(option).stem().string(), option);
 }
 
+// The way back's built-in map for a folder of `arch` with no --map: the
+// architecture's own (builtin_arch_map_for), unless the folder lacks its
+// targets and holds those of a map that reads `arch` back besides
+// (back_architectures: transformers 5 saves Mixtral's and Qwen3-MoE's
+// experts one tensor each, where the export's default map fuses them).
+// Where no map's targets are all there, the architecture's own map, whose
+// refusal names the first tensor missing.
+const ArchMap* map_back_for(const CheckpointModel& model, const std::string& target, const std::string& arch,
+                            const HfConfig& config) {
+  const ArchMap* own = builtin_arch_map_for(target, arch);
+  if (own && holds_map_targets(model, *own, config.fields, config.path)) return own;
+  for (const auto& m : builtin_arch_maps())
+    if (lists(m.source_kinds, target) && lists(m.back_architectures, arch) &&
+        holds_map_targets(model, m, config.fields, config.path))
+      return &m;
+  return own;
+}
+
 }  // namespace
 
 std::string builtin_map_names() {
@@ -154,7 +172,7 @@ MappedBack apply_requested_map_back(CheckpointModel model, const std::string& ma
                    layout + " writes " + target);
   } else {
     for (const auto& arch : config.architectures)
-      if (const ArchMap* m = builtin_arch_map_for(target, arch)) {
+      if (const ArchMap* m = map_back_for(model, target, arch, config)) {
         map = *m;
         log::info("map " + m->name + " (built in), the way back: " + arch + "'s names as " + target + "'s, for " +
                   config.path + " (--map none keeps the source's names)");

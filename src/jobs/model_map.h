@@ -31,7 +31,8 @@ CheckpointModel apply_requested_map(CheckpointModel model, const std::string& ma
 //   megatron-torch-dist; dcp: dcp);
 // - "" (no --map): for --layout megatron from a source that is no torch_dist
 //   checkpoint, the built-in map for megatron-torch-dist and the config's
-//   `architectures`, said in a note; otherwise none.
+//   `architectures` (of a mixture of experts, the fused or the per-expert
+//   one, by the names the folder holds), said in a note; otherwise none.
 // The config is `config_from`'s config.json, else the source folder's.
 // Model only: --only optim is refused (InvalidArgument), a tensor the map
 // has no place for (an optimizer's state) is Unimplemented naming it.

@@ -493,19 +493,23 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
   }
   if (!j.is_object()) fail_invalid(where + ": a map is a JSON object");
   JsonMembers m(j, where);
-  static const std::set<std::string> kKnown = {"description", "extends", "source_kinds", "architectures", "indices",
-                                               "defaults",    "rules",   "skip",         "comment",       "back_none"};
+  static const std::set<std::string> kKnown = {
+      "description", "extends", "source_kinds", "architectures", "indices",           "defaults",
+      "rules",       "skip",    "comment",      "back_none",     "back_architectures"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   ArchMap map;
   if (const auto* e = m.find("extends")) map = base_map(as_string(*e, where + ".extends"), where, depth);
   map.source_kinds.clear();
   map.architectures.clear();
+  map.back_architectures.clear();
   map.name = name;
   map.origin = origin;
   if (const auto* d = m.find("description")) map.description = as_string(*d, where + ".description");
   if (const auto* s = m.find("source_kinds")) map.source_kinds = as_strings(*s, where + ".source_kinds", false);
   if (const auto* a = m.find("architectures")) map.architectures = as_strings(*a, where + ".architectures", false);
+  if (const auto* a = m.find("back_architectures"))
+    map.back_architectures = as_strings(*a, where + ".back_architectures", false);
   for (const char* key : {"indices", "defaults"}) {
     const auto* o = m.find(key);
     if (!o) continue;
@@ -868,6 +872,15 @@ std::string substitute_indices(const std::string& pattern, const std::map<std::s
 
 std::vector<std::string> pattern_indices(const std::string& pattern) {
   return compile_pattern(pattern, "pattern").names;
+}
+
+std::optional<std::map<std::string, std::string>> match_pattern(const std::string& pattern, const std::string& name) {
+  const Pattern p = compile_pattern(pattern, "pattern");
+  RegexMatch m;
+  if (!p.re.match(name, m)) return std::nullopt;
+  std::map<std::string, std::string> values;
+  for (std::size_t i = 0; i < p.names.size(); ++i) values[p.names[i]] = m.str(i + 1);
+  return values;
 }
 
 }  // namespace ckpt

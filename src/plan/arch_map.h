@@ -95,6 +95,10 @@ struct ArchMap {
   std::string description;
   std::vector<std::string> source_kinds;   // format names (SourceInfo): the sources it applies to
   std::vector<std::string> architectures;  // a config's `architectures` it writes
+  // More architectures whose folders the map reads backwards when reshard
+  // is given no --map (a per-expert map: transformers 5 saves a mixture of
+  // experts under those names), never chosen for an export.
+  std::vector<std::string> back_architectures;
   // Index placeholders and the config expression counting them ({"L":
   // "num_hidden_layers"}): every index must be present once.
   std::map<std::string, std::string> indices;
@@ -143,5 +147,8 @@ int64_t evaluate_map_expression(const std::string& text, const ArchMap& map, con
 std::string substitute_indices(const std::string& pattern, const std::map<std::string, std::string>& values);
 // The placeholders of a pattern, in order ("decoder.layers.{L}.x" -> {"L"}).
 std::vector<std::string> pattern_indices(const std::string& pattern);
+// The index each placeholder of `pattern` takes in `name` ("l.{L}.w",
+// "l.3.w" -> {L: "3"}); nullopt when the name does not match.
+std::optional<std::map<std::string, std::string>> match_pattern(const std::string& pattern, const std::string& name);
 
 }  // namespace ckpt

@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -111,6 +112,60 @@ TensorEntry pad_rows(const TensorEntry& t, int64_t rows, const std::string& name
   return out;
 }
 
+namespace {
+
+// The config's fields with the indices `at` captured, for a stack rule's
+// index expression ("E", "experts - 1 - E").
+ConfigFields with_indices(const ConfigFields& config, const Indices& at) {
+  ConfigFields with = config;
+  for (const auto& [k, v] : at) with[k] = std::stoll(v);
+  return with;
+}
+
+// A tensor of the folder no rule took, as a message: where a rule's target
+// pattern names it with an index past the config's count (an expert more
+// than num_local_experts, a layer more than num_hidden_layers), that index
+// and the config field; else what a tensor of no rule is.
+std::string unused_tensor_message(const std::string& name, const CheckpointModel& model, const ArchMap& map,
+                                  const std::function<int64_t(const std::string&)>& eval,
+                                  const std::string& config_name, const std::string& where) {
+  for (const MapRule& rule : map.rules)
+    for (const std::string& to : rule.to) {
+      auto at = match_pattern(to, name);
+      if (!at) continue;
+      for (const auto& [index, value] : *at) {
+        const std::string& count = map.indices.at(index);
+        if (value.size() > 18 || std::stoll(value) >= eval(count))
+          return "tensor '" + name + "' of " + model.source + " has " + index + " = " + value + ", past " + count +
+                 " = " + std::to_string(eval(count)) + " in " + config_name + " (" + where +
+                 "): the folder holds more than the config counts";
+      }
+    }
+  return "tensor '" + name + "' of " + model.source + " is no target of " + where +
+         ": the way back writes the model the map describes and nothing else (an optimizer's state does not "
+         "travel back; a tensor of another model has no place in it)";
+}
+
+}  // namespace
+
+bool holds_map_targets(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
+                       const std::string& config_name) {
+  std::set<std::string> names;
+  walk_leaves(*model.root, [&](const Leaf& leaf) {
+    if (leaf.tensor) names.insert(leaf.path);
+  });
+  for (const MapRule& rule : map.rules) {
+    if (rule.optional || (!rule.unless.empty() && evaluate_map_expression(rule.unless, map, config, config_name)))
+      continue;
+    for (const std::string& to : rule.to) {
+      Indices zeros;
+      for (const std::string& n : pattern_indices(to)) zeros[n] = "0";
+      if (!names.count(substitute_indices(to, zeros))) return false;
+    }
+  }
+  return true;
+}
+
 CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
                                     const std::string& config_name, int64_t pad_multiple) {
   if (pad_multiple < 1) fail_invalid("the vocabulary's padding multiple must be at least 1");
@@ -121,6 +176,9 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
     if (leaf.tensor) by_name.emplace(leaf.path, *leaf.tensor);
   });
   std::set<std::string> used;
+  // stack's inverse: per stacked tensor of the folder, the indices of its
+  // leading dim taken so far (each exactly once, all of them by the end).
+  std::map<std::string, std::set<int64_t>> unstacked;
 
   CheckpointModel out;
   out.info = model.info;
@@ -131,6 +189,30 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
   auto add = [&](TensorEntry t) {
     entries.emplace_back(pickle::Value::str(t.name), make_tensor_ref(out.tensors.size()));
     out.tensors.push_back(std::move(t));
+  };
+  // The folder's tensor `pattern` names at `at`, with the shape the config
+  // gives it; null when it is missing and the rule optional.
+  auto target = [&](const MapRule& rule, const std::string& pattern, const std::vector<std::string>& dims,
+                    const std::string& source_name, const Indices& at) -> const TensorEntry* {
+    const std::string name = substitute_indices(pattern, at);
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      if (rule.optional) return nullptr;
+      std::string indices;  // the missing tensor's own (a fused tensor is no one expert's)
+      for (const auto& k : pattern_indices(pattern))
+        indices += (indices.empty() ? " (" : ", ") + k + " = " + at.at(k) + " of " + map.indices.at(k) + " = " +
+                   std::to_string(eval(map.indices.at(k)));
+      fail(ErrorCode::kNotFound, model.source + ": tensor '" + name + "' is missing: " + where + " needs it for '" +
+                                     source_name + "'" + (indices.empty() ? "" : indices + " in " + config_name + ")"));
+    }
+    const TensorEntry& t = model.tensors.at(it->second);
+    Shape expected;
+    for (const auto& d : dims) expected.push_back(eval(d));
+    if (t.shape != expected)
+      fail(ErrorCode::kDataLoss, "tensor '" + name + "' (for '" + source_name + "') has shape " + shape_str(t.shape) +
+                                     " but " + config_name + " gives (" + dims_of(dims, expected) + ")");
+    used.insert(name);
+    return &t;
   };
 
   for (const MapRule& rule : map.rules) {
@@ -157,24 +239,35 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
     }
     for_each_index(pattern_indices(rule.from[0]), map, eval, [&](const Indices& at) {
       const std::string source_name = substitute_indices(rule.from[0], at);
+      if (rule.op == MapRule::Op::kUnstack) {
+        // unstack's inverse: the targets of every index, stacked on a new
+        // leading dim (a tensor per expert into the framework's fused one).
+        const int64_t count = eval(map.indices.at(rule.unstack));
+        std::vector<const TensorEntry*> slices;
+        for (int64_t i = 0; i < count; ++i) {
+          Indices with = at;
+          with[rule.unstack] = std::to_string(i);
+          const TensorEntry* t = target(rule, rule.to[0], rule.shapes[0], source_name, with);
+          if (!t) return;
+          if (!slices.empty() && t->dtype != slices[0]->dtype)
+            fail(ErrorCode::kDataLoss, "tensor '" + t->name + "' is " + std::string(dtype_name(t->dtype)) + ", '" +
+                                           slices[0]->name + "' " + std::string(dtype_name(slices[0]->dtype)) +
+                                           ": they do not stack into '" + source_name + "'");
+          slices.push_back(t);
+        }
+        if (slices.empty()) return;
+        TensorEntry stacked = *slices[0];
+        stacked.name = source_name;
+        stacked.chunks.clear();
+        stacked.shape.insert(stacked.shape.begin(), count);
+        for (int64_t i = 0; i < count; ++i) place_slice(stacked, *slices[static_cast<std::size_t>(i)], i);
+        return add(std::move(stacked));
+      }
       std::vector<const TensorEntry*> targets;
       for (std::size_t i = 0; i < rule.to.size(); ++i) {
-        const std::string name = substitute_indices(rule.to[i], at);
-        auto it = by_name.find(name);
-        if (it == by_name.end()) {
-          if (rule.optional) return;
-          fail(ErrorCode::kNotFound,
-               model.source + ": tensor '" + name + "' is missing: " + where + " needs it for '" + source_name + "'");
-        }
-        const TensorEntry& t = model.tensors.at(it->second);
-        Shape expected;
-        for (const auto& d : rule.shapes[i]) expected.push_back(eval(d));
-        if (t.shape != expected)
-          fail(ErrorCode::kDataLoss, "tensor '" + name + "' (for '" + source_name + "') has shape " +
-                                         shape_str(t.shape) + " but " + config_name + " gives (" +
-                                         dims_of(rule.shapes[i], expected) + ")");
-        used.insert(name);
-        targets.push_back(&t);
+        const TensorEntry* t = target(rule, rule.to[i], rule.shapes[i], source_name, at);
+        if (!t) return;
+        targets.push_back(t);
       }
       switch (rule.op) {
         case MapRule::Op::kRename: {
@@ -216,15 +309,36 @@ CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap&
                                            std::to_string(head_dim) + " (an even number) in " + config_name);
           return add(gather_rows(*targets[0], half_to_interleaved_runs(rows, head_dim), source_name));
         }
+        case MapRule::Op::kStack: {
+          // stack's inverse: this source is one index of the folder's fused
+          // tensor (an expert of transformers 5's gate_up_proj), taken once.
+          const TensorEntry& fused = *targets[0];
+          const int64_t index = evaluate_map_expression(rule.stack, map, with_indices(config, at), config_name);
+          if (index < 0 || index >= fused.shape.at(0))
+            fail(ErrorCode::kDataLoss, "'" + source_name + "' would be index " + std::to_string(index) + " (" +
+                                           rule.stack + ") of '" + fused.name + "', whose " + rule.shapes[0][0] +
+                                           " = " + std::to_string(fused.shape[0]) + " in " + config_name);
+          if (!unstacked[fused.name].insert(index).second)
+            fail(ErrorCode::kUnimplemented, where + ": index " + std::to_string(index) + " of '" + fused.name +
+                                                "' would become two tensors (" + rule.stack + ")");
+          return add(slice_of(fused, index, source_name));
+        }
+        case MapRule::Op::kUnstack: break;  // above
       }
     });
   }
+  // Every index of a fused tensor became a framework tensor: one left over
+  // would be an expert the checkpoint silently lacks.
+  for (const auto& [name, taken] : unstacked) {
+    const int64_t count = model.tensors.at(by_name.at(name)).shape.at(0);
+    for (int64_t i = 0; i < count; ++i)
+      if (!taken.count(i))
+        fail(ErrorCode::kDataLoss, "tensor '" + name + "': index " + std::to_string(i) + " of its " +
+                                       std::to_string(count) + " is no index " + where + " takes");
+  }
   for (const auto& [name, index] : by_name)
     if (!used.count(name))
-      fail(ErrorCode::kUnimplemented,
-           "tensor '" + name + "' of " + model.source + " is no target of " + where +
-               ": the way back writes the model the map describes and nothing else (an optimizer's state does "
-               "not travel back; a tensor of another model has no place in it)");
+      fail(ErrorCode::kUnimplemented, unused_tensor_message(name, model, map, eval, config_name, where));
   for (const std::string& pattern : map.back_none)
     for_each_index(pattern_indices(pattern), map, eval, [&](const Indices& at) {
       entries.emplace_back(pickle::Value::str(substitute_indices(pattern, at)), pickle::Value::none());

@@ -51,6 +51,13 @@ TensorEntry pad_rows(const TensorEntry& t, int64_t rows, const std::string& name
 // framework's model), then back_none's entries as None. The source names
 // are each rule's first `from` (the spec megatron-core 0.16 and torchtitan
 // 0.3 save). `pad_multiple`: unpad's inverse pads to a multiple of it.
+// Whether `model` holds every target of `map`'s rules at index 0 of each
+// placeholder (rules that are optional or off left out): how the way back
+// with no --map tells a folder of fused experts from one of per-expert
+// tensors. Reads no byte.
+bool holds_map_targets(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
+                       const std::string& config_name);
+
 CheckpointModel apply_arch_map_back(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
                                     const std::string& config_name, int64_t pad_multiple);
 

@@ -79,3 +79,45 @@ TEST_CASE("the stored view goes back to megatron-core's items", "[formats][megat
   CheckpointModel model = megatron::read_torch_dist(testdata("megatron/gpt_tp2pp2/ckpt"), nullptr, "model");
   CHECK_THROWS(megatron::torch_dist_output(model));
 }
+
+TEST_CASE("a model's experts stack back on (layers, experts) as megatron-core stored them", "[formats][megatron]") {
+  // The --only model view of a real EP=2 job (every expert at its global
+  // index, under the module's names) written back: megatron-core's own keys,
+  // shapes and sharded objects.
+  CheckpointModel read = megatron::read_torch_dist(testdata("megatron/moe_ep2/ckpt"), nullptr, "model");
+  CheckpointModel model = read;
+  model.root = mapping_of(read.root)->get("model");
+  REQUIRE(model.root);
+  megatron::TorchDistOutput out = megatron::torch_dist_from_model(model);
+  megatron::TorchDistOutput want =
+      megatron::torch_dist_output(megatron::read_torch_dist(testdata("megatron/moe_ep2/ckpt"), nullptr, ""));
+  std::size_t model_keys = 0;
+  for (const auto& [k, v] : mapping_of(want.items.root)->entries) {
+    const std::string key = path_component(*k);
+    if (key.find("optimizer.") != std::string::npos) continue;  // the job's optimizer, not the model
+    ++model_keys;
+    pickle::ValuePtr ours = mapping_of(out.items.root)->get(key);
+    INFO(key);
+    REQUIRE(ours);
+    if (auto idx = tensor_ref_index(*v))
+      CHECK(tensor_at(out.items, out.items.root, key).shape == want.items.tensors.at(*idx).shape);
+  }
+  CHECK(mapping_of(out.items.root)->entries.size() == model_keys);
+  const TensorEntry& fc2 = tensor_at(out.items, out.items.root, "decoder.layers.mlp.experts.experts.linear_fc2.weight");
+  CHECK(fc2.shape == Shape{2, 4, 8, 12});
+  // Expert 3 of layer 1 is the chunks at (1, 3).
+  for (const auto& c : fc2.chunks)
+    if (c.offsets[0] == 1 && c.offsets[1] == 3) CHECK(c.sizes == Shape{1, 1, 8, 12});
+
+  // An expert missing leaves a hole no stack may have.
+  auto& entries = mapping_of(model.root)->entries;
+  entries.erase(std::remove_if(entries.begin(), entries.end(),
+                               [](const auto& e) {
+                                 return path_component(*e.first) ==
+                                        "decoder.layers.1.mlp.experts.local_experts.2.linear_fc2.weight";
+                               }),
+                entries.end());
+  CHECK_THROWS_WITH(
+      megatron::torch_dist_from_model(model),
+      Catch::Contains("decoder.layers.mlp.experts.experts.linear_fc2.weight") && Catch::Contains("one missing"));
+}

@@ -115,3 +115,99 @@ TEST_CASE("a map read backwards renames, concatenates and pads") {
     CHECK_THROWS_WITH(apply_arch_map_back(hf, map, config, "config.json", 4), Catch::Contains("l.0.up"));
   }
 }
+
+namespace {
+
+// A model of the named tensors, as a Hugging Face folder reads.
+CheckpointModel folder_of(const std::vector<TensorEntry>& tensors) {
+  CheckpointModel m;
+  m.source = "hf";
+  std::vector<std::pair<pickle::ValuePtr, pickle::ValuePtr>> entries;
+  for (const auto& t : tensors) {
+    entries.emplace_back(pickle::Value::str(t.name), make_tensor_ref(m.tensors.size()));
+    m.tensors.push_back(t);
+  }
+  m.root = pickle::Value::dict(entries);
+  return m;
+}
+
+// `rows` x 1 tensors stacked as [slices, rows, 1], slice s numbered from s * 100.
+TensorEntry fused_of(const std::string& name, int64_t slices, int64_t rows) {
+  TensorEntry t;
+  t.name = name;
+  t.shape = {slices, rows, 1};
+  for (int64_t s = 0; s < slices; ++s) place_slice(t, column("s", rows, {}, static_cast<float>(s * 100)), s);
+  return t;
+}
+
+std::vector<std::string> names_of(const CheckpointModel& m) {
+  std::vector<std::string> names;
+  walk_leaves(*m.root, [&](const Leaf& leaf) { names.push_back(leaf.path); });
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("a stack read backwards gives each index of the fused tensor its own tensor, once") {
+  const ConfigFields config = {{"layers", 1}, {"experts", 3}};
+  const CheckpointModel hf = folder_of({fused_of("l.0.gate_up", 3, 2)});
+  auto map_with = [](const std::string& index) {
+    return parse_arch_map(R"({"indices": {"L": "layers", "E": "experts"},
+      "rules": [{"from": "l.{L}.e.{E}.fc1", "to": "l.{L}.gate_up", "stack": ")" +
+                              index + R"(", "shape": ["experts", 2, 1]}],
+      "back_none": ["l.{L}.e.{E}._extra_state"]})",
+                          "moe", "test");
+  };
+  CheckpointModel back = apply_arch_map_back(hf, map_with("E"), config, "config.json", 1);
+  CHECK(names_of(back) == std::vector<std::string>{"l.0.e.0.fc1", "l.0.e.1.fc1", "l.0.e.2.fc1", "l.0.e.0._extra_state",
+                                                   "l.0.e.1._extra_state", "l.0.e.2._extra_state"});
+  for (std::size_t e = 0; e < 3; ++e) {
+    CHECK(back.tensors[e].shape == Shape{2, 1});
+    CHECK(values(back.tensors[e]) == std::vector<float>{100.0F * e, 100.0F * e + 1});
+  }
+  // The index is the map's expression: a reversed map reverses them back.
+  back = apply_arch_map_back(hf, map_with("experts - 1 - E"), config, "config.json", 1);
+  CHECK(values(back.tensors[0]) == std::vector<float>{200, 201});
+  // An expression that takes an index twice leaves another no tensor: refused.
+  CHECK_THROWS_WITH(apply_arch_map_back(hf, map_with("0 * E"), config, "config.json", 1),
+                    Catch::Contains("index 0 of 'l.0.gate_up' would become two tensors"));
+  // A fused tensor of another count than the config's: refused, naming the field.
+  CHECK_THROWS_WITH(
+      apply_arch_map_back(folder_of({fused_of("l.0.gate_up", 2, 2)}), map_with("E"), config, "config.json", 1),
+      Catch::Contains("'l.0.gate_up'") && Catch::Contains("experts = 3"));
+}
+
+TEST_CASE("an unstack read backwards stacks the tensor of every index, and counts them") {
+  const ArchMap map = parse_arch_map(R"({"indices": {"L": "layers", "E": "experts"},
+    "rules": [{"from": "l.{L}.down", "to": "l.{L}.e.{E}.down", "unstack": "E", "shape": [2, 1]}]})",
+                                     "moe", "test");
+  const ConfigFields config = {{"layers", 1}, {"experts", 2}};
+  CheckpointModel hf = folder_of({column("l.0.e.1.down", 2, {1}, 10), column("l.0.e.0.down", 2, {})});
+  CheckpointModel back = apply_arch_map_back(hf, map, config, "config.json", 1);
+  REQUIRE(names_of(back) == std::vector<std::string>{"l.0.down"});
+  CHECK(back.tensors[0].shape == Shape{2, 2, 1});
+  std::vector<float> v(4);
+  assemble_rows(back.tensors[0], 0, 2, reinterpret_cast<std::byte*>(v.data()));
+  CHECK(v == std::vector<float>{0, 1, 10, 11});
+  SECTION("a missing index is named with the field that counts it") {
+    CHECK_THROWS_WITH(apply_arch_map_back(folder_of({column("l.0.e.0.down", 2, {})}), map, config, "config.json", 1),
+                      Catch::Contains("'l.0.e.1.down' is missing") && Catch::Contains("E = 1 of experts = 2"));
+  }
+  SECTION("an index past the config's count is named with the field") {
+    hf = folder_of({column("l.0.e.0.down", 2, {}), column("l.0.e.1.down", 2, {}), column("l.0.e.2.down", 2, {})});
+    CHECK_THROWS_WITH(apply_arch_map_back(hf, map, config, "config.json", 1),
+                      Catch::Contains("'l.0.e.2.down'") && Catch::Contains("E = 2, past experts = 2"));
+  }
+}
+
+TEST_CASE("holds_map_targets tells a fused folder from a per-expert one") {
+  const ArchMap fused = parse_arch_map(R"({"indices": {"E": "experts"},
+    "rules": [{"from": "e.{E}", "to": "gate_up", "stack": "E", "shape": ["experts", 2, 1]},
+              {"from": "out", "to": "lm_head", "shape": [2, 1], "unless": "tied"}]})",
+                                       "fused", "test");
+  const ConfigFields config = {{"experts", 2}, {"tied", 1}};
+  CHECK(holds_map_targets(folder_of({fused_of("gate_up", 2, 2)}), fused, config, "config.json"));
+  CHECK_FALSE(holds_map_targets(folder_of({column("experts.0.w1", 2, {})}), fused, config, "config.json"));
+  CHECK_FALSE(
+      holds_map_targets(folder_of({fused_of("gate_up", 2, 2)}), fused, {{"experts", 2}, {"tied", 0}}, "config.json"));
+}

@@ -105,7 +105,8 @@ TensorChunk with_layer_axis(TensorChunk c, int64_t layer) {
 }
 
 // The layers' tensors (of `source`) as one under `key`, stacked on a new
-// leading axis: layer i's chunks at offset i, its bytes where they are.
+// leading axis: layer i's chunks at offset i, its bytes where they are (a
+// layer's experts stack the same way, on the axis after the layers').
 // Layers of another dtype or shape do not stack: Unimplemented naming both.
 TensorEntry stack_layers(const std::vector<const TensorEntry*>& layers, const std::string& key,
                          const std::string& source) {
@@ -119,7 +120,7 @@ TensorEntry stack_layers(const std::vector<const TensorEntry*>& layers, const st
       fail(ErrorCode::kUnimplemented,
            source + ": '" + t.name + "' is " + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape) + ", '" +
                layers[0]->name + "' " + std::string(dtype_name(layers[0]->dtype)) + " " + shape_str(layers[0]->shape) +
-               "; layers that differ do not stack into '" + key + "'");
+               "; layers (or experts) that differ do not stack into '" + key + "'");
     for (const TensorChunk& c : t.chunks) out.chunks.push_back(with_layer_axis(c, static_cast<int64_t>(i)));
   }
   return out;
@@ -300,15 +301,36 @@ TorchDistOutput torch_dist_output(const CheckpointModel& stored) {
 
 namespace {
 
-// "decoder.layers.<i>.<rest>": the layer and the stacked key
-// "decoder.layers.<rest>"; nullopt for a key outside the layers.
-std::optional<std::pair<int64_t, std::string>> layer_key(const std::string& key) {
-  static const std::string kHead = "decoder.layers.";
-  if (key.rfind(kHead, 0) != 0) return std::nullopt;
-  std::size_t end = kHead.size();
+// The decimal index at `key[pos...]` up to the next '.', and where that
+// '.' is; nullopt for no index there.
+std::optional<std::pair<int64_t, std::size_t>> index_at(const std::string& key, std::size_t pos) {
+  std::size_t end = pos;
   while (end < key.size() && std::isdigit(static_cast<unsigned char>(key[end]))) ++end;
-  if (end == kHead.size() || end - kHead.size() > 9 || end >= key.size() || key[end] != '.') return std::nullopt;
-  return std::make_pair(std::stoll(key.substr(kHead.size(), end - kHead.size())), kHead + key.substr(end + 1));
+  if (end == pos || end - pos > 9 || end >= key.size() || key[end] != '.') return std::nullopt;
+  return std::make_pair(std::stoll(key.substr(pos, end - pos)), end);
+}
+
+// Where a model key sits in megatron-core's stacks, the inverse of the
+// torch_dist reader's splitting (megatron_reader.cc, stack_of):
+//   "decoder.layers.<i>.<rest>" is layer i of "decoder.layers.<rest>";
+//   in it, "<…>.mlp.experts.local_experts.<e>.<param>" is expert e of
+//   "<…>.mlp.experts.experts.<param>" (a SequentialMLP's experts, each at
+//   its global index: expert parallelism only decides which rank saves it).
+// The stored key and the indices (layer, then expert); nullopt for a key
+// outside the layers.
+std::optional<std::pair<std::string, std::vector<int64_t>>> stacked_key(const std::string& key) {
+  static const std::string kHead = "decoder.layers.", kExperts = ".experts.local_experts.";
+  if (key.rfind(kHead, 0) != 0) return std::nullopt;
+  auto layer = index_at(key, kHead.size());
+  if (!layer) return std::nullopt;
+  std::string rest = key.substr(layer->second + 1);
+  std::vector<int64_t> indices = {layer->first};
+  if (std::size_t at = rest.find(kExperts); at != std::string::npos)
+    if (auto expert = index_at(rest, at + kExperts.size())) {
+      indices.push_back(expert->first);
+      rest = rest.substr(0, at) + ".experts.experts." + rest.substr(expert->second + 1);
+    }
+  return std::make_pair(kHead + rest, indices);
 }
 
 // torch.save({}) as megatron-core's save_common writes it for a state
@@ -323,16 +345,16 @@ std::string empty_common_pt() {
 }  // namespace
 
 TorchDistOutput torch_dist_from_model(const CheckpointModel& model) {
-  // Per stacked key, its layers in order of first appearance.
+  // Per stacked key, its slices by (layer[, expert]), in order of first appearance.
   std::vector<std::string> order;
-  std::map<std::string, std::map<int64_t, ValuePtr>> layers;
+  std::map<std::string, std::map<std::vector<int64_t>, ValuePtr>> stacks;
   std::vector<std::pair<ValuePtr, ValuePtr>> plain;  // outside the layers: tensors as they are
   for (const auto& [k, v] : mapping_of(model.root)->entries) {
     const std::string key = path_component(*k);
-    if (auto lk = layer_key(key)) {
-      auto& slot = layers[lk->second];
-      if (slot.empty()) order.push_back(lk->second);
-      slot[lk->first] = v;
+    if (auto sk = stacked_key(key)) {
+      auto& slices = stacks[sk->first];
+      if (slices.empty()) order.push_back(sk->first);
+      slices[sk->second] = v;
     } else if (tensor_ref_index(*v)) {
       plain.emplace_back(Value::str(key), v);
     } else {
@@ -352,31 +374,56 @@ TorchDistOutput torch_dist_from_model(const CheckpointModel& model) {
     root->entries.emplace_back(e.first, make_tensor_ref(out.items.tensors.size()));
     out.items.tensors.push_back(std::move(t));
   }
-  int64_t count = -1;
+  // The stack's size on each axis (layers; experts), the same for every key
+  // stacked on it: megatron-core builds every layer, and every MoE layer
+  // with every expert.
+  std::vector<int64_t> counts;
   for (const std::string& key : order) {
-    const auto& slices = layers.at(key);
-    const int64_t n = slices.rbegin()->first + 1;
-    if (count < 0) count = n;
-    if (n != count || static_cast<int64_t>(slices.size()) != n)
-      fail_invalid("--layout megatron: '" + key + "' has " + std::to_string(slices.size()) + " layers up to " +
-                   std::to_string(n - 1) + ", not the " + std::to_string(count) +
-                   " every stacked key needs (a layer missing?)");
-    bool tensor = tensor_ref_index(*slices.begin()->second).has_value();
-    std::vector<const TensorEntry*> parts;
-    for (const auto& [i, v] : slices) {
-      auto idx = tensor_ref_index(*v);
-      if (idx.has_value() != tensor)
-        fail_invalid("--layout megatron: '" + key + "' is a tensor in some layers and a value in others");
-      if (idx) parts.push_back(&model.tensors.at(*idx));
+    const auto& slices = stacks.at(key);
+    const std::vector<int64_t>& last = slices.rbegin()->first;
+    std::vector<int64_t> dims(last.size());
+    for (const auto& [index, v] : slices) {
+      if (index.size() != dims.size())
+        fail_invalid("--layout megatron: '" + key + "' is stacked on the experts in some layers and not in others");
+      for (std::size_t a = 0; a < index.size(); ++a) dims[a] = std::max(dims[a], index[a] + 1);
     }
+    for (std::size_t a = 0; a < dims.size(); ++a) {
+      if (counts.size() == a) counts.push_back(dims[a]);
+      if (dims[a] != counts[a])
+        fail_invalid("--layout megatron: '" + key + "' has " + std::to_string(dims[a]) + " " +
+                     (a == 0 ? "layers" : "experts") + ", not the " + std::to_string(counts[a]) +
+                     " every stacked key needs (a layer or an expert missing?)");
+    }
+    int64_t grid = 1;
+    for (int64_t d : dims) grid *= d;
+    if (static_cast<int64_t>(slices.size()) != grid)  // distinct indices within dims: the whole grid, or a hole
+      fail_invalid("--layout megatron: '" + key + "' has " + std::to_string(slices.size()) + " of its " +
+                   std::to_string(grid) + " layers x experts (one missing?)");
+    const bool tensor = tensor_ref_index(*slices.begin()->second).has_value();
+    for (const auto& [index, v] : slices)
+      if (tensor_ref_index(*v).has_value() != tensor)
+        fail_invalid("--layout megatron: '" + key + "' is a tensor in some layers and a value in others");
+    // Per layer, its slices (one, or its experts in order).
+    std::vector<std::vector<ValuePtr>> layers(static_cast<std::size_t>(dims[0]));
+    for (const auto& [index, v] : slices) layers[static_cast<std::size_t>(index[0])].push_back(v);
     if (tensor) {
+      // Experts stacked per layer first, then the layers: chunks at (l[, e]).
+      std::vector<TensorEntry> per_layer;
+      for (const auto& values : layers) {
+        std::vector<const TensorEntry*> parts;
+        for (const ValuePtr& v : values) parts.push_back(&model.tensors.at(*tensor_ref_index(*v)));
+        per_layer.push_back(dims.size() == 1 ? *parts[0] : stack_layers(parts, key, model.source));
+        per_layer.back().name = parts[0]->name;  // for a message naming the layer that differs
+      }
+      std::vector<const TensorEntry*> parts;
+      for (const TensorEntry& t : per_layer) parts.push_back(&t);
       root->entries.emplace_back(Value::str(key), make_tensor_ref(out.items.tensors.size()));
       out.items.tensors.push_back(stack_layers(parts, key, model.source));
     } else {
-      // A sharded object of shape (layers,): one item per layer.
+      // A sharded object of shape (layers[, experts]): one item per slice.
       std::vector<ValuePtr> values;
-      for (const auto& [i, v] : slices) values.push_back(v);
-      add_object_items(key, Value::list(std::move(values)), {n}, {}, root);
+      for (auto& l : layers) values.push_back(dims.size() == 1 ? l[0] : Value::list(std::move(l)));
+      add_object_items(key, Value::list(std::move(values)), dims, {}, root);
     }
   }
   out.items.root = root;

@@ -44,11 +44,14 @@ TorchDistOutput torch_dist_output(const CheckpointModel& stored);
 // what --only model reads and a map's way back writes: a flat dict of
 // tensors and None values) as the torch_dist checkpoint megatron-core saves
 // of such a model: every decoder.layers.<i>.<param> stacked back on a
-// leading layer axis (each layer's chunks at offset i, no byte read), each
-// None value under a layer (a linear's _extra_state) a sharded object of
-// shape (layers,), and common.pt ({}: a model holds no common state) and
-// metadata.json made. InvalidArgument for a model whose layers do not stack
-// (a layer missing, shapes or dtypes that differ) or a value outside them.
+// leading layer axis (each layer's chunks at offset i, no byte read), and a
+// SequentialMLP's decoder.layers.<i>.<…>.experts.local_experts.<e>.<param>
+// on the layer and an expert axis as <…>.experts.experts.<param> (every
+// expert at its global index); each None value under a layer (a linear's
+// _extra_state) a sharded object of shape (layers[, experts]), and
+// common.pt ({}: a model holds no common state) and metadata.json made.
+// InvalidArgument for a model whose layers or experts do not stack (one
+// missing, shapes or dtypes that differ) or a value outside them.
 TorchDistOutput torch_dist_from_model(const CheckpointModel& model);
 
 }  // namespace ckpt::megatron
