@@ -603,6 +603,11 @@ def test_a_name_with_a_lone_surrogate_is_no_internal_error(tmp_path, run_ckptcon
     r = run_ckptconv("convert", src, "-o", tmp_path / "o.safetensors")
     assert r.returncode == 3 and "not valid UTF-8" in r.stderr and "internal error" not in r.stderr, r.stderr
     assert not (tmp_path / "o.safetensors").exists()
+    for cmd in (["convert", src, "-o", tmp_path / "o.h5"],  # names kept as JSON too
+                ["reshard", src, "-o", tmp_path / "hf", "--world-size", "2", "--layout", "hf"]):
+        r = run_ckptconv(*cmd)
+        assert r.returncode == 3 and "not valid UTF-8" in r.stderr and "internal error" not in r.stderr, r.stderr
+        assert not cmd[3].exists() and not list(tmp_path.glob("*tmp-*"))
     r = run_ckptconv("convert", src, "-o", tmp_path / "o.pt")  # .pt holds it, as torch does
     assert r.returncode == 0, r.stderr
     assert torch.equal(torch.load(tmp_path / "o.pt", weights_only=True)["a\ud800b"], torch.ones(2))
