@@ -480,3 +480,24 @@ def test_fsdp_sources_to_universal_and_back(src, testdata, tmp_path, run_ckptcon
     assert report["only_in_a"] == [], report["only_in_a"]
     ms = load(tmp_path / TAG / "mp_rank_00_model_states.pt")
     assert (ms["global_steps"], ms["skipped_steps"], ms["dp_world_size"]) == (0, 0, int(src[-1]))
+
+
+@pytest.mark.parametrize("cat_dim", [2, 5])
+def test_a_cat_dim_past_the_parameters_dimensions_is_refused(cat_dim, testdata, tmp_path, run_ckptconv):
+    """ds_to_universal records the dimension a tensor-parallel loader cuts a
+    parameter on; one past a 2-D parameter's dimensions (torch.chunk raises
+    there) was read with exit 0 and written on into every universal output."""
+    src = tmp_path / "ucp"
+    shutil.copytree(testdata / "ucp" / "z2_bf16_ws2", src)
+    f = src / "global_step3_universal" / "zero" / "l1.weight" / "fp32.pt"
+    d = torch.load(f, weights_only=False)
+    assert d["param"].dim() == 2
+    d["cat_dim"] = cat_dim
+    torch.save(d, f)
+    with pytest.raises(IndexError):
+        d["param"].chunk(2, cat_dim)  # what DeepSpeed's loader does at TP 2
+    r = run_ckptconv("reshard", src, "-o", tmp_path / "out", "--world-size", "2", "--layout", "dcp")
+    assert r.returncode == 3 and "l1.weight/fp32.pt" in r.stderr and f"cat_dim {cat_dim}" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1 and f"cat_dim {cat_dim}" in r.stdout, r.stdout + r.stderr

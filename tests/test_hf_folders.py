@@ -137,3 +137,39 @@ def test_several_indexes_need_the_one_to_read(tmp_path, run_ckptconv):
     (d / "model.safetensors.index.json").rename(d / "other.safetensors.index.json")
     r = run_ckptconv("consolidate", d, "-o", tmp_path / "p.pt")
     assert r.returncode == 2 and "holds several safetensors indexes" in r.stderr, r.stderr
+
+
+LLAMA = HF / "llama_tiny"
+HF_PY = Path(__file__).resolve().parent.parent / ".venv-hf" / "bin" / "python"
+
+
+def test_model_safetensors_is_read_before_an_index_beside_it(tmp_path, run_ckptconv):
+    """from_pretrained reads model.safetensors when the folder has one and
+    never looks at an index or shards beside it (a stale sharded save):
+    ckptconv had read the index's shards instead, other weights with exit 0."""
+    import subprocess
+
+    from safetensors.torch import save_file
+
+    d = tmp_path / "both"
+    shutil.copytree(LLAMA, d)
+    sharded = {}
+    for f in sorted(d.glob("model-*.safetensors")):
+        sharded.update(load_file(f))
+    single = {k: v + 1 for k, v in sharded.items()}  # the same names, other values
+    save_file(single, d / "model.safetensors", metadata={"format": "pt"})
+    probe = ("import sys, torch, transformers\n"
+             "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)\n"
+             "torch.save({k: v.contiguous() for k, v in m.state_dict().items()}, sys.argv[2])\n")
+    r = subprocess.run([str(HF_PY), "-c", probe, str(d), str(tmp_path / "hf.pt")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    from_pretrained = torch.load(tmp_path / "hf.pt", weights_only=True)
+    for k, v in single.items():
+        assert torch.equal(from_pretrained[k], v.float()), k  # transformers took model.safetensors
+    r = run_ckptconv("consolidate", d, "-o", tmp_path / "o.pt")
+    assert r.returncode == 0, r.stderr
+    assert "model.safetensors.index.json" in r.stderr, r.stderr  # says what it did not read
+    got = torch.load(tmp_path / "o.pt", weights_only=True)
+    assert set(got) == set(single)
+    for k, v in single.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k

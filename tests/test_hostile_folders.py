@@ -91,3 +91,27 @@ def test_a_latest_that_names_no_tag_is_an_input_fault(latest, says, tag, tmp_pat
     assert f"{root / 'latest'}: " in r.stderr and says in r.stderr, r.stderr
     assert len(r.stderr) < 1000, len(r.stderr)
     assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("name", ["__0_0.distcp\x00", "__0_0.distcp\x00.old"])
+def test_a_storage_path_with_a_nul_byte_is_refused(name, tmp_path, run_ckptconv):
+    """A DCP .metadata whose storage path holds a NUL byte names no file
+    (torch: "embedded null byte"); opened as a C string it had read the file
+    named by the bytes before the NUL, with exit 0."""
+    import dataclasses
+    import pickle
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    src = tmp_path / "ckpt"
+    dcp.save({"w": torch.arange(4.0)}, checkpoint_id=src)
+    md = pickle.loads((src / ".metadata").read_bytes())
+    for k, v in md.storage_data.items():
+        md.storage_data[k] = dataclasses.replace(v, relative_path=name)
+    (src / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(BaseException):  # CheckpointException over ValueError: embedded null byte
+        dcp.load({"w": torch.zeros(4)}, checkpoint_id=src)
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3 and "NUL" in r.stderr and "__0_0.distcp" in r.stderr, r.stderr
+    assert not (tmp_path / "o.pt").exists()

@@ -588,3 +588,32 @@ def test_hdf5_dict_listing_a_key_twice_is_an_input_fault(tmp_path, run_ckptconv,
         assert r.returncode == (1 if args[0] == "validate" else 3), f"{args[0]}: {said}"
         assert "lists the key" in said and "twice" in said, said
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_a_name_with_a_lone_surrogate_is_no_internal_error(tmp_path, run_ckptconv):
+    """Python pickles a str holding a lone surrogate ('surrogatepass'), so
+    torch.save keeps such a key; JSON cannot hold it. A safetensors output,
+    inspect --json and diff --json had died with an internal error (exit 5)."""
+    from safetensors.torch import save_file
+
+    src = tmp_path / "s.pt"
+    torch.save({"a\ud800b": torch.ones(2), "w": torch.zeros(3)}, src)
+    with pytest.raises(Exception):
+        save_file({"a\ud800b": torch.ones(2)}, tmp_path / "lib.safetensors")  # safetensors' own writer refuses it
+    r = run_ckptconv("convert", src, "-o", tmp_path / "o.safetensors")
+    assert r.returncode == 3 and "not valid UTF-8" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert not (tmp_path / "o.safetensors").exists()
+    for cmd in (["convert", src, "-o", tmp_path / "o.h5"],  # names kept as JSON too
+                ["reshard", src, "-o", tmp_path / "hf", "--world-size", "2", "--layout", "hf"]):
+        r = run_ckptconv(*cmd)
+        assert r.returncode == 3 and "not valid UTF-8" in r.stderr and "internal error" not in r.stderr, r.stderr
+        assert not cmd[3].exists() and not list(tmp_path.glob("*tmp-*"))
+    r = run_ckptconv("convert", src, "-o", tmp_path / "o.pt")  # .pt holds it, as torch does
+    assert r.returncode == 0, r.stderr
+    assert torch.equal(torch.load(tmp_path / "o.pt", weights_only=True)["a\ud800b"], torch.ones(2))
+    r = run_ckptconv("inspect", src, "--json")
+    assert r.returncode == 0, r.stderr
+    paths = [t["path"] for t in json.loads(r.stdout)["tensors"]]
+    assert "w" in paths and any(p[0] == "a" and p[-1] == "b" and "\ufffd" in p for p in paths), paths
+    r = run_ckptconv("diff", src, src, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["equal"] is True, r.stdout + r.stderr

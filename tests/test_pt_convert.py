@@ -148,3 +148,72 @@ def test_truncated_file_is_refused(cut, tmp_path, run_ckptconv):
     assert r.returncode == 3, (r.returncode, r.stderr)
     assert "cut.pt" in r.stderr
     assert not out.exists()
+
+
+def _pt_with_storage_numel(path, numel, stored_floats, offset=0, size=(2,), stride=(1,)):
+    """A torch.save zip whose one FloatStorage says it holds `numel` floats
+    while its record holds `stored_floats`: a tensor `w` viewing it (by
+    default the first two)."""
+    import collections
+    import io
+    import struct
+    import zipfile
+
+    class Storage:
+        pass
+
+    class Tensor:
+        def __reduce__(self):
+            return (torch._utils._rebuild_tensor_v2, (Storage(), offset, size, stride, False, collections.OrderedDict()))
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", torch.FloatStorage, "0", "cpu", numel) if isinstance(obj, Storage) else None
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump({"w": Tensor()})
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", buf.getvalue())
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/data/0", struct.pack(f"<{stored_floats}f", *range(stored_floats)))
+        z.writestr("archive/version", "3\n")
+
+
+@pytest.mark.parametrize("numel", [2, 8])
+def test_a_storage_whose_record_is_not_its_size_is_refused(numel, tmp_path, run_ckptconv):
+    """torch.load refuses a storage whose record holds other than the bytes
+    its persistent id names ("record size (16 bytes) does not match expected
+    size"); it had converted with exit 0 whenever the tensor fit the record."""
+    src = tmp_path / "bad.pt"
+    _pt_with_storage_numel(src, numel, 4)
+    with pytest.raises(RuntimeError, match="record size"):
+        torch.load(src, weights_only=True)
+    for cmd in (["convert", src, "-o", tmp_path / "out.pt"], ["inspect", src]):
+        r = run_ckptconv(*cmd)
+        assert r.returncode == 3, (cmd, r.stderr)
+        assert "bad.pt" in r.stderr and "'w'" in r.stderr and "16 bytes" in r.stderr, r.stderr
+    assert not (tmp_path / "out.pt").exists()
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1 and "INVALID" in r.stdout and "holds 16 bytes" in r.stdout, r.stdout + r.stderr
+    good = tmp_path / "good.pt"
+    _pt_with_storage_numel(good, 4, 4)  # the same file with the storage's true size reads as torch reads it
+    assert torch.equal(torch.load(good, weights_only=True)["w"], torch.tensor([0.0, 1.0]))
+    r = run_ckptconv("convert", good, "-o", tmp_path / "good_out.pt")
+    assert r.returncode == 0, r.stderr
+    assert torch.equal(torch.load(tmp_path / "good_out.pt", weights_only=True)["w"], torch.tensor([0.0, 1.0]))
+
+
+@pytest.mark.parametrize("offset,stride", [(2**62, 1), (0, 2**62)])
+def test_a_view_past_2_pow_64_bytes_names_its_file_and_tensor(offset, stride, tmp_path, run_ckptconv):
+    """A storage offset or stride whose bytes overflow 64 bits (torch:
+    "Storage size calculation overflowed") was a bare "size overflows 64
+    bits", naming neither the file nor the tensor."""
+    src = tmp_path / "ovf.pt"
+    _pt_with_storage_numel(src, 4, 4, offset=offset, stride=(stride,))
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.load(src, weights_only=True)
+    r = run_ckptconv("convert", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3 and "ovf.pt" in r.stderr and "'w'" in r.stderr and "2^64" in r.stderr, r.stderr
+    assert not (tmp_path / "out.pt").exists()
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1 and "'w'" in r.stdout and "2^64" in r.stdout, r.stdout + r.stderr

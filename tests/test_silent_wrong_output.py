@@ -118,3 +118,37 @@ def test_consolidate_only_optim_with_dtype_says_nothing_was_cast(tmp_path, run_c
     got = torch.load(tmp_path / "o.pt", weights_only=True)
     assert all(v.dtype == torch.float32 for st in got["state"].values() for k, v in st.items()
                if torch.is_tensor(v) and k != "step")
+
+
+@pytest.mark.parametrize("layout", ["tutorial", "lightning"])
+def test_dtype_keeps_an_optimizer_state_dict_under_any_key(tmp_path, run_ckptconv, layout):
+    """torch.save of optimizer.state_dict() under the key PyTorch's tutorial
+    uses ('optimizer_state_dict') or in Lightning's full checkpoint
+    ('optimizer_states': [...]) is an optimizer's state as much as one under
+    'optim': --dtype had cast its moments to bf16 with exit 0."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    for _ in range(3):
+        m(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    if layout == "tutorial":
+        saved = {"epoch": 3, "model_state_dict": m.state_dict(), "optimizer_state_dict": opt.state_dict()}
+    else:
+        saved = {"global_step": 3, "state_dict": m.state_dict(), "optimizer_states": [opt.state_dict()]}
+    src = tmp_path / "ckpt.pt"
+    torch.save(saved, src)
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "o.pt", "--dtype", "bf16")
+    assert r.returncode == 0, r.stderr
+    assert "4 tensors of optimizer state keep their dtypes" in r.stderr, r.stderr
+    got = torch.load(tmp_path / "o.pt", weights_only=True)
+    model_key, optim = ("model_state_dict", lambda d: d["optimizer_state_dict"]) if layout == "tutorial" else (
+        "state_dict", lambda d: d["optimizer_states"][0])
+    assert all(v.dtype == torch.bfloat16 for v in got[model_key].values())
+    states = 0
+    for pid, st in optim(saved)["state"].items():
+        for k, v in st.items():
+            assert optim(got)["state"][pid][k].dtype == v.dtype and torch.equal(optim(got)["state"][pid][k], v), k
+            states += 1
+    assert states == 6

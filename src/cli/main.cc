@@ -5,6 +5,7 @@
 
 #include <iostream>
 #include <new>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/completion.h"
@@ -115,6 +116,20 @@ int main(int argc, char** argv) {
     }
     spdlog::error("{}", e.what());
     return ckpt::exit_code_for(e.code());
+  } catch (const nlohmann::json::type_error& e) {
+    // 316: a string that is not UTF-8 reached a JSON writer (an HDF5 or
+    // DCP-HF output's keys): Python pickles a lone surrogate, JSON cannot
+    // hold it. The input's content, not a bug; the safetensors writer
+    // names the tensor before this.
+    if (e.id != 316) {
+      spdlog::error("internal error: {}", e.what());
+      return 5;
+    }
+    spdlog::error(
+        "a name or string of the checkpoint is not valid UTF-8 (a lone surrogate Python's pickle "
+        "keeps): this output stores names as JSON and cannot hold it; write .pt instead ({})",
+        e.what());
+    return ckpt::exit_code_for(ckpt::ErrorCode::kUnimplemented);
   } catch (const std::bad_alloc&) {
     spdlog::error("out of memory (lower --memory-limit or --threads, or free memory)");
     return ckpt::exit_code_for(ckpt::ErrorCode::kResourceExhausted);

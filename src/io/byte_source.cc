@@ -157,6 +157,12 @@ const char* file_type_name(mode_t mode) {
 // file belongs cannot block the open itself, then refused after fstat
 // before a single byte is read.
 std::shared_ptr<FileDescriptor> open_readonly(const std::string& path, uint64_t* size) {
+  // A name read from a checkpoint (a DCP storage path, an index's shard)
+  // with a NUL byte names no file (Python: "embedded null byte"); as a C
+  // string it would open the file named by the bytes before it.
+  if (auto nul = path.find('\0'); nul != std::string::npos)
+    fail(ErrorCode::kUnsafe, path.substr(0, nul) + "\\0" + path.substr(nul + 1).substr(0, 200) +
+                                 ": a file name with a NUL byte names no file; refused");
   require_contained(path);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {

@@ -84,7 +84,8 @@ JobReport run_diff(const DiffRequest& req, std::ostream& out) {
   spdlog::info("compared {} tensors ({} read) and {} values in {:.2f} s", result.tensors.size(),
                human_bytes(static_cast<double>(report.bytes)), result.values_compared, report.seconds);
   if (req.json)
-    out << diff_to_json(result).dump(2) << "\n";
+    // A name pickled with a lone surrogate is not UTF-8: shown as U+FFFD, never an internal error.
+    out << diff_to_json(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else if (req.summary)
     print_diff_summary(result, out);
   else

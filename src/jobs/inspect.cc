@@ -71,7 +71,8 @@ JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
   CheckpointModel model = read_checkpoint(req.common.source, read);
   if (!req.common.only.empty() || !req.common.keys.empty()) model = select_source(std::move(model), req.common);
   if (req.json)
-    out << model_to_json(model).dump(2) << "\n";
+    // A name pickled with a lone surrogate is not UTF-8: shown as U+FFFD, never an internal error.
+    out << model_to_json(model).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else
     describe_model(model, out);
   JobReport report;

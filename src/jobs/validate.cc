@@ -21,7 +21,8 @@ JobReport run_validate(const ValidateRequest& req, std::ostream& out) {
   if (options.sha256 && options.write_manifest.empty()) fail_invalid("--sha256 applies to --write-manifest");
   check::ValidateReport result = check::validate_checkpoint(req.common.source, options);
   if (req.json)
-    out << check::report_to_json(result).dump(2) << "\n";
+    // A name pickled with a lone surrogate is not UTF-8: shown as U+FFFD, never an internal error.
+    out << check::report_to_json(result).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else
     check::print_report(result, out);
   JobReport report;

@@ -30,10 +30,20 @@ std::string chunk_problem(const TensorEntry& t, const TensorChunk& c) {
   if (c.numel() == 0) return {};
   if (!c.storage) return "has no storage";
   if (c.storage_offset < 0) return "has a negative storage offset";
-  uint64_t last = static_cast<uint64_t>(c.storage_offset);
-  for (std::size_t d = 0; d < rank; ++d)
-    last = checked_add(last, checked_mul(static_cast<uint64_t>(c.sizes[d] - 1), static_cast<uint64_t>(c.strides[d])));
-  uint64_t need = checked_mul(checked_add(last, 1), dtype_size(t.dtype));
+  // A crafted offset or stride past 2^64 bytes is this chunk's problem,
+  // reported with its tensor and file like any other (not a bare overflow).
+  uint64_t last = static_cast<uint64_t>(c.storage_offset), need = 0;
+  bool overflow = false;
+  for (std::size_t d = 0; d < rank; ++d) {
+    uint64_t step = 0;
+    overflow =
+        overflow ||
+        __builtin_mul_overflow(static_cast<uint64_t>(c.sizes[d] - 1), static_cast<uint64_t>(c.strides[d]), &step) ||
+        __builtin_add_overflow(last, step, &last);
+  }
+  overflow =
+      overflow || __builtin_add_overflow(last, 1, &last) || __builtin_mul_overflow(last, dtype_size(t.dtype), &need);
+  if (overflow) return "addresses storage past 2^64 bytes (storage offset " + std::to_string(c.storage_offset) + ")";
   if (need > c.storage->size())
     return "needs " + std::to_string(need) + " storage bytes, " + c.storage->describe() + " has " +
            std::to_string(c.storage->size());

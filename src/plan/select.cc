@@ -1,5 +1,6 @@
 #include "plan/select.h"
 
+#include <functional>
 #include <optional>
 
 #include "core/error.h"
@@ -158,10 +159,20 @@ std::vector<bool> optimizer_state_tensors(const CheckpointModel& model) {
       if (leaf.tensor) out.at(*leaf.tensor) = true;
     });
   };
-  if (root->get("state") && root->get("param_groups")) {
-    mark(*root);
-    return out;
-  }
+  // An optimizer.state_dict() is a dict of "state" and "param_groups",
+  // whatever key holds it: PyTorch's tutorial saves it as
+  // "optimizer_state_dict", Lightning's full checkpoint in the list
+  // "optimizer_states". Found by that shape, anywhere in the tree.
+  std::function<void(const ValuePtr&)> find_state_dicts = [&](const ValuePtr& v) {
+    ValuePtr d = mapping_of(v);
+    if (d->is(Kind::kDict)) {
+      if (d->get("state") && d->get("param_groups")) return mark(*d);
+      for (const auto& entry : d->entries) find_state_dicts(entry.second);
+    } else if (d->is(Kind::kList) || d->is(Kind::kTuple)) {
+      for (const auto& item : d->items) find_state_dicts(item);
+    }
+  };
+  find_state_dicts(root);
   const bool several = root->get("optimizer_1") != nullptr;
   for (const auto& [key, child] : root->entries) {
     const std::string name = path_component(*key);

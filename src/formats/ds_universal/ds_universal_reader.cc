@@ -234,7 +234,7 @@ class UniversalReader {
     files_.push_back(d.path);
     std::size_t idx = zero::copy_tensor(model, d, tensor_value(d), out_name);
     TensorEntry& t = model.tensors[idx];
-    if (key == "fp32" && !is_expert_file(d)) record_merge(name, d);
+    if (key == "fp32" && !is_expert_file(d)) record_merge(name, d, shape ? shape->size() : t.shape.size());
     if (is_expert_file(d)) {
       if (!slot)
         fail(ErrorCode::kUnimplemented, d.path +
@@ -280,7 +280,7 @@ class UniversalReader {
   // vocab_tensor, re-padded. Only a checkpoint with some parameter not cut
   // plainly on dim 0 (all a source without tensor parallelism has) gets a
   // layout, so a data-parallel one reads as it did.
-  void record_merge(const std::string& name, const Decoded& d) {
+  void record_merge(const std::string& name, const Decoded& d, std::size_t rank) {
     const Value& root = zero::as_dict(*d.root);
     if (!root.is(Kind::kDict)) return;  // a bare tensor: ds_to_universal's ZeRO-3 files, cut on dim 0
     using MergeKind = TensorParallelMerge::Kind;
@@ -296,8 +296,11 @@ class UniversalReader {
                                             " (DeepSpeed's universal loader cuts 2 sub-parameters)");
       m.kind = MergeKind::kTwoSubParams;
     } else {
-      if (!cat->is(Kind::kInt) || cat->int_value < 0 || cat->int_value >= 8)
-        fail_data_loss(d.path + ": cat_dim " + value_text(*cat) + " is not a dimension");
+      // A dimension of the parameter: a loader at any tensor-parallel degree
+      // cuts it there (torch.chunk), so one past its rank fails there, not here.
+      if (!cat->is(Kind::kInt) || cat->int_value < 0 || cat->int_value >= int64_t(rank))
+        fail_data_loss(d.path + ": cat_dim " + value_text(*cat) + " is not a dimension of the " + std::to_string(rank) +
+                       "-dimensional parameter");
       m.cat_dim = int(cat->int_value);
     }
     m.vocabulary = vocab && vocab->is(Kind::kBool) && vocab->bool_value;

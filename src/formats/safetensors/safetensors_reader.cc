@@ -291,6 +291,24 @@ bool is_adapter_name(const std::string& name) {
 }
 
 // With several indexes, the one named `main`; else InvalidArgument naming them.
+// from_pretrained reads the single weights file when the folder has one and
+// then never looks at an index or shards beside it (a stale sharded save):
+// modeling_utils._get_resolved_checkpoint_files tries model.safetensors,
+// then its index, then pytorch_model.bin, then its index. So do we, saying
+// what is left unread. Returns the single file when it decides.
+std::optional<std::string> single_weights_file(const std::string& dir, const std::vector<std::string>& weights,
+                                               const std::vector<std::string>& indexes, const std::string& name) {
+  auto it = std::find_if(weights.begin(), weights.end(), [&](const auto& p) { return fs::path(p).filename() == name; });
+  if (it == weights.end()) return std::nullopt;
+  std::string unread;
+  for (const auto* v : {&indexes, &weights})
+    for (const auto& p : *v)
+      if (p != *it) unread += (unread.empty() ? "" : ", ") + fs::path(p).filename().string();
+  if (!unread.empty())
+    log::warn(dir + ": " + name + " is the model, as from_pretrained reads it; not read beside it: " + unread);
+  return *it;
+}
+
 std::string the_index(const std::string& dir, const std::vector<std::string>& indexes, const std::string& main,
                       const std::string& kind) {
   if (indexes.size() == 1) return indexes.front();
@@ -304,6 +322,12 @@ std::string the_index(const std::string& dir, const std::vector<std::string>& in
 CheckpointModel read_bin_weights(const std::string& dir, const HfFolderFiles& files, ProblemSink* sink) {
   BinModelBuilder builder(dir, sink);
   std::vector<std::string> read;
+  if (auto single = single_weights_file(dir, files.bin_weights, files.bin_indexes, "pytorch_model.bin")) {
+    if (run_reporting(sink, *single, -1, "", [&] { builder.add_file(*single); })) read.push_back(*single);
+    CheckpointModel model = std::move(builder).finish();
+    model.info.files = read;
+    return model;
+  }
   if (!files.bin_indexes.empty()) {
     std::string path = the_index(dir, files.bin_indexes, "pytorch_model.bin.index.json", "pytorch_model.bin");
     return with_context(path, [&] {
@@ -395,6 +419,10 @@ HfFolderFiles list_hf_folder(const std::string& dir) {
 
 CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
   HfFolderFiles files = list_hf_folder(dir);
+  if (auto single = single_weights_file(dir, files.weights, files.indexes, "model.safetensors")) {
+    files.weights = {*single};
+    files.indexes.clear();
+  }
   CheckpointModel model;
   if (!files.indexes.empty()) {
     std::string index = the_index(dir, files.indexes, "model.safetensors.index.json", "safetensors");

@@ -49,8 +49,32 @@ void name_tensor_refs(Json& j, const std::vector<std::string>& names) {
   }
 }
 
+// A safetensors header is JSON, which holds only valid UTF-8; a pickled
+// name may not be (Python pickles a lone surrogate with "surrogatepass",
+// and safetensors' own save_file refuses it). Refused naming the tensor,
+// never an internal error from the JSON writer.
+void require_json_text(const std::string& text, const std::string& what) {
+  try {
+    (void)Json(text).dump();
+  } catch (const Json::type_error&) {
+    fail(ErrorCode::kUnimplemented, what + " is not valid UTF-8 (a lone surrogate Python's pickle keeps): a " +
+                                        "safetensors header is JSON and cannot hold it; write .pt instead");
+  }
+}
+
+std::string dump_header_json(const Json& j, const std::string& what) {
+  try {
+    return j.dump();
+  } catch (const Json::type_error&) {
+    fail(ErrorCode::kUnimplemented,
+         what + " holds a string that is not valid UTF-8 (a lone surrogate Python's " +
+             "pickle keeps): a safetensors header is JSON and cannot hold it; write .pt instead");
+  }
+}
+
 std::map<std::string, std::string> values_metadata(const CheckpointModel& model, const std::vector<Named>& named) {
   std::vector<std::string> names(model.tensors.size());
+  for (const auto& n : named) require_json_text(n.name, "tensor '" + n.name + "': its name");
   for (const auto& n : named) names[n.index] = n.name;
   OrderedObjectBuilder values;
   walk_leaves(*model.root, [&](const Leaf& leaf) {
@@ -60,8 +84,8 @@ std::map<std::string, std::string> values_metadata(const CheckpointModel& model,
   name_tensor_refs(tree, names);
   return {{"format", "pt"},
           {"ckptconv.version", CKPT_VERSION},
-          {"ckptconv.values", values.get().dump()},
-          {"ckptconv.tree", tree.dump()}};
+          {"ckptconv.values", dump_header_json(values.get(), "a value of the state dict")},
+          {"ckptconv.tree", dump_header_json(tree, "the state dict's tree")}};
 }
 
 FilePlan layout_file(const CheckpointModel& model, const std::vector<Named>& named,
@@ -99,6 +123,7 @@ FilePlan plan_file(std::vector<FileMember> members, const std::map<std::string, 
     if (!code)
       fail_invalid("tensor '" + m.name + "': safetensors has no dtype for " + std::string(dtype_name(m.dtype)) +
                    " (use .pt or .h5, or --dtype)");
+    require_json_text(m.name, "tensor '" + m.name + "': its name");
     uint64_t n = shape_numel(m.shape) * dtype_size(m.dtype);
     header.set(m.name, Json{{"dtype", std::string(*code)}, {"shape", m.shape}, {"data_offsets", {offset, offset + n}}});
     file.tensors.push_back({m.index, m.name, offset, offset + n});

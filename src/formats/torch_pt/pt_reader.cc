@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "archive/zip_reader.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/problems.h"
 #include "formats/pyobj.h"
@@ -172,6 +173,18 @@ ValuePtr ArchiveDecoder::decode_tensor(const Value& call, const std::string& pat
       fail(ErrorCode::kUnimplemented, "unsupported tensor element type (storage " + cls.text + "." + cls.name + ")");
     const std::string& key = pid[2]->as_str();
     const archive::ZipEntry& record = zip_.record("data/" + key);
+    // torch.load refuses a storage whose record is not the size its id
+    // names (numel elements of the class's dtype, bytes for an
+    // UntypedStorage): a damaged or spliced file, not one to read.
+    const std::optional<DType> class_dtype = dtype_from_storage_class(cls.name);
+    const int64_t numel = pid[4]->as_int();
+    const uint64_t itemsize = dtype_size(class_dtype                    ? *class_dtype
+                                         : cls.name == "UntypedStorage" ? DType::kUInt8
+                                                                        : *dtype);
+    if (numel < 0 || checked_mul(static_cast<uint64_t>(numel), itemsize, "storage size") != record.size)
+      fail_data_loss("storage '" + key + "' names " + std::to_string(numel) + " elements of " +
+                     std::to_string(itemsize) + " bytes, its record " + record.name + " holds " +
+                     std::to_string(record.size) + " bytes");
 
     TensorEntry t;
     t.name = path;
