@@ -238,6 +238,9 @@ class FaultyProxy(http.server.ThreadingHTTPServer):
         self.upstream = upstream.split("//")[1]
         self.inject = faults
         self.got_bytes = 0  # bytes of GET responses passed on
+        self.get_sizes: list[int] = []  # each GET response's size, in order
+        self.gets_at_once = 0  # GETs being answered now, and the most at any moment
+        self.most_gets_at_once = 0
         self.count = 0
         self.faults = {"slowdown": 0, "dropped": 0}
         self.by_method: dict[str, int] = {}
@@ -272,10 +275,20 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
             if self.command != "HEAD":
                 self.wfile.write(xml)
             return
-        data = forward(self, srv.upstream, body)
+        if self.command == "GET":
+            with srv.lock:
+                srv.gets_at_once += 1
+                srv.most_gets_at_once = max(srv.most_gets_at_once, srv.gets_at_once)
+        try:
+            data = forward(self, srv.upstream, body)
+        finally:
+            if self.command == "GET":
+                with srv.lock:
+                    srv.gets_at_once -= 1
         if self.command == "GET":
             with srv.lock:
                 srv.got_bytes += len(data)
+                srv.get_sizes.append(len(data))
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = handle_one
 
@@ -556,3 +569,39 @@ def test_a_checked_copy_reads_each_source_byte_once(run_s3, moto, tmp_path):
     assert (tmp_path / "r.safetensors").read_bytes() == (tmp_path / "l.safetensors").read_bytes()
     assert bad.returncode == 3 and "fails its CRC-32" in bad.stderr and "'w0'" in bad.stderr, bad.stderr
     assert not (tmp_path / "b.safetensors").exists()
+
+
+def test_a_sequential_read_goes_ahead_in_chunks_with_a_bounded_number_in_flight(run_s3, moto, tmp_path):
+    """A copy reads a tensor's bytes in 4 MiB steps; from an object store
+    each step was a GET, waited for. An object read front to back now gets
+    GETs of 8 MiB (the default --memory-limit's read-ahead: 256M / 4 / 8)
+    fetched ahead of the reader, two per object at most, and bytes it
+    skips are not fetched: 32 MiB of records cost the first 4 MiB step and
+    then 8 MiB chunks, never more than two large GETs at once, and each
+    byte once. A smaller --memory-limit gives
+    smaller chunks. The output is the local run's."""
+    import torch
+    g = torch.Generator().manual_seed(5301)
+    src = tmp_path / "big.pt"
+    torch.save({f"w{i}": torch.randn(2048, 1024, generator=g) for i in range(4)}, src)  # 4 records of 8 MiB
+    client = boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                          region_name="us-east-1")
+    client.upload_file(str(src), BUCKET, "reads/big.pt")
+    local = run_s3("consolidate", src, "-o", tmp_path / "l.safetensors", "-q")
+    assert local.returncode == 0, local.stderr
+    size = src.stat().st_size
+    for limit, chunk in (("256M", 8 << 20), ("64M", 2 << 20)):
+        proxy = FaultyProxy(moto, faults=False)
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        try:
+            r = run_s3("consolidate", f"s3://{BUCKET}/reads/big.pt", "-o", tmp_path / f"r{limit}.safetensors", "-q",
+                       "--force", "--memory-limit", limit, endpoint=f"http://127.0.0.1:{proxy.server_address[1]}")
+        finally:
+            proxy.shutdown()
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / f"r{limit}.safetensors").read_bytes() == (tmp_path / "l.safetensors").read_bytes()
+        data_gets = [n for n in proxy.get_sizes if n > 256 << 10]  # the block cache's GETs are 256 KiB
+        assert max(data_gets[1:]) == chunk, (limit, proxy.get_sizes)  # after the first step: chunks
+        assert len(data_gets) <= 2 + (32 << 20) // chunk, (limit, proxy.get_sizes)
+        assert proxy.most_gets_at_once <= 2 + 1, proxy.most_gets_at_once  # two chunks ahead, one block read
+        assert size <= proxy.got_bytes <= size + (2 << 20), (proxy.got_bytes, size)

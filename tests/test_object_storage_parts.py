@@ -194,11 +194,12 @@ def test_reshard_parted_to_s3_is_the_local_dcp_folder(ckptconv, run_s3, s3, moto
 
 def test_a_dcp_output_within_the_memory_limit_is_written_in_groups_of_ranks(run_s3, s3, moto, wide, tmp_path):
     """Four rank files of about 9.5 MiB hold a part buffer of 8 MiB each
-    while DCP fills them together; under --memory-limit 17M they are
+    while DCP fills them together; under --memory-limit 34M (half of it
+    for part buffers, the other half for the copy's slabs) they are
     written two at a time (the writer run twice, the other ranks' tensors
     skipped), and the objects are the one-pass local folder's."""
     r = run_s3("reshard", wide, "-o", f"s3://{BUCKET}/grouped/ws4", "--world-size", "4", "--layout", "dcp",
-               "--memory-limit", "17M", "-q")
+               "--memory-limit", "34M", "-q")
     assert r.returncode == 0, r.stderr
     local = run_s3("reshard", wide, "-o", tmp_path / "ws4", "--world-size", "4", "--layout", "dcp", "-q")
     assert local.returncode == 0, local.stderr

@@ -18,8 +18,11 @@ class MemoryBudget {
   uint64_t total() const { return total_; }
 
   // consolidate, convert, reshard: every slab the copy engine has in flight
-  // (exec/tensor_copy), all of it: one tensor is copied at a time.
+  // (exec/tensor_copy): one tensor is copied at a time.
   uint64_t copy() const { return total_; }
+  // An s3:// source's read-ahead (io/s3_storage.h): GETs on the wire or
+  // fetched ahead of their reader, for all the objects read at once.
+  uint64_t read_ahead() const { return total_ / 4; }
   // diff: the row slabs of both tensors together.
   uint64_t diff() const { return total_; }
   // validate with whole-file checksums: a quarter for the checksum streams'

@@ -132,8 +132,9 @@ std::size_t files_within(const std::vector<uint64_t>& sizes, std::size_t first, 
 // published. Each file being written holds a part buffer: a writer that
 // fills its files in order holds one; one that fills them together (DCP,
 // every rank's file item by item) runs once per group of files whose
-// buffers fit in --memory-limit, skipping the other files' units, so
-// memory stays bounded whatever the world size.
+// buffers fit in half of --memory-limit (the copy's slabs get the other
+// half), skipping the other files' units, so memory stays bounded whatever
+// the world size.
 Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& options) {
   if (!w.publishes_to_object_store())
     fail(ErrorCode::kOutputFailed, options.path + ": writing a " + w.kind() +
@@ -157,14 +158,20 @@ Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& opti
   if (w.fills_files_in_order()) {
     write_every_unit(w, files, options.copy);
   } else {
+    // One budget: the part buffers of the files written together and the
+    // copy's slabs share --memory-limit half and half (they used to get it
+    // each, up to twice the limit together).
+    CopyOptions copy = options.copy;
+    copy.memory_limit = options.copy.memory_limit / 2;
+    const uint64_t part_buffers = options.copy.memory_limit - copy.memory_limit;
     for (std::size_t first = 0; first < count;) {
-      const std::size_t end = files_within(sizes, first, options.copy.memory_limit);
+      const std::size_t end = files_within(sizes, first, part_buffers);
       std::vector<PartSink> counters;  // the other files' bytes, counted and dropped
       for (std::size_t k = 0; k < count; ++k) counters.emplace_back(-1, PartSink::Ranges{}, w.output_path(k));
       std::vector<ByteSink*> sinks;
       for (std::size_t k = 0; k < count; ++k)
         sinks.push_back(k >= first && k < end ? static_cast<ByteSink*>(files[k].get()) : &counters[k]);
-      write_units(w, sinks, options.copy, [&](std::size_t k) { return k >= first && k < end; });
+      write_units(w, sinks, copy, [&](std::size_t k) { return k >= first && k < end; });
       for (std::size_t k = first; k < end; ++k) files[k]->close();
       first = end;
     }

@@ -296,6 +296,9 @@ class SubSource final : public ByteSource {
   void release(uint64_t pos, uint64_t n) const override {
     if (pos <= length_ && n <= length_ - pos) parent_->release(offset_ + pos, n);
   }
+  void prefetch(uint64_t pos, uint64_t n) const override {
+    if (pos <= length_ && n <= length_ - pos) parent_->prefetch(offset_ + pos, n);
+  }
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);
     parent_->read(offset_ + pos, buf, n);

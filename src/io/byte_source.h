@@ -56,6 +56,15 @@ class ByteSource {
     (void)n;
   }
 
+  // A hint that [pos, pos+n) will be read soon: an object-store source
+  // starts fetching it in the background (io/s3_backend.cc), so that a
+  // reader walking many small records (a DCP file's item headers) has
+  // several requests on the wire instead of one at a time. Others ignore it.
+  virtual void prefetch(uint64_t pos, uint64_t n) const {
+    (void)pos;
+    (void)n;
+  }
+
   // read(), but with pread from the file when the source has one, never
   // through a mapping: a streaming pass then costs a copy from the page
   // cache, not a page fault per page, and adds nothing to our RSS.

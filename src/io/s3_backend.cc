@@ -1,13 +1,19 @@
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
+#include <deque>
+#include <functional>
+#include <future>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "core/error.h"
+#include "core/memory_budget.h"
 #include "io/s3_client.h"
 #include "io/s3_storage.h"
 #include "io/s3_url.h"
@@ -95,8 +101,8 @@ Listing list_objects(const S3Url& where, const std::string& prefix, bool delimit
 class BlockCache {
  public:
   static BlockCache& get() {
-    static BlockCache cache;
-    return cache;
+    static BlockCache* cache = new BlockCache;  // never destroyed: fetch threads may add to it at exit
+    return *cache;
   }
   std::shared_ptr<const std::string> find(uint64_t object, uint64_t block) {
     std::lock_guard lock(mutex_);
@@ -122,29 +128,246 @@ class BlockCache {
   std::list<Entry> blocks_;
 };
 
-// An object read by ranged GETs. If-Match pins the version first seen: an
+// The object a source reads, shared with the read-ahead fetches it starts.
+struct ObjectRef {
+  S3Url where;
+  std::string url;
+  uint64_t size;
+  std::string etag;  // If-Match pins the version first seen
+};
+
+// Bytes [pos, pos + n) of the object into `into`: one ranged GET. An
 // object replaced during the run fails the read instead of mixing versions.
+void get_range(const ObjectRef& o, uint64_t pos, char* into, std::size_t n) {
+  S3Request req;
+  req.bucket = o.where.bucket;
+  req.key = o.where.key;
+  req.range = {{pos, pos + n - 1}};
+  req.into = into;
+  req.into_size = n;
+  if (!o.etag.empty()) req.headers.push_back("If-Match: " + o.etag);
+  S3Response r = default_s3_client().send(req, o.url);
+  if (r.status == 412) fail_data_loss(o.url + ": the object was replaced while it was being read");
+  if (r.status != 206 && r.status != 200) fail_response(o.url, r, "reading");
+  if (r.status == 200 && n != o.size)  // a service ignoring Range sent the whole object
+    fail_data_loss(o.url + ": the service ignored the byte range asked for");
+}
+
+// --- Read-ahead -------------------------------------------------------------
+//
+// A copy streams a tensor's bytes in steps of a few MiB, and a checkpoint's
+// items follow one another in their file, so most bytes of an object are
+// read front to back. Asked one step at a time, that is one GET per step,
+// each waited for. An object read sequentially instead gets a stream: GETs
+// of kReadAheadDepth chunks of chunk_size() bytes ahead of the reader, on
+// the fetch threads, so the next chunk is on the wire while the reader
+// copies the last. All streams of the process together hold at most the
+// read-ahead budget (a quarter of --memory-limit, MemoryBudget::read_ahead);
+// a stream that finds it spent reads directly, as without read-ahead.
+// Nothing is fetched twice: a stream only moves forward, and bytes it
+// skipped (a gap of headers between two items) are dropped unread.
+
+std::atomic<uint64_t> g_read_ahead_budget{MemoryBudget::kDefault / 4};
+std::atomic<uint64_t> g_read_ahead_held{0};
+
+constexpr uint64_t kMaxChunk = uint64_t{8} << 20;  // AWS's advice for ranged GETs: 8 to 16 MiB
+constexpr uint64_t kMinChunk = uint64_t{1} << 20;
+constexpr std::size_t kReadAheadDepth = 2;    // chunks per stream: one being read, one on the wire
+constexpr std::size_t kStreamsPerObject = 4;  // validate's workers read parts of one object at once
+
+// Default --memory-limit: 64 MiB of read-ahead, 8 MiB chunks, four streams
+// of two chunks (a DCP checkpoint of world size 4 read rank file by rank
+// file, side by side).
+uint64_t chunk_size() {
+  return std::clamp<uint64_t>(g_read_ahead_budget.load() / (kStreamsPerObject * kReadAheadDepth), kMinChunk, kMaxChunk);
+}
+
+bool reserve_read_ahead(uint64_t n) {
+  uint64_t held = g_read_ahead_held.load();
+  do {
+    if (held + n > g_read_ahead_budget.load()) return false;
+  } while (!g_read_ahead_held.compare_exchange_weak(held, held + n));
+  return true;
+}
+
+// Threads that run read-ahead GETs. Persistent, so that each keeps its
+// libcurl handle and with it a keep-alive connection (a TLS handshake per
+// chunk would cost more than the chunk on a real store). Never destroyed:
+// a source waits for its fetches before it goes, so at exit they are idle.
+class FetchThreads {
+ public:
+  static FetchThreads& get() {
+    static FetchThreads* threads = new FetchThreads(static_cast<int>(kStreamsPerObject * kReadAheadDepth));
+    return *threads;
+  }
+  std::shared_future<void> submit(std::function<void()> job) {
+    std::packaged_task<void()> task(std::move(job));
+    std::shared_future<void> done = task.get_future().share();
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+    return done;
+  }
+
+ private:
+  explicit FetchThreads(int n) {
+    for (int i = 0; i < n; ++i) std::thread([this] { run(); }).detach();
+  }
+  void run() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return !queue_.empty(); });
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();  // an exception lands in the future, for the reader to rethrow
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::packaged_task<void()>> queue_;
+};
+
+// One run of front-to-back reads of an object and the chunks fetched ahead of it.
+class ReadStream {
+ public:
+  explicit ReadStream(uint64_t end) : end_(end) {}
+  ReadStream(const ReadStream&) = delete;
+  ReadStream& operator=(const ReadStream&) = delete;
+  ~ReadStream() { drop_all(); }
+
+  std::mutex mutex;  // held by the read it serves
+
+  // Whether a read at `pos` continues this stream: inside what it fetched,
+  // or at most a chunk past where the last read ended (the headers between
+  // two items of a file).
+  // Read without the stream's lock (atomics) to pick a stream; the read
+  // asks again under the lock.
+  bool continues_at(uint64_t pos) const {
+    if (pos >= window_begin_ && pos < fetched_end_) return true;
+    const uint64_t end = end_;
+    return pos >= end && pos - end <= chunk_size();
+  }
+
+  // Serves [pos, pos + n) from the chunks, fetching ahead as it goes;
+  // false (nothing copied) when there is no budget for a first chunk, and
+  // the caller reads directly.
+  bool serve(const std::shared_ptr<const ObjectRef>& object, uint64_t pos, char* out, std::size_t n) {
+    while (!chunks_.empty() && (pos < chunks_.front().pos || chunks_.front().end() <= pos)) drop_front();
+    if (chunks_.empty()) fetched_end_ = pos;
+    top_up(object);
+    if (chunks_.empty()) {
+      end_ = pos + n;
+      window_begin_ = fetched_end_.load();
+      return false;
+    }
+    while (n > 0) {
+      if (chunks_.empty()) {  // the budget ran out under this read: the rest directly
+        get_range(*object, pos, out, n);
+        pos += n;
+        break;
+      }
+      Chunk& c = chunks_.front();
+      c.done.get();  // rethrows the fetch's error
+      const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(n, c.end() - pos));
+      std::memcpy(out, c.bytes.get() + (pos - c.pos), take);
+      out += take;
+      pos += take;
+      n -= take;
+      if (pos == c.end()) {
+        drop_front();
+        top_up(object);
+      }
+    }
+    end_ = pos;
+    window_begin_ = chunks_.empty() ? fetched_end_.load() : chunks_.front().pos;
+    return true;
+  }
+
+ private:
+  struct Chunk {
+    uint64_t pos, size;
+    std::shared_ptr<char[]> bytes;
+    std::shared_future<void> done;
+    uint64_t end() const { return pos + size; }
+  };
+
+  void top_up(const std::shared_ptr<const ObjectRef>& object) {
+    while (chunks_.size() < kReadAheadDepth && fetched_end_ < object->size) {
+      const uint64_t size = std::min(chunk_size(), object->size - fetched_end_.load());
+      if (!reserve_read_ahead(size)) return;
+      Chunk c{fetched_end_, size, std::shared_ptr<char[]>(new char[size]), {}};
+      c.done = FetchThreads::get().submit(
+          [object, pos = c.pos, size, bytes = c.bytes] { get_range(*object, pos, bytes.get(), size); });
+      fetched_end_ += size;
+      chunks_.push_back(std::move(c));
+    }
+  }
+  // A chunk in flight is waited for (it writes into its buffer) and its
+  // error, if any, dropped with it: nobody reads those bytes.
+  void drop_front() {
+    chunks_.front().done.wait();
+    g_read_ahead_held -= chunks_.front().size;
+    chunks_.pop_front();
+  }
+  void drop_all() {
+    while (!chunks_.empty()) drop_front();
+  }
+
+  // Where the last read ended, and the window [window_begin_, fetched_end_)
+  // of bytes fetched or on the wire.
+  std::atomic<uint64_t> end_;
+  std::atomic<uint64_t> window_begin_{0};
+  std::atomic<uint64_t> fetched_end_{0};
+  std::deque<Chunk> chunks_;
+};
+
+// Blocks of one object on the wire for prefetch(), so that a read of one
+// waits for it instead of asking again. Shared with the fetches.
+struct PendingBlocks {
+  struct Fetch {
+    std::shared_ptr<std::string> bytes;
+    std::shared_future<void> done;
+  };
+  std::mutex mutex;
+  std::map<uint64_t, Fetch> blocks;
+};
+
+// Prefetched blocks on the wire, all objects together: a hint beyond this is
+// dropped (the fetch threads are busy; the read will ask itself).
+constexpr int kMaxPrefetches = 8;
+std::atomic<int> g_prefetches{0};
+
+// An object read by ranged GETs: small reads through the block cache, large
+// ones straight into the caller's buffer, sequential ones from a ReadStream.
 class S3ObjectSource final : public ByteSource {
  public:
-  S3ObjectSource(S3Url where, uint64_t size, std::string etag)
-      : where_(std::move(where)), url_(s3_url_string(where_)), size_(size), etag_(std::move(etag)) {
+  S3ObjectSource(S3Url where, uint64_t size, std::string etag) {
+    std::string url = s3_url_string(where);
+    object_ = std::make_shared<const ObjectRef>(ObjectRef{std::move(where), std::move(url), size, std::move(etag)});
     static std::atomic<uint64_t> next{1};
     id_ = next++;
   }
-  uint64_t size() const override { return size_; }
-  std::string describe() const override { return url_; }
+  uint64_t size() const override { return object_->size; }
+  std::string describe() const override { return object_->url; }
 
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);
     if (n == 0) return;
-    if (n >= kBlockSize) return get(pos, static_cast<char*>(buf), n);
     auto* out = static_cast<char*>(buf);
+    if (read_ahead(pos, out, n)) return;
+    if (n >= kBlockSize) return get_range(*object_, pos, out, n);
     while (n > 0) {
       const uint64_t block = pos / kBlockSize, within = pos % kBlockSize;
-      auto bytes = BlockCache::get().find(id_, block);
+      std::shared_ptr<const std::string> bytes = BlockCache::get().find(id_, block);
+      if (!bytes) bytes = prefetched(block);
       if (!bytes) {
-        auto fetched = std::make_shared<std::string>(std::min(kBlockSize, size_ - block * kBlockSize), '\0');
-        get(block * kBlockSize, fetched->data(), fetched->size());
+        auto fetched = std::make_shared<std::string>(std::min(kBlockSize, size() - block * kBlockSize), '\0');
+        get_range(*object_, block * kBlockSize, fetched->data(), fetched->size());
         BlockCache::get().add(id_, block, fetched);
         bytes = fetched;
       }
@@ -157,26 +380,85 @@ class S3ObjectSource final : public ByteSource {
   }
 
  private:
-  void get(uint64_t pos, char* into, std::size_t n) const {
-    S3Request req;
-    req.bucket = where_.bucket;
-    req.key = where_.key;
-    req.range = {{pos, pos + n - 1}};
-    req.into = into;
-    req.into_size = n;
-    if (!etag_.empty()) req.headers.push_back("If-Match: " + etag_);
-    S3Response r = default_s3_client().send(req, url_);
-    if (r.status == 412) fail_data_loss(url_ + ": the object was replaced while it was being read");
-    if (r.status != 206 && r.status != 200) fail_response(url_, r, "reading");
-    if (r.status == 200 && n != size_)  // a service ignoring Range sent the whole object
-      fail_data_loss(url_ + ": the service ignored the byte range asked for");
+  // True when a stream served the read. A read that continues a stream is
+  // served by it; a large read that does not starts a stream (the least
+  // recently used one gives way) that fetches ahead from its next read on,
+  // so an object read once at random fetches nothing it was not asked for.
+  bool read_ahead(uint64_t pos, char* out, std::size_t n) const {
+    std::shared_ptr<ReadStream> stream;
+    {
+      std::lock_guard lock(mutex_);
+      for (std::size_t i = 0; i < streams_.size() && !stream; ++i) {
+        if (!streams_[i]->continues_at(pos)) continue;
+        std::rotate(streams_.begin(), streams_.begin() + static_cast<std::ptrdiff_t>(i),
+                    streams_.begin() + static_cast<std::ptrdiff_t>(i) + 1);  // most recent first
+        stream = streams_.front();
+      }
+      if (!stream) {
+        if (n < kBlockSize) return false;  // headers and pickles: the block cache
+        if (streams_.size() == kStreamsPerObject) streams_.pop_back();
+        streams_.insert(streams_.begin(), std::make_shared<ReadStream>(pos + n));
+        return false;
+      }
+    }
+    // Another reader may have moved the stream since: then read directly.
+    std::lock_guard lock(stream->mutex);
+    return stream->continues_at(pos) && stream->serve(object_, pos, out, n);
   }
 
-  S3Url where_;
-  std::string url_;
-  uint64_t size_;
-  std::string etag_;
+  // Fetches the blocks of [pos, pos + n) into the block cache in the
+  // background (kMaxPrefetches at most on the wire, process-wide).
+ public:
+  void prefetch(uint64_t pos, uint64_t n) const override {
+    if (n == 0 || pos >= size()) return;
+    const uint64_t last = (std::min(pos + n, size()) - 1) / kBlockSize;
+    for (uint64_t block = pos / kBlockSize; block <= last; ++block) {
+      if (BlockCache::get().find(id_, block)) continue;
+      std::lock_guard lock(pending_->mutex);
+      if (pending_->blocks.count(block)) continue;
+      if (++g_prefetches > kMaxPrefetches) {
+        --g_prefetches;
+        return;
+      }
+      const uint64_t at = block * kBlockSize;
+      auto bytes = std::make_shared<std::string>(std::min(kBlockSize, size() - at), '\0');
+      auto done = FetchThreads::get().submit([object = object_, pending = pending_, id = id_, block, at, bytes] {
+        struct Finish {  // whatever the fetch did: the slot is free, the block no longer pending
+          std::shared_ptr<PendingBlocks> pending;
+          uint64_t block;
+          ~Finish() {
+            --g_prefetches;
+            std::lock_guard lock(pending->mutex);
+            pending->blocks.erase(block);
+          }
+        } finish{pending, block};
+        get_range(*object, at, bytes->data(), bytes->size());
+        BlockCache::get().add(id, block, bytes);
+      });
+      pending_->blocks[block] = {bytes, done};
+    }
+  }
+
+ private:
+  // A block prefetch() has on the wire, once it arrived (its error
+  // rethrown); null when none is pending.
+  std::shared_ptr<const std::string> prefetched(uint64_t block) const {
+    PendingBlocks::Fetch fetch;
+    {
+      std::lock_guard lock(pending_->mutex);
+      auto it = pending_->blocks.find(block);
+      if (it == pending_->blocks.end()) return nullptr;
+      fetch = it->second;
+    }
+    fetch.done.get();
+    return fetch.bytes;
+  }
+
+  std::shared_ptr<const ObjectRef> object_;
+  std::shared_ptr<PendingBlocks> pending_ = std::make_shared<PendingBlocks>();
   uint64_t id_;
+  mutable std::mutex mutex_;  // guards the list; each stream has its own lock for its reads
+  mutable std::vector<std::shared_ptr<ReadStream>> streams_;
 };
 
 class S3Storage final : public Storage {
@@ -324,6 +606,8 @@ const Storage& s3_storage() {
   static const S3Storage storage;
   return storage;
 }
+
+void set_s3_read_ahead_budget(uint64_t bytes) { g_read_ahead_budget = bytes; }
 
 std::vector<std::string> s3_objects_below(const std::string& dir) {
   const S3Url where = parse_s3_url(dir);

@@ -420,8 +420,10 @@ S3Response S3Client::send(const S3Request& req, const std::string& what) const {
 }
 
 const S3Client& default_s3_client() {
-  static const S3Client client(s3_config_from_environment());
-  return client;
+  // Never destroyed: read-ahead threads (io/s3_backend.cc) may still be
+  // sending when the process exits.
+  static const S3Client* client = new S3Client(s3_config_from_environment());
+  return *client;
 }
 
 }  // namespace ckpt

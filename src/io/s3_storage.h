@@ -10,6 +10,7 @@
 // backend includes storage.h, so neither header includes the other.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,10 @@ const Storage& s3_storage();
 // s3:// URLs, listed now (not the run's remembered listing): what an output
 // replaced with --force had that the new one does not.
 std::vector<std::string> s3_objects_below(const std::string& dir);
+
+// The bytes that objects read front to back may hold fetched ahead of
+// their readers, all together (MemoryBudget::read_ahead; set by the job
+// before it reads). 0 turns read-ahead off.
+void set_s3_read_ahead_budget(uint64_t bytes);
 
 }  // namespace ckpt

@@ -11,6 +11,7 @@
 #include "formats/detect.h"
 #include "formats/source_traits.h"
 #include "io/disk_space.h"
+#include "io/s3_storage.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
 #include "model/validate.h"
@@ -29,6 +30,7 @@ JobOptions settle(const CommonOptions& opt) {
   out.device = parse_device(opt.device);
   out.threads = opt.threads;
   out.memory = MemoryBudget(parse_size(opt.memory_limit));
+  set_s3_read_ahead_budget(out.memory.read_ahead());
   if (!opt.max_output_size.empty()) out.max_output = parse_size(opt.max_output_size);
   out.max_output_text = opt.max_output_size;
   return out;

@@ -122,7 +122,10 @@ class DcpDirReader {
       check_item_overlaps(md);
     model.info.declared = declared_contents(md);
     Unflattener tree;
-    for (const ItemMeta& item : md.items) {
+    for (std::size_t i = 0; i < md.items.size(); ++i) {
+      for (std::size_t ahead = i == 0 ? 0 : kPrefetchItems; ahead <= kPrefetchItems; ++ahead)
+        if (i + ahead < md.items.size()) prefetch_zip_ends(md.items[i + ahead], md);
+      const ItemMeta& item = md.items[i];
       if (sink_ && in_unreadable_file(item, md)) continue;  // reported once for its file
       ValuePtr value = item.is_tensor ? read_tensor(item, md, model) : read_bytes(item, md, model);
       if (!value) continue;  // reported to the sink
@@ -312,6 +315,34 @@ class DcpDirReader {
       }
     }
     return slice;
+  }
+
+  // Each item is a torch.save zip that is read at both ends (its end
+  // records and directory, then its first records): from an object store
+  // that is a request or two per item, one after the other. Hinting the
+  // next items' ends puts several on the wire while this one is decoded.
+  static constexpr std::size_t kPrefetchItems = 3;
+  static constexpr uint64_t kZipHead = 4096;             // local header and data.pkl of a tensor item
+  static constexpr uint64_t kZipTail = (64 << 10) + 21;  // the end-record search (archive/zip_reader.cc)
+
+  void prefetch_zip_ends(const ItemMeta& item, const DcpMetadata& md) {
+    std::vector<Shape> chunks;
+    for (const ChunkMeta& cm : item.chunks) chunks.push_back(cm.offsets);
+    if (!item.is_tensor) chunks.push_back({});
+    for (const Shape& offsets : chunks) {
+      auto it = md.storage.find({item.fqn, offsets});
+      if (it == md.storage.end() || !it->second.transforms.empty() || unreadable_.count(it->second.relative_path))
+        continue;
+      const StorageInfo& info = it->second;
+      try {
+        check_relative_path(info.relative_path);
+        SourcePtr file = open(info.relative_path);
+        file->prefetch(info.offset, std::min(info.length, kZipHead));
+        file->prefetch(info.offset + info.length - std::min(info.length, kZipTail), std::min(info.length, kZipTail));
+      } catch (const Error&) {
+        // Only a hint: reading the item reports what is wrong with it.
+      }
+    }
   }
 
   ValuePtr read_tensor(const ItemMeta& item, const DcpMetadata& md, CheckpointModel& model) {
