@@ -590,6 +590,28 @@ def test_hdf5_dict_listing_a_key_twice_is_an_input_fault(tmp_path, run_ckptconv,
     assert not (tmp_path / "o.h5").exists()
 
 
+def test_a_key_with_a_nul_byte_is_escaped_in_hdf5(tmp_path, run_ckptconv):
+    """torch.save keeps a key holding a NUL byte. HDF5 takes names as C
+    strings, so 'a\\x00b' was created as 'a' (and a key starting with NUL as
+    the empty name: exit 4). Escaped as %00, h5py reads each under its own
+    name and the keys come back whole."""
+    import h5py
+
+    src = tmp_path / "s.pt"
+    torch.save({"a\x00b": torch.ones(2), "\x00nul": torch.arange(3), "a": torch.zeros(1)}, src)
+    out = tmp_path / "o.h5"
+    r = run_ckptconv("convert", src, "-o", out)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out, "r") as f:
+        assert sorted(f.keys()) == ["%00nul", "a", "a%00b"]
+        assert f["a%00b"][()].tolist() == [1.0, 1.0] and f["%00nul"][()].tolist() == [0, 1, 2]
+    r = run_ckptconv("convert", out, "-o", tmp_path / "back.pt")
+    assert r.returncode == 0, r.stderr
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert list(back) == ["a\x00b", "\x00nul", "a"]
+    assert torch.equal(back["a\x00b"], torch.ones(2)) and torch.equal(back["\x00nul"], torch.arange(3))
+
+
 def test_a_name_with_a_lone_surrogate_is_no_internal_error(tmp_path, run_ckptconv):
     """Python pickles a str holding a lone surrogate ('surrogatepass'), so
     torch.save keeps such a key; JSON cannot hold it. A safetensors output,

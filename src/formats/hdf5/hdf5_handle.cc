@@ -62,6 +62,8 @@ std::string escape_name(const std::string& key) {
       out += "%25";
     else if (c == '/')
       out += "%2F";
+    else if (c == '\0')  // HDF5 takes a C string: the name would end there
+      out += "%00";
     else
       out += c;
   }
