@@ -39,31 +39,60 @@ std::vector<uint64_t> element_offsets(const TensorChunk& c, std::size_t itemsize
   return out;
 }
 
-// The tensor's elements in row-major order of its global shape, read
-// through its chunks (each chunk's storage span read once); elements no
-// chunk covers stay zero, and a chunk outside the shape is an error.
-std::vector<std::byte> row_major_bytes(const TensorEntry& t) {
+// Rows [r0, r1) of the tensor (its first dimension; a 0-d tensor is one
+// row) in row-major order, read through its chunks: of each chunk only the
+// storage span of those rows, each run along the last dimension copied at
+// once where the chunk's elements are adjacent there. Elements no chunk
+// covers stay zero; a chunk outside the shape is an error.
+std::vector<std::byte> row_block_bytes(const TensorEntry& t, int64_t r0, int64_t r1) {
   const std::size_t item = dtype_size(t.dtype);
-  std::vector<std::byte> out(static_cast<std::size_t>(t.nbytes()), std::byte{0});
   const Shape global = contiguous_strides(t.shape);
+  const int64_t row_elems = t.shape.empty() ? 1 : (t.shape[0] ? int64_t(t.numel()) / t.shape[0] : 0);
+  const int64_t block_elems = (r1 - r0) * row_elems;
+  std::vector<std::byte> out(static_cast<std::size_t>(block_elems) * item, std::byte{0});
   for (const TensorChunk& c : t.chunks) {
     if (c.numel() == 0) continue;
     if (!c.storage) fail_data_loss(t.name + ": a chunk without storage");
-    int64_t last = c.storage_offset;
-    for (std::size_t d = 0; d < c.sizes.size(); ++d) last += (c.sizes[d] - 1) * c.strides[d];
+    const std::size_t nd = c.sizes.size();
+    // The chunk's rows inside [r0, r1), as indices into the chunk.
+    int64_t a = 0, b = 1;
+    if (nd > 0) {
+      a = std::max<int64_t>(r0 - c.offsets[0], 0);
+      b = std::min<int64_t>(r1 - c.offsets[0], c.sizes[0]);
+      if (a >= b) continue;
+    }
+    Shape sizes = c.sizes;
+    int64_t first = c.storage_offset;
+    if (nd > 0) {
+      sizes[0] = b - a;
+      first += a * c.strides[0];
+    }
+    int64_t last = first;
+    for (std::size_t d = 0; d < nd; ++d) last += (sizes[d] - 1) * c.strides[d];
     const std::vector<std::byte> span =
-        c.storage->read_vector(uint64_t(c.storage_offset) * item, std::size_t(last - c.storage_offset + 1) * item);
-    Shape idx(c.sizes.size(), 0);
-    for (uint64_t n = 0; n < c.numel(); ++n) {
+        c.storage->read_vector(uint64_t(first) * item, std::size_t(last - first + 1) * item);
+    const int64_t run = nd ? sizes[nd - 1] : 1;
+    const bool adjacent = nd == 0 || c.strides[nd - 1] == 1;
+    Shape idx(nd, 0);
+    for (uint64_t n = 0; n < uint64_t(shape_numel(sizes)); n += uint64_t(run)) {
       int64_t src = 0, dst = 0;
-      for (std::size_t d = 0; d < idx.size(); ++d) {
+      for (std::size_t d = 0; d < nd; ++d) {
         src += idx[d] * c.strides[d];
-        dst += (c.offsets[d] + idx[d]) * global[d];
+        const int64_t at = c.offsets[d] + idx[d] + (d == 0 ? a - r0 : 0);
+        if (at < 0 || (d > 0 && at + (d + 1 == nd ? run : 1) > t.shape[d]))
+          fail_data_loss(t.name + ": a chunk outside the tensor's shape");
+        dst += at * global[d];
       }
-      if (dst < 0 || uint64_t(dst) >= t.numel()) fail_data_loss(t.name + ": a chunk outside the tensor's shape");
-      std::copy_n(span.begin() + src * int64_t(item), item, out.begin() + dst * int64_t(item));
-      for (std::size_t d = idx.size(); d-- > 0;) {
-        if (++idx[d] < c.sizes[d]) break;
+      if (dst < 0 || dst + run > block_elems) fail_data_loss(t.name + ": a chunk outside the tensor's shape");
+      if (adjacent) {
+        std::copy_n(span.begin() + src * int64_t(item), run * int64_t(item), out.begin() + dst * int64_t(item));
+      } else {
+        for (int64_t k = 0; k < run; ++k)
+          std::copy_n(span.begin() + (src + k * c.strides[nd - 1]) * int64_t(item), item,
+                      out.begin() + (dst + k) * int64_t(item));
+      }
+      for (std::size_t d = nd > 0 ? nd - 1 : 0; d-- > 0;) {  // the next run: the last dimension is the run
+        if (++idx[d] < sizes[d]) break;
         idx[d] = 0;
       }
     }
@@ -75,7 +104,17 @@ std::vector<std::byte> row_major_bytes(const TensorEntry& t) {
 
 bool same_tensor_values(const TensorEntry& a, const TensorEntry& b) {
   if (a.dtype != b.dtype || a.shape != b.shape) return false;
-  return row_major_bytes(a) == row_major_bytes(b);
+  // Block by block of rows, about kCompareBlock bytes each (at least one
+  // row), so comparing a tied embedding's copies holds two blocks, not two
+  // whole tensors.
+  const int64_t rows = a.shape.empty() ? 1 : a.shape[0];
+  const uint64_t row_bytes = rows ? a.nbytes() / uint64_t(rows) : 0;
+  const int64_t step = std::max<int64_t>(1, row_bytes ? int64_t(kCompareBlock / row_bytes) : rows);
+  for (int64_t r = 0; r < rows; r += step) {
+    const int64_t end = std::min(rows, r + step);
+    if (row_block_bytes(a, r, end) != row_block_bytes(b, r, end)) return false;
+  }
+  return true;
 }
 
 bool same_tensor_bytes(const TensorEntry& a, const TensorEntry& b) {

@@ -13,6 +13,7 @@
 #include "io/byte_source.h"
 #include "io/storage.h"
 #include "model/flat_range.h"
+#include "model/tensor_compare.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::megatron_legacy {
@@ -28,9 +29,6 @@ constexpr uint64_t kMaxTrackerBytes = 64;
 // Degrees past these are not a job's: a hostile args would make the reader
 // expect millions of rank folders.
 constexpr int64_t kMaxDegree = 1 << 16;
-// Whole tensors are compared across TP ranks byte for byte in memory
-// (layer norms, biases, position embeddings: hidden-sized, or seq x hidden).
-constexpr uint64_t kMaxWholeCompareBytes = uint64_t{1} << 30;
 
 // The top-level entries one rank's file holds alike on every rank, given
 // once from the first rank's file. `optimizer` and `rng_state` differ per
@@ -69,39 +67,6 @@ int64_t int_arg(const ValuePtr& args, std::string_view name, int64_t fallback) {
 const TensorEntry* tensor_of(const torch_pt::QuarantinedPt& file, const Value& v) {
   auto idx = tensor_ref_index(v);
   return idx ? &file.tensors.at(*idx) : nullptr;
-}
-
-// The bytes of `t` (one chunk) in row-major order; for comparing small
-// tensors every TP rank holds whole.
-std::string row_major_bytes(const TensorEntry& t) {
-  const std::size_t item = dtype_size(t.dtype);
-  std::string out;
-  if (t.chunks.size() != 1)
-    fail(ErrorCode::kInternal, t.name + ": a torch.save tensor of " + std::to_string(t.chunks.size()) + " chunks");
-  const TensorChunk& c = t.chunks[0];
-  out.resize(c.numel() * item);
-  if (out.empty()) return out;
-  const std::size_t nd = c.sizes.size();
-  const int64_t run = nd ? c.sizes.back() : 1;
-  const bool contiguous_rows = nd == 0 || c.strides.back() == 1;
-  Shape idx(nd, 0);
-  std::size_t written = 0;
-  while (written < out.size()) {
-    int64_t at = c.storage_offset;
-    for (std::size_t d = 0; d < nd; ++d) at += idx[d] * c.strides[d];
-    if (contiguous_rows) {
-      c.storage->read(static_cast<uint64_t>(at) * item, out.data() + written, static_cast<std::size_t>(run) * item);
-    } else {
-      for (int64_t k = 0; k < run; ++k)
-        c.storage->read(static_cast<uint64_t>(at + k * c.strides.back()) * item, out.data() + written + k * item, item);
-    }
-    written += static_cast<std::size_t>(run) * item;
-    for (std::size_t d = nd > 0 ? nd - 1 : 0; d-- > 0;) {  // the next row
-      if (++idx[d] < c.sizes[d]) break;
-      idx[d] = 0;
-    }
-  }
-  return out;
 }
 
 // `t`'s one chunk narrowed to rows [from, from + rows) of dim 0, placed at
@@ -408,18 +373,15 @@ class LegacyReader {
 
   // Tensors every TP rank holds whole must be equal: a difference means the
   // ranks' files are not of one step, or one is damaged.
+  // Compared block by block of rows (same_tensor_values), so a large one
+  // (an untied position embedding) costs two blocks of memory, not itself.
   void check_whole_equal(int pp, const std::string& name, const std::vector<const TensorEntry*>& ts) {
-    if (ts[0]->nbytes() > kMaxWholeCompareBytes) {
-      log::warn(rank(0, pp).path + ": '" + name + "' is too large to compare across TP ranks; TP rank 0's is used");
-      return;
-    }
-    const std::string ref = row_major_bytes(*ts[0]);
     for (std::size_t r = 1; r < ts.size(); ++r) {
       const std::string& where = rank(static_cast<int>(r), pp).path;
       if (ts[r]->shape != ts[0]->shape)
         fail_data_loss(where + ": '" + name + "' has shape " + shape_str(ts[r]->shape) + ", TP rank 0's " +
                        shape_str(ts[0]->shape) + "; every TP rank holds it whole");
-      if (with_context(where, [&] { return row_major_bytes(*ts[r]); }) != ref)
+      if (!with_context(where, [&] { return same_tensor_values(*ts[r], *ts[0]); }))
         fail_data_loss(where + ": '" + name + "' differs from TP rank 0's (" + rank(0, pp).path +
                        "); every TP rank holds it whole and equal");
     }
@@ -838,11 +800,9 @@ class LegacyReader {
     ValuePtr step = entry->get("step");
     const TensorEntry* t = step ? tensor_of(*r.decoded, *step) : nullptr;
     if (!t) return;  // a float step (older torch): left out
-    std::string bytes = row_major_bytes(*t);
     if (!step_) {
       step_ = *t;
-      step_bytes_ = std::move(bytes);
-    } else if (t->dtype != step_->dtype || t->shape != step_->shape || bytes != step_bytes_) {
+    } else if (!same_tensor_values(*t, *step_)) {
       fail_data_loss(r.path + ": the optimizer's step of " + name +
                      " differs from the others'; megatron-core steps every parameter together");
     }
@@ -887,7 +847,6 @@ class LegacyReader {
   bool complete_ = true;
   std::vector<std::string> optim_files_;  // the distrib_optim.pt files read
   std::optional<TensorEntry> step_;       // the plain optimizer's common step (check_common_step)
-  std::string step_bytes_;                // every rank file read (validate reads on past a missing one)
 };
 
 }  // namespace
