@@ -441,7 +441,8 @@ class LegacyReader {
       std::string names;
       for (const auto& d : dropped) names += (names.empty() ? "" : ", ") + d;
       log::warn(dir_ + ": " + names +
-                " differ per rank and are not consolidated (the model, args, iteration and the job's counters are)");
+                " differ per rank and are not in the model view read here (the model, args, iteration and the "
+                "job's counters are; --only optim reads the optimizer by parameter name)");
     }
   }
 
