@@ -375,6 +375,18 @@ def assert_same_files_as_ds_to_universal(written: Path, theirs: Path, ref: dict)
     return keys
 
 
+def ours_and_ds_to_universals(run_ckptconv, case: str, tmp_path: Path):
+    """ckptconv's universal checkpoint of `case` (tmp_path/ours) and
+    ds_to_universal.py's (tmp_path/theirs), checked to hold the same files;
+    with the live reference and the fp32.pt keys by parameter."""
+    ours = write_ucp(run_ckptconv, case, tmp_path / "ours")
+    theirs = tmp_path / "theirs" / TAG
+    r = ds_to_universal(case, theirs)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ref = reference(case)
+    return ours, theirs, ref, assert_same_files_as_ds_to_universal(ours, theirs, ref)
+
+
 @needs_deepspeed
 def test_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_loads_at_new_dp_size(tmp_path, run_ckptconv):
     """TP2 x DP2 with Megatron-DeepSpeed's universal_checkpoint_info: every
@@ -422,12 +434,7 @@ def test_tensor_parallel_degree_1_with_patterns_loads_at_degree_2(tmp_path, run_
     and moment exact. It used to say cat_dim 0 for all, and a TP2 engine cut
     the row-parallel weights on dim 0: wrong values, no error."""
     case = "tp1_dp2_fp32_ws2_ucinfo"
-    ours = write_ucp(run_ckptconv, case, tmp_path / "ours")
-    theirs = tmp_path / "theirs" / TAG
-    r = ds_to_universal(case, theirs)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    ref = reference(case)
-    keys = assert_same_files_as_ds_to_universal(ours, theirs, ref)
+    ours, _, ref, keys = ours_and_ds_to_universals(run_ckptconv, case, tmp_path)
     assert keys["out.weight"] == ["cat_dim", "param"] and keys["norm.weight"] == ["param"]
     assert torch.load(ours / "zero" / "out.weight" / "fp32.pt", weights_only=True)["cat_dim"] == 1
     assert tuple(torch.load(ours / "zero" / "embed.weight" / "fp32.pt", weights_only=True)["param"].shape)[0] == \
@@ -452,13 +459,8 @@ def test_pipeline_tensor_parallel_universal_checkpoint_is_ds_to_universals_and_l
     TP1 x DP2 (new pipeline, tensor and data-parallel degrees, the vocabulary
     padded back by the loader). At PP1 x TP1 x DP2 ds_to_universal.py's output
     loads to the same state and trains the same step, bit for bit."""
-    ours = write_ucp(run_ckptconv, PPTP_CASE, tmp_path / "ours")
-    theirs = tmp_path / "theirs" / TAG
-    r = ds_to_universal(PPTP_CASE, theirs)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    ref = reference(PPTP_CASE)
+    ours, theirs, ref, _ = ours_and_ds_to_universals(run_ckptconv, PPTP_CASE, tmp_path)
     assert sorted(p.name for p in (ours / "zero").iterdir()) == sorted(p.name for p in (theirs / "zero").iterdir())
-    assert_same_files_as_ds_to_universal(ours, theirs, ref)
     assert list(torch.load(ours / "zero" / "tied_modules.embed.weight" / "fp32.pt", weights_only=True)) == [
         "cat_dim", "vocab_tensor", "param"]
     for pp, tp, dp in ((2, 2, 1), (1, 1, 2)):
@@ -481,12 +483,7 @@ def test_pipeline_at_tensor_parallel_degree_1_with_patterns_loads_at_degree_2(tm
     moment exact and trains a step (written with cat_dim 0 for every
     parameter, as before, TP2 cut the row-parallel weights wrong, silently)."""
     case = "pp2_tp1_dp1_fp32_ws2_ucinfo"
-    ours = write_ucp(run_ckptconv, case, tmp_path / "ours")
-    theirs = tmp_path / "theirs" / TAG
-    r = ds_to_universal(case, theirs)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    ref = reference(case)
-    keys = assert_same_files_as_ds_to_universal(ours, theirs, ref)
+    ours, _, ref, keys = ours_and_ds_to_universals(run_ckptconv, case, tmp_path)
     assert keys["1.out.weight"] == ["cat_dim", "param"] and keys["1.norm.weight"] == ["param"]
     got = engine_load(case, tmp_path / "ours", 1, 1, tmp_path / "pp1tp2.pt", 2)
     assert_loaded_is_reference(got, ref)
