@@ -709,28 +709,10 @@ def pptp_job(rank: int, ws: int, out: str, name: str) -> None:
     dist.all_gather_object(every, pptp_rank_values(engine))
     if rank != 0:
         return
-    # per tensor-parallel rank: its stages' values in stage order, the tied
-    # embedding once (the stages' copies are equal: its gradient is all-reduced
-    # over the tied stages), then merged over the tensor-parallel ranks
-    tp_ranks, order = [], []
-    for t in range(c["tp"]):
-        vals = {}
-        for s in range(c["pp"]):
-            e = next(e for e in every if e["stage"] == s and e["tp_rank"] == t and e["dp_rank"] == 0)
-            assert e["mp_rank"] == s * c["tp"] + t, e["mp_rank"]
-            for n in e["order"]:
-                v = e["values"][n]
-                if n in vals:
-                    assert all(torch.equal(vals[n][k], v[k]) for k in v), (name, n, "tied copies differ")
-                    continue
-                vals[n] = v
-                if t == 0:
-                    order.append(n)
-        tp_ranks.append(vals)
-    ref = merged_reference(tp_ranks, info)
-    ref["tp_ranks"] = tp_ranks
+    ref = pptp_reference(every, c["pp"], c["tp"], info)
+    tp_ranks = ref["tp_ranks"]
     ref["universal_checkpoint_info"] = info
-    ref["stages"] = {n: sorted({e["stage"] for e in every if n in e["values"]}) for n in order}
+    ref["stages"] = {n: sorted({e["stage"] for e in every if n in e["values"]}) for n in tp_ranks[0]}
     torch.save(ref, d / "reference_live.pt")
     tagdir = d / TAG
     # the head (layer 4) is the tied module called through forward_fn, a
