@@ -45,7 +45,8 @@ std::string dims_of(const std::vector<std::string>& dims, const Shape& values) {
 // tensor of the same dtype and shape holds the same bytes. Such a folder's
 // reader, told to tie, takes the other; one whose copy differs is a model
 // trained untied under a config that ties, and its output layer would be
-// lost. Read in 1 MiB blocks, and only for folders that hold the copy.
+// lost. Read in blocks of about 1 MiB (same_tensor_values), and only for
+// folders that hold the copy.
 bool holds_a_copy(const CheckpointModel& model, std::size_t tied, const std::map<std::string, std::size_t>& by_name) {
   const TensorEntry& t = model.tensors.at(tied);
   int names_of_tied = 0;
@@ -53,8 +54,7 @@ bool holds_a_copy(const CheckpointModel& model, std::size_t tied, const std::map
     if (index == tied && ++names_of_tied > 1) return true;  // the reader's alias (a folder that ties): the same tensor
     const TensorEntry& other = model.tensors.at(index);
     if (index == tied || other.dtype != t.dtype || other.shape != t.shape) continue;
-    const bool plain = t.chunks.size() == 1 && other.chunks.size() == 1;
-    if (plain ? same_tensor_bytes(t, other) : same_tensor_values(t, other)) return true;
+    if (same_tensor_values(t, other)) return true;
   }
   return false;
 }
