@@ -129,16 +129,24 @@ def pipe_job(rank: int, ws: int, out: str, d: int) -> None:
     dist.barrier()
 
 
-def make_pipe(root: Path, bytes_arg: str) -> Path:
-    d = root / f"pipe_pp{PIPE_STAGES}_bf16_{bytes_arg}"
-    marker = d / "bench.json"
+def reuse_or_clear(d: Path, marker: Path) -> bool:
+    """True when `d` holds a finished checkpoint (its marker written last);
+    else `d` is made empty for a new one."""
     if marker.is_file():
         print(f"make_zero_bench: reusing {d}", flush=True)
-        return d
+        return True
     if d.exists():
         import shutil
         shutil.rmtree(d)
     d.mkdir(parents=True)
+    return False
+
+
+def make_pipe(root: Path, bytes_arg: str) -> Path:
+    d = root / f"pipe_pp{PIPE_STAGES}_bf16_{bytes_arg}"
+    marker = d / "bench.json"
+    if reuse_or_clear(d, marker):
+        return d
     width = width_for(float(bytes_arg), PIPE_BYTES_PER_PARAM, PIPE_LAYERS)
     params = PIPE_LAYERS * (width * width + width)
     print(f"make_zero_bench: pipeline {PIPE_STAGES} stages x 1, bf16 ZeRO-1: {PIPE_LAYERS} x Linear({width}, {width}),"
@@ -172,13 +180,8 @@ def make_pipe(root: Path, bytes_arg: str) -> Path:
 def make(root: Path, bytes_arg: str, stage: int) -> Path:
     d = root / f"zero{stage}_ws{WORLD_SIZE}_{bytes_arg}"
     marker = d / "bench.json"
-    if marker.is_file():
-        print(f"make_zero_bench: reusing {d}", flush=True)
+    if reuse_or_clear(d, marker):
         return d
-    if d.exists():
-        import shutil
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
     width = width_for(float(bytes_arg), BYTES_PER_PARAM[stage])
     params = LAYERS * (width * width + width)
     print(f"make_zero_bench: ZeRO-{stage} bf16 ws {WORLD_SIZE}: {LAYERS} x Linear({width}, {width}), "
