@@ -235,6 +235,34 @@ def test_a_tree_naming_every_tensor_is_followed_and_a_missing_shard_is_said(tmp_
     assert r.returncode == 0, r.stdout + r.stderr
     shards[-1].unlink()
     r = run_ckptconv("consolidate", d, "-o", tmp_path / "o.pt")
-    assert r.returncode == 3 and "that no file here holds: a file of the checkpoint is missing" in r.stderr, r.stderr
+    assert r.returncode == 3 and f"{shards[-1]}: no such shard" in r.stderr, r.stderr
     r = run_ckptconv("validate", d)
     assert r.returncode == 1 and "a file of the checkpoint is missing" in r.stdout + r.stderr, r.stdout
+    assert f"{shards[-1]}: no such shard" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize(
+    "folder,shard_name",
+    [("shards_no_index", f"model-{i:05d}-of-00003.safetensors") for i in (1, 2, 3)]
+    + [("llama_tied_bin", "pytorch_model-00002-of-00003.bin")],
+)
+def test_numbered_shards_without_an_index_are_all_there_or_refused(tmp_path, run_ckptconv, folder, shard_name):
+    """save_pretrained's shards (no ckptconv.tree) copied without their index
+    and one of them: read merged, the rest was a smaller model with exit 0.
+    The names say how many shards there are."""
+    d = tmp_path / "shards"
+    shutil.copytree(HF / folder, d)
+    for index in d.glob("*.index.json"):
+        index.unlink()
+    r = run_ckptconv("validate", d)
+    assert r.returncode == 0, r.stdout + r.stderr  # all the shards: the model
+    shard = d / shard_name
+    shard.unlink()
+    says = f"{shard}: no such shard: the folder has no index, and its shards' names say there are 3"
+    for args, code in ((["consolidate", d, "-o", tmp_path / "o.pt"], 3), (["inspect", d], 3), (["validate", d], 1)):
+        r = run_ckptconv(*args)
+        assert r.returncode == code and says in r.stdout + r.stderr, (args, r.returncode, r.stdout, r.stderr)
+    assert not (tmp_path / "o.pt").exists()
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        p.name for p in (HF / folder).iterdir() if p.name != shard.name and not p.name.endswith(".index.json")
+    )

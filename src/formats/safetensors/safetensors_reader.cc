@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -319,6 +320,67 @@ std::string the_index(const std::string& dir, const std::vector<std::string>& in
   fail_invalid(dir + " holds several " + kind + " indexes (" + names + "): pass the one to read");
 }
 
+// "model-00002-of-00003.safetensors" -> {"model", ".safetensors", 2, 3}
+// ("pytorch_model-00001-of-00002.bin" alike); nullopt for any other name.
+// transformers' save_pretrained numbers shards this way (five digits each).
+struct NumberedShard {
+  std::string prefix, ext;
+  std::size_t index = 0, total = 0;
+};
+std::optional<NumberedShard> numbered_shard(const std::string& file_name) {
+  static const std::regex kShard(R"(^(.*)-(\d{5})-of-(\d{5})(\.safetensors|\.bin)$)");
+  std::smatch m;
+  if (!std::regex_match(file_name, m, kShard)) return std::nullopt;
+  NumberedShard s{m[1].str(), m[4].str(), std::stoul(m[2].str()), std::stoul(m[3].str())};
+  if (s.index == 0 || s.index > s.total) return std::nullopt;
+  return s;
+}
+
+std::string shard_name(const NumberedShard& s) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu", s.index, s.total);
+  return s.prefix + buf + s.ext;
+}
+
+std::size_t shard_total(const std::string& path) {
+  auto s = numbered_shard(fs::path(path).filename().string());
+  return s ? s->total : 0;
+}
+
+std::vector<std::string> missing_numbered_shards(const std::vector<std::string>& paths) {
+  // (prefix, extension, total) -> the indices present, and the folder they lie in.
+  using Series = std::tuple<std::string, std::string, std::size_t>;
+  std::map<Series, std::set<std::size_t>> present;
+  std::map<Series, fs::path> folder;
+  for (const auto& p : paths) {
+    auto s = numbered_shard(fs::path(p).filename().string());
+    if (!s) continue;
+    Series key{s->prefix, s->ext, s->total};
+    present[key].insert(s->index);
+    folder[key] = fs::path(p).parent_path();
+  }
+  std::vector<std::string> missing;
+  for (const auto& [key, indices] : present) {
+    const auto& [prefix, ext, total] = key;
+    for (std::size_t i = 1; i <= total; ++i)
+      if (!indices.count(i))
+        missing.push_back((folder[key] / shard_name(NumberedShard{prefix, ext, i, total})).string());
+  }
+  return missing;
+}
+
+// Without an index, shards named "-00002-of-00003" say how many there are:
+// one missing is a hole in the model that nothing else would notice.
+void report_missing_shards(const std::vector<std::string>& paths, ProblemSink* sink) {
+  for (const auto& missing : missing_numbered_shards(paths))
+    report_or_fail(sink, Problem(ErrorCode::kNotFound,
+                                 missing +
+                                     ": no such shard: the folder has no index, and its shards' names say "
+                                     "there are " +
+                                     std::to_string(shard_total(missing)),
+                                 missing));
+}
+
 CheckpointModel read_bin_weights(const std::string& dir, const HfFolderFiles& files, ProblemSink* sink) {
   BinModelBuilder builder(dir, sink);
   std::vector<std::string> read;
@@ -349,6 +411,7 @@ CheckpointModel read_bin_weights(const std::string& dir, const HfFolderFiles& fi
       return model;
     });
   }
+  report_missing_shards(files.bin_weights, sink);
   for (const auto& w : files.bin_weights)
     if (run_reporting(sink, w, -1, "", [&] { builder.add_file(w); })) read.push_back(w);
   CheckpointModel model = std::move(builder).finish();
@@ -433,6 +496,7 @@ CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
   } else if (!files.weights.empty()) {
     // Without an index the files together are the model (a tensor in two of
     // them is DataLoss, as with an index).
+    report_missing_shards(files.weights, sink);
     ModelBuilder builder(dir, sink);
     std::size_t read = 0;
     for (const auto& w : files.weights) read += run_reporting(sink, w, -1, "", [&] { builder.add_file(w); });
