@@ -217,3 +217,26 @@ def test_a_view_past_2_pow_64_bytes_names_its_file_and_tensor(offset, stride, tm
     assert not (tmp_path / "out.pt").exists()
     r = run_ckptconv("validate", src)
     assert r.returncode == 1 and "'w'" in r.stdout and "2^64" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("view", [(2, (3,), (1,)), (0, (2,), (4,)), (1, (2, 2), (2, 1))])
+def test_a_view_past_its_storage_is_refused_by_every_command(view, tmp_path, run_ckptconv):
+    """A view (offset, sizes, strides) that reaches past its storage's 4
+    floats: torch.load refuses it; inspect listed it with exit 0."""
+    src = tmp_path / "bad.pt"
+    _pt_with_storage_numel(src, 4, 4, *view)
+    with pytest.raises(RuntimeError):
+        torch.load(src, weights_only=True)
+    says = "tensor 'w' chunk 0"
+    for cmd in (["convert", src, "-o", tmp_path / "out.pt"], ["inspect", src], ["inspect", src, "--json"]):
+        r = run_ckptconv(*cmd)
+        assert r.returncode == 3, (cmd, r.stderr)
+        assert "bad.pt" in r.stderr and says in r.stderr and "storage bytes" in r.stderr, r.stderr
+    assert not (tmp_path / "out.pt").exists()
+    r = run_ckptconv("validate", src)
+    assert r.returncode == 1 and says in r.stdout and "needs" in r.stdout, r.stdout + r.stderr
+    good = tmp_path / "good.pt"  # the largest view that fits reads as torch reads it
+    _pt_with_storage_numel(good, 4, 4, 1, (3,), (1,))
+    assert torch.equal(torch.load(good, weights_only=True)["w"], torch.tensor([1.0, 2.0, 3.0]))
+    r = run_ckptconv("inspect", good)
+    assert r.returncode == 0, r.stderr

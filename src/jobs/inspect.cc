@@ -8,6 +8,7 @@
 #include "formats/detect.h"
 #include "formats/zero/zero_reader.h"
 #include "model/describe.h"
+#include "model/validate.h"
 
 namespace ckpt::jobs {
 
@@ -56,6 +57,18 @@ JobReport list_tags(const InspectRequest& req, std::ostream& out) {
   return report;
 }
 
+// A chunk whose view does not fit its storage (a size, offset or stride
+// past the record) is what torch.load refuses: inspect has shown what the
+// file says, and exits as consolidate would (3) naming the tensor, so that
+// `inspect && ...` does not pass a file no reader can load. Gaps are not
+// checked here (one rank read alone has them); validate checks everything.
+void refuse_unsound_views(const CheckpointModel& model) {
+  for (const auto& t : model.tensors)
+    visit_tensor_problems(t, [&](Problem p, bool gap) {
+      if (!gap) fail_data_loss(model.source + ": " + p.message);
+    });
+}
+
 }  // namespace
 
 JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
@@ -75,6 +88,7 @@ JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
     out << model_to_json(model).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else
     describe_model(model, out);
+  refuse_unsound_views(model);
   JobReport report;
   report.summary = "inspected " + model.source;
   report.tensors = model.tensors.size();
