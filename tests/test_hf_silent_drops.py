@@ -266,3 +266,97 @@ def test_numbered_shards_without_an_index_are_all_there_or_refused(tmp_path, run
     assert sorted(p.name for p in d.iterdir()) == sorted(
         p.name for p in (HF / folder).iterdir() if p.name != shard.name and not p.name.endswith(".index.json")
     )
+
+
+# ---------------------------------------------------------------- config.json's transformers_weights
+
+
+def _from_pretrained(folder: Path, out: Path) -> subprocess.CompletedProcess:
+    assert HF_PY.exists(), f"no {HF_PY}: scripts/setup-hf makes it (scripts/test does)"
+    return subprocess.run([str(HF_PY), str(REPO / "tests" / "hf_state_dict.py"), str(folder), str(out)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def _folder_naming(tmp_path: Path, name) -> Path:
+    """llama_tied with a second weights file beside model.safetensors (every
+    tensor + 1, as a repository holding its own consolidated.safetensors
+    beside transformers' file), config.json's transformers_weights naming `name`."""
+    d = tmp_path / "named"
+    shutil.copytree(TIED, d)
+    stored = load_file(TIED / "model.safetensors")
+    save_file({k: v + 1 for k, v in stored.items()}, d / "consolidated.safetensors", metadata={"format": "pt"})
+    config = json.loads((d / "config.json").read_text())
+    config["transformers_weights"] = name
+    (d / "config.json").write_text(json.dumps(config, indent=2))
+    return d
+
+
+def test_transformers_weights_names_the_file_from_pretrained_reads(tmp_path, run_ckptconv):
+    """config.json's transformers_weights makes from_pretrained read that file
+    and not model.safetensors; ckptconv read model.safetensors: other weights,
+    exit 0."""
+    d = _folder_naming(tmp_path, "consolidated.safetensors")
+    r = _from_pretrained(d, tmp_path / "hf.pt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = torch.load(tmp_path / "hf.pt", weights_only=True)
+    stored = load_file(TIED / "model.safetensors")
+    assert torch.equal(want["model.embed_tokens.weight"], stored["model.embed_tokens.weight"] + 1)  # the named file
+    r = run_ckptconv("consolidate", d, "-o", tmp_path / "ours.pt")
+    assert r.returncode == 0, r.stderr
+    assert "consolidated.safetensors is the model" in r.stderr and "model.safetensors" in r.stderr, r.stderr
+    got = torch.load(tmp_path / "ours.pt", weights_only=True)
+    assert _equal(got, want)
+    # An export names the file it writes (the source's name is not in it), and loads the same.
+    r = run_ckptconv("consolidate", d, "-o", f"{tmp_path / 'export'}/")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["transformers_weights"] == "model.safetensors"
+    r = _from_pretrained(tmp_path / "export", tmp_path / "hf_export.pt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _equal(torch.load(tmp_path / "hf_export.pt", weights_only=True), want)
+
+
+def test_transformers_weights_naming_an_index_reads_its_shards(tmp_path, run_ckptconv):
+    d = _folder_naming(tmp_path, "alt.safetensors.index.json")
+    (d / "consolidated.safetensors").unlink()
+    stored = load_file(TIED / "model.safetensors")
+    names = sorted(stored)
+    half = len(names) // 2
+    weight_map = {}
+    for i, part in enumerate((names[:half], names[half:])):
+        shard = f"alt-{i + 1:05d}-of-00002.safetensors"
+        save_file({k: stored[k] * 2 for k in part}, d / shard, metadata={"format": "pt"})
+        weight_map.update({k: shard for k in part})
+    (d / "alt.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    r = _from_pretrained(d, tmp_path / "hf.pt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = torch.load(tmp_path / "hf.pt", weights_only=True)
+    assert torch.equal(want["model.norm.weight"], stored["model.norm.weight"] * 2)
+    r = run_ckptconv("consolidate", d, "-o", tmp_path / "ours.pt")
+    assert r.returncode == 0, r.stderr
+    assert _equal(torch.load(tmp_path / "ours.pt", weights_only=True), want)
+
+
+@pytest.mark.parametrize(
+    "name,says",
+    [
+        ("../model.safetensors", "not a file inside the model folder"),
+        ("/etc/passwd.safetensors", "not a file inside the model folder"),
+        ("weights.bin", "neither a .safetensors file nor a .safetensors.index.json"),
+        ("gone.safetensors", "which is not in the folder"),
+    ],
+)
+def test_transformers_weights_that_from_pretrained_refuses_is_refused(tmp_path, run_ckptconv, name, says):
+    d = _folder_naming(tmp_path, name)
+    (tmp_path / "model.safetensors").write_bytes((TIED / "model.safetensors").read_bytes())  # what ../ would reach
+    r = _from_pretrained(d, tmp_path / "hf.pt")
+    assert r.returncode == 3 and "refused" in r.stdout, r.stdout + r.stderr
+    unsafe = "inside" in says  # validate: UNSAFE is exit 3, any other problem 1
+    for args, code in (
+        (["consolidate", d, "-o", tmp_path / "o.pt"], 3),
+        (["inspect", d], 3),
+        (["validate", d], 3 if unsafe else 1),
+    ):
+        r = run_ckptconv(*args)
+        said = r.stdout + r.stderr
+        assert r.returncode == code and says in said and "config.json" in said, (args, r.returncode, said)
+    assert not (tmp_path / "o.pt").exists()

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
@@ -67,6 +69,14 @@ std::string file_in_directory(const ConsolidateRequest& req, OutputFormat format
   bool weights = req.common.only == "model" || holds_weights_only(model);
   const OutputFormatInfo& f = output_format_info(format);
   return std::string(weights ? f.weights_file : f.full_file);
+}
+
+// What from_pretrained must be pointed at among the files written: the
+// index of a sharded output, else the one file.
+std::string weights_file_of(const std::vector<std::string>& files) {
+  for (const auto& f : files)
+    if (f.ends_with(".index.json")) return f;
+  return files.empty() ? std::string() : files.front();
 }
 
 // The one dtype the floating-point tensors are written in; nullopt when
@@ -205,18 +215,18 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   }
   parents.keep();
   if (folder || is_s3_url(directory)) {
-    std::optional<DType> config_dtype = job.cast_to;
+    ConfigEdits config_edits{job.cast_to, std::filesystem::path(weights_file_of(files)).filename().string()};
     std::vector<std::string> side_files = model.info.side_files;
     if (!req.config_from.empty()) {
       side_files = side_files_with_config_from(req.config_from, side_files);
       // A config from elsewhere says the dtype of the weights written beside it.
-      if (!config_dtype) config_dtype = written_float_dtype(model);
+      if (!config_edits.dtype) config_edits.dtype = written_float_dtype(model);
     }
     if (folder) {
-      folder->publish(side_files, config_dtype);
+      folder->publish(side_files, config_edits);
       for (auto& f : files) f = folder->published_path(f);
     } else {
-      publish_side_objects(directory, side_files, config_dtype, files);
+      publish_side_objects(directory, side_files, config_edits, files);
     }
   }
   if (files.size() > 1)

@@ -34,11 +34,15 @@ void copy_file_to(const fs::path& from, const fs::path& to, bool durable) {
   sink->finish();
 }
 
-// config.json with its dtype keys set to `cast_to`, as transformers writes a
-// config (json.dumps(indent=2, sort_keys=True) + "\n"); nullopt when it has
-// none of them, says `cast_to` already or is not a JSON object (then it is
-// copied unchanged, byte for byte).
-std::optional<std::string> recast_config(const fs::path& from, DType cast_to) {
+// config.json as it must read beside the weights written: its dtype keys
+// set to `cast_to` (when given), as transformers writes a config
+// (json.dumps(indent=2, sort_keys=True) + "\n"), and its
+// `transformers_weights` (the file from_pretrained reads instead of
+// model.safetensors) naming `weights_name`, the file written (a source's
+// config may name its own, e.g. consolidated.safetensors, which is not in
+// this folder). nullopt when nothing changes or it is not a JSON object
+// (then it is copied unchanged, byte for byte).
+std::optional<std::string> config_for_output(const fs::path& from, const ConfigEdits& edits) {
   auto source = open_file_source(from.string());
   std::string text(source->size(), '\0');
   source->read(0, text.data(), text.size());
@@ -50,11 +54,18 @@ std::optional<std::string> recast_config(const fs::path& from, DType cast_to) {
   }
   if (!config.is_object()) return std::nullopt;
   bool changed = false;
-  for (const char* key : {"torch_dtype", "dtype"})
-    if (auto it = config.find(key); it != config.end() && it->is_string() && *it != dtype_name(cast_to)) {
-      *it = std::string(dtype_name(cast_to));
-      changed = true;
-    }
+  if (edits.dtype)
+    for (const char* key : {"torch_dtype", "dtype"})
+      if (auto it = config.find(key); it != config.end() && it->is_string() && *it != dtype_name(*edits.dtype)) {
+        *it = std::string(dtype_name(*edits.dtype));
+        changed = true;
+      }
+  if (auto it = config.find("transformers_weights"); it != config.end() && *it != edits.weights_name) {
+    log::info(from.string() + ": transformers_weights " + printable_text(it->dump()) + " set to the file written, " +
+              edits.weights_name);
+    *it = edits.weights_name;
+    changed = true;
+  }
   if (!changed) return std::nullopt;
   return config.dump(2, ' ', true) + "\n";
 }
@@ -151,7 +162,7 @@ std::vector<std::string> file_family_in(const std::string& dir, const std::strin
 }
 
 std::vector<std::string> publish_side_objects(const std::string& dir, const std::vector<std::string>& side_files,
-                                              std::optional<DType> config_dtype,
+                                              const ConfigEdits& config_edits,
                                               const std::vector<std::string>& published) {
   std::vector<std::string> ordered = side_files;
   std::stable_partition(ordered.begin(), ordered.end(),
@@ -166,7 +177,7 @@ std::vector<std::string> publish_side_objects(const std::string& dir, const std:
         continue;
       }
       std::optional<std::string> bytes;
-      if (config_dtype && fs::path(side).filename() == "config.json") bytes = recast_config(side, *config_dtype);
+      if (fs::path(side).filename() == "config.json") bytes = config_for_output(side, config_edits);
       if (!bytes) bytes = read_small_file(side, kMaxSideFile);
       s3_put_object(to, *bytes, false);
       put.push_back(to);
@@ -201,21 +212,20 @@ std::string OutputFolder::published_path(const std::string& path) const {
   return (fs::path(dir_) / fs::path(path).filename()).string();
 }
 
-void OutputFolder::publish(const std::vector<std::string>& side_files, std::optional<DType> config_dtype) {
+void OutputFolder::publish(const std::vector<std::string>& side_files, const ConfigEdits& config_edits) {
   fs::path into = staging_ ? fs::path(staging_->temp_dir()) : fs::path(dir_);
   for (const auto& side : side_files) {
     fs::path to = into / fs::path(side).filename();
     if (exists_no_follow(to)) {
       log::info(published_path(to.string()) + " is there already: kept as it is (not the source's)");
-      // Kept, but it must say the dtype the weights beside it have.
-      if (config_dtype && to.filename() == "config.json" && stat_path(to.string()).is_file() &&
-          !stat_path(to.string()).link)
-        if (std::optional<std::string> recast = recast_config(to, *config_dtype)) {
+      // Kept, but it must say the dtype the weights beside it have, and name them.
+      if (to.filename() == "config.json" && stat_path(to.string()).is_file() && !stat_path(to.string()).link)
+        if (std::optional<std::string> recast = config_for_output(to, config_edits)) {
           auto sink = AtomicFileSink::create(to.string(), true, durable_);
           sink->write(*recast);
           sink->finish();
-          log::info(published_path(to.string()) + ": its dtype set to " + std::string(dtype_name(*config_dtype)) +
-                    ", the dtype written");
+          log::info(published_path(to.string()) + ": set to say the weights written" +
+                    (config_edits.dtype ? " (dtype " + std::string(dtype_name(*config_edits.dtype)) + ")" : ""));
         }
       continue;
     }
@@ -225,7 +235,7 @@ void OutputFolder::publish(const std::vector<std::string>& side_files, std::opti
       continue;
     }
     std::optional<std::string> recast;
-    if (config_dtype && to.filename() == "config.json") recast = recast_config(side, *config_dtype);
+    if (to.filename() == "config.json") recast = config_for_output(side, config_edits);
     if (recast) {
       auto sink = AtomicFileSink::create(to.string(), false, durable_);
       sink->write(*recast);

@@ -54,14 +54,24 @@ std::vector<std::string> side_files_with_config_from(const std::string& dir2,
 // The names in `dir` of `file`'s family (see above), sorted.
 std::vector<std::string> file_family_in(const std::string& dir, const std::string& file);
 
+// What a config.json copied beside the weights is changed to say: their
+// dtype (when the job cast or took its config from elsewhere: the top-level
+// "torch_dtype" / "dtype", as save_pretrained records the dtype it saved,
+// which from_pretrained's "auto" loads) and, where it has
+// `transformers_weights`, the weights file written (the index when sharded).
+struct ConfigEdits {
+  std::optional<DType> dtype;
+  std::string weights_name;
+};
+
 // -o s3://BUCKET/DIR/, a prefix with no objects yet: after the weights
 // (`published`, their objects, index last) the side files are put beside
-// them as OutputFolder::publish copies them (config.json recast to
-// `config_dtype`), config.json last, which makes the folder a model for
+// them as OutputFolder::publish copies them (config.json edited as
+// `config_edits` says), config.json last, which makes the folder a model for
 // from_pretrained. On failure every object of `published` and of the side
 // files is deleted again. Returns the side files' URLs.
 std::vector<std::string> publish_side_objects(const std::string& dir, const std::vector<std::string>& side_files,
-                                              std::optional<DType> config_dtype,
+                                              const ConfigEdits& config_edits,
                                               const std::vector<std::string>& published);
 
 class OutputFolder {
@@ -76,12 +86,9 @@ class OutputFolder {
   // `path`, written under file_path()'s folder, as it will be named once published.
   std::string published_path(const std::string& path) const;
   // Copies `side_files` in, carries DIR's other entries when replacing, and
-  // publishes. The weights files must be complete. `config_dtype` (the
-  // dtype written, when the job cast or took its config from elsewhere): a
-  // config.json's top-level "torch_dtype" / "dtype" is set to it, as
-  // save_pretrained records the dtype it saved (from_pretrained's "auto"
-  // loads that): the one copied in, or the one DIR kept.
-  void publish(const std::vector<std::string>& side_files, std::optional<DType> config_dtype);
+  // publishes. The weights files must be complete. The config.json copied
+  // in, or the one DIR kept, is edited as `config_edits` says.
+  void publish(const std::vector<std::string>& side_files, const ConfigEdits& config_edits);
 
  private:
   std::string dir_, file_;

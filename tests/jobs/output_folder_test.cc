@@ -64,7 +64,7 @@ TEST_CASE("a new folder is staged beside it and appears on publish", "[jobs][out
     CHECK(folder.published_path(folder.file_path()) == (target / "model.safetensors").string());
     std::ofstream(folder.file_path()) << "weights";
     CHECK(!fs::exists(target));
-    folder.publish({}, std::nullopt);
+    folder.publish({}, ConfigEdits{});
   }
   CHECK(fs::exists(target / "model.safetensors"));
   { OutputFolder abandoned((s.dir / "c" / "d").string(), "model.safetensors", false, false); }

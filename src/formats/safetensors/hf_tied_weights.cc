@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "formats/safetensors/hf_config.h"
 #include "io/byte_source.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
@@ -15,9 +16,6 @@ namespace ckpt::safetensors {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// A config.json is a few KB; one far larger is no model's config.
-constexpr uint64_t kMaxConfigSize = 16ull << 20;
 
 struct TieSetting {
   std::optional<bool> value;  // nullopt: the key is absent
@@ -65,29 +63,16 @@ const std::vector<TiedPair>& known_tied_pairs() {
   return pairs;
 }
 
-void add_tied_weights(CheckpointModel& model, const std::string& dir) {
-  namespace fs = std::filesystem;
-  const std::string path = (fs::path(dir) / "config.json").string();
-  if (!is_regular_file(path)) return;  // no model config: nothing says a weight is tied
-  SourcePtr file = open_file_source(path);
+void add_tied_weights(CheckpointModel& model, const HfConfig& hf) {
+  const std::string& path = hf.path;
   auto unknown = [&](const std::string& why) {
     log::warn(path + ": " + why + "; tied weights (tie_word_embeddings) are unknown: the state dict holds the " +
               "stored tensors only, and a tied key model.state_dict() has (lm_head.weight) may be missing from " +
               "DCP and per-rank outputs");
   };
-  if (file->size() > kMaxConfigSize) return unknown("larger than 16 MiB");
-  Json config;
-  try {
-    config = parse_checkpoint_json(file->read_string(0, static_cast<std::size_t>(file->size())), path);
-  } catch (const Error& e) {
-    // A config.json that is not JSON is a damaged folder (from_pretrained
-    // refuses it too), not a model without ties: reading on would give a
-    // state dict smaller than the model's with exit 0.
-    if (e.code() != ErrorCode::kDataLoss) throw;
-    fail_data_loss(path + ": not readable as JSON (" + e.message() +
-                   "): the model's config, which says whether its weights are tied; repair or remove it");
-  }
-  if (!config.is_object()) return unknown("not a JSON object");
+  if (!hf.unusable.empty()) return unknown(hf.unusable);
+  if (!hf.json) return;  // no model config: nothing says a weight is tied
+  const Json& config = *hf.json;
   TieSetting tie = tie_setting(config);
   if (tie.value.has_value() && !*tie.value) return;
   const bool explicitly = tie.value.has_value();  // else absent: the default says tied

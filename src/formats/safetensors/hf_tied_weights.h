@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/safetensors/hf_config.h"
 #include "model/checkpoint_model.h"
 
 namespace ckpt::safetensors {
@@ -29,10 +30,10 @@ struct TiedPair {
 // The pairs known (transformers' `_tied_weights_keys` of the decoder models).
 const std::vector<TiedPair>& known_tied_pairs();
 
-// `dir`'s config.json decides (`tie_word_embeddings`, or the same key in its
+// The folder's config.json decides (`tie_word_embeddings`, or the same key in its
 // `text_config`; absent: transformers' PretrainedConfig default, true). The
 // model's root must be a flat state dict; each head added is recorded in
 // facts["hf_tied_weights"] ("lm_head.weight = model.embed_tokens.weight").
-void add_tied_weights(CheckpointModel& model, const std::string& dir);
+void add_tied_weights(CheckpointModel& model, const HfConfig& config);
 
 }  // namespace ckpt::safetensors

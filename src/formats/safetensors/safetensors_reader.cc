@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/problems.h"
+#include "formats/safetensors/hf_config.h"
 #include "formats/safetensors/hf_tied_weights.h"
 #include "formats/safetensors/safetensors_format.h"
 #include "formats/torch_pt/pt_reader.h"
@@ -480,9 +481,34 @@ HfFolderFiles list_hf_folder(const std::string& dir) {
   return out;
 }
 
+// config.json's transformers_weights names the model's weights file (or
+// index): from_pretrained reads it and nothing else, whatever lies beside it.
+void use_explicit_weights(const std::string& dir, const HfConfig& config, const std::string& named,
+                          HfFolderFiles& files) {
+  const std::string shown = printable_text(fs::path(named).lexically_relative(dir).string());
+  if (!is_regular_file(named))
+    fail(ErrorCode::kNotFound, config.path + ": transformers_weights names " + shown +
+                                   ", which is not in the folder: from_pretrained reads that file and no other");
+  std::string unread;
+  for (const auto* v : {&files.indexes, &files.weights, &files.bin_indexes, &files.bin_weights})
+    for (const auto& p : *v)
+      if (p != named) unread += (unread.empty() ? "" : ", ") + fs::path(p).filename().string();
+  if (!unread.empty())
+    log::warn(dir + ": " + shown + " is the model, as config.json's transformers_weights names it for from_pretrained" +
+              "; not read beside it: " + unread);
+  files.indexes.clear();
+  files.weights.clear();
+  files.bin_indexes.clear();
+  files.bin_weights.clear();
+  (named.ends_with(".safetensors.index.json") ? files.indexes : files.weights).push_back(named);
+}
+
 CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
   HfFolderFiles files = list_hf_folder(dir);
-  if (auto single = single_weights_file(dir, files.weights, files.indexes, "model.safetensors")) {
+  const HfConfig config = read_hf_config(dir);
+  if (auto named = explicit_weights_file(config, dir)) {
+    use_explicit_weights(dir, config, *named, files);
+  } else if (auto single = single_weights_file(dir, files.weights, files.indexes, "model.safetensors")) {
     files.weights = {*single};
     files.indexes.clear();
   }
@@ -535,7 +561,7 @@ CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
                                 files.adapters.front();
     log::info(dir + ": " + adapters + " is a PEFT adapter, not part of the model: not read (name the file to read it)");
   }
-  add_tied_weights(model, dir);
+  add_tied_weights(model, config);
   return model;
 }
 
