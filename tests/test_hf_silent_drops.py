@@ -360,3 +360,21 @@ def test_transformers_weights_that_from_pretrained_refuses_is_refused(tmp_path, 
         said = r.stdout + r.stderr
         assert r.returncode == code and says in said and "config.json" in said, (args, r.returncode, said)
     assert not (tmp_path / "o.pt").exists()
+
+
+def test_bin_weights_beside_stray_safetensors_are_what_from_pretrained_reads(tmp_path, run_ckptconv):
+    """Without model.safetensors or an index, from_pretrained reads
+    pytorch_model.bin (here its index and shards), whatever .safetensors lie
+    beside it; ckptconv read the .safetensors: other weights, exit 0."""
+    d = tmp_path / "bin_and_stray"
+    shutil.copytree(TIED_BIN, d)
+    stray = {k: v + 1 for k, v in _bin_shards(TIED_BIN).items()}
+    save_file(stray, d / "consolidated.safetensors", metadata={"format": "pt"})
+    r = _from_pretrained(d, tmp_path / "hf.pt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = torch.load(tmp_path / "hf.pt", weights_only=True)
+    assert torch.equal(want["model.norm.weight"], _bin_shards(TIED_BIN)["model.norm.weight"])  # the .bin weights
+    r = run_ckptconv("consolidate", d, "-o", tmp_path / "ours.pt")
+    assert r.returncode == 0, r.stderr
+    assert "not read beside them: consolidated.safetensors" in r.stderr, r.stderr
+    assert _equal(torch.load(tmp_path / "ours.pt", weights_only=True), want)

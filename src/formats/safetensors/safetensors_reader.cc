@@ -519,6 +519,16 @@ CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
     std::set<std::string> read{index};
     for (const auto& t : model.tensors) read.insert(t.chunks.at(0).file);
     model.info.files.assign(read.begin(), read.end());
+  } else if (files.has_bin_model()) {
+    // With neither model.safetensors nor an index, from_pretrained reads
+    // pytorch_model.bin (or its index), whatever other .safetensors lie here.
+    if (!files.weights.empty()) {
+      std::string unread;
+      for (const auto& w : files.weights) unread += (unread.empty() ? "" : ", ") + fs::path(w).filename().string();
+      log::warn(dir + ": the pytorch_model.bin weights are the model, as from_pretrained reads them without " +
+                "model.safetensors or an index; not read beside them: " + unread);
+    }
+    model = read_bin_weights(dir, files, sink);
   } else if (!files.weights.empty()) {
     // Without an index the files together are the model (a tensor in two of
     // them is DataLoss, as with an index).
@@ -529,8 +539,6 @@ CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
     if (read == files.weights.size()) builder.require_whole();
     model = std::move(builder).finish();
     model.info.files = files.weights;
-  } else if (files.has_bin_model()) {
-    model = read_bin_weights(dir, files, sink);
   } else if (!files.adapters.empty()) {
     fail_invalid(dir + " holds a PEFT adapter (" + fs::path(files.adapters.front()).filename().string() +
                  ") and no model weights: an adapter is not read as the model; name its file to read it alone (" +
