@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/paths.h"
+#include "formats/safetensors/hf_config.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
 #include "plan/arch_map.h"
@@ -15,25 +16,24 @@
 namespace ckpt::jobs {
 namespace {
 
-constexpr uint64_t kMaxMapBytes = 1 << 20;     // a map is a page of rules
-constexpr uint64_t kMaxConfigBytes = 1 << 20;  // config.json: a few KiB
+constexpr uint64_t kMaxMapBytes = 1 << 20;  // a map is a page of rules
 
-struct HfConfig {
+// What a map reads of config.json: its integer and boolean fields (what map
+// expressions use) and its `architectures`.
+struct MapConfig {
   std::string path;
   ConfigFields fields;
   std::vector<std::string> architectures;
 };
 
-// config.json's integer and boolean fields (what map expressions use) and
-// its `architectures`.
-HfConfig read_config(const std::string& dir) {
-  HfConfig c;
-  c.path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
-  if (!is_regular_file(c.path))
+MapConfig read_config(const std::string& dir) {
+  const safetensors::HfConfig hf = safetensors::read_hf_config(dir);
+  if (!hf.json && hf.unusable.empty())
     fail_invalid("--config-from " + dir + ": no config.json there; an architecture map sizes every tensor by it");
-  const auto j = parse_checkpoint_json(read_small_file(c.path, kMaxConfigBytes), c.path);
-  if (!j.is_object()) fail_data_loss(c.path + ": not a JSON object");
-  for (const auto& [k, v] : j.items()) {
+  if (!hf.json) fail_data_loss(hf.path + ": " + hf.unusable);
+  MapConfig c;
+  c.path = hf.path;
+  for (const auto& [k, v] : hf.json->items()) {
     if (v.is_number_integer())
       c.fields[k] = v.get<int64_t>();
     else if (v.is_boolean())
@@ -66,7 +66,7 @@ ArchMap named_map(const std::string& option) {
 // Where no map's targets are all there, the architecture's own map, whose
 // refusal names the first tensor missing.
 const ArchMap* map_back_for(const CheckpointModel& model, const std::string& target, const std::string& arch,
-                            const HfConfig& config) {
+                            const MapConfig& config) {
   const ArchMap* own = builtin_arch_map_for(target, arch);
   if (own && holds_map_targets(model, *own, config.fields, config.path)) return own;
   for (const auto& m : builtin_arch_maps())
@@ -89,7 +89,7 @@ CheckpointModel apply_requested_map(CheckpointModel model, const std::string& ma
   if (map_option == "none") return model;
   const std::string kind = model.format();
   std::optional<ArchMap> map;
-  std::optional<HfConfig> config;
+  std::optional<MapConfig> config;
   if (!map_option.empty()) {
     if (config_from.empty())
       fail_invalid("--map " + map_option +
@@ -163,7 +163,7 @@ MappedBack apply_requested_map_back(CheckpointModel model, const std::string& ma
         "--layout megatron: the source must be a Megatron-core torch_dist checkpoint read whole, or a "
         "Hugging Face folder whose config.json selects a map back to megatron-core's names (docs/maps.md); " +
         model.source + " is " + model.format() + ", with no config.json");
-  HfConfig config = read_config(dir);
+  MapConfig config = read_config(dir);
   std::optional<ArchMap> map;
   if (!map_option.empty()) {
     map = named_map(map_option);
