@@ -605,3 +605,51 @@ def test_a_sequential_read_goes_ahead_in_chunks_with_a_bounded_number_in_flight(
         assert len(data_gets) <= 2 + (32 << 20) // chunk, (limit, proxy.get_sizes)
         assert proxy.most_gets_at_once <= 2 + 1, proxy.most_gets_at_once  # two chunks ahead, one block read
         assert size <= proxy.got_bytes <= size + (2 << 20), (proxy.got_bytes, size)
+
+
+def test_read_ahead_is_part_of_the_memory_limit(ckptconv, moto, tmp_path):
+    """An s3:// source's read-ahead (a quarter of --memory-limit) is taken
+    out of the budget the copy's slabs share, not added to it (before, slabs
+    had the whole limit and the read-ahead came on top: up to 1.25 times
+    it): with a cast gathering slabs from four objects, the peak RSS above
+    the same process reading only the structure (inspect: code, libraries,
+    the range cache) stays within the limit. Two threads gather the halves
+    of each slab, each through its own stream; the chunks one stream
+    fetched and the other read are dropped when the copy releases the
+    slab's rows, so the budget is not held by stale chunks and the reads
+    stay in chunks (they fell back to a 256 KiB GET each, up to 300 here)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+    src = tmp_path / "four"
+    sd = {f"w{i}": torch.arange(32 << 18, dtype=torch.float32).reshape(-1, 1024) + i for i in range(4)}  # 4 x 32 MiB
+    # Four files, as four ranks' would be: a stream (and its chunks ahead) per file.
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(src), thread_count=4), no_dist=True)
+    client = boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
+                          region_name="us-east-1")
+    for f in sorted(src.iterdir()):
+        client.upload_file(str(f), BUCKET, f"budget/{f.name}")
+
+    def peak_mb(*args, endpoint=moto) -> float:
+        r = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", str(ckptconv), *map(str, args)],
+                           capture_output=True, text=True, env=s3_env(endpoint), timeout=600)
+        assert r.returncode == 0, r.stderr
+        return int(r.stderr.rsplit("maxrss_kb=", 1)[1].split()[0]) / 1024
+
+    structure = peak_mb("inspect", f"s3://{BUCKET}/budget")
+    out = tmp_path / "bf16.safetensors"
+    limit = 64
+    proxy = FaultyProxy(moto, faults=False)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        copy = peak_mb("consolidate", f"s3://{BUCKET}/budget", "-o", out, "--dtype", "bf16", "--memory-limit",
+                       f"{limit}M", "-q", endpoint=f"http://127.0.0.1:{proxy.server_address[1]}")
+    finally:
+        proxy.shutdown()
+    got = load_file(out)
+    assert all(torch.equal(got[k], v.bfloat16()) for k, v in sd.items())
+    assert copy - structure <= limit, (copy, structure)
+    # 128 MiB in 2 MiB chunks (64M / 4 / 8) is 64 GETs; the small ones are the
+    # metadata, each item's two header ranges and each stream's first read.
+    small = [n for n in proxy.get_sizes if n <= 256 << 10]
+    assert len(small) <= 48, proxy.get_sizes

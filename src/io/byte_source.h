@@ -57,9 +57,10 @@ class ByteSource {
   }
 
   // A hint that [pos, pos+n) will be read soon: an object-store source
-  // starts fetching it in the background (io/s3_backend.cc), so that a
-  // reader walking many small records (a DCP file's item headers) has
-  // several requests on the wire instead of one at a time. Others ignore it.
+  // starts fetching it in the background, in one request (io/s3_backend.cc),
+  // so that a reader walking many small records (a DCP file's item headers)
+  // has several requests on the wire instead of one at a time, and records
+  // that lie close together cost one request. Others ignore it.
   virtual void prefetch(uint64_t pos, uint64_t n) const {
     (void)pos;
     (void)n;

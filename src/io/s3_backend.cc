@@ -23,11 +23,11 @@ namespace ckpt {
 
 namespace {
 
-// Reads shorter than this go through the block cache below (pickles, zip
+// Reads shorter than this go through the range cache below (pickles, zip
 // headers, JSON: many small reads close together); longer ones are one
 // ranged GET straight into the caller's buffer (tensor bytes).
 constexpr uint64_t kBlockSize = 256 * 1024;
-// Blocks the whole process keeps (8 MiB): bounded however many objects are open.
+// The cache's bytes (8 MiB, 32 blocks): bounded however many objects are open.
 constexpr std::size_t kCachedBlocks = 32;
 
 uint64_t name_hash(const std::string& s) { return static_cast<uint64_t>(std::hash<std::string>{}(s)); }
@@ -97,35 +97,46 @@ Listing list_objects(const S3Url& where, const std::string& prefix, bool delimit
   return out;
 }
 
-// Process-wide LRU of kBlockSize blocks, keyed by (object, block index).
-class BlockCache {
+// Process-wide LRU of byte ranges of objects, bounded by their bytes
+// (kCacheBytes) however many objects are open: the kBlockSize blocks that
+// small reads fetch and the ranges prefetch() fetched (a DCP file's item
+// headers, one range per gap between two items' tensor bytes).
+class RangeCache {
  public:
-  static BlockCache& get() {
-    static BlockCache* cache = new BlockCache;  // never destroyed: fetch threads may add to it at exit
+  static RangeCache& get() {
+    static RangeCache* cache = new RangeCache;  // never destroyed: fetch threads may add to it at exit
     return *cache;
   }
-  std::shared_ptr<const std::string> find(uint64_t object, uint64_t block) {
+  // A cached range of `object` holding [pos, pos + n), and where it begins; null when none.
+  std::shared_ptr<const std::string> find(uint64_t object, uint64_t pos, uint64_t n, uint64_t* begin) {
     std::lock_guard lock(mutex_);
-    for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
-      if (it->object == object && it->block == block) {
-        blocks_.splice(blocks_.begin(), blocks_, it);
+    for (auto it = ranges_.begin(); it != ranges_.end(); ++it)
+      if (it->object == object && it->begin <= pos && pos + n <= it->begin + it->bytes->size()) {
+        ranges_.splice(ranges_.begin(), ranges_, it);
+        *begin = it->begin;
         return it->bytes;
       }
     return nullptr;
   }
-  void add(uint64_t object, uint64_t block, std::shared_ptr<const std::string> bytes) {
+  void add(uint64_t object, uint64_t begin, std::shared_ptr<const std::string> bytes) {
     std::lock_guard lock(mutex_);
-    blocks_.push_front({object, block, std::move(bytes)});
-    if (blocks_.size() > kCachedBlocks) blocks_.pop_back();
+    held_ += bytes->size();
+    ranges_.push_front({object, begin, std::move(bytes)});
+    while (held_ > kCacheBytes && ranges_.size() > 1) {
+      held_ -= ranges_.back().bytes->size();
+      ranges_.pop_back();
+    }
   }
 
  private:
+  static constexpr uint64_t kCacheBytes = kCachedBlocks * kBlockSize;
   struct Entry {
-    uint64_t object, block;
+    uint64_t object, begin;
     std::shared_ptr<const std::string> bytes;
   };
   std::mutex mutex_;
-  std::list<Entry> blocks_;
+  std::list<Entry> ranges_;
+  uint64_t held_ = 0;
 };
 
 // The object a source reads, shared with the read-ahead fetches it starts.
@@ -167,7 +178,7 @@ void get_range(const ObjectRef& o, uint64_t pos, char* into, std::size_t n) {
 // Nothing is fetched twice: a stream only moves forward, and bytes it
 // skipped (a gap of headers between two items) are dropped unread.
 
-std::atomic<uint64_t> g_read_ahead_budget{MemoryBudget::kDefault / 4};
+std::atomic<uint64_t> g_read_ahead_budget{0};  // set by a job that reads an s3:// source
 std::atomic<uint64_t> g_read_ahead_held{0};
 
 constexpr uint64_t kMaxChunk = uint64_t{8} << 20;  // AWS's advice for ranged GETs: 8 to 16 MiB
@@ -288,6 +299,15 @@ class ReadStream {
     return true;
   }
 
+  // Drops the chunks at the front that lie inside [pos, pos + n), which the
+  // reader says it will not read again: another reader read them (two
+  // threads gathering halves of a slab, one stream overtaking the other),
+  // and kept they would hold the budget for good.
+  void release(uint64_t pos, uint64_t n) {
+    while (!chunks_.empty() && chunks_.front().pos >= pos && chunks_.front().end() <= pos + n) drop_front();
+    window_begin_ = chunks_.empty() ? fetched_end_.load() : chunks_.front().pos;
+  }
+
  private:
   struct Chunk {
     uint64_t pos, size;
@@ -326,23 +346,33 @@ class ReadStream {
   std::deque<Chunk> chunks_;
 };
 
-// Blocks of one object on the wire for prefetch(), so that a read of one
-// waits for it instead of asking again. Shared with the fetches.
-struct PendingBlocks {
+// Ranges of one object on the wire for prefetch(), by where they begin, so
+// that a read inside one waits for it instead of asking again. Shared with
+// the fetches.
+struct PendingRanges {
   struct Fetch {
     std::shared_ptr<std::string> bytes;
     std::shared_future<void> done;
   };
   std::mutex mutex;
-  std::map<uint64_t, Fetch> blocks;
+  std::map<uint64_t, Fetch> ranges;
+  // The range on the wire holding [pos, pos + n), if any (the lock held).
+  const std::pair<const uint64_t, Fetch>* holding(uint64_t pos, uint64_t n) const {
+    auto it = ranges.upper_bound(pos);
+    if (it == ranges.begin()) return nullptr;
+    --it;
+    return pos + n <= it->first + it->second.bytes->size() ? &*it : nullptr;
+  }
 };
 
-// Prefetched blocks on the wire, all objects together: a hint beyond this is
-// dropped (the fetch threads are busy; the read will ask itself).
+// Prefetched ranges on the wire, all objects together: a hint beyond this is
+// dropped (the fetch threads are busy; the read will ask itself). With
+// kMaxPrefetchRange, they hold 8 MiB at most.
 constexpr int kMaxPrefetches = 8;
+constexpr uint64_t kMaxPrefetchRange = uint64_t{1} << 20;
 std::atomic<int> g_prefetches{0};
 
-// An object read by ranged GETs: small reads through the block cache, large
+// An object read by ranged GETs: small reads through the range cache, large
 // ones straight into the caller's buffer, sequential ones from a ReadStream.
 class S3ObjectSource final : public ByteSource {
  public:
@@ -355,24 +385,43 @@ class S3ObjectSource final : public ByteSource {
   uint64_t size() const override { return object_->size; }
   std::string describe() const override { return object_->url; }
 
+  void release(uint64_t pos, uint64_t n) const override {
+    std::vector<std::shared_ptr<ReadStream>> streams;
+    {
+      std::lock_guard lock(mutex_);
+      streams = streams_;
+    }
+    for (const auto& stream : streams) {
+      std::unique_lock lock(stream->mutex, std::try_to_lock);  // one being read is in use: left alone
+      if (lock.owns_lock()) stream->release(pos, n);
+    }
+  }
+
   void read(uint64_t pos, void* buf, std::size_t n) const override {
     check_range(pos, n);
     if (n == 0) return;
     auto* out = static_cast<char*>(buf);
+    uint64_t begin = 0;
+    if (auto held = RangeCache::get().find(id_, pos, n, &begin)) {
+      std::memcpy(out, held->data() + (pos - begin), n);
+      return;
+    }
     if (read_ahead(pos, out, n)) return;
     if (n >= kBlockSize) return get_range(*object_, pos, out, n);
+    // Piece by piece from what holds each byte: a cached or prefetched
+    // range, else the byte's block, fetched and cached.
     while (n > 0) {
-      const uint64_t block = pos / kBlockSize, within = pos % kBlockSize;
-      std::shared_ptr<const std::string> bytes = BlockCache::get().find(id_, block);
-      if (!bytes) bytes = prefetched(block);
+      std::shared_ptr<const std::string> bytes = RangeCache::get().find(id_, pos, 1, &begin);
+      if (!bytes) bytes = prefetched(pos, &begin);
       if (!bytes) {
-        auto fetched = std::make_shared<std::string>(std::min(kBlockSize, size() - block * kBlockSize), '\0');
-        get_range(*object_, block * kBlockSize, fetched->data(), fetched->size());
-        BlockCache::get().add(id_, block, fetched);
+        begin = pos / kBlockSize * kBlockSize;
+        auto fetched = std::make_shared<std::string>(std::min(kBlockSize, size() - begin), '\0');
+        get_range(*object_, begin, fetched->data(), fetched->size());
+        RangeCache::get().add(id_, begin, fetched);
         bytes = fetched;
       }
-      const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(n, bytes->size() - within));
-      std::memcpy(out, bytes->data() + within, take);
+      const std::size_t take = static_cast<std::size_t>(std::min<uint64_t>(n, begin + bytes->size() - pos));
+      std::memcpy(out, bytes->data() + (pos - begin), take);
       out += take;
       pos += take;
       n -= take;
@@ -395,7 +444,7 @@ class S3ObjectSource final : public ByteSource {
         stream = streams_.front();
       }
       if (!stream) {
-        if (n < kBlockSize) return false;  // headers and pickles: the block cache
+        if (n < kBlockSize) return false;  // headers and pickles: the range cache
         if (streams_.size() == kStreamsPerObject) streams_.pop_back();
         streams_.insert(streams_.begin(), std::make_shared<ReadStream>(pos + n));
         return false;
@@ -406,48 +455,48 @@ class S3ObjectSource final : public ByteSource {
     return stream->continues_at(pos) && stream->serve(object_, pos, out, n);
   }
 
-  // Fetches the blocks of [pos, pos + n) into the block cache in the
-  // background (kMaxPrefetches at most on the wire, process-wide).
+  // Fetches [pos, pos + n) into the range cache in the background, in one
+  // GET (at most kMaxPrefetchRange of it; kMaxPrefetches on the wire,
+  // process-wide), unless a cached or pending range holds it already.
  public:
   void prefetch(uint64_t pos, uint64_t n) const override {
     if (n == 0 || pos >= size()) return;
-    const uint64_t last = (std::min(pos + n, size()) - 1) / kBlockSize;
-    for (uint64_t block = pos / kBlockSize; block <= last; ++block) {
-      if (BlockCache::get().find(id_, block)) continue;
-      std::lock_guard lock(pending_->mutex);
-      if (pending_->blocks.count(block)) continue;
-      if (++g_prefetches > kMaxPrefetches) {
-        --g_prefetches;
-        return;
-      }
-      const uint64_t at = block * kBlockSize;
-      auto bytes = std::make_shared<std::string>(std::min(kBlockSize, size() - at), '\0');
-      auto done = FetchThreads::get().submit([object = object_, pending = pending_, id = id_, block, at, bytes] {
-        struct Finish {  // whatever the fetch did: the slot is free, the block no longer pending
-          std::shared_ptr<PendingBlocks> pending;
-          uint64_t block;
-          ~Finish() {
-            --g_prefetches;
-            std::lock_guard lock(pending->mutex);
-            pending->blocks.erase(block);
-          }
-        } finish{pending, block};
-        get_range(*object, at, bytes->data(), bytes->size());
-        BlockCache::get().add(id, block, bytes);
-      });
-      pending_->blocks[block] = {bytes, done};
+    n = std::min({n, size() - pos, kMaxPrefetchRange});
+    uint64_t begin = 0;
+    if (RangeCache::get().find(id_, pos, n, &begin)) return;
+    std::lock_guard lock(pending_->mutex);
+    if (pending_->holding(pos, n) || pending_->ranges.count(pos)) return;
+    if (++g_prefetches > kMaxPrefetches) {
+      --g_prefetches;
+      return;
     }
+    auto bytes = std::make_shared<std::string>(n, '\0');
+    auto done = FetchThreads::get().submit([object = object_, pending = pending_, id = id_, pos, bytes] {
+      struct Finish {  // whatever the fetch did: the slot is free, the range no longer pending
+        std::shared_ptr<PendingRanges> pending;
+        uint64_t pos;
+        ~Finish() {
+          --g_prefetches;
+          std::lock_guard lock(pending->mutex);
+          pending->ranges.erase(pos);
+        }
+      } finish{pending, pos};
+      get_range(*object, pos, bytes->data(), bytes->size());
+      RangeCache::get().add(id, pos, bytes);
+    });
+    pending_->ranges[pos] = {bytes, done};
   }
 
  private:
-  // A block prefetch() has on the wire, once it arrived (its error
-  // rethrown); null when none is pending.
-  std::shared_ptr<const std::string> prefetched(uint64_t block) const {
-    PendingBlocks::Fetch fetch;
+  // The prefetched range on the wire holding byte `pos`, once it arrived
+  // (its error rethrown), and where it begins; null when none is pending.
+  std::shared_ptr<const std::string> prefetched(uint64_t pos, uint64_t* begin) const {
+    PendingRanges::Fetch fetch;
     {
       std::lock_guard lock(pending_->mutex);
-      auto it = pending_->blocks.find(block);
-      if (it == pending_->blocks.end()) return nullptr;
+      auto* it = pending_->holding(pos, 1);
+      if (!it) return nullptr;
+      *begin = it->first;
       fetch = it->second;
     }
     fetch.done.get();
@@ -455,7 +504,7 @@ class S3ObjectSource final : public ByteSource {
   }
 
   std::shared_ptr<const ObjectRef> object_;
-  std::shared_ptr<PendingBlocks> pending_ = std::make_shared<PendingBlocks>();
+  std::shared_ptr<PendingRanges> pending_ = std::make_shared<PendingRanges>();
   uint64_t id_;
   mutable std::mutex mutex_;  // guards the list; each stream has its own lock for its reads
   mutable std::vector<std::shared_ptr<ReadStream>> streams_;

@@ -29,8 +29,12 @@ JobOptions settle(const CommonOptions& opt) {
   out.optim_cast_to = parse_dtype_option(opt.optim_dtype);
   out.device = parse_device(opt.device);
   out.threads = opt.threads;
-  out.memory = MemoryBudget(parse_size(opt.memory_limit));
-  set_s3_read_ahead_budget(out.memory.read_ahead());
+  const bool object_store = is_s3_url(opt.source) ||
+                            std::any_of(opt.files.begin(), opt.files.end(), [](const auto& f) { return is_s3_url(f); });
+  out.memory = MemoryBudget(parse_size(opt.memory_limit), object_store);
+  // Never lowered: diff settles once per side, and a local side must not
+  // take the read-ahead of the other side's objects.
+  if (out.memory.read_ahead() > 0) set_s3_read_ahead_budget(out.memory.read_ahead());
   if (!opt.max_output_size.empty()) out.max_output = parse_size(opt.max_output_size);
   out.max_output_text = opt.max_output_size;
   return out;

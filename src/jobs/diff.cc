@@ -10,6 +10,7 @@
 #include "core/units.h"
 #include "diff/checkpoint_diff.h"
 #include "diff/diff_report.h"
+#include "io/s3_url.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::jobs {
@@ -59,7 +60,9 @@ CheckpointModel read_side(const char* side, const std::string& src, const std::s
 JobReport run_diff(const DiffRequest& req, std::ostream& out) {
   if (req.rtol < 0 || req.atol < 0 || !std::isfinite(req.rtol) || !std::isfinite(req.atol))
     fail_invalid("--rtol and --atol must be finite and not negative");
-  const JobOptions job = settle(req.common);
+  CommonOptions common = req.common;
+  common.source = is_s3_url(req.a) ? req.a : req.b;  // an s3:// side's read-ahead is part of the budget
+  const JobOptions job = settle(common);
   if (job.device == Device::kCuda)
     fail_invalid("--device cuda: diff compares on the CPU (its comparison has no CUDA path yet); use auto or cpu");
   DiffOptions options;

@@ -21,3 +21,20 @@ TEST_CASE("a scan worker keeps its floor under a tiny limit", "[core][memory]") 
   CHECK(tiny.diff() == 1000);
   CHECK(MemoryBudget().total() == uint64_t{256} << 20);
 }
+
+TEST_CASE("an s3:// source's read-ahead is part of --memory-limit, not added to it", "[core][memory]") {
+  const uint64_t limit = uint64_t{64} << 20;
+  MemoryBudget local(limit), remote(limit, true);
+  CHECK(local.read_ahead() == 0);
+  CHECK(local.copy() == limit);
+  CHECK(remote.read_ahead() == limit / 4);
+  CHECK(remote.copy() + remote.read_ahead() == limit);
+  CHECK(remote.diff() + remote.read_ahead() == limit);
+  CHECK(remote.rescan() + remote.read_ahead() == limit);
+  for (int workers : {1, 2, 7}) {
+    CHECK(remote.read_ahead() + remote.scan_worker(workers, false) * static_cast<uint64_t>(workers) <= limit);
+    CHECK(remote.read_ahead() + remote.file_streams() +
+              remote.scan_worker(workers, true) * static_cast<uint64_t>(workers) <=
+          limit);
+  }
+}

@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -121,6 +122,7 @@ class DcpDirReader {
     else
       check_item_overlaps(md);
     model.info.declared = declared_contents(md);
+    plan_header_ranges(md);
     Unflattener tree;
     for (std::size_t i = 0; i < md.items.size(); ++i) {
       for (std::size_t ahead = i == 0 ? 0 : kPrefetchItems; ahead <= kPrefetchItems; ++ahead)
@@ -317,13 +319,45 @@ class DcpDirReader {
     return slice;
   }
 
-  // Each item is a torch.save zip that is read at both ends (its end
-  // records and directory, then its first records): from an object store
-  // that is a request or two per item, one after the other. Hinting the
-  // next items' ends puts several on the wire while this one is decoded.
+  // Each item is a torch.save zip that is read at both ends: its end
+  // records and directory (in its last kZipTail bytes), then its first
+  // records (local headers and data.pkl, in its first kZipHead bytes). From
+  // an object store each read is a request, waited for. Items follow one
+  // another in their file, so one item's end records and the next item's
+  // first records are one run of bytes: plan_header_ranges joins them (and
+  // the ends of items small enough to lie close together) into ranges of
+  // each file, and the reader hints the ranges of the next items while it
+  // decodes one: one request per item, several on the wire at once.
   static constexpr std::size_t kPrefetchItems = 3;
   static constexpr uint64_t kZipHead = 4096;             // local header and data.pkl of a tensor item
   static constexpr uint64_t kZipTail = (64 << 10) + 21;  // the end-record search (archive/zip_reader.cc)
+  // Bytes between two wanted runs fetched rather than asked for apart (a
+  // request costs more than this many bytes on S3 and on moto), and the
+  // largest joined range (the object-store source fetches at most 1 MiB
+  // for a hint, io/s3_backend.cc).
+  static constexpr uint64_t kJoinGap = 256 << 10;
+  static constexpr uint64_t kMaxJoined = 1 << 20;
+
+  void plan_header_ranges(const DcpMetadata& md) {
+    std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> wanted;
+    for (const auto& [key, info] : md.storage) {
+      if (!info.transforms.empty() || info.length > UINT64_MAX - info.offset) continue;  // reading it refuses it
+      auto& runs = wanted[info.relative_path];
+      runs.emplace_back(info.offset, info.offset + std::min(info.length, kZipHead));
+      runs.emplace_back(info.offset + info.length - std::min(info.length, kZipTail), info.offset + info.length);
+    }
+    for (auto& [file, runs] : wanted) {
+      std::sort(runs.begin(), runs.end());
+      auto& joined = header_ranges_[file];
+      for (const auto& [begin, end] : runs) {
+        if (!joined.empty() && begin <= joined.back().second + kJoinGap &&
+            std::max(end, joined.back().second) - joined.back().first <= kMaxJoined)
+          joined.back().second = std::max(end, joined.back().second);
+        else
+          joined.emplace_back(begin, end);
+      }
+    }
+  }
 
   void prefetch_zip_ends(const ItemMeta& item, const DcpMetadata& md) {
     std::vector<Shape> chunks;
@@ -331,14 +365,20 @@ class DcpDirReader {
     if (!item.is_tensor) chunks.push_back({});
     for (const Shape& offsets : chunks) {
       auto it = md.storage.find({item.fqn, offsets});
-      if (it == md.storage.end() || !it->second.transforms.empty() || unreadable_.count(it->second.relative_path))
-        continue;
+      if (it == md.storage.end() || unreadable_.count(it->second.relative_path)) continue;
       const StorageInfo& info = it->second;
+      auto ranges = header_ranges_.find(info.relative_path);
+      if (!info.transforms.empty() || info.length > UINT64_MAX - info.offset || ranges == header_ranges_.end())
+        continue;  // read whole (decompressed) or refused when read
       try {
         check_relative_path(info.relative_path);
         SourcePtr file = open(info.relative_path);
-        file->prefetch(info.offset, std::min(info.length, kZipHead));
-        file->prefetch(info.offset + info.length - std::min(info.length, kZipTail), std::min(info.length, kZipTail));
+        for (uint64_t at : {info.offset, info.offset + info.length - std::min(info.length, kZipTail)}) {
+          // The joined range holding `at`: the last that begins at or before it.
+          auto r = std::upper_bound(ranges->second.begin(), ranges->second.end(), std::make_pair(at, UINT64_MAX));
+          if (r != ranges->second.begin()) --r;
+          file->prefetch(r->first, r->second - r->first);
+        }
       } catch (const Error&) {
         // Only a hint: reading the item reports what is wrong with it.
       }
@@ -425,6 +465,8 @@ class DcpDirReader {
   const pickle::GlobalPolicy& bytes_policy_;
   std::map<std::string, SourcePtr> files_;
   std::set<std::string> unreadable_;  // relative paths reported by check_storage_files
+  // Per file, the sorted ranges holding its items' zip headers (plan_header_ranges).
+  std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> header_ranges_;
   int metadata_files_ = 0;
 };
 
