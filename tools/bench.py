@@ -55,24 +55,29 @@ import time
 from pathlib import Path
 
 
-def run_measured(cmd: list[str], env=None) -> tuple[float, int]:
+def run_measured(cmd: list[str], env=None, cpu: list | None = None) -> tuple[float, int]:
     """(wall seconds, peak RSS bytes) of one command; raises on failure.
 
     Peak RSS comes from GNU time (the process after exec): the rusage of a
     child forked from this Python would include the ~30 MB of the fork.
     Dirty pages the previous command left are written back first (sync,
     untimed): otherwise their writeback lands in this command's time, which
-    made single runs vary by 3x on this machine's virtual disk."""
+    made single runs vary by 3x on this machine's virtual disk. With `cpu`,
+    the command's user + system seconds (its waited-for children's too: the
+    workers a `sh -c '... & wait'` starts) are appended to it: on a machine
+    shared with other jobs they vary far less than the wall time."""
     os.sync()
     with tempfile.NamedTemporaryFile("r") as report:
         start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", report.name, *cmd], env=env,
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", "-o", report.name, *cmd], env=env,
                               stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise SystemExit(f"bench: {' '.join(cmd)} failed with exit code {proc.returncode}")
-        rss_kb = int(report.read().strip().splitlines()[-1])
-    return wall, rss_kb * 1024
+        rss_kb, user, system = report.read().strip().splitlines()[-1].split()
+    if cpu is not None:
+        cpu.append(float(user) + float(system))
+    return wall, int(rss_kb) * 1024
 
 
 # Each row is the best of this many passes over a warm cache. The 2-core VM
@@ -159,6 +164,7 @@ def consolidate(args) -> None:
     raw_out, torch_out, ours_out = work / "raw.out", work / "torch.pt", work / "ckptconv.pt"
     st_out, h5_out = work / "ckptconv.safetensors", work / "ckptconv.h5"
     best = {}
+    part_cpu: dict[str, list[float]] = {}  # CPU seconds of the --part rows and their one-process baselines
     for pass_index in range(PASSES):
         results = {}
         for p in (raw_out, torch_out, ours_out, st_out, h5_out):
@@ -176,7 +182,8 @@ def consolidate(args) -> None:
             [py, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(ckpt), str(torch_out)])
         torch_out.unlink()
         # (c) ckptconv.
-        results["ckptconv consolidate"] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out)])
+        results["ckptconv consolidate"] = run_measured([args.ckptconv, "-q", "consolidate", str(ckpt), "-o", str(ours_out)],
+                                                       cpu=part_cpu.setdefault("ckptconv consolidate", []))
         ours_out.unlink()
         # Pairs whose ratio is a target (the CRC-32 check's cost: the same run
         # without it), run in alternating order: on this VM a command that
@@ -190,15 +197,19 @@ def consolidate(args) -> None:
         for pair in ((("ckptconv --no-fsync", []), ("  ... --no-verify", ["--no-verify"])),
                      (("bf16 --no-fsync", ["--dtype", "bf16"]), ("bf16 --no-verify", ["--dtype", "bf16", "--no-verify"]))):
             for name, extra in (pair if pass_index % 2 == 0 else reversed(pair)):
-                results[name] = run_measured([*ours, "--no-fsync", *extra])
+                results[name] = run_measured([*ours, "--no-fsync", *extra], cpu=part_cpu.setdefault(name, []))
                 ours_out.unlink()
         # The same consolidate split over N worker processes (--part I/N),
         # all started at once as a launcher would; one of them finalizes.
+        # Also without fsync, against the one process without it: on one
+        # disk the durable runs' ratio is the disk's (two workers' writeback
+        # streams into one file), the other's and the CPU seconds the code's.
         for n in (2, 4):
-            workers = " ".join(f"{args.ckptconv} -q consolidate {ckpt} -o {ours_out} --part {i}/{n} &"
-                               for i in range(n))
-            results[f"ckptconv --part x{n}"] = run_measured(["sh", "-c", f"{workers} wait"])
-            ours_out.unlink()
+            for name, extra in ((f"ckptconv --part x{n}", ""), (f"--part x{n} --no-fsync", " --no-fsync")):
+                workers = " ".join(f"{args.ckptconv} -q consolidate {ckpt} -o {ours_out} --part {i}/{n}{extra} &"
+                                   for i in range(n))
+                results[name] = run_measured(["sh", "-c", f"{workers} wait"], cpu=part_cpu.setdefault(name, []))
+                ours_out.unlink()
         # Reshard to world size 3: every byte read and written once more, N files.
         reshard_out = work / "resharded"
         shutil.rmtree(reshard_out, ignore_errors=True)
@@ -236,6 +247,12 @@ def consolidate(args) -> None:
     print(f"--part over 2 and 4 processes on this machine: {results['ckptconv --part x2'][0] / c:.2f}x and "
           f"{results['ckptconv --part x4'][0] / c:.2f}x the single process's time (target <= 1.1 on one disk; "
           "docs/scaling.md)")
+    mid = {name: sorted(v)[len(v) // 2] for name, v in part_cpu.items()}  # median CPU seconds of each row
+    print(f"  without fsync: {results['--part x2 --no-fsync'][0] / nf:.2f}x and "
+          f"{results['--part x4 --no-fsync'][0] / nf:.2f}x (target <= 1.1); CPU seconds (median of {PASSES}), "
+          f"one process {mid['ckptconv consolidate']:.2f}, x2 {mid['ckptconv --part x2']:.2f}, "
+          f"x4 {mid['ckptconv --part x4']:.2f}; without fsync {mid['ckptconv --no-fsync']:.2f}, "
+          f"{mid['--part x2 --no-fsync']:.2f}, {mid['--part x4 --no-fsync']:.2f}")
     print_validate_ratios(results)
 
 
