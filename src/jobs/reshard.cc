@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "core/progress.h"
 #include "core/units.h"
 #include "exec/write_dcp.h"
@@ -286,8 +287,12 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
   for (const auto& f : plan.files)
     for (const auto& t : f.tensors) bytes += t.output_nbytes();
   j.report.bytes = bytes;
+  // Beside each rank file, distrib_optim.pt where the optimizer is the distributed one's.
+  std::size_t distrib_optim = 0;
+  for (const auto& f : plan.files) distrib_optim += file_name(f.name) == megatron_legacy::kDistribOptimFile;
   j.report.summary = "wrote " + j.req.output + " (" + std::string(j.layout.name) + "): TP " + std::to_string(tp) +
-                     " x PP " + std::to_string(pp) + ", " + std::to_string(plan.files.size()) + " rank files";
+                     " x PP " + std::to_string(pp) + ", " + std::to_string(plan.files.size() - distrib_optim) +
+                     " rank files" + (distrib_optim ? " with distrib_optim.pt" : "");
   log::debug("plan: " + std::to_string(plan.files.size()) + " rank files for TP " + std::to_string(tp) + " x PP " +
              std::to_string(pp) + ", " + human_bytes(static_cast<double>(bytes)) + " -> " + j.req.output);
   MegatronLegacyWriter writer(plan, j.req.output);

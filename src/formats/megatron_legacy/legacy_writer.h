@@ -19,9 +19,14 @@
 // _get_param_groups (the source's groups in order, each holding the rank's
 // parameters its rule selects), every state the rank's TP piece of the
 // parameter's; under fp16/bf16 wrapped as Float16OptimizerWithFloat16Params
-// saves it, with the fp32 masters in fp32_from_fp16_params. The RNG states
-// are not written (seeded per TP x PP position; the job loads with
-// --no-load-rng), nor is distrib_optim.pt.
+// saves it, with the fp32 masters in fp32_from_fp16_params. A source that
+// used the distributed optimizer (args.use_distributed_optimizer) gets it
+// again: each rank file's `optimizer` holds what DistributedOptimizer.
+// state_dict gives (the param groups with the step, no state), and beside
+// it distrib_optim.pt holds what save_parameter_state writes for the rank's
+// model (optim_layout.h: flat fp32 buffers of masters and Adam moments,
+// laid out by the source's args). The RNG states are not written (seeded
+// per TP x PP position; the job loads with --no-load-rng).
 #pragma once
 
 #include <string>
@@ -35,14 +40,15 @@ namespace ckpt::megatron_legacy {
 // index `tensors`, each a piece of a tensor of the model read (chunks into
 // its files: nothing is read to plan).
 struct LegacyRankFile {
-  std::string name;  // "iter_0000007/mp_rank_01_000/model_optim_rng.pt"
+  std::string name;  // "iter_0000007/mp_rank_01_000/model_optim_rng.pt", or its distrib_optim.pt
   pickle::ValuePtr root;
   std::vector<TensorEntry> tensors;
 };
 
 struct LegacyOutput {
-  std::string tracker;                // latest_checkpointed_iteration.txt: "7", or "release"
-  std::vector<LegacyRankFile> files;  // PP rank after PP rank, TP rank after TP rank
+  std::string tracker;  // latest_checkpointed_iteration.txt: "7", or "release"
+  // PP rank after PP rank, TP rank after TP rank; each rank's distrib_optim.pt right after its rank file
+  std::vector<LegacyRankFile> files;
 };
 
 // `legacy`: a Megatron-LM legacy checkpoint read whole (the model at
