@@ -244,6 +244,8 @@ def compare(rank, ws, port, case, bf16, distopt, loaded_dir, stepped_dir, steppe
             # view of the weight, which FP32Optimizer keeps as its master;
             # a DistributedOptimizer's own master where it was loaded into one.
             got = got_optim.get(name, {}).get(kind)
+            if kind == "fp32_param" and got is None:  # the DistributedOptimizer's name for the same master
+                got = got_optim.get(name, {}).get("param")
             if kind == "param" and got is None:
                 got = got_model.get(name)
             if not same(got, want):

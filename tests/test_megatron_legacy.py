@@ -644,6 +644,8 @@ def test_legacy_output_at_tp2_gives_each_rank_its_swiglu_halves_and_query_groups
     (["--layout", "megatron-legacy", "--world-size", "2"], 2, "one rank per --tp x --pp"),
     (["--layout", "megatron-legacy", "--only", "model"], 2, "read whole"),
     (["--layout", "megatron", "--world-size", "2", "--tp", "2"], 2, "--tp / --pp"),
+    (["--layout", "megatron", "--world-size", "2", "--distributed-optimizer"], 2,
+     "--distributed-optimizer: only for a layout written per TP x PP position"),
 ])
 def test_legacy_layout_refusals(args, code, message, tmp_path, run_ckptconv):
     r = run_ckptconv("reshard", str(CASE / "ckpt"), "-o", str(tmp_path / "out"), *args)
@@ -732,7 +734,7 @@ def test_a_release_checkpoint_is_written_as_release(tmp_path, run_ckptconv):
 OPTIM_PY = REPO / "tests" / "megatron_legacy_optim.py"
 
 
-def megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp=1):
+def megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp=1, flags=()):
     """tests/megatron_legacy_optim.py: megatron-core's model and optimizer
     (plain, or the DistributedOptimizer at DP `dp` where the output's args
     say so) at TP x PP load CASE written for that TP x PP, as Megatron-LM's
@@ -744,7 +746,7 @@ def megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp=1):
     require_side_env(MEGATRON_PY, "loading with megatron-core's own optimizer runs", "scripts/setup-megatron")
     out = tmp_path / "legacy"
     r = run_ckptconv("reshard", str(ROOT / case / "ckpt"), "--layout", "megatron-legacy", "--tp", str(tp), "--pp",
-                     str(pp), "-o", str(out))
+                     str(pp), "-o", str(out), *flags)
     assert r.returncode == 0, r.stderr
     report = tmp_path / "resume.json"
     r = subprocess.run([str(MEGATRON_PY), str(OPTIM_PY), str(out), str(tp), str(pp), str(ROOT / case), str(report),
@@ -753,15 +755,20 @@ def megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp=1):
     return json.loads(report.read_text())
 
 
-@pytest.mark.parametrize("case,tp,pp,dp", [("gpt_tp2pp2", 1, 2, 1), ("gpt_tp2pp2", 2, 1, 1), ("gpt_tp2_bf16", 1, 1, 1),
-                                           ("gpt_tp2_dp2_distopt", 1, 1, 1), ("gpt_tp2_dp2_distopt", 1, 1, 2)])
-def test_megatron_core_loads_the_optimizer_and_takes_the_same_step(case, tp, pp, dp, tmp_path, run_ckptconv):
-    # The distributed optimizer's source is written as distrib_optim.pt,
-    # which megatron-core's DistributedOptimizer loads (load_parameter_state)
-    # at DP 1 and, scattered from DP rank 0, at DP 2.
-    got = megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp)
+@pytest.mark.parametrize("case,tp,pp,dp,flag", [
+    ("gpt_tp2pp2", 1, 2, 1, None), ("gpt_tp2pp2", 2, 1, 1, None), ("gpt_tp2_bf16", 1, 1, 1, None),
+    ("gpt_tp2_dp2_distopt", 1, 1, 1, None), ("gpt_tp2_dp2_distopt", 1, 1, 2, None),
+    ("gpt_tp2pp2", 2, 1, 1, "--distributed-optimizer"), ("gpt_tp2_bf16", 1, 1, 2, "--distributed-optimizer"),
+    ("gpt_tp2_dp2_distopt", 1, 1, 1, "--no-distributed-optimizer")])
+def test_megatron_core_loads_the_optimizer_and_takes_the_same_step(case, tp, pp, dp, flag, tmp_path, run_ckptconv):
+    # A distributed optimizer's source is written as distrib_optim.pt (and a
+    # plain one's with --distributed-optimizer), which megatron-core's
+    # DistributedOptimizer loads (load_parameter_state) at DP 1 and,
+    # scattered from DP rank 0, at DP 2; --no-distributed-optimizer writes
+    # the plain optimizer's state instead.
+    got = megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp, [flag] if flag else [])
     assert got["ranks"] == tp * pp * dp and got["problems"] == []
-    assert got["distributed"] == ("distopt" in case)
+    assert got["distributed"] == (flag == "--distributed-optimizer" or ("distopt" in case and flag is None))
     # What megatron-core's model and optimizer loaded, joined at TP=1/PP=1 by
     # megatron-core: every weight, fp32 master and Adam moment the source
     # job's own (model_ref.pt, optim_ref.pt), bit for bit.

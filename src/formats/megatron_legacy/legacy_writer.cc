@@ -90,8 +90,9 @@ struct RankParam {
 
 class LegacyPlanner {
  public:
-  LegacyPlanner(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp)
-      : legacy_(legacy), optim_(optim), tp_(tp), pp_(pp) {}
+  LegacyPlanner(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
+                std::optional<bool> distributed)
+      : legacy_(legacy), optim_(optim), tp_(tp), pp_(pp), requested_distributed_(distributed) {}
 
   LegacyOutput run() {
     ValuePtr root = mapping_of(legacy_.root);
@@ -174,7 +175,7 @@ class LegacyPlanner {
   // plain optimizer's step in each, which torch keeps per parameter).
   void settle_optim() {
     if (!optim_) return;
-    distributed_ = bool_entry(args_, "use_distributed_optimizer");
+    distributed_ = requested_distributed_.value_or(bool_entry(args_, "use_distributed_optimizer"));
     distopt_args_ = distopt_args_v016(*args_);
     ValuePtr root = mapping_of(optim_->root);
     ValuePtr view = root->is(Kind::kDict) ? root->get("optim") : nullptr;
@@ -541,6 +542,7 @@ class LegacyPlanner {
   ValuePtr optim_state_;
   std::vector<ValuePtr> optim_groups_;
   ValuePtr args_;
+  std::optional<bool> requested_distributed_;  // --distributed-optimizer / --no-distributed-optimizer
   bool distributed_ = false;  // the optimizer is written as the DistributedOptimizer's: distrib_optim.pt
   DistoptArgs distopt_args_;  // the job's args that set distrib_optim.pt's layout
   bool swiglu_ = false, tied_ = false;
@@ -550,10 +552,11 @@ class LegacyPlanner {
 
 }  // namespace
 
-LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp) {
+LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
+                                std::optional<bool> distributed) {
   if (tp < 1 || pp < 1)
     fail_invalid("--tp and --pp must be at least 1 (got " + std::to_string(tp) + " and " + std::to_string(pp) + ")");
-  return LegacyPlanner(legacy, optim, tp, pp).run();
+  return LegacyPlanner(legacy, optim, tp, pp, distributed).run();
 }
 
 }  // namespace ckpt::megatron_legacy

@@ -29,6 +29,7 @@
 // per TP x PP position; the job loads with --no-load-rng).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,10 @@ struct LegacyOutput {
 // PP = 1. No virtual pipeline stages are written. `optim`: the same
 // checkpoint read with --only optim, or nullptr to write no optimizer;
 // its state must name every parameter the ranks hold (DataLoss naming the
-// one it lacks).
-LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp);
+// one it lacks). `distributed`: the optimizer written as the
+// DistributedOptimizer's (true) or the plain one's (false); absent: as the
+// source's args.use_distributed_optimizer says.
+LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
+                                std::optional<bool> distributed = std::nullopt);
 
 }  // namespace ckpt::megatron_legacy
