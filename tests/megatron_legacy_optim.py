@@ -134,10 +134,15 @@ def load_parameter_state(opt, path):
     one tensor per parameter: that load_state_dict gives every state the
     same step tensor, which torch's Adam then advances once per parameter
     in one step (its own load_state_dict keeps one per parameter)."""
+    with_steps_aside(opt, lambda: opt.load_parameter_state(str(path)))
+
+
+def with_steps_aside(opt, call):
+    """call() with load_parameter_state's workarounds (above)."""
     inner = opt.chained_optimizers if hasattr(opt, "chained_optimizers") else [opt]
     steps = [{p: st.pop("step") for p, st in o.optimizer.state.items() if "step" in st} for o in inner]
     with torch.no_grad():
-        opt.load_parameter_state(str(path))
+        call()
     for o, kept in zip(inner, steps):
         for p, step in kept.items():
             o.optimizer.state[p]["step"] = step.clone()

@@ -758,7 +758,8 @@ def megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp=1, flags=()):
 @pytest.mark.parametrize("case,tp,pp,dp,flag", [
     ("gpt_tp2pp2", 1, 2, 1, None), ("gpt_tp2pp2", 2, 1, 1, None), ("gpt_tp2_bf16", 1, 1, 1, None),
     ("gpt_tp2_dp2_distopt", 1, 1, 1, None), ("gpt_tp2_dp2_distopt", 1, 1, 2, None),
-    ("gpt_tp2pp2", 2, 1, 1, "--distributed-optimizer"), ("gpt_tp2_bf16", 1, 1, 2, "--distributed-optimizer"),
+    ("gpt_tp2pp2", 2, 1, 1, "--distributed-optimizer"), ("gpt_tp2pp2", 1, 2, 2, "--distributed-optimizer"),
+    ("gpt_tp2_bf16", 1, 1, 2, "--distributed-optimizer"),
     ("gpt_tp2_dp2_distopt", 1, 1, 1, "--no-distributed-optimizer")])
 def test_megatron_core_loads_the_optimizer_and_takes_the_same_step(case, tp, pp, dp, flag, tmp_path, run_ckptconv):
     # A distributed optimizer's source is written as distrib_optim.pt (and a
