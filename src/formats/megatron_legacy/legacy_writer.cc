@@ -204,6 +204,8 @@ class LegacyPlanner {
     return make_tensor_ref(tensors.size() - 1);
   }
 
+  // TP rank t's piece of the optimizer tensor `ref`, for the plain
+  // optimizer's entry or a distrib_optim.pt buffer.
   TensorEntry state_piece(const ValuePtr& ref, const std::string& name, int t, const std::string& label) const {
     auto idx = ref ? tensor_ref_index(*ref) : std::nullopt;
     if (!idx) fail_data_loss(legacy_.source + ": the optimizer's " + label + " is not a tensor");
