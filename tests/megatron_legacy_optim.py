@@ -5,11 +5,20 @@
 step (run by tests/test_megatron_legacy.py in the side environment
 .venv-megatron).
 
-    .venv-megatron/bin/python tests/megatron_legacy_optim.py OURS TP PP CASE OUT.json
+    .venv-megatron/bin/python tests/megatron_legacy_optim.py OURS TP PP CASE OUT.json [DP]
 
 CASE is a fixture folder of testdata/megatron_legacy (its case.json says
 the dtype; model_ref.pt and optim_ref.pt are megatron-core's own TP=1/PP=1
 reading of the source job's model and optimizer).
+
+Where OURS's args say use_distributed_optimizer (distrib_optim.pt beside
+each rank file), the job is TP x PP x DP gloo processes (DP default 1) with
+megatron's DistributedOptimizer, and each rank then also calls
+``optimizer.load_parameter_state(<its rank folder>/distrib_optim.pt)``, as
+``load_checkpoint`` does for ckpt_format=torch (DP rank 0 reads the file
+and scatters each DP rank's shard); the TP=1/PP=1 process that reads back
+what was loaded builds the same optimizer, so the fp32 masters compared are
+the optimizer's own. Otherwise:
 
 Every rank builds the fixture's GPT at TP x PP (megatron_legacy_load.build;
 under bf16 wrapped in Float16Module as Megatron-LM's get_model does), in
@@ -31,7 +40,8 @@ stepped model the same way. The TP=1/PP=1 process takes the same step from
 the source job's own state: model_ref.pt's weights, and optim_ref.pt's state
 put into its optimizer by parameter name. Writes {"ranks", "problems",
 "model_differ", "optim_differ", "optim_compared", "losses", "ref_losses",
-"stepped_max_diff", "stepped_equal"} (losses and stepped values null at PP > 1)."""
+"stepped_max_diff", "stepped_equal", "distributed"} (losses and stepped values
+null at PP > 1)."""
 import contextlib
 import json
 import sys
@@ -52,8 +62,9 @@ import megatron_legacy_load as mll  # noqa: E402
 REF_SHARDING = legacy.REF_SHARDING
 
 
-def build(tp, pp, bf16):
-    """The model, its DDP wrapper and megatron-core's plain optimizer."""
+def build(tp, pp, bf16, distopt=False):
+    """The model, its DDP wrapper and megatron-core's plain optimizer (or
+    its DistributedOptimizer: `distopt`)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.module import Float16Module
@@ -67,9 +78,9 @@ def build(tp, pp, bf16):
     # only while initializing them on the CPU; the load overwrites the values.
     cfg, model = mk.build_model(tp, pp, extra, vocab=legacy.VOCAB, seq=legacy.SEQ, init=True)
     wrapped = Float16Module(cfg, model) if bf16 else model
-    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=False,
+    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(use_distributed_optimizer=distopt,
                                                                      grad_reduce_in_fp32=bf16), module=wrapped)
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=False,
+    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=distopt,
                                                  params_dtype=torch.bfloat16 if bf16 else torch.float32, bf16=bf16),
                                  [ddp])
     return model, ddp, opt
@@ -105,22 +116,57 @@ def adam_step(ddp, opt):
     return [first.detach().float().flatten().tolist(), second.float().flatten().tolist()]
 
 
-def load_ours(rank, ws, port, ours, tp, pp, bf16, loaded_dir, stepped_dir, out):
+def written_distributed(ours):
+    """Whether OURS was written for the distributed optimizer (its args)."""
+    rank_file = next(Path(ours).glob("iter_*/mp_rank_*/model_optim_rng.pt"))
+    return bool(torch.load(rank_file, map_location="cpu", weights_only=False)["args"].use_distributed_optimizer)
+
+
+def load_parameter_state(opt, path):
+    """optimizer.load_parameter_state(path), around two things of megatron-
+    core 0.16.1 on this CPU run (torch's Adam: no Apex, no Transformer
+    Engine): its load_state_dict puts torch Adam's `step` into each state,
+    which _set_main_param_and_optimizer_states then copies like a tensor of
+    distrib_optim.pt (KeyError 'step'; TE's FusedAdam, a GPU job's, keeps no
+    step there): the steps are set aside for the call and put back. And an
+    fp32 model's master is a view of its weight (a leaf that requires
+    grad), which it copies into in place: under no_grad. The steps go back
+    one tensor per parameter: that load_state_dict gives every state the
+    same step tensor, which torch's Adam then advances once per parameter
+    in one step (its own load_state_dict keeps one per parameter)."""
+    with_steps_aside(opt, lambda: opt.load_parameter_state(str(path)))
+
+
+def with_steps_aside(opt, call):
+    """call() with load_parameter_state's workarounds (above)."""
+    inner = opt.chained_optimizers if hasattr(opt, "chained_optimizers") else [opt]
+    steps = [{p: st.pop("step") for p, st in o.optimizer.state.items() if "step" in st} for o in inner]
+    with torch.no_grad():
+        call()
+    for o, kept in zip(inner, steps):
+        for p, step in kept.items():
+            o.optimizer.state[p]["step"] = step.clone()
+
+
+def load_ours(rank, ws, port, ours, tp, pp, bf16, distopt, loaded_dir, stepped_dir, out):
     mk._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
-    model, ddp, opt = build(tp, pp, bf16)
+    model, ddp, opt = build(tp, pp, bf16, distopt)
     tracker = (Path(ours) / "latest_checkpointed_iteration.txt").read_text().strip()
     t, p = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
     rank_folder = f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "")
-    state = torch.load(Path(ours) / f"iter_{int(tracker):07d}" / rank_folder / "model_optim_rng.pt",
-                       map_location="cpu", weights_only=False)
+    rank_dir = Path(ours) / f"iter_{int(tracker):07d}" / rank_folder
+    state = torch.load(rank_dir / "model_optim_rng.pt", map_location="cpu", weights_only=False)
     problems = [f"args.{k} {getattr(state['args'], k)}" for k, want in
                 (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp),
-                 ("use_distributed_optimizer", False)) if getattr(state["args"], k) != want]
+                 ("use_distributed_optimizer", distopt)) if getattr(state["args"], k) != want]
     # megatron/training/checkpointing.py load_checkpoint (core_v0.16.1): the
-    # model through the DDP wrapper, strict; then the optimizer.
+    # model through the DDP wrapper, strict; then the optimizer, and under
+    # the distributed optimizer its parameter state from distrib_optim.pt.
     ddp.load_state_dict(state["model"], strict=True)
     opt.load_state_dict(state["optimizer"])
+    if distopt:
+        load_parameter_state(opt, rank_dir / "distrib_optim.pt")
     msd = model.sharded_state_dict()
     dist_checkpointing.save({"model": msd, "optimizer": opt.sharded_state_dict(msd, metadata=REF_SHARDING)},
                             loaded_dir)
@@ -173,10 +219,15 @@ def put_reference_state(model, opt, ref, case):
     return len(pairs)
 
 
-def compare(rank, ws, port, case, bf16, loaded_dir, stepped_dir, stepped, out):
+def compare(rank, ws, port, case, bf16, distopt, loaded_dir, stepped_dir, stepped, out):
     mk._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
-    model, ddp, opt = build(1, 1, bf16)
+    model, ddp, opt = build(1, 1, bf16, distopt)
+    if distopt:
+        # A fresh DistributedOptimizer holds no state to load into:
+        # megatron-core's own helper allocates it (a zero-gradient step).
+        for inner in opt.chained_optimizers:
+            inner._init_optimizer_states_with_dummy_values()
     msd = model.sharded_state_dict()
     request = {"model": msd, "optimizer": opt.sharded_state_dict(msd, is_loading=True, metadata=REF_SHARDING)}
     loaded = dist_checkpointing.load(request, loaded_dir)
@@ -195,8 +246,13 @@ def compare(rank, ws, port, case, bf16, loaded_dir, stepped_dir, stepped, out):
         for kind, want in states.items():
             report["optim_compared"] += 1
             # The distributed optimizer's fp32 master of an fp32 model is a
-            # view of the weight, which FP32Optimizer keeps as its master.
-            got = got_model.get(name) if kind == "param" else got_optim.get(name, {}).get(kind)
+            # view of the weight, which FP32Optimizer keeps as its master;
+            # a DistributedOptimizer's own master where it was loaded into one.
+            got = got_optim.get(name, {}).get(kind)
+            if kind == "fp32_param" and got is None:  # the DistributedOptimizer's name for the same master
+                got = got_optim.get(name, {}).get("param")
+            if kind == "param" and got is None:
+                got = got_model.get(name)
             if not same(got, want):
                 report["optim_differ"].append(f"{name} {kind}")
     # (common_step: the plain optimizer's, where the distributed one's reference has none)
@@ -225,17 +281,21 @@ def compare(rank, ws, port, case, bf16, loaded_dir, stepped_dir, stepped, out):
 
 if __name__ == "__main__":
     ours, tp, pp, case, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    dp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     bf16 = json.loads((Path(case) / "case.json").read_text()).get("params_dtype") == "bfloat16"
+    distopt = written_distributed(ours)
     with tempfile.TemporaryDirectory() as tmp:
         loaded_dir, stepped_dir = Path(tmp) / "loaded", Path(tmp) / "stepped"
         loaded_dir.mkdir()
         stepped_dir.mkdir()
         ranks_out, compared = Path(tmp) / "ranks.json", Path(tmp) / "compared.json"
-        mp.spawn(load_ours, args=(tp * pp, mk.free_port(), ours, tp, pp, bf16, str(loaded_dir), str(stepped_dir),
-                                  str(ranks_out)), nprocs=tp * pp, join=True)
-        mp.spawn(compare, args=(1, mk.free_port(), case, bf16, str(loaded_dir), str(stepped_dir), pp == 1,
+        ws = tp * pp * dp
+        mp.spawn(load_ours, args=(ws, mk.free_port(), ours, tp, pp, bf16, distopt, str(loaded_dir),
+                                  str(stepped_dir), str(ranks_out)), nprocs=ws, join=True)
+        mp.spawn(compare, args=(1, mk.free_port(), case, bf16, distopt, str(loaded_dir), str(stepped_dir), pp == 1,
                                 str(compared)), nprocs=1, join=True)
         report = json.loads(compared.read_text())
         report.update(json.loads(ranks_out.read_text()))
-        report["ranks"] = tp * pp
+        report["ranks"] = ws
+        report["distributed"] = distopt
         Path(out).write_text(json.dumps(report))

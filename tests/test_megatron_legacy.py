@@ -644,6 +644,8 @@ def test_legacy_output_at_tp2_gives_each_rank_its_swiglu_halves_and_query_groups
     (["--layout", "megatron-legacy", "--world-size", "2"], 2, "one rank per --tp x --pp"),
     (["--layout", "megatron-legacy", "--only", "model"], 2, "read whole"),
     (["--layout", "megatron", "--world-size", "2", "--tp", "2"], 2, "--tp / --pp"),
+    (["--layout", "megatron", "--world-size", "2", "--distributed-optimizer"], 2,
+     "--distributed-optimizer: only for a layout written per TP x PP position"),
 ])
 def test_legacy_layout_refusals(args, code, message, tmp_path, run_ckptconv):
     r = run_ckptconv("reshard", str(CASE / "ckpt"), "-o", str(tmp_path / "out"), *args)
@@ -732,30 +734,42 @@ def test_a_release_checkpoint_is_written_as_release(tmp_path, run_ckptconv):
 OPTIM_PY = REPO / "tests" / "megatron_legacy_optim.py"
 
 
-def megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv):
-    """tests/megatron_legacy_optim.py: megatron-core's model and plain
-    optimizer at TP x PP load CASE written for that TP x PP, as Megatron-LM's
-    load_checkpoint does (ddp.load_state_dict, optimizer.load_state_dict),
-    and take a training step beside the same step from the source job's own
-    state at TP=1/PP=1."""
+def megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp=1, flags=()):
+    """tests/megatron_legacy_optim.py: megatron-core's model and optimizer
+    (plain, or the DistributedOptimizer at DP `dp` where the output's args
+    say so) at TP x PP load CASE written for that TP x PP, as Megatron-LM's
+    load_checkpoint does (ddp.load_state_dict, optimizer.load_state_dict,
+    and optimizer.load_parameter_state of distrib_optim.pt), and take a
+    training step beside the same step from the source job's own state at
+    TP=1/PP=1."""
     import subprocess
     require_side_env(MEGATRON_PY, "loading with megatron-core's own optimizer runs", "scripts/setup-megatron")
     out = tmp_path / "legacy"
     r = run_ckptconv("reshard", str(ROOT / case / "ckpt"), "--layout", "megatron-legacy", "--tp", str(tp), "--pp",
-                     str(pp), "-o", str(out))
+                     str(pp), "-o", str(out), *flags)
     assert r.returncode == 0, r.stderr
     report = tmp_path / "resume.json"
-    r = subprocess.run([str(MEGATRON_PY), str(OPTIM_PY), str(out), str(tp), str(pp), str(ROOT / case), str(report)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run([str(MEGATRON_PY), str(OPTIM_PY), str(out), str(tp), str(pp), str(ROOT / case), str(report),
+                        str(dp)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(report.read_text())
 
 
-@pytest.mark.parametrize("case,tp,pp", [("gpt_tp2pp2", 1, 2), ("gpt_tp2pp2", 2, 1), ("gpt_tp2_bf16", 1, 1),
-                                        ("gpt_tp2_dp2_distopt", 1, 1)])
-def test_megatron_core_loads_the_optimizer_and_takes_the_same_step(case, tp, pp, tmp_path, run_ckptconv):
-    got = megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv)
-    assert got["ranks"] == tp * pp and got["problems"] == []
+@pytest.mark.parametrize("case,tp,pp,dp,flag", [
+    ("gpt_tp2pp2", 1, 2, 1, None), ("gpt_tp2pp2", 2, 1, 1, None), ("gpt_tp2_bf16", 1, 1, 1, None),
+    ("gpt_tp2_dp2_distopt", 1, 1, 1, None), ("gpt_tp2_dp2_distopt", 1, 1, 2, None),
+    ("gpt_tp2pp2", 2, 1, 1, "--distributed-optimizer"), ("gpt_tp2pp2", 1, 2, 2, "--distributed-optimizer"),
+    ("gpt_tp2_bf16", 1, 1, 2, "--distributed-optimizer"),
+    ("gpt_tp2_dp2_distopt", 1, 1, 1, "--no-distributed-optimizer")])
+def test_megatron_core_loads_the_optimizer_and_takes_the_same_step(case, tp, pp, dp, flag, tmp_path, run_ckptconv):
+    # A distributed optimizer's source is written as distrib_optim.pt (and a
+    # plain one's with --distributed-optimizer), which megatron-core's
+    # DistributedOptimizer loads (load_parameter_state) at DP 1 and,
+    # scattered from DP rank 0, at DP 2; --no-distributed-optimizer writes
+    # the plain optimizer's state instead.
+    got = megatron_core_resumes(case, tp, pp, tmp_path, run_ckptconv, dp, [flag] if flag else [])
+    assert got["ranks"] == tp * pp * dp and got["problems"] == []
+    assert got["distributed"] == (flag == "--distributed-optimizer" or ("distopt" in case and flag is None))
     # What megatron-core's model and optimizer loaded, joined at TP=1/PP=1 by
     # megatron-core: every weight, fp32 master and Adam moment the source
     # job's own (model_ref.pt, optim_ref.pt), bit for bit.
@@ -786,9 +800,11 @@ def test_megatron_core_loads_the_optimizer_and_takes_the_same_step(case, tp, pp,
 def test_legacy_output_optimizer_reads_back_as_the_source_per_name(case, tp, pp, tmp_path, run_ckptconv):
     # ckptconv's --only optim of the output is the source's: the same
     # states under the same names, bit for bit (the bytes are copied). A
-    # distributed optimizer's is written as the plain one's: its fp32
-    # masters of fp32 weights are the weights, and its param groups' step
-    # is kept per parameter. A tied model at PP 1 has no output-layer copy.
+    # distributed optimizer's is written as distrib_optim.pt again (the
+    # bucketed case's first stage in buckets of 500 elements, the tied
+    # case's shared embedding in a bucket of its own at PP 2). A tied model
+    # at PP 1 has no output-layer copy. (Our reader reading our writer
+    # proves little alone: megatron-core's load of it is the proof, above.)
     out = tmp_path / "legacy"
     r = run_ckptconv("reshard", str(ROOT / case / "ckpt"), "--layout", "megatron-legacy", "--tp", str(tp), "--pp",
                      str(pp), "-o", str(out))
@@ -796,18 +812,12 @@ def test_legacy_output_optimizer_reads_back_as_the_source_per_name(case, tp, pp,
     consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "src.pt", "--only", "optim")
     consolidate(run_ckptconv, out, tmp_path / "out.pt", "--only", "optim")
     src, got = load(tmp_path / "src.pt"), load(tmp_path / "out.pt")
-    if "dp2" not in case:
-        assert_same(got, src)
-        return
-    consolidate(run_ckptconv, ROOT / case / "ckpt", tmp_path / "model.pt", "--only", "model")
-    model = load(tmp_path / "model.pt")  # with a tied model's last-stage copy, as stored
-    for name, states in src["state"].items():
-        assert torch.equal(states.pop("param"), model[name]), name
-        if name == "output_layer.weight" and pp == 1 and "tied" in case:
-            assert name not in got["state"]
-            continue
-        assert_same(got["state"][name], states)
-    assert len(got["state"]) == len(src["state"]) - (pp == 1 and "tied" in case)
+    if "dp2" in case:
+        assert list(out.rglob("distrib_optim.pt")) and "param" in next(iter(got["state"].values()))
+    if pp == 1 and "tied" in case:
+        assert "output_layer.weight" not in got["state"]
+        del src["state"]["output_layer.weight"]
+    assert_same(got, src)
 
 
 def test_legacy_output_optimizer_is_torch_adams_state_dict_per_rank(tmp_path, run_ckptconv, megatron_enums):
@@ -838,23 +848,35 @@ def test_legacy_output_optimizer_is_torch_adams_state_dict_per_rank(tmp_path, ru
                    for p, s in ((p, opt["state"][i]) for p, i in named.items()))
 
 
-def test_the_distributed_optimizer_is_written_as_the_plain_one(tmp_path, run_ckptconv, megatron_enums):
-    # distrib_optim.pt is not written: each rank file holds the plain
-    # optimizer's state, its args say use_distributed_optimizer False, and
-    # the run says so.
+def test_the_distributed_optimizer_is_written_as_distrib_optim_pt(tmp_path, run_ckptconv, megatron_enums):
+    # TP 1 from TP 2 x DP 2: beside the rank file, distrib_optim.pt as
+    # save_parameter_state writes it (one flat fp32 buffer per grad buffer,
+    # DP shards gathered); the rank file's `optimizer` holds what the
+    # DistributedOptimizer's state_dict gives: param_groups with the step,
+    # no state. No warning: the job keeps --use-distributed-optimizer.
     case = ROOT / "gpt_tp2_dp2_distopt"
     out = tmp_path / "legacy"
     r = run_ckptconv("reshard", str(case / "ckpt"), "--layout", "megatron-legacy", "--tp", "1", "-o", str(out))
     assert r.returncode == 0, r.stderr
-    assert "written as the plain optimizer's `optimizer` entry" in r.stderr
-    assert "without --use-distributed-optimizer" in r.stderr
-    assert not list(out.rglob("distrib_optim.pt"))
+    assert "distributed optimizer" not in r.stderr and "1 rank files with distrib_optim.pt" in r.stderr + r.stdout
     rank = load_rank(out / "iter_0000005" / "mp_rank_00" / "model_optim_rng.pt")
-    assert rank["args"].use_distributed_optimizer is False
-    assert set(rank["optimizer"]) == {"state", "param_groups"} and len(rank["optimizer"]["state"]) == 53
-    # torch Adam's per-parameter step, a 0-d float32 tensor, from the groups' 1.0
-    steps = [s["step"] for s in rank["optimizer"]["state"].values()]
-    assert all(isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.shape == () and x == 1 for x in steps)
+    assert rank["args"].use_distributed_optimizer is True
+    src = load_rank(case / "ckpt" / "iter_0000005" / "mp_rank_00" / "model_optim_rng.pt")
+    assert rank["optimizer"] == src["optimizer"]  # {"optimizer": {"param_groups": [... "step": 1.0]}}
+    sd = torch.load(out / "iter_0000005" / "mp_rank_00" / "distrib_optim.pt", weights_only=False)
+    assert list(sd) == ["buckets_coalesced", 0] and sd["buckets_coalesced"] is True
+    (dtypes, states), = sd[0].items()
+    assert dtypes == (torch.float32, torch.float32)
+    # 53 parameters at TP 1, each starting at a multiple of 64 elements
+    n = states["numel_unpadded"]
+    assert list(states) == ["param", "exp_avg", "exp_avg_sq", "numel_unpadded"]
+    assert all(states[k].dtype == torch.float32 and states[k].shape == (n,) for k in ("param", "exp_avg", "exp_avg_sq"))
+    # The last parameter registered comes first: the output layer (16 x 8).
+    consolidate(run_ckptconv, case / "ckpt", tmp_path / "src.pt", "--only", "optim")
+    ref = load(tmp_path / "src.pt")["state"]
+    assert torch.equal(states["exp_avg"][:128], ref["output_layer.weight"]["exp_avg"].flatten())
+    assert torch.equal(states["param"][:128], ref["output_layer.weight"]["param"].flatten())
+    assert n == 4544 and not list(out.rglob("distrib_optim.pt"))[1:]
 
 
 def test_a_source_without_an_optimizer_writes_none_and_says_so(tmp_path, run_ckptconv, megatron_enums):

@@ -15,7 +15,10 @@ job runs with --ckpt-format torch_dist; torch-optim: a legacy CKPT with its
 optimizer (reshard --layout megatron-legacy), loaded without
 --no-load-optim, and what the optimizer got compared with the optim_ref.pt
 beside MODEL_REF as tests/megatron_legacy_optim.py compares it (an fp32
-job's); tied: the job of gpt_pp2_dp2_tied, tied embeddings and a
+job's; where CKPT's args say use_distributed_optimizer the job runs with
+--use-distributed-optimizer, and load_checkpoint also calls
+load_parameter_state on distrib_optim.pt, with the driver's two
+workarounds for megatron-core 0.16.1's torch-Adam path); tied: the job of gpt_pp2_dp2_tied, tied embeddings and a
 vocabulary of 17.)
 
 Every rank builds the fixture's job the way make_megatron_legacy_checkpoints.py
@@ -41,11 +44,11 @@ import megatron_legacy_load as check  # noqa: E402
 import megatron_legacy_optim as check_optim  # noqa: E402
 
 
-def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied):
+def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied, distopt=False, buckets=False):
     legacy._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
     from megatron.training.checkpointing import load_checkpoint
-    args = legacy.megatron_args(tp, pp, resaved, tied=tied)
+    args = legacy.megatron_args(tp, pp, resaved, tied=tied, distopt=distopt, buckets=buckets)
     args.load = ckpt
     if ckpt_format == "torch_dist":  # validate_args: --ckpt-format torch_dist
         args.ckpt_format, args.use_dist_ckpt = "torch_dist", True
@@ -57,6 +60,9 @@ def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied):
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
     args.global_batch_size = args.micro_batch_size
     init_num_microbatches_calculator(rank, None, args.global_batch_size, args.micro_batch_size, 1)
+    if distopt:  # tests/megatron_legacy_optim.py's load_parameter_state says why
+        real = opt.load_parameter_state
+        opt.load_parameter_state = lambda *a, **k: check_optim.with_steps_aside(opt, lambda: real(*a, **k))
     iteration, _ = load_checkpoint(ddps, opt, None, strict=True)
     msd = models[0].sharded_state_dict()
     if ckpt_format == "torch-optim":
@@ -91,13 +97,20 @@ if __name__ == "__main__":
     ckpt, tp, pp, model_ref = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     ckpt_format = sys.argv[5] if len(sys.argv) > 5 else "torch"
     tied = len(sys.argv) > 6 and sys.argv[6] == "tied"
+    distopt = ckpt_format == "torch-optim" and check_optim.written_distributed(ckpt)
+    # The job runs with the bucketed case's --overlap-grad-reduce --ddp-bucket-size where CKPT's args have them
+    # (distrib_optim.pt is laid out by them).
+    saved_args = torch.load(next(Path(ckpt).glob("iter_*/mp_rank_*/model_optim_rng.pt")), weights_only=False)["args"]
+    buckets = bool(getattr(saved_args, "overlap_grad_reduce", False))
     with tempfile.TemporaryDirectory() as tmp:
         resaved, loaded, compared = Path(tmp) / "resaved", Path(tmp) / "loaded.json", Path(tmp) / "compared.json"
         resaved.mkdir()
-        mp.spawn(job, args=(tp * pp, mk.free_port(), ckpt, tp, pp, str(resaved), str(loaded), ckpt_format, tied), nprocs=tp * pp,
+        mp.spawn(job, args=(tp * pp, mk.free_port(), ckpt, tp, pp, str(resaved), str(loaded), ckpt_format, tied, distopt,
+                                   buckets),
+                 nprocs=tp * pp,
                  join=True)
         if ckpt_format == "torch-optim":
-            mp.spawn(check_optim.compare, args=(1, mk.free_port(), str(Path(model_ref).parent), False, str(resaved),
+            mp.spawn(check_optim.compare, args=(1, mk.free_port(), str(Path(model_ref).parent), False, distopt, str(resaved),
                                                 None, False, str(compared)), nprocs=1, join=True)
         elif tied:  # tests/megatron_legacy_load.py's TP=1/PP=1 model is the untied one: compare the tied job's own
             assert tp * pp == 1, "the tied job is compared at TP 1 x PP 1 only"

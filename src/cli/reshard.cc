@@ -41,6 +41,13 @@ void register_reshard(CLI::App& app) {
   CLI::Option* pp_option =
       sub->add_option("--pp", *pp, "megatron-legacy: pipeline-parallel size of the job that loads it (default 1)")
           ->group(kOutputGroup);
+  auto distributed_optimizer = std::make_shared<bool>(false);
+  CLI::Option* distributed_optimizer_option =
+      sub->add_flag("--distributed-optimizer,!--no-distributed-optimizer", *distributed_optimizer,
+                    "megatron-legacy: write the optimizer for a job with --use-distributed-optimizer "
+                    "(distrib_optim.pt beside each rank file), or (--no-...) as the plain optimizer's; default: as "
+                    "the source saved it")
+          ->group(kOutputGroup);
   sub->add_flag("--update-latest", req->update_latest,
                 "deepspeed-universal: point an existing <root>/latest_universal at the new tag folder (without it "
                 "an existing one is kept; a missing one is always written)")
@@ -95,14 +102,15 @@ void register_reshard(CLI::App& app) {
       "size or memory limit hit; 5 installation problem or internal error; 130/143/129 stopped by\n"
       "SIGINT/SIGTERM/SIGHUP (nothing written).",
       jobs::source_kinds_help());
-  add_runner(
-      sub, [req, world_size, world_size_option, expert_parallel, expert_parallel_option, tp, tp_option, pp, pp_option] {
-        if (world_size_option->count() > 0) req->world_size = *world_size;
-        if (expert_parallel_option->count() > 0) req->expert_parallel = *expert_parallel;
-        if (tp_option->count() > 0) req->tp = *tp;
-        if (pp_option->count() > 0) req->pp = *pp;
-        return jobs::run_reshard(*req, std::cout).exit_code;
-      });
+  add_runner(sub, [req, world_size, world_size_option, expert_parallel, expert_parallel_option, tp, tp_option, pp,
+                   pp_option, distributed_optimizer, distributed_optimizer_option] {
+    if (world_size_option->count() > 0) req->world_size = *world_size;
+    if (expert_parallel_option->count() > 0) req->expert_parallel = *expert_parallel;
+    if (tp_option->count() > 0) req->tp = *tp;
+    if (pp_option->count() > 0) req->pp = *pp;
+    if (distributed_optimizer_option->count() > 0) req->distributed_optimizer = *distributed_optimizer;
+    return jobs::run_reshard(*req, std::cout).exit_code;
+  });
 }
 
 }  // namespace ckpt::cli

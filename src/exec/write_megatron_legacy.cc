@@ -35,7 +35,7 @@ void MegatronLegacyWriter::run(const std::vector<ByteSink*>& sinks, const EmitUn
           [&](std::size_t i, archive::ZipWriter& zip) {
             emit({k, file.tensors.at(i).output_nbytes(), &file.tensors[i], {}}, sink, &zip);
           },
-          "model_optim_rng");
+          file_stem(file.name));  // torch.save names the archive folder after the file
     });
   }
 }

@@ -55,9 +55,10 @@ const std::vector<LayoutInfo>& reshard_layouts() {
                "architecture map (--map), which megatron-core loads at any TP x PP x DP",
        .write = write_megatron_layout},
       {.name = "megatron-legacy",
-       .help = "a Megatron-LM ckpt_format=torch checkpoint for a job at --tp x --pp (tracker, iter_<N>/mp_rank_*/"
-               "model_optim_rng.pt: the model, the job's args and each rank's plain optimizer), from a legacy one read "
-               "whole",
+       .help =
+           "a Megatron-LM ckpt_format=torch checkpoint for a job at --tp x --pp (tracker, iter_<N>/mp_rank_*/"
+           "model_optim_rng.pt: the model, the job's args and each rank's optimizer, with distrib_optim.pt beside it "
+           "for the distributed optimizer), from a legacy one read whole",
        .world_size = WorldSizeRule::kTpPp,
        .write = write_megatron_legacy_layout},
   };

@@ -39,6 +39,10 @@ struct ReshardRequest {
   std::string layout;
   // --tp / --pp: megatron-legacy: the tensor and pipeline parallel sizes of the job that loads it (default 1)
   std::optional<int> tp, pp;
+  // --distributed-optimizer / --no-distributed-optimizer: megatron-legacy,
+  // the optimizer written as the DistributedOptimizer's (distrib_optim.pt)
+  // or as the plain one's; absent: as the source saved it
+  std::optional<bool> distributed_optimizer;
   std::string mesh_device;                  // DTensor layout: the mesh's device type; empty: the source's, else cpu
   std::vector<std::string> mesh_dim_names;  // and its dimension name (veRL: fsdp); empty: the source's, else none
   std::string part;                         // --part I/N|auto|finalize: this process's share (exec/parted_output.h)

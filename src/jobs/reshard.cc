@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "core/progress.h"
 #include "core/units.h"
 #include "exec/write_dcp.h"
@@ -281,13 +282,18 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
     optim =
         with_context("reading the optimizer to write it for TP " + std::to_string(tp) + " x PP " + std::to_string(pp),
                      [&] { return megatron_legacy::read_legacy(j.model.source, nullptr, "optim"); });
-  megatron_legacy::LegacyOutput plan = megatron_legacy::plan_legacy_output(j.model, optim ? &*optim : nullptr, tp, pp);
+  megatron_legacy::LegacyOutput plan =
+      megatron_legacy::plan_legacy_output(j.model, optim ? &*optim : nullptr, tp, pp, j.req.distributed_optimizer);
   uint64_t bytes = 0;
   for (const auto& f : plan.files)
     for (const auto& t : f.tensors) bytes += t.output_nbytes();
   j.report.bytes = bytes;
+  // Beside each rank file, distrib_optim.pt where the optimizer is the distributed one's.
+  std::size_t distrib_optim = 0;
+  for (const auto& f : plan.files) distrib_optim += file_name(f.name) == megatron_legacy::kDistribOptimFile;
   j.report.summary = "wrote " + j.req.output + " (" + std::string(j.layout.name) + "): TP " + std::to_string(tp) +
-                     " x PP " + std::to_string(pp) + ", " + std::to_string(plan.files.size()) + " rank files";
+                     " x PP " + std::to_string(pp) + ", " + std::to_string(plan.files.size() - distrib_optim) +
+                     " rank files" + (distrib_optim ? " with distrib_optim.pt" : "");
   log::debug("plan: " + std::to_string(plan.files.size()) + " rank files for TP " + std::to_string(tp) + " x PP " +
              std::to_string(pp) + ", " + human_bytes(static_cast<double>(bytes)) + " -> " + j.req.output);
   MegatronLegacyWriter writer(plan, j.req.output);
@@ -480,9 +486,9 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid("--expert-parallel: only for --layout deepspeed-universal (not " + std::string(layout.name) + ")");
   if (layout.world_size == WorldSizeRule::kTpPp && req.world_size)
     fail_invalid("--world-size: --layout " + std::string(layout.name) + " writes one rank per --tp x --pp position");
-  if (layout.world_size != WorldSizeRule::kTpPp && (req.tp || req.pp))
-    fail_invalid("--tp / --pp: only for a layout written per TP x PP position (not --layout " +
-                 std::string(layout.name) + ")");
+  if (layout.world_size != WorldSizeRule::kTpPp && (req.tp || req.pp || req.distributed_optimizer))
+    fail_invalid(std::string(req.distributed_optimizer ? "--distributed-optimizer" : "--tp / --pp") +
+                 ": only for a layout written per TP x PP position (not --layout " + std::string(layout.name) + ")");
   if (!layout.object_store) refuse_remote_output(req.output, "--layout " + std::string(layout.name));
   if (!layout.part && !req.part.empty())
     fail_invalid("--part: not available for --layout " + std::string(layout.name) + "; use --layout dcp");

@@ -151,6 +151,50 @@ TEST_CASE("distrib_optim.pt buffers as megatron-core 0.16 lays them out", "[form
   CHECK_FALSE(no_weight_decay_v016({"x.weight", {4, 4}, DType::kFloat32}));
 }
 
+TEST_CASE("distrib_optim.pt's layout args: bucket sizes and the shared embedding", "[formats][megatron_legacy]") {
+  using pickle::Value;
+  auto args = [](std::vector<std::pair<const char*, pickle::ValuePtr>> kv) {
+    pickle::ValuePtr d = Value::dict();
+    for (auto& [k, v] : kv) d->entries.emplace_back(Value::str(k), v);
+    return distopt_args_v016(*d);
+  };
+  auto chunk = [] {
+    return std::vector<std::vector<LocalParam>>{{{"embedding.word_embeddings.weight", {40, 8}, DType::kFloat32},
+                                                 {"decoder.layers.0.mlp.linear_fc1.weight", {24, 5}, DType::kFloat32},
+                                                 {"output_layer.weight", {40, 8}, DType::kFloat32}}};
+  };
+  // Without overlap_grad_reduce one bucket, in reverse order: output layer
+  // [0, 320), fc1 [320, 440), embeddings at the next multiple of 64: [448, 768).
+  auto plain = chunk();
+  DistoptArgs untied = args({{"untie_embeddings_and_output_weights", Value::boolean(true)}});
+  CHECK(untied.dp == 1);
+  CHECK(distopt_rank_buffers_v016(plain, untied, 0, 1)[0].numel_unpadded == 768);
+  // ddp_bucket_size 100 on pipeline rank 0: every parameter closes its
+  // bucket, so the embeddings start where fc1 ends (a bucket's end padding
+  // is not saved); on pipeline rank 1 no bucketing.
+  DistoptArgs cut = args({{"untie_embeddings_and_output_weights", Value::boolean(true)},
+                          {"overlap_grad_reduce", Value::boolean(true)},
+                          {"ddp_bucket_size", Value::integer(100)}});
+  auto c0 = chunk(), c1 = chunk();
+  CHECK(distopt_rank_buffers_v016(c0, cut, 0, 2)[0].places[2].start == 440);
+  CHECK(distopt_rank_buffers_v016(c0, cut, 0, 2)[0].numel_unpadded == 760);
+  CHECK(distopt_rank_buffers_v016(c1, cut, 1, 2)[0].places[2].start == 448);
+  CHECK(distopt_rank_buffers_v016(c1, cut, 1, 2)[0].numel_unpadded == 768);
+  // Tied at PP > 1: both embedding copies are the shared embedding (their
+  // own buckets); at PP 1 neither is.
+  auto tied = chunk(), tied_pp1 = chunk();
+  distopt_rank_buffers_v016(tied, args({}), 0, 2);
+  CHECK(tied[0][0].shared_embedding);
+  CHECK(tied[0][2].shared_embedding);
+  CHECK_FALSE(tied[0][1].shared_embedding);
+  distopt_rank_buffers_v016(tied_pp1, args({}), 0, 1);
+  CHECK_FALSE(tied_pp1[0][0].shared_embedding);
+  // The default bucket size: max(40M, 1M x DP x CP).
+  DistoptArgs dflt = args({{"overlap_grad_reduce", Value::boolean(true)}, {"data_parallel_size", Value::integer(64)}});
+  CHECK(dflt.dp == 64);
+  CHECK_FALSE(dflt.ddp_bucket_size);
+}
+
 TEST_CASE("the distributed optimizer's state per parameter points into distrib_optim.pt",
           "[formats][megatron_legacy]") {
   CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2_dp2_distopt/ckpt/iter_0000005"), nullptr, "optim");

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "formats/fsdp_flat/flat_params.h"
 #include "formats/torch_pt/sharded_values.h"
-#include "io/byte_source.h"
+#include "model/flat_range.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::fsdp_flat {
@@ -21,55 +21,6 @@ using pickle::ValuePtr;
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 // ---- 1-D views of tensors ---------------------------------------------------
-
-// Appends to the 1-D `out`, at its element `at`, the chunks of `t` in
-// row-major order: each box becomes the contiguous runs it is made of.
-void append_flat(TensorEntry& out, const TensorEntry& t, uint64_t at) {
-  const Shape gstrides = contiguous_strides(t.shape);
-  const std::size_t nd = t.shape.size();
-  for (const TensorChunk& c : t.chunks) {
-    if (c.numel() == 0) continue;
-    auto emit = [&](uint64_t global, int64_t storage, uint64_t n) {
-      TensorChunk o = c;
-      o.offsets = {int64_t(at + global)};
-      o.sizes = {int64_t(n)};
-      o.strides = {1};
-      o.storage_offset = storage;
-      out.chunks.push_back(std::move(o));
-    };
-    // Dims d.. of the box, the ones before fixed: one run when every later
-    // dim is whole and the box is row-major in storage from d on.
-    std::function<void(std::size_t, uint64_t, int64_t)> walk = [&](std::size_t d, uint64_t global, int64_t storage) {
-      if (d == nd) return emit(global, storage, 1);
-      bool run = true;
-      int64_t expect = 1;
-      for (std::size_t e = nd; e-- > d;) {
-        if (e > d && (c.offsets[e] != 0 || c.sizes[e] != t.shape[e])) run = false;
-        if (c.sizes[e] != 1 && c.strides[e] != expect) run = false;
-        expect *= c.sizes[e];
-      }
-      if (run) {
-        uint64_t n = 1;
-        for (std::size_t e = d; e < nd; ++e) n *= uint64_t(c.sizes[e]);
-        return emit(global + uint64_t(c.offsets[d] * gstrides[d]), storage, n);
-      }
-      for (int64_t i = 0; i < c.sizes[d]; ++i)
-        walk(d + 1, global + uint64_t((c.offsets[d] + i) * gstrides[d]), storage + i * c.strides[d]);
-    };
-    walk(0, 0, c.storage_offset);
-  }
-}
-
-void append_zeros(TensorEntry& out, uint64_t at, uint64_t n) {
-  if (n == 0) return;
-  TensorChunk z;
-  z.offsets = {int64_t(at)};
-  z.sizes = {int64_t(n)};
-  z.strides = {1};
-  z.storage = make_memory_source(std::string(n * dtype_size(out.dtype), '\0'), "<padding>");
-  z.file = "<padding>";
-  out.chunks.push_back(std::move(z));
-}
 
 // Elements [begin, begin + n) of the 1-D `flat`, as a 1-D tensor.
 TensorEntry slice(const TensorEntry& flat, uint64_t begin, uint64_t n) {

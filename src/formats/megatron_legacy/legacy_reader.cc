@@ -550,15 +550,8 @@ class LegacyReader {
     const int64_t chunks = std::max<int64_t>(degrees_.vpp, 1);
     std::vector<std::vector<LocalParam>> params;
     for (int64_t v = 0; v < chunks; ++v) params.push_back(chunk_params(r, v));
-    // LanguageModule: with tied embeddings at PP > 1, the first stage's word
-    // embeddings and the last stage's output layer (the copy) are the
-    // shared embedding (each exists only on its stage).
-    if (!bool_arg("untie_embeddings_and_output_weights") && degrees_.pp > 1)
-      for (auto& chunk : params)
-        for (LocalParam& p : chunk)
-          p.shared_embedding = p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight";
     const std::vector<FlatBuffer> buffers =
-        distopt_buffers_v016(params, bool_arg("accumulate_allreduce_grads_in_fp32"), bucket_sizes(r, params));
+        distopt_rank_buffers_v016(params, distopt_args_v016(*args_), r.pp, static_cast<int>(degrees_.pp));
     std::size_t stored = 0;
     for (const auto& [k, val] : f.root->entries) stored += k->is(Kind::kInt) ? 1 : 0;
     if (stored != buffers.size())
@@ -616,36 +609,6 @@ class LegacyReader {
       for (const LocalParam& p : params[v])
         for (const std::string& kind : kinds)
           out[v][kind]->entries.emplace_back(Value::str(p.name), found[v].at(p.name).at(kind));
-    return out;
-  }
-
-  // Each chunk's grad-buffer bucket size in elements (0: one bucket), as
-  // Megatron-LM's get_model and megatron-core 0.16's DistributedDataParallel
-  // set it: only with overlap_grad_reduce, only on pipeline rank 0 and for
-  // the first chunk (bucketing is disabled for the others, and everywhere
-  // under overlap_param_gather_with_optimizer_step); ddp_num_buckets splits
-  // the rank's parameters evenly, else ddp_bucket_size, else
-  // max(40M, 1M x DP x CP).
-  std::vector<uint64_t> bucket_sizes(const RankFile& r, const std::vector<std::vector<LocalParam>>& params) const {
-    std::vector<uint64_t> out(params.size(), 0);
-    if (params.empty() || !bool_arg("overlap_grad_reduce") || bool_arg("overlap_param_gather_with_optimizer_step") ||
-        r.pp > 0)
-      return out;
-    int64_t size = 0;
-    ValuePtr given = args_->get("ddp_bucket_size");
-    if (const int64_t n = int_arg(args_, "ddp_num_buckets", 0); n > 0) {
-      uint64_t total = 0;
-      for (const auto& chunk : params)
-        for (const LocalParam& p : chunk) total += p.numel();
-      size = static_cast<int64_t>(total / static_cast<uint64_t>(n));
-    } else if (given && given->is(Kind::kInt)) {
-      size = given->int_value;
-    } else {
-      const int64_t dp_cp = int_arg(args_, "data_parallel_size", 1) * int_arg(args_, "context_parallel_size", 1);
-      size = std::max<int64_t>(40000000, 1000000 * dp_cp);
-    }
-    // A size of 0 closes a bucket after every parameter, as 1 does.
-    out[0] = static_cast<uint64_t>(std::max<int64_t>(size, 1));
     return out;
   }
 

@@ -13,6 +13,7 @@
 #include "formats/megatron_legacy/optim_layout.h"
 #include "formats/megatron_legacy/tp_layout.h"
 #include "io/byte_source.h"
+#include "model/flat_range.h"
 #include "model/tree_walk.h"
 
 namespace ckpt::megatron_legacy {
@@ -89,8 +90,9 @@ struct RankParam {
 
 class LegacyPlanner {
  public:
-  LegacyPlanner(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp)
-      : legacy_(legacy), optim_(optim), tp_(tp), pp_(pp) {}
+  LegacyPlanner(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
+                std::optional<bool> distributed)
+      : legacy_(legacy), optim_(optim), tp_(tp), pp_(pp), requested_distributed_(distributed) {}
 
   LegacyOutput run() {
     ValuePtr root = mapping_of(legacy_.root);
@@ -144,9 +146,16 @@ class LegacyPlanner {
         ValuePtr rank_model = Value::dict();
         std::vector<RankParam> params;
         ValuePtr optimizer;
+        std::optional<LegacyRankFile> distrib_optim;
         with_context(file.name, [&] {
           for (const auto& [name, v] : entries) add_entry(name, v, t, p, rank_model, file.tensors, params);
-          if (optim_) optimizer = rank_optimizer(t, params, file.tensors);
+          if (optim_ && distributed_) {
+            optimizer = distopt_rank_entry();
+            distrib_optim = distopt_file(t, p, params, file.tensors);
+            distrib_optim->name = folder + "/" + rank_folder_name(t, p, 0, pp_, 1) + "/" + kDistribOptimFile;
+          } else if (optim_) {
+            optimizer = rank_optimizer(t, params, file.tensors);
+          }
         });
         file.root = Value::dict();
         for (const auto& [k, v] : root->entries) {
@@ -156,6 +165,7 @@ class LegacyPlanner {
           if (key == "model" && optimizer) file.root->entries.emplace_back(Value::str("optimizer"), optimizer);
         }
         out.files.push_back(std::move(file));
+        if (distrib_optim) out.files.push_back(std::move(*distrib_optim));
       }
     return out;
   }
@@ -165,11 +175,8 @@ class LegacyPlanner {
   // plain optimizer's step in each, which torch keeps per parameter).
   void settle_optim() {
     if (!optim_) return;
-    if (bool_entry(args_, "use_distributed_optimizer"))
-      log::warn(legacy_.source +
-                ": the distributed optimizer's state is written as the plain optimizer's `optimizer` entry of "
-                "each rank file (no distrib_optim.pt), and args.use_distributed_optimizer as False: load it with a "
-                "job without --use-distributed-optimizer");
+    distributed_ = requested_distributed_.value_or(bool_entry(args_, "use_distributed_optimizer"));
+    distopt_args_ = distopt_args_v016(*args_);
     ValuePtr root = mapping_of(optim_->root);
     ValuePtr view = root->is(Kind::kDict) ? root->get("optim") : nullptr;
     if (!view) fail(ErrorCode::kInternal, legacy_.source + ": the optimizer view holds no 'optim' entry");
@@ -192,11 +199,110 @@ class LegacyPlanner {
   // parameter `name`, cut as it is), added to `tensors` as `label`.
   ValuePtr optim_piece(const ValuePtr& ref, const std::string& name, int t, const std::string& label,
                        std::vector<TensorEntry>& tensors) const {
-    auto idx = ref ? tensor_ref_index(*ref) : std::nullopt;
-    if (!idx) fail_data_loss(legacy_.source + ": the optimizer's " + label + " is not a tensor");
-    tensors.push_back(tp_piece(optim_->tensors.at(*idx), name, t));
+    tensors.push_back(state_piece(ref, name, t, label));
     tensors.back().name = label;
     return make_tensor_ref(tensors.size() - 1);
+  }
+
+  // TP rank t's piece of the optimizer tensor `ref`, for the plain
+  // optimizer's entry or a distrib_optim.pt buffer.
+  TensorEntry state_piece(const ValuePtr& ref, const std::string& name, int t, const std::string& label) const {
+    auto idx = ref ? tensor_ref_index(*ref) : std::nullopt;
+    if (!idx) fail_data_loss(legacy_.source + ": the optimizer's " + label + " is not a tensor");
+    return tp_piece(optim_->tensors.at(*idx), name, t);
+  }
+
+  // A rank file's `optimizer` under the distributed optimizer, as megatron-
+  // core 0.16's DistributedOptimizer.state_dict gives it without Apex or TE
+  // (Megatron-LM's generate_state_dict for ckpt_format=torch): the inner
+  // optimizer's param_groups without `params`, the common step in each as a
+  // number; the states themselves are in distrib_optim.pt.
+  ValuePtr distopt_rank_entry() const {
+    std::vector<ValuePtr> groups;
+    for (const ValuePtr& g : optim_groups_) {
+      ValuePtr copy = Value::dict();
+      for (const auto& [k, v] : mapping_of(g)->entries) {
+        const std::string key = path_component(*k);
+        if (key == "step")
+          copy->entries.emplace_back(k, Value::floating(step_number(v)));
+        else if (key != "params")
+          copy->entries.emplace_back(k, v);
+      }
+      if (!copy->get("step")) fail_data_loss(legacy_.source + ": an optimizer param group without a step");
+      groups.push_back(copy);
+    }
+    return Value::dict(
+        {{Value::str("optimizer"), Value::dict({{Value::str("param_groups"), Value::list(std::move(groups))}})}});
+  }
+
+  // The step as the distributed optimizer keeps it (torch's 0-d float32
+  // step .item()): the view's number, or the plain optimizer's tensor read.
+  double step_number(const ValuePtr& step) const {
+    if (step->is(Kind::kInt) || step->is(Kind::kFloat)) return step->as_number();
+    auto at = tensor_ref_index(*step);
+    if (!at) fail_data_loss(legacy_.source + ": the optimizer's step is " + step->repr(1) + ", not a number or tensor");
+    const TensorEntry& t = optim_->tensors.at(*at);
+    if (t.dtype != DType::kFloat32 || t.numel() != 1 || t.chunks.size() != 1 || t.chunks[0].big_endian)
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": the optimizer's step is a " +
+                                          std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape) +
+                                          " tensor, not torch Adam's 0-d float32 step");
+    float f = 0;
+    const TensorChunk& c = t.chunks[0];
+    c.storage->read(static_cast<uint64_t>(c.storage_offset) * sizeof f, &f, sizeof f);
+    return f;
+  }
+
+  // TP rank t / PP rank p's distrib_optim.pt, as megatron-core 0.16's
+  // DistributedOptimizer.save_parameter_state writes it for this rank's
+  // model (optim_layout.h): per grad buffer the fp32 master and Adam
+  // moments of its parameters, each the rank's TP piece of the state laid
+  // at its place, zeros between. An fp32 model's master is its weight
+  // (the plain optimizer keeps none apart).
+  LegacyRankFile distopt_file(int t, int p, const std::vector<RankParam>& params,
+                              const std::vector<TensorEntry>& model_tensors) const {
+    std::vector<std::vector<LocalParam>> chunks(1);
+    for (const RankParam& rp : params) {
+      const TensorEntry& w = model_tensors[rp.tensor];
+      chunks[0].push_back({w.name, w.shape, w.dtype});
+    }
+    const std::vector<FlatBuffer> buffers = distopt_rank_buffers_v016(chunks, distopt_args_, p, pp_);
+    LegacyRankFile file;
+    file.root = Value::dict({{Value::str("buckets_coalesced"), Value::boolean(true)}});
+    for (std::size_t i = 0; i < buffers.size(); ++i) {
+      const FlatBuffer& b = buffers[i];
+      ValuePtr states = Value::dict();
+      for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
+        TensorEntry flat;
+        flat.name = "buffer " + std::to_string(i) + " " + kind;
+        flat.dtype = DType::kFloat32;
+        flat.shape = {static_cast<int64_t>(b.numel_unpadded)};
+        uint64_t pos = 0;
+        for (const FlatBuffer::Place& place : b.places) {
+          const RankParam& rp = params[place.param];
+          const TensorEntry& w = model_tensors[rp.tensor];
+          ValuePtr s = state_of(rp.name);
+          const std::string label = w.name + "." + kind;
+          TensorEntry piece =
+              std::string(kind) == "param" && !s->get("param") ? w : state_piece(s->get(kind), rp.name, t, label);
+          if (piece.dtype != DType::kFloat32)
+            fail(ErrorCode::kUnimplemented, legacy_.source + ": " + label + " is " +
+                                                std::string(dtype_name(piece.dtype)) +
+                                                ", and no fp32 master is saved for it; distrib_optim.pt holds fp32");
+          append_zeros(flat, pos, place.start - pos);
+          append_flat(flat, piece, place.start);
+          pos = place.start + piece.numel();
+        }
+        append_zeros(flat, pos, b.numel_unpadded - pos);
+        file.tensors.push_back(std::move(flat));
+        states->entries.emplace_back(Value::str(kind), make_tensor_ref(file.tensors.size() - 1));
+      }
+      states->entries.emplace_back(Value::str("numel_unpadded"),
+                                   Value::integer(static_cast<int64_t>(b.numel_unpadded)));
+      ValuePtr dtypes = Value::tuple({Value::global("torch", std::string(dtype_name(b.param_dtype))),
+                                      Value::global("torch", std::string(dtype_name(b.grad_dtype)))});
+      file.root->entries.emplace_back(Value::integer(static_cast<int64_t>(i)), Value::dict({{dtypes, states}}));
+    }
+    return file;
   }
 
   // One rank's `optimizer` entry, as megatron-core 0.16's plain optimizer
@@ -346,9 +452,9 @@ class LegacyPlanner {
     set_existing(args, "pipeline_model_parallel_size", Value::integer(pp_));
     set_existing(args, "transformer_pipeline_model_parallel_size", Value::integer(pp_));
     set_existing(args, "padded_vocab_size", Value::integer(vocab_rows_));
-    // The optimizer is written as the plain one's `optimizer` entry, which a
-    // job with the distributed optimizer does not read (it wants distrib_optim.pt).
-    if (optim_) set_existing(args, "use_distributed_optimizer", Value::boolean(false));
+    // The plain optimizer's `optimizer` entry is what a job without the
+    // distributed optimizer reads; with it, distrib_optim.pt.
+    if (optim_) set_existing(args, "use_distributed_optimizer", Value::boolean(distributed_));
     for (const char* vpp : {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
                             "num_virtual_stages_per_pipeline_rank"})
       set_existing(args, vpp, Value::none());
@@ -438,6 +544,9 @@ class LegacyPlanner {
   ValuePtr optim_state_;
   std::vector<ValuePtr> optim_groups_;
   ValuePtr args_;
+  std::optional<bool> requested_distributed_;  // --distributed-optimizer / --no-distributed-optimizer
+  bool distributed_ = false;  // the optimizer is written as the DistributedOptimizer's: distrib_optim.pt
+  DistoptArgs distopt_args_;  // the job's args that set distrib_optim.pt's layout
   bool swiglu_ = false, tied_ = false;
   int64_t num_layers_ = 0;
   int64_t vocab_rows_ = 0;
@@ -445,10 +554,11 @@ class LegacyPlanner {
 
 }  // namespace
 
-LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp) {
+LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
+                                std::optional<bool> distributed) {
   if (tp < 1 || pp < 1)
     fail_invalid("--tp and --pp must be at least 1 (got " + std::to_string(tp) + " and " + std::to_string(pp) + ")");
-  return LegacyPlanner(legacy, optim, tp, pp).run();
+  return LegacyPlanner(legacy, optim, tp, pp, distributed).run();
 }
 
 }  // namespace ckpt::megatron_legacy

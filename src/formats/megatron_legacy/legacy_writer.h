@@ -19,11 +19,17 @@
 // _get_param_groups (the source's groups in order, each holding the rank's
 // parameters its rule selects), every state the rank's TP piece of the
 // parameter's; under fp16/bf16 wrapped as Float16OptimizerWithFloat16Params
-// saves it, with the fp32 masters in fp32_from_fp16_params. The RNG states
-// are not written (seeded per TP x PP position; the job loads with
-// --no-load-rng), nor is distrib_optim.pt.
+// saves it, with the fp32 masters in fp32_from_fp16_params. A source that
+// used the distributed optimizer (args.use_distributed_optimizer) gets it
+// again: each rank file's `optimizer` holds what DistributedOptimizer.
+// state_dict gives (the param groups with the step, no state), and beside
+// it distrib_optim.pt holds what save_parameter_state writes for the rank's
+// model (optim_layout.h: flat fp32 buffers of masters and Adam moments,
+// laid out by the source's args). The RNG states are not written (seeded
+// per TP x PP position; the job loads with --no-load-rng).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,14 +41,15 @@ namespace ckpt::megatron_legacy {
 // index `tensors`, each a piece of a tensor of the model read (chunks into
 // its files: nothing is read to plan).
 struct LegacyRankFile {
-  std::string name;  // "iter_0000007/mp_rank_01_000/model_optim_rng.pt"
+  std::string name;  // "iter_0000007/mp_rank_01_000/model_optim_rng.pt", or its distrib_optim.pt
   pickle::ValuePtr root;
   std::vector<TensorEntry> tensors;
 };
 
 struct LegacyOutput {
-  std::string tracker;                // latest_checkpointed_iteration.txt: "7", or "release"
-  std::vector<LegacyRankFile> files;  // PP rank after PP rank, TP rank after TP rank
+  std::string tracker;  // latest_checkpointed_iteration.txt: "7", or "release"
+  // PP rank after PP rank, TP rank after TP rank; each rank's distrib_optim.pt right after its rank file
+  std::vector<LegacyRankFile> files;
 };
 
 // `legacy`: a Megatron-LM legacy checkpoint read whole (the model at
@@ -55,7 +62,10 @@ struct LegacyOutput {
 // PP = 1. No virtual pipeline stages are written. `optim`: the same
 // checkpoint read with --only optim, or nullptr to write no optimizer;
 // its state must name every parameter the ranks hold (DataLoss naming the
-// one it lacks).
-LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp);
+// one it lacks). `distributed`: the optimizer written as the
+// DistributedOptimizer's (true) or the plain one's (false); absent: as the
+// source's args.use_distributed_optimizer says.
+LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
+                                std::optional<bool> distributed = std::nullopt);
 
 }  // namespace ckpt::megatron_legacy

@@ -32,11 +32,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "model/checkpoint_model.h"
+#include "pickle/value.h"
 
 namespace ckpt::megatron_legacy {
 
@@ -68,6 +70,31 @@ struct FlatBuffer {
 // elements, 0 for one bucket (no bucketing).
 std::vector<FlatBuffer> distopt_buffers_v016(const std::vector<std::vector<LocalParam>>& chunks, bool grad_in_fp32,
                                              const std::vector<uint64_t>& bucket_size);
+
+// The job's args that select a rank's distrib_optim.pt layout: what
+// Megatron-LM's get_model gives megatron-core 0.16's DistributedDataParallel.
+struct DistoptArgs {
+  bool grad_in_fp32 = false;  // accumulate_allreduce_grads_in_fp32
+  bool tied = false;          // not untie_embeddings_and_output_weights
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather_with_optimizer_step = false;
+  int64_t ddp_num_buckets = 0;
+  std::optional<int64_t> ddp_bucket_size;
+  int64_t dp = 1, cp = 1;  // data_parallel_size, context_parallel_size
+};
+
+// Read from a job's args (the Namespace's attributes); absent ones take
+// Megatron-LM's defaults.
+DistoptArgs distopt_args_v016(const pickle::Value& args);
+
+// The grad buffers of the rank at pipeline rank `pp_rank` of `pp_size`
+// holding `chunks` (their parameters as the rank's model lists them, under
+// the rank's own names): the tied embedding's copies marked
+// shared_embedding, each chunk's bucket size from `args`, then
+// distopt_buffers_v016. The one place reading and writing distrib_optim.pt
+// take the layout from.
+std::vector<FlatBuffer> distopt_rank_buffers_v016(std::vector<std::vector<LocalParam>>& chunks, const DistoptArgs& args,
+                                                  int pp_rank, int pp_size);
 
 // Whether megatron-core 0.16's standard overrides exempt `p` from weight
 // decay (its "*.bias" name glob or a 1-d shape).

@@ -10,9 +10,9 @@
 namespace ckpt::safetensors {
 
 struct HfConfig {
-  std::string path;                     // DIR/config.json
+  std::string path;                            // DIR/config.json
   std::optional<nlohmann::ordered_json> json;  // a JSON object; nullopt: no file, or `unusable` says why
-  std::string unusable;                 // "larger than 16 MiB", "not a JSON object"; empty otherwise
+  std::string unusable;                        // "larger than 16 MiB", "not a JSON object"; empty otherwise
 };
 
 // Reads `dir`'s config.json. A file that is not JSON is exit 3 naming it
