@@ -889,6 +889,27 @@ def test_a_source_without_an_optimizer_writes_none_and_says_so(tmp_path, run_ckp
     assert r.returncode == 0, r.stderr
     assert "--no-load-rng --no-load-optim" in r.stderr
     assert "optimizer" not in load_rank(rank_file(tmp_path / "out", "mp_rank_00_001"))
+    # Asked for a distributed optimizer there is none to write: a usage error, not a silent no-op.
+    r = run_ckptconv("reshard", str(root), "--layout", "megatron-legacy", "--pp", "2", "--distributed-optimizer",
+                     "-o", str(tmp_path / "out2"))
+    assert r.returncode == 2 and "the source saved no optimizer" in r.stderr, r.stderr
+    assert not (tmp_path / "out2").exists()
+
+
+@pytest.mark.parametrize("arg,value", [("mtp_num_layers", 1), ("num_distributed_optimizer_instances", 2)])
+def test_a_distributed_optimizer_with_no_known_layout_is_not_written(tmp_path, run_ckptconv, megatron_enums, arg,
+                                                                      value):
+    """A plain source whose args the distrib_optim.pt rules do not place (what
+    the reader refuses of a distributed source) is not written distributed."""
+    root = copy_ckpt(tmp_path)
+    for f in root.rglob("model_optim_rng.pt"):
+        sd = load_rank(f)
+        setattr(sd["args"], arg, value)
+        torch.save(sd, f)
+    r = run_ckptconv("reshard", str(root), "--layout", "megatron-legacy", "--pp", "2", "--distributed-optimizer",
+                     "-o", str(tmp_path / "out"))
+    assert r.returncode == 3 and f"args.{arg} {value}" in r.stderr and "--no-distributed-optimizer" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_optimizer_whose_layout_is_not_known_is_refused_writing_nothing(tmp_path, run_ckptconv, megatron_enums):

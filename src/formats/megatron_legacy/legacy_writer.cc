@@ -174,8 +174,28 @@ class LegacyPlanner {
   // The optimizer view: its state per parameter name and its groups (the
   // plain optimizer's step in each, which torch keeps per parameter).
   void settle_optim() {
-    if (!optim_) return;
+    if (!optim_) {
+      if (requested_distributed_.value_or(false))
+        fail_invalid(legacy_.source +
+                     ": --distributed-optimizer: the source saved no optimizer (--no-save-optim), "
+                     "so there is none to write as distrib_optim.pt");
+      return;
+    }
     distributed_ = requested_distributed_.value_or(bool_entry(args_, "use_distributed_optimizer"));
+    // What the reader refuses of a distributed source, the writer does not
+    // write for one either: megatron-core 0.16's rules (optim_layout) give
+    // no buffer layout for them.
+    if (distributed_ && int_entry(args_, "mtp_num_layers", 0) > 0)
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": args.mtp_num_layers " +
+                                          std::to_string(int_entry(args_, "mtp_num_layers", 0)) +
+                                          ": multi-token prediction keeps another copy of the embeddings, which "
+                                          "distrib_optim.pt's layout rules here do not place; write the plain "
+                                          "optimizer (--no-distributed-optimizer)");
+    if (distributed_ && int_entry(args_, "num_distributed_optimizer_instances", 1) != 1)
+      fail(ErrorCode::kUnimplemented, legacy_.source + ": args.num_distributed_optimizer_instances " +
+                                          std::to_string(int_entry(args_, "num_distributed_optimizer_instances", 1)) +
+                                          ": a partial distributed optimizer is not written; write the plain "
+                                          "optimizer (--no-distributed-optimizer)");
     distopt_args_ = distopt_args_v016(*args_);
     ValuePtr root = mapping_of(optim_->root);
     ValuePtr view = root->is(Kind::kDict) ? root->get("optim") : nullptr;
