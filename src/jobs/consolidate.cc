@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
@@ -141,7 +142,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   JobReport report;
   report.summary = "wrote " + req.output;
   report.tensors = model.tensors.size();
-  for (const auto& t : model.tensors) report.bytes += t.output_nbytes();
+  for (const auto& t : model.tensors) report.bytes = saturating_add(report.bytes, t.output_nbytes());
   if (opt.dry_run) {
     describe_plan(model, req.output, log::verbose(), out);
     report.dry_run = true;

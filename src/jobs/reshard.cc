@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
@@ -100,7 +101,8 @@ std::size_t count_values(const pickle::Value& root) {
 uint64_t plan_output_bytes(const CheckpointModel& model, const ReshardPlan& plan) {
   uint64_t total = 0;
   for (const auto& items : plan.ranks)
-    for (const auto& item : items) total += item.numel() * dtype_size(model.tensors[item.tensor].output_dtype());
+    for (const auto& item : items)
+      total = saturating_add(total, item.numel() * dtype_size(model.tensors[item.tensor].output_dtype()));
   return total;
 }
 
@@ -284,7 +286,7 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
   megatron_legacy::LegacyOutput plan = megatron_legacy::plan_legacy_output(j.model, optim ? &*optim : nullptr, tp, pp);
   uint64_t bytes = 0;
   for (const auto& f : plan.files)
-    for (const auto& t : f.tensors) bytes += t.output_nbytes();
+    for (const auto& t : f.tensors) bytes = saturating_add(bytes, t.output_nbytes());
   j.report.bytes = bytes;
   j.report.summary = "wrote " + j.req.output + " (" + std::string(j.layout.name) + "): TP " + std::to_string(tp) +
                      " x PP " + std::to_string(pp) + ", " + std::to_string(plan.files.size()) + " rank files";
