@@ -668,3 +668,33 @@ def test_a_tensor_named_metadata_is_refused_by_safetensors_outputs(tmp_path, run
     r = run_ckptconv("convert", src, "-o", tmp_path / "o.pt")  # .pt and .h5 hold it
     assert r.returncode == 0 and torch.equal(torch.load(tmp_path / "o.pt", weights_only=True)["__metadata__"],
                                              torch.ones(2))
+
+
+def test_json_followed_by_a_nul_byte_is_not_valid(tmp_path, run_ckptconv):
+    """nlohmann's lexer takes a NUL byte for the end of its input: a
+    safetensors header '{...}' padded with NULs, or an index followed by NUL
+    and anything, read and validated (VALID, exit 0) where safetensors and
+    json.loads (transformers) refuse the file."""
+    import struct
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode() + b"\0\0"
+    padded = tmp_path / "padded.safetensors"
+    padded.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<2f", 1.0, 2.0))
+    with pytest.raises(SafetensorError, match="trailing characters"):
+        load_file(padded)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file({"w": torch.ones(2)}, folder / "model-00001-of-00001.safetensors")
+    index = {"metadata": {}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+    (folder / "model.safetensors.index.json").write_bytes(json.dumps(index).encode() + b"\0garbage")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads((folder / "model.safetensors.index.json").read_text())
+    for src, at in ((padded, len(header) - 2), (folder, len(json.dumps(index)))):
+        r = run_ckptconv("validate", src)
+        assert r.returncode != 0 and f"is not valid JSON: a NUL byte at offset {at}" in r.stdout, r.stdout + r.stderr
+        r = run_ckptconv("convert", src, "-o", tmp_path / "out.pt")
+        assert r.returncode == 3 and "a NUL byte" in r.stderr, r.stderr
+        assert not (tmp_path / "out.pt").exists()
