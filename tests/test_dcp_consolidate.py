@@ -236,3 +236,23 @@ def test_corrupt_directory_is_refused(corrupt, tmp_path, run_ckptconv):
     assert not out.exists()
     assert list(tmp_path.glob("out.pt*")) == [], "a temporary file was left behind"
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before, "input was modified"
+
+
+def test_an_empty_key_reads_as_torch_joins_it(tmp_path, run_ckptconv):
+    """dcp.save names {"model": {"": t}} 'model.' (".".join of its path, the
+    empty component included) and dcp_to_torch_save reads it back; ckptconv
+    joined the path skipping the empty component ('model') and refused
+    torch's own checkpoint: "the planner_data path of 'model.' names 'model',
+    another key"."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    d = tmp_path / "ck"
+    sd = {"model": {"": torch.arange(2.0), "a": torch.arange(3.0), "0": {"": torch.ones(1)}}, "": 7}
+    dcp.save(sd, checkpoint_id=str(d), no_dist=True)
+    assert set(pickle.loads((d / ".metadata").read_bytes()).state_dict_metadata) >= {"model.", "model.0.", ""}
+    dcp_to_torch_save(str(d), str(tmp_path / "torch.pt"))
+    expected = torch.load(tmp_path / "torch.pt", weights_only=True)
+    assert_same(consolidate(run_ckptconv, d, tmp_path / "ours.pt"), expected)
+    r = run_ckptconv("validate", d)
+    assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr

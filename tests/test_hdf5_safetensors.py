@@ -208,6 +208,23 @@ def test_foreign_safetensors_file_converts_and_inspects(tmp_path, run_ckptconv):
     assert_tensors_equal(torch.load(tmp_path / "x.pt", weights_only=True), tensors)
 
 
+def test_null_metadata_reads_as_none(tmp_path, run_ckptconv):
+    """safetensors reads "__metadata__": null as no metadata (an
+    Option<HashMap>); ckptconv refused the file ("__metadata__ is not an
+    object"), validate said INVALID."""
+    from safetensors import safe_open
+
+    body = json.dumps({"__metadata__": None, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    st = tmp_path / "null.safetensors"
+    st.write_bytes(struct.pack("<Q", len(body)) + body + struct.pack("<2f", 1.5, -2.0))
+    with safe_open(st, "pt") as f:
+        assert f.metadata() is None and torch.equal(f.get_tensor("w"), torch.tensor([1.5, -2.0]))
+    r = run_ckptconv("validate", st)
+    assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
+    run_ok(run_ckptconv, "convert", st, "-o", tmp_path / "x.pt")
+    assert_tensors_equal(torch.load(tmp_path / "x.pt", weights_only=True), load_file(st))
+
+
 def corrupt_overlap(raw):
     hdr = json.loads(raw)
     names = [k for k in hdr if k != "__metadata__"]

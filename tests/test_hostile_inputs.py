@@ -639,3 +639,62 @@ def test_a_name_with_a_lone_surrogate_is_no_internal_error(tmp_path, run_ckptcon
     assert "w" in paths and any(p[0] == "a" and p[-1] == "b" and "\ufffd" in p for p in paths), paths
     r = run_ckptconv("diff", src, src, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["equal"] is True, r.stdout + r.stderr
+
+
+def test_a_tensor_named_metadata_is_refused_by_safetensors_outputs(tmp_path, run_ckptconv):
+    """`__metadata__` is the one name a safetensors header reserves. A tensor
+    under it replaced the header's metadata: the file was written with exit 0
+    and every reader refused it (safetensors' load_file as ckptconv's own).
+    safetensors' save_file writes such a file too; ckptconv refuses it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
+    save_file({"__metadata__": torch.ones(2)}, tmp_path / "lib.safetensors")
+    with pytest.raises(SafetensorError):
+        load_file(tmp_path / "lib.safetensors")
+    src = tmp_path / "m.pt"
+    torch.save({"__metadata__": torch.ones(2), "w": torch.zeros(3)}, src)
+    for cmd in (["convert", src, "-o", tmp_path / "o.safetensors"],
+                ["convert", src, "-o", tmp_path / "sharded.safetensors", "--max-shard-size", "8"],
+                ["reshard", src, "-o", tmp_path / "hf", "--world-size", "2", "--layout", "hf"]):
+        r = run_ckptconv(*cmd)
+        assert r.returncode == 3 and "tensor '__metadata__'" in r.stderr and "reserves" in r.stderr, r.stderr
+        assert not cmd[3].exists() and not list(tmp_path.glob("*tmp-*")), list(tmp_path.iterdir())
+    assert not list(tmp_path.glob("sharded*"))
+    nested = tmp_path / "nested.pt"  # a dotted path ending in the name is an ordinary name
+    torch.save({"model": {"__metadata__": torch.ones(2)}}, nested)
+    assert run_ckptconv("convert", nested, "-o", tmp_path / "n.safetensors").returncode == 0
+    assert torch.equal(load_file(tmp_path / "n.safetensors")["model.__metadata__"], torch.ones(2))
+    r = run_ckptconv("convert", src, "-o", tmp_path / "o.pt")  # .pt and .h5 hold it
+    assert r.returncode == 0 and torch.equal(torch.load(tmp_path / "o.pt", weights_only=True)["__metadata__"],
+                                             torch.ones(2))
+
+
+def test_json_followed_by_a_nul_byte_is_not_valid(tmp_path, run_ckptconv):
+    """nlohmann's lexer takes a NUL byte for the end of its input: a
+    safetensors header '{...}' padded with NULs, or an index followed by NUL
+    and anything, read and validated (VALID, exit 0) where safetensors and
+    json.loads (transformers) refuse the file."""
+    import struct
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode() + b"\0\0"
+    padded = tmp_path / "padded.safetensors"
+    padded.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<2f", 1.0, 2.0))
+    with pytest.raises(SafetensorError, match="trailing characters"):
+        load_file(padded)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file({"w": torch.ones(2)}, folder / "model-00001-of-00001.safetensors")
+    index = {"metadata": {}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+    (folder / "model.safetensors.index.json").write_bytes(json.dumps(index).encode() + b"\0garbage")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads((folder / "model.safetensors.index.json").read_text())
+    for src, at in ((padded, len(header) - 2), (folder, len(json.dumps(index)))):
+        r = run_ckptconv("validate", src)
+        assert r.returncode != 0 and f"is not valid JSON: a NUL byte at offset {at}" in r.stdout, r.stdout + r.stderr
+        r = run_ckptconv("convert", src, "-o", tmp_path / "out.pt")
+        assert r.returncode == 3 and "a NUL byte" in r.stderr, r.stderr
+        assert not (tmp_path / "out.pt").exists()

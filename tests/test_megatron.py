@@ -492,3 +492,33 @@ def test_megatron_lm_state(tmp_path, run_ckptconv):
     assert (tmp_path / "ws2" / "common.pt").read_bytes() == (src / "common.pt").read_bytes()
     r = run_ckptconv("validate", str(src))
     assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
+
+
+@needs_megatron
+@pytest.mark.parametrize("field,value", [("sharded_backend_version", 2), ("common_backend", "zarr"),
+                                         ("common_backend_version", "1")])
+def test_a_backend_version_megatron_has_no_strategy_for_is_refused(field, value, tmp_path, run_ckptconv):
+    """megatron-core loads through the strategy registered for ('torch_dist',
+    1) and ('torch', 1): another pair in metadata.json is "Cannot find a
+    default strategy" there. ckptconv read it as version 1 and validated it
+    VALID; now exit 3 naming the field. 1.0 for 1 is the same key in Python."""
+    import subprocess
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(ROOT / "gpt_tp1pp1" / "ckpt", ckpt)
+    meta = json.loads((ckpt / "metadata.json").read_text())
+    verify = ("import sys\nfrom megatron.core.dist_checkpointing.validation import "
+              "verify_checkpoint_and_load_strategy as v\n"
+              "try:\n    v(sys.argv[1])\nexcept Exception as e:\n    print(e)")
+    for v, refused in ((value, True), (1.0 if field != "common_backend" else "torch", False)):
+        (ckpt / "metadata.json").write_text(json.dumps({**meta, field: v}))
+        said = subprocess.run([str(MEGATRON_PY), "-c", verify, str(ckpt)], capture_output=True, text=True).stdout
+        assert ("Cannot find a default strategy" in said) == refused, said
+        r = run_ckptconv("validate", ckpt)
+        if refused:
+            assert r.returncode == 3 and f"metadata.json: {field} {json.dumps(v)}, where megatron-core" in r.stdout, \
+                r.stdout + r.stderr
+            r = run_ckptconv("consolidate", ckpt, "-o", tmp_path / "o.pt")
+            assert r.returncode == 3 and field in r.stderr and not (tmp_path / "o.pt").exists(), r.stderr
+        else:
+            assert r.returncode == 0, r.stdout + r.stderr

@@ -150,10 +150,10 @@ def test_truncated_file_is_refused(cut, tmp_path, run_ckptconv):
     assert not out.exists()
 
 
-def _pt_with_storage_numel(path, numel, stored_floats, offset=0, size=(2,), stride=(1,)):
+def _pt_with_storage_numel(path, numel, stored_floats, offset=0, size=(2,), stride=(1,), names=("w",)):
     """A torch.save zip whose one FloatStorage says it holds `numel` floats
-    while its record holds `stored_floats`: a tensor `w` viewing it (by
-    default the first two)."""
+    while its record holds `stored_floats`: a tensor `w` (or one per name)
+    viewing it (by default the first two)."""
     import collections
     import io
     import struct
@@ -171,7 +171,7 @@ def _pt_with_storage_numel(path, numel, stored_floats, offset=0, size=(2,), stri
             return ("storage", torch.FloatStorage, "0", "cpu", numel) if isinstance(obj, Storage) else None
 
     buf = io.BytesIO()
-    Pickler(buf, protocol=2).dump({"w": Tensor()})
+    Pickler(buf, protocol=2).dump({name: Tensor() for name in names})
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("archive/data.pkl", buf.getvalue())
         z.writestr("archive/byteorder", "little")
@@ -217,6 +217,60 @@ def test_a_view_past_2_pow_64_bytes_names_its_file_and_tensor(offset, stride, tm
     assert not (tmp_path / "out.pt").exists()
     r = run_ckptconv("validate", src)
     assert r.returncode == 1 and "'w'" in r.stdout and "2^64" in r.stdout, r.stdout + r.stderr
+
+
+def _run_with_small_files(ckptconv, *args):
+    """ckptconv under a 16 MiB file-size limit: a regression that starts
+    writing an exabyte output is stopped (SIGXFSZ) instead of filling the disk."""
+    import resource
+    import subprocess
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
+
+    return subprocess.run([str(ckptconv), *map(str, args)], capture_output=True, text=True, preexec_fn=small_files,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("size,says", [((2**62, 3), "more than 2^63 - 1 elements"),
+                                       ((2**62, 4), "more than 2^63 - 1 elements"),
+                                       ((2**61, 3), "whose bytes overflow 64 bits"),
+                                       ((-1, 2), "a negative dimension")])
+def test_a_shape_past_64_bits_names_its_file_and_tensor(size, says, tmp_path, ckptconv):
+    """A stride-0 view whose shape holds more elements than torch's int64
+    (torch: "numel: integer multiplication overflow") or whose bytes pass
+    2^64: (2^62, 3) float32 has 3 * 2^64 bytes, which wrapped to 0, so
+    validate said VALID and convert passed the free-space check and wrote
+    until the disk was full; (2^62, 4) and a negative dimension were a bare
+    "element count overflows 64 bits" naming neither file nor tensor."""
+    src = tmp_path / "huge.pt"
+    _pt_with_storage_numel(src, 4, 4, size=size, stride=(0, 1))
+    if size[0] != 2**61:  # the one torch.load reads (as a view; its nbytes wraps too)
+        with pytest.raises(RuntimeError):
+            torch.load(src, weights_only=True)
+    named = f"tensor 'w' of shape ({size[0]}, {size[1]}) has"
+    for cmd in (["convert", src, "-o", tmp_path / "out.pt"], ["inspect", src], ["inspect", src, "--json"],
+                ["diff", src, src]):
+        r = _run_with_small_files(ckptconv, *cmd)
+        assert r.returncode == 3, (cmd, r.stderr)
+        assert "huge.pt" in r.stderr and named in r.stderr and says in r.stderr, (cmd, r.stderr)
+    assert not (tmp_path / "out.pt").exists()
+    r = _run_with_small_files(ckptconv, "validate", src)
+    assert r.returncode == 1 and named in r.stdout and says in r.stdout and "huge.pt" in r.stdout, r.stdout + r.stderr
+
+
+def test_tensors_whose_bytes_sum_past_2_pow_64_are_refused_before_writing(tmp_path, ckptconv):
+    """Two stride-0 views of 2^63 bytes each: their sum wrapped to 0, so the
+    free-space check passed and convert and reshard started writing 16 EiB
+    (stopped here by a 16 MiB file-size limit, as the disk would have been)."""
+    src = tmp_path / "two.pt"
+    _pt_with_storage_numel(src, 4, 4, size=(2**61, 1), stride=(0, 1), names=("a", "b"))
+    assert torch.load(src, weights_only=True)["a"].shape == (2**61, 1)  # torch reads both views
+    for cmd, out in ((["convert", src, "-o"], tmp_path / "out.safetensors"),
+                     (["reshard", src, "--world-size", "2", "--layout", "dcp", "-o"], tmp_path / "out_dcp")):
+        r = _run_with_small_files(ckptconv, *cmd, out)
+        assert r.returncode == 4 and "the output needs 16384.0 PiB" in r.stderr, (cmd, r.returncode, r.stderr)
+        assert not out.exists() and not list(tmp_path.glob("out*.tmp-*")), list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("view", [(2, (3,), (1,)), (0, (2,), (4,)), (1, (2, 2), (2, 1))])

@@ -12,6 +12,7 @@
 
 #include "check/optimizer_checks.h"
 #include "check/tensor_scan.h"
+#include "core/checked.h"
 #include "core/progress.h"
 #include "formats/checkpoint_root.h"
 #include "formats/detect.h"
@@ -87,8 +88,11 @@ class Validator {
     if (model) {
       report_.format = model->format();
       report_.tensors = model->tensors.size();
-      for (const auto& t : model->tensors) report_.tensor_bytes += t.nbytes();
       check_coverage(*model);
+      // After the coverage check: a shape past torch's limits is its problem,
+      // and has no byte count to add.
+      for (const auto& t : model->tensors)
+        if (tensor_shape_problem(t).empty()) report_.tensor_bytes = saturating_add(report_.tensor_bytes, t.nbytes());
       check("optimizer");
       check_optimizer_state(*model, sink_.problems().empty(), sink_);
       check_world_size(*model);

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
@@ -151,7 +152,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   JobReport report;
   report.summary = "wrote " + req.output;
   report.tensors = model.tensors.size();
-  for (const auto& t : model.tensors) report.bytes += t.output_nbytes();
+  for (const auto& t : model.tensors) report.bytes = saturating_add(report.bytes, t.output_nbytes());
   if (opt.dry_run) {
     describe_plan(model, req.output, log::verbose(), out);
     report.dry_run = true;

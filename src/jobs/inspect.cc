@@ -69,6 +69,14 @@ void refuse_unsound_views(const CheckpointModel& model) {
     });
 }
 
+// A shape torch cannot hold (a negative dimension, more than 2^63 - 1
+// elements, bytes past 2^64) has no size to list: refused before listing.
+void refuse_impossible_shapes(const CheckpointModel& model) {
+  for (const auto& t : model.tensors)
+    if (std::string p = tensor_shape_problem(t); !p.empty())
+      fail_data_loss(model.source + ": tensor '" + t.name + "' of shape " + shape_str(t.shape) + " " + p);
+}
+
 }  // namespace
 
 JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
@@ -83,6 +91,7 @@ JobReport run_inspect(const InspectRequest& req, std::ostream& out) {
   read.one_rank_alone = true;
   CheckpointModel model = read_checkpoint(req.common.source, read);
   if (!req.common.only.empty() || !req.common.keys.empty()) model = select_source(std::move(model), req.common);
+  refuse_impossible_shapes(model);
   if (req.json)
     // A name pickled with a lone surrogate is not UTF-8: shown as U+FFFD, never an internal error.
     out << model_to_json(model).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";

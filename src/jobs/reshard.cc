@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/paths.h"
@@ -101,7 +102,8 @@ std::size_t count_values(const pickle::Value& root) {
 uint64_t plan_output_bytes(const CheckpointModel& model, const ReshardPlan& plan) {
   uint64_t total = 0;
   for (const auto& items : plan.ranks)
-    for (const auto& item : items) total += item.numel() * dtype_size(model.tensors[item.tensor].output_dtype());
+    for (const auto& item : items)
+      total = saturating_add(total, item.numel() * dtype_size(model.tensors[item.tensor].output_dtype()));
   return total;
 }
 
@@ -286,7 +288,7 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
       megatron_legacy::plan_legacy_output(j.model, optim ? &*optim : nullptr, tp, pp, j.req.distributed_optimizer);
   uint64_t bytes = 0;
   for (const auto& f : plan.files)
-    for (const auto& t : f.tensors) bytes += t.output_nbytes();
+    for (const auto& t : f.tensors) bytes = saturating_add(bytes, t.output_nbytes());
   j.report.bytes = bytes;
   // Beside each rank file, distrib_optim.pt where the optimizer is the distributed one's.
   std::size_t distrib_optim = 0;

@@ -1,5 +1,6 @@
 #include "model/describe.h"
 
+#include "core/checked.h"
 #include "core/error.h"
 
 #include <algorithm>
@@ -18,7 +19,7 @@ namespace ckpt {
 namespace {
 uint64_t total_bytes(const CheckpointModel& model) {
   uint64_t total = 0;
-  for (const auto& t : model.tensors) total += t.nbytes();
+  for (const auto& t : model.tensors) total = saturating_add(total, t.nbytes());
   return total;
 }
 

@@ -89,6 +89,12 @@ class AppendingBuilder {
 }  // namespace
 
 Json parse_ordered_json(std::string_view text, std::size_t max_depth, const std::string& what) {
+  // nlohmann's lexer takes a NUL byte for the end of its input, so
+  // '{...}\0<anything>' parsed as the part before it; JSON has no raw NUL
+  // (not between tokens, not in a string), and safetensors, json.loads and
+  // transformers refuse it: a safetensors header ending in NULs was VALID.
+  if (std::size_t nul = text.find('\0'); nul != std::string_view::npos)
+    fail_data_loss(what + " is not valid JSON: a NUL byte at offset " + std::to_string(nul));
   AppendingBuilder builder(max_depth);
   bool ok = Json::sax_parse(text.begin(), text.end(), &builder, nlohmann::detail::input_format_t::json, true);
   if (!ok) fail_data_loss(what + " is not valid JSON" + (builder.error().empty() ? "" : ": " + builder.error()));

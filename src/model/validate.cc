@@ -1,6 +1,7 @@
 #include "model/validate.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/checked.h"
 #include "core/error.h"
@@ -50,6 +51,30 @@ std::string chunk_problem(const TensorEntry& t, const TensorChunk& c) {
   return {};
 }
 
+// Empty when the tensor's shape is one torch can hold: dimensions not
+// negative, an element count that fits int64 (torch.load refuses more:
+// "numel: integer multiplication overflow") and a byte count, read and
+// written, that fits 64 bits. Checked before anything multiplies them: a
+// (2^62, 3) float32 view of stride 0 had 3 * 2^64 bytes, which wrapped to 0:
+// validate said VALID and consolidate passed the free-space check.
+}  // namespace
+
+std::string tensor_shape_problem(const TensorEntry& t) {
+  uint64_t n = 1, in_bytes = 0, out_bytes = 0;
+  for (int64_t d : t.shape) {
+    if (d < 0) return "has a negative dimension";
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) ||
+        n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return "has more than 2^63 - 1 elements (torch.load refuses it)";
+  }
+  if (__builtin_mul_overflow(n, dtype_size(t.dtype), &in_bytes) ||
+      __builtin_mul_overflow(n, dtype_size(t.output_dtype()), &out_bytes))
+    return "has " + std::to_string(n) + " elements, whose bytes overflow 64 bits";
+  return {};
+}
+
+namespace {
+
 bool boxes_overlap(const TensorChunk& a, const TensorChunk& b) {
   for (std::size_t d = 0; d < a.sizes.size(); ++d) {
     int64_t lo = std::max(a.offsets[d], b.offsets[d]);
@@ -66,6 +91,14 @@ void visit_tensor_problems(const TensorEntry& t, const TensorProblemVisitor& vis
     visit(Problem{ErrorCode::kDataLoss, std::move(message), chunk ? chunk->file : "", chunk ? chunk->rank : -1, t.name},
           chunk == nullptr);
   };
+  if (std::string p = tensor_shape_problem(t); !p.empty()) {
+    // Not a gap: the tensor's own record says it, in the first chunk's file.
+    const TensorChunk* first = t.chunks.empty() ? nullptr : &t.chunks.front();
+    visit(Problem{ErrorCode::kDataLoss, "tensor '" + t.name + "' of shape " + shape_str(t.shape) + " " + p,
+                  first ? first->file : "", first ? first->rank : -1, t.name},
+          false);
+    return;
+  }
   bool boxes_ok = true;
   for (std::size_t i = 0; i < t.chunks.size(); ++i) {
     std::string p = chunk_problem(t, t.chunks[i]);

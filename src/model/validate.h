@@ -15,6 +15,11 @@ namespace ckpt {
 // Every problem of one tensor as a Problem (DataLoss; the message names the
 // tensor and chunk, `file`/`rank` are the chunk's, `tensor` its name). `gap`
 // is true for a coverage gap, which no one chunk causes (file "", rank -1).
+// Empty when the tensor's shape is one torch can hold (no negative
+// dimension, at most 2^63 - 1 elements, bytes read and written within 64
+// bits); else why not. Checked first by visit_tensor_problems: numel() and
+// nbytes() are only meaningful when it is empty.
+std::string tensor_shape_problem(const TensorEntry& tensor);
 using TensorProblemVisitor = std::function<void(Problem problem, bool gap)>;
 void visit_tensor_problems(const TensorEntry& tensor, const TensorProblemVisitor& report);
 // Every problem of every tensor, into `sink`: the one problem channel.

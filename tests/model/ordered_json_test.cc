@@ -33,6 +33,21 @@ TEST_CASE("ordered JSON parse refuses bad JSON and deep nesting naming what it p
   CHECK_THROWS_AS(parse_ordered_json(deep, 99, "x"), Error);
 }
 
+TEST_CASE("a NUL byte anywhere is refused, not taken for the end of the text", "[model]") {
+  // nlohmann's lexer ends its input at a NUL: '{"a": 1}\0{"b"' parsed as {"a": 1}.
+  using namespace std::string_literals;
+  for (const std::string& text : {"{\"a\": 1}\0\0"s, "{\"a\": 1}\0{\"b\": 2}"s, "\0{\"a\": 1}"s}) {
+    try {
+      parse_ordered_json(text, 8, "the index");
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kDataLoss);
+      CHECK(std::string(e.what()).rfind("the index is not valid JSON: a NUL byte at offset", 0) == 0);
+    }
+  }
+  CHECK(parse_ordered_json("{\"a\": \"\\u0000\"} \n", 8, "x")["a"] == std::string(1, '\0'));  // escaped: a string's NUL
+}
+
 TEST_CASE("duplicate keys are all kept by the parse; the builder keeps the last value in the first place", "[model]") {
   Json j = parse_ordered_json(R"({"w": 1, "w": 2})", 4, "x");
   CHECK(j.size() == 2);

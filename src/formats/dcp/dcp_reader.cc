@@ -135,9 +135,11 @@ class DcpDirReader {
       if (pd != md.planner_data.end()) {
         // dcp.save names a key by its path joined with dots; a path that
         // names another key would put the value elsewhere (torch's loader
-        // refuses it).
+        // refuses it). Joined as torch joins it (".".join(map(str, path))),
+        // an empty component included: {"model": {"": t}} is 'model.', which
+        // had been refused as naming 'model'.
         std::string joined;
-        for (const auto& part : pd->second) joined = join_path(joined, path_component(*part));
+        for (std::size_t k = 0; k < pd->second.size(); ++k) joined += (k ? "." : "") + path_component(*pd->second[k]);
         if (joined != item.fqn) {
           report_or_fail(sink_, Problem{ErrorCode::kDataLoss,
                                         dir_ + "/.metadata: the planner_data path of '" + item.fqn + "' names '" +

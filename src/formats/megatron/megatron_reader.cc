@@ -213,6 +213,22 @@ TensorEntry layer_of(const TensorEntry& t, int64_t layer, std::string name) {
   return out;
 }
 
+// megatron-core loads through the strategy registered for (backend,
+// version): ('torch_dist', 1) for the sharded part, ('torch', 1) for
+// common.pt; any other pair is "Cannot find a default strategy" there, so
+// it is refused here rather than read as version 1. An absent field is
+// its dataclass default (those same values).
+void require_known_backends(const nlohmann::ordered_json& meta, const std::string& path) {
+  const std::pair<const char*, nlohmann::ordered_json> known[] = {
+      {"sharded_backend_version", 1}, {"common_backend", "torch"}, {"common_backend_version", 1}};
+  for (const auto& [field, value] : known) {
+    auto it = meta.find(field);
+    if (it != meta.end() && *it != value)
+      fail(ErrorCode::kUnimplemented, path + ": " + field + " " + it->dump() + ", where megatron-core loads " +
+                                          value.dump() + " only (it has no load strategy for another)");
+  }
+}
+
 class TorchDistReader {
  public:
   TorchDistReader(std::string dir, ProblemSink* sink, std::string only)
@@ -224,6 +240,7 @@ class TorchDistReader {
     if (backend != "torch_dist")
       fail(ErrorCode::kUnimplemented, dir_ + "/" + kMetadataJson + ": sharded_backend '" + backend +
                                           "'; ckptconv reads megatron-core's 'torch_dist' checkpoints only");
+    require_known_backends(meta, dir_ + "/" + kMetadataJson);
     // Sharded objects are the job's state too (Megatron-LM's rng_state holds
     // numpy's, read as data: docs/pickle-globals.md): other globals are
     // recorded, never called, and screened below.

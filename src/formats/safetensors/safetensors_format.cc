@@ -108,6 +108,8 @@ Header parse_header(std::string_view text, uint64_t data_size) {
     const std::string& key = it.key();
     const auto& value = it.value();
     if (key == "__metadata__") {
+      // safetensors reads it as Option<HashMap<String, String>>: null is none.
+      if (value.is_null()) continue;
       if (!value.is_object()) fail_data_loss("safetensors __metadata__ is not an object");
       for (auto m = value.begin(); m != value.end(); ++m) {
         if (!m.value().is_string()) fail_data_loss("safetensors __metadata__ value '" + m.key() + "' is not a string");

@@ -124,6 +124,13 @@ FilePlan plan_file(std::vector<FileMember> members, const std::map<std::string, 
       fail_invalid("tensor '" + m.name + "': safetensors has no dtype for " + std::string(dtype_name(m.dtype)) +
                    " (use .pt or .h5, or --dtype)");
     require_json_text(m.name, "tensor '" + m.name + "': its name");
+    // The header's one reserved key: a tensor under it replaced the metadata,
+    // and every reader (safetensors' load_file, ckptconv) refused the file
+    // written with exit 0.
+    if (m.name == "__metadata__")
+      fail(ErrorCode::kUnimplemented,
+           "tensor '__metadata__': safetensors reserves this name for the header's "
+           "metadata, so no reader could load it; write .pt or .h5 instead");
     uint64_t n = shape_numel(m.shape) * dtype_size(m.dtype);
     header.set(m.name, Json{{"dtype", std::string(*code)}, {"shape", m.shape}, {"data_offsets", {offset, offset + n}}});
     file.tensors.push_back({m.index, m.name, offset, offset + n});
