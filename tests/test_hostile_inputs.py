@@ -481,6 +481,55 @@ def test_hdf5_sparse_dataset_declaring_4_tb_is_refused(tmp_path, run_ckptconv):
     assert not (tmp_path / "o.pt").exists()
 
 
+@pytest.mark.parametrize("shape,says", [((2**61, 3), "has 6917529027641081856 elements, whose bytes overflow 64 bits"),
+                                        ((2**62, 4), "has more than 2^63 - 1 elements")])
+def test_hdf5_dataset_shape_past_64_bits_names_the_dataset(shape, says, tmp_path, run_ckptconv):
+    """A sparse dataset whose bytes (or elements) pass 2^64 was refused with
+    a bare "dataset size overflows 64 bits" / "element count overflows 64
+    bits", naming no dataset."""
+    import h5py
+    src = tmp_path / "huge.h5"
+    with h5py.File(src, "w") as f:
+        f.attrs["ckptconv.layout_version"] = 1
+        f.attrs["ckptconv.kind"] = "dict"
+        f.attrs["ckptconv.keys"] = '["w"]'
+        f.create_dataset("w", shape=shape, dtype="<f4", chunks=(1, shape[1])).attrs["dtype"] = "float32"
+    r = run_ckptconv("convert", src, "-o", tmp_path / "o.pt", timeout=HANG_GUARD_S)
+    assert r.returncode == 3 and f"huge.h5: dataset 'w': shape ({shape[0]}, {shape[1]}) {says}" in r.stderr, r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_safetensors_and_dcp_shapes_past_64_bits_name_the_tensor(tmp_path, run_ckptconv):
+    """A safetensors header's or DCP .metadata's shape whose bytes pass 2^64
+    was a bare "tensor size overflows 64 bits" / "element count overflows 64
+    bits" naming no tensor (safetensors' own reader says "overflow")."""
+    import struct
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    body = json.dumps({"a": {"dtype": "F32", "shape": [2**62, 4], "data_offsets": [0, 0]}}).encode()
+    st = tmp_path / "huge.safetensors"
+    st.write_bytes(struct.pack("<Q", len(body)) + body)
+    with pytest.raises(SafetensorError, match="overflow"):
+        load_file(st)
+    r = run_ckptconv("validate", st)
+    assert r.returncode == 1 and "tensor 'a': shape (4611686018427387904, 4) holds more than 2^64 bytes" in r.stdout, \
+        r.stdout + r.stderr
+    d = tmp_path / "dcp"
+    dcp.save({"w": torch.arange(4.0)}, checkpoint_id=str(d), no_dist=True)
+    md = pickle.loads((d / ".metadata").read_bytes())
+    md.state_dict_metadata["w"].size = torch.Size([2**62, 4])
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    says = "tensor 'w' of shape (4611686018427387904, 4) has more than 2^63 - 1 elements"
+    r = run_ckptconv("validate", d)
+    assert r.returncode == 1 and says in r.stdout, r.stdout + r.stderr
+    for cmd in (["inspect", d], ["convert", d, "-o", tmp_path / "o.pt"]):
+        r = run_ckptconv(*cmd)
+        assert r.returncode == 3 and says in r.stderr and str(d) in r.stderr, r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
 def test_hdf5_external_link_is_refused_unless_follow_links(tmp_path, run_ckptconv):
     """Item 4: an external link reads another file, wherever it names."""
     import h5py

@@ -273,6 +273,40 @@ def test_tensors_whose_bytes_sum_past_2_pow_64_are_refused_before_writing(tmp_pa
         assert not out.exists() and not list(tmp_path.glob("out*.tmp-*")), list(tmp_path.iterdir())
 
 
+def test_accelerate_parts_whose_bytes_sum_past_2_pow_64_are_refused_before_writing(tmp_path, ckptconv):
+    """reshard --layout accelerate sums its two parts (model, optimizer) apart
+    from the per-tensor sum: two DCP directories of one 2^63-byte stride-0
+    item each summed to 0 and passed the free-space check."""
+    import io
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    def big_dcp(d, key):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({key: torch.zeros(1, 1)}, checkpoint_id=str(d), no_dist=True)
+        md = pickle.loads((d / ".metadata").read_bytes())
+        md.state_dict_metadata[key].size = torch.Size([2**61, 1])
+        md.state_dict_metadata[key].chunks[0].sizes = torch.Size([2**61, 1])
+        info = next(v for k, v in md.storage_data.items() if k.fqn == key)
+        buf = io.BytesIO()
+        torch.save(torch.zeros(1).expand(2**61, 1), buf)  # the small storage, viewed with stride 0
+        item = d / info.relative_path
+        info.offset, info.length = item.stat().st_size, len(buf.getvalue())
+        with open(item, "ab") as f:
+            f.write(buf.getvalue())
+        (d / ".metadata").write_bytes(pickle.dumps(md))
+
+    src = tmp_path / "acc"
+    big_dcp(src / "pytorch_model_fsdp_0", "w")
+    big_dcp(src / "optimizer_0", "state.w.exp_avg")
+    out = tmp_path / "out"
+    r = _run_with_small_files(ckptconv, "reshard", src, "-o", out, "--layout", "accelerate", "--world-size", "1")
+    assert r.returncode == 4 and "the output needs 16384.0 PiB" in r.stderr, (r.returncode, r.stderr)
+    assert not out.exists() and not list(tmp_path.glob("out.tmp-*")), list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("view", [(2, (3,), (1,)), (0, (2,), (4,)), (1, (2, 2), (2, 1))])
 def test_a_view_past_its_storage_is_refused_by_every_command(view, tmp_path, run_ckptconv):
     """A view (offset, sizes, strides) that reaches past its storage's 4

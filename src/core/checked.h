@@ -29,6 +29,11 @@ inline uint64_t saturating_add(uint64_t a, uint64_t b) {
   return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
+inline uint64_t saturating_mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
 // True when [offset, offset+length) lies inside [0, size).
 inline bool range_fits(uint64_t offset, uint64_t length, uint64_t size) {
   return offset <= size && length <= size - offset;

@@ -407,7 +407,7 @@ void write_accelerate_layout(const LayoutJob& j) {
     CheckpointModel part = accelerate_part(model, p);
     ReshardPlan plan = plan_reshard(part.tensors, *req.world_size, source_world_size(model));
     dcp::DcpMetadata layout = flattened_layout(part);
-    j.report.bytes += plan_output_bytes(part, plan);
+    j.report.bytes = saturating_add(j.report.bytes, plan_output_bytes(part, plan));
     planned.push_back({p, std::move(part), std::move(plan), std::move(layout)});
   }
   auto describe = [&] {

@@ -192,7 +192,11 @@ class DcpDirReader {
     for (const ItemMeta& item : md.items) {
       if (!item.is_tensor) continue;
       ++d.tensors;
-      d.tensor_bytes += shape_numel(item.size) * dtype_size(item.dtype);
+      // A count for the report: a size past 64 bits is the tensor's problem,
+      // reported with its name by the shape check, not here.
+      uint64_t bytes = dtype_size(item.dtype);
+      for (int64_t s : item.size) bytes = s < 0 ? UINT64_MAX : saturating_mul(bytes, static_cast<uint64_t>(s));
+      d.tensor_bytes = saturating_add(d.tensor_bytes, bytes);
     }
     return d;
   }

@@ -21,6 +21,7 @@
 #include "io/storage.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
+#include "model/validate.h"
 #include "model/value_json.h"
 
 namespace ckpt::hdf5 {
@@ -277,6 +278,10 @@ class Hdf5Reader {
     t.name = path;
     t.dtype = *dtype;
     for (hsize_t d : dims) t.shape.push_back(static_cast<int64_t>(d));
+    // A shape past torch's limits, named with its dataset (the size below
+    // would be a bare overflow).
+    if (std::string p = tensor_shape_problem(t); !p.empty())
+      fail_data_loss(what + ": shape " + shape_str(t.shape) + " " + p);
     check_declared_size(ds, what, checked_mul(shape_numel(t.shape), dtype_size(*dtype), "dataset size"));
     check_chunk_index(ds, dims, what);  // after the size check, which bounds the chunk count
     TensorChunk c;

@@ -71,9 +71,10 @@ HeaderTensor parse_tensor(const std::string& name, const nlohmann::ordered_json&
   t.begin = (*off)[0].get<uint64_t>();
   t.end = (*off)[1].get<uint64_t>();
   if (t.end < t.begin) return bad("data_offsets end before they begin");
-  uint64_t numel = 1;
-  for (int64_t dim : t.shape) numel = checked_mul(numel, static_cast<uint64_t>(dim), "tensor size");
-  uint64_t nbytes = checked_mul(numel, dtype_size(t.dtype), "tensor size");
+  uint64_t nbytes = dtype_size(t.dtype);
+  for (int64_t dim : t.shape)
+    if (__builtin_mul_overflow(nbytes, static_cast<uint64_t>(dim), &nbytes))
+      return bad("shape " + shape_str(t.shape) + " holds more than 2^64 bytes (safetensors refuses it)");
   if (t.end - t.begin != nbytes)
     return bad("data_offsets hold " + std::to_string(t.end - t.begin) + " bytes, shape and dtype need " +
                std::to_string(nbytes));
