@@ -8,6 +8,7 @@ and bool tensors as they are, as model.to(dtype) does."""
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 import torch
@@ -79,3 +80,37 @@ def test_dtype_casts_floating_tensors_as_torch_does(target, suffix, every_dtype,
         expect = t.to(dtype) if t.is_floating_point() else t
         assert got[k].dtype == expect.dtype, k
         assert torch.equal(_bits(got[k]), _bits(expect)), k
+
+
+def test_float8_fnuz_and_e8m0_are_read_and_written_as_save_file_writes_them(tmp_path, run_ckptconv):
+    """F8_E4M3FNUZ and F8_E5M2FNUZ (safetensors 0.8 reads and writes them) were
+    'unknown dtype': refused on reading, not writable. Now copied bit for bit,
+    and a safetensors output of them is save_file's byte for byte (its layout
+    orders the data by dtype, then name)."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(4, 3, generator=g) * 3
+    want = {f"w_{name}": base.to(getattr(torch, name))
+            for name in ("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float8_e4m3fn", "float8_e5m2")}
+    want["i16"] = torch.arange(6, dtype=torch.int16)
+    src = tmp_path / "f8.safetensors"
+    save_file(want, str(src))
+    for out in (tmp_path / "f8.pt", tmp_path / "f8_out.safetensors"):
+        r = run_ckptconv("consolidate", src, "-o", out)
+        assert r.returncode == 0, r.stderr
+        got = torch.load(out, weights_only=True) if out.suffix == ".pt" else load_file(out)
+        assert set(got) == set(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and torch.equal(_bits(got[k]), _bits(want[k])), k
+    # From the .pt (no safetensors metadata to carry) the layout is save_file's of the same dict.
+    r = run_ckptconv("consolidate", tmp_path / "f8.pt", "-o", tmp_path / "again.safetensors")
+    assert r.returncode == 0, r.stderr
+    save_file(torch.load(tmp_path / "f8.pt", weights_only=True), str(tmp_path / "ref.safetensors"))
+
+    def layout(p):
+        b = p.read_bytes()
+        n = struct.unpack("<Q", b[:8])[0]
+        h = json.loads(b[8:8 + n])
+        h.pop("__metadata__", None)
+        return {k: (v["dtype"], v["data_offsets"]) for k, v in h.items()}, b[8 + n:]
+    assert layout(tmp_path / "again.safetensors") == layout(tmp_path / "ref.safetensors")
+    assert run_ckptconv("validate", src).returncode == 0

@@ -121,7 +121,9 @@ TEST_CASE("dtype codes follow the safetensors names and refuse what it lacks", "
   CHECK(dtype_code(DType::kFloat8E4M3FN) == "F8_E4M3");
   CHECK(dtype_code(DType::kComplex64) == "C64");
   CHECK_FALSE(dtype_code(DType::kComplex128));
-  CHECK_FALSE(dtype_code(DType::kFloat8E4M3FNUZ));
+  CHECK(dtype_code(DType::kFloat8E4M3FNUZ) == "F8_E4M3FNUZ");  // safetensors 0.8 has the FNUZ pair
+  CHECK(dtype_sort_rank(DType::kFloat8E5M2FNUZ) > dtype_sort_rank(DType::kFloat8E8M0FNU));
+  CHECK(dtype_sort_rank(DType::kInt16) > dtype_sort_rank(DType::kFloat8E5M2FNUZ));
   // The writer's order: U64 first, BOOL last (safetensors sorts its Dtype enum descending).
   CHECK(dtype_sort_rank(DType::kUInt64) > dtype_sort_rank(DType::kFloat64));
   CHECK(dtype_sort_rank(DType::kFloat32) > dtype_sort_rank(DType::kUInt32));

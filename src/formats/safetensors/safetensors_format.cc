@@ -17,13 +17,15 @@ struct CodeEntry {
 };
 
 // In safetensors' Dtype enum order (the writer sorts by it, descending).
-constexpr std::array<CodeEntry, 17> kCodes{{
+constexpr std::array<CodeEntry, 19> kCodes{{
     {DType::kBool, "BOOL"},
     {DType::kUInt8, "U8"},
     {DType::kInt8, "I8"},
     {DType::kFloat8E5M2, "F8_E5M2"},
     {DType::kFloat8E4M3FN, "F8_E4M3"},
     {DType::kFloat8E8M0FNU, "F8_E8M0"},
+    {DType::kFloat8E4M3FNUZ, "F8_E4M3FNUZ"},  // the order save_file writes them in, read off safetensors 0.8
+    {DType::kFloat8E5M2FNUZ, "F8_E5M2FNUZ"},
     {DType::kInt16, "I16"},
     {DType::kUInt16, "U16"},
     {DType::kFloat16, "F16"},
