@@ -6,7 +6,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -328,12 +327,30 @@ struct NumberedShard {
   std::string prefix, ext;
   std::size_t index = 0, total = 0;
 };
-std::optional<NumberedShard> numbered_shard(const std::string& file_name) {
-  static const std::regex kShard(R"(^(.*)-(\d{5})-of-(\d{5})(\.safetensors|\.bin)$)");
-  std::smatch m;
-  if (!std::regex_match(file_name, m, kShard)) return std::nullopt;
-  NumberedShard s{m[1].str(), m[4].str(), std::stoul(m[2].str()), std::stoul(m[3].str())};
+// Parsed by hand, not with std::regex: a file name is the checkpoint's, and
+// std::regex recurses per character of its subject.
+std::optional<NumberedShard> numbered_shard(std::string_view name) {
+  std::string_view ext;
+  for (std::string_view e : {std::string_view(".safetensors"), std::string_view(".bin")})
+    if (name.ends_with(e)) ext = e;
+  // "-NNNNN-of-NNNNN" is 15 characters before the extension.
+  if (ext.empty() || name.size() < ext.size() + 15) return std::nullopt;
+  std::string_view tail = name.substr(name.size() - ext.size() - 15, 15);
+  auto digits = [](std::string_view d, std::size_t& out) {
+    out = 0;
+    for (char c : d) {
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + static_cast<std::size_t>(c - '0');
+    }
+    return true;
+  };
+  NumberedShard s;
+  if (tail[0] != '-' || tail.substr(6, 4) != "-of-" || !digits(tail.substr(1, 5), s.index) ||
+      !digits(tail.substr(10, 5), s.total))
+    return std::nullopt;
   if (s.index == 0 || s.index > s.total) return std::nullopt;
+  s.prefix = std::string(name.substr(0, name.size() - ext.size() - 15));
+  s.ext = std::string(ext);
   return s;
 }
 
