@@ -44,17 +44,21 @@ def every_dtype(tmp_path_factory):
     return path
 
 
-def test_every_dtype_is_copied_bit_for_bit(every_dtype, tmp_path, run_ckptconv):
-    want = load_file(every_dtype)
+def _copies_bit_for_bit(src, want: dict, tmp_path, run_ckptconv) -> None:
+    """consolidate of `src` to .pt and to .safetensors holds `want`, dtypes and bits, and diff says equal."""
     for out in (tmp_path / "all.pt", tmp_path / "all.safetensors"):
-        r = run_ckptconv("consolidate", every_dtype, "-o", out)
+        r = run_ckptconv("consolidate", src, "-o", out)
         assert r.returncode == 0, r.stderr
         got = torch.load(out, weights_only=True) if out.suffix == ".pt" else load_file(out)
         assert set(got) == set(want)
         for k in want:
             assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
             assert torch.equal(_bits(got[k]), _bits(want[k])), k
-        assert run_ckptconv("diff", every_dtype, out).returncode == 0
+        assert run_ckptconv("diff", src, out).returncode == 0
+
+
+def test_every_dtype_is_copied_bit_for_bit(every_dtype, tmp_path, run_ckptconv):
+    _copies_bit_for_bit(every_dtype, load_file(every_dtype), tmp_path, run_ckptconv)
     report = json.loads(run_ckptconv("validate", every_dtype, "--json").stdout)
     assert report["status"] == "valid", report
     text = run_ckptconv("inspect", every_dtype).stdout
@@ -94,17 +98,11 @@ def test_float8_fnuz_and_e8m0_are_read_and_written_as_save_file_writes_them(tmp_
     want["i16"] = torch.arange(6, dtype=torch.int16)
     src = tmp_path / "f8.safetensors"
     save_file(want, str(src))
-    for out in (tmp_path / "f8.pt", tmp_path / "f8_out.safetensors"):
-        r = run_ckptconv("consolidate", src, "-o", out)
-        assert r.returncode == 0, r.stderr
-        got = torch.load(out, weights_only=True) if out.suffix == ".pt" else load_file(out)
-        assert set(got) == set(want)
-        for k in want:
-            assert got[k].dtype == want[k].dtype and torch.equal(_bits(got[k]), _bits(want[k])), k
+    _copies_bit_for_bit(src, want, tmp_path, run_ckptconv)
     # From the .pt (no safetensors metadata to carry) the layout is save_file's of the same dict.
-    r = run_ckptconv("consolidate", tmp_path / "f8.pt", "-o", tmp_path / "again.safetensors")
+    r = run_ckptconv("consolidate", tmp_path / "all.pt", "-o", tmp_path / "again.safetensors")
     assert r.returncode == 0, r.stderr
-    save_file(torch.load(tmp_path / "f8.pt", weights_only=True), str(tmp_path / "ref.safetensors"))
+    save_file(torch.load(tmp_path / "all.pt", weights_only=True), str(tmp_path / "ref.safetensors"))
 
     def layout(p):
         b = p.read_bytes()

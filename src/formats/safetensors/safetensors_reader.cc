@@ -327,8 +327,8 @@ struct NumberedShard {
   std::string prefix, ext;
   std::size_t index = 0, total = 0;
 };
-// Parsed by hand, not with std::regex: a file name is the checkpoint's, and
-// std::regex recurses per character of its subject.
+// Parsed by hand: a file name is the checkpoint's, and the standard
+// library's regular expressions recurse per character of their subject.
 std::optional<NumberedShard> numbered_shard(std::string_view name) {
   std::string_view ext;
   for (std::string_view e : {std::string_view(".safetensors"), std::string_view(".bin")})
