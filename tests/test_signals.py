@@ -127,3 +127,22 @@ def test_temporary_output_of_a_live_run_is_left_alone(tmp_path, run_ckptconv, te
         assert r.returncode == 0, r.stderr
         assert live.exists() and not stale.exists()
         assert "out.pt.tmp-Dead01" in r.stderr and "Live01" not in r.stderr
+
+
+@pytest.mark.parametrize("command", [["validate", "--finite"], ["diff"]])
+def test_a_command_that_writes_nothing_says_so_when_interrupted(command, tmp_path, ckptconv):
+    """validate and diff write nothing: interrupted, they said 'the temporary
+    output was removed'. A stride-0 view of 2^34 elements (a 4-byte storage)
+    keeps them busy long enough to be caught."""
+    src = tmp_path / "wide.pt"
+    torch.save({"w": torch.zeros(1).expand(2**34)}, src)
+    cmd = [str(ckptconv), command[0], str(src), *([str(src)] if command[0] == "diff" else []), *command[1:]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    assert proc.poll() is None, "the command ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    text = stdout.decode() + stderr.decode()
+    assert proc.returncode == 130, text
+    assert "interrupted by SIGINT: it writes nothing" in text and "temporary output" not in text, text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wide.pt"]

@@ -108,9 +108,12 @@ int main(int argc, char** argv) {
       // A job that leaves something on purpose says so in the error (a
       // --part worker: the parts' shared folder); every other one left nothing.
       std::string what = e.what();
-      std::string left = what.find("nothing was written at ") != std::string::npos
-                             ? what
-                             : std::string("nothing was written (the temporary output was removed)");
+      const CLI::App* sub = app.get_subcommands().front();
+      const bool writes = command != "inspect" && command != "diff" &&
+                          !(command == "validate" && sub->get_option("--write-manifest")->count() == 0);
+      std::string left = what.find("nothing was written at ") != std::string::npos ? what
+                         : writes ? std::string("nothing was written (the temporary output was removed)")
+                                  : std::string("it writes nothing");
       spdlog::error("{} interrupted by {}: {}", command, ckpt::signal_name(sig), left);
       return 128 + sig;
     }
