@@ -84,6 +84,32 @@ def test_parts_of_every_source_family(family, tmp_path, ckptconv):
     assert _sha(out) == want
 
 
+@pytest.mark.parametrize("extra", [[], ["--max-shard-size", "1000"]], ids=["one-file", "sharded"])
+def test_parts_into_a_folder_write_the_single_process_folder(extra, tmp_path, ckptconv):
+    """-o DIR/ from a Hugging Face folder: the workers wrote the weights but
+    not the folder's side files (config.json, generation_config.json), which
+    the one process copies, so the folder did not load with from_pretrained.
+    The finalizing worker copies them, config.json naming the weights written."""
+    src = tmp_path / "src"
+    shutil.copytree(TD / "hf" / "llama_tied", src)
+    config = json.loads((src / "config.json").read_text())
+    config["transformers_weights"] = "model.safetensors"  # rewritten to the index when sharded, as by one process
+    (src / "config.json").write_text(json.dumps(config))
+    r = subprocess.run([str(ckptconv), "-q", "consolidate", str(src), "-o", f"{tmp_path / 'one'}/", *extra],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    results = _workers(ckptconv, src, extra, f"{tmp_path / 'many'}/", 2)
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    assert _finalizers(results) == 1
+    one = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert "config.json" in one and "generation_config.json" in one
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == one
+    for name in one:
+        assert _sha(tmp_path / "many" / name) == _sha(tmp_path / "one" / name), name
+    weights = json.loads((tmp_path / "many" / "config.json").read_text())["transformers_weights"]
+    assert weights == ("model.safetensors.index.json" if extra else "model.safetensors")
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_parts_of_a_sharded_safetensors_output(n, tmp_path, ckptconv):
     """--max-shard-size: every shard and the index, each byte for byte."""

@@ -203,6 +203,15 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     }
     created.keep();
     parents.keep();
+    // The worker that put the weights in place copies the folder's side
+    // files too, as the one process does: the folder is then the same.
+    if (done.published && !directory.empty() && !is_s3_url(directory)) {
+      const std::string index = req.output + ".index.json";
+      const std::string weights = stat_path(index).is_file() ? index : req.output;
+      copy_folder_side_files(directory, without_trailing_slashes(directory), model.info.side_files,
+                             ConfigEdits{job.cast_to, std::filesystem::path(weights).filename().string()},
+                             output.durable);
+    }
     report.summary = done.summary;
     report.tensors = done.tensors;  // this worker's share, for the success line
     report.bytes = done.bytes;

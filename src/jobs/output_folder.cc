@@ -212,38 +212,47 @@ std::string OutputFolder::published_path(const std::string& path) const {
   return (fs::path(dir_) / fs::path(path).filename()).string();
 }
 
-void OutputFolder::publish(const std::vector<std::string>& side_files, const ConfigEdits& config_edits) {
-  fs::path into = staging_ ? fs::path(staging_->temp_dir()) : fs::path(dir_);
-  for (const auto& side : side_files) {
-    fs::path to = into / fs::path(side).filename();
+void copy_folder_side_files(const std::string& into, const std::string& shown_dir,
+                            const std::vector<std::string>& side_files, const ConfigEdits& config_edits, bool durable) {
+  std::vector<std::string> ordered = side_files;
+  std::stable_partition(ordered.begin(), ordered.end(),
+                        [](const std::string& f) { return fs::path(f).filename() != "config.json"; });
+  for (const auto& side : ordered) {
+    fs::path to = fs::path(into) / fs::path(side).filename();
+    const std::string shown = (fs::path(shown_dir) / to.filename()).string();
     if (exists_no_follow(to)) {
-      log::info(published_path(to.string()) + " is there already: kept as it is (not the source's)");
+      log::info(shown + " is there already: kept as it is (not the source's)");
       // Kept, but it must say the dtype the weights beside it have, and name them.
       if (to.filename() == "config.json" && stat_path(to.string()).is_file() && !stat_path(to.string()).link)
         if (std::optional<std::string> recast = config_for_output(to, config_edits)) {
-          auto sink = AtomicFileSink::create(to.string(), true, durable_);
+          auto sink = AtomicFileSink::create(to.string(), true, durable);
           sink->write(*recast);
           sink->finish();
-          log::info(published_path(to.string()) + ": set to say the weights written" +
+          log::info(shown + ": set to say the weights written" +
                     (config_edits.dtype ? " (dtype " + std::string(dtype_name(*config_edits.dtype)) + ")" : ""));
         }
       continue;
     }
     if (EntryStat st = stat_path(side); !st.is_file() || st.size > kMaxSideFile) {
-      log::warn(side + ": not copied into " + dir_ + " (" + (st.is_file() ? "larger than 256 MiB" : "not a file") +
+      log::warn(side + ": not copied into " + shown_dir + " (" + (st.is_file() ? "larger than 256 MiB" : "not a file") +
                 ")");
       continue;
     }
     std::optional<std::string> recast;
     if (to.filename() == "config.json") recast = config_for_output(side, config_edits);
     if (recast) {
-      auto sink = AtomicFileSink::create(to.string(), false, durable_);
+      auto sink = AtomicFileSink::create(to.string(), false, durable);
       sink->write(*recast);
       sink->finish();
     } else {
-      copy_file_to(side, to, durable_);
+      copy_file_to(side, to, durable);
     }
   }
+}
+
+void OutputFolder::publish(const std::vector<std::string>& side_files, const ConfigEdits& config_edits) {
+  fs::path into = staging_ ? fs::path(staging_->temp_dir()) : fs::path(dir_);
+  copy_folder_side_files(into.string(), dir_, side_files, config_edits, durable_);
   if (!staging_) return;
   if (!replaced_.empty())
     for (const DirEntry& e : list_directory(dir_)) {

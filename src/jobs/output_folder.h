@@ -74,6 +74,15 @@ std::vector<std::string> publish_side_objects(const std::string& dir, const std:
                                               const ConfigEdits& config_edits,
                                               const std::vector<std::string>& published);
 
+// Copies `side_files` into the folder `into` (messages name them as in
+// `shown_dir`), config.json last (what makes a folder a model for
+// from_pretrained) and edited as `config_edits` says; a file already there
+// is kept as it is (a config.json kept is edited the same way). The
+// finalizing --part worker copies them into DIR after the weights are in
+// place; OutputFolder::publish into its staging folder.
+void copy_folder_side_files(const std::string& into, const std::string& shown_dir,
+                            const std::vector<std::string>& side_files, const ConfigEdits& config_edits, bool durable);
+
 class OutputFolder {
  public:
   // InvalidArgument when DIR holds the family and !force (nothing is made then).
