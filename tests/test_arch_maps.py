@@ -424,3 +424,27 @@ def test_a_tie_rule_writes_the_output_layer_from_the_embedding(tmp_path, run_ckp
                                                     "tie_word_embeddings": False}))
     r = _export(run_ckptconv, case, tmp_path / "untied", "--map", str(path), config=config)
     assert r.returncode == 3 and "'output_layer.weight' is missing" in r.stderr, r.stderr
+
+
+def test_an_export_over_part_workers_is_the_one_process_folder(tmp_path, run_ckptconv, ckptconv):
+    """--config-from with --part was refused (the config was copied by the one
+    process only); the finalizing worker now copies it: two workers write the
+    one process's export file for file, mapped and sharded."""
+    import hashlib
+
+    case = "llama_gqa_tp2pp2"
+    extra = ["--max-shard-size", "20000"]
+    assert _export(run_ckptconv, case, tmp_path / "one", *extra).returncode == 0
+    cmd = [str(ckptconv), "consolidate", str(ARCH / case / "ckpt"), "--only", "model", "--config-from",
+           str(ARCH / case / "hf_config"), "-o", f"{tmp_path / 'many'}/", *extra]
+    procs = [subprocess.Popen([*cmd, "--part", f"{i}/2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    one = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert "config.json" in one and "model.safetensors.index.json" in one
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == one
+    sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    for name in one:
+        assert sha(tmp_path / "many" / name) == sha(tmp_path / "one" / name), name

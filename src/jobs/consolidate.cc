@@ -93,6 +93,23 @@ std::optional<DType> written_float_dtype(const CheckpointModel& model) {
   return out;
 }
 
+// What goes beside the weights in -o DIR/: the source's side files, or
+// --config-from's (whose config then says the dtype written), config.json
+// edited to name `weights` (the file written, or its index).
+struct FolderSideFiles {
+  std::vector<std::string> files;
+  ConfigEdits edits;
+};
+FolderSideFiles folder_side_files(const ConsolidateRequest& req, const CheckpointModel& model,
+                                  std::optional<DType> cast_to, const std::string& weights) {
+  FolderSideFiles out{model.info.side_files, {cast_to, std::filesystem::path(weights).filename().string()}};
+  if (!req.config_from.empty()) {
+    out.files = side_files_with_config_from(req.config_from, out.files);
+    if (!out.edits.dtype) out.edits.dtype = written_float_dtype(model);
+  }
+  return out;
+}
+
 constexpr uint64_t kHuggingFaceShardSize = 5'000'000'000;  // save_pretrained's max_shard_size="5GB"
 
 }  // namespace
@@ -127,8 +144,6 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     if (directory.empty())
       fail_invalid("--config-from applies to a folder output: end -o with '/' (-o " +
                    without_trailing_slashes(req.output) + "/)");
-    if (!req.part.empty())
-      fail_invalid("--config-from: not with --part (a folder's config is copied by the one process writing it)");
     if (!is_directory(req.config_from)) fail_invalid("--config-from " + req.config_from + ": not a directory");
   }
   OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
@@ -207,10 +222,9 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     // files too, as the one process does: the folder is then the same.
     if (done.published && !directory.empty() && !is_s3_url(directory)) {
       const std::string index = req.output + ".index.json";
-      const std::string weights = stat_path(index).is_file() ? index : req.output;
-      copy_folder_side_files(directory, without_trailing_slashes(directory), model.info.side_files,
-                             ConfigEdits{job.cast_to, std::filesystem::path(weights).filename().string()},
-                             output.durable);
+      const FolderSideFiles side =
+          folder_side_files(req, model, job.cast_to, stat_path(index).is_file() ? index : req.output);
+      copy_folder_side_files(directory, without_trailing_slashes(directory), side.files, side.edits, output.durable);
     }
     report.summary = done.summary;
     report.tensors = done.tensors;  // this worker's share, for the success line
@@ -225,18 +239,12 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   }
   parents.keep();
   if (folder || is_s3_url(directory)) {
-    ConfigEdits config_edits{job.cast_to, std::filesystem::path(weights_file_of(files)).filename().string()};
-    std::vector<std::string> side_files = model.info.side_files;
-    if (!req.config_from.empty()) {
-      side_files = side_files_with_config_from(req.config_from, side_files);
-      // A config from elsewhere says the dtype of the weights written beside it.
-      if (!config_edits.dtype) config_edits.dtype = written_float_dtype(model);
-    }
+    const FolderSideFiles side = folder_side_files(req, model, job.cast_to, weights_file_of(files));
     if (folder) {
-      folder->publish(side_files, config_edits);
+      folder->publish(side.files, side.edits);
       for (auto& f : files) f = folder->published_path(f);
     } else {
-      publish_side_objects(directory, side_files, config_edits, files);
+      publish_side_objects(directory, side.files, side.edits, files);
     }
   }
   if (files.size() > 1)
