@@ -228,8 +228,9 @@ void copy_folder_side_files(const std::string& into, const std::string& shown_di
           auto sink = AtomicFileSink::create(to.string(), true, durable);
           sink->write(*recast);
           sink->finish();
-          log::info(shown + ": set to say the weights written" +
-                    (config_edits.dtype ? " (dtype " + std::string(dtype_name(*config_edits.dtype)) + ")" : ""));
+          log::info(shown + (config_edits.dtype ? ": its dtype set to " + std::string(dtype_name(*config_edits.dtype)) +
+                                                      ", the dtype written"
+                                                : ": set to name the weights written"));
         }
       continue;
     }
