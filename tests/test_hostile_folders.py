@@ -93,6 +93,48 @@ def test_a_latest_that_names_no_tag_is_an_input_fault(latest, says, tag, tmp_pat
     assert not (tmp_path / "out.pt").exists()
 
 
+@pytest.mark.parametrize("latest,says", [
+    ("global_step9", "names 'global_step9', which is no checkpoint here"),
+    ("\ufeff{tag}", "starts with a UTF-8 byte-order mark"),
+    ("{tag}\nglobal_step9\n", "holds more than one line"),
+])
+@pytest.mark.parametrize("tag", [[], ["--tag", "latest"]], ids=["no-tag", "tag-latest"])
+def test_a_latest_naming_a_missing_tag_does_not_read_the_only_one(latest, says, tag, tmp_path, run_ckptconv):
+    """A root with one tag and a `latest` naming another (that save deleted,
+    or the name behind a byte-order mark, which DeepSpeed's `read().strip()`
+    keeps) was read as 'the only checkpoint': another step, exit 0, VALID.
+    A resuming DeepSpeed job finds no checkpoint there, so it is exit 3."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    (tag_dir,) = [p for p in ZERO.iterdir() if p.is_dir()]
+    shutil.copytree(tag_dir, root / tag_dir.name)
+    (root / "latest").write_text(latest.format(tag=tag_dir.name), encoding="utf-8")
+    asked = "--tag latest" if tag else "no --tag"
+    r = run_ckptconv("consolidate", root, *tag, "-o", tmp_path / "out.pt")
+    assert r.returncode == 3, r.stderr
+    assert says in r.stderr and str(root / "latest") in r.stderr, r.stderr
+    if latest == "global_step9":
+        assert r.stderr.count(asked + ":") == 1, r.stderr
+    assert not (tmp_path / "out.pt").exists()
+    r = run_ckptconv("validate", root, *tag)
+    assert r.returncode == 3 and says in r.stdout and "VALID" not in r.stdout.replace("INVALID", ""), r.stdout
+    # --tag NAME still reads it
+    assert run_ckptconv("validate", root, "--tag", tag_dir.name).returncode == 0
+
+
+def test_a_latest_is_stripped_as_deepspeed_strips_it(tmp_path, run_ckptconv):
+    """DeepSpeed reads `latest` with read().strip(): whitespace before the
+    name (a leading newline or space, a vertical tab) goes as well as after."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    (tag_dir,) = [p for p in ZERO.iterdir() if p.is_dir()]
+    shutil.copytree(tag_dir, root / tag_dir.name)
+    (root / "latest").write_text(f"\n \x0b{tag_dir.name}\r\n\t ")
+    assert open(root / "latest").read().strip() == tag_dir.name
+    r = run_ckptconv("validate", root)
+    assert r.returncode == 0 and f"checkpoint {root / tag_dir.name}" in r.stdout, r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("name", ["__0_0.distcp\x00", "__0_0.distcp\x00.old"])
 def test_a_storage_path_with_a_nul_byte_is_refused(name, tmp_path, run_ckptconv):
     """A DCP .metadata whose storage path holds a NUL byte names no file

@@ -719,6 +719,25 @@ def test_a_tensor_named_metadata_is_refused_by_safetensors_outputs(tmp_path, run
                                              torch.ones(2))
 
 
+@pytest.mark.parametrize("lead", [b" ", b"\n\t\r "])
+def test_a_safetensors_header_starting_with_whitespace_is_read(lead, tmp_path, run_ckptconv):
+    """safetensors parses the header with serde_json, which skips JSON
+    whitespace before the '{': such a file loads there; ckptconv had called
+    it 'not a recognised checkpoint file' (exit 3)."""
+    import struct
+
+    from safetensors.torch import load_file
+
+    header = lead + json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    src = tmp_path / "lead.safetensors"
+    src.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<2f", 1.5, -2.0))
+    assert torch.equal(load_file(src)["w"], torch.tensor([1.5, -2.0]))
+    assert run_ckptconv("validate", src).returncode == 0
+    r = run_ckptconv("convert", src, "-o", tmp_path / "out.pt")
+    assert r.returncode == 0, r.stderr
+    assert torch.equal(torch.load(tmp_path / "out.pt", weights_only=True)["w"], torch.tensor([1.5, -2.0]))
+
+
 def test_json_followed_by_a_nul_byte_is_not_valid(tmp_path, run_ckptconv):
     """nlohmann's lexer takes a NUL byte for the end of its input: a
     safetensors header '{...}' padded with NULs, or an index followed by NUL

@@ -210,8 +210,11 @@ std::vector<RootEntry> list_checkpoints(const std::string& dir) {
     return a.step != b.step ? a.step.value_or(-1) < b.step.value_or(-1) : a.name < b.name;
   });
   if (!out.empty()) {
-    if (auto latest = read_latest_tag(fs::path(dir) / "latest"))
-      for (auto& e : out) e.latest = e.latest || e.name == *latest;
+    try {  // a malformed `latest` marks nothing; choose_checkpoint refuses it where it is what chooses
+      if (auto latest = read_latest_tag(fs::path(dir) / "latest"))
+        for (auto& e : out) e.latest = e.latest || e.name == *latest;
+    } catch (const Error&) {
+    }
     if (auto universal = pointer_tag(fs::path(dir), "latest_universal"))
       for (auto& e : out) e.latest_universal = e.name == *universal;
     try {  // a Megatron-LM tracker names the iteration a resuming job loads (a malformed one: see choose_checkpoint)
@@ -261,11 +264,13 @@ ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& ta
   if (entries.empty()) return {src, ""};  // detect_source names what is missing
   if (std::optional<ChosenCheckpoint> tracked = megatron_tracked(src, tag, entries)) return *tracked;
   if (tag.empty()) {
-    read_latest_tag(fs::path(src) / "latest");  // a `latest` there must name a tag, read or not
-    if (entries.size() == 1 && entries[0].complete) return {entries[0].path, "the only checkpoint in " + src};
-    // A run's folder of steps: the latest, as a job resuming from it reads
-    // (torchtitan, Accelerate, Lightning load the last one), said in a note.
+    // A `latest` file decides even when one checkpoint is there: one naming
+    // a tag that is gone (a save deleted, a BOM before the name) is what a
+    // resuming DeepSpeed job fails on, not a reason to read another step.
     if (!is_regular_file((fs::path(src) / "latest").string())) {
+      if (entries.size() == 1 && entries[0].complete) return {entries[0].path, "the only checkpoint in " + src};
+      // A run's folder of steps: the latest, as a job resuming from it reads
+      // (torchtitan, Accelerate, Lightning load the last one), said in a note.
       const RootEntry* best = nullptr;
       for (const auto& e : entries)
         if (e.complete && e.step) best = &e;  // sorted by step: the last one wins
@@ -276,15 +281,15 @@ ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& ta
         why += " (" + last.name + " is incomplete: its save did not finish)";
       return {best->path, why + "; --tag NAME reads another"};
     }
-    ChosenCheckpoint chosen = choose_checkpoint(src, "latest");
-    chosen.why = "no --tag: the checkpoint the file `latest` names; --tag NAME reads another";
-    return chosen;
   }
-  std::string name = tag, why = "--tag " + tag;
-  if (tag == "latest") {
+  // `asked` is how a message names what chose the checkpoint.
+  std::string name = tag, why = "--tag " + tag, asked = "--tag " + tag;
+  if (tag.empty() || tag == "latest") {
     if (!is_regular_file((fs::path(src) / "latest").string())) return highest_complete(src, entries);
     name = *read_latest_tag(fs::path(src) / "latest");
-    why = "--tag latest: the tag `latest` names";
+    asked = tag.empty() ? "no --tag" : "--tag latest";
+    why = tag.empty() ? "no --tag: the checkpoint the file `latest` names; --tag NAME reads another"
+                      : "--tag latest: the tag `latest` names";
   }
   require_tag_name(src, name);
   for (const auto& e : entries)
@@ -295,7 +300,7 @@ ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& ta
       return {e.path, why};
     }
   if (name != tag)
-    fail(ErrorCode::kNotFound, "--tag latest: " + (fs::path(src) / "latest").string() + " names '" + name +
+    fail(ErrorCode::kNotFound, asked + ": " + (fs::path(src) / "latest").string() + " names '" + name +
                                    "', which is no checkpoint here; " + listing(src, entries));
   fail(ErrorCode::kNotFound, "--tag " + name + ": no such checkpoint; " + listing(src, entries));
 }

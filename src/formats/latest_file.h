@@ -9,11 +9,12 @@
 
 namespace ckpt {
 
-// The tag `file` names: its first line without trailing whitespace;
-// nullopt when there is no such file. DataLoss naming the file (and at most
-// the first 64 bytes of what it holds) when it is longer than a directory
-// name can be (NAME_MAX, 255 bytes), or when the tag is empty, ".", "..",
-// or holds '/' or NUL: not a directory directly inside the folder.
+// The tag `file` names, read as DeepSpeed reads it: the whole text without
+// the whitespace around it; nullopt when there is no such file. DataLoss
+// naming the file (and at most the first 64 bytes of what it holds) when it
+// is longer than a directory name can be (NAME_MAX, 255 bytes), spans lines,
+// starts with a byte-order mark, or is empty, ".", "..", or holds '/' or
+// NUL: not a directory directly inside the folder.
 // Read through the storage layer (io/storage.h), as every file is.
 std::optional<std::string> read_latest_tag(const std::string& file);
 

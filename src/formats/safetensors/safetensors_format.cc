@@ -165,11 +165,16 @@ Header read_header(const ByteSource& file, uint64_t& data_start) {
 
 bool looks_like_safetensors(const ByteSource& source) {
   if (source.size() < 10) return false;
-  unsigned char prefix[9];
-  source.read(0, prefix, 9);
+  // safetensors parses the header with serde_json, which skips JSON
+  // whitespace before the '{' (a header written as " {...}" loads), so the
+  // first 4 KiB after the length may be spaces, tabs and newlines.
+  constexpr std::size_t kLook = 4096;
+  const std::size_t n = static_cast<std::size_t>(std::min<uint64_t>(source.size() - 8, kLook));
+  std::string head = source.read_string(8, n);
   // The length is not checked here: read_header refuses a wrong one with a
   // message about the length, which says more than "unrecognised file".
-  return prefix[8] == '{';
+  const std::size_t first = head.find_first_not_of(" \t\n\r");
+  return first != std::string::npos && head[first] == '{';
 }
 
 }  // namespace ckpt::safetensors

@@ -55,7 +55,7 @@ Header parse_header(std::string_view json, uint64_t data_size);
 Header read_header(const ByteSource& file, uint64_t& data_start);
 
 // True when the source starts like a safetensors file: an 8-byte length,
-// then '{'.
+// then JSON whitespace and '{'.
 bool looks_like_safetensors(const ByteSource& source);
 
 }  // namespace ckpt::safetensors
