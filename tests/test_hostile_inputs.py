@@ -219,6 +219,24 @@ def test_stride_zero_view_of_4_tb_is_refused_before_writing(tmp_path, run_ckptco
     assert _only(out) == []
 
 
+def test_finite_scan_of_a_stride_zero_view_reads_the_repeated_values_once(tmp_path, run_ckptconv):
+    """validate --finite walked every logical element of an expanded tensor:
+    a 2 KB file viewing 3 values as 2^40 x 3 took hours. A dimension viewed
+    with stride 0 is scanned once and its counts multiplied: the NaN and Inf
+    counts are the logical tensor's, as torch counts them on a smaller copy."""
+    src = tmp_path / "expanded.pt"
+    row = torch.tensor([[1.0, float("nan"), float("-inf")]])
+    col = torch.tensor([[float("inf")], [2.0]])
+    torch.save({"w": row.expand(2**40, 3), "c": col.expand(2, 2**38), "ok": torch.zeros(1).expand(2**41)}, src)
+    assert src.stat().st_size < 4096
+    small = {"w": row.expand(4, 3), "c": col.expand(2, 4)}
+    assert int(small["w"].isnan().sum()) == 4 and int(small["c"].isinf().sum()) == 4
+    r = run_ckptconv("validate", "--finite", "--json", src, timeout=HANG_GUARD_S)
+    assert r.returncode == 1, r.stdout + r.stderr
+    found = {n["key"]: (n["nan"], n["inf"]) for n in json.loads(r.stdout)["finite"]["nonfinite"]}
+    assert found == {"w": (2**40, 2**40), "c": (0, 2**38)}, found
+
+
 def test_max_output_size_refuses_a_larger_output(tmp_path, run_ckptconv, testdata):
     out = tmp_path / "full.pt"
     r = run_ckptconv("consolidate", testdata / "dcp" / "fsdp2_adamw_ws2", "-o", out, "--max-output-size", "1K")

@@ -132,10 +132,12 @@ def test_temporary_output_of_a_live_run_is_left_alone(tmp_path, run_ckptconv, te
 @pytest.mark.parametrize("command", [["validate", "--finite"], ["diff"]])
 def test_a_command_that_writes_nothing_says_so_when_interrupted(command, tmp_path, ckptconv):
     """validate and diff write nothing: interrupted, they said 'the temporary
-    output was removed'. A stride-0 view of 2^34 elements (a 4-byte storage)
-    keeps them busy long enough to be caught."""
+    output was removed'. A view of 2^34 elements over a 1 MiB storage
+    (strides (1, 1), overlapping rows) keeps them busy long enough to be
+    caught: a stride-0 view no longer does, the finite scan reads its one
+    repeated slice."""
     src = tmp_path / "wide.pt"
-    torch.save({"w": torch.zeros(1).expand(2**34)}, src)
+    torch.save({"w": torch.zeros(2**18).as_strided((2**17, 2**17), (1, 1))}, src)
     cmd = [str(ckptconv), command[0], str(src), *([str(src)] if command[0] == "diff" else []), *command[1:]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(1.0)
