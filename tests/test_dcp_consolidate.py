@@ -256,3 +256,31 @@ def test_an_empty_key_reads_as_torch_joins_it(tmp_path, run_ckptconv):
     assert_same(consolidate(run_ckptconv, d, tmp_path / "ours.pt"), expected)
     r = run_ckptconv("validate", d)
     assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
+
+
+def test_an_empty_key_is_named_as_torch_names_it_in_outputs(tmp_path, run_ckptconv):
+    """An output naming tensors by their dotted path (safetensors, a DCP
+    written by reshard) called {"model": {"": t}} 'model', where dcp.save and
+    torch's DCP-HF writer say 'model.' (".".join of the keys): a diff of a .pt
+    against its own export said "differ"."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    sd = {"model": {"": torch.arange(2.0), "a": torch.arange(3.0), "0": {"": torch.ones(1)}}}
+    dcp.save(sd, checkpoint_id=str(tmp_path / "torch_dcp"), no_dist=True)
+    meta = pickle.loads((tmp_path / "torch_dcp" / ".metadata").read_bytes()).state_dict_metadata
+    torch_names = {k for k, v in meta.items() if isinstance(v, TensorStorageMetadata)}
+    assert torch_names == {"model.", "model.a", "model.0."}
+    src = tmp_path / "sd.pt"
+    torch.save(sd, src)
+    r = run_ckptconv("convert", src, "-o", tmp_path / "o.safetensors")
+    assert r.returncode == 0, r.stderr
+    out = load_file(tmp_path / "o.safetensors")
+    assert set(out) == torch_names and torch.equal(out["model."], torch.arange(2.0))
+    r = run_ckptconv("reshard", src, "--layout", "dcp", "--world-size", "1", "-o", tmp_path / "ours_dcp")
+    assert r.returncode == 0, r.stderr
+    ours = pickle.loads((tmp_path / "ours_dcp" / ".metadata").read_bytes()).state_dict_metadata
+    assert {k for k, v in ours.items() if isinstance(v, TensorStorageMetadata)} == torch_names
+    r = run_ckptconv("diff", src, tmp_path / "o.safetensors")
+    assert r.returncode == 0 and "equal" in r.stdout, r.stdout + r.stderr

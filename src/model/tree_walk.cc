@@ -17,6 +17,13 @@ std::string deeper(const std::string& structure, const std::string& container) {
   return structure.empty() ? container : structure + " > " + container;
 }
 
+// torch names a nested value ".".join(keys) (DCP's flatten_state_dict, the
+// DCP-HF writer): an empty key below the top is "model." for {"model": {"": t}},
+// not "model" (join_path drops empty components, which names it "model").
+std::string child_path(const std::string& path, const std::string& structure, const std::string& component) {
+  return structure.empty() ? component : path + "." + component;
+}
+
 void walk(const Value& v, const std::string& path, const std::string& structure,
           const std::function<void(const Leaf&)>& visit) {
   if (auto idx = tensor_ref_index(v)) {
@@ -30,7 +37,8 @@ void walk(const Value& v, const std::string& path, const std::string& structure,
   }
   if (v.is(Kind::kDict)) {
     for (const auto& [key, value] : v.entries)
-      walk(*value, join_path(path, path_component(*key)), deeper(structure, "dict[" + key_type(*key) + "]"), visit);
+      walk(*value, child_path(path, structure, path_component(*key)), deeper(structure, "dict[" + key_type(*key) + "]"),
+           visit);
     if (v.entries.empty()) visit(Leaf{path, structure, &v, std::nullopt});
     return;
   }
@@ -45,7 +53,7 @@ void walk(const Value& v, const std::string& path, const std::string& structure,
       return;
     }
     for (std::size_t i = 0; i < v.items.size(); ++i)
-      walk(*v.items[i], join_path(path, std::to_string(i)), deeper(structure, "list"), visit);
+      walk(*v.items[i], child_path(path, structure, std::to_string(i)), deeper(structure, "list"), visit);
     return;
   }
   visit(Leaf{path, structure, &v, std::nullopt});
