@@ -351,3 +351,28 @@ def test_finalize_of_an_s3_hf_folder_publishes_its_side_files(ckptconv, run_s3, 
     refused = run_s3("consolidate", wide_folder, "-o", f"s3://{BUCKET}/hf-taken/", "--part", "0/2")
     assert refused.returncode == 4 and "over an existing prefix" in refused.stderr
     assert keys_under(s3, "hf-taken/") == ["hf-taken/notes.txt"] and open_uploads(s3) == []
+
+
+def test_a_failed_side_file_removes_the_parted_folders_weights(run_s3, s3, moto, wide_folder):
+    """The finalizer's PUT of config.json fails (retries spent): the
+    weights it had completed are deleted again, so nothing of the folder is
+    visible and no upload stays open; `--part abort` then removes the
+    state."""
+    prefix = "hf-parted-failed"
+    out = f"s3://{BUCKET}/{prefix}/"
+    proxy = serving(RuleProxy(moto, lambda method, path: "fail" if path.endswith("/config.json") else None))
+    try:
+        done = [run_s3("consolidate", wide_folder, "-o", out, "--part", f"{i}/2", "--max-shard-size", "20M",
+                       endpoint=proxy.endpoint, env={"CKPTCONV_S3_MAX_ATTEMPTS": "1"}) for i in range(2)]
+    finally:
+        proxy.shutdown()
+    assert done[0].returncode == 0, done[0].stderr
+    assert done[1].returncode == 4, done[1].stderr
+    assert "config.json: writing failed: HTTP 500 InternalError" in done[1].stderr
+    assert any(line.startswith("POST") and "uploadId=" in line for line in proxy.log)  # the weights were completed
+    left = keys_under(s3, prefix + "/")
+    assert left and all(k.startswith(f"{prefix}/model.safetensors.parts-") for k in left), left
+    assert open_uploads(s3) == []
+    aborted = run_s3("consolidate", wide_folder, "-o", out, "--part", "abort", "--max-shard-size", "20M")
+    assert aborted.returncode == 0, aborted.stderr
+    assert keys_under(s3, prefix + "/") == []
