@@ -107,7 +107,13 @@ JobReport run_finalize(const FinalizeRequest& request, std::ostream& out) {
       c.finite = j.at("finite").get<bool>();
       // Absent in requests of earlier versions. -o DIR/: run as the workers
       // ran, so that the folder's side files are published too.
-      if (const std::string dir = j.value("folder", std::string()); !dir.empty()) c.output = dir;
+      if (const std::string dir = j.value("folder", std::string()); !dir.empty()) {
+        // Checked as the output is (require_same_output): the folder must be the one that holds it.
+        if (without_trailing_slashes(dir) + "/" + fs::path(c.output).filename().string() != c.output)
+          fail(ErrorCode::kUnsafe,
+               folder + "/request.json: its folder " + dir + " does not hold its output " + c.output + "; refused");
+        c.output = dir;
+      }
       c.config_from = j.value("config_from", std::string());
       c.map = j.value("map", std::string());
       c.common.force = req.force;  // only from this command line, never from the stored request
