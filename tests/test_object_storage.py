@@ -169,12 +169,11 @@ def test_missing_bucket_and_missing_key_exit_3_naming_them(run_s3):
 
 
 @pytest.mark.parametrize("args", [["-o", f"s3://{BUCKET}/out/model.h5"],
-                                  ["-o", f"s3://{BUCKET}/out/", "--part", "0/2"]])
+                                  ["-o", f"s3://{BUCKET}/out/", "--format", "hdf5"]])
 def test_s3_outputs_not_written_yet_are_refused_before_anything_is_written(run_s3, moto, args):
-    """HDF5 (libhdf5 writes a local file by name) and --part shares of a
-    folder (its side files are copied by one process): exit 4 naming what,
-    and nothing in the bucket. --part into an s3:// file is
-    test_object_storage_parts.py's."""
+    """HDF5 (libhdf5 writes a local file by name), as a file or in a
+    folder: exit 4 naming what, and nothing in the bucket. --part into an
+    s3:// file or folder is test_object_storage_parts.py's."""
     r = run_s3("consolidate", url("hf/sharded"), *args)
     assert r.returncode == 4, r.stderr
     assert "not supported yet" in r.stderr

@@ -11,7 +11,11 @@ test_object_storage.py's and test_object_storage_outputs.py's."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import signal
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 
@@ -20,8 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from test_object_storage import BUCKET, moto, run_s3, s3_env  # noqa: F401
-from test_object_storage_outputs import (RuleProxy, dcp_tensors, fetch, keys_under, open_uploads, s3,  # noqa: F401
-                                         serving)
+from test_object_storage_outputs import (RuleProxy, completions_and_puts, dcp_tensors, fetch, keys_under,  # noqa: F401
+                                         open_uploads, s3, serving)
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +209,170 @@ def test_a_dcp_output_within_the_memory_limit_is_written_in_groups_of_ranks(run_
     assert local.returncode == 0, local.stderr
     same_dcp_folder(s3, "grouped/ws4", tmp_path / "ws4", tmp_path)
     assert open_uploads(s3) == []
+
+
+@pytest.fixture(scope="module")
+def wide_folder(wide, testdata, tmp_path_factory) -> Path:
+    """A Hugging Face folder around `wide`'s weights: its side files
+    (config.json naming its weights file, generation and tokenizer configs)
+    go into the output folder beside the weights, config.json last."""
+    folder = tmp_path_factory.mktemp("wide-hf") / "src"
+    folder.mkdir()
+    shutil.copy(wide, folder / "model.safetensors")
+    for name in ("generation_config.json", "tokenizer_config.json"):
+        shutil.copy(testdata / "hf/sharded" / name, folder / name)
+    (folder / "config.json").write_text(json.dumps({"model_type": "wide-test", "torch_dtype": "float32",
+                                                    "transformers_weights": "model.safetensors"}))
+    return folder
+
+
+def folder_objects(s3, prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix`/, by its name below it."""
+    return {k[len(prefix) + 1:]: fetch(s3, k) for k in keys_under(s3, prefix + "/")}
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+HF_CASES = {"one-file": [], "sharded-bf16": ["--max-shard-size", "10M", "--dtype", "bf16"]}
+
+
+@pytest.mark.parametrize("case", HF_CASES)
+def test_parted_workers_into_an_s3_hf_folder_give_the_one_process_objects(ckptconv, run_s3, s3, moto, wide_folder,
+                                                                         tmp_path, case):
+    """Each worker uploads its parts of each weights file; the finalizer
+    completes them, puts the index, then the side files, config.json (its
+    dtype and transformers_weights edited as the local folder's) last, and
+    removes the shared state: every object is the one process's s3 output
+    and the local --part folder's, byte for byte."""
+    extra = HF_CASES[case]
+    one = run_s3("consolidate", wide_folder, "-o", f"s3://{BUCKET}/hf-one-{case}/", "-q", *extra)
+    assert one.returncode == 0, one.stderr
+    proxy = serving(RuleProxy(moto, lambda method, path: None))
+    try:
+        done = workers(ckptconv, wide_folder, f"s3://{BUCKET}/hf-parted-{case}/", 2, proxy.endpoint, extra=extra)
+    finally:
+        proxy.shutdown()
+    for i, r in enumerate(done):
+        assert r.returncode == 0, f"part {i}: {r.stderr}"
+    assert sum("finalized 2 parts" in r.stderr + r.stdout for r in done) == 1
+    local = [subprocess.run([str(ckptconv), "consolidate", str(wide_folder), "-o", f"{tmp_path / 'local'}/", "--part",
+                             f"{i}/2", *extra], capture_output=True, text=True, timeout=300) for i in range(2)]
+    assert [r.returncode for r in local] == [0, 0], [r.stderr for r in local]
+    want = folder_files(tmp_path / "local")
+    names = {"model.safetensors", "config.json", "generation_config.json", "tokenizer_config.json"}
+    if case == "one-file":
+        assert set(want) == names
+    else:
+        assert "model.safetensors.index.json" in want and len(want) == 3 + 1 + 2  # two shards of two parts
+    got = folder_objects(s3, f"hf-parted-{case}")
+    assert sorted(got) == sorted(want)  # the state prefix is gone
+    assert got == want and folder_objects(s3, f"hf-one-{case}") == want
+    config = json.loads(want["config.json"])
+    assert config["transformers_weights"] == ("model.safetensors" if case == "one-file"
+                                              else "model.safetensors.index.json")
+    assert config["torch_dtype"] == ("float32" if case == "one-file" else "bfloat16")
+    assert open_uploads(s3) == []
+    # Visible last: the weights' completions, then the index, then the side files, config.json the very last.
+    shown = [line.split("?")[0].split(f"/hf-parted-{case}/")[1] for line in completions_and_puts(proxy.log)
+             if f"/hf-parted-{case}/" in line and ".parts-" not in line]
+    assert shown[-1] == "config.json" and set(shown) == set(want) and len(shown) == len(want)
+    assert shown.index("generation_config.json") > max(shown.index(n) for n in want if "model" in n)
+
+
+@pytest.mark.parametrize("how", ["sigkill-finalize", "sigint-abort"])
+def test_a_worker_stopped_mid_upload_into_an_s3_hf_folder_leaves_nothing_visible(ckptconv, run_s3, s3, moto,
+                                                                                  wide_folder, how):
+    """Killed (SIGKILL) or interrupted (Ctrl-C) while its part is on the
+    wire: no object of the folder appears, only the shared state; then the
+    rerun part finalizes the whole folder, or `--part abort` leaves no
+    object and no open upload."""
+    prefix = f"hf-{how}"
+    out = f"s3://{BUCKET}/{prefix}/"
+    proxy = serving(RuleProxy(moto, holds_a_part))
+    try:
+        p = subprocess.Popen([str(ckptconv), "consolidate", str(wide_folder), "-o", out, "--part", "1/2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=s3_env(proxy.endpoint))
+        assert proxy.held.wait(60), "worker 1 never sent a part"
+        p.send_signal(signal.SIGKILL if how.startswith("sigkill") else signal.SIGINT)
+        if how.startswith("sigint"):
+            time.sleep(1)
+            proxy.release.set()  # its upload's answer is lost: the interrupted worker gives up at once
+        p.communicate(timeout=60)
+    finally:
+        proxy.release.set()
+        proxy.shutdown()
+    assert p.returncode != 0
+    first = run_s3("consolidate", wide_folder, "-o", out, "--part", "0/2")
+    assert first.returncode == 0, first.stderr
+    assert "1 of 2 parts done" in first.stderr + first.stdout
+    state = keys_under(s3, prefix + "/")
+    assert state and all(k.startswith(f"{prefix}/model.safetensors.parts-") for k in state)  # nothing visible
+    refused = run_s3("finalize", out + "model.safetensors")
+    assert refused.returncode == 3, refused.stderr
+    assert "parts 1/2 have no receipt" in refused.stderr
+    if how.endswith("finalize"):
+        rerun = run_s3("consolidate", wide_folder, "-o", out, "--part", "1/2", "-q")
+        assert rerun.returncode == 0, rerun.stderr
+        one = run_s3("consolidate", wide_folder, "-o", f"s3://{BUCKET}/{prefix}-one/", "-q")
+        assert one.returncode == 0, one.stderr
+        assert folder_objects(s3, prefix) == folder_objects(s3, f"{prefix}-one")
+        assert "config.json" in folder_objects(s3, prefix)
+    else:
+        aborted = run_s3("consolidate", wide_folder, "-o", out, "--part", "abort")
+        assert aborted.returncode == 0, aborted.stderr
+        assert keys_under(s3, prefix + "/") == []
+    assert open_uploads(s3) == []
+
+
+def test_finalize_of_an_s3_hf_folder_publishes_its_side_files(ckptconv, run_s3, s3, wide_folder, tmp_path):
+    """`ckptconv finalize DIR/` (the finalizer died; DIR/model.safetensors,
+    the file the workers name, does too): the stored request names the
+    folder, so the side files are put as the workers' finalizer puts them;
+    a worker that would write beside another output is refused, as one
+    process is."""
+    prefix = "hf-finalize"
+    out = f"s3://{BUCKET}/{prefix}/"
+    assert run_s3("consolidate", wide_folder, "-o", out, "--part", "0/2").returncode == 0
+    (state,) = {k.rsplit("/", 1)[0] for k in keys_under(s3, prefix + "/")}
+    s3.put_object(Bucket=BUCKET, Key=f"{state}/finalizing", Body=b"{}")  # a finalizer that died
+    second = run_s3("consolidate", wide_folder, "-o", out, "--part", "1/2")
+    assert second.returncode == 0, second.stderr
+    assert "another worker is finalizing" in second.stderr + second.stdout
+    assert all(k.startswith(state + "/") for k in keys_under(s3, prefix + "/"))
+    r = run_s3("finalize", out)  # the folder the workers were given: its weights file's parts are found in it
+    assert r.returncode == 0, r.stderr
+    one = run_s3("consolidate", wide_folder, "-o", f"{tmp_path / 'one'}/", "-q")
+    assert one.returncode == 0, one.stderr
+    assert folder_objects(s3, prefix) == folder_files(tmp_path / "one")
+    assert open_uploads(s3) == []
+    s3.put_object(Bucket=BUCKET, Key="hf-taken/notes.txt", Body=b"someone else's")
+    refused = run_s3("consolidate", wide_folder, "-o", f"s3://{BUCKET}/hf-taken/", "--part", "0/2")
+    assert refused.returncode == 4 and "over an existing prefix" in refused.stderr
+    assert keys_under(s3, "hf-taken/") == ["hf-taken/notes.txt"] and open_uploads(s3) == []
+
+
+def test_a_failed_side_file_removes_the_parted_folders_weights(run_s3, s3, moto, wide_folder):
+    """The finalizer's PUT of config.json fails (retries spent): the
+    weights it had completed are deleted again, so nothing of the folder is
+    visible and no upload stays open; `--part abort` then removes the
+    state."""
+    prefix = "hf-parted-failed"
+    out = f"s3://{BUCKET}/{prefix}/"
+    proxy = serving(RuleProxy(moto, lambda method, path: "fail" if path.endswith("/config.json") else None))
+    try:
+        done = [run_s3("consolidate", wide_folder, "-o", out, "--part", f"{i}/2", "--max-shard-size", "20M",
+                       endpoint=proxy.endpoint, env={"CKPTCONV_S3_MAX_ATTEMPTS": "1"}) for i in range(2)]
+    finally:
+        proxy.shutdown()
+    assert done[0].returncode == 0, done[0].stderr
+    assert done[1].returncode == 4, done[1].stderr
+    assert "config.json: writing failed: HTTP 500 InternalError" in done[1].stderr
+    assert any(line.startswith("POST") and "uploadId=" in line for line in proxy.log)  # the weights were completed
+    left = keys_under(s3, prefix + "/")
+    assert left and all(k.startswith(f"{prefix}/model.safetensors.parts-") for k in left), left
+    assert open_uploads(s3) == []
+    aborted = run_s3("consolidate", wide_folder, "-o", out, "--part", "abort", "--max-shard-size", "20M")
+    assert aborted.returncode == 0, aborted.stderr
+    assert keys_under(s3, prefix + "/") == []

@@ -110,6 +110,27 @@ def test_parts_into_a_folder_write_the_single_process_folder(extra, tmp_path, ck
     assert weights == ("model.safetensors.index.json" if extra else "model.safetensors")
 
 
+def test_finalize_of_a_folder_copies_its_side_files(tmp_path, run_ckptconv):
+    """`ckptconv finalize DIR/` after the finalizing worker died: the parts
+    are DIR/model.safetensors's, and the stored request names the folder,
+    so its side files are copied as the workers' finalizer copies them (the
+    request named only the weights file, and finalize left them out)."""
+    r = run_ckptconv("consolidate", TD / "hf" / "llama_tied", "-o", f"{tmp_path / 'one'}/")
+    assert r.returncode == 0, r.stderr
+    out = f"{tmp_path / 'many'}/"
+    assert run_ckptconv("consolidate", TD / "hf" / "llama_tied", "-o", out, "--part", "0/2").returncode == 0
+    (folder,) = (tmp_path / "many").glob("model.safetensors.parts-*")
+    (folder / "finalizing").touch()
+    r = run_ckptconv("consolidate", TD / "hf" / "llama_tied", "-o", out, "--part", "1/2")
+    assert r.returncode == 0 and "another worker is finalizing" in r.stderr, r.stderr
+    r = run_ckptconv("finalize", out)
+    assert r.returncode == 0 and "finalized 2 parts" in r.stderr, r.stderr
+    one = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert "config.json" in one and sorted(p.name for p in (tmp_path / "many").iterdir()) == one
+    for name in one:
+        assert _sha(tmp_path / "many" / name) == _sha(tmp_path / "one" / name), name
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_parts_of_a_sharded_safetensors_output(n, tmp_path, ckptconv):
     """--max-shard-size: every shard and the index, each byte for byte."""

@@ -125,6 +125,21 @@ def test_finalize_refuses_a_request_naming_another_output(job, run_ckptconv):
     assert not (work / "b.pt").exists()
 
 
+def test_finalize_refuses_a_request_whose_folder_does_not_hold_its_output(job, run_ckptconv):
+    """-o DIR/: the request names the folder (its side files are copied on
+    finalize); one naming another folder is refused, and nothing is written
+    into either."""
+    src, work = job
+    folder = _unfinalized(run_ckptconv, src, work, "b.pt")
+    req = json.loads((folder / "request.json").read_text())
+    req["folder"] = "elsewhere/"
+    (folder / "request.json").write_text(json.dumps(req))
+    r = run_ckptconv("finalize", "b.pt", cwd=work)
+    assert r.returncode == 3, r.stderr
+    assert "request.json: its folder elsewhere/ does not hold its output b.pt; refused" in r.stderr, r.stderr
+    assert not (work / "b.pt").exists() and not (work / "elsewhere").exists()
+
+
 def test_finalize_takes_force_from_its_own_command_line_only(job, run_ckptconv):
     src, work = job
     folder = _unfinalized(run_ckptconv, src, work, "b.pt")

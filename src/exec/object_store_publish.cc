@@ -36,6 +36,7 @@ Published publish_uploads(PartedWriter& w, const PartedOptions& options,
       s3_put_object(m.path, m.bytes, options.force);
       published.push_back(s3_url_string(parse_s3_url(m.path)));
     }
+    if (options.publish_beside) options.publish_beside(published);
   } catch (const Error&) {
     for (const auto& url : published) s3_delete_object(url);
     throw;

@@ -238,8 +238,13 @@ void rename_all(const std::function<std::string(std::size_t)>& data_path, const 
 
 PartedOptions directory_output(const std::string& dir, bool force, bool durable, const CopyOptions& copy,
                                const CheckpointModel& model, const std::string& request) {
-  return {
-      .path = dir, .force = force, .durable = durable, .copy = copy, .inputs = model.info.files, .request = request};
+  return {.path = dir,
+          .force = force,
+          .durable = durable,
+          .copy = copy,
+          .inputs = model.info.files,
+          .request = request,
+          .publish_beside = {}};
 }
 
 Published publish_directory(const std::string& dir, const std::vector<std::string>& names,

@@ -225,8 +225,11 @@ std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat
   const OutputFormatInfo& f = output_format_info(format);
   if (!f.parted) return f.write(model, options);
   std::unique_ptr<PartedWriter> w = f.parted(model, options);
-  return write_whole(*w,
-                     {.path = options.path, .force = options.force, .durable = options.durable, .copy = options.copy})
+  return write_whole(*w, {.path = options.path,
+                          .force = options.force,
+                          .durable = options.durable,
+                          .copy = options.copy,
+                          .publish_beside = options.publish_beside})
       .files;
 }
 
@@ -245,7 +248,8 @@ PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format,
                        .durable = options.durable,
                        .copy = options.copy,
                        .inputs = model.info.files,
-                       .request = request},
+                       .request = request,
+                       .publish_beside = options.publish_beside},
                       part);
 }
 

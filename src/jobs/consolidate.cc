@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <functional>
 
 #include "core/checked.h"
 #include "core/error.h"
@@ -11,6 +12,7 @@
 #include "core/units.h"
 #include "exec/parted_output.h"
 #include "exec/write_output.h"
+#include "io/s3_storage.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
 #include "jobs/model_map.h"
@@ -110,6 +112,28 @@ FolderSideFiles folder_side_files(const ConsolidateRequest& req, const Checkpoin
   return out;
 }
 
+// --part into -o s3://B/DIR/: DIR must be a new prefix, as for one process,
+// but for the state this output's workers share (DIR/FILE.parts-<plan>/,
+// which the first of them puts there).
+void refuse_prefix_with_objects(const std::string& dir, const std::string& file) {
+  const std::string state = without_trailing_slashes(dir) + "/" + file + ".parts-";
+  for (const auto& url : s3_objects_below(dir))
+    if (!url.starts_with(state)) refuse_remote_output(dir, "a folder output over an existing prefix");
+}
+
+// -o s3://B/DIR/: the side files are put by the step that publishes the
+// weights (the one process's, or the --part finalizer's before it removes
+// the shared state), after the weights and their index.
+std::function<void(const std::vector<std::string>&)> side_objects_step(const ConsolidateRequest& req,
+                                                                       const CheckpointModel& model,
+                                                                       std::optional<DType> cast_to,
+                                                                       const std::string& directory) {
+  return [&req, &model, cast_to, directory](const std::vector<std::string>& published) {
+    const FolderSideFiles side = folder_side_files(req, model, cast_to, weights_file_of(published));
+    publish_side_objects(directory, side.files, side.edits);
+  };
+}
+
 constexpr uint64_t kHuggingFaceShardSize = 5'000'000'000;  // save_pretrained's max_shard_size="5GB"
 
 }  // namespace
@@ -129,12 +153,11 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   const CommonOptions& opt = req.common;
   const JobOptions job = settle(opt);
   std::string directory;  // -o DIR/: the folder the file goes into, created when missing
-  // One file's shares go into its multipart upload; a folder's side files are copied by one process.
-  if (!req.part.empty() && is_output_directory(req.output))
-    refuse_remote_output(req.output, "--part shares of a folder");
   if (is_output_directory(req.output)) {
-    // A new prefix only: S3 has no rename to swap a folder with, nor to add files to one all at once.
-    if (is_directory(req.output)) refuse_remote_output(req.output, "a folder output over an existing prefix");
+    // A new prefix only: S3 has no rename to swap a folder with, nor to add
+    // files to one all at once. --part workers check once the file is known.
+    if (req.part.empty() && is_directory(req.output))
+      refuse_remote_output(req.output, "a folder output over an existing prefix");
     directory = req.output;
     if (req.format.empty()) req.format = "safetensors";
   } else {
@@ -158,7 +181,8 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     req.output = without_trailing_slashes(directory) + "/" + file;
     if (output_format_info(format).shards && req.max_shard_size.empty())
       req.max_shard_size = std::to_string(kHuggingFaceShardSize);
-    if (!opt.dry_run && !req.part.empty()) created = CreatedDirectories(directory);
+    if (!req.part.empty() && is_s3_url(directory)) refuse_prefix_with_objects(directory, file);
+    if (!opt.dry_run && !req.part.empty() && !is_s3_url(directory)) created = CreatedDirectories(directory);
     if (!opt.dry_run && req.part.empty() && !is_s3_url(directory))
       folder = std::make_unique<OutputFolder>(directory, file, opt.force, !opt.no_fsync);
     spdlog::info("{} is a directory: writing {}", directory, req.output);
@@ -204,6 +228,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     };
   output.max_shard_size = req.max_shard_size.empty() ? 0 : parse_size(req.max_shard_size);
   output.gzip = req.compression == "gzip";
+  if (is_s3_url(directory)) output.publish_beside = side_objects_step(req, model, job.cast_to, directory);
   if (!req.part.empty()) {
     PartSpec part = parse_part(req.part);
     spdlog::info("--part: {} ({})",
@@ -214,7 +239,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     PartOutcome done;
     {
       ProgressScope progress("write " + req.output, report.bytes);
-      done = write_output_part(model, format, output, part, request_json(req));
+      done = write_output_part(model, format, output, part, request_json(req, directory));
     }
     created.keep();
     parents.keep();
@@ -238,14 +263,10 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     files = write_output(model, format, output);
   }
   parents.keep();
-  if (folder || is_s3_url(directory)) {
+  if (folder) {
     const FolderSideFiles side = folder_side_files(req, model, job.cast_to, weights_file_of(files));
-    if (folder) {
-      folder->publish(side.files, side.edits);
-      for (auto& f : files) f = folder->published_path(f);
-    } else {
-      publish_side_objects(directory, side.files, side.edits, files);
-    }
+    folder->publish(side.files, side.edits);
+    for (auto& f : files) f = folder->published_path(f);
   }
   if (files.size() > 1)
     report.summary = "wrote " + files.back() + " and " + std::to_string(files.size() - 1) + " shards (" +

@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "exec/parted_output.h"
+#include "exec/write_output.h"
+#include "io/atomic_dir.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
 #include "jobs/consolidate.h"
@@ -38,6 +40,20 @@ std::string the_parts_folder(const std::string& output) {
   return found.front();
 }
 
+// -o DIR/: the workers wrote DIR/FILE (model.safetensors, full.pt, ...,
+// by the format and what the model holds), and the parts are FILE's. OUT
+// itself otherwise, or when no such file or several have parts.
+std::string parted_file(const std::string& output) {
+  if (output.empty() || output.back() != '/' || !is_directory(output)) return output;
+  std::vector<std::string> found;
+  for (const auto& f : output_formats())
+    for (std::string_view name : {f.weights_file, f.full_file}) {
+      const std::string file = without_trailing_slashes(output) + "/" + std::string(name);
+      if (!parts_folders(file).empty()) found.push_back(file);
+    }
+  return found.size() == 1 ? found.front() : output;
+}
+
 // The request in OUT's parts folder must be for OUT: one naming another
 // output (a planted or stale request.json) would make `finalize OUT` write
 // there.
@@ -61,7 +77,9 @@ void require_same_output(const std::string& folder, const std::string& output, c
 
 }  // namespace
 
-JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
+JobReport run_finalize(const FinalizeRequest& request, std::ostream& out) {
+  FinalizeRequest req = request;
+  req.output = parted_file(req.output);
   std::string folder = the_parts_folder(req.output);
   ordered_json j;
   std::string command, cwd;
@@ -87,6 +105,17 @@ JobReport run_finalize(const FinalizeRequest& req, std::ostream& out) {
       c.max_shard_size = j.at("max_shard_size").get<std::string>();
       c.compression = j.at("compression").get<std::string>();
       c.finite = j.at("finite").get<bool>();
+      // Absent in requests of earlier versions. -o DIR/: run as the workers
+      // ran, so that the folder's side files are published too.
+      if (const std::string dir = j.value("folder", std::string()); !dir.empty()) {
+        // Checked as the output is (require_same_output): the folder must be the one that holds it.
+        if (without_trailing_slashes(dir) + "/" + fs::path(c.output).filename().string() != c.output)
+          fail(ErrorCode::kUnsafe,
+               folder + "/request.json: its folder " + dir + " does not hold its output " + c.output + "; refused");
+        c.output = dir;
+      }
+      c.config_from = j.value("config_from", std::string());
+      c.map = j.value("map", std::string());
       c.common.force = req.force;  // only from this command line, never from the stored request
       c.common.no_fsync = c.common.no_fsync || req.no_fsync;
       c.part = "finalize";

@@ -162,8 +162,7 @@ std::vector<std::string> file_family_in(const std::string& dir, const std::strin
 }
 
 std::vector<std::string> publish_side_objects(const std::string& dir, const std::vector<std::string>& side_files,
-                                              const ConfigEdits& config_edits,
-                                              const std::vector<std::string>& published) {
+                                              const ConfigEdits& config_edits) {
   std::vector<std::string> ordered = side_files;
   std::stable_partition(ordered.begin(), ordered.end(),
                         [](const std::string& f) { return fs::path(f).filename() != "config.json"; });
@@ -184,7 +183,6 @@ std::vector<std::string> publish_side_objects(const std::string& dir, const std:
     }
   } catch (const Error&) {
     for (const auto& url : put) s3_delete_object(url);
-    for (const auto& url : published) s3_delete_object(url);
     throw;
   }
   return put;

@@ -64,15 +64,15 @@ struct ConfigEdits {
   std::string weights_name;
 };
 
-// -o s3://BUCKET/DIR/, a prefix with no objects yet: after the weights
-// (`published`, their objects, index last) the side files are put beside
-// them as OutputFolder::publish copies them (config.json edited as
-// `config_edits` says), config.json last, which makes the folder a model for
-// from_pretrained. On failure every object of `published` and of the side
-// files is deleted again. Returns the side files' URLs.
+// -o s3://BUCKET/DIR/, a prefix with no objects yet but a --part run's
+// state: after the weights (their objects, index last; the writer's
+// publish_beside step, by the one process or the --part finalizer) the side
+// files are put beside them as OutputFolder::publish copies them
+// (config.json edited as `config_edits` says), config.json last, which makes
+// the folder a model for from_pretrained. On failure the side objects put
+// are deleted again (the caller deletes the weights). Returns their URLs.
 std::vector<std::string> publish_side_objects(const std::string& dir, const std::vector<std::string>& side_files,
-                                              const ConfigEdits& config_edits,
-                                              const std::vector<std::string>& published);
+                                              const ConfigEdits& config_edits);
 
 // Copies `side_files` into the folder `into` (messages name them as in
 // `shown_dir`), config.json last (what makes a folder a model for

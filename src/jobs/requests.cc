@@ -51,10 +51,11 @@ CommonOptions common_options_from_json(const ordered_json& j) {
   return o;
 }
 
-std::string request_json(const ConsolidateRequest& r) {
+std::string request_json(const ConsolidateRequest& r, const std::string& folder) {
   json j = {{"command", "consolidate"},     {"cwd", here()},      {"common", common_json(r.common)},
             {"output", r.output},           {"format", r.format}, {"max_shard_size", r.max_shard_size},
-            {"compression", r.compression}, {"finite", r.finite}};
+            {"compression", r.compression}, {"finite", r.finite}, {"folder", folder},
+            {"config_from", r.config_from}, {"map", r.map}};
   return j.dump(1);
 }
 

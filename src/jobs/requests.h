@@ -66,7 +66,9 @@ struct ReshardRequest {
 
 // The request as the parts folder keeps it: the command, the directory it
 // ran in, and every option that shapes the output.
-std::string request_json(const ConsolidateRequest& request);
+// `folder`: the -o DIR/ given, when request.output is the weights file in it
+// (finalizing then writes the folder's side files too).
+std::string request_json(const ConsolidateRequest& request, const std::string& folder = "");
 std::string request_json(const ReshardRequest& request);
 // The common options of a kept request (nlohmann's exceptions when a field
 // is missing or of another type: finalize reports them naming the file).
