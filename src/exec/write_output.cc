@@ -225,12 +225,13 @@ std::vector<std::string> write_output(const CheckpointModel& model, OutputFormat
   const OutputFormatInfo& f = output_format_info(format);
   if (!f.parted) return f.write(model, options);
   std::unique_ptr<PartedWriter> w = f.parted(model, options);
-  return write_whole(*w, {.path = options.path,
-                          .force = options.force,
-                          .durable = options.durable,
-                          .copy = options.copy,
-                          .publish_beside = options.publish_beside})
-      .files;
+  PartedOptions whole;
+  whole.path = options.path;
+  whole.force = options.force;
+  whole.durable = options.durable;
+  whole.copy = options.copy;
+  whole.publish_beside = options.publish_beside;
+  return write_whole(*w, whole).files;
 }
 
 PartOutcome write_output_part(const CheckpointModel& model, OutputFormat format, const OutputOptions& options,

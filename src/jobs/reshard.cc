@@ -424,8 +424,11 @@ void write_accelerate_layout(const LayoutJob& j) {
     AtomicDirectory dir(req.output, req.common.force, !req.common.no_fsync);
     for (const Planned& p : planned) {
       DcpWriter writer(p.model, p.layout, p.plan, dir.path_of(p.part.dir));
-      write_whole(writer,
-                  {.path = dir.path_of(p.part.dir), .force = false, .durable = !req.common.no_fsync, .copy = j.copy});
+      PartedOptions whole;
+      whole.path = dir.path_of(p.part.dir);
+      whole.durable = !req.common.no_fsync;
+      whole.copy = j.copy;
+      write_whole(writer, whole);
     }
     copy_side_files(side_files, dir.temp_dir());
     dir.commit();
