@@ -123,8 +123,16 @@ def compare(rank, ws, port, resaved, model_ref, out):
     from megatron.core import dist_checkpointing, parallel_state as ps
     model = build(1, 1)
     model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), resaved), strict=False)
-    got = model.state_dict_for_save_checkpoint()
-    want = torch.load(model_ref, weights_only=False)
+    got = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+           for k, v in model.state_dict_for_save_checkpoint().items()}
+    if Path(model_ref).is_dir():
+        # A torch_dist checkpoint (what OURS was written from): megatron-core
+        # reads it into the same TP=1/PP=1 model, in this run.
+        model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), model_ref), strict=False)
+        want = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                for k, v in model.state_dict_for_save_checkpoint().items()}
+    else:
+        want = torch.load(model_ref, weights_only=False)
 
     def same(x, y):
         if not isinstance(x, torch.Tensor):

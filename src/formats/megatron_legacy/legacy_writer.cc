@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -98,18 +99,9 @@ class LegacyPlanner {
     ValuePtr root = mapping_of(legacy_.root);
     ValuePtr model = root->is(Kind::kDict) ? root->get("model") : nullptr;
     args_ = root->is(Kind::kDict) ? root->get("args") : nullptr;
-    // A Megatron-LM job's torch_dist save keeps its args in common.pt, but
-    // its model under megatron-core's sharded names (the local spec's fused
-    // layer-norm keys, layers stacked) and its optimizer in the distributed
-    // optimizer's layouts: not mapped back to a legacy rank file's yet.
-    if (legacy_.info.kind == SourceKind::kMegatron && args_)
-      fail(ErrorCode::kUnimplemented,
-           legacy_.source +
-               ": a torch_dist checkpoint of a Megatron-LM job (args in common.pt) is not written as a legacy "
-               "checkpoint yet (its model is stored under megatron-core's sharded names, its optimizer in the "
-               "distributed optimizer's layout); a job at the new TP x PP loads the torch_dist checkpoint itself "
-               "(--ckpt-format torch_dist), or reshard it with --layout megatron --world-size N");
-    if (legacy_.info.kind != SourceKind::kMegatronLegacy || !model || !args_)
+    const bool megatron =
+        legacy_.info.kind == SourceKind::kMegatronLegacy || legacy_.info.kind == SourceKind::kMegatron;
+    if (!megatron || !model || !args_)
       fail_invalid(legacy_.source +
                    ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint read whole (no --only): its "
                    "TP=1/PP=1 model and its args, which the rank files carry with the new TP and PP (this source "
@@ -123,7 +115,9 @@ class LegacyPlanner {
     // ignores a torch_dist checkpoint's RNG state at another TP x PP; a
     // legacy load has no such check, so the flag is the job's to pass.
     log::warn(legacy_.source + ": the RNG states are not written (" +
-              (optim_ ? "the optimizer is" : "neither is the optimizer: the source saved none") +
+              (optim_                                             ? "the optimizer is"
+               : legacy_.info.kind == SourceKind::kMegatronLegacy ? "neither is the optimizer: the source saved none"
+                                                                  : "neither is the optimizer") +
               "): load the output with --no-load-rng" + (optim_ ? "" : " --no-load-optim"));
     LegacyOutput out;
     auto it = legacy_.facts.find("megatron iteration");
@@ -472,6 +466,7 @@ class LegacyPlanner {
     set_existing(args, "pipeline_model_parallel_size", Value::integer(pp_));
     set_existing(args, "transformer_pipeline_model_parallel_size", Value::integer(pp_));
     set_existing(args, "padded_vocab_size", Value::integer(vocab_rows_));
+    set_existing(args, "ckpt_format", Value::str("torch"));  // a torch_dist job's args say torch_dist
     // The plain optimizer's `optimizer` entry is what a job without the
     // distributed optimizer reads; with it, distrib_optim.pt.
     if (optim_) set_existing(args, "use_distributed_optimizer", Value::boolean(distributed_));
@@ -573,6 +568,104 @@ class LegacyPlanner {
 };
 
 }  // namespace
+
+namespace {
+
+// The args a legacy rank file needs of the job and the writer reads: the
+// model's sizes and layout, which a torch_dist checkpoint's tensors do not
+// all say (heads, query groups, the vocabulary's padding, the layer spec).
+constexpr const char* kArgsNeeded[] = {"num_layers",
+                                       "hidden_size",
+                                       "num_attention_heads",
+                                       "padded_vocab_size",
+                                       "swiglu",
+                                       "untie_embeddings_and_output_weights",
+                                       "transformer_impl",
+                                       "group_query_attention"};
+
+// `views`' entry `key` (a dict of names) with each layer entry under its
+// module's name (the keys map backwards).
+ValuePtr module_names(const ValuePtr& stored, bool local_spec, const std::string& source) {
+  ValuePtr out = Value::dict();
+  std::set<std::string> seen;
+  for (const auto& [k, v] : mapping_of(stored)->entries) {
+    std::string name = path_component(*k);
+    if (auto at = layer_index_in(name)) {
+      const std::size_t rest = at->pos + at->len + 1;
+      name = name.substr(0, rest) + module_layer_name(name.substr(rest), local_spec);
+    }
+    if (!seen.insert(name).second) fail_data_loss(source + ": two stored entries are the module's '" + name + "'");
+    out->entries.emplace_back(Value::str(name), v);
+  }
+  return out;
+}
+
+}  // namespace
+
+LegacySource legacy_source_of_torch_dist(const CheckpointModel& whole,
+                                         const std::function<CheckpointModel()>& read_views) {
+  ValuePtr root = mapping_of(whole.root);
+  ValuePtr args = root->is(Kind::kDict) ? root->get("args") : nullptr;
+  if (!whole.info.megatron || !args)
+    fail(ErrorCode::kUnimplemented,
+         whole.source +
+             ": no Megatron-LM args in common.pt (megatron-core saved this checkpoint without Megatron-LM's common "
+             "state); a legacy rank file carries the job's args (its sizes, vocabulary padding and layer spec), "
+             "which ckptconv does not make up. Load it with --ckpt-format torch_dist, or reshard it with --layout "
+             "megatron --world-size N");
+  args = mapping_of(args);
+  std::string missing;
+  for (const char* key : kArgsNeeded)
+    if (!args->get(key)) missing += (missing.empty() ? "" : ", ") + std::string(key);
+  if (!missing.empty())
+    fail(ErrorCode::kUnimplemented, whole.source + ": common.pt's args lack " + missing +
+                                        ", which a legacy rank file needs (Megatron-LM's parse_args sets them all)");
+  ValuePtr impl = args->get("transformer_impl");
+  const std::string spec = impl->is(Kind::kStr) ? impl->as_str() : "";
+  if (spec != "local" && spec != "transformer_engine")
+    fail(ErrorCode::kUnimplemented, whole.source + ": args.transformer_impl is " + impl->repr() +
+                                        "; the stored names of megatron-core's local and transformer_engine GPT "
+                                        "layer specs are known");
+  const bool local_spec = spec == "local";
+  const CheckpointModel views = read_views();
+  ValuePtr view_root = mapping_of(views.root);
+  ValuePtr model = module_names(view_root->at("model"), local_spec, whole.source);
+  // GPTModel.sharded_state_dict leaves the output layer's extra state out;
+  // its state_dict (what a legacy file holds) has it, None for the local
+  // spec's ColumnParallelLinear, and load_state_dict(strict=True) wants it.
+  if (!model->get("output_layer._extra_state"))
+    model->entries.emplace_back(Value::str("output_layer._extra_state"), Value::none());
+  LegacySource out;
+  out.model = views;
+  out.model.source = whole.source;
+  out.model.root = Value::dict();
+  // The job's entries in the order Megatron-LM's generate_state_dict puts
+  // them (args, checkpoint_version, iteration, then the model), the others
+  // in common.pt's. The optimizer's param groups travel in its view.
+  std::vector<std::string> keys = {"args", "checkpoint_version", "iteration"};
+  for (const std::string& key : whole.info.megatron->common_keys)
+    if (key != "optimizer" && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i == 3) out.model.root->entries.emplace_back(Value::str("model"), model);
+    ValuePtr v = root->get(keys[i]);
+    if (!v) continue;
+    if (pickle::find_node(*v, [](const Value& x) { return tensor_ref_index(x).has_value(); }))
+      fail(ErrorCode::kUnimplemented, whole.source + ": common.pt's '" + keys[i] +
+                                          "' holds a tensor; the job's entries are written from plain values only");
+    out.model.root->entries.emplace_back(Value::str(keys[i]), v);
+  }
+  if (!out.model.root->get("model")) out.model.root->entries.emplace_back(Value::str("model"), model);
+  if (ValuePtr optim = view_root->get("optim")) {
+    optim = mapping_of(optim);
+    out.optim = views;
+    out.optim->source = whole.source;
+    out.optim->root =
+        Value::dict({{Value::str("optim"),
+                      Value::dict({{Value::str("state"), module_names(optim->at("state"), local_spec, whole.source)},
+                                   {Value::str("param_groups"), optim->at("param_groups")}})}});
+  }
+  return out;
+}
 
 LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
                                 std::optional<bool> distributed) {

@@ -29,6 +29,7 @@
 // per TP x PP position; the job loads with --no-load-rng).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,8 +53,29 @@ struct LegacyOutput {
   std::vector<LegacyRankFile> files;
 };
 
+// A Megatron-LM job's torch_dist checkpoint as plan_legacy_output takes a
+// legacy one: `whole` read whole (common.pt's entries at the top: args,
+// iteration, ...), `read_views` reading the same directory with --only
+// optim (or --only model where its optimizer is not read: no optim then),
+// called once the args are found. The model
+// is the --only model view under the module's own names (the layer spec's
+// keys map backwards, as args.transformer_impl says) with
+// output_layer._extra_state (None, which GPTModel.sharded_state_dict leaves
+// out of the save) put back; the job's entries are common.pt's but the
+// optimizer's param groups, which the optimizer view carries. Unimplemented
+// (exit 3) naming what is missing where the args a legacy rank file needs
+// are not there (a torch_dist checkpoint megatron-core saved without
+// Megatron-LM's common state): they are never made up.
+struct LegacySource {
+  CheckpointModel model;                 // root {args, checkpoint_version, iteration, model, ...}
+  std::optional<CheckpointModel> optim;  // root {"optim": {"state": {name: ...}, "param_groups": [...]}}
+};
+LegacySource legacy_source_of_torch_dist(const CheckpointModel& whole,
+                                         const std::function<CheckpointModel()>& read_views);
+
 // `legacy`: a Megatron-LM legacy checkpoint read whole (the model at
-// TP=1/PP=1 and the job's args); InvalidArgument for another source or
+// TP=1/PP=1 and the job's args), or a torch_dist one made so by
+// legacy_source_of_torch_dist; InvalidArgument for another source or
 // one read with --only, Unimplemented (exit 3) naming what does not split:
 // layers that do not divide by PP, a TP-split dimension, query groups or
 // the padded vocabulary that do not divide by TP, a parameter tp_layout.h
