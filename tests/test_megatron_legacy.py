@@ -1045,3 +1045,13 @@ def test_a_torch_dist_optimizer_not_read_per_parameter_leaves_the_model_only(tmp
     assert "the optimizer is not written" in r.stderr and "--no-load-optim" in r.stderr
     state = load_rank(tmp_path / "out" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
     assert "optimizer" not in state and len([k for k in state["model"] if not k.endswith("_extra_state")]) == 29
+
+
+def test_a_hugging_face_folder_is_not_written_as_legacy_saying_what_loads_it(tmp_path, run_ckptconv):
+    # A Hugging Face folder holds no Megatron-LM args for the rank files:
+    # a usage error pointing at --layout megatron, nothing written.
+    consolidate(run_ckptconv, CASE / "ckpt", str(tmp_path / "hf") + "/", "--only", "model")
+    r = run_ckptconv("reshard", str(tmp_path / "hf"), "--layout", "megatron-legacy", "-o", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr
+    assert "a Hugging Face folder has none; --layout megatron writes it as torch_dist" in r.stderr
+    assert not (tmp_path / "out").exists()

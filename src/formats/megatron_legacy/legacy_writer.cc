@@ -103,10 +103,11 @@ class LegacyPlanner {
         legacy_.info.kind == SourceKind::kMegatronLegacy || legacy_.info.kind == SourceKind::kMegatron;
     if (!megatron || !model || !args_)
       fail_invalid(legacy_.source +
-                   ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint read whole (no --only): its "
-                   "TP=1/PP=1 model and its args, which the rank files carry with the new TP and PP (this source "
-                   "holds no Megatron-LM args: a Hugging Face folder, or a torch_dist checkpoint megatron-core saved "
-                   "without them)");
+                   ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint, or a Megatron-LM job's "
+                   "torch_dist one, read whole (no --only): its TP=1/PP=1 model and its args, which the rank files "
+                   "carry with the new TP and PP (this source holds no Megatron-LM args: a Hugging Face folder has "
+                   "none; --layout megatron writes it as torch_dist, which Megatron-LM loads with --ckpt-format "
+                   "torch_dist)");
     args_ = mapping_of(args_);
     model = mapping_of(model);
     settle_model(model);
