@@ -510,7 +510,7 @@ def to_torch_dist(run_ckptconv, ws, out, *args):
     return out
 
 
-def megatron_core_reads(kind, out, tp, pp, tmp_path, ref=CASE / "model_ref.pt"):
+def megatron_core_reads(kind, out, tp, pp, tmp_path, ref=CASE / "model_ref.pt", vpp=1):
     """tests/megatron_legacy_load.py: a model built by megatron-core at TP x
     PP loads `out`; what it loaded, gathered by megatron-core's own save and
     TP=1/PP=1 load, must be the legacy job's model bit for bit (`ref`: or a
@@ -519,7 +519,7 @@ def megatron_core_reads(kind, out, tp, pp, tmp_path, ref=CASE / "model_ref.pt"):
     require_side_env(MEGATRON_PY, "loading with megatron-core itself runs", "scripts/setup-megatron")
     report = tmp_path / "load.json"
     r = subprocess.run([str(MEGATRON_PY), str(REPO / "tests" / "megatron_legacy_load.py"), kind, str(out), str(tp),
-                        str(pp), str(ref), str(report)], capture_output=True, text=True, timeout=600)
+                        str(pp), str(ref), str(report), str(vpp)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(report.read_text())
     assert got["ranks"] == tp * pp and got["tensors"] == 53
@@ -1054,4 +1054,66 @@ def test_a_hugging_face_folder_is_not_written_as_legacy_saying_what_loads_it(tmp
     r = run_ckptconv("reshard", str(tmp_path / "hf"), "--layout", "megatron-legacy", "-o", str(tmp_path / "out"))
     assert r.returncode == 2, r.stderr
     assert "a Hugging Face folder has none; --layout megatron writes it as torch_dist" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------ --vpp: virtual pipeline stages written
+
+
+@pytest.mark.parametrize("src,ref", [(CASE / "ckpt", CASE / "model_ref.pt"), (DIST / "ckpt", DIST / "ckpt")],
+                         ids=["legacy", "torch_dist"])
+def test_megatron_core_loads_virtual_stages_at_pp2_vpp2(src, ref, tmp_path, run_ckptconv):
+    # Each pipeline rank's model0 and model1 load strictly into megatron-
+    # core's two GPTModel stages (vp_stage 0 and 1, which megatron-core
+    # gives the interleaved schedule's layers: rank p stage v holds the
+    # (2v + p)-th layer); their args say 2 virtual stages; the model they
+    # hold, gathered by megatron-core at TP=1/PP=1, is the source's bit for bit.
+    out = tmp_path / "legacy"
+    r = run_ckptconv("reshard", str(src), "--layout", "megatron-legacy", "--pp", "2", "--vpp", "2", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "TP 1 x PP 2 x VPP 2, 2 rank files" in r.stderr
+    megatron_core_reads("legacy", out, 1, 2, tmp_path, ref=ref, vpp=2)
+
+
+def test_virtual_stages_hold_interleaved_layers_and_read_back_as_the_source(tmp_path, run_ckptconv, megatron_enums):
+    out = to_legacy(run_ckptconv, 1, 2, tmp_path / "legacy", "--vpp", "2")
+    ref = load(CASE / "model_ref.pt")
+    for p in range(2):
+        state = load_rank(rank_file(out, f"mp_rank_00_{p:03d}"))
+        assert [k for k in state if k.startswith("model")] == ["model0", "model1"]
+        assert state["args"].virtual_pipeline_model_parallel_size == 2
+        assert state["args"].num_virtual_stages_per_pipeline_rank == 2
+        for v in range(2):
+            chunk = state[f"model{v}"]
+            assert torch.equal(chunk["decoder.layers.0.mlp.linear_fc2.weight"],
+                               ref[f"decoder.layers.{2 * v + p}.mlp.linear_fc2.weight"])
+            assert not any(k.startswith("decoder.layers.1.") for k in chunk)
+            assert ("embedding.word_embeddings.weight" in chunk) == (p == 0 and v == 0)
+            assert ("output_layer.weight" in chunk) == (p == 1 and v == 1)
+    # Read back by ckptconv (its VPP reading is proven on Megatron-LM's own
+    # gpt_pp2_vpp2): the TP=1/PP=1 model, and the optimizer per name, the source's.
+    consolidate(run_ckptconv, out, tmp_path / "back.pt", "--only", "model")
+    assert_same(load(tmp_path / "back.pt"), ref)
+    consolidate(run_ckptconv, CASE / "ckpt", tmp_path / "src-optim.pt", "--only", "optim")
+    for flags in ([], ["--tp", "2", "--distributed-optimizer"]):
+        again = tmp_path / f"again{len(flags)}"
+        r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "--pp", "2", "--vpp", "2",
+                         "-o", str(again), *flags)
+        assert r.returncode == 0, r.stderr
+        consolidate(run_ckptconv, again, tmp_path / f"back-optim{len(flags)}.pt", "--only", "optim")
+        got, want = load(tmp_path / f"back-optim{len(flags)}.pt"), load(tmp_path / "src-optim.pt")
+        for name, states in want["state"].items():
+            for kind in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(got["state"][name][kind], states[kind]), (flags, name, kind)
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--pp", "1", "--vpp", "2"], 2, "--vpp 2: virtual pipeline stages interleave over pipeline ranks"),
+    (["--pp", "4", "--vpp", "2"], 3, "4 layers do not divide into 8 virtual pipeline stages"),
+    (["--pp", "2", "--vpp", "0"], 2, "--tp, --pp and --vpp must be at least 1"),
+])
+def test_virtual_stage_refusals(args, code, message, tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "-o", str(tmp_path / "out"), *args)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
     assert not (tmp_path / "out").exists()

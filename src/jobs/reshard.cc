@@ -296,13 +296,14 @@ void write_megatron_layout(const LayoutJob& j) {
 // Megatron-LM legacy rank files for a job at --tp x --pp
 // (formats/megatron_legacy/legacy_writer.h).
 void write_megatron_legacy_layout(const LayoutJob& j) {
-  const int tp = j.req.tp.value_or(1), pp = j.req.pp.value_or(1);
+  const int tp = j.req.tp.value_or(1), pp = j.req.pp.value_or(1), vpp = j.req.vpp.value_or(1);
   // The optimizer's state per parameter name, for each rank's `optimizer`:
   // the same checkpoint's --only optim view (refused, exit 3, where its
   // layout rules are not known: nothing is written then).
   std::optional<CheckpointModel> optim;
   std::optional<megatron_legacy::LegacySource> from_dist;
-  const std::string target = "TP " + std::to_string(tp) + " x PP " + std::to_string(pp);
+  const std::string target =
+      "TP " + std::to_string(tp) + " x PP " + std::to_string(pp) + (vpp > 1 ? " x VPP " + std::to_string(vpp) : "");
   auto saved = j.model.facts.find("megatron optimizer");
   if (j.model.info.kind == SourceKind::kMegatronLegacy && saved != j.model.facts.end() && saved->second != "not saved")
     optim = with_context("reading the optimizer to write it for " + target,
@@ -315,7 +316,7 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
                                         : optim   ? &*optim
                                                   : nullptr;
   megatron_legacy::LegacyOutput plan =
-      megatron_legacy::plan_legacy_output(source, source_optim, tp, pp, j.req.distributed_optimizer);
+      megatron_legacy::plan_legacy_output(source, source_optim, tp, pp, j.req.distributed_optimizer, vpp);
   uint64_t bytes = 0;
   for (const auto& f : plan.files)
     for (const auto& t : f.tensors) bytes = saturating_add(bytes, t.output_nbytes());
@@ -323,9 +324,9 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
   // Beside each rank file, distrib_optim.pt where the optimizer is the distributed one's.
   std::size_t distrib_optim = 0;
   for (const auto& f : plan.files) distrib_optim += file_name(f.name) == megatron_legacy::kDistribOptimFile;
-  j.report.summary = "wrote " + j.req.output + " (" + std::string(j.layout.name) + "): TP " + std::to_string(tp) +
-                     " x PP " + std::to_string(pp) + ", " + std::to_string(plan.files.size() - distrib_optim) +
-                     " rank files" + (distrib_optim ? " with distrib_optim.pt" : "");
+  j.report.summary = "wrote " + j.req.output + " (" + std::string(j.layout.name) + "): " + target + ", " +
+                     std::to_string(plan.files.size() - distrib_optim) + " rank files" +
+                     (distrib_optim ? " with distrib_optim.pt" : "");
   log::debug("plan: " + std::to_string(plan.files.size()) + " rank files for TP " + std::to_string(tp) + " x PP " +
              std::to_string(pp) + ", " + human_bytes(static_cast<double>(bytes)) + " -> " + j.req.output);
   MegatronLegacyWriter writer(plan, j.req.output);
@@ -518,8 +519,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid("--expert-parallel: only for --layout deepspeed-universal (not " + std::string(layout.name) + ")");
   if (layout.world_size == WorldSizeRule::kTpPp && req.world_size)
     fail_invalid("--world-size: --layout " + std::string(layout.name) + " writes one rank per --tp x --pp position");
-  if (layout.world_size != WorldSizeRule::kTpPp && (req.tp || req.pp || req.distributed_optimizer))
-    fail_invalid(std::string(req.distributed_optimizer ? "--distributed-optimizer" : "--tp / --pp") +
+  if (layout.world_size != WorldSizeRule::kTpPp && (req.tp || req.pp || req.vpp || req.distributed_optimizer))
+    fail_invalid(std::string(req.distributed_optimizer ? "--distributed-optimizer" : "--tp / --pp / --vpp") +
                  ": only for a layout written per TP x PP position (not --layout " + std::string(layout.name) + ")");
   if (!layout.object_store) refuse_remote_output(req.output, "--layout " + std::string(layout.name));
   if (!layout.part && !req.part.empty())

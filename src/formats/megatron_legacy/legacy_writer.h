@@ -81,13 +81,17 @@ LegacySource legacy_source_of_torch_dist(const CheckpointModel& whole,
 // the padded vocabulary that do not divide by TP, a parameter tp_layout.h
 // does not know. Tied embeddings: the last stage's copy of the word
 // embeddings (output_layer.weight) is written at PP > 1 and left out at
-// PP = 1. No virtual pipeline stages are written. `optim`: the same
+// PP = 1. `vpp` > 1: V virtual pipeline stages per pipeline rank, each
+// rank file's model0..model<V-1> (virtual stage v of pipeline rank p the
+// (v P + p)-th run of L/(V P) layers, numbered from 0 in each; the
+// embeddings model0's of stage 0, the final norm and output layer
+// model<V-1>'s of stage P-1), args' virtual-pipeline sizes V. `optim`: the same
 // checkpoint read with --only optim, or nullptr to write no optimizer;
 // its state must name every parameter the ranks hold (DataLoss naming the
 // one it lacks). `distributed`: the optimizer written as the
 // DistributedOptimizer's (true) or the plain one's (false); absent: as the
 // source's args.use_distributed_optimizer says.
 LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
-                                std::optional<bool> distributed = std::nullopt);
+                                std::optional<bool> distributed = std::nullopt, int vpp = 1);
 
 }  // namespace ckpt::megatron_legacy
