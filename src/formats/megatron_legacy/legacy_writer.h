@@ -6,6 +6,9 @@
 //   iter_<N:07d>/ (or release/)
 //       mp_rank_<tp:02d>[_<pp:03d>]/model_optim_rng.pt
 //
+// from a legacy checkpoint or a Megatron-LM job's torch_dist one (its args
+// in common.pt: legacy_source_of_torch_dist below), with V virtual
+// pipeline stages per rank (model0..model<V-1>) where asked;
 // each rank file a dict of the source's job entries (args with the new
 // parallel sizes, checkpoint_version, iteration, ...) and `model`, the
 // rank's piece of the TP=1/PP=1 model the legacy reader gives: the inverse
