@@ -1117,3 +1117,15 @@ def test_virtual_stage_refusals(args, code, message, tmp_path, run_ckptconv):
     assert r.returncode == code, r.stderr
     assert message in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_torch_dist_to_legacy_with_virtual_stages_by_parts_is_the_single_process_output(tmp_path, run_ckptconv):
+    # --part (the request kept beside the parts carries --vpp): the same
+    # files as one process, distrib_optim.pt's two chunks' buffers included.
+    one = dist_to_legacy(run_ckptconv, 1, 2, tmp_path / "one", "--vpp", "2")
+    for part in ("0/2", "1/2"):
+        dist_to_legacy(run_ckptconv, 1, 2, tmp_path / "two", "--vpp", "2", "--part", part)
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert len(files) == 5 and sum(f.name == "distrib_optim.pt" for f in files) == 2
+    for f in files:
+        assert (one / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
