@@ -203,8 +203,7 @@ TimedCredentials assume_role_with_web_identity(const std::string& token_file, co
 
 TimedCredentials container_credentials() {
   std::string url = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
-  if (std::string rel = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"); !rel.empty())
-    url = "http://169.254.170.2" + rel;
+  if (std::string rel = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"); !rel.empty()) url = "http://169.254.170.2" + rel;
   const std::string what = "the container credentials endpoint (" + url + ")";
   std::vector<std::string> headers;
   std::string token = env("AWS_CONTAINER_AUTHORIZATION_TOKEN");
@@ -275,9 +274,9 @@ std::shared_ptr<CredentialSource> fetched_credentials(const std::map<std::string
   }
   if (!token_file.empty() && !role.empty()) {
     if (session.empty()) session = "ckptconv-" + std::to_string(::getpid());
-    return std::make_shared<CredentialSource>(
-        "the web identity token " + token_file,
-        [=] { return assume_role_with_web_identity(token_file, role, session, region); });
+    return std::make_shared<CredentialSource>("the web identity token " + token_file, [=] {
+      return assume_role_with_web_identity(token_file, role, session, region);
+    });
   }
   if (!env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").empty() || !env("AWS_CONTAINER_CREDENTIALS_FULL_URI").empty())
     return std::make_shared<CredentialSource>("the container credentials endpoint", container_credentials);

@@ -122,7 +122,7 @@ std::string layout_help() {
 std::string any_source_layouts() {
   std::string out;
   for (const LayoutInfo& l : reshard_layouts())
-    if (l.any_source) out += (out.empty() ? "" : "|") + std::string(l.name);
+    if (l.any_source) (out += out.empty() ? "" : "|") += l.name;
   return out;
 }
 

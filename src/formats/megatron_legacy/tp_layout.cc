@@ -92,8 +92,8 @@ std::string rank_folder_name(int tp, int pp, int ep, int pp_size, int ep_size) {
     return std::string(s.size() < width ? width - s.size() : 0, '0') + s;
   };
   std::string out = "mp_rank_" + padded(tp, 2);
-  if (pp_size > 1) out += "_" + padded(pp, 3);
-  if (ep_size > 1) out += "_" + padded(ep, 3);
+  if (pp_size > 1) (out += '_') += padded(pp, 3);
+  if (ep_size > 1) (out += '_') += padded(ep, 3);
   return out;
 }
 
