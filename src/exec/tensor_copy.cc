@@ -370,12 +370,14 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
     bool assembled = t.numel() > 0 && !((direct || (t.shape.empty() && !swapped)) && !cast && !scan);
     // The CRC-32 of each source record a tensor reads. A record the gather
     // reads whole, row by row, is summed piece by piece as it is gathered
-    // (PieceCrcs). The others are checked beside the copy, on a thread of
-    // their own reading the same bytes from the page cache: the copy moves
-    // bytes in the kernel (copy_file_range) or on the backend's threads
-    // meanwhile. Either way a mismatch fails the tensor before its append
-    // returns, so before any output is published. Small records are checked
-    // in line: a thread would cost more than the overlap saves.
+    // (PieceCrcs); one copied whole from a mapping or an object store, as
+    // it is copied (copy_summing). The others are checked beside the copy,
+    // on a thread of their own reading the same bytes from the page cache:
+    // the copy moves bytes in the kernel (copy_file_range) or on the
+    // backend's threads meanwhile. Either way a mismatch fails the tensor
+    // before its append returns, so before any output is published. Small
+    // records are checked in line: a thread would cost more than the
+    // overlap saves.
     std::size_t isz = dtype_size(t.dtype);
     std::vector<const TensorChunk*> summed, apart, parts;
     bool zip = out.wants_crc();
@@ -389,6 +391,12 @@ void append_tensor_to(const TensorEntry& t, Destination& out, const CopyOptions&
           summed.push_back(c);
         else if (!assembled && zip && options.verify->deferring() && !c->is_whole_contiguous_storage(isz))
           parts.push_back(c);  // a part of its record, summed as it is copied (reshard)
+        else if (!assembled && c->storage->data() && c->is_whole_contiguous_storage(isz))
+          // A whole record in a mapped file is copied from the mapping,
+          // summed on the way (copy_summing) instead of copied by the
+          // kernel and read again by a check beside it: 2 GB DCP ws4
+          // --no-fsync, the check cost 0.20 s of CPU over 0.61 s, now 0.02.
+          parts.push_back(c);
         else if (!assembled && !c->storage->file_span(0) &&
                  (c->is_whole_contiguous_storage(isz) || options.verify->deferring()))
           // No kernel copy from this source (an object store's): the copy
