@@ -251,6 +251,30 @@ void gather_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& ch
   }
 }
 
+// Rows [r0, r1) as they lie in a mapped source, when one chunk holds them
+// all as contiguous rows in native byte order: a cast reads them there
+// (SlabJob::view), and they are summed for PieceCrcs as gather_rows would.
+// On the 2 GB bench checkpoint the gather's copy was 8% of a --dtype bf16
+// run's CPU time.
+const std::byte* view_rows(const TensorEntry& t, const std::vector<const TensorChunk*>& chunks, int64_t r0, int64_t r1,
+                           PieceCrcs* crcs) {
+  if (t.shape.empty()) return nullptr;
+  for (const TensorChunk* c : chunks) {
+    if (r0 < c->offsets[0] || r1 > c->offsets[0] + c->sizes[0]) continue;
+    const std::byte* base = c->storage->data();
+    if (!base || c->big_endian || !is_contiguous_row_slab(t, *c)) return nullptr;
+    std::size_t isz = dtype_size(t.dtype);
+    uint64_t row_bytes = shape_numel(Shape(c->sizes.begin() + 1, c->sizes.end())) * isz;
+    const std::byte* src =
+        base + (c->storage_offset + (r0 - c->offsets[0]) * c->strides[0]) * static_cast<int64_t>(isz);
+    if (crcs && crcs->covers(c))
+      crcs->add(c, static_cast<uint64_t>(r0 - c->offsets[0]) * row_bytes, src,
+                static_cast<uint64_t>(r1 - r0) * row_bytes);
+    return src;
+  }
+  return nullptr;
+}
+
 // Releases the source bytes rows [r0, r1) of `chunks` were gathered from
 // (whole pages only, see ByteSource::release): a tensor larger than the
 // memory budget is read through its mapping slab by slab, and without this
@@ -304,6 +328,7 @@ FiniteCounts append_slabs_assembled(const TensorEntry& t, const std::vector<cons
     job.gather = [&t, &chunks, r0, crcs](int64_t a, int64_t b, std::byte* dst) {
       gather_rows(t, chunks, r0 + a, r0 + b, dst, crcs);
     };
+    job.view = [&t, &chunks, r0, crcs](int64_t a, int64_t b) { return view_rows(t, chunks, r0 + a, r0 + b, crcs); };
     SlabResult slab = backend.assemble(job);
     release_rows(t, chunks, r0, r0 + job.rows);
     finite += slab.finite;
