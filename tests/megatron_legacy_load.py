@@ -3,7 +3,7 @@ built by real megatron-core at another TP x PP, and checks that the model it
 got is the legacy job's (run by tests/test_megatron_legacy.py in the side
 environment .venv-megatron).
 
-    .venv-megatron/bin/python tests/megatron_legacy_load.py KIND OURS TP PP MODEL_REF OUT.json
+    .venv-megatron/bin/python tests/megatron_legacy_load.py KIND OURS TP PP MODEL_REF OUT.json [VPP]
 
 KIND is ``torch_dist`` (``reshard LEGACY --layout megatron``: loaded with
 ``dist_checkpointing.load`` into the model's ``sharded_state_dict``) or
@@ -49,6 +49,30 @@ def build(tp, pp):
     return model
 
 
+def build_chunks(tp, pp, vpp):
+    """The same GPT with `vpp` virtual pipeline stages per pipeline rank:
+    one GPTModel per stage (vp_stage v), as Megatron-LM's get_model makes
+    them; megatron-core places each stage's layers (the interleaved
+    schedule's assignment) and numbers them from 0 in each."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 virtual_pipeline_model_parallel_size=vpp)
+    cfg = TransformerConfig(num_layers=legacy.NUM_LAYERS, hidden_size=mk.HIDDEN, num_attention_heads=legacy.HEADS,
+                            num_query_groups=legacy.GROUPS, ffn_hidden_size=mk.FFN, gated_linear_unit=True,
+                            activation_func=torch.nn.functional.silu, use_cpu_initialization=True,
+                            perform_initialization=False, tensor_model_parallel_size=tp,
+                            pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
+                            params_dtype=torch.float32, pipeline_dtype=torch.float32)
+    return [GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=legacy.VOCAB,
+                     max_sequence_length=legacy.SEQ,
+                     pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v),
+                     post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v), vp_stage=v)
+            for v in range(vpp)]
+
+
 def train_step_losses(model):
     """One training step on a fixed batch: the per-token losses of a
     forward pass, then of a second one after backward and an SGD step
@@ -74,7 +98,7 @@ def train_step_losses(model):
     return [first.detach().flatten().tolist(), second.flatten().tolist()]
 
 
-def load_legacy(model, ours, tp, pp):
+def load_legacy(model, ours, tp, pp, vpp=1):
     """This rank's file, as Megatron-LM's load_checkpoint reads it (the
     tracker, then the rank folder get_checkpoint_name names)."""
     from megatron.core import parallel_state as ps
@@ -89,15 +113,39 @@ def load_legacy(model, ours, tp, pp):
             problems.append(f"args.{name} {getattr(state['args'], name)}")
     if state["checkpoint_version"] != 3.0 or state["iteration"] != 7:
         problems.append(f"checkpoint_version {state['checkpoint_version']}, iteration {state['iteration']}")
+    if vpp > 1:
+        if getattr(state["args"], "virtual_pipeline_model_parallel_size", None) != vpp:
+            problems.append(f"args.virtual_pipeline_model_parallel_size "
+                            f"{getattr(state['args'], 'virtual_pipeline_model_parallel_size', None)}")
+        if sorted(k for k in state if k.startswith("model")) != [f"model{v}" for v in range(vpp)]:
+            problems.append(f"model entries {sorted(k for k in state if k.startswith('model'))}")
+        for v, chunk in enumerate(model):  # Megatron-LM's load_checkpoint: model[i].load_state_dict(state[f"model{i}"])
+            chunk.load_state_dict(state[f"model{v}"], strict=True)
+        return problems
     model.load_state_dict(state["model"], strict=True)  # raises on a missing or unexpected key, or a wrong shape
     return problems
 
 
-def load_and_resave(rank, ws, port, kind, tp, pp, ours, resaved, out):
+def load_and_resave(rank, ws, port, kind, tp, pp, ours, resaved, out, vpp=1):
     mk._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
-    model = build(tp, pp)
     common = []
+    if vpp > 1:
+        # Each stage's sharded keys are global (megatron-core offsets the
+        # layers by the stage): saved together they are the whole model.
+        chunks = build_chunks(tp, pp, vpp)
+        problems = load_legacy(chunks, ours, tp, pp, vpp)
+        dist_checkpointing.save({f"model{v}": c.sharded_state_dict() for v, c in enumerate(chunks)}, resaved)
+        results = [None] * ws
+        dist.all_gather_object(results, problems)
+        if rank == 0:
+            Path(out).write_text(json.dumps({"problems": [p for r in results for p in r], "common": [],
+                                             "losses": None}))
+        dist.barrier()
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+        return
+    model = build(tp, pp)
     if kind == "legacy":
         problems = load_legacy(model, ours, tp, pp)
     else:
@@ -123,8 +171,16 @@ def compare(rank, ws, port, resaved, model_ref, out):
     from megatron.core import dist_checkpointing, parallel_state as ps
     model = build(1, 1)
     model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), resaved), strict=False)
-    got = model.state_dict_for_save_checkpoint()
-    want = torch.load(model_ref, weights_only=False)
+    got = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+           for k, v in model.state_dict_for_save_checkpoint().items()}
+    if Path(model_ref).is_dir():
+        # A torch_dist checkpoint (what OURS was written from): megatron-core
+        # reads it into the same TP=1/PP=1 model, in this run.
+        model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), model_ref), strict=False)
+        want = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                for k, v in model.state_dict_for_save_checkpoint().items()}
+    else:
+        want = torch.load(model_ref, weights_only=False)
 
     def same(x, y):
         if not isinstance(x, torch.Tensor):
@@ -144,10 +200,11 @@ def compare(rank, ws, port, resaved, model_ref, out):
 
 if __name__ == "__main__":
     kind, ours, tp, pp, model_ref, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:7]
+    vpp = int(sys.argv[7]) if len(sys.argv) > 7 else 1
     with tempfile.TemporaryDirectory() as tmp:
         resaved, problems, compared = Path(tmp) / "resaved", Path(tmp) / "problems.json", Path(tmp) / "compared.json"
         resaved.mkdir()
-        mp.spawn(load_and_resave, args=(tp * pp, mk.free_port(), kind, tp, pp, ours, str(resaved), str(problems)),
+        mp.spawn(load_and_resave, args=(tp * pp, mk.free_port(), kind, tp, pp, ours, str(resaved), str(problems), vpp),
                  nprocs=tp * pp, join=True)
         mp.spawn(compare, args=(1, mk.free_port(), str(resaved), model_ref, str(compared)), nprocs=1, join=True)
         report = json.loads(compared.read_text())

@@ -9,7 +9,9 @@ step (run by tests/test_megatron_legacy.py in the side environment
 
 CASE is a fixture folder of testdata/megatron_legacy (its case.json says
 the dtype; model_ref.pt and optim_ref.pt are megatron-core's own TP=1/PP=1
-reading of the source job's model and optimizer).
+reading of the source job's model and optimizer), or a torch_dist one of
+testdata/megatron with Megatron-LM's args (then megatron-core reads the
+source itself for the references, in this run: see references()).
 
 Where OURS's args say use_distributed_optimizer (distrib_optim.pt beside
 each rank file), the job is TP x PP x DP gloo processes (DP default 1) with
@@ -190,9 +192,18 @@ def same(x, y):
             and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)))
 
 
+def is_torch_dist(case):
+    """CASE is a torch_dist fixture (testdata/megatron) rather than a legacy one."""
+    return (Path(case) / "ckpt" / "metadata.json").exists()
+
+
 def source_step(case):
     """The step the distributed optimizer keeps in its param groups (its
-    optim_ref.pt has no common step), from the source's first rank file."""
+    optim_ref.pt has no common step), from the source's first rank file
+    (a torch_dist source's common.pt)."""
+    if is_torch_dist(case):
+        common = torch.load(Path(case) / "ckpt" / "common.pt", weights_only=False)
+        return torch.tensor(float(common["optimizer"]["optimizer"]["param_groups"][0]["step"]))
     rank_file = next((Path(case) / "ckpt").glob("iter_*/mp_rank_*/model_optim_rng.pt"))
     groups = torch.load(rank_file, weights_only=False)["optimizer"]["optimizer"]["param_groups"]
     return torch.tensor(float(groups[0]["step"]))
@@ -219,6 +230,29 @@ def put_reference_state(model, opt, ref, case):
     return len(pairs)
 
 
+def references(case, bf16):
+    """The source job's model and optimizer per parameter name at TP=1/PP=1:
+    a legacy fixture's model_ref.pt and optim_ref.pt; of a torch_dist
+    fixture (a Megatron-LM job's, with the distributed optimizer),
+    megatron-core's own dist_checkpointing.load of it into a TP=1/PP=1 model
+    and DistributedOptimizer in this run, named as optim_reference names
+    them (the module's names: model_ref.pt there keeps the stored ones)."""
+    if not is_torch_dist(case):
+        return (torch.load(Path(case) / "model_ref.pt", weights_only=False),
+                torch.load(Path(case) / "optim_ref.pt", weights_only=False))
+    from megatron.core import dist_checkpointing
+    model, ddp, opt = build(1, 1, bf16, distopt=True)
+    for inner in opt.chained_optimizers:
+        inner._init_optimizer_states_with_dummy_values()
+    msd = model.sharded_state_dict()
+    request = {"model": msd, "optimizer": opt.sharded_state_dict(msd, is_loading=True, metadata=REF_SHARDING)}
+    loaded = dist_checkpointing.load(request, Path(case) / "ckpt")
+    model.load_state_dict(loaded["model"], strict=False)
+    want_model = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                  for k, v in model.state_dict_for_save_checkpoint().items()}
+    return want_model, legacy.optim_reference(model, msd, request["optimizer"], loaded["optimizer"])
+
+
 def compare(rank, ws, port, case, bf16, distopt, loaded_dir, stepped_dir, stepped, out):
     mk._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
@@ -234,8 +268,7 @@ def compare(rank, ws, port, case, bf16, distopt, loaded_dir, stepped_dir, steppe
     model.load_state_dict(loaded["model"], strict=False)
     got_model = model.state_dict_for_save_checkpoint()
     got_optim = legacy.optim_reference(model, msd, request["optimizer"], loaded["optimizer"])
-    want_model = torch.load(Path(case) / "model_ref.pt", weights_only=False)
-    want_optim = torch.load(Path(case) / "optim_ref.pt", weights_only=False)
+    want_model, want_optim = references(case, bf16)
     report = {"model_differ": sorted(k for k in set(want_model) | set(got_model)
                                      if k not in got_model or k not in want_model
                                      or not same(got_model[k], want_model[k])),

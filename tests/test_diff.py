@@ -417,3 +417,34 @@ def test_diff_takes_a_tag_for_each_side(tmp_path, run_ckptconv):
     assert r.returncode == 0 and "equal" in r.stdout, r.stdout + r.stderr
     r = run_ckptconv("diff", root, root, "--tag", "step-100", "--tag-b", "step-200")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_stride_zero_views_are_compared_once_per_repeated_value(run_ckptconv, tmp_path):
+    """diff walked every logical element of two expanded tensors (two 2 KB
+    files viewing 3 values as 2^40 x 3: hours). A dimension both sides view
+    with stride 0 is compared once and its counts scaled; the report equals
+    the one of the same tensors materialized small, counts times 2^40 / 4,
+    samples at the same (first) element."""
+    a_row = torch.tensor([[1.0, 2.0, float("nan"), 4.0]])
+    b_row = torch.tensor([[1.0, 2.5, float("inf"), 3.0]])
+    col_a, col_b = torch.tensor([[0.0], [1.0]]), torch.tensor([[0.0], [1.5]])
+    big, small = tmp_path / "big", tmp_path / "small"
+    for d, n in ((big, 2**40), (small, 4)):
+        d.mkdir()
+        torch.save({"w": a_row.expand(n, 4), "c": col_a.expand(2, n)}, d / "a.pt")
+        torch.save({"w": b_row.expand(n, 4), "c": col_b.expand(2, n)}, d / "b.pt")
+        if d is small:  # materialized: no stride 0 left, every element walked
+            for side in ("a", "b"):
+                sd = torch.load(d / f"{side}.pt", weights_only=True)
+                torch.save({k: v.contiguous() for k, v in sd.items()}, d / f"{side}.pt")
+    assert (big / "a.pt").stat().st_size < 4096
+    docs = {d: diff_json(run_ckptconv, d / "a.pt", d / "b.pt")[1] for d in (big, small)}
+    for path in ("w", "c"):
+        got, want = tensor_entry(docs[big], path)["values"], tensor_entry(docs[small], path)["values"]
+        scale = 2**40 // 4
+        for k in ("elements", "mismatched", "nonfinite_mismatched"):
+            assert got[k] == want[k] * scale, (path, k, got[k], want[k])
+        assert got["max_abs_diff"] == want["max_abs_diff"] and got["max_rel_diff"] == want["max_rel_diff"]
+        for k in ("first_mismatch", "max_abs_diff_at"):
+            assert got[k]["a"] == want[k]["a"] and got[k]["b"] == want[k]["b"], (path, k)
+            assert got[k]["index"] == want[k]["index"], (path, k, got[k], want[k])

@@ -13,6 +13,8 @@ holds what its names stand for, made from the fixtures:
   copies of the DCP fixture;
 - hf-model/: a Hugging Face folder written by huggingface_hub (testdata/hf/sharded);
 - iter_0001000/: a megatron-core torch_dist checkpoint (testdata/megatron/gpt_tp2pp2/ckpt);
+- mlm-dist/iter_0000007/: a Megatron-LM job's torch_dist checkpoint, its
+  args in common.pt (testdata/megatron/gpt_tp2pp2_mlm/ckpt);
 - megatron-lm/: a Megatron-LM legacy (ckpt_format=torch) save folder, its
   tracker naming iter_0000007 (testdata/megatron_legacy/gpt_tp2pp2/ckpt);
 - full.pt, full-bf16.safetensors, step-1000.manifest.json: made by ckptconv
@@ -109,6 +111,7 @@ def sources(tmp_path_factory, ckptconv) -> Path:
         shutil.copytree(dcp, root / step)
     shutil.copytree(TESTDATA / "hf" / "sharded", root / "hf-model")
     shutil.copytree(TESTDATA / "megatron" / "gpt_tp2pp2" / "ckpt", root / "iter_0001000")
+    shutil.copytree(TESTDATA / "megatron" / "gpt_tp2pp2_mlm" / "ckpt", root / "mlm-dist" / "iter_0000007")
     shutil.copytree(TESTDATA / "megatron_legacy" / "gpt_tp2pp2" / "ckpt", root / "megatron-lm")
     products = tmp_path_factory.mktemp("doc-products")
     ckpt = root / "ckpt" / "step-1000"

@@ -510,15 +510,16 @@ def to_torch_dist(run_ckptconv, ws, out, *args):
     return out
 
 
-def megatron_core_reads(kind, out, tp, pp, tmp_path):
+def megatron_core_reads(kind, out, tp, pp, tmp_path, ref=CASE / "model_ref.pt", vpp=1):
     """tests/megatron_legacy_load.py: a model built by megatron-core at TP x
     PP loads `out`; what it loaded, gathered by megatron-core's own save and
-    TP=1/PP=1 load, must be the legacy job's model bit for bit."""
+    TP=1/PP=1 load, must be the legacy job's model bit for bit (`ref`: or a
+    torch_dist source, which megatron-core reads for the reference)."""
     import subprocess
     require_side_env(MEGATRON_PY, "loading with megatron-core itself runs", "scripts/setup-megatron")
     report = tmp_path / "load.json"
     r = subprocess.run([str(MEGATRON_PY), str(REPO / "tests" / "megatron_legacy_load.py"), kind, str(out), str(tp),
-                        str(pp), str(CASE / "model_ref.pt"), str(report)], capture_output=True, text=True, timeout=600)
+                        str(pp), str(ref), str(report), str(vpp)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(report.read_text())
     assert got["ranks"] == tp * pp and got["tensors"] == 53
@@ -654,23 +655,24 @@ def test_legacy_layout_refusals(args, code, message, tmp_path, run_ckptconv):
     assert not (tmp_path / "out").exists()
 
 
-def test_legacy_layout_needs_a_legacy_source(tmp_path, run_ckptconv):
-    # A torch_dist checkpoint holds no Megatron-LM args to write into the rank files.
+def test_legacy_layout_needs_a_source_with_megatron_lm_args(tmp_path, run_ckptconv):
+    # A torch_dist checkpoint megatron-core saved alone holds no Megatron-LM
+    # args to write into the rank files: exit 3 saying so, nothing made up.
     r = run_ckptconv("reshard", str(REPO / "testdata" / "megatron" / "gpt_tp2pp2" / "ckpt"), "--layout",
                      "megatron-legacy", "--tp", "1", "--pp", "2", "-o", str(tmp_path / "out"))
-    assert r.returncode == 2, r.stderr
-    assert "Megatron-LM args" in r.stderr
+    assert r.returncode == 3, r.stderr
+    assert "no Megatron-LM args in common.pt" in r.stderr and "does not make up" in r.stderr
     assert not (tmp_path / "out").exists()
 
 
-def test_a_torch_dist_save_of_a_megatron_lm_job_is_refused_saying_what_loads_it(tmp_path, run_ckptconv):
-    # gpt_tp2pp1_mlm keeps Megatron-LM's args in common.pt: not the missing
-    # args, but its sharded names and distributed optimizer are not mapped back.
+def test_a_torch_dist_save_whose_args_lack_what_a_rank_file_needs_is_refused_naming_them(tmp_path, run_ckptconv):
+    # gpt_tp2pp1_mlm's args hold a few entries only (no heads, no padded
+    # vocabulary, no layer spec): each missing one named.
     r = run_ckptconv("reshard", str(REPO / "testdata" / "megatron" / "gpt_tp2pp1_mlm" / "ckpt"), "--layout",
                      "megatron-legacy", "--tp", "1", "-o", str(tmp_path / "out"))
     assert r.returncode == 3, r.stderr
-    assert "a torch_dist checkpoint of a Megatron-LM job (args in common.pt) is not written as a legacy" in r.stderr
-    assert "--ckpt-format torch_dist" in r.stderr
+    assert "common.pt's args lack num_attention_heads, padded_vocab_size, swiglu" in r.stderr
+    assert "transformer_impl" in r.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -937,3 +939,193 @@ def test_a_tied_copy_written_at_pp2_from_pp1_gets_the_embeddings_state(tmp_path,
     state = load(tmp_path / "o.pt")["state"]
     assert list(state)[-1] == "output_layer.weight"
     assert_same(state["output_layer.weight"], state["embedding.word_embeddings.weight"])
+
+
+# ------------------------------------------------------------ reshard --layout megatron-legacy from torch_dist
+
+# A Megatron-LM job's torch_dist save (testdata/megatron/gpt_tp2pp2_mlm:
+# megatron-core at TP 2 x PP 2 with the DistributedOptimizer, common.pt
+# holding the args Megatron-LM's parse_args made for the legacy fixture's
+# job, whose model this is).
+DIST = REPO / "testdata" / "megatron" / "gpt_tp2pp2_mlm"
+
+
+def dist_to_legacy(run_ckptconv, tp, pp, out, *args):
+    r = run_ckptconv("reshard", str(DIST / "ckpt"), "--layout", "megatron-legacy", "--tp", str(tp), "--pp", str(pp),
+                     "-o", str(out), *args)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 2), (2, 1)])
+def test_megatron_core_loads_the_legacy_checkpoint_written_from_torch_dist(tp, pp, tmp_path, run_ckptconv):
+    # Each rank loads its file strictly; the model gathered at TP=1/PP=1 is
+    # megatron-core's own dist_checkpointing.load of the torch_dist source
+    # (in the same run) bit for bit; at PP 1 the same training step.
+    out = dist_to_legacy(run_ckptconv, tp, pp, tmp_path / "legacy")
+    megatron_core_reads("legacy", out, tp, pp, tmp_path, ref=DIST / "ckpt")
+
+
+@pytest.mark.parametrize("tp,pp,flag", [(1, 2, None), (2, 1, None), (1, 1, None), (1, 1, "--no-distributed-optimizer")])
+def test_megatron_core_resumes_the_torch_dist_jobs_optimizer_from_legacy(tp, pp, flag, tmp_path, run_ckptconv):
+    # The source's fully_reshardable optimizer state, per parameter name, is
+    # written as distrib_optim.pt (its args say use_distributed_optimizer),
+    # or as the plain optimizer's with --no-distributed-optimizer: megatron-
+    # core's model and optimizer load it and hold the source's 53 weights,
+    # masters and moments (megatron-core's own TP=1 reading of the source,
+    # in the same run) bit for bit, then take the same Adam step.
+    import subprocess
+    require_side_env(MEGATRON_PY, "loading with megatron-core's own optimizer runs", "scripts/setup-megatron")
+    out = dist_to_legacy(run_ckptconv, tp, pp, tmp_path / "legacy", *([flag] if flag else []))
+    assert bool(list(out.rglob("distrib_optim.pt"))) == (flag is None)
+    report = tmp_path / "resume.json"
+    r = subprocess.run([str(MEGATRON_PY), str(OPTIM_PY), str(out), str(tp), str(pp), str(DIST), str(report)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(report.read_text())
+    assert got["ranks"] == tp * pp and got["problems"] == [] and got["distributed"] == (flag is None)
+    assert got["model_differ"] == [] and got["optim_differ"] == [] and got["optim_compared"] == 53 * 3
+    if pp > 1:
+        assert got["losses"] is None
+        return
+    assert got["ref_params"] == 53 and got["stepped_moved"] > 1e-3 and got["losses"][1] != got["losses"][0]
+    if tp == 1:
+        assert got["losses"] == got["ref_losses"] and got["stepped_equal"]
+    else:  # two partial sums in fp32, as for the legacy sources above
+        for ours, ref in zip(got["losses"], got["ref_losses"]):
+            assert ours == pytest.approx(ref, rel=1e-6, abs=0)
+        assert got["stepped_max_diff"] <= 1e-6
+
+
+def test_legacy_from_torch_dist_holds_the_modules_names_and_the_jobs_entries(tmp_path, run_ckptconv, megatron_enums):
+    # The fused layer-norm keys of the local spec back under the module's
+    # own names, output_layer._extra_state put back (GPTModel's sharded save
+    # leaves it out), the job's entries from common.pt with the new TP and
+    # PP and ckpt_format torch; no rng_state. Read back by ckptconv: the
+    # legacy fixture's key order (what state_dict gives), and the source's
+    # own --only model view per name.
+    out = dist_to_legacy(run_ckptconv, 1, 2, tmp_path / "legacy")
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == "7"
+    first, last = (load_rank(rank_file(out, f"mp_rank_00_{p:03d}")) for p in (0, 1))
+    assert list(first) == ["args", "checkpoint_version", "iteration", "model", "optimizer",
+                           "num_floating_point_operations_so_far"]
+    args = first["args"]
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.ckpt_format) == (1, 2, "torch")
+    assert args.use_distributed_optimizer and first["iteration"] == 7
+    assert "decoder.layers.1.input_layernorm.weight" in first["model"]
+    assert not any("layer_norm_" in k for k in first["model"])
+    assert last["model"]["output_layer._extra_state"] is None
+    consolidate(run_ckptconv, out, tmp_path / "back.pt", "--only", "model")
+    back = load(tmp_path / "back.pt")
+    legacy_ref = load(CASE / "model_ref.pt")
+    assert list(back) == list(legacy_ref)
+    stored = load(DIST / "model_ref.pt")  # megatron-core's reading, the stored names
+    for name, value in stored.items():
+        module = name.replace("self_attention.linear_qkv.layer_norm_", "input_layernorm.").replace(
+            "mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm.")
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(back[module], value), name
+
+
+def test_a_torch_dist_optimizer_not_read_per_parameter_leaves_the_model_only(tmp_path, run_ckptconv, megatron_enums):
+    # dp_reshardable (flat buckets: which parameter a piece is, is not in
+    # the files): the model is written, the optimizer not, and the run says
+    # to load with --no-load-optim.
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "testdata" / "megatron" / "gpt_tp1pp1_dp2_dpresh" / "ckpt", src)
+    common = torch.load(src / "common.pt", weights_only=False)
+    job = torch.load(DIST / "ckpt" / "common.pt", weights_only=False)
+    # the args of the job saved there: the torch_dist fixtures' sizes (2 layers, 2 heads)
+    job["args"].num_layers, job["args"].num_attention_heads, job["args"].num_query_groups = 2, 2, 2
+    job["args"].tensor_model_parallel_size = job["args"].pipeline_model_parallel_size = 1
+    common.update({k: job[k] for k in ("args", "checkpoint_version", "num_floating_point_operations_so_far")})
+    torch.save(common, src / "common.pt")
+    r = run_ckptconv("reshard", str(src), "--layout", "megatron-legacy", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert "the optimizer is not written" in r.stderr and "--no-load-optim" in r.stderr
+    state = load_rank(tmp_path / "out" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")
+    assert "optimizer" not in state and len([k for k in state["model"] if not k.endswith("_extra_state")]) == 29
+
+
+def test_a_hugging_face_folder_is_not_written_as_legacy_saying_what_loads_it(tmp_path, run_ckptconv):
+    # A Hugging Face folder holds no Megatron-LM args for the rank files:
+    # a usage error pointing at --layout megatron, nothing written.
+    consolidate(run_ckptconv, CASE / "ckpt", str(tmp_path / "hf") + "/", "--only", "model")
+    r = run_ckptconv("reshard", str(tmp_path / "hf"), "--layout", "megatron-legacy", "-o", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr
+    assert "a Hugging Face folder has none; --layout megatron writes it as torch_dist" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------ --vpp: virtual pipeline stages written
+
+
+@pytest.mark.parametrize("src,ref", [(CASE / "ckpt", CASE / "model_ref.pt"), (DIST / "ckpt", DIST / "ckpt")],
+                         ids=["legacy", "torch_dist"])
+def test_megatron_core_loads_virtual_stages_at_pp2_vpp2(src, ref, tmp_path, run_ckptconv):
+    # Each pipeline rank's model0 and model1 load strictly into megatron-
+    # core's two GPTModel stages (vp_stage 0 and 1, which megatron-core
+    # gives the interleaved schedule's layers: rank p stage v holds the
+    # (2v + p)-th layer); their args say 2 virtual stages; the model they
+    # hold, gathered by megatron-core at TP=1/PP=1, is the source's bit for bit.
+    out = tmp_path / "legacy"
+    r = run_ckptconv("reshard", str(src), "--layout", "megatron-legacy", "--pp", "2", "--vpp", "2", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "TP 1 x PP 2 x VPP 2, 2 rank files" in r.stderr
+    megatron_core_reads("legacy", out, 1, 2, tmp_path, ref=ref, vpp=2)
+
+
+def test_virtual_stages_hold_interleaved_layers_and_read_back_as_the_source(tmp_path, run_ckptconv, megatron_enums):
+    out = to_legacy(run_ckptconv, 1, 2, tmp_path / "legacy", "--vpp", "2")
+    ref = load(CASE / "model_ref.pt")
+    for p in range(2):
+        state = load_rank(rank_file(out, f"mp_rank_00_{p:03d}"))
+        assert [k for k in state if k.startswith("model")] == ["model0", "model1"]
+        assert state["args"].virtual_pipeline_model_parallel_size == 2
+        assert state["args"].num_virtual_stages_per_pipeline_rank == 2
+        for v in range(2):
+            chunk = state[f"model{v}"]
+            assert torch.equal(chunk["decoder.layers.0.mlp.linear_fc2.weight"],
+                               ref[f"decoder.layers.{2 * v + p}.mlp.linear_fc2.weight"])
+            assert not any(k.startswith("decoder.layers.1.") for k in chunk)
+            assert ("embedding.word_embeddings.weight" in chunk) == (p == 0 and v == 0)
+            assert ("output_layer.weight" in chunk) == (p == 1 and v == 1)
+    # Read back by ckptconv (its VPP reading is proven on Megatron-LM's own
+    # gpt_pp2_vpp2): the TP=1/PP=1 model, and the optimizer per name, the source's.
+    consolidate(run_ckptconv, out, tmp_path / "back.pt", "--only", "model")
+    assert_same(load(tmp_path / "back.pt"), ref)
+    consolidate(run_ckptconv, CASE / "ckpt", tmp_path / "src-optim.pt", "--only", "optim")
+    for flags in ([], ["--tp", "2", "--distributed-optimizer"]):
+        again = tmp_path / f"again{len(flags)}"
+        r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "--pp", "2", "--vpp", "2",
+                         "-o", str(again), *flags)
+        assert r.returncode == 0, r.stderr
+        consolidate(run_ckptconv, again, tmp_path / f"back-optim{len(flags)}.pt", "--only", "optim")
+        got, want = load(tmp_path / f"back-optim{len(flags)}.pt"), load(tmp_path / "src-optim.pt")
+        for name, states in want["state"].items():
+            for kind in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(got["state"][name][kind], states[kind]), (flags, name, kind)
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--pp", "1", "--vpp", "2"], 2, "--vpp 2: virtual pipeline stages interleave over pipeline ranks"),
+    (["--pp", "4", "--vpp", "2"], 3, "4 layers do not divide into 8 virtual pipeline stages"),
+    (["--pp", "2", "--vpp", "0"], 2, "--tp, --pp and --vpp must be at least 1"),
+])
+def test_virtual_stage_refusals(args, code, message, tmp_path, run_ckptconv):
+    r = run_ckptconv("reshard", str(CASE / "ckpt"), "--layout", "megatron-legacy", "-o", str(tmp_path / "out"), *args)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_torch_dist_to_legacy_with_virtual_stages_by_parts_is_the_single_process_output(tmp_path, run_ckptconv):
+    # --part (the request kept beside the parts carries --vpp): the same
+    # files as one process, distrib_optim.pt's two chunks' buffers included.
+    one = dist_to_legacy(run_ckptconv, 1, 2, tmp_path / "one", "--vpp", "2")
+    for part in ("0/2", "1/2"):
+        dist_to_legacy(run_ckptconv, 1, 2, tmp_path / "two", "--vpp", "2", "--part", part)
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert len(files) == 5 and sum(f.name == "distrib_optim.pt" for f in files) == 2
+    for f in files:
+        assert (one / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f

@@ -108,21 +108,31 @@ def holds_a_part(method: str, path: str) -> str | None:
     return "hold" if method == "PUT" and ("partNumber=" in path or "/stash-" in path) else None
 
 
-@pytest.mark.parametrize("then", ["finalize", "abort"])
-def test_a_worker_killed_mid_upload_leaves_no_object(ckptconv, run_s3, s3, moto, wide, tmp_path, then):
-    key = f"killed-{then}/out.pt"
-    out = f"s3://{BUCKET}/{key}"
+def stop_a_held_worker(ckptconv, src, out, moto, how="sigkill"):
+    """Worker 1 of 2 writing SRC to OUT, stopped while its first part is held
+    on the wire: SIGKILL, or SIGINT with the held answer then released (the
+    interrupted worker gives up at once). Returns its exit code."""
     proxy = serving(RuleProxy(moto, holds_a_part))
     try:
-        p = subprocess.Popen([str(ckptconv), "consolidate", str(wide), "-o", out, "--part", "1/2"],
+        p = subprocess.Popen([str(ckptconv), "consolidate", str(src), "-o", out, "--part", "1/2"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=s3_env(proxy.endpoint))
         assert proxy.held.wait(60), "worker 1 never sent a part"
-        p.kill()
+        p.send_signal(signal.SIGKILL if how.startswith("sigkill") else signal.SIGINT)
+        if how.startswith("sigint"):
+            time.sleep(1)
+            proxy.release.set()
         p.communicate(timeout=60)
     finally:
         proxy.release.set()
         proxy.shutdown()
-    assert p.returncode < 0
+    return p.returncode
+
+
+@pytest.mark.parametrize("then", ["finalize", "abort"])
+def test_a_worker_killed_mid_upload_leaves_no_object(ckptconv, run_s3, s3, moto, wide, tmp_path, then):
+    key = f"killed-{then}/out.pt"
+    out = f"s3://{BUCKET}/{key}"
+    assert stop_a_held_worker(ckptconv, wide, out, moto) < 0
     first = run_s3("consolidate", wide, "-o", out, "--part", "0/2")
     assert first.returncode == 0, first.stderr
     assert "1 of 2 parts done" in first.stderr + first.stdout
@@ -290,20 +300,7 @@ def test_a_worker_stopped_mid_upload_into_an_s3_hf_folder_leaves_nothing_visible
     object and no open upload."""
     prefix = f"hf-{how}"
     out = f"s3://{BUCKET}/{prefix}/"
-    proxy = serving(RuleProxy(moto, holds_a_part))
-    try:
-        p = subprocess.Popen([str(ckptconv), "consolidate", str(wide_folder), "-o", out, "--part", "1/2"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=s3_env(proxy.endpoint))
-        assert proxy.held.wait(60), "worker 1 never sent a part"
-        p.send_signal(signal.SIGKILL if how.startswith("sigkill") else signal.SIGINT)
-        if how.startswith("sigint"):
-            time.sleep(1)
-            proxy.release.set()  # its upload's answer is lost: the interrupted worker gives up at once
-        p.communicate(timeout=60)
-    finally:
-        proxy.release.set()
-        proxy.shutdown()
-    assert p.returncode != 0
+    assert stop_a_held_worker(ckptconv, wide_folder, out, moto, how) != 0
     first = run_s3("consolidate", wide_folder, "-o", out, "--part", "0/2")
     assert first.returncode == 0, first.stderr
     assert "1 of 2 parts done" in first.stderr + first.stdout

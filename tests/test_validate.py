@@ -186,6 +186,29 @@ def test_tensor_record_byte_flipped_is_named_by_manifest(tmp_path, run_ckptconv)
     assert report["manifest"]["changed"] == 2 and report["manifest"]["missing"] == 0
 
 
+def test_unchanged_files_vouch_for_their_tensors(tmp_path, run_ckptconv):
+    """validate --manifest hashes the files first and reads again only the
+    tensors of files whose checksum differs (#56): a tensor checksum edited
+    by hand in the manifest goes unnoticed while its file matches (the file
+    checksum is what vouches, docs/usage.md); the same manifest without file
+    checksums has every tensor read, and the edit is named."""
+    d = copy_of("dcp/fsdp2_adamw_ws2", tmp_path)
+    m = tmp_path / "m.json"
+    assert validate(run_ckptconv, d, "--write-manifest", m)[0] == 0
+    recorded = json.loads(m.read_text())
+    edited = next(t for t in recorded["tensors"] if t["key"] == "model.fc1.weight")
+    edited["checksum"] = "0" * 16
+    m.write_text(json.dumps(recorded))
+    code, report, _ = validate(run_ckptconv, d, "--manifest", m)
+    assert code == 0 and report["manifest"]["changed"] == 0
+    recorded["files"] = []
+    m.write_text(json.dumps(recorded))
+    code, report, _ = validate(run_ckptconv, d, "--manifest", m)
+    assert code == 1
+    find_problem(report, "tensor 'model.fc1.weight' changed", "0000000000000000 then", key="model.fc1.weight")
+    assert report["manifest"]["changed"] == 1 and report["manifest"]["new"] == 3
+
+
 def test_pickle_byte_flipped_in_a_value(tmp_path, run_ckptconv):
     """One bit of group 0's lr (0.01) in rank 1's data.pkl: the CRC of
     data.pkl fails, and the ranks no longer agree on param_groups."""

@@ -114,8 +114,9 @@ def validate_rows(ckpt: Path, work: Path, ckptconv: str) -> dict:
     """validate (read-only) against the raw read floor: every file of the
     checkpoint read once to /dev/null. Rows: validate (CRC-32 of every record,
     metadata, coverage), --finite (plus a NaN/Inf scan of every float tensor),
-    --manifest (plus XXH3-64 of every file and every tensor's logical bytes,
-    verified against a manifest written beforehand, untimed)."""
+    --manifest (XXH3-64 of every file, verified against a manifest written
+    beforehand, untimed: files that match vouch for their tensors, so on the
+    unchanged checkpoint no tensor is read again)."""
     files = " ".join(str(p) for p in sorted(ckpt.iterdir()) if p.is_file())
     manifest = work / "validate-manifest.json"
     manifest.unlink(missing_ok=True)
@@ -134,7 +135,7 @@ def print_validate_ratios(results: dict) -> None:
     floor = results["raw read (cat>/dev/null)"][0]
     print(f"validate ratios to the raw read floor: validate = {results['ckptconv validate'][0] / floor:.2f}, "
           f"--finite = {results['validate --finite'][0] / floor:.2f}, "
-          f"--manifest = {results['validate --manifest'][0] / floor:.2f}")
+          f"--manifest = {results['validate --manifest'][0] / floor:.2f} (target <= 1.5)")
 
 
 def print_table(ckpt: Path, size: int, results: dict) -> None:

@@ -72,8 +72,18 @@ CASES = {
     # checkpoint version, and every rank's RNG states as the sharded object
     # rng_state, numpy's among them.
     "gpt_tp2pp1_mlm": (2, 1, 1, "fully_reshardable", {}),
+    # The same, with the args Megatron-LM's own parse_args made: those of
+    # the legacy fixture testdata/megatron_legacy/gpt_tp2pp2 (written by
+    # Megatron-LM's save_checkpoint), whose model this is (4 layers, 4 heads
+    # in 2 query groups), saved at TP 2 x PP 2 as torch_dist with the
+    # distributed optimizer: what reshard --layout megatron-legacy needs.
+    "gpt_tp2pp2_mlm": (2, 2, 1, "fully_reshardable", {"num_layers": 4, "num_attention_heads": 4,
+                                                      "num_query_groups": 2}),
 }
-MEGATRON_LM_STATE = {"gpt_tp2pp1_mlm"}
+MEGATRON_LM_STATE = {"gpt_tp2pp1_mlm", "gpt_tp2pp2_mlm"}
+# The Megatron-LM job whose args a case takes (its rank 0 file's Namespace).
+MEGATRON_LM_ARGS = {"gpt_tp2pp2_mlm": Path(__file__).resolve().parent.parent / "testdata" / "megatron_legacy" /
+                    "gpt_tp2pp2" / "ckpt" / "iter_0000007" / "mp_rank_00_000" / "model_optim_rng.pt"}
 NUM_LAYERS, HIDDEN, HEADS, FFN, VOCAB, SEQ = 2, 8, 2, 12, 16, 8
 
 
@@ -154,11 +164,14 @@ def build(tp: int, pp: int, extra: dict, vocab: int = VOCAB, seq: int = SEQ, spe
     return model, ddp, opt
 
 
-def megatron_lm_state(tp: int, pp: int) -> dict:
+def megatron_lm_state(tp: int, pp: int, args_from: Path | None = None) -> dict:
     """The entries Megatron-LM's generate_state_dict adds beside model and
     optimizer: args (an argparse.Namespace, in common.pt), checkpoint_version,
     and rng_state, a ShardedObject of shape (PP, TP) whose value is a list
-    holding each rank's {random, numpy, torch, cuda, tracker} RNG states."""
+    holding each rank's {random, numpy, torch, cuda, tracker} RNG states.
+    `args_from`: a Megatron-LM legacy rank file whose args (and iteration,
+    flops) are taken, set for this save: TP, PP, torch_dist, the
+    distributed optimizer the job runs."""
     import argparse
     import random
 
@@ -169,13 +182,22 @@ def megatron_lm_state(tp: int, pp: int) -> dict:
     args = argparse.Namespace(num_layers=NUM_LAYERS, hidden_size=HIDDEN, tensor_model_parallel_size=tp,
                               pipeline_model_parallel_size=pp, params_dtype=torch.float32,
                               attention_backend=AttnBackend.auto, ckpt_format="torch_dist", iteration=1)
+    extra = {}
+    if args_from is not None:
+        saved = torch.load(args_from, map_location="cpu", weights_only=False)
+        args = saved["args"]
+        args.tensor_model_parallel_size, args.pipeline_model_parallel_size = tp, pp
+        args.transformer_pipeline_model_parallel_size = pp
+        args.ckpt_format, args.use_distributed_optimizer = "torch_dist", True
+        extra = {"iteration": saved["iteration"], "checkpoint_version": saved["checkpoint_version"],
+                 "num_floating_point_operations_so_far": saved["num_floating_point_operations_so_far"]}
     rng = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
            "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": None, "rng_tracker_states": {}}
     rng_state = ShardedObject("rng_state", [rng], (pp, tp),
                               (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
                               replica_id=ps.get_data_parallel_rank(with_context_parallel=True))
     return {"args": args, "checkpoint_version": 3.0, "num_floating_point_operations_so_far": 0,
-            "rng_state": rng_state}
+            "rng_state": rng_state, **extra}
 
 
 def step_and_save(rank: int, model, ddp, opt, stype, out: str, extra_state: dict | None = None) -> None:
@@ -203,11 +225,12 @@ def _init(rank: int, ws: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=ws)
 
 
-def save_job(rank: int, ws: int, port: int, tp: int, pp: int, stype, extra: dict, out: str, mlm: bool) -> None:
+def save_job(rank: int, ws: int, port: int, tp: int, pp: int, stype, extra: dict, out: str, mlm: bool,
+             args_from: Path | None = None) -> None:
     _init(rank, ws, port)
     from megatron.core import parallel_state as ps
     model, ddp, opt = build(tp, pp, extra)
-    step_and_save(rank, model, ddp, opt, stype, out, megatron_lm_state(tp, pp) if mlm else None)
+    step_and_save(rank, model, ddp, opt, stype, out, megatron_lm_state(tp, pp, args_from) if mlm else None)
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
@@ -323,15 +346,15 @@ def make_case(name: str, out_root: Path) -> None:
     ckpt = case / "ckpt"
     ckpt.mkdir(parents=True)
     ws = tp * pp * dp
-    mp.spawn(save_job, args=(ws, free_port(), tp, pp, stype, extra, str(ckpt), name in MEGATRON_LM_STATE), nprocs=ws,
-             join=True)
+    mp.spawn(save_job, args=(ws, free_port(), tp, pp, stype, extra, str(ckpt), name in MEGATRON_LM_STATE,
+                             MEGATRON_LM_ARGS.get(name)), nprocs=ws, join=True)
     mp.spawn(reference_job, args=(1, free_port(), stype, extra, str(ckpt), str(case)), nprocs=1, join=True)
     import megatron.core
     info = {
         "megatron_core": megatron.core.__version__, "torch": torch.__version__,
         "python": sys.version.split()[0],
         "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "data_parallel_size": dp,
-        "world_size": ws, "num_layers": NUM_LAYERS, "spec": "get_gpt_layer_local_spec (SwiGLU" + (", SequentialMLP experts)" if extra else ")"),
+        "world_size": ws, "num_layers": extra.get("num_layers", NUM_LAYERS), "spec": "get_gpt_layer_local_spec (SwiGLU" + (", SequentialMLP experts)" if extra.get("num_moe_experts") else ")"),
         "distrib_optim_sharding_type": stype, "model_config": extra,
         "saved": ["model", "iteration"] + (["optimizer"] if stype else []) +
                  (["args", "checkpoint_version", "num_floating_point_operations_so_far", "rng_state"]

@@ -34,10 +34,11 @@ uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 // check beside a --dtype bf16 copy cost 1.47x its time that way. Checks for
 // interruption.
 uint32_t crc32_of(const ByteSource& src, int threads);
-// Copies bytes [pos, pos+n) of `src` to `sink` through one 4 MiB buffer and
-// returns their CRC-32: one read of each byte where a copy and a separate
-// check would read it twice (a source the kernel cannot copy from, as an
-// object store's, pays for every read).
+// Copies bytes [pos, pos+n) of `src` to `sink` and returns their CRC-32:
+// one read of each byte where a copy and a separate check would read it
+// twice (a source the kernel cannot copy from, as an object store's, pays
+// for every read). A mapped source is written from its mapping, other
+// sources through one 4 MiB buffer.
 uint32_t copy_summing(const ByteSource& src, uint64_t pos, uint64_t n, ByteSink& sink);
 
 class ZipWriter {

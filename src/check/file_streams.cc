@@ -32,6 +32,7 @@ constexpr auto kMaxWait = std::chrono::seconds(1);
 
 struct FileStreams::Stream {
   std::string path;
+  std::size_t index = 0;  // in `files`
   uint64_t size = 0;
   std::mutex mutex;
   std::unique_ptr<Hasher> hasher;
@@ -52,6 +53,7 @@ FileStreams::FileStreams(const std::vector<std::string>& files, ChecksumAlgorith
   for (const auto& f : files) {
     auto s = std::make_unique<Stream>();
     s->path = f;
+    s->index = streams_.size();
     s->hasher = std::make_unique<Hasher>(algorithm);
     if (EntryStat st = stat_path(f); st.is_file()) {
       s->size = st.size;
@@ -243,6 +245,18 @@ void FileStreams::finish(ProblemSink& problems) {
       complete(s);
     });
   }
+}
+
+std::optional<std::size_t> FileStreams::file_of(const TensorChunk& chunk) const {
+  if (chunk.storage)
+    if (auto span = chunk.storage->file_span(0)) {
+      auto it = by_inode_.find({span->device, span->inode});
+      if (it != by_inode_.end()) return it->second->index;
+      return std::nullopt;
+    }
+  for (const auto& s : streams_)
+    if (s->path == chunk.file) return s->index;
+  return std::nullopt;
 }
 
 const std::string& FileStreams::checksum(std::size_t k) const { return streams_.at(k)->checksum; }

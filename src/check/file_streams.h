@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ class FileStreams {
   void finish(ProblemSink& problems);
   const std::string& checksum(std::size_t k) const;
   uint64_t size(std::size_t k) const;
+  // The index in `files` of the file `chunk`'s bytes are in: by the file's
+  // identity where its storage reads a file directly, else by the path it
+  // names (a compressed item); nullopt when it is none of them.
+  std::optional<std::size_t> file_of(const TensorChunk& chunk) const;
 
  private:
   Stream* stream_of(const FileSpan& at);

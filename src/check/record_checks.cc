@@ -6,13 +6,16 @@
 
 namespace ckpt::check {
 
-RecordChecks::RecordChecks(const CheckpointModel& model) {
-  for (const auto& t : model.tensors)
+RecordChecks::RecordChecks(const CheckpointModel& model, const std::set<std::size_t>& vouched) {
+  for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+    if (vouched.count(i)) continue;
+    const TensorEntry& t = model.tensors[i];
     for (const auto& c : t.chunks) {
       if (!c.storage_crc || !c.storage || index_.count(c.storage.get())) continue;
       index_[c.storage.get()] = records_.size();
       records_.push_back({&c, t.name});
     }
+  }
 }
 
 bool RecordChecks::claim(const ByteSource* record) {

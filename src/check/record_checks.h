@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -21,8 +22,9 @@ namespace ckpt::check {
 class RecordChecks {
  public:
   // Every record with a recorded CRC-32 the model's tensors read from, in
-  // tensor order, each once.
-  explicit RecordChecks(const CheckpointModel& model);
+  // tensor order, each once; none of the tensors in `vouched` (their files
+  // match a manifest written when every record checked: validate --manifest).
+  explicit RecordChecks(const CheckpointModel& model, const std::set<std::size_t>& vouched = {});
 
   // True when the caller now owns the check of `record` (a chunk's storage
   // on the list, not yet claimed); it must then call done() with its CRC.

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -12,6 +11,7 @@
 #include "core/error.h"
 #include "exec/tensor_copy.h"
 #include "io/byte_sink.h"
+#include "model/repeated_dims.h"
 
 namespace ckpt::check {
 namespace {
@@ -90,30 +90,6 @@ class ScanSink final : public ByteSink {
   std::vector<std::byte> buffer_;
 };
 
-// A dimension that every chunk spans whole with stride 0 repeats one slice
-// of values (torch's expand: a 4-byte storage viewed as 2^40 elements is a
-// 1 KB file). The finite scan reads the tensor without such dimensions and
-// counts each value `repeats` times, rather than walking every logical
-// element (hours for that file). A checksum still needs the logical bytes.
-TensorEntry without_repeated_dims(const TensorEntry& t, uint64_t& repeats) {
-  repeats = 1;
-  TensorEntry out = t;
-  for (std::size_t d = t.shape.size(); d-- > 0;) {
-    if (t.shape[d] <= 1 || t.chunks.empty()) continue;
-    bool repeated = std::all_of(t.chunks.begin(), t.chunks.end(), [&](const TensorChunk& c) {
-      return c.strides.size() == t.shape.size() && c.offsets.size() == t.shape.size() &&
-             c.sizes.size() == t.shape.size() && c.strides[d] == 0 && c.offsets[d] == 0 && c.sizes[d] == t.shape[d];
-    });
-    if (!repeated) continue;
-    repeats *= static_cast<uint64_t>(t.shape[d]);
-    out.shape.erase(out.shape.begin() + static_cast<std::ptrdiff_t>(d));
-    for (TensorChunk& c : out.chunks)
-      for (Shape* dims : {&c.offsets, &c.sizes, &c.strides})
-        dims->erase(dims->begin() + static_cast<std::ptrdiff_t>(d));
-  }
-  return out;
-}
-
 }  // namespace
 
 bool can_be_nonfinite(DType dtype) { return dtype_info(dtype).is_floating || dtype_info(dtype).is_complex; }
@@ -128,14 +104,13 @@ TensorScan scan_tensor(const TensorEntry& tensor, Backend* finite_backend, std::
   if (checksum) hasher.emplace(*checksum);
   TensorScan out;
   if (!backend && !hasher) return out;
-  if (!hasher) {
-    uint64_t repeats = 1;
-    TensorEntry reduced = without_repeated_dims(tensor, repeats);
-    if (repeats > 1) {
-      FiniteCounts once = *scan_tensor(reduced, backend, std::nullopt, memory_limit, records, files).finite;
-      out.finite = FiniteCounts{once.nan * repeats, once.inf * repeats};
-      return out;
-    }
+  // Counting needs each repeated value once (model/repeated_dims.h).
+  if (std::vector<std::size_t> dims = repeated_dims(tensor); !hasher && !dims.empty()) {
+    FiniteCounts once =
+        *scan_tensor(without_dims(tensor, dims), backend, std::nullopt, memory_limit, records, files).finite;
+    const uint64_t repeats = repeat_count(tensor.shape, dims);
+    out.finite = FiniteCounts{once.nan * repeats, once.inf * repeats};
+    return out;
   }
   ScanSink sink(tensor.dtype, backend, hasher ? &*hasher : nullptr, records, files);
   CopyOptions copy;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <map>
 #include <set>
@@ -18,6 +19,7 @@
 #include "formats/detect.h"
 #include "formats/source_traits.h"
 #include "io/containment.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 #include "model/tree_walk.h"
 #include "model/validate.h"
@@ -74,6 +76,25 @@ std::vector<std::string> read_key_list(const std::string& path) {
     keys.push_back(line.substr(start));
   }
   return keys;
+}
+
+// Runs work(w) for w in [0, workers) on as many threads, this one included;
+// rethrows the first exception once all have ended.
+void run_workers(int workers, const std::function<void(int)>& work) {
+  std::vector<std::future<void>> pool;
+  for (int w = 1; w < workers; ++w) pool.push_back(std::async(std::launch::async, work, w));
+  std::exception_ptr error;
+  try {
+    work(0);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (auto& f : pool) try {
+      f.get();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  if (error) std::rethrow_exception(error);
 }
 
 class Validator {
@@ -276,11 +297,20 @@ class Validator {
     // ProblemSink::tensor_records_checked_later) and feeds the file
     // checksums (check/file_streams.h) from its own buffer; its workers
     // then check the records no scan claimed and complete the files.
-    RecordChecks records(model);
+    // Verifying alone, the files are hashed first instead, and only the
+    // tensors of files that changed are read again (vouched_tensors).
     std::optional<FileStreams> streams;
     if (algorithm) streams.emplace(files, *algorithm, model, opt_.memory.file_streams());
     ProblemSink unread_files;
-    scan_tensors(model, backend.get(), algorithm, now, records, streams ? &*streams : nullptr, unread_files);
+    std::set<std::size_t> vouched;
+    const bool files_first = recorded && can_vouch(*recorded, model, files);
+    if (files_first) {
+      hash_files(*streams, unread_files);
+      vouched = vouched_tensors(model, files, *recorded, *streams);
+    }
+    RecordChecks records(model, vouched);
+    scan_tensors(model, backend.get(), algorithm, now, records, files_first || !streams ? nullptr : &*streams,
+                 unread_files, vouched, recorded ? &*recorded : nullptr);
     for (const auto& p : records.problems().problems()) sink_.report(p);
     if (!algorithm) return;
     for (const auto& p : unread_files.problems()) sink_.report(p);
@@ -305,14 +335,89 @@ class Validator {
     }
   }
 
+  // Hashing the files before the tensors pays when most of them match the
+  // manifest (a file hash per byte instead of a file and a tensor hash, and
+  // no CRC-32 of the records in them): only when verifying alone (a written
+  // manifest and --finite need every tensor read), against a manifest of
+  // this layout with file checksums (older ones and other layouts: tensors
+  // only), and on local files (a changed file's tensors are read twice).
+  bool can_vouch(const Manifest& recorded, const CheckpointModel& model, const std::vector<std::string>& files) const {
+    if (!opt_.write_manifest.empty() || opt_.finite || recorded.files.empty()) return false;
+    if (recorded.format != model.format() || recorded.world_size != report_.world_size) return false;
+    return std::none_of(files.begin(), files.end(), [](const std::string& f) { return is_s3_url(f); });
+  }
+
+  // Every file's checksum, the files taken in turn by one worker per core.
+  void hash_files(FileStreams& streams, ProblemSink& unread_files) {
+    int workers = opt_.threads > 0 ? opt_.threads : static_cast<int>(std::thread::hardware_concurrency());
+    std::vector<ProblemSink> problems(static_cast<std::size_t>(std::clamp(workers, 1, 16)));
+    run_workers(static_cast<int>(problems.size()),
+                [&](int w) { streams.finish(problems[static_cast<std::size_t>(w)]); });
+    for (const auto& sink : problems)
+      for (const auto& p : sink.problems()) unread_files.report(p);
+  }
+
+  // The tensors whose bytes are all in files with the manifest's size and
+  // checksum, recorded under each of their keys with the same dtype and
+  // shape: the same bytes, so the same tensor checksum and sound records
+  // (a manifest is written only for a checkpoint without problems). None
+  // when a file no tensor lives in (a DCP .metadata, which says where the
+  // bytes are) changed. A hand-edited manifest whose tensor checksum no
+  // longer matches its unchanged file's is not caught: the file checksum
+  // is what it vouches with (docs/usage.md).
+  std::set<std::size_t> vouched_tensors(const CheckpointModel& model, const std::vector<std::string>& files,
+                                        const Manifest& recorded, const FileStreams& streams) {
+    std::map<std::string, const ManifestFile*> then;
+    for (const auto& f : recorded.files) then[f.path] = &f;
+    const fs::path home = checkpoint_home(files);
+    std::vector<bool> same(files.size(), false), holds_tensors(files.size(), false);
+    for (std::size_t k = 0; k < files.size(); ++k) {
+      auto it = then.find(manifest_path_of(files[k], home));
+      same[k] = !streams.checksum(k).empty() && it != then.end() && it->second->bytes == streams.size(k) &&
+                it->second->checksum == streams.checksum(k);
+    }
+    std::map<std::string, const ManifestTensor*> recorded_tensors;
+    for (const auto& t : recorded.tensors) recorded_tensors[t.key] = &t;
+    std::vector<bool> unchanged(model.tensors.size(), false);
+    for (std::size_t i = 0; i < model.tensors.size(); ++i) {
+      bool all_same = !unsound_.count(i);
+      for (const auto& c : model.tensors[i].chunks) {
+        if (c.numel() == 0) continue;
+        std::optional<std::size_t> k = streams.file_of(c);
+        if (!k) {
+          all_same = false;
+          continue;
+        }
+        holds_tensors[*k] = true;
+        all_same = all_same && same[*k];
+      }
+      unchanged[i] = all_same;
+    }
+    for (std::size_t k = 0; k < files.size(); ++k)
+      if (!holds_tensors[k] && !same[k]) return {};
+    walk_leaves(*model.root, [&](const Leaf& leaf) {
+      if (!leaf.tensor || !unchanged[*leaf.tensor]) return;
+      const TensorEntry& t = model.tensors.at(*leaf.tensor);
+      auto it = recorded_tensors.find(leaf.path);
+      if (it == recorded_tensors.end() || it->second->dtype != dtype_name(t.dtype) || it->second->shape != t.shape)
+        unchanged[*leaf.tensor] = false;
+    });
+    std::set<std::size_t> vouched;
+    for (std::size_t i = 0; i < unchanged.size(); ++i)
+      if (unchanged[i]) vouched.insert(i);
+    return vouched;
+  }
+
   // Tensors are scanned on `workers` threads, each taking the next tensor
   // (its bytes read once: pread slices, CRC-32 of the records it streams
   // whole, NaN/Inf counts and checksum from the same buffer); a worker with
   // no tensor left checks the records no scan claimed and, once every scan
   // is done, completes the file checksums. Results are reported afterwards
   // in tree order, so the report does not depend on timing.
+  // Tensors in `vouched` are not read: their checksums are `recorded`'s.
   void scan_tensors(const CheckpointModel& model, Backend* backend, std::optional<ChecksumAlgorithm> algorithm,
-                    Manifest& now, RecordChecks& records, FileStreams* streams, ProblemSink& unread_files) {
+                    Manifest& now, RecordChecks& records, FileStreams* streams, ProblemSink& unread_files,
+                    const std::set<std::size_t>& vouched, const Manifest* recorded) {
     std::vector<std::pair<std::string, std::size_t>> leaves;  // key, tensor index: tree order
     walk_leaves(*model.root, [&](const Leaf& leaf) {
       if (leaf.tensor) leaves.emplace_back(leaf.path, *leaf.tensor);
@@ -321,7 +426,7 @@ class Validator {
     std::set<std::size_t> queued;
     uint64_t total = 0;
     for (const auto& [key, index] : leaves)
-      if (!unsound_.count(index) && queued.insert(index).second) {
+      if (!unsound_.count(index) && !vouched.count(index) && queued.insert(index).second) {
         queue.emplace_back(key, index);
         total += model.tensors.at(index).nbytes();
       }
@@ -370,26 +475,20 @@ class Validator {
       for (int left; (left = scanning.load()) > 0;) scanning.wait(left);
       streams->finish(file_problems[static_cast<std::size_t>(w)]);
     };
-    std::vector<std::future<void>> pool;
-    for (int w = 1; w < workers; ++w) pool.push_back(std::async(std::launch::async, worker, w));
-    std::exception_ptr error;
-    try {
-      worker(0);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    for (auto& f : pool) try {
-        f.get();
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
-    if (error) std::rethrow_exception(error);
+    run_workers(workers, worker);
     for (const auto& sink : file_problems)
       for (const auto& p : sink.problems()) unread_files.report(p);
 
+    std::map<std::string, const ManifestTensor*> recorded_tensors;
+    if (recorded && !vouched.empty())
+      for (const auto& t : recorded->tensors) recorded_tensors[t.key] = &t;
     std::set<std::size_t> reported;
     for (const auto& [key, index] : leaves) {
       const TensorEntry& t = model.tensors.at(index);
+      if (vouched.count(index)) {
+        now.tensors.push_back({key, std::string(dtype_name(t.dtype)), t.shape, recorded_tensors.at(key)->checksum});
+        continue;
+      }
       if (unsound_.count(index)) {
         report_.notes.push_back("tensor '" + key + "' not scanned: its chunks do not cover it soundly");
         continue;

@@ -41,6 +41,12 @@ void register_reshard(CLI::App& app) {
   CLI::Option* pp_option =
       sub->add_option("--pp", *pp, "megatron-legacy: pipeline-parallel size of the job that loads it (default 1)")
           ->group(kOutputGroup);
+  auto vpp = std::make_shared<int>(1);
+  CLI::Option* vpp_option =
+      sub->add_option("--vpp", *vpp,
+                      "megatron-legacy: virtual pipeline stages per pipeline rank of the job that loads it (model0.."
+                      "model<V-1> in each rank file, layers interleaved; default 1: none)")
+          ->group(kOutputGroup);
   auto distributed_optimizer = std::make_shared<bool>(false);
   CLI::Option* distributed_optimizer_option =
       sub->add_flag("--distributed-optimizer,!--no-distributed-optimizer", *distributed_optimizer,
@@ -103,11 +109,12 @@ void register_reshard(CLI::App& app) {
       "SIGINT/SIGTERM/SIGHUP (nothing written).",
       jobs::source_kinds_help());
   add_runner(sub, [req, world_size, world_size_option, expert_parallel, expert_parallel_option, tp, tp_option, pp,
-                   pp_option, distributed_optimizer, distributed_optimizer_option] {
+                   pp_option, vpp, vpp_option, distributed_optimizer, distributed_optimizer_option] {
     if (world_size_option->count() > 0) req->world_size = *world_size;
     if (expert_parallel_option->count() > 0) req->expert_parallel = *expert_parallel;
     if (tp_option->count() > 0) req->tp = *tp;
     if (pp_option->count() > 0) req->pp = *pp;
+    if (vpp_option->count() > 0) req->vpp = *vpp;
     if (distributed_optimizer_option->count() > 0) req->distributed_optimizer = *distributed_optimizer;
     return jobs::run_reshard(*req, std::cout).exit_code;
   });

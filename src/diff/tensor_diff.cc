@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "exec/tensor_copy.h"
+#include "model/repeated_dims.h"
 
 namespace ckpt {
 namespace {
@@ -203,6 +204,22 @@ ValueStats compare_tensor_values(const TensorEntry& a, const TensorEntry& b, con
   if (a.shape != b.shape) fail(ErrorCode::kInternal, "compare_tensor_values: shapes differ");
   ValueStats stats;
   if (a.numel() == 0) return stats;
+  // A dimension both sides view with stride 0 repeats the same comparison:
+  // made once, its counts scaled and its samples' indices placed at the
+  // first element they stand for (model/repeated_dims.h).
+  std::vector<std::size_t> dims, in_b = repeated_dims(b);
+  for (std::size_t d : repeated_dims(a))
+    if (std::binary_search(in_b.begin(), in_b.end(), d)) dims.push_back(d);
+  if (!dims.empty()) {
+    stats = compare_tensor_values(without_dims(a, dims), without_dims(b, dims), tol, options);
+    const uint64_t repeats = repeat_count(a.shape, dims);
+    stats.elements *= repeats;
+    stats.mismatched *= repeats;
+    stats.nonfinite_mismatched *= repeats;
+    for (std::optional<ElementSample>* s : {&stats.first_mismatch, &stats.max_abs_at})
+      if (*s) (*s)->index = full_index(a.shape, dims, (*s)->index);
+    return stats;
+  }
   int64_t rows = a.shape.empty() ? 1 : a.shape[0];
   uint64_t row_elems = a.shape.empty() ? 1 : a.numel() / static_cast<uint64_t>(rows);
   uint64_t row_bytes = row_elems * (dtype_size(a.dtype) + dtype_size(b.dtype));

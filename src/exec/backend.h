@@ -43,6 +43,11 @@ struct SlabJob {
   // (boxes, strides, sources); the backend decides how the rows are split
   // into pieces and threads, so it is called concurrently for disjoint ranges.
   std::function<void(int64_t r0, int64_t r1, std::byte* dst)> gather;
+  // Rows [r0, r1) where they already lie contiguous and row-major in
+  // `dtype` (a mapped source), else nullptr: a cast can read them there
+  // instead of from a gathered copy. Optional; the same bookkeeping as
+  // gather (a record's CRC-32 pieces), so a backend calls one or the other.
+  std::function<const std::byte*(int64_t r0, int64_t r1)> view;
   bool scan = false;        // count NaN/Inf in the output
   bool keep_output = true;  // false: only the counts are wanted
   bool crc = false;         // also sum the output's CRC-32 (a zip record's), on the threads that made it

@@ -53,7 +53,9 @@ class CpuBackend final : public Backend {
   // One pass over the slab: each thread takes a range of rows and, a block
   // of rows at a time, gathers it, casts it and counts its NaN/Inf while the
   // block is still in cache. With a cast, the gathered block is a small
-  // per-thread scratch, so the slab's memory is its output alone. A cast
+  // per-thread scratch, so the slab's memory is its output alone; rows that
+  // lie contiguous in a mapped source (SlabJob::view) are cast from there,
+  // without the gather's copy. A cast
   // only LibTorch does runs in three passes instead (gather, LibTorch's own
   // threads, scan): its kernel cannot be fused into our workers.
   SlabResult assemble(const SlabJob& job) override {
@@ -81,9 +83,13 @@ class CpuBackend final : public Backend {
           std::size_t elems = static_cast<std::size_t>(b - a) * job.row_elems;
           std::byte* dst = out.data() + static_cast<std::size_t>(a) * out_row;
           if (cast) {
-            scratch.resize(static_cast<std::size_t>(b - a) * in_row);
-            job.gather(a, b, scratch.data());
-            native_cast(scratch.data(), job.dtype, dst, job.out_dtype, elems);
+            const std::byte* src = job.view ? job.view(a, b) : nullptr;
+            if (!src) {
+              scratch.resize(static_cast<std::size_t>(b - a) * in_row);
+              job.gather(a, b, scratch.data());
+              src = scratch.data();
+            }
+            native_cast(src, job.dtype, dst, job.out_dtype, elems);
           } else {
             job.gather(a, b, dst);
           }

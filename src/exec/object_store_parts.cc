@@ -526,14 +526,14 @@ std::string token_bytes(const PartSpec& part) {
 PartOutcome write_parted_to_object_store(PartedWriter& w, const PartedOptions& options, const PartSpec& part,
                                          const Layout& l) {
   const std::string state = part_plan::parts_dir(options.path, l);
-  if (part.abort) return {false, abort_parts(w, l, state), 0, 0};
+  if (part.abort) return {false, abort_parts(w, l, state), 0, 0, {}};
   if (part.finalize_only) {
     std::vector<Receipt> receipts = read_receipts(state, l);
     auto uploads = s3_get_object(state + "/uploads.json");
     if (receipts.empty() || !uploads)
       fail(ErrorCode::kDataLoss, options.path + ": no part of this plan has been written (no receipt in " + state +
                                      "/): run the parts first, with the same source and options");
-    return {true, finalize(w, options, l, receipts.front().parts, shared_uploads(w, l, state), state), 0, 0};
+    return {true, finalize(w, options, l, receipts.front().parts, shared_uploads(w, l, state), state), 0, 0, {}};
   }
   if (!options.force) refuse_existing(w);  // before any work, as without --part
   const Grid g = grid_of(l, part.count);

@@ -31,6 +31,9 @@ struct PartOutcome {
   std::string summary;      // what was done, for the success line
   std::size_t tensors = 0;  // pieces this worker wrote
   uint64_t bytes = 0;
+  // What this process published when it finalized into a local OUT, in
+  // Published::files' order (a sharded output's shards, then its index).
+  std::vector<std::string> files;
 };
 
 }  // namespace ckpt

@@ -280,7 +280,7 @@ void verify_pieces(const Layout& l, const std::map<int, const Receipt*>& by_part
 // CRC-32s against the written bytes: verify_pieces), writes every byte no
 // unit holds with the units' CRC-32s (pieces joined), then publishes.
 std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout& l, int parts,
-                     const PartsFolder& folder, bool verify_receipts) {
+                     const PartsFolder& folder, bool verify_receipts, std::vector<std::string>& published) {
   const std::string& dir = folder.path();
   std::vector<Receipt> receipts = read_receipts(folder);
   std::map<int, const Receipt*> by_part;
@@ -342,9 +342,10 @@ std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout
     }
   }
   check_interrupted();
-  std::string what = w.publish([&](std::size_t k) { return data_file(dir, k); }, options.force, options.durable).what;
+  Published done = w.publish([&](std::size_t k) { return data_file(dir, k); }, options.force, options.durable);
+  published = done.files;
   storage_for(dir).remove_tree(dir);
-  return "finalized " + std::to_string(parts) + " parts (" + what + ")";
+  return "finalized " + std::to_string(parts) + " parts (" + done.what + ")";
 }
 
 // This worker's pieces into the shared files.
@@ -430,7 +431,8 @@ PartOutcome write_part(PartedWriter& w, const PartedOptions& options, const Part
     return outcome;
   }
   try {
-    outcome.summary += "; " + finalize(w, options, l, part.count, folder, false) + " into " + options.path;
+    outcome.summary +=
+        "; " + finalize(w, options, l, part.count, folder, false, outcome.files) + " into " + options.path;
   } catch (...) {
     folder.remove_file("finalizing");  // a rerun may try again
     throw;
@@ -496,9 +498,9 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
   }
   if (part.abort) {
     const std::string dir = parts_dir(options.path, layout_of(w, options));
-    if (!PartsFolder::open(dir)) return {false, "no parts of this plan to remove (no " + dir + ")", 0, 0};
+    if (!PartsFolder::open(dir)) return {false, "no parts of this plan to remove (no " + dir + ")", 0, 0, {}};
     storage_for(dir).remove_tree(dir);
-    return {false, "removed " + dir, 0, 0};
+    return {false, "removed " + dir, 0, 0, {}};
   }
   if (part.finalize_only) {
     // The folder's name does not depend on the number of parts; the
@@ -515,7 +517,10 @@ PartOutcome write_parted(PartedWriter& w, const PartedOptions& options, const Pa
       spdlog::info("a worker had begun finalizing {} and did not finish; finishing it", options.path);
     int parts = receipts.front().parts;
     assign_owners(l, parts);
-    return {true, finalize(w, options, l, parts, *folder, true), 0, 0};
+    PartOutcome outcome;
+    outcome.published = true;
+    outcome.summary = finalize(w, options, l, parts, *folder, true, outcome.files);
+    return outcome;
   }
   if (!options.force) refuse_existing(w);  // before any work, as without --part
   Layout l = layout_of(w, options);

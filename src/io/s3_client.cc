@@ -67,6 +67,12 @@ S3Config s3_config_from_environment() {
   // The config file names a profile "[profile NAME]", except [default].
   const auto config =
       ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), profile == "default" ? profile : "profile " + profile);
+  if (std::string r = env("AWS_REGION"); !r.empty())
+    c.region = r;
+  else if (r = env("AWS_DEFAULT_REGION"); !r.empty())
+    c.region = r;
+  else if (auto it = config.find("region"); it != config.end() && !it->second.empty())
+    c.region = it->second;
   c.credentials.access_key_id = env("AWS_ACCESS_KEY_ID");
   c.credentials.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
   c.credentials.session_token = env("AWS_SESSION_TOKEN");
@@ -75,12 +81,9 @@ S3Config s3_config_from_environment() {
     if (creds.empty()) creds = config;  // keys may sit in the config file too
     c.credentials = {creds["aws_access_key_id"], creds["aws_secret_access_key"], creds["aws_session_token"]};
   }
-  if (std::string r = env("AWS_REGION"); !r.empty())
-    c.region = r;
-  else if (r = env("AWS_DEFAULT_REGION"); !r.empty())
-    c.region = r;
-  else if (auto it = config.find("region"); it != config.end() && !it->second.empty())
-    c.region = it->second;
+  // Fetched on the first request, not here: a run that never signs one
+  // (an unsigned public read still asks) costs nothing.
+  if (c.credentials.empty()) c.credential_source = fetched_credentials(config, profile, c.region);
   c.endpoint = env("AWS_ENDPOINT_URL_S3").empty() ? env("AWS_ENDPOINT_URL") : env("AWS_ENDPOINT_URL_S3");
   while (!c.endpoint.empty() && c.endpoint.back() == '/') c.endpoint.pop_back();
   // A custom endpoint (MinIO, moto, Ceph) rarely has wildcard DNS for
@@ -91,6 +94,11 @@ S3Config s3_config_from_environment() {
   if (std::string n = env("CKPTCONV_S3_MAX_ATTEMPTS"); !n.empty())
     c.max_attempts = std::clamp(std::atoi(n.c_str()), 1, 20);
   return c;
+}
+
+S3Credentials S3Config::current_credentials() const {
+  if (!credentials.empty() || !credential_source) return credentials;
+  return credential_source->current();
 }
 
 std::optional<std::string> xml_element(const std::string& xml, const std::string& tag, std::size_t from,
@@ -292,8 +300,10 @@ std::string S3Client::url_of(const S3Request& req) const {
   }
   auto query = req.query;
   std::sort(query.begin(), query.end());
-  for (std::size_t i = 0; i < query.size(); ++i)
-    url += (i ? "&" : "?") + uri_encode(query[i].first, false) + "=" + uri_encode(query[i].second, false);
+  for (std::size_t i = 0; i < query.size(); ++i) {
+    url += i ? '&' : '?';
+    url += uri_encode(query[i].first, false) + "=" + uri_encode(query[i].second, false);
+  }
   return url;
 }
 
@@ -313,14 +323,14 @@ using HeaderList = std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)>;
 // The request's own headers, the payload hash SigV4 signs for S3 and the
 // session token. No "Expect:" line to drop 100-continue: libcurl 7.88
 // would sign the emptied header it never sends, and S3 would reject it.
-HeaderList request_headers(const S3Request& req, const S3Config& config) {
+HeaderList request_headers(const S3Request& req, const S3Credentials& credentials) {
   HeaderList list(nullptr, curl_slist_free_all);
   auto add = [&](const std::string& line) { list.reset(curl_slist_append(list.release(), line.c_str())); };
   for (const auto& line : req.headers) add(line);
   // Not a form: libcurl's default type for a POSTFIELDS body would be stored as the object's.
   if (req.method != "GET" && req.method != "HEAD") add("Content-Type: application/octet-stream");
   add("x-amz-content-sha256: " + sha256_hex(req.body, req.body_size));
-  if (!config.credentials.session_token.empty()) add("x-amz-security-token: " + config.credentials.session_token);
+  if (!credentials.session_token.empty()) add("x-amz-security-token: " + credentials.session_token);
   return list;
 }
 
@@ -331,7 +341,8 @@ Attempt perform_once(const S3Request& req, const std::string& url, const S3Confi
   Attempt a;
   CURL* h = thread_handle();
   Transfer t{h, &req, &a.resp};
-  HeaderList headers = request_headers(req, config);
+  const S3Credentials credentials = config.current_credentials();
+  HeaderList headers = request_headers(req, credentials);
   const std::string range =
       req.range ? std::to_string(req.range->first) + "-" + std::to_string(req.range->second) : std::string();
   const std::string sigv4 = "aws:amz:" + config.region + ":s3";
@@ -361,10 +372,10 @@ Attempt perform_once(const S3Request& req, const std::string& url, const S3Confi
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, req.body ? req.body : "");
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body_size));
   }
-  if (!config.credentials.empty()) {
+  if (!credentials.empty()) {
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4.c_str());
-    curl_easy_setopt(h, CURLOPT_USERNAME, config.credentials.access_key_id.c_str());
-    curl_easy_setopt(h, CURLOPT_PASSWORD, config.credentials.secret_access_key.c_str());
+    curl_easy_setopt(h, CURLOPT_USERNAME, credentials.access_key_id.c_str());
+    curl_easy_setopt(h, CURLOPT_PASSWORD, credentials.secret_access_key.c_str());
   }
   if (!req.cleanup) check_interrupted();
   in_flight.acquire();

@@ -10,24 +10,25 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace ckpt {
+#include "io/aws_credentials.h"
 
-struct S3Credentials {
-  std::string access_key_id;
-  std::string secret_access_key;
-  std::string session_token;  // temporary credentials only
-  bool empty() const { return access_key_id.empty() || secret_access_key.empty(); }
-};
+namespace ckpt {
 
 // Everything a request needs besides its own fields, read once from the
 // environment (s3_config_from_environment).
 struct S3Config {
-  S3Credentials credentials;  // empty: unsigned requests (public buckets)
+  S3Credentials credentials;  // written down (environment, shared files)
+  // Without them: where keys are fetched from (io/aws_credentials.h); none,
+  // or a source that finds none: unsigned requests (public buckets).
+  std::shared_ptr<CredentialSource> credential_source;
+  // The keys to sign with now.
+  S3Credentials current_credentials() const;
   std::string region = "us-east-1";
   std::string endpoint;  // "scheme://host[:port]"; "" = AWS's for the region
   bool path_style = false;
@@ -43,7 +44,9 @@ struct S3Config {
 // The AWS conventions: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
 // AWS_SESSION_TOKEN, else AWS_PROFILE's (or [default]'s) keys in the shared
 // credentials file (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials) and
-// config file (AWS_CONFIG_FILE, ~/.aws/config); AWS_REGION /
+// config file (AWS_CONFIG_FILE, ~/.aws/config), else keys fetched
+// (fetched_credentials: credential_process, web identity, container, EC2
+// instance metadata); AWS_REGION /
 // AWS_DEFAULT_REGION / the profile's region; AWS_ENDPOINT_URL_S3 /
 // AWS_ENDPOINT_URL (MinIO, moto: path-style unless
 // CKPTCONV_S3_ADDRESSING_STYLE=virtual); CKPTCONV_S3_MAX_ATTEMPTS.

@@ -248,9 +248,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     // The worker that put the weights in place copies the folder's side
     // files too, as the one process does: the folder is then the same.
     if (done.published && !directory.empty() && !is_s3_url(directory)) {
-      const std::string index = req.output + ".index.json";
-      const FolderSideFiles side =
-          folder_side_files(req, model, job.cast_to, stat_path(index).is_file() ? index : req.output);
+      const FolderSideFiles side = folder_side_files(req, model, job.cast_to, weights_file_of(done.files));
       copy_folder_side_files(directory, without_trailing_slashes(directory), side.files, side.edits, output.durable);
     }
     report.summary = done.summary;

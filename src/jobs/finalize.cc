@@ -129,6 +129,7 @@ JobReport run_finalize(const FinalizeRequest& request, std::ostream& out) {
       r.layout = j.at("layout").get<std::string>();
       if (j.contains("tp") && !j.at("tp").is_null()) r.tp = j.at("tp").get<int>();
       if (j.contains("pp") && !j.at("pp").is_null()) r.pp = j.at("pp").get<int>();
+      if (j.contains("vpp") && !j.at("vpp").is_null()) r.vpp = j.at("vpp").get<int>();
       if (j.contains("distributed_optimizer") && !j.at("distributed_optimizer").is_null())
         r.distributed_optimizer = j.at("distributed_optimizer").get<bool>();
       r.mesh_device = j.at("mesh_device").get<std::string>();

@@ -57,7 +57,7 @@ const std::vector<LayoutInfo>& reshard_layouts() {
        .help =
            "a Megatron-LM ckpt_format=torch checkpoint for a job at --tp x --pp (tracker, iter_<N>/mp_rank_*/"
            "model_optim_rng.pt: the model, the job's args and each rank's optimizer, with distrib_optim.pt beside it "
-           "for the distributed optimizer), from a legacy one read whole",
+           "for the distributed optimizer), from a legacy one or a Megatron-LM job's torch_dist one, read whole",
        .world_size = WorldSizeRule::kTpPp,
        .write = write_megatron_legacy_layout},
   };
@@ -121,7 +121,7 @@ std::string layout_help() {
 std::string any_source_layouts() {
   std::string out;
   for (const LayoutInfo& l : reshard_layouts())
-    if (l.any_source) out += (out.empty() ? "" : "|") + std::string(l.name);
+    if (l.any_source) (out += out.empty() ? "" : "|") += l.name;
   return out;
 }
 

@@ -68,6 +68,7 @@ std::string request_json(const ReshardRequest& r) {
             {"layout", r.layout},
             {"tp", r.tp ? json(*r.tp) : json(nullptr)},
             {"pp", r.pp ? json(*r.pp) : json(nullptr)},
+            {"vpp", r.vpp ? json(*r.vpp) : json(nullptr)},
             {"distributed_optimizer", r.distributed_optimizer ? json(*r.distributed_optimizer) : json(nullptr)},
             {"mesh_device", r.mesh_device},
             {"mesh_dim_names", r.mesh_dim_names},

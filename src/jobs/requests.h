@@ -39,6 +39,8 @@ struct ReshardRequest {
   std::string layout;
   // --tp / --pp: megatron-legacy: the tensor and pipeline parallel sizes of the job that loads it (default 1)
   std::optional<int> tp, pp;
+  // --vpp: megatron-legacy: virtual pipeline stages per pipeline rank (default 1: none)
+  std::optional<int> vpp;
   // --distributed-optimizer / --no-distributed-optimizer: megatron-legacy,
   // the optimizer written as the DistributedOptimizer's (distrib_optim.pt)
   // or as the plain one's; absent: as the source saved it

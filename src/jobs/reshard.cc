@@ -20,8 +20,10 @@
 #include "exec/write_rank_files.h"
 #include "formats/dcp/dcp_metadata.h"
 #include "formats/detect.h"
+#include "formats/megatron/megatron_reader.h"
 #include "formats/megatron/megatron_writer.h"
 #include "formats/megatron_legacy/legacy_reader.h"
+#include "formats/megatron_legacy/legacy_writer.h"
 #include "formats/rank_file_names.h"
 #include "formats/source_traits.h"
 #include "io/atomic_dir.h"
@@ -243,6 +245,26 @@ RankFilesLayout rank_files_layout(const ReshardRequest& req, const CheckpointMod
   return out;
 }
 
+// A Megatron-LM job's torch_dist checkpoint read again as its --only optim
+// view (the model and the optimizer's state per parameter name), or as
+// its --only model view where it saved no optimizer or one whose layout
+// is not read per parameter (dp_reshardable, fully_sharded_model_space):
+// then only the model is written, and the run says so.
+CheckpointModel torch_dist_views(const CheckpointModel& whole, const std::string& target) {
+  const auto& common = whole.info.megatron->common_keys;
+  if (std::find(common.begin(), common.end(), "optimizer") != common.end()) {
+    try {
+      return with_context("reading the optimizer to write it for " + target,
+                          [&] { return megatron::read_torch_dist(whole.source, nullptr, "optim"); });
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnimplemented) throw;
+      log::warn(whole.source + ": the optimizer is not written (its state is not read per parameter: " + e.what() +
+                "); load the output with --no-load-optim");
+    }
+  }
+  return megatron::read_torch_dist(whole.source, nullptr, "model");
+}
+
 }  // namespace
 
 void write_dcp_layout(const LayoutJob& j) {
@@ -274,18 +296,27 @@ void write_megatron_layout(const LayoutJob& j) {
 // Megatron-LM legacy rank files for a job at --tp x --pp
 // (formats/megatron_legacy/legacy_writer.h).
 void write_megatron_legacy_layout(const LayoutJob& j) {
-  const int tp = j.req.tp.value_or(1), pp = j.req.pp.value_or(1);
+  const int tp = j.req.tp.value_or(1), pp = j.req.pp.value_or(1), vpp = j.req.vpp.value_or(1);
   // The optimizer's state per parameter name, for each rank's `optimizer`:
   // the same checkpoint's --only optim view (refused, exit 3, where its
   // layout rules are not known: nothing is written then).
   std::optional<CheckpointModel> optim;
+  std::optional<megatron_legacy::LegacySource> from_dist;
+  const std::string target =
+      "TP " + std::to_string(tp) + " x PP " + std::to_string(pp) + (vpp > 1 ? " x VPP " + std::to_string(vpp) : "");
   auto saved = j.model.facts.find("megatron optimizer");
   if (j.model.info.kind == SourceKind::kMegatronLegacy && saved != j.model.facts.end() && saved->second != "not saved")
-    optim =
-        with_context("reading the optimizer to write it for TP " + std::to_string(tp) + " x PP " + std::to_string(pp),
-                     [&] { return megatron_legacy::read_legacy(j.model.source, nullptr, "optim"); });
+    optim = with_context("reading the optimizer to write it for " + target,
+                         [&] { return megatron_legacy::read_legacy(j.model.source, nullptr, "optim"); });
+  if (j.model.info.kind == SourceKind::kMegatron && j.req.common.only.empty())
+    from_dist =
+        megatron_legacy::legacy_source_of_torch_dist(j.model, [&] { return torch_dist_views(j.model, target); });
+  const CheckpointModel& source = from_dist ? from_dist->model : j.model;
+  const CheckpointModel* source_optim = from_dist ? (from_dist->optim ? &*from_dist->optim : nullptr)
+                                        : optim   ? &*optim
+                                                  : nullptr;
   megatron_legacy::LegacyOutput plan =
-      megatron_legacy::plan_legacy_output(j.model, optim ? &*optim : nullptr, tp, pp, j.req.distributed_optimizer);
+      megatron_legacy::plan_legacy_output(source, source_optim, tp, pp, j.req.distributed_optimizer, vpp);
   uint64_t bytes = 0;
   for (const auto& f : plan.files)
     for (const auto& t : f.tensors) bytes = saturating_add(bytes, t.output_nbytes());
@@ -293,9 +324,9 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
   // Beside each rank file, distrib_optim.pt where the optimizer is the distributed one's.
   std::size_t distrib_optim = 0;
   for (const auto& f : plan.files) distrib_optim += file_name(f.name) == megatron_legacy::kDistribOptimFile;
-  j.report.summary = "wrote " + j.req.output + " (" + std::string(j.layout.name) + "): TP " + std::to_string(tp) +
-                     " x PP " + std::to_string(pp) + ", " + std::to_string(plan.files.size() - distrib_optim) +
-                     " rank files" + (distrib_optim ? " with distrib_optim.pt" : "");
+  j.report.summary = "wrote " + j.req.output + " (" + std::string(j.layout.name) + "): " + target + ", " +
+                     std::to_string(plan.files.size() - distrib_optim) + " rank files" +
+                     (distrib_optim ? " with distrib_optim.pt" : "");
   log::debug("plan: " + std::to_string(plan.files.size()) + " rank files for TP " + std::to_string(tp) + " x PP " +
              std::to_string(pp) + ", " + human_bytes(static_cast<double>(bytes)) + " -> " + j.req.output);
   MegatronLegacyWriter writer(plan, j.req.output);
@@ -491,8 +522,8 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
     fail_invalid("--expert-parallel: only for --layout deepspeed-universal (not " + std::string(layout.name) + ")");
   if (layout.world_size == WorldSizeRule::kTpPp && req.world_size)
     fail_invalid("--world-size: --layout " + std::string(layout.name) + " writes one rank per --tp x --pp position");
-  if (layout.world_size != WorldSizeRule::kTpPp && (req.tp || req.pp || req.distributed_optimizer))
-    fail_invalid(std::string(req.distributed_optimizer ? "--distributed-optimizer" : "--tp / --pp") +
+  if (layout.world_size != WorldSizeRule::kTpPp && (req.tp || req.pp || req.vpp || req.distributed_optimizer))
+    fail_invalid(std::string(req.distributed_optimizer ? "--distributed-optimizer" : "--tp / --pp / --vpp") +
                  ": only for a layout written per TP x PP position (not --layout " + std::string(layout.name) + ")");
   if (!layout.object_store) refuse_remote_output(req.output, "--layout " + std::string(layout.name));
   if (!layout.part && !req.part.empty())

@@ -273,9 +273,9 @@ TEST_CASE("legacy writer: each rank's piece is the TP=1 tensor's rows or columns
 
 TEST_CASE("legacy writer: what does not split is refused, naming it", "[formats][megatron_legacy]") {
   CheckpointModel m = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "");
-  auto refused = [&](int tp, int pp, ErrorCode code, const std::string& text) {
+  auto refused = [&](int tp, int pp, ErrorCode code, const std::string& text, int vpp = 1) {
     try {
-      plan_legacy_output(m, nullptr, tp, pp);
+      plan_legacy_output(m, nullptr, tp, pp, std::nullopt, vpp);
       FAIL("no error for TP " << tp << " x PP " << pp);
     } catch (const Error& e) {
       CHECK(e.code() == code);
@@ -284,7 +284,9 @@ TEST_CASE("legacy writer: what does not split is refused, naming it", "[formats]
   };
   refused(4, 1, ErrorCode::kUnimplemented, "query groups do not divide over TP 4");
   refused(1, 3, ErrorCode::kUnimplemented, "4 layers do not divide into 3 pipeline stages");
-  refused(0, 1, ErrorCode::kInvalidArgument, "--tp and --pp must be at least 1");
+  refused(0, 1, ErrorCode::kInvalidArgument, "--tp, --pp and --vpp must be at least 1");
+  refused(1, 1, ErrorCode::kInvalidArgument, "--vpp 2: virtual pipeline stages interleave over pipeline ranks", 2);
+  refused(1, 4, ErrorCode::kUnimplemented, "4 layers do not divide into 8 virtual pipeline stages", 2);
   CheckpointModel only_model = read_legacy(testdata("megatron_legacy/gpt_tp2pp2/ckpt/iter_0000007"), nullptr, "model");
   try {
     plan_legacy_output(only_model, nullptr, 1, 1);

@@ -79,22 +79,6 @@ constexpr const char* kTorchDistMetadata =
 
 // ---- from a Megatron-LM legacy checkpoint ----
 
-// The layer spec's sharded_state_dict_keys_map (megatron-core's
-// models/gpt/gpt_layer_specs.py): the local spec stores its layer norms
-// under the linear layer they feed, where Transformer Engine fuses them,
-// so a checkpoint loads into either spec. `rest`: a layer's entry name
-// after "layers.<i>.".
-std::string stored_layer_name(const std::string& rest, bool local_spec) {
-  static const std::pair<std::string, std::string> kLocalSpecKeys[] = {
-      {"input_layernorm.", "self_attention.linear_qkv.layer_norm_"},
-      {"pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"},
-  };
-  if (!local_spec) return rest;
-  for (const auto& [from, to] : kLocalSpecKeys)
-    if (rest.rfind(from, 0) == 0) return to + rest.substr(from.size());
-  return rest;
-}
-
 // `c` as the piece of layer `layer` of a stack: a leading axis of size 1 at
 // that offset (its stride never steps, any value does).
 TensorChunk with_layer_axis(TensorChunk c, int64_t layer) {
@@ -205,7 +189,7 @@ class LegacyStacker {
         continue;
       }
       const std::string key =
-          name.substr(0, at->pos) + stored_layer_name(name.substr(at->pos + at->len + 1), local_spec_);
+          name.substr(0, at->pos) + megatron_legacy::stored_layer_name(name.substr(at->pos + at->len + 1), local_spec_);
       auto [it, added] = stack_of.emplace(key, stacks_.size());
       if (added) {
         stacks_.push_back({key, stored_.root->entries.size(), {}});

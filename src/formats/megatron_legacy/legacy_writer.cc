@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -91,30 +92,22 @@ struct RankParam {
 class LegacyPlanner {
  public:
   LegacyPlanner(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
-                std::optional<bool> distributed)
-      : legacy_(legacy), optim_(optim), tp_(tp), pp_(pp), requested_distributed_(distributed) {}
+                std::optional<bool> distributed, int vpp)
+      : legacy_(legacy), optim_(optim), tp_(tp), pp_(pp), vpp_(vpp), requested_distributed_(distributed) {}
 
   LegacyOutput run() {
     ValuePtr root = mapping_of(legacy_.root);
     ValuePtr model = root->is(Kind::kDict) ? root->get("model") : nullptr;
     args_ = root->is(Kind::kDict) ? root->get("args") : nullptr;
-    // A Megatron-LM job's torch_dist save keeps its args in common.pt, but
-    // its model under megatron-core's sharded names (the local spec's fused
-    // layer-norm keys, layers stacked) and its optimizer in the distributed
-    // optimizer's layouts: not mapped back to a legacy rank file's yet.
-    if (legacy_.info.kind == SourceKind::kMegatron && args_)
-      fail(ErrorCode::kUnimplemented,
-           legacy_.source +
-               ": a torch_dist checkpoint of a Megatron-LM job (args in common.pt) is not written as a legacy "
-               "checkpoint yet (its model is stored under megatron-core's sharded names, its optimizer in the "
-               "distributed optimizer's layout); a job at the new TP x PP loads the torch_dist checkpoint itself "
-               "(--ckpt-format torch_dist), or reshard it with --layout megatron --world-size N");
-    if (legacy_.info.kind != SourceKind::kMegatronLegacy || !model || !args_)
+    const bool megatron =
+        legacy_.info.kind == SourceKind::kMegatronLegacy || legacy_.info.kind == SourceKind::kMegatron;
+    if (!megatron || !model || !args_)
       fail_invalid(legacy_.source +
-                   ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint read whole (no --only): its "
-                   "TP=1/PP=1 model and its args, which the rank files carry with the new TP and PP (this source "
-                   "holds no Megatron-LM args: a Hugging Face folder, or a torch_dist checkpoint megatron-core saved "
-                   "without them)");
+                   ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint, or a Megatron-LM job's "
+                   "torch_dist one, read whole (no --only): its TP=1/PP=1 model and its args, which the rank files "
+                   "carry with the new TP and PP (this source holds no Megatron-LM args: a Hugging Face folder has "
+                   "none; --layout megatron writes it as torch_dist, which Megatron-LM loads with --ckpt-format "
+                   "torch_dist)");
     args_ = mapping_of(args_);
     model = mapping_of(model);
     settle_model(model);
@@ -123,7 +116,9 @@ class LegacyPlanner {
     // ignores a torch_dist checkpoint's RNG state at another TP x PP; a
     // legacy load has no such check, so the flag is the job's to pass.
     log::warn(legacy_.source + ": the RNG states are not written (" +
-              (optim_ ? "the optimizer is" : "neither is the optimizer: the source saved none") +
+              (optim_                                             ? "the optimizer is"
+               : legacy_.info.kind == SourceKind::kMegatronLegacy ? "neither is the optimizer: the source saved none"
+                                                                  : "neither is the optimizer") +
               "): load the output with --no-load-rng" + (optim_ ? "" : " --no-load-optim"));
     LegacyOutput out;
     auto it = legacy_.facts.find("megatron iteration");
@@ -143,15 +138,23 @@ class LegacyPlanner {
       for (int t = 0; t < tp_; ++t) {
         LegacyRankFile file;
         file.name = folder + "/" + rank_folder_name(t, p, 0, pp_, 1) + "/" + kRankFile;
-        ValuePtr rank_model = Value::dict();
-        std::vector<RankParam> params;
+        // One model per virtual stage (model0..model<V-1>), or `model`.
+        std::vector<ValuePtr> rank_models(static_cast<std::size_t>(vpp_));
+        std::vector<std::vector<RankParam>> chunk_params(rank_models.size());
+        std::vector<RankParam> params;  // chunk after chunk, as the optimizer numbers them
         ValuePtr optimizer;
         std::optional<LegacyRankFile> distrib_optim;
         with_context(file.name, [&] {
-          for (const auto& [name, v] : entries) add_entry(name, v, t, p, rank_model, file.tensors, params);
+          for (int v = 0; v < vpp_; ++v) {
+            auto& into = rank_models[static_cast<std::size_t>(v)];
+            into = Value::dict();
+            auto& chunk = chunk_params[static_cast<std::size_t>(v)];
+            for (const auto& [name, value] : entries) add_entry(name, value, t, p, v, into, file.tensors, chunk);
+            params.insert(params.end(), chunk.begin(), chunk.end());
+          }
           if (optim_ && distributed_) {
             optimizer = distopt_rank_entry();
-            distrib_optim = distopt_file(t, p, params, file.tensors);
+            distrib_optim = distopt_file(t, p, chunk_params, file.tensors);
             distrib_optim->name = folder + "/" + rank_folder_name(t, p, 0, pp_, 1) + "/" + kDistribOptimFile;
           } else if (optim_) {
             optimizer = rank_optimizer(t, params, file.tensors);
@@ -160,7 +163,13 @@ class LegacyPlanner {
         file.root = Value::dict();
         for (const auto& [k, v] : root->entries) {
           const std::string key = path_component(*k);
-          file.root->entries.emplace_back(k, key == "model" ? rank_model : key == "args" ? args : v);
+          if (key == "model" && vpp_ > 1) {
+            for (int c = 0; c < vpp_; ++c)
+              file.root->entries.emplace_back(Value::str("model" + std::to_string(c)),
+                                              rank_models[static_cast<std::size_t>(c)]);
+          } else {
+            file.root->entries.emplace_back(k, key == "model" ? rank_models[0] : key == "args" ? args : v);
+          }
           // Where Megatron-LM's generate_state_dict puts it: after the model.
           if (key == "model" && optimizer) file.root->entries.emplace_back(Value::str("optimizer"), optimizer);
         }
@@ -278,13 +287,14 @@ class LegacyPlanner {
   // moments of its parameters, each the rank's TP piece of the state laid
   // at its place, zeros between. An fp32 model's master is its weight
   // (the plain optimizer keeps none apart).
-  LegacyRankFile distopt_file(int t, int p, const std::vector<RankParam>& params,
+  LegacyRankFile distopt_file(int t, int p, const std::vector<std::vector<RankParam>>& chunk_params,
                               const std::vector<TensorEntry>& model_tensors) const {
-    std::vector<std::vector<LocalParam>> chunks(1);
-    for (const RankParam& rp : params) {
-      const TensorEntry& w = model_tensors[rp.tensor];
-      chunks[0].push_back({w.name, w.shape, w.dtype});
-    }
+    std::vector<std::vector<LocalParam>> chunks(chunk_params.size());
+    for (std::size_t c = 0; c < chunk_params.size(); ++c)
+      for (const RankParam& rp : chunk_params[c]) {
+        const TensorEntry& w = model_tensors[rp.tensor];
+        chunks[c].push_back({w.name, w.shape, w.dtype});
+      }
     const std::vector<FlatBuffer> buffers = distopt_rank_buffers_v016(chunks, distopt_args_, p, pp_);
     LegacyRankFile file;
     file.root = Value::dict({{Value::str("buckets_coalesced"), Value::boolean(true)}});
@@ -298,7 +308,7 @@ class LegacyPlanner {
         flat.shape = {static_cast<int64_t>(b.numel_unpadded)};
         uint64_t pos = 0;
         for (const FlatBuffer::Place& place : b.places) {
-          const RankParam& rp = params[place.param];
+          const RankParam& rp = chunk_params.at(b.chunk).at(place.param);
           const TensorEntry& w = model_tensors[rp.tensor];
           ValuePtr s = state_of(rp.name);
           const std::string label = w.name + "." + kind;
@@ -409,9 +419,13 @@ class LegacyPlanner {
     if (const int64_t said = int_entry(args_, "num_layers", num_layers_); said != num_layers_)
       fail_data_loss(legacy_.source + ": the model holds " + std::to_string(num_layers_) + " layers, args.num_layers " +
                      std::to_string(said));
-    if (num_layers_ % pp_)
+    if (vpp_ > 1 && pp_ < 2)
+      fail_invalid("--vpp " + std::to_string(vpp_) +
+                   ": virtual pipeline stages interleave over pipeline ranks; give --pp 2 or more");
+    if (num_layers_ % (pp_ * vpp_))
       fail(ErrorCode::kUnimplemented, legacy_.source + ": " + std::to_string(num_layers_) +
-                                          " layers do not divide into " + std::to_string(pp_) +
+                                          " layers do not divide into " + std::to_string(pp_ * vpp_) +
+                                          (vpp_ > 1 ? " virtual" : "") +
                                           " pipeline stages (an uneven split is not written yet)");
     const int64_t heads = int_entry(args_, "num_attention_heads", -1);
     const int64_t groups =
@@ -472,35 +486,48 @@ class LegacyPlanner {
     set_existing(args, "pipeline_model_parallel_size", Value::integer(pp_));
     set_existing(args, "transformer_pipeline_model_parallel_size", Value::integer(pp_));
     set_existing(args, "padded_vocab_size", Value::integer(vocab_rows_));
+    set_existing(args, "ckpt_format", Value::str("torch"));  // a torch_dist job's args say torch_dist
     // The plain optimizer's `optimizer` entry is what a job without the
     // distributed optimizer reads; with it, distrib_optim.pt.
     if (optim_) set_existing(args, "use_distributed_optimizer", Value::boolean(distributed_));
-    for (const char* vpp : {"virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
-                            "num_virtual_stages_per_pipeline_rank"})
-      set_existing(args, vpp, Value::none());
+    // Virtual stages: V of them per pipeline rank, said as
+    // --num-virtual-stages-per-pipeline-rank says it (the layers per stage
+    // follow from num_layers); none at V = 1.
+    ValuePtr virtual_stages = vpp_ > 1 ? Value::integer(vpp_) : Value::none();
+    set_existing(args, "virtual_pipeline_model_parallel_size", virtual_stages);
+    // Megatron-LM's validate_args sets it under virtual pipelining (the
+    // gpt_pp2_vpp2 fixture's args hold it; a job saved without one may not).
+    if (vpp_ > 1 && !args->get("virtual_pipeline_model_parallel_size"))
+      args->entries.emplace_back(Value::str("virtual_pipeline_model_parallel_size"), virtual_stages);
+    set_existing(args, "num_virtual_stages_per_pipeline_rank", virtual_stages);
+    set_existing(args, "num_layers_per_virtual_pipeline_stage", Value::none());
     return args;
   }
 
-  // The pipeline stage holding a model entry outside the layers: the
-  // embeddings are the first stage's, the final norm and output layer the last's.
-  int stage_of_unlayered(const std::string& name) const {
+  // The model chunk (virtual stage v of pipeline rank p is chunk v P + p)
+  // holding a model entry outside the layers: the embeddings are the
+  // first chunk's, the final norm and output layer the last's.
+  int chunk_of_unlayered(const std::string& name) const {
     if (name.rfind("embedding.", 0) == 0) return 0;
-    if (name.rfind("decoder.", 0) == 0 || name.rfind("output_layer.", 0) == 0) return pp_ - 1;
+    if (name.rfind("decoder.", 0) == 0 || name.rfind("output_layer.", 0) == 0) return pp_ * vpp_ - 1;
     fail(ErrorCode::kUnimplemented, legacy_.source + ": model entry '" + name +
                                         "' is outside the layers, the embeddings, the decoder and the output layer; "
                                         "which pipeline stage holds it is not known here");
   }
 
   // Entry `name` of the TP=1/PP=1 model, as TP rank t / PP rank p holds it
-  // (if it does): under its stage-local name, its TP piece.
-  void add_entry(const std::string& name, const ValuePtr& v, int t, int p, ValuePtr& into,
+  // in its virtual stage `vs` (if it does): under its chunk-local name,
+  // its TP piece. Chunk vs P + p holds the (vs P + p)-th run of layers, as
+  // Megatron-LM's interleaved schedule assigns them.
+  void add_entry(const std::string& name, const ValuePtr& v, int t, int p, int vs, ValuePtr& into,
                  std::vector<TensorEntry>& tensors, std::vector<RankParam>& params) const {
     std::string local = name;
-    const int64_t per_stage = num_layers_ / pp_;
+    const int64_t per_chunk = num_layers_ / (pp_ * vpp_);
+    const int chunk = vs * pp_ + p;
     if (auto at = layer_index_in(name)) {
-      if (at->index / per_stage != p) return;
-      local.replace(at->pos, at->len, std::to_string(at->index - p * per_stage));
-    } else if (stage_of_unlayered(name) != p) {
+      if (at->index / per_chunk != chunk) return;
+      local.replace(at->pos, at->len, std::to_string(at->index - chunk * per_chunk));
+    } else if (chunk_of_unlayered(name) != chunk) {
       return;
     }
     auto idx = tensor_ref_index(*v);
@@ -560,7 +587,7 @@ class LegacyPlanner {
 
   const CheckpointModel& legacy_;
   const CheckpointModel* optim_;
-  int tp_, pp_;
+  int tp_, pp_, vpp_;
   ValuePtr optim_state_;
   std::vector<ValuePtr> optim_groups_;
   ValuePtr args_;
@@ -574,11 +601,110 @@ class LegacyPlanner {
 
 }  // namespace
 
+namespace {
+
+// The args a legacy rank file needs of the job and the writer reads: the
+// model's sizes and layout, which a torch_dist checkpoint's tensors do not
+// all say (heads, query groups, the vocabulary's padding, the layer spec).
+constexpr const char* kArgsNeeded[] = {"num_layers",
+                                       "hidden_size",
+                                       "num_attention_heads",
+                                       "padded_vocab_size",
+                                       "swiglu",
+                                       "untie_embeddings_and_output_weights",
+                                       "transformer_impl",
+                                       "group_query_attention"};
+
+// `views`' entry `key` (a dict of names) with each layer entry under its
+// module's name (the keys map backwards).
+ValuePtr module_names(const ValuePtr& stored, bool local_spec, const std::string& source) {
+  ValuePtr out = Value::dict();
+  std::set<std::string> seen;
+  for (const auto& [k, v] : mapping_of(stored)->entries) {
+    std::string name = path_component(*k);
+    if (auto at = layer_index_in(name)) {
+      const std::size_t rest = at->pos + at->len + 1;
+      name = name.substr(0, rest) + module_layer_name(name.substr(rest), local_spec);
+    }
+    if (!seen.insert(name).second) fail_data_loss(source + ": two stored entries are the module's '" + name + "'");
+    out->entries.emplace_back(Value::str(name), v);
+  }
+  return out;
+}
+
+}  // namespace
+
+LegacySource legacy_source_of_torch_dist(const CheckpointModel& whole,
+                                         const std::function<CheckpointModel()>& read_views) {
+  ValuePtr root = mapping_of(whole.root);
+  ValuePtr args = root->is(Kind::kDict) ? root->get("args") : nullptr;
+  if (!whole.info.megatron || !args)
+    fail(ErrorCode::kUnimplemented,
+         whole.source +
+             ": no Megatron-LM args in common.pt (megatron-core saved this checkpoint without Megatron-LM's common "
+             "state); a legacy rank file carries the job's args (its sizes, vocabulary padding and layer spec), "
+             "which ckptconv does not make up. Load it with --ckpt-format torch_dist, or reshard it with --layout "
+             "megatron --world-size N");
+  args = mapping_of(args);
+  std::string missing;
+  for (const char* key : kArgsNeeded)
+    if (!args->get(key)) missing += (missing.empty() ? "" : ", ") + std::string(key);
+  if (!missing.empty())
+    fail(ErrorCode::kUnimplemented, whole.source + ": common.pt's args lack " + missing +
+                                        ", which a legacy rank file needs (Megatron-LM's parse_args sets them all)");
+  ValuePtr impl = args->get("transformer_impl");
+  const std::string spec = impl->is(Kind::kStr) ? impl->as_str() : "";
+  if (spec != "local" && spec != "transformer_engine")
+    fail(ErrorCode::kUnimplemented, whole.source + ": args.transformer_impl is " + impl->repr() +
+                                        "; the stored names of megatron-core's local and transformer_engine GPT "
+                                        "layer specs are known");
+  const bool local_spec = spec == "local";
+  const CheckpointModel views = read_views();
+  ValuePtr view_root = mapping_of(views.root);
+  ValuePtr model = module_names(view_root->at("model"), local_spec, whole.source);
+  // GPTModel.sharded_state_dict leaves the output layer's extra state out;
+  // its state_dict (what a legacy file holds) has it, None for the local
+  // spec's ColumnParallelLinear, and load_state_dict(strict=True) wants it.
+  if (!model->get("output_layer._extra_state"))
+    model->entries.emplace_back(Value::str("output_layer._extra_state"), Value::none());
+  LegacySource out;
+  out.model = views;
+  out.model.source = whole.source;
+  out.model.root = Value::dict();
+  // The job's entries in the order Megatron-LM's generate_state_dict puts
+  // them (args, checkpoint_version, iteration, then the model), the others
+  // in common.pt's. The optimizer's param groups travel in its view.
+  std::vector<std::string> keys = {"args", "checkpoint_version", "iteration"};
+  for (const std::string& key : whole.info.megatron->common_keys)
+    if (key != "optimizer" && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i == 3) out.model.root->entries.emplace_back(Value::str("model"), model);
+    ValuePtr v = root->get(keys[i]);
+    if (!v) continue;
+    if (pickle::find_node(*v, [](const Value& x) { return tensor_ref_index(x).has_value(); }))
+      fail(ErrorCode::kUnimplemented, whole.source + ": common.pt's '" + keys[i] +
+                                          "' holds a tensor; the job's entries are written from plain values only");
+    out.model.root->entries.emplace_back(Value::str(keys[i]), v);
+  }
+  if (!out.model.root->get("model")) out.model.root->entries.emplace_back(Value::str("model"), model);
+  if (ValuePtr optim = view_root->get("optim")) {
+    optim = mapping_of(optim);
+    out.optim = views;
+    out.optim->source = whole.source;
+    out.optim->root =
+        Value::dict({{Value::str("optim"),
+                      Value::dict({{Value::str("state"), module_names(optim->at("state"), local_spec, whole.source)},
+                                   {Value::str("param_groups"), optim->at("param_groups")}})}});
+  }
+  return out;
+}
+
 LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
-                                std::optional<bool> distributed) {
-  if (tp < 1 || pp < 1)
-    fail_invalid("--tp and --pp must be at least 1 (got " + std::to_string(tp) + " and " + std::to_string(pp) + ")");
-  return LegacyPlanner(legacy, optim, tp, pp, distributed).run();
+                                std::optional<bool> distributed, int vpp) {
+  if (tp < 1 || pp < 1 || vpp < 1)
+    fail_invalid("--tp, --pp and --vpp must be at least 1 (got " + std::to_string(tp) + ", " + std::to_string(pp) +
+                 " and " + std::to_string(vpp) + ")");
+  return LegacyPlanner(legacy, optim, tp, pp, distributed, vpp).run();
 }
 
 }  // namespace ckpt::megatron_legacy

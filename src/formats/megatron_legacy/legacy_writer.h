@@ -6,6 +6,9 @@
 //   iter_<N:07d>/ (or release/)
 //       mp_rank_<tp:02d>[_<pp:03d>]/model_optim_rng.pt
 //
+// from a legacy checkpoint or a Megatron-LM job's torch_dist one (its args
+// in common.pt: legacy_source_of_torch_dist below), with V virtual
+// pipeline stages per rank (model0..model<V-1>) where asked;
 // each rank file a dict of the source's job entries (args with the new
 // parallel sizes, checkpoint_version, iteration, ...) and `model`, the
 // rank's piece of the TP=1/PP=1 model the legacy reader gives: the inverse
@@ -29,6 +32,7 @@
 // per TP x PP position; the job loads with --no-load-rng).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,20 +56,45 @@ struct LegacyOutput {
   std::vector<LegacyRankFile> files;
 };
 
+// A Megatron-LM job's torch_dist checkpoint as plan_legacy_output takes a
+// legacy one: `whole` read whole (common.pt's entries at the top: args,
+// iteration, ...), `read_views` reading the same directory with --only
+// optim (or --only model where its optimizer is not read: no optim then),
+// called once the args are found. The model
+// is the --only model view under the module's own names (the layer spec's
+// keys map backwards, as args.transformer_impl says) with
+// output_layer._extra_state (None, which GPTModel.sharded_state_dict leaves
+// out of the save) put back; the job's entries are common.pt's but the
+// optimizer's param groups, which the optimizer view carries. Unimplemented
+// (exit 3) naming what is missing where the args a legacy rank file needs
+// are not there (a torch_dist checkpoint megatron-core saved without
+// Megatron-LM's common state): they are never made up.
+struct LegacySource {
+  CheckpointModel model;                 // root {args, checkpoint_version, iteration, model, ...}
+  std::optional<CheckpointModel> optim;  // root {"optim": {"state": {name: ...}, "param_groups": [...]}}
+};
+LegacySource legacy_source_of_torch_dist(const CheckpointModel& whole,
+                                         const std::function<CheckpointModel()>& read_views);
+
 // `legacy`: a Megatron-LM legacy checkpoint read whole (the model at
-// TP=1/PP=1 and the job's args); InvalidArgument for another source or
+// TP=1/PP=1 and the job's args), or a torch_dist one made so by
+// legacy_source_of_torch_dist; InvalidArgument for another source or
 // one read with --only, Unimplemented (exit 3) naming what does not split:
 // layers that do not divide by PP, a TP-split dimension, query groups or
 // the padded vocabulary that do not divide by TP, a parameter tp_layout.h
 // does not know. Tied embeddings: the last stage's copy of the word
 // embeddings (output_layer.weight) is written at PP > 1 and left out at
-// PP = 1. No virtual pipeline stages are written. `optim`: the same
+// PP = 1. `vpp` > 1: V virtual pipeline stages per pipeline rank, each
+// rank file's model0..model<V-1> (virtual stage v of pipeline rank p the
+// (v P + p)-th run of L/(V P) layers, numbered from 0 in each; the
+// embeddings model0's of stage 0, the final norm and output layer
+// model<V-1>'s of stage P-1), args' virtual-pipeline sizes V. `optim`: the same
 // checkpoint read with --only optim, or nullptr to write no optimizer;
 // its state must name every parameter the ranks hold (DataLoss naming the
 // one it lacks). `distributed`: the optimizer written as the
 // DistributedOptimizer's (true) or the plain one's (false); absent: as the
 // source's args.use_distributed_optimizer says.
 LegacyOutput plan_legacy_output(const CheckpointModel& legacy, const CheckpointModel* optim, int tp, int pp,
-                                std::optional<bool> distributed = std::nullopt);
+                                std::optional<bool> distributed = std::nullopt, int vpp = 1);
 
 }  // namespace ckpt::megatron_legacy

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ckpt::megatron_legacy {
@@ -91,8 +92,8 @@ std::string rank_folder_name(int tp, int pp, int ep, int pp_size, int ep_size) {
     return std::string(s.size() < width ? width - s.size() : 0, '0') + s;
   };
   std::string out = "mp_rank_" + padded(tp, 2);
-  if (pp_size > 1) out += "_" + padded(pp, 3);
-  if (ep_size > 1) out += "_" + padded(ep, 3);
+  if (pp_size > 1) (out += '_') += padded(pp, 3);
+  if (ep_size > 1) (out += '_') += padded(ep, 3);
   return out;
 }
 
@@ -105,6 +106,30 @@ std::optional<LayerIndexAt> layer_index_in(const std::string& name) {
     if (all_digits(digits)) return LayerIndexAt{start, end - start, std::stoll(std::string(digits))};
   }
   return std::nullopt;
+}
+
+namespace {
+
+// {module's prefix, stored prefix}: the local spec's keys map.
+constexpr std::pair<std::string_view, std::string_view> kLocalSpecKeys[] = {
+    {"input_layernorm.", "self_attention.linear_qkv.layer_norm_"},
+    {"pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"},
+};
+
+}  // namespace
+
+std::string stored_layer_name(const std::string& rest, bool local_spec) {
+  if (!local_spec) return rest;
+  for (const auto& [module, stored] : kLocalSpecKeys)
+    if (rest.rfind(module, 0) == 0) return std::string(stored) + rest.substr(module.size());
+  return rest;
+}
+
+std::string module_layer_name(const std::string& rest, bool local_spec) {
+  if (!local_spec) return rest;
+  for (const auto& [module, stored] : kLocalSpecKeys)
+    if (rest.rfind(stored, 0) == 0) return std::string(module) + rest.substr(stored.size());
+  return rest;
 }
 
 }  // namespace ckpt::megatron_legacy

@@ -64,4 +64,16 @@ struct LayerIndexAt {
 };
 std::optional<LayerIndexAt> layer_index_in(const std::string& name);
 
+// The layer spec's sharded_state_dict_keys_map (megatron-core's
+// models/gpt/gpt_layer_specs.py): the local spec stores its layer norms
+// under the linear layer they feed, where Transformer Engine fuses them,
+// so a torch_dist checkpoint loads into either spec. `rest`: a layer's
+// entry name after "layers.<i>."; `local_spec`: args.transformer_impl is
+// "local" (Transformer Engine's names are stored as they are).
+//   stored_layer_name  the module's name -> the stored one
+//                      (input_layernorm.weight -> self_attention.linear_qkv.layer_norm_weight)
+//   module_layer_name  the stored name -> the module's (its inverse)
+std::string stored_layer_name(const std::string& rest, bool local_spec);
+std::string module_layer_name(const std::string& rest, bool local_spec);
+
 }  // namespace ckpt::megatron_legacy

@@ -1,14 +1,11 @@
 #include "formats/safetensors/hf_tied_weights.h"
 
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/safetensors/hf_config.h"
-#include "io/byte_source.h"
-#include "io/storage.h"
 #include "model/ordered_json.h"
 #include "model/tree_walk.h"
 

@@ -1,0 +1,341 @@
+#include "io/aws_credentials.h"
+
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+
+extern char** environ;
+
+namespace ckpt {
+namespace {
+
+using Clock = std::chrono::system_clock;
+// Keys this close to their expiry are fetched again (botocore refreshes
+// 15 minutes ahead for its advisory window and 10 for the mandatory one).
+constexpr std::chrono::minutes kRefreshAhead{5};
+constexpr std::size_t kMaxAnswer = 1 << 20;  // a credentials document is a few hundred bytes
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+struct HttpAnswer {
+  CURLcode rc = CURLE_OK;
+  long status = 0;
+  std::string body;
+};
+
+size_t collect(char* data, size_t size, size_t n, void* user) {
+  auto* body = static_cast<std::string*>(user);
+  if (body->size() + size * n > kMaxAnswer) return 0;  // ends the transfer: no endpoint answers megabytes
+  body->append(data, size * n);
+  return size * n;
+}
+
+// One plain HTTP(S) request of the credential endpoints (not S3's: no
+// signing, no retries beyond `tries`), with its own handle.
+HttpAnswer http(const std::string& method, const std::string& url, const std::vector<std::string>& headers,
+                const std::string& body, long timeout_ms, int tries = 1) {
+  static std::once_flag init;
+  std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  HttpAnswer a;
+  for (int t = 0; t < tries; ++t) {
+    std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(curl_easy_init(), curl_easy_cleanup);
+    if (!h) fail(ErrorCode::kResourceExhausted, "libcurl: cannot create a handle");
+    std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> list(nullptr, curl_slist_free_all);
+    for (const auto& line : headers) list.reset(curl_slist_append(list.release(), line.c_str()));
+    a = HttpAnswer{};
+    curl_easy_setopt(h.get(), CURLOPT_URL, url.c_str());
+    curl_easy_setopt(h.get(), CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h.get(), CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(h.get(), CURLOPT_TIMEOUT_MS, timeout_ms * 3);
+    curl_easy_setopt(h.get(), CURLOPT_SSL_VERIFYPEER, 1L);
+    curl_easy_setopt(h.get(), CURLOPT_SSL_VERIFYHOST, 2L);
+    curl_easy_setopt(h.get(), CURLOPT_HTTPHEADER, list.get());
+    curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &a.body);
+    if (method != "GET") {
+      curl_easy_setopt(h.get(), CURLOPT_CUSTOMREQUEST, method.c_str());
+      curl_easy_setopt(h.get(), CURLOPT_POSTFIELDS, body.c_str());
+      curl_easy_setopt(h.get(), CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+    }
+    a.rc = curl_easy_perform(h.get());
+    if (a.rc == CURLE_OK) curl_easy_getinfo(h.get(), CURLINFO_RESPONSE_CODE, &a.status);
+    if (a.rc == CURLE_OK && a.status < 500) break;
+  }
+  return a;
+}
+
+std::string url_encode(const std::string& s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string read_small_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorCode::kNotFound, what + ": cannot read " + path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  return text;
+}
+
+// The JSON the container endpoint, IMDS and credential_process answer:
+// AccessKeyId, SecretAccessKey, Token or SessionToken, Expiration.
+TimedCredentials from_json(const std::string& text, const std::string& what) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  auto field = [&](const char* name) -> std::string {
+    if (!j.is_object() || !j.contains(name)) return "";
+    return j[name].is_string() ? j[name].get<std::string>() : "";
+  };
+  TimedCredentials c;
+  c.keys.access_key_id = field("AccessKeyId");
+  c.keys.secret_access_key = field("SecretAccessKey");
+  c.keys.session_token = field("Token").empty() ? field("SessionToken") : field("Token");
+  if (c.keys.empty()) fail_data_loss(what + ": the answer holds no AccessKeyId and SecretAccessKey");
+  if (std::string e = field("Expiration"); !e.empty()) {
+    c.expires = parse_iso8601_utc(e);
+    if (!c.expires) fail_data_loss(what + ": Expiration '" + e.substr(0, 40) + "' is not an ISO 8601 time");
+  }
+  return c;
+}
+
+std::string answer_error(const HttpAnswer& a) {
+  if (a.rc != CURLE_OK) return curl_easy_strerror(a.rc);
+  return "HTTP " + std::to_string(a.status);
+}
+
+// credential_process: run without a shell, its stdout a JSON document of
+// Version 1; its stderr goes to ours (the tool's own prompts and errors).
+TimedCredentials run_credential_process(const std::string& line, const std::string& what) {
+  std::vector<std::string> args = split_command_line(line);
+  if (args.empty()) fail_invalid(what + " is empty");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) fail(ErrorCode::kResourceExhausted, what + ": pipe: " + std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    fail(ErrorCode::kNotFound, what + ": cannot run '" + args[0] + "': " + std::strerror(rc));
+  }
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    if (text.size() < kMaxAnswer) text.append(buf, static_cast<std::size_t>(n));
+  }
+  close(out[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail_data_loss(what + ": '" + args[0] + "' failed (" +
+                   (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : std::string("killed")) + ")");
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("Version") || j["Version"] != 1)
+    fail_data_loss(what + ": its output is not a credentials document of Version 1");
+  return from_json(text, what);
+}
+
+TimedCredentials assume_role_with_web_identity(const std::string& token_file, const std::string& role_arn,
+                                               const std::string& session, const std::string& region) {
+  const std::string what = "web identity (" + token_file + ")";
+  const std::string token = read_small_file(token_file, what);
+  std::string endpoint = env("AWS_ENDPOINT_URL_STS");
+  if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
+  if (endpoint.empty()) endpoint = "https://sts." + region + ".amazonaws.com";
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  // Unsigned: the token is the proof (AssumeRoleWithWebIdentity takes no keys).
+  const std::string body = "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=" + url_encode(role_arn) +
+                           "&RoleSessionName=" + url_encode(session) + "&WebIdentityToken=" + url_encode(token);
+  HttpAnswer a = http("POST", endpoint + "/", {"Content-Type: application/x-www-form-urlencoded"}, body, 5000, 3);
+  if (a.rc != CURLE_OK || a.status != 200)
+    fail_data_loss(what + ": STS AssumeRoleWithWebIdentity at " + endpoint + " failed: " + answer_error(a));
+  auto element = [&](const std::string& tag) {
+    const auto b = a.body.find("<" + tag + ">");
+    const auto e = a.body.find("</" + tag + ">");
+    if (b == std::string::npos || e == std::string::npos || e < b) return std::string();
+    return a.body.substr(b + tag.size() + 2, e - b - tag.size() - 2);
+  };
+  nlohmann::json j = {{"AccessKeyId", element("AccessKeyId")},
+                      {"SecretAccessKey", element("SecretAccessKey")},
+                      {"SessionToken", element("SessionToken")},
+                      {"Expiration", element("Expiration")}};
+  return from_json(j.dump(), what);
+}
+
+TimedCredentials container_credentials() {
+  std::string url = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+  if (std::string rel = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"); !rel.empty()) url = "http://169.254.170.2" + rel;
+  const std::string what = "the container credentials endpoint (" + url + ")";
+  std::vector<std::string> headers;
+  std::string token = env("AWS_CONTAINER_AUTHORIZATION_TOKEN");
+  if (std::string file = env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"); !file.empty())
+    token = read_small_file(file, what);
+  if (!token.empty()) headers.push_back("Authorization: " + token);
+  HttpAnswer a = http("GET", url, headers, "", 2000, 3);
+  if (a.rc != CURLE_OK || a.status != 200) fail_data_loss(what + " failed: " + answer_error(a));
+  return from_json(a.body, what);
+}
+
+// IMDSv2: a session token (PUT), the role's name, its keys. No service
+// there (not on EC2) is no keys: requests go unsigned, as before.
+TimedCredentials instance_metadata_credentials() {
+  std::string base = env("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+  if (base.empty()) base = "http://169.254.169.254";
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  HttpAnswer t = http("PUT", base + "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds: 21600"}, "", 1000);
+  if (t.rc != CURLE_OK || t.status != 200) {
+    log::debug("no EC2 instance metadata service at " + base + " (" + answer_error(t) + "): unsigned requests");
+    return {};
+  }
+  const std::string auth = "X-aws-ec2-metadata-token: " + t.body;
+  const std::string path = base + "/latest/meta-data/iam/security-credentials/";
+  HttpAnswer role = http("GET", path, {auth}, "", 1000, 2);
+  if (role.rc != CURLE_OK || role.status != 200) {
+    log::debug("the instance metadata service has no role (" + answer_error(role) + "): unsigned requests");
+    return {};
+  }
+  const std::string name = role.body.substr(0, role.body.find('\n'));
+  HttpAnswer keys = http("GET", path + name, {auth}, "", 1000, 2);
+  const std::string what = "the EC2 instance metadata service (role '" + name.substr(0, 64) + "')";
+  if (keys.rc != CURLE_OK || keys.status != 200) fail_data_loss(what + " failed: " + answer_error(keys));
+  return from_json(keys.body, what);
+}
+
+}  // namespace
+
+CredentialSource::CredentialSource(std::string name, std::function<TimedCredentials()> fetch)
+    : name_(std::move(name)), fetch_(std::move(fetch)) {}
+
+S3Credentials CredentialSource::current() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool stale = held_ && held_->expires && Clock::now() + kRefreshAhead >= *held_->expires;
+  if (!held_ || stale) {
+    held_ = fetch_();
+    if (!held_->keys.empty()) log::debug("S3 credentials from " + name_);
+  }
+  return held_->keys;
+}
+
+std::shared_ptr<CredentialSource> fetched_credentials(const std::map<std::string, std::string>& profile_config,
+                                                      const std::string& profile, const std::string& region) {
+  auto setting = [&](const char* key) {
+    auto it = profile_config.find(key);
+    return it == profile_config.end() ? std::string() : it->second;
+  };
+  if (std::string process = setting("credential_process"); !process.empty()) {
+    std::string what = "the credential_process of profile '" + profile + "'";
+    return std::make_shared<CredentialSource>(what, [process, what] { return run_credential_process(process, what); });
+  }
+  std::string token_file = env("AWS_WEB_IDENTITY_TOKEN_FILE"), role = env("AWS_ROLE_ARN");
+  std::string session = env("AWS_ROLE_SESSION_NAME");
+  if (token_file.empty() || role.empty()) {
+    token_file = setting("web_identity_token_file");
+    role = setting("role_arn");
+    if (session.empty()) session = setting("role_session_name");
+  }
+  if (!token_file.empty() && !role.empty()) {
+    if (session.empty()) session = "ckptconv-" + std::to_string(::getpid());
+    return std::make_shared<CredentialSource>("the web identity token " + token_file, [=] {
+      return assume_role_with_web_identity(token_file, role, session, region);
+    });
+  }
+  if (!env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").empty() || !env("AWS_CONTAINER_CREDENTIALS_FULL_URI").empty())
+    return std::make_shared<CredentialSource>("the container credentials endpoint", container_credentials);
+  if (lower(env("AWS_EC2_METADATA_DISABLED")) == "true") return nullptr;
+  return std::make_shared<CredentialSource>("the EC2 instance metadata service", instance_metadata_credentials);
+}
+
+std::vector<std::string> split_command_line(const std::string& line) {
+  std::vector<std::string> out;
+  std::string word;
+  bool in_word = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '\'') {  // literal up to the next quote
+      const auto end = line.find('\'', i + 1);
+      if (end == std::string::npos) fail_invalid("credential_process: no closing quotation");
+      word += line.substr(i + 1, end - i - 1);
+      i = end;
+      in_word = true;
+    } else if (c == '"') {  // backslash escapes only \ and " (shlex, not sh)
+      std::size_t j = i + 1;
+      for (; j < line.size() && line[j] != '"'; ++j) {
+        if (line[j] == '\\' && j + 1 < line.size() && std::strchr("\\\"", line[j + 1])) ++j;
+        word += line[j];
+      }
+      if (j >= line.size()) fail_invalid("credential_process: no closing quotation");
+      i = j;
+      in_word = true;
+    } else if (c == '\\') {
+      if (i + 1 >= line.size()) fail_invalid("credential_process: no escaped character");
+      word += line[++i];
+      in_word = true;
+    } else if (std::isspace(static_cast<unsigned char>(c))) {
+      if (in_word) out.push_back(word);
+      word.clear();
+      in_word = false;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) out.push_back(word);
+  return out;
+}
+
+std::optional<Clock::time_point> parse_iso8601_utc(const std::string& text) {
+  std::tm tm{};
+  int consumed = 0;
+  if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+                  &tm.tm_min, &tm.tm_sec, &consumed) != 6)
+    return std::nullopt;
+  std::string rest = text.substr(static_cast<std::size_t>(consumed));
+  if (!rest.empty() && rest[0] == '.') rest.erase(0, rest.find_first_not_of("0123456789", 1));
+  if (rest != "Z" && rest != "+00:00" && rest != "") return std::nullopt;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  const time_t t = timegm(&tm);
+  if (t == static_cast<time_t>(-1)) return std::nullopt;
+  return Clock::from_time_t(t);
+}
+
+}  // namespace ckpt

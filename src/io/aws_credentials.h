@@ -1,0 +1,71 @@
+// AWS credentials that are fetched rather than written down: a profile's
+// `credential_process`, a web identity token exchanged with STS (EKS IRSA),
+// the ECS/EKS container endpoint, and the EC2 instance metadata service
+// (IMDSv2). Each gives temporary keys with an expiry; a CredentialSource
+// fetches them on first use and again when they are within five minutes of
+// expiring, so a run longer than their lifetime keeps signing. The order
+// is botocore's (io/s3_client.h: keys in the environment and the shared
+// files come first). Keys never appear in a message.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckpt {
+
+struct S3Credentials {
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;  // temporary credentials only
+  bool empty() const { return access_key_id.empty() || secret_access_key.empty(); }
+};
+
+struct TimedCredentials {
+  S3Credentials keys;  // empty: none there (no instance metadata service): unsigned requests
+  std::optional<std::chrono::system_clock::time_point> expires;
+};
+
+class CredentialSource {
+ public:
+  // `name` says where the keys come from, for messages ("the
+  // credential_process of profile 'ml'"); `fetch` gets them, throwing an
+  // Error naming the source when it fails.
+  CredentialSource(std::string name, std::function<TimedCredentials()> fetch);
+  // The keys to sign with now.
+  S3Credentials current();
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  std::function<TimedCredentials()> fetch_;
+  std::mutex mutex_;
+  std::optional<TimedCredentials> held_;
+};
+
+// What the environment and the profile's config-file section say to fetch
+// keys from, in botocore's order: `credential_process`; a web identity
+// (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, or the profile's
+// web_identity_token_file and role_arn) through STS's
+// AssumeRoleWithWebIdentity (AWS_ENDPOINT_URL_STS, else the region's STS);
+// the container endpoint (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or
+// _FULL_URI, AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]); else the instance
+// metadata service unless AWS_EC2_METADATA_DISABLED=true
+// (AWS_EC2_METADATA_SERVICE_ENDPOINT overrides its address).
+std::shared_ptr<CredentialSource> fetched_credentials(const std::map<std::string, std::string>& profile_config,
+                                                      const std::string& profile, const std::string& region);
+
+// A command line split as Python's shlex.split splits it (botocore runs
+// credential_process that way, without a shell). Exposed for tests.
+std::vector<std::string> split_command_line(const std::string& line);
+
+// "2026-12-05T12:00:00Z" (also with fractional seconds or "+00:00") as a
+// time; nullopt when it is not one.
+std::optional<std::chrono::system_clock::time_point> parse_iso8601_utc(const std::string& text);
+
+}  // namespace ckpt

@@ -1,0 +1,252 @@
+"""Keys that are fetched, not written down: a profile's credential_process,
+a web identity token exchanged with STS (EKS IRSA, moto's STS), the
+ECS/EKS container endpoint and the EC2 instance metadata service (IMDSv2).
+
+The S3 requests go to a server that records them (answering as S3 does for
+a missing bucket); each must carry the fetched keys: the Authorization
+header's Credential, the x-amz-security-token, and the signature botocore's
+signer computes with those keys. The container and instance-metadata
+endpoints are served by the test; botocore's own providers read the same
+endpoints and must get the same keys, so the protocol is the one AWS's
+SDKs speak."""
+from __future__ import annotations
+
+import datetime
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import moto.server as moto_server
+import pytest
+
+BUCKET = "ckpts"
+KEYS = {
+    "imds": ("ASIAIMDSNEVERPRINTED", "imds-s3cr3t-NEVER-PRINTED", "imds-tok-NEVER-PRINTED"),
+    "container": ("ASIACONTNEVERPRINTED", "cont-s3cr3t-NEVER-PRINTED", "cont-tok-NEVER-PRINTED"),
+    "process": ("ASIAPROCNEVERPRINTED", "proc-s3cr3t-NEVER-PRINTED", "proc-tok-NEVER-PRINTED"),
+}
+IMDS_TOKEN = "imds-session-7"
+CONTAINER_AUTH = "Bearer pod-identity-42"
+
+
+def expiry(minutes: float) -> str:
+    t = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=minutes)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def creds_json(kind: str, minutes: float) -> bytes:
+    key, secret, token = KEYS[kind]
+    return json.dumps({"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": key, "SecretAccessKey": secret,
+                       "Token": token, "Expiration": expiry(minutes)}).encode()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self, status: int, body: bytes):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def handle_one(self):
+        srv = self.server
+        role_path = "/latest/meta-data/iam/security-credentials/"
+        if self.path == "/latest/api/token" and self.command == "PUT":
+            srv.fetches["imds-token"] += 1
+            ok = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+            return self.answer(200 if ok else 400, IMDS_TOKEN.encode())
+        if self.path.startswith(role_path):
+            if self.headers.get("X-aws-ec2-metadata-token") != IMDS_TOKEN:
+                return self.answer(401, b"")
+            if self.path == role_path:
+                return self.answer(200, b"ml-role")
+            srv.fetches["imds"] += 1
+            return self.answer(200, creds_json("imds", srv.minutes))
+        if self.path == "/container-creds":
+            if self.headers.get("Authorization") != CONTAINER_AUTH:
+                return self.answer(403, b"")
+            srv.fetches["container"] += 1
+            return self.answer(200, creds_json("container", srv.minutes))
+        srv.requests.append((self.command, self.path, dict(self.headers)))
+        self.answer(404, b"<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message>"
+                         b"</Error>")
+
+    do_GET = do_HEAD = do_PUT = handle_one
+
+
+@pytest.fixture
+def server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.requests = []
+    srv.fetches = {"imds-token": 0, "imds": 0, "container": 0}
+    srv.minutes = 360
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv.endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield srv
+    srv.shutdown()
+
+
+def bare_env(endpoint: str, tmp_path: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=endpoint, AWS_REGION="eu-west-3", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_SERVICE_ENDPOINT="http://127.0.0.1:9")
+    env.update(extra)
+    return env
+
+
+def run(ckptconv, env, *args):
+    r = subprocess.run([str(ckptconv), *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
+    for kind in KEYS.values():
+        for secret in kind[1:]:
+            assert secret not in r.stdout + r.stderr, "a credential was printed"
+    return r
+
+
+def assert_signed_with(srv, key: str, secret: str | None, token: str):
+    """Every S3 request carries `key`'s Credential and `token`; with the
+    secret known, its signature is the one botocore computes."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    assert srv.requests, "no S3 request was sent"
+    for method, path, headers in srv.requests:
+        auth = headers.get("Authorization", "")
+        assert auth.startswith(f"AWS4-HMAC-SHA256 Credential={key}/"), (method, path, auth[:60])
+        lower = {k.lower(): v for k, v in headers.items()}
+        assert lower["x-amz-security-token"] == token
+        if secret is None:
+            continue
+        signed = auth.split("SignedHeaders=")[1].split(",")[0].split(";")
+        request = AWSRequest(method=method, url=srv.endpoint + path, headers={h: lower[h] for h in signed})
+        signer = S3SigV4Auth(Credentials(key, secret, token), "s3", "eu-west-3")
+        request.context["timestamp"] = lower["x-amz-date"]
+        expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
+        assert auth.endswith("Signature=" + expected)
+
+
+def test_instance_metadata_keys_sign_requests_as_botocore_reads_them(ckptconv, server, tmp_path):
+    from botocore.utils import InstanceMetadataFetcher
+
+    got = InstanceMetadataFetcher(timeout=2, num_attempts=1, base_url=server.endpoint).retrieve_iam_role_credentials()
+    assert (got["access_key"], got["secret_key"], got["token"]) == KEYS["imds"]
+    server.fetches["imds"] = 0
+    env = bare_env(server.endpoint, tmp_path, AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert_signed_with(server, *KEYS["imds"])
+    assert server.fetches["imds"] == 1  # six hours left: fetched once for every request
+
+
+def test_keys_about_to_expire_are_fetched_again(ckptconv, server, tmp_path):
+    """Keys within five minutes of their expiry are fetched again before the
+    next request: a run longer than their lifetime keeps signing."""
+    server.minutes = 2
+    env = bare_env(server.endpoint, tmp_path, AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+    run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert len(server.requests) >= 2
+    assert server.fetches["imds"] == len(server.requests)
+    assert_signed_with(server, *KEYS["imds"])
+
+
+def test_container_endpoint_keys_sign_requests_as_botocore_reads_them(ckptconv, server, tmp_path):
+    from botocore.credentials import ContainerProvider
+
+    token_file = tmp_path / "token"
+    token_file.write_text(CONTAINER_AUTH)
+    container_env = {"AWS_CONTAINER_CREDENTIALS_FULL_URI": server.endpoint + "/container-creds",
+                     "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token_file)}
+    got = ContainerProvider(environ=container_env).load().get_frozen_credentials()
+    assert (got.access_key, got.secret_key, got.token) == KEYS["container"]
+    # The container endpoint comes before the instance metadata service.
+    env = bare_env(server.endpoint, tmp_path, AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint, **container_env)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert_signed_with(server, *KEYS["container"])
+    assert server.fetches["imds-token"] == 0
+
+
+def write_process_profile(tmp_path: Path, exit_code: int = 0) -> Path:
+    script = tmp_path / "creds helper.py"
+    key, secret, token = KEYS["process"]
+    script.write_text(
+        "import json, sys\n"
+        f"open({str(tmp_path / 'argv.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+        f"print(json.dumps({{'Version': 1, 'AccessKeyId': {key!r}, 'SecretAccessKey': {secret!r},"
+        f" 'SessionToken': {token!r}, 'Expiration': {expiry(60)!r}}}))\n"
+        f"sys.exit({exit_code})\n")
+    config = tmp_path / "config"
+    config.write_text(f"[profile ml]\nregion = eu-west-3\n"
+                      f"credential_process = {sys.executable} '{script}' \"two words\" plain\\ escaped\n")
+    return config
+
+
+def test_credential_process_runs_without_a_shell_as_botocore_splits_it(ckptconv, server, tmp_path):
+    import shlex
+
+    config = write_process_profile(tmp_path)
+    line = config.read_text().split("credential_process = ")[1].strip()
+    env = bare_env(server.endpoint, tmp_path, AWS_CONFIG_FILE=str(config), AWS_PROFILE="ml",
+                   AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert json.loads((tmp_path / "argv.json").read_text()) == shlex.split(line)[2:] == ["two words", "plain escaped"]
+    assert_signed_with(server, *KEYS["process"])
+    assert server.fetches["imds-token"] == 0  # the profile's process comes first
+
+
+def test_a_failing_credential_process_is_an_error_naming_the_profile(ckptconv, server, tmp_path):
+    config = write_process_profile(tmp_path, exit_code=2)
+    env = bare_env(server.endpoint, tmp_path, AWS_CONFIG_FILE=str(config), AWS_PROFILE="ml")
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3, r.stderr
+    assert "the credential_process of profile 'ml'" in r.stderr and "exit 2" in r.stderr
+    assert server.requests == []  # nothing sent unsigned instead
+
+
+def test_web_identity_keys_come_from_sts(ckptconv, server, tmp_path):
+    """EKS IRSA: AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, exchanged with
+    STS's AssumeRoleWithWebIdentity (moto's STS) for temporary keys."""
+    sts = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    sts.start()
+    try:
+        host, port = sts.get_host_and_port()
+        token = tmp_path / "token"
+        token.write_text("eyJhbGciOiJSUzI1NiJ9.e30.c2ln")
+        env = bare_env(server.endpoint, tmp_path, AWS_WEB_IDENTITY_TOKEN_FILE=str(token),
+                       AWS_ROLE_ARN="arn:aws:iam::123456789012:role/ml", AWS_ENDPOINT_URL_STS=f"http://{host}:{port}",
+                       AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+        r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    finally:
+        sts.stop()
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    auth = server.requests[0][2]["Authorization"]
+    key = auth.split("Credential=")[1].split("/")[0]
+    token_sent = {k.lower(): v for k, v in server.requests[0][2].items()}["x-amz-security-token"]
+    assert key.startswith("ASIA") and len(token_sent) > 20
+    assert_signed_with(server, key, None, token_sent)
+    assert server.fetches["imds-token"] == 0
+
+
+def test_no_keys_anywhere_sends_unsigned_requests(ckptconv, server, tmp_path):
+    env = bare_env(server.endpoint, tmp_path, AWS_EC2_METADATA_DISABLED="true",
+                   AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert server.fetches["imds-token"] == 0
+    assert server.requests and all("Authorization" not in h for _, _, h in server.requests)
+    # Not on EC2 (no service at the address): unsigned too, at once.
+    env = bare_env(server.endpoint, tmp_path)
+    server.requests.clear()
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert server.requests and all("Authorization" not in h for _, _, h in server.requests)
