@@ -475,8 +475,9 @@ def test_a_universal_checkpoint_on_s3_keeps_latest_and_output_rules(run_s3, s3, 
 
 
 def test_a_failed_latest_universal_removes_the_published_tag(run_s3, s3, moto, testdata):
-    proxy = serving(RuleProxy(moto, lambda method, path: "fail" if method == "PUT" and path.endswith("/latest_universal")
-                                  else None))
+    def fails_the_pointer(method, path):
+        return "fail" if method == "PUT" and path.endswith("/latest_universal") else None
+    proxy = serving(RuleProxy(moto, fails_the_pointer))
     try:
         r = run_s3("reshard", testdata / ZERO, "-o", f"s3://{BUCKET}/dsf/step2_universal", *UNIVERSAL,
                    endpoint=proxy.endpoint, env={"CKPTCONV_S3_MAX_ATTEMPTS": "1"})
