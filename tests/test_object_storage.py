@@ -168,20 +168,6 @@ def test_missing_bucket_and_missing_key_exit_3_naming_them(run_s3):
     assert f"s3://{BUCKET}/testdata/not/there" in r.stderr
 
 
-@pytest.mark.parametrize("args", [["-o", f"s3://{BUCKET}/out/model.h5"],
-                                  ["-o", f"s3://{BUCKET}/out/", "--format", "hdf5"]])
-def test_s3_outputs_not_written_yet_are_refused_before_anything_is_written(run_s3, moto, args):
-    """HDF5 (libhdf5 writes a local file by name), as a file or in a
-    folder: exit 4 naming what, and nothing in the bucket. --part into an
-    s3:// file or folder is test_object_storage_parts.py's."""
-    r = run_s3("consolidate", url("hf/sharded"), *args)
-    assert r.returncode == 4, r.stderr
-    assert "not supported yet" in r.stderr
-    keys = boto3.client("s3", endpoint_url=moto, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
-                        region_name="us-east-1").list_objects_v2(Bucket=BUCKET, Prefix="out/")
-    assert keys["KeyCount"] == 0
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

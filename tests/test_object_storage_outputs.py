@@ -415,13 +415,79 @@ def test_other_reshard_layouts_on_s3_are_the_local_folder(run_s3, s3, testdata, 
             assert fetch(s3, f"{prefix}/{n}") == (tmp_path / "out" / n).read_bytes(), n
 
 
-@pytest.mark.parametrize("src,args", [(DCP, ["--layout", "accelerate", "--world-size", "2"]),
-                                      ("zero/z1_bf16_ws2", ["--layout", "deepspeed-universal"])])
+@pytest.mark.parametrize("src,args", [(DCP, ["--layout", "accelerate", "--world-size", "2"])])
 def test_reshard_outputs_not_written_to_s3_yet_are_refused_first(run_s3, s3, testdata, src, args):
     r = run_s3("reshard", testdata / src, "-o", f"s3://{BUCKET}/refused/out", *args)
     assert r.returncode == 4, r.stderr
     assert "to s3:// is not supported yet" in r.stderr
     assert keys_under(s3, "refused/") == [] and open_uploads(s3) == []
+
+
+ZERO = "zero/z1_bf16_ws2"
+UNIVERSAL = ["--layout", "deepspeed-universal", "-q"]
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_a_universal_checkpoint_on_s3_is_the_local_one_latest_last(run_s3, s3, moto, testdata, tmp_path):
+    """tests/test_ds_universal.py loads the local tag with a DeepSpeed engine:
+    the objects being its bytes is the proof that the engine loads them."""
+    proxy = serving(RuleProxy(moto, lambda method, path: None))
+    try:
+        remote = run_s3("reshard", testdata / ZERO, "-o", f"s3://{BUCKET}/ds/step2_universal", *UNIVERSAL,
+                        endpoint=proxy.endpoint)
+    finally:
+        proxy.shutdown()
+    assert remote.returncode == 0, remote.stderr
+    local = run_s3("reshard", testdata / ZERO, "-o", tmp_path / "ds" / "step2_universal", *UNIVERSAL)
+    assert local.returncode == 0, local.stderr
+    want = files_under(tmp_path / "ds")
+    assert "latest_universal" in want and sum(n.endswith("/fp32.pt") for n in want) >= 2
+    assert keys_under(s3, "ds/") == [f"ds/{n}" for n in want]
+    for n in want:
+        assert fetch(s3, f"ds/{n}") == (tmp_path / "ds" / n).read_bytes(), n
+    assert fetch(s3, "ds/latest_universal") == b"step2_universal"
+    # Every file of the tag completed before the pointer was put: a loader that follows it finds the tag whole.
+    writes = completions_and_puts(proxy.log)
+    assert len(writes) == len(want) and writes[-1].startswith("PUT /ckpts/ds/latest_universal")
+    assert open_uploads(s3) == []
+
+
+def test_a_universal_checkpoint_on_s3_keeps_latest_and_output_rules(run_s3, s3, testdata):
+    s3.put_object(Bucket=BUCKET, Key="dsk/latest_universal", Body=b"step1_universal")
+    dst = f"s3://{BUCKET}/dsk/step2_universal"
+    r = run_s3("reshard", testdata / ZERO, "-o", dst, "--layout", "deepspeed-universal")
+    assert r.returncode == 0, r.stderr
+    assert "kept s3://ckpts/dsk/latest_universal as it is" in r.stderr
+    assert fetch(s3, "dsk/latest_universal") == b"step1_universal"  # names another checkpoint: kept
+    tag = keys_under(s3, "dsk/step2_universal/")
+    assert len(tag) >= 4
+    r = run_s3("reshard", testdata / ZERO, "-o", dst, *UNIVERSAL, "--update-latest")
+    assert r.returncode == 2 and f"{dst}: output exists" in r.stderr
+    assert fetch(s3, "dsk/latest_universal") == b"step1_universal"
+    r = run_s3("reshard", testdata / ZERO, "-o", dst, *UNIVERSAL, "--update-latest", "--force")
+    assert r.returncode == 0, r.stderr
+    assert fetch(s3, "dsk/latest_universal") == b"step2_universal"
+    assert keys_under(s3, "dsk/step2_universal/") == tag
+    assert open_uploads(s3) == []
+
+
+def test_a_failed_latest_universal_removes_the_published_tag(run_s3, s3, moto, testdata):
+    def fails_the_pointer(method, path):
+        return "fail" if method == "PUT" and path.endswith("/latest_universal") else None
+    proxy = serving(RuleProxy(moto, fails_the_pointer))
+    try:
+        r = run_s3("reshard", testdata / ZERO, "-o", f"s3://{BUCKET}/dsf/step2_universal", *UNIVERSAL,
+                   endpoint=proxy.endpoint, env={"CKPTCONV_S3_MAX_ATTEMPTS": "1"})
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 4, r.stderr
+    assert "latest_universal: writing failed: HTTP 500 InternalError" in r.stderr
+    assert sum(line.startswith("DELETE /ckpts/dsf/step2_universal/") for line in proxy.log) >= 4
+    assert keys_under(s3, "dsf/") == []
+    assert open_uploads(s3) == []
 
 
 def test_a_failed_marker_removes_the_published_rank_files(run_s3, s3, moto, testdata):
@@ -495,3 +561,110 @@ def test_write_manifest_to_s3_is_the_manifest_validate_checks_against(run_s3, s3
     assert r.returncode == 0, r.stdout + r.stderr
     again = run_s3("validate", testdata / DCP, "--write-manifest", f"s3://{BUCKET}/manifests/m.json")
     assert again.returncode == 2 and "output exists" in again.stderr
+
+
+def test_hdf5_to_s3_is_the_local_file_spooled_and_removed(run_s3, s3, testdata, tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    r = run_s3("consolidate", testdata / DCP, "-o", f"s3://{BUCKET}/h5/full.h5", "-q", env={"TMPDIR": str(spool)})
+    assert r.returncode == 0, r.stderr
+    local = run_s3("consolidate", testdata / DCP, "-o", tmp_path / "full.h5", "-q")
+    assert local.returncode == 0, local.stderr
+    got = tmp_path / "got.h5"
+    got.write_bytes(fetch(s3, "h5/full.h5"))
+    assert got.read_bytes() == (tmp_path / "full.h5").read_bytes()
+    import h5py
+    with h5py.File(got, "r") as f:
+        assert f.attrs["ckptconv.source_format"] == "dcp"
+        names = []
+        f.visit(names.append)
+        datasets = [n for n in names if isinstance(f[n], h5py.Dataset)]
+        assert len(datasets) > 5
+        with h5py.File(tmp_path / "full.h5", "r") as want:
+            for n in datasets:
+                assert (f[n][()] == want[n][()]).all(), n
+    assert list(spool.iterdir()) == []  # the spool went with the upload
+    r = run_s3("consolidate", testdata / DCP, "-o", f"s3://{BUCKET}/h5/full.h5", "-q", env={"TMPDIR": str(spool)})
+    assert r.returncode == 2 and f"s3://{BUCKET}/h5/full.h5: output exists" in r.stderr
+    assert open_uploads(s3) == []
+
+
+def test_an_hdf5_folder_on_s3_is_the_local_folder(run_s3, s3, testdata, tmp_path):
+    r = run_s3("consolidate", testdata / "hf/sharded", "-o", f"s3://{BUCKET}/h5-folder/", "--format", "hdf5", "-q")
+    assert r.returncode == 0, r.stderr
+    local = run_s3("consolidate", testdata / "hf/sharded", "-o", f"{tmp_path / 'out'}/", "--format", "hdf5", "-q")
+    assert local.returncode == 0, local.stderr
+    want = files_under(tmp_path / "out")
+    assert "model.h5" in want and "config.json" in want
+    assert keys_under(s3, "h5-folder/") == [f"h5-folder/{n}" for n in want]
+    for n in want:
+        assert fetch(s3, f"h5-folder/{n}") == (tmp_path / "out" / n).read_bytes(), n
+
+
+def test_a_failed_hdf5_upload_leaves_no_object_no_upload_and_no_spool(run_s3, s3, moto, big, tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    proxy = serving(RuleProxy(moto, lambda method, path: "fail" if part_number(path) == 2 else None))
+    try:
+        r = run_s3("consolidate", big, "-o", f"s3://{BUCKET}/h5-failed/out.h5", endpoint=proxy.endpoint,
+                   env={"CKPTCONV_S3_MAX_ATTEMPTS": "1", "TMPDIR": str(spool)})
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 4, r.stderr
+    assert "uploading part 2 failed: HTTP 500 InternalError" in r.stderr
+    assert any(line.startswith("DELETE /ckpts/h5-failed/out.h5?uploadId=") for line in proxy.log)
+    assert keys_under(s3, "h5-failed/") == [] and open_uploads(s3) == []
+    assert list(spool.iterdir()) == []
+
+
+def test_ctrl_c_mid_hdf5_upload_aborts_it_and_removes_the_spool(ckptconv, s3, moto, big, tmp_path):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    proxy = serving(RuleProxy(moto, lambda method, path: "hold" if part_number(path) == 2 else None))
+    try:
+        p = subprocess.Popen([str(ckptconv), "consolidate", str(big), "-o", f"s3://{BUCKET}/h5-int/out.h5"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**s3_env(proxy.endpoint), "TMPDIR": str(spool)})
+        assert proxy.held.wait(60), "part 2 never came"
+        assert len(list(spool.iterdir())) == 1  # the spooled file, being uploaded
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        proxy.release.set()
+        proxy.shutdown()
+    assert p.returncode == 130, err
+    assert any(line.startswith("DELETE /ckpts/h5-int/out.h5?uploadId=") for line in proxy.log)
+    assert keys_under(s3, "h5-int/") == [] and open_uploads(s3) == []
+    assert list(spool.iterdir()) == []
+
+
+def test_parts_of_a_file_go_up_side_by_side_and_complete_in_order(run_s3, s3, moto, big, tmp_path):
+    """Part 1 is held on the wire until part 3 arrives: one part at a time,
+    part 3 would come only after part 1's answer (the hold gives up after
+    30 s, and says part 3 had not come); side by side it comes meanwhile,
+    and the completion lists them 1, 2, 3."""
+    last_came = threading.Event()
+    came_while_held = []
+
+    def rule(method, path):
+        if part_number(path) == 3:
+            last_came.set()
+        elif part_number(path) == 1:
+            came_while_held.append(last_came.wait(30))
+        return None
+    proxy = serving(RuleProxy(moto, rule))
+    try:
+        r = run_s3("consolidate", big, "-o", f"s3://{BUCKET}/side-by-side/out.safetensors", "-q",
+                   endpoint=proxy.endpoint)
+    finally:
+        proxy.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert came_while_held == [True]
+    parts = [part_number(line) for line in proxy.log if part_number(line)]
+    assert sorted(parts) == [1, 2, 3]
+    assert completions_and_puts(proxy.log)[-1].startswith("POST /ckpts/side-by-side/out.safetensors?uploadId=")
+    local = run_s3("consolidate", big, "-o", tmp_path / "local.safetensors", "-q")
+    assert local.returncode == 0, local.stderr
+    assert fetch(s3, "side-by-side/out.safetensors") == (tmp_path / "local.safetensors").read_bytes()
+    assert s3.head_object(Bucket=BUCKET, Key="side-by-side/out.safetensors")["ETag"].endswith('-3"')
+    assert open_uploads(s3) == []

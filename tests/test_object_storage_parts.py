@@ -373,3 +373,26 @@ def test_a_failed_side_file_removes_the_parted_folders_weights(run_s3, s3, moto,
     aborted = run_s3("consolidate", wide_folder, "-o", out, "--part", "abort", "--max-shard-size", "20M")
     assert aborted.returncode == 0, aborted.stderr
     assert keys_under(s3, prefix + "/") == []
+
+
+def test_parted_workers_write_a_universal_checkpoint_on_s3_as_one_process(ckptconv, run_s3, s3, moto, testdata,
+                                                                          tmp_path):
+    """Two workers share the tag's files; the finalizer completes them and
+    puts latest_universal last: the objects are the local tag's bytes."""
+    prefix = "ds-parted"
+    cmd = [str(ckptconv), "reshard", str(testdata / "zero/z1_bf16_ws2"), "-o", f"s3://{BUCKET}/{prefix}/s2_universal",
+           "--layout", "deepspeed-universal", "-q", "--part"]
+    procs = [subprocess.Popen([*cmd, f"{i}/2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=s3_env(moto)) for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    local = run_s3("reshard", testdata / "zero/z1_bf16_ws2", "-o", tmp_path / "ds" / "s2_universal", "--layout",
+                   "deepspeed-universal", "-q")
+    assert local.returncode == 0, local.stderr
+    want = sorted(p.relative_to(tmp_path / "ds").as_posix() for p in (tmp_path / "ds").rglob("*") if p.is_file())
+    assert "latest_universal" in want and len(want) > 5
+    assert keys_under(s3, prefix + "/") == [f"{prefix}/{n}" for n in want]
+    for n in want:
+        assert fetch(s3, f"{prefix}/{n}") == (tmp_path / "ds" / n).read_bytes(), n
+    assert open_uploads(s3) == []

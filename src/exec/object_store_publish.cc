@@ -24,7 +24,7 @@ Published publish_uploads(PartedWriter& w, const PartedOptions& options,
   const bool folder = dests.size() == 1 && (count == 0 || dests[0] != w.output_path(0));
   if (options.force)
     for (const auto& m : markers)
-      if (!s3_delete_object(m.path))  // S3 answers 204 for a key that is not there
+      if (!m.replace && !s3_delete_object(m.path))  // S3 answers 204 for a key that is not there
         fail(ErrorCode::kOutputFailed, m.path + ": cannot remove the marker of the output --force replaces");
   std::vector<std::string> published;
   try {
@@ -33,7 +33,7 @@ Published publish_uploads(PartedWriter& w, const PartedOptions& options,
       published.push_back(w.output_path(k));
     }
     for (const auto& m : markers) {
-      s3_put_object(m.path, m.bytes, options.force);
+      s3_put_object(m.path, m.bytes, options.force || m.replace);
       published.push_back(s3_url_string(parse_s3_url(m.path)));
     }
     if (options.publish_beside) options.publish_beside(published);

@@ -1,5 +1,6 @@
 #include "exec/parted_output.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <set>
@@ -58,8 +59,11 @@ class StagedFile final : public ByteSink {
 // holds one part buffer at a time.
 class UploadFile final : public ByteSink {
  public:
-  UploadFile(std::string url, uint64_t part_size, std::function<void()> on_open)
-      : url_(std::move(url)), part_size_(part_size), on_open_(std::move(on_open)) {}
+  UploadFile(std::string url, uint64_t part_size, unsigned parts_on_the_wire, std::function<void()> on_open)
+      : url_(std::move(url)),
+        part_size_(part_size),
+        parts_on_the_wire_(parts_on_the_wire),
+        on_open_(std::move(on_open)) {}
   using ByteSink::write;
   void write(const void* data, std::size_t n) override { open().write(data, n); }
   uint64_t position() const override { return upload_ ? upload_->position() : 0; }
@@ -73,13 +77,14 @@ class UploadFile final : public ByteSink {
   S3UploadSink& open() {
     if (!upload_) {
       if (on_open_) on_open_();
-      upload_ = std::make_unique<S3UploadSink>(url_, part_size_);
+      upload_ = std::make_unique<S3UploadSink>(url_, part_size_, parts_on_the_wire_);
     }
     return *upload_;
   }
 
   std::string url_;
   uint64_t part_size_;
+  unsigned parts_on_the_wire_;
   std::function<void()> on_open_;
   std::unique_ptr<S3UploadSink> upload_;  // destroyed uncompleted: aborted
 };
@@ -145,6 +150,14 @@ Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& opti
   // parts at most, so a file past 80 GB gets parts larger than 8 MiB.
   const std::vector<uint64_t> sizes = output_sizes(w);
   const std::size_t count = sizes.size();
+  // A writer that fills its files in order has one file open: a quarter of
+  // --memory-limit holds its parts on the wire (up to 4 of 8 MiB by
+  // default) and the part being filled, and the copy's slabs the rest. One
+  // that fills them together (DCP) sends each file's parts one at a time.
+  uint64_t largest_part = 0;
+  for (uint64_t size : sizes) largest_part = std::max(largest_part, std::min(size, s3_part_size(size)));
+  const unsigned on_the_wire =
+      w.fills_files_in_order() ? s3_parts_on_the_wire(options.copy.memory_limit / 4, largest_part) : 0;
   std::vector<std::unique_ptr<UploadFile>> files;
   std::size_t closed = 0;  // files [0, closed) are uploaded
   for (std::size_t k = 0; k < count; ++k) {
@@ -153,10 +166,13 @@ Published write_whole_to_object_store(PartedWriter& w, const PartedOptions& opti
       on_open = [&, k] {
         for (; closed < k; ++closed) files[closed]->close();
       };
-    files.push_back(std::make_unique<UploadFile>(w.output_path(k), s3_part_size(sizes[k]), std::move(on_open)));
+    files.push_back(
+        std::make_unique<UploadFile>(w.output_path(k), s3_part_size(sizes[k]), on_the_wire, std::move(on_open)));
   }
   if (w.fills_files_in_order()) {
-    write_every_unit(w, files, options.copy);
+    CopyOptions copy = options.copy;
+    if (on_the_wire > 0) copy.memory_limit -= (on_the_wire + 1) * largest_part;
+    write_every_unit(w, files, copy);
   } else {
     // One budget: the part buffers of the files written together and the
     // copy's slabs share --memory-limit half and half (they used to get it

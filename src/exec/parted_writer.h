@@ -38,6 +38,11 @@ struct Published {
 struct MarkerFile {
   std::string path;  // where it goes
   std::string bytes;
+  // A pointer beside the output that the job was asked to update
+  // (DeepSpeed's latest_universal with --update-latest): put over what is
+  // there even without --force, and not removed first by --force, since
+  // its old bytes may name another, complete checkpoint.
+  bool replace = false;
 };
 
 // A format's writer, run over all of its files at once, emitting every

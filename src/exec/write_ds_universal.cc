@@ -69,6 +69,17 @@ fs::path latest_beside(const std::string& dir) {
   return dest.parent_path().empty() ? fs::path("latest_universal") : dest.parent_path() / "latest_universal";
 }
 
+std::string tag_of(const std::string& dir) { return fs::path(without_trailing_slashes(dir)).filename().string(); }
+
+// Whether latest_universal is (re)written: not when one exists and
+// --update-latest was not given (see prepare_latest).
+bool writes_latest(const std::string& dir, bool update) {
+  const fs::path latest = latest_beside(dir);
+  if (!path_exists(latest.string()) || update) return true;  // a link too, dangling or not
+  log::info("kept " + latest.string() + " as it is; --update-latest points it at " + tag_of(dir));
+  return false;
+}
+
 // ds_to_universal.py writes the folder's name, no newline, beside it; a
 // loader with load_universal and no tag reads it. An existing pointer may be
 // what this job read its source through, and other jobs resume from what it
@@ -76,14 +87,9 @@ fs::path latest_beside(const std::string& dir) {
 // and written before the folder is published, so a pointer that cannot be
 // written fails the job with nothing published; nullptr: none to write.
 std::unique_ptr<AtomicFileSink> prepare_latest(const std::string& dir, bool update, bool durable) {
-  const fs::path latest = latest_beside(dir);
-  if (path_exists(latest.string()) && !update) {  // a link too, dangling or not
-    log::info("kept " + latest.string() + " as it is; --update-latest points it at " +
-              fs::path(without_trailing_slashes(dir)).filename().string());
-    return nullptr;
-  }
-  auto sink = AtomicFileSink::create(latest.string(), true, durable);
-  const std::string tag = fs::path(without_trailing_slashes(dir)).filename().string();
+  if (!writes_latest(dir, update)) return nullptr;
+  auto sink = AtomicFileSink::create(latest_beside(dir).string(), true, durable);
+  const std::string tag = tag_of(dir);
   sink->write(tag.data(), tag.size());
   return sink;
 }
@@ -126,6 +132,13 @@ Published UniversalWriter::publish(const std::function<std::string(std::size_t)>
     log::info("wrote " + latest_beside(dir_).string() + " (" + fs::path(dir_).filename().string() + ")");
   }
   return done;
+}
+
+std::vector<MarkerFile> UniversalWriter::marker_files() const {
+  if (!writes_latest(dir_, update_latest_)) return {};
+  // Put over an existing pointer only when asked, as the local rename does;
+  // without --update-latest a pointer that appeared meanwhile is kept (412).
+  return {{.path = latest_beside(dir_).string(), .bytes = tag_of(dir_), .replace = update_latest_}};
 }
 
 }  // namespace ckpt

@@ -32,6 +32,10 @@ class UniversalWriter final : public PartedWriter {
   std::string output_path(std::size_t k) const override;
   void run(const std::vector<ByteSink*>& sinks, const EmitUnit& emit) override;
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
+  // On s3:// the tag's files are uploaded, then latest_universal is put
+  // beside them last (the same rule as publish's for an existing one).
+  bool publishes_to_object_store() const override { return true; }
+  std::vector<MarkerFile> marker_files() const override;
 
  private:
   const ds_universal::UniversalPlan& plan_;

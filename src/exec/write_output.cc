@@ -20,6 +20,8 @@
 #include "formats/torch_pt/pt_writer.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
+#include "io/s3_upload.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 #include "model/validate.h"
 
@@ -35,10 +37,56 @@ std::vector<torch_pt::OutputTensor> pt_output_tensors(const CheckpointModel& mod
 
 namespace {
 
+#ifdef CKPT_HAVE_HDF5
+// An HDF5 file to s3://: libhdf5 writes a local file by name, so the file is
+// spooled in spool_directory() (a temporary file, locked, as a local
+// output's: one a killed run leaves is removed by the next), then streamed
+// into one multipart upload, completed only when it is all up. The spool is
+// removed on success, error and Ctrl-C alike (the sink is never published).
+void upload_spooled(const std::string& url, const std::string& spooled, bool overwrite, uint64_t memory_limit) {
+  SourcePtr src = open_file_source(spooled);
+  const uint64_t size = src->size();
+  // The copy is over: the part buffers may have the whole limit.
+  const uint64_t part_size = s3_part_size(size);
+  S3UploadSink upload(url, part_size, s3_parts_on_the_wire(memory_limit, part_size));
+  upload.copy_from(*src, 0, size);
+  upload.close();
+  check_interrupted();  // an interrupted job leaves nothing, even with every part up
+  upload.complete(overwrite);
+}
+
+std::vector<std::string> write_hdf5_to_object_store(const CheckpointModel& model, const OutputOptions& options) {
+  if (!options.force && path_exists(options.path))
+    fail_invalid(options.path + ": output exists (use --force to overwrite)");
+  // Named after the object: its temporary file is "<spool>/<name>.tmp-XXXXXX".
+  auto spool = AtomicFileSink::create(spool_directory() + "/" + file_name(options.path), /*overwrite=*/true,
+                                      /*durable=*/false, options.path);
+  with_context(options.path, [&] {
+    hdf5::WriteOptions h5;
+    h5.gzip = options.gzip;
+    hdf5::write_hdf5(spool->temp_path(), model, h5, [&](std::size_t index, ByteSink& sink) {
+      append_tensor(model.tensors[index], sink, options.copy);
+    });
+    check_interrupted();
+    upload_spooled(options.path, spool->temp_path(), options.force, options.copy.memory_limit);
+  });
+  if (options.publish_beside) {  // -o s3://B/DIR/: the folder's side files, config.json last
+    try {
+      options.publish_beside({options.path});
+    } catch (const Error&) {
+      s3_delete_object(options.path);
+      throw;
+    }
+  }
+  return {options.path};
+}
+#endif
+
 // HDF5's library writes the file by name, not into a ByteSink, so the
 // format has no PartedWriter: this is its whole writer.
 std::vector<std::string> write_hdf5(const CheckpointModel& model, const OutputOptions& options) {
 #ifdef CKPT_HAVE_HDF5
+  if (is_s3_url(options.path)) return write_hdf5_to_object_store(model, options);
   // HDF5 writes the file by name: it truncates and fills the sink's temp
   // file, and the sink's finish() then syncs that inode and renames it into
   // place exactly as for the other formats (NOREPLACE without --force).

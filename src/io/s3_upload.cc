@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -97,8 +98,16 @@ uint64_t s3_part_size(uint64_t size) {
   return std::max(kS3MinPartSize, (needed + mib - 1) / mib * mib);
 }
 
-S3UploadSink::S3UploadSink(const std::string& url, uint64_t part_size)
-    : where_(parse_s3_url(url)), url_(s3_url_string(where_)), part_size_(part_size) {
+unsigned s3_parts_on_the_wire(uint64_t budget, uint64_t part_size) {
+  const uint64_t buffers = part_size ? budget / part_size : 0;
+  return static_cast<unsigned>(std::min<uint64_t>(buffers > 0 ? buffers - 1 : 0, kS3MaxPartsOnTheWire));
+}
+
+S3UploadSink::S3UploadSink(const std::string& url, uint64_t part_size, unsigned parts_on_the_wire)
+    : where_(parse_s3_url(url)),
+      url_(s3_url_string(where_)),
+      part_size_(part_size),
+      parts_on_the_wire_(parts_on_the_wire) {
   upload_id_ = s3_create_upload(url_);
 }
 
@@ -148,14 +157,51 @@ void S3UploadSink::upload_part() {
   if (number > kS3MaxParts)
     fail(ErrorCode::kOutputFailed, url_ + ": more than " + std::to_string(kS3MaxParts) + " parts of " +
                                        std::to_string(part_size_) + " bytes (the output grew past its plan)");
-  parts_.push_back({number, s3_upload_part(url_, upload_id_, number, buffer_.data(), buffer_.size())});
-  buffer_.clear();  // keeps its capacity for the next part
+  if (parts_on_the_wire_ == 0) {
+    parts_.push_back({number, s3_upload_part(url_, upload_id_, number, buffer_.data(), buffer_.size())});
+    buffer_.clear();  // keeps its capacity for the next part
+    return;
+  }
+  std::vector<char> next;  // the buffer the next part fills: one that landed, else a new one
+  if (wire_.size() >= parts_on_the_wire_) next = land_oldest();
+  parts_.push_back({number, ""});
+  OnTheWire sent{parts_.size() - 1, {}, std::move(buffer_)};
+  // The bytes live in the deque's element until the part lands; moving the
+  // vector keeps its heap block where the thread reads it.
+  const char* data = sent.bytes.data();
+  const std::size_t n = sent.bytes.size();
+  sent.etag = std::async(std::launch::async, [url = url_, id = upload_id_, number, data, n] {
+    return s3_upload_part(url, id, number, data, n);
+  });
+  wire_.push_back(std::move(sent));
+  next.clear();
+  buffer_ = std::move(next);
+}
+
+std::vector<char> S3UploadSink::land_oldest() {
+  OnTheWire oldest = std::move(wire_.front());
+  wire_.pop_front();
+  parts_[oldest.index].etag = oldest.etag.get();  // rethrows the part's failure
+  return std::move(oldest.bytes);
+}
+
+void S3UploadSink::land_all() {
+  std::exception_ptr failed;
+  while (!wire_.empty()) {
+    try {
+      land_oldest();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 void S3UploadSink::close() {
   if (closed_) return;
   // The last part may be short; an empty object is one empty part.
   if (!buffer_.empty() || parts_.empty()) upload_part();
+  land_all();
   std::vector<char>().swap(buffer_);  // a closed upload keeps no buffer (a run may hold thousands)
   closed_ = true;
 }
@@ -169,6 +215,10 @@ void S3UploadSink::complete(bool overwrite) {
 void S3UploadSink::abort() noexcept {
   if (done_) return;
   done_ = true;
+  try {
+    land_all();    // parts still on the wire would land after the abort, and open the upload's parts again
+  } catch (...) {  // their failures are why it aborts, and were reported
+  }
   s3_abort_upload(url_, upload_id_);
 }
 

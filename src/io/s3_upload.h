@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +33,12 @@ inline constexpr uint64_t kS3MaxParts = 10000;
 // (whole MiB) when the object needs more than kS3MaxParts of those.
 uint64_t s3_part_size(uint64_t size);
 
+// At most this many parts of one upload on the wire at once...
+inline constexpr unsigned kS3MaxPartsOnTheWire = 4;
+// ...and as many as `budget` bytes of memory hold besides the part being
+// filled, each a buffer of part_size bytes (0: the writer waits for each).
+unsigned s3_parts_on_the_wire(uint64_t budget, uint64_t part_size);
+
 // A part of a multipart upload, sent: its number (from 1) and ETag.
 struct S3UploadedPart {
   uint64_t number = 0;
@@ -38,13 +46,15 @@ struct S3UploadedPart {
 };
 
 // Streams bytes into one multipart upload: a part buffer, growing to
-// part_size bytes (the only memory it holds: a file smaller than a part
-// holds only its size), goes up as one UploadPart whenever it is full.
-// One part is on the wire at a time, and the writer waits for it.
+// part_size bytes (a file smaller than a part holds only its size), goes up
+// as one UploadPart whenever it is full. With `parts_on_the_wire` 0 the
+// writer waits for each part; with n > 0 up to n full parts go up in the
+// background while the next one fills (n + 1 part buffers at most), and the
+// writer waits only when n are on the wire.
 class S3UploadSink final : public ByteSink {
  public:
   // Starts the upload (CreateMultipartUpload) of the object at `url`.
-  S3UploadSink(const std::string& url, uint64_t part_size);
+  S3UploadSink(const std::string& url, uint64_t part_size, unsigned parts_on_the_wire = 0);
   // Aborts the upload unless complete() succeeded; never throws.
   ~S3UploadSink() override;
   S3UploadSink(const S3UploadSink&) = delete;
@@ -55,8 +65,9 @@ class S3UploadSink final : public ByteSink {
   uint64_t position() const override { return position_; }
   // Reads straight into the part buffer: no second copy of the bytes.
   void copy_from(const ByteSource& src, uint64_t pos, uint64_t n) override;
-  // Uploads what is buffered as the last part and frees the buffer; the
-  // object is still invisible. A later write is an Internal error.
+  // Uploads what is buffered as the last part, waits for every part on the
+  // wire, and frees the buffers; the object is still invisible. A later
+  // write is an Internal error.
   void close();
   // close(), then CompleteMultipartUpload: the object appears whole.
   void complete(bool overwrite);
@@ -66,16 +77,31 @@ class S3UploadSink final : public ByteSink {
   const std::string& url() const { return url_; }
 
  private:
+  // A full part being uploaded in the background, and its bytes.
+  struct OnTheWire {
+    std::size_t index = 0;  // into parts_
+    std::future<std::string> etag;
+    std::vector<char> bytes;
+  };
+
   void reserve_for(std::size_t n);
   void upload_part();
+  // Waits for the oldest part on the wire: its ETag recorded, its buffer
+  // returned (for the next part). Rethrows its failure.
+  std::vector<char> land_oldest();
+  // Waits for every part on the wire; the first failure is rethrown once
+  // none is left running (their buffers are theirs until then).
+  void land_all();
 
   S3Url where_;
   std::string url_;
   std::string upload_id_;
   uint64_t part_size_;
+  unsigned parts_on_the_wire_;
   std::vector<char> buffer_;  // the part being filled
   uint64_t position_ = 0;
-  std::vector<S3UploadedPart> parts_;  // 1, 2, ...
+  std::vector<S3UploadedPart> parts_;  // 1, 2, ...; an ETag is empty while its part is on the wire
+  std::deque<OnTheWire> wire_;         // oldest first
   bool closed_ = false;
   bool done_ = false;  // completed or aborted
 };

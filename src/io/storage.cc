@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -137,6 +138,11 @@ void refuse_remote_output(const std::string& path, const std::string& what) {
     fail(ErrorCode::kOutputFailed, path + ": writing " + what +
                                        " to s3:// is not supported yet: write it locally and upload it "
                                        "(docs/object-storage.md)");
+}
+
+std::string spool_directory() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp ? std::string(tmp) : std::string("/tmp");
 }
 
 bool enter_directory(const std::string& dir) { return ::chdir(dir.c_str()) == 0; }

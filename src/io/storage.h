@@ -116,6 +116,10 @@ inline bool is_empty_directory(const std::string& dir) { return is_directory(dir
 // (docs/object-storage.md), before anything is written.
 void refuse_remote_output(const std::string& path, const std::string& what);
 
+// Where an s3:// output that a library writes by name (HDF5) is spooled
+// before its upload: $TMPDIR, else /tmp. It needs the output's size free.
+std::string spool_directory();
+
 // Makes `dir` the directory relative paths start from (finalize reruns a
 // --part request where its workers ran); false when it cannot.
 bool enter_directory(const std::string& dir);

@@ -170,8 +170,6 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     if (!is_directory(req.config_from)) fail_invalid("--config-from " + req.config_from + ": not a directory");
   }
   OutputFormat format = directory.empty() ? resolve_output_format(req) : *output_format_from_name(req.format);
-  // libhdf5 writes a file by name.
-  if (!output_format_info(format).parted) refuse_remote_output(req.output, "an HDF5 file (libhdf5 needs a local file)");
   if (!directory.empty()) check_format_options(req, format);
   CheckpointModel model = apply_requested_map(read_selected(opt), req.map, req.config_from, opt.only);
   CreatedDirectories created;            // --part into -o DIR/: the parts' folder
@@ -207,6 +205,10 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
                   casts, human_bytes(report.bytes), req.output, output_format_name(format));
   }
   check_output_size(report.bytes, req.output, job);
+  // libhdf5 writes a file by name: an s3:// HDF5 output is spooled locally
+  // first (exec/write_output.cc), and needs its size free there.
+  if (is_s3_url(req.output) && !output_format_info(format).parted)
+    check_output_size(report.bytes, spool_directory(), job);
   // -o new/dir/x.pt: its folders are made now, and removed if the job fails.
   CreatedDirectories parents = folder ? CreatedDirectories() : CreatedDirectories::parents_of(req.output);
   auto backend = choose_backend(job, job.cast_to || job.optim_cast_to || req.finite);

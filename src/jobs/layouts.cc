@@ -43,7 +43,6 @@ const std::vector<LayoutInfo>& reshard_layouts() {
                "load_universal loads at any world size; <root>/latest_universal names it, unless one exists: see "
                "--update-latest",
        .world_size = WorldSizeRule::kAny,
-       .object_store = false,
        .write = write_universal_layout},
       {.name = "fsdp1-flat",
        .help = "FSDP1's LOCAL_STATE_DICT model files and raw optimizer files per rank, from FSDP1 flat-parameter "
