@@ -31,6 +31,13 @@ struct MpRankNames {
 TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names) {
   TagFiles out;
   out.dir = dir;
+  // Without ZeRO (stage 0) the optimizer state is in the model-states file
+  // (stage0.h), read for a data-parallel run (mp_rank_00 alone): the reader
+  // says whether it is there.
+  if (mp == "00" && names.optim.empty() && names.rank_model.empty() && !names.single_model.empty()) {
+    out.model.push_back({0, names.single_model});
+    return out;
+  }
   if (names.optim.empty())
     fail(ErrorCode::kNotFound,
          dir + ": no *_mp_rank_" + mp + "_optim_states.pt files (a ZeRO checkpoint has one per rank)");
