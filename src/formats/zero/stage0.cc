@@ -243,8 +243,7 @@ class Stage0Reader {
       }
       fail(ErrorCode::kUnimplemented,
            path() + ": the optimizer holds " + std::to_string(positions_.size()) + " parameters, the module " +
-               std::to_string(params_.size()) + "; " +
-               (ways == 0 ? "no" : "more than one") +
+               std::to_string(params_.size()) + "; " + (ways == 0 ? "no" : "more than one") +
                " way to place them on the module's parameters in order matches their shapes" +
                (wrapper_.empty() ? "" : " and fp32 masters") +
                ": the files (param_shapes is None without ZeRO) do not say which parameter each is");
@@ -338,8 +337,7 @@ class Stage0Reader {
         wrapper_.empty() ? "a torch optimizer's state_dict; fp32 masters are the module's weights"
                          : wrapper_ + " (fp32 masters in fp32_groups" +
                                (loss_scale_ ? ", loss scale " + format_number(*loss_scale_) : std::string()) + ")";
-    model.facts["optimizer_positions"] =
-        std::to_string(positions_.size()) + " mapped to module parameters by " + how_;
+    model.facts["optimizer_positions"] = std::to_string(positions_.size()) + " mapped to module parameters by " + how_;
     if (ValuePtr v = m0_.root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
     model.facts["tag"] = file_name(files_.dir);
   }
