@@ -38,8 +38,8 @@ struct ModuleParam {
 
 bool is_none(const ValuePtr& v) { return !v || v->is(Kind::kNone); }
 
-// Values compared to tell same-shaped candidates apart: enough to tell two
-// trained tensors apart, bounded so that a large model is not read here.
+// Elements compared at most to tell same-shaped candidates apart: enough to
+// tell two trained tensors apart, bounded so that a large model is not read here.
 constexpr std::size_t kCompareElements = 1 << 16;
 
 // The first n elements of a plain tensor as `to`; nullopt where the tensor
@@ -187,15 +187,24 @@ class Stage0Reader {
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (!shape || params_[i].tensor->shape == *shape) out.push_back(i);
     if (!p.master || out.size() < 2) return out;
-    std::vector<std::size_t> equal;
-    for (std::size_t i : out) {
-      const TensorEntry& t = *params_[i].tensor;
-      std::size_t n = std::min<std::size_t>(shape_numel(t.shape), kCompareElements);
-      auto want = leading_elements(master_of(p), n, t.dtype), got = leading_elements(t, n, t.dtype);
-      if (!want || !got) return out;  // cannot compare: the shapes alone decide
-      if (*want == *got) equal.push_back(i);
+    // A few elements first, more only among those still equal: a model's
+    // many same-shaped layers are told apart without reading them whole.
+    const DType lp = params_[out[0]].tensor->dtype;
+    for (std::size_t limit : {std::size_t(64), kCompareElements}) {
+      const std::size_t n = std::min<std::size_t>(shape_numel(*shape), limit);
+      std::optional<std::string> want = leading_elements(master_of(p), n, lp);
+      if (!want) return out;  // cannot compare: the shapes alone decide
+      std::vector<std::size_t> equal;
+      for (std::size_t i : out) {
+        const TensorEntry& t = *params_[i].tensor;
+        std::optional<std::string> got = t.dtype == lp ? leading_elements(t, n, lp) : std::nullopt;
+        if (!got) return out;
+        if (*got == *want) equal.push_back(i);
+      }
+      out = std::move(equal);
+      if (out.size() < 2 || n == shape_numel(*shape)) break;
     }
-    return equal;
+    return out;
   }
 
   // Ways to place positions [from..] on parameters [at_param..] in order,
