@@ -252,6 +252,19 @@ def test_stage0_inspect_and_validate_say_what_it_is(run_ckptconv):
     assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
 
 
+def test_stage0_exclude_frozen_where_the_files_say_what_was_frozen(tmp_path, run_ckptconv):
+    """FP16_UnfusedOptimizer holds the trainable parameters only: the one it
+    does not hold was frozen. A torch optimizer (fp32) held frozen.weight too,
+    without state, so those files do not say: --exclude-frozen is refused."""
+    out = tmp_path / "m.pt"
+    r = run_ckptconv("consolidate", ZERO / "z0_fp16_ws2", "--only", "model", "--exclude-frozen", "-o", out)
+    assert r.returncode == 0, r.stderr
+    live = torch.load(ZERO / "z0_fp16_ws2" / "reference_live.pt", weights_only=True)
+    assert set(torch.load(out, weights_only=True)) == set(live["model"]) | set(live["tied"]) | set(live["buffers"])
+    r = run_ckptconv("consolidate", ZERO / "z0_fp32_ws2", "--only", "model", "--exclude-frozen", "-o", out)
+    assert r.returncode == 2 and "does not record which parameters were frozen" in r.stderr, r.stderr
+
+
 def test_stage0_positions_the_files_do_not_determine_are_exit_3(tmp_path, run_ckptconv):
     """fp32 at stage 0: nothing names the optimizer's positions. Without the
     frozen parameter's position, head.weight's could be frozen.weight's (both

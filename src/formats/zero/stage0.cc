@@ -337,6 +337,10 @@ class Stage0Reader {
   void describe(CheckpointModel& model) const {
     model.info.kind = SourceKind::kZero;
     model.info.files.push_back(path());
+    // FP16_UnfusedOptimizer holds exactly the trainable parameters
+    // (is_optimized_parameter); a torch optimizer what the script gave it,
+    // frozen ones too (z0_fp32_ws2): only the first says what was frozen.
+    model.info.records_frozen = !wrapper_.empty();
     int dp = 1;
     if (ValuePtr v = m0_.root->get("dp_world_size"); v && v->is(Kind::kInt)) dp = int(v->int_value);
     model.info.world_sizes = {dp};
