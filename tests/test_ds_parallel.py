@@ -56,7 +56,7 @@ def _copy(case: str, tmp_path: Path) -> Path:
 
 
 def test_the_fixtures_are_pipeline_and_moe_runs():
-    assert PIPE_CASES == ["pp2_dp2_bf16_ws4", "pp2_fp32_ws2"]
+    assert PIPE_CASES == ["pp2_dp2_bf16_ws4", "pp2_fp32_ws2", "pp2_z0_fp32_ws2"]  # the last without ZeRO
     assert MOE_CASES == ["moe_z1_fp32_ws2_ep2", "moe_z2_bf16_ws4_ep2"]
     for case in MOE_CASES:
         names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/float_cast.h"
 #include "core/paths.h"
+#include "formats/zero/pipeline_layers.h"
 #include "formats/zero/zero_files.h"
 #include "model/tree_walk.h"
 
@@ -23,7 +25,8 @@ using pickle::ValuePtr;
 
 // One entry of the optimizer's param groups: group g's j-th `params` id.
 struct Position {
-  std::size_t group = 0;
+  const Decoded* file = nullptr;  // the stage's model-states file holding it
+  std::size_t group = 0;          // index in Stage0Reader::groups_ (every stage's, in stage order)
   int64_t id = 0;
   const Value* state = nullptr;   // its state dict; none for a parameter never stepped (a frozen one)
   const Value* master = nullptr;  // fp16: fp32_groups[g][j]; fp32: the module parameter is the master
@@ -32,6 +35,7 @@ struct Position {
 // A parameter of the saved module (buffers and tied aliases left out).
 struct ModuleParam {
   std::string name;
+  const Decoded* file = nullptr;
   const Value* value = nullptr;
   const TensorEntry* tensor = nullptr;
 };
@@ -65,71 +69,89 @@ std::optional<std::string> leading_elements(const TensorEntry& t, std::size_t n,
 
 class Stage0Reader {
  public:
-  Stage0Reader(const TagFiles& files, ProblemSink* problems, const std::string& only)
-      : files_(files), m0_(decode(files.model.at(0).path, 0, problems, only)) {}
+  // `stages`: each pipeline stage's mp_rank_SS_model_states.pt (one for a
+  // data-parallel run); `layer_files`: a pipeline's, by layer index (none:
+  // the module is the first file's `module`).
+  Stage0Reader(std::string dir, const std::vector<std::string>& stages, const std::map<int, std::string>& layer_files,
+               ProblemSink* problems, const std::string& only)
+      : dir_(std::move(dir)) {
+    for (std::size_t s = 0; s < stages.size(); ++s) stages_.push_back(decode(stages[s], int(s), problems, only));
+    for (const auto& [layer, path] : layer_files) {
+      layers_.push_back(decode(path, -1, problems, only, "entries of a layer state dict"));
+      append_layer_entries(entries_, std::to_string(layer) + ".", layers_.back());
+    }
+  }
 
   CheckpointModel read() {
-    read_optimizer();
+    for (const Decoded& f : stages_) read_optimizer(f);
     read_module();
     map_positions();
     CheckpointModel model;
-    model.source = files_.dir;
+    model.source = dir_;
     model.root = build(model);
-    add_training_state(model, m0_);
+    add_training_state(model, stages_.front());
     prune_unreferenced(model.root, model.tensors);
     describe(model);
     return model;
   }
 
  private:
-  const std::string& path() const { return m0_.path; }
+  const std::string& path() const { return stages_.front().path; }
 
   // The optimizer's state dict: a torch optimizer's, or inside the fp16 wrapper's.
-  void read_optimizer() {
-    ValuePtr opt = m0_.root->get("optimizer");
+  void read_optimizer(const Decoded& f) {
+    const std::string& path = f.path;
+    std::string mp = file_name(path);
+    mp.resize(mp.size() - std::string_view("_model_states.pt").size());
+    ValuePtr opt = f.root->get("optimizer");
     if (is_none(opt))
-      fail(ErrorCode::kNotFound, files_.dir +
-                                     ": no *_mp_rank_00_optim_states.pt files (a ZeRO checkpoint has one per rank) "
+      fail(ErrorCode::kNotFound, dir_ + ": no *_" + mp +
+                                     "_optim_states.pt files (a ZeRO checkpoint has one per rank) "
                                      "and no optimizer state in " +
-                                     file_name(path()) + " (a run without ZeRO keeps it there)");
+                                     file_name(path) + " (a run without ZeRO keeps it there)");
     const Value& o = as_dict(*opt);
+    const std::string before = wrapper_;
+    const Value* torch_sd = nullptr;
+    const Value* masters_of_file = nullptr;
     if (o.get("fp32_groups_flat"))
-      fail(ErrorCode::kUnimplemented, path() +
+      fail(ErrorCode::kUnimplemented, path +
                                           ": optimizer is DeepSpeed's fused FP16_Optimizer (fp32_groups_flat): "
                                           "not read (not generated as a fixture); FP16_UnfusedOptimizer and "
                                           "torch optimizers are");
     if (ValuePtr inner = o.get("optimizer_state_dict"); inner && o.get("fp32_groups")) {
       wrapper_ = "FP16_UnfusedOptimizer";
-      torch_sd_ = &as_dict(*inner);
-      masters_ = &*o.get("fp32_groups");
-      if (ValuePtr scale = o.get("cur_scale"); scale && (scale->is(Kind::kFloat) || scale->is(Kind::kInt)))
-        loss_scale_ = scale->is(Kind::kFloat) ? scale->float_value : double(scale->int_value);
+      torch_sd = &as_dict(*inner);
+      masters_of_file = &*o.get("fp32_groups");
     } else if (o.get("state") && o.get("param_groups")) {
-      torch_sd_ = &o;
+      torch_sd = &o;
+      wrapper_.clear();
     } else {
-      fail(ErrorCode::kUnimplemented, path() +
+      fail(ErrorCode::kUnimplemented, path +
                                           ": `optimizer` is neither a torch optimizer's state_dict (state, "
                                           "param_groups) nor FP16_UnfusedOptimizer's (optimizer_state_dict, "
                                           "fp32_groups)");
     }
+    if (&f != &stages_.front() && wrapper_ != before)
+      fail_data_loss(path + ": an optimizer of another kind than " + file_name(this->path()) + "'s");
     std::map<int64_t, const Value*> state;
-    for (const auto& [k, v] : as_dict(*at(*torch_sd_, "state", path())).entries)
+    for (const auto& [k, v] : as_dict(*at(*torch_sd, "state", path)).entries)
       if (k->is(Kind::kInt)) state[k->int_value] = v.get();
-    const auto& groups = at(*torch_sd_, "param_groups", path())->as_sequence();
-    if (masters_ && masters_->as_sequence().size() != groups.size())
-      fail_data_loss(path() + ": fp32_groups has " + std::to_string(masters_->as_sequence().size()) +
+    const auto& groups = at(*torch_sd, "param_groups", path)->as_sequence();
+    if (masters_of_file && masters_of_file->as_sequence().size() != groups.size())
+      fail_data_loss(path + ": fp32_groups has " + std::to_string(masters_of_file->as_sequence().size()) +
                      " groups, the optimizer " + std::to_string(groups.size()));
     std::set<int64_t> seen;
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      const auto& ids = at(*groups[g], "params", path())->as_sequence();
-      const auto* masters = masters_ ? &masters_->as_sequence()[g]->as_sequence() : nullptr;
+      const auto& ids = at(*groups[g], "params", path)->as_sequence();
+      const auto* masters = masters_of_file ? &masters_of_file->as_sequence()[g]->as_sequence() : nullptr;
       if (masters && masters->size() != ids.size())
-        fail_data_loss(path() + ": fp32_groups[" + std::to_string(g) + "] holds " + std::to_string(masters->size()) +
+        fail_data_loss(path + ": fp32_groups[" + std::to_string(g) + "] holds " + std::to_string(masters->size()) +
                        " masters for " + std::to_string(ids.size()) + " optimizer parameters");
+      groups_.push_back({&f, g, groups[g].get()});
       for (std::size_t j = 0; j < ids.size(); ++j) {
-        Position p{g, ids[j]->as_int()};
+        Position p{&f, groups_.size() - 1, ids[j]->as_int()};
         if (!seen.insert(p.id).second)
-          fail_data_loss(path() + ": optimizer parameter id " + std::to_string(p.id) + " is listed twice");
+          fail_data_loss(path + ": optimizer parameter id " + std::to_string(p.id) + " is listed twice");
         if (auto it = state.find(p.id); it != state.end()) p.state = it->second;
         if (masters) p.master = (*masters)[j].get();
         positions_.push_back(p);
@@ -137,20 +159,27 @@ class Stage0Reader {
     }
     for (const auto& [id, v] : state)
       if (!seen.count(id))
-        fail_data_loss(path() + ": optimizer state for id " + std::to_string(id) + ", which no param group lists");
+        fail_data_loss(path + ": optimizer state for id " + std::to_string(id) + ", which no param group lists");
+    if (ValuePtr scale = o.get("cur_scale"); scale && (scale->is(Kind::kFloat) || scale->is(Kind::kInt)))
+      loss_scale_ = scale->is(Kind::kFloat) ? scale->float_value : double(scale->int_value);
   }
 
   // module's parameters in order; buffers (buffer_names) and tied aliases (a
   // second name for an earlier entry's storage, as torch.save keeps it) aside.
   void read_module() {
-    if (ValuePtr b = m0_.root->get("buffer_names"); b && b->is(Kind::kList))
-      for (const auto& n : b->items) buffers_.insert(n->as_str());
+    for (const Decoded& f : stages_)
+      if (ValuePtr b = f.root->get("buffer_names"); b && b->is(Kind::kList))
+        for (const auto& n : b->items) buffers_.insert(n->as_str());
+    if (layers_.empty())
+      for (const auto& [k, v] : as_dict(*at(*stages_.front().root, "module", path())).entries)
+        entries_.push_back({k->as_str(), &stages_.front(), v.get()});
     std::map<std::tuple<std::string, std::string, int64_t, Shape, Shape>, std::string> owner_of;
-    for (const auto& [k, v] : as_dict(*at(*m0_.root, "module", path())).entries) {
-      std::string name = k->as_str();
-      module_.push_back({name, v.get(), nullptr});
+    for (const ModuleEntry& e : entries_) {
+      const std::string& name = e.name;
+      const Value* v = e.value;
+      module_.push_back({name, e.file, v, nullptr});
       if (buffers_.count(name) || !tensor_ref_index(*v)) continue;
-      const TensorEntry& t = m0_.tensor(*v, path() + ": module '" + name + "'");
+      const TensorEntry& t = e.file->tensor(*v, e.file->path + ": '" + name + "'");
       if (t.chunks.size() == 1) {
         const TensorChunk& c = t.chunks[0];
         auto key = std::make_tuple(c.file, c.record, c.storage_offset, c.sizes, c.strides);
@@ -160,12 +189,12 @@ class Stage0Reader {
         }
         owner_of.emplace(key, name);
       }
-      params_.push_back({name, v.get(), &t});
+      params_.push_back({name, e.file, v, &t});
     }
   }
 
   const TensorEntry& master_of(const Position& p) const {
-    return m0_.tensor(*p.master, path() + ": fp32_groups[" + std::to_string(p.group) + "]");
+    return p.file->tensor(*p.master, p.file->path + ": fp32_groups");
   }
 
   // The shape of what position p holds: its master's (fp16), else its
@@ -175,7 +204,7 @@ class Stage0Reader {
     if (!p.state) return std::nullopt;
     for (const auto& [k, v] : as_dict(*p.state).entries)
       if (tensor_ref_index(*v))
-        if (const TensorEntry& t = m0_.tensor(*v, path()); !t.shape.empty()) return t.shape;
+        if (const TensorEntry& t = p.file->tensor(*v, p.file->path); !t.shape.empty()) return t.shape;
     return std::nullopt;
   }
 
@@ -233,8 +262,8 @@ class Stage0Reader {
       how_ = wrapper_.empty() ? "shapes" : "masters equal to the module's fp16 values";
       return;
     }
-    const std::size_t groups = at(*torch_sd_, "param_groups", path())->as_sequence().size();
-    if (groups == 1) {
+    const std::size_t groups = groups_.size();
+    if (groups == stages_.size()) {  // one param group per stage: positions in module order
       std::map<std::pair<std::size_t, std::size_t>, int> memo;
       int ways = placements(cand, 0, 0, memo);
       if (ways == 1) {
@@ -251,8 +280,9 @@ class Stage0Reader {
         return;
       }
       fail(ErrorCode::kUnimplemented,
-           path() + ": the optimizer holds " + std::to_string(positions_.size()) + " parameters, the module " +
-               std::to_string(params_.size()) + "; " + (ways == 0 ? "no" : "more than one") +
+           (stages_.size() > 1 ? dir_ : path()) + ": the optimizer holds " + std::to_string(positions_.size()) +
+               " parameters, the module " + std::to_string(params_.size()) + "; " +
+               (ways == 0 ? "no" : "more than one") +
                " way to place them on the module's parameters in order matches their shapes" +
                (wrapper_.empty() ? "" : " and fp32 masters") +
                ": the files (param_shapes is None without ZeRO) do not say which parameter each is");
@@ -281,7 +311,8 @@ class Stage0Reader {
         auto pos = position_of.find(e.name);
         const bool held = pos != position_of.end();
         const Value& src = held && positions_[pos->second].master ? *positions_[pos->second].master : *e.value;
-        std::size_t idx = copy_tensor(model, m0_, src, "model." + e.name);
+        const Decoded& from = held && positions_[pos->second].master ? *positions_[pos->second].file : *e.file;
+        std::size_t idx = copy_tensor(model, from, src, "model." + e.name);
         if (buffers_.count(e.name)) {
           model.tensors[idx].storage = StorageKind::kBuffer;
         } else if (!held) {
@@ -309,7 +340,7 @@ class Stage0Reader {
           per_param->entries.emplace_back(key, v);
           continue;
         }
-        std::size_t idx = copy_tensor(model, m0_, *v, name);
+        std::size_t idx = copy_tensor(model, *p.file, *v, name);
         const Shape& s = model.tensors[idx].shape;
         if (!s.empty() && s != param.tensor->shape)
           fail_data_loss(path() + ": optimizer state '" + key->as_str() + "' of '" + param.name + "' has shape " +
@@ -318,17 +349,31 @@ class Stage0Reader {
       }
       state->entries.emplace_back(Value::str(param.name), per_param);
     }
+    // Param group g of every stage is one group (one ds_config): its
+    // hyper-parameters agree, its params are every stage's in stage order.
     auto groups = Value::list({});
+    std::vector<std::string> hypers;
     std::size_t k = 0;
-    for (const auto& g : at(*torch_sd_, "param_groups", path())->as_sequence()) {
-      auto group = Value::dict();
-      for (const auto& [key, v] : g->entries)
-        if (!(key->is(Kind::kStr) && key->text == "params")) group->entries.emplace_back(key, v);
-      auto names = Value::list({});
-      for (std::size_t j = 0; j < at(*g, "params", path())->as_sequence().size(); ++j)
-        names->items.push_back(Value::str(params_[param_of_[k++]].name));
-      group->entries.emplace_back(Value::str("params"), names);
-      groups->items.push_back(group);
+    for (const GroupRef& ref : groups_) {
+      auto hyper = Value::dict();
+      for (const auto& [key, v] : ref.group->entries)
+        if (!(key->is(Kind::kStr) && key->text == "params")) hyper->entries.emplace_back(key, v);
+      const std::size_t n = at(*ref.group, "params", ref.file->path)->as_sequence().size();
+      if (ref.index == groups->items.size()) {
+        hyper->entries.emplace_back(Value::str("params"), Value::list({}));
+        groups->items.push_back(hyper);
+        hypers.push_back(hyper->repr(8, 64));
+      } else if (ref.index > groups->items.size() || hypers[ref.index] != [&] {
+                   auto h = std::make_shared<Value>(*hyper);
+                   h->entries.emplace_back(Value::str("params"), Value::list({}));
+                   return h->repr(8, 64);
+                 }()) {
+        fail(ErrorCode::kUnimplemented, ref.file->path + ": param group " + std::to_string(ref.index) +
+                                            " has other hyper-parameters than " + file_name(path()) +
+                                            "'s; ckptconv merges the stages' groups only where they agree");
+      }
+      ValuePtr names = groups->items[ref.index]->get("params");
+      for (std::size_t j = 0; j < n; ++j) names->items.push_back(Value::str(params_[param_of_[k++]].name));
     }
     auto optim = Value::dict({{Value::str("state"), state}, {Value::str("param_groups"), groups}});
     return Value::dict({{Value::str("model"), model_dict}, {Value::str("optim"), optim}});
@@ -336,23 +381,28 @@ class Stage0Reader {
 
   void describe(CheckpointModel& model) const {
     model.info.kind = SourceKind::kZero;
-    model.info.files.push_back(path());
+    for (const Decoded& f : stages_) model.info.files.push_back(f.path);
+    for (const Decoded& f : layers_) model.info.files.push_back(f.path);
+    std::sort(model.info.files.begin(), model.info.files.end());
     // FP16_UnfusedOptimizer holds exactly the trainable parameters
     // (is_optimized_parameter); a torch optimizer what the script gave it,
     // frozen ones too (z0_fp32_ws2): only the first says what was frozen.
     model.info.records_frozen = !wrapper_.empty();
     int dp = 1;
-    if (ValuePtr v = m0_.root->get("dp_world_size"); v && v->is(Kind::kInt)) dp = int(v->int_value);
-    model.info.world_sizes = {dp};
-    model.info.parallel = ParallelDegrees{.data = dp};
-    model.facts["zero_stage"] = "0 (no ZeRO: optimizer state in " + file_name(path()) + ")";
+    if (ValuePtr v = stages_.front().root->get("dp_world_size"); v && v->is(Kind::kInt)) dp = int(v->int_value);
+    const int pp = int(stages_.size());
+    model.info.world_sizes = {dp * pp};
+    model.info.parallel = ParallelDegrees{.data = dp, .pipeline = pp};
+    model.facts["zero_stage"] = "0 (no ZeRO: optimizer state in " +
+                                (pp > 1 ? "each stage's mp_rank_SS_model_states.pt" : file_name(path())) + ")";
     model.facts["optimizer"] =
         wrapper_.empty() ? "a torch optimizer's state_dict; fp32 masters are the module's weights"
                          : wrapper_ + " (fp32 masters in fp32_groups" +
                                (loss_scale_ ? ", loss scale " + format_number(*loss_scale_) : std::string()) + ")";
     model.facts["optimizer_positions"] = std::to_string(positions_.size()) + " mapped to module parameters by " + how_;
-    if (ValuePtr v = m0_.root->get("ds_version"); v && v->is(Kind::kStr)) model.facts["ds_version"] = v->text;
-    model.facts["tag"] = file_name(files_.dir);
+    if (ValuePtr v = stages_.front().root->get("ds_version"); v && v->is(Kind::kStr))
+      model.facts["ds_version"] = v->text;
+    model.facts["tag"] = file_name(dir_);
   }
 
   static std::string format_number(double v) {
@@ -362,11 +412,18 @@ class Stage0Reader {
     return s;
   }
 
-  const TagFiles& files_;
-  Decoded m0_;
-  std::string wrapper_;  // empty: a torch optimizer, no wrapper
-  const Value* torch_sd_ = nullptr;
-  const Value* masters_ = nullptr;
+  // One param group of one stage's optimizer: its index there.
+  struct GroupRef {
+    const Decoded* file = nullptr;
+    std::size_t index = 0;
+    const Value* group = nullptr;
+  };
+
+  std::string dir_;
+  std::deque<Decoded> stages_, layers_;  // deques: entries and positions point into them
+  std::vector<ModuleEntry> entries_;     // the module state dict: `module`, or the layer files'
+  std::vector<GroupRef> groups_;         // every stage's param groups, in stage order
+  std::string wrapper_;                  // empty: a torch optimizer, no wrapper
   std::optional<double> loss_scale_;
   std::vector<Position> positions_;
   std::vector<ModuleParam> module_, params_;
@@ -378,8 +435,22 @@ class Stage0Reader {
 
 }  // namespace
 
-CheckpointModel read_stage0(const TagFiles& files, ProblemSink* problems, const std::string& only) {
-  return Stage0Reader(files, problems, only).read();
+CheckpointModel read_stage0(const TagListing& listing, ProblemSink* problems, const std::string& only) {
+  if (!listing.tp_layer_files.empty())
+    fail(ErrorCode::kUnimplemented, listing.dir +
+                                        ": a pipeline with a tensor axis without ZeRO (stage 0): not read (not "
+                                        "generated as a fixture)");
+  std::vector<std::string> stages;
+  for (const TagFiles& f : listing.mp_ranks) {
+    if (!f.optim.empty() || f.per_rank_model || f.model.size() != 1)
+      fail_data_loss(listing.dir + ": optimizer files beside stages without them: files of two runs mixed");
+    stages.push_back(f.model[0].path);
+  }
+  if (stages.size() > 1 && listing.layer_files.empty())
+    fail(ErrorCode::kUnimplemented, listing.dir +
+                                        ": tensor-parallel ranks (mp_rank_01..) without ZeRO (stage 0): not read "
+                                        "(not generated as a fixture)");
+  return Stage0Reader(listing.dir, stages, listing.layer_files, problems, only).read();
 }
 
 }  // namespace ckpt::zero

@@ -21,9 +21,12 @@
 
 namespace ckpt::zero {
 
-// The stage-0 checkpoint of `files` (mp_rank_00_model_states.pt, no optimizer
-// files), as torch's full state dict. A model-states file with no `optimizer`
-// (a ZeRO checkpoint whose optimizer files are missing) is NotFound.
-CheckpointModel read_stage0(const TagFiles& files, ProblemSink* problems, const std::string& only);
+// The stage-0 checkpoint `listing` holds (mp_rank_00_model_states.pt, or a
+// pipeline's mp_rank_SS_model_states.pt and layer files; no optimizer files),
+// as torch's full state dict. A pipeline's stages' positions, concatenated in
+// stage order, are placed on its layers' parameters in layer order. A
+// model-states file with no `optimizer` (a ZeRO checkpoint whose optimizer
+// files are missing) is NotFound.
+CheckpointModel read_stage0(const TagListing& listing, ProblemSink* problems, const std::string& only);
 
 }  // namespace ckpt::zero

@@ -28,13 +28,13 @@ struct MpRankNames {
 // The ZeRO files of model-parallel rank `mp` (two digits, as DeepSpeed
 // writes it) in `dir`: its optimizer files by data-parallel rank, each once,
 // and its model states (ZeRO-3: one per rank).
-TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names) {
+TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names, bool pipeline) {
   TagFiles out;
   out.dir = dir;
   // Without ZeRO (stage 0) the optimizer state is in the model-states file
-  // (stage0.h), read for a data-parallel run (mp_rank_00 alone): the reader
-  // says whether it is there.
-  if (mp == "00" && names.optim.empty() && names.rank_model.empty() && !names.single_model.empty()) {
+  // (stage0.h), read for a data-parallel run (mp_rank_00 alone) and a
+  // pipeline's stages: the reader says whether it is there.
+  if ((mp == "00" || pipeline) && names.optim.empty() && names.rank_model.empty() && !names.single_model.empty()) {
     out.model.push_back({0, names.single_model});
     return out;
   }
@@ -182,7 +182,7 @@ TagListing list_files(const std::string& dir) {
                                                                   : "pipeline stage ") +
                                      std::to_string(s) + " of " + std::to_string(stages) + " are missing (mp_rank_" +
                                      mp + "_model_states.pt)");
-    out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second));
+    out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second, !out.layer_files.empty() || !out.tp_layer_files.empty()));
   }
   if (by_mp.size() != std::size_t(stages))
     fail_data_loss(dir + ": model-parallel ranks " + found + " are not numbered mp_rank_00.." +

@@ -1248,9 +1248,10 @@ CheckpointModel read_zero(const std::string& src, const std::string& tag, const 
                           ProblemSink* problems) {
   TagListing listing = list_files(tag_dir(src, tag));
   const bool pipeline = !listing.layer_files.empty() || !listing.tp_layer_files.empty();
+  if (listing.mp_ranks[0].optim.empty() && !listing.mp_ranks[0].per_rank_model && listing.expert_files.empty() &&
+      (pipeline || listing.mp_ranks.size() == 1))
+    return read_stage0(listing, problems, only);
   if (pipeline) return read_pipeline(listing, problems, only);
-  if (listing.mp_ranks.size() == 1 && listing.mp_ranks[0].optim.empty() && listing.expert_files.empty())
-    return read_stage0(listing.mp_ranks[0], problems, only);
   if (listing.mp_ranks.size() > 1) return read_tensor_parallel(listing, problems, only);
   return read_data_parallel(listing, problems, only);
 }
