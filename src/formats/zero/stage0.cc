@@ -250,7 +250,40 @@ class Stage0Reader {
     return ways;
   }
 
+  // A tied module (TiedLayerSpec) is held by every stage using it, each with
+  // its own position; its layer parameter is the first stage's only, so a
+  // later stage's position would be placed on another parameter. Without
+  // ZeRO nothing names it, but DeepSpeed keeps the copies' optimizer state
+  // equal: two stages' positions of one shape whose first exp_avg (first
+  // state tensor) elements are equal are refused.
+  void refuse_tied_positions() const {
+    if (stages_.size() < 2) return;
+    std::map<std::pair<Shape, std::string>, const Position*> seen;
+    for (const Position& p : positions_) {
+      if (!p.state) continue;
+      const TensorEntry* first = nullptr;
+      for (const auto& [k, v] : as_dict(*p.state).entries)
+        if (tensor_ref_index(*v))
+          if (const TensorEntry& t = p.file->tensor(*v, p.file->path); !t.shape.empty()) {
+            first = &t;
+            break;
+          }
+      if (!first) continue;
+      std::optional<std::string> head =
+          leading_elements(*first, std::min<std::size_t>(shape_numel(first->shape), 64), first->dtype);
+      if (!head) continue;
+      auto [it, fresh] = seen.emplace(std::make_pair(first->shape, *head), &p);
+      if (!fresh && it->second->file != p.file)
+        fail(ErrorCode::kUnimplemented,
+             p.file->path + ": optimizer position " + std::to_string(p.id) + " holds the same optimizer state as " +
+                 file_name(it->second->file->path) + "'s position " + std::to_string(it->second->id) +
+                 ": a module tied between pipeline stages (TiedLayerSpec), which the files of a run without ZeRO "
+                 "do not name: not read");
+    }
+  }
+
   void map_positions() {
+    refuse_tied_positions();
     std::vector<std::vector<std::size_t>> cand;
     for (const Position& p : positions_) cand.push_back(candidates(p));
     // Each position has one candidate, none shared: the files name them.
