@@ -271,7 +271,8 @@ class Stage0Reader {
       if (!first) continue;
       std::optional<std::string> head =
           leading_elements(*first, std::min<std::size_t>(shape_numel(first->shape), 64), first->dtype);
-      if (!head) continue;
+      // all zero (a parameter no gradient reached) says nothing of a tie
+      if (!head || head->find_first_not_of('\0') == std::string::npos) continue;
       auto [it, fresh] = seen.emplace(std::make_pair(first->shape, *head), &p);
       if (!fresh && it->second->file != p.file)
         fail(ErrorCode::kUnimplemented,
