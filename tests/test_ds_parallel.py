@@ -56,7 +56,7 @@ def _copy(case: str, tmp_path: Path) -> Path:
 
 
 def test_the_fixtures_are_pipeline_and_moe_runs():
-    assert PIPE_CASES == ["pp2_dp2_bf16_ws4", "pp2_fp32_ws2"]
+    assert PIPE_CASES == ["pp2_dp2_bf16_ws4", "pp2_fp32_ws2", "pp2_z0_fp32_ws2"]  # the last without ZeRO
     assert MOE_CASES == ["moe_z1_fp32_ws2_ep2", "moe_z2_bf16_ws4_ep2"]
     for case in MOE_CASES:
         names = sorted(p.name for p in (PARALLEL / case / TAG).iterdir())
@@ -553,3 +553,25 @@ def test_tied_copies_that_differ_are_exit_3_naming_both_stages_files(tmp_path, r
     assert ("tied parameter 'tied_modules.embed.weight' differs between pipeline stage 0 "
             "(*_mp_rank_00_optim_states.pt) and stage 1 (*_mp_rank_02_optim_states.pt)") in r.stderr
     assert not out.exists()
+
+
+def test_a_module_tied_between_stages_without_zero_is_exit_3(tmp_path, run_ckptconv):
+    """Without ZeRO nothing names a TiedLayerSpec module's positions; each stage
+    using it holds one, with the same optimizer state (DeepSpeed keeps the
+    copies in step). Stage 1 given such a copy of stage 0's 0.weight position
+    (registered first, as tied modules are): refused, never placed on
+    another layer's parameter."""
+    src = _copy("pp2_z0_fp32_ws2", tmp_path)
+    tag = src / TAG
+    s0 = torch.load(tag / "mp_rank_00_model_states.pt", weights_only=False)
+    f1 = tag / "mp_rank_01_model_states.pt"
+    s1 = torch.load(f1, weights_only=False)
+    assert s0["optimizer"]["state"][0]["exp_avg"].shape == (7, 6)
+    s1["optimizer"]["state"][5] = {k: v.clone() for k, v in s0["optimizer"]["state"][0].items()}
+    s1["optimizer"]["param_groups"][0]["params"] = [5, 0, 1, 2, 3, 4]
+    torch.save(s1, f1)
+    r = run_ckptconv("consolidate", src, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3, r.stderr
+    assert "mp_rank_01_model_states.pt: optimizer position 5 holds the same optimizer state as " \
+           "mp_rank_00_model_states.pt's position 0: a module tied between pipeline stages" in r.stderr
+    assert not (tmp_path / "o.pt").exists()

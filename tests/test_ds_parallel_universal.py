@@ -103,6 +103,18 @@ def test_pipeline_engine_loads_at_new_data_parallel_size(case, pp, dp, tmp_path,
 
 
 @needs_deepspeed
+def test_pipeline_without_zero_loads_into_a_zero1_pipeline_engine(tmp_path, run_ckptconv):
+    """A PP2 run without ZeRO (stage 0: each stage's optimizer state inside its
+    mp_rank_SS_model_states.pt, no optimizer files), resharded to a universal
+    checkpoint, loaded by a ZeRO-1 PipelineEngine of the same model at PP2 x
+    DP2 (a stage-0 engine cannot load one): every master and moment exact."""
+    write_ucp(run_ckptconv, "pp2_z0_fp32_ws2", tmp_path / "ours")
+    got = engine_load("pp2_fp32_ws2", tmp_path / "ours", 2, 2, tmp_path / "ours.pt")
+    assert_loaded_is_reference(got, reference("pp2_z0_fp32_ws2"))
+    assert_one_step_ran(got)
+
+
+@needs_deepspeed
 def test_pipeline_at_new_pipeline_degree_matches_ds_to_universal(tmp_path, run_ckptconv):
     """PP2 saved, loaded as one stage (the layers' names are global, so the
     stages' split plays no part): ckptconv's UCP and ds_to_universal.py's,

@@ -176,7 +176,11 @@ def test_engine_loads_at_new_world_size(case, ws, testdata, tmp_path, run_ckptco
 # writes wrong values for such a run (docs/deepspeed.md).
 MORE = [("z3_subgroups_ws2", "z3_subgroups_ws2", 3), ("bf16opt_ws2", "bf16opt_ws2", 3),
         ("z3_fp16_ws3", "z3_fp16_ws3", 2), ("z2_align_ws2", "z2_align_ws2", 1), ("z1_bf16_ws2", "z1_bf16_ws2", 3),
-        ("z2_bf16_ws3", "z2_bf16_ws3", 2), ("z2_rr_ws2", "z2_bf16_ws2", 3)]
+        ("z2_bf16_ws3", "z2_bf16_ws3", 2), ("z2_rr_ws2", "z2_bf16_ws2", 3),
+        # Runs without ZeRO (stage 0): a stage-0 engine cannot load a universal
+        # checkpoint (DeepSpeed 0.19.8 reads universal optimizer state only under
+        # ZeRO), so a ZeRO engine of the same dtype resumes them at DP3.
+        ("z0_fp32_ws2", "z2_fp32_ws3", 3), ("z0_fp16_ws2", "z1_fp16_ws2", 3)]
 
 
 @needs_deepspeed

@@ -233,3 +233,60 @@ def test_inspect_of_a_deepspeed_folder_lists_every_tag(tmp_path, run_ckptconv):
     r = run_ckptconv("consolidate", root, "-o", out)
     assert r.returncode == 0, r.stderr
     assert run_ckptconv("diff", out, ZERO / "z2_bf16_ws2").returncode == 0
+
+
+def test_stage0_inspect_and_validate_say_what_it_is(run_ckptconv):
+    """Without ZeRO (z0_*: tools/make_zero0_checkpoints.py) the optimizer state
+    is in mp_rank_00_model_states.pt: inspect names the stage and the fp16
+    wrapper and how its positions were mapped to parameters."""
+    r = run_ckptconv("inspect", ZERO / "z0_fp16_ws2")
+    assert r.returncode == 0, r.stderr
+    assert "zero_stage: 0 (no ZeRO: optimizer state in mp_rank_00_model_states.pt)" in r.stdout
+    assert "optimizer: FP16_UnfusedOptimizer (fp32 masters in fp32_groups, loss scale 256)" in r.stdout
+    assert "5 mapped to module parameters by masters equal to the module's fp16 values" in r.stdout
+    r = run_ckptconv("inspect", ZERO / "z0_fp32_ws2")
+    assert r.returncode == 0, r.stderr
+    assert "a torch optimizer's state_dict; fp32 masters are the module's weights" in r.stdout
+    assert "6 mapped to module parameters by position order = module order" in r.stdout
+    r = run_ckptconv("validate", ZERO / "z0_fp32_ws2")
+    assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
+
+
+def test_stage0_exclude_frozen_where_the_files_say_what_was_frozen(tmp_path, run_ckptconv):
+    """FP16_UnfusedOptimizer holds the trainable parameters only: the one it
+    does not hold was frozen. A torch optimizer (fp32) held frozen.weight too,
+    without state, so those files do not say: --exclude-frozen is refused."""
+    out = tmp_path / "m.pt"
+    r = run_ckptconv("consolidate", ZERO / "z0_fp16_ws2", "--only", "model", "--exclude-frozen", "-o", out)
+    assert r.returncode == 0, r.stderr
+    live = torch.load(ZERO / "z0_fp16_ws2" / "reference_live.pt", weights_only=True)
+    assert set(torch.load(out, weights_only=True)) == set(live["model"]) | set(live["tied"]) | set(live["buffers"])
+    r = run_ckptconv("consolidate", ZERO / "z0_fp32_ws2", "--only", "model", "--exclude-frozen", "-o", out)
+    assert r.returncode == 2 and "does not record which parameters were frozen" in r.stderr, r.stderr
+
+
+def test_stage0_positions_the_files_do_not_determine_are_exit_3(tmp_path, run_ckptconv):
+    """fp32 at stage 0: nothing names the optimizer's positions. Without the
+    frozen parameter's position, head.weight's could be frozen.weight's (both
+    5x11, in module order either way): refused, never guessed."""
+    root, tag = _copy("z0_fp32_ws2", tmp_path)
+    f = tag / "mp_rank_00_model_states.pt"
+    ms = torch.load(f, weights_only=False)
+    assert ms["optimizer"]["param_groups"][0]["params"] == [0, 1, 2, 3, 4, 5] and 4 not in ms["optimizer"]["state"]
+    ms["optimizer"]["param_groups"][0]["params"] = [0, 1, 2, 3, 5]
+    torch.save(ms, f)
+    r = run_ckptconv("consolidate", root, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3, r.stderr
+    assert "the optimizer holds 5 parameters, the module 6; more than one way" in r.stderr
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_a_zero_checkpoint_without_its_optimizer_files_is_exit_3(tmp_path, run_ckptconv):
+    root, tag = _copy("z2_fp32_ws3", tmp_path)
+    for p in tag.glob("*_optim_states.pt"):
+        p.unlink()
+    r = run_ckptconv("consolidate", root, "-o", tmp_path / "o.pt")
+    assert r.returncode == 3, r.stderr
+    assert "no *_mp_rank_00_optim_states.pt files" in r.stderr
+    assert "no optimizer state in mp_rank_00_model_states.pt" in r.stderr
+    assert not (tmp_path / "o.pt").exists()

@@ -124,6 +124,10 @@ CASES = {
     "pp2_dp2_bf16_ws4": dict(kind="pipe", pp=2, dp=2, dtype="bf16", stage=1,
                              exercises="pipeline 2 stages x 2 data-parallel ranks, bf16, ZeRO-1: "
                                        "bf16_ optim prefix, each stage's masters split over its dp group"),
+    "pp2_z0_fp32_ws2": dict(kind="pipe", pp=2, dp=1, dtype="fp32", stage=0,
+                            exercises="pipeline 2 stages x 1 data-parallel rank, fp32, without ZeRO (stage 0): "
+                                      "each stage's torch AdamW state_dict under `optimizer` in its "
+                                      "mp_rank_SS_model_states.pt, no optimizer files"),
     "moe_z2_bf16_ws4_ep2": dict(kind="moe", pp=1, dp=4, ep=2, dtype="bf16", stage=2,
                                 exercises="MoE, 4 experts over 2 expert-parallel ranks, 4 data-parallel ranks, bf16, "
                                           "ZeRO-2: expert groups partitioned over expert-data-parallel groups of 2"),
@@ -891,6 +895,12 @@ def job(rank: int, ws: int, out: str, name: str) -> None:
     for n, p in engine.module.named_parameters():
         if not p.requires_grad:
             continue
+        if c["stage"] == 0:  # no ZeRO, fp32: the parameter is the master, the torch optimizer holds its state
+            st = opt.state[p]
+            mine[n] = {"fp32": p.detach().clone(), "exp_avg": st["exp_avg"].clone(),
+                       "exp_avg_sq": st["exp_avg_sq"].clone(), "lp": p.data.detach().clone(),
+                       "step": st["step"].clone()}
+            continue
         v = {"fp32": safe_get_full_fp32_param(p).detach().clone().float().view(p.shape),
              "exp_avg": safe_get_full_optimizer_state(p, "exp_avg").detach().clone().view(p.shape),
              "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq").detach().clone().view(p.shape),
@@ -899,7 +909,8 @@ def job(rank: int, ws: int, out: str, name: str) -> None:
         mine[n] = v
     # the live flat partitions, all-gathered over the stage's dp group and cut at each
     # lp param's offset in the lp flat buffer, must say the same (a second, independent read)
-    groups = (list(zip(opt.bf16_groups_flat, opt.fp32_groups_flat_partition, opt.bf16_groups))
+    groups = ([] if c["stage"] == 0 else
+              list(zip(opt.bf16_groups_flat, opt.fp32_groups_flat_partition, opt.bf16_groups))
               if cls == "BF16_Optimizer" else
               list(zip(opt.bit16_groups_flat, opt.single_partition_of_fp32_groups, opt.bit16_groups)))
     fqn_of = {id(p): n for n, p in engine.module.named_parameters()}
@@ -974,7 +985,7 @@ def check_files(name: str, d: Path) -> None:
     want = sorted([f"layer_{i:02d}-model_states.pt" for i in layers]
                   + [f"mp_rank_{s:02d}_model_states.pt" for s in range(c["pp"])]
                   + [f"{pfx}zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt"
-                     for s in range(c["pp"]) for r in range(c["dp"])])
+                     for s in range(c["pp"]) for r in range(c["dp"]) if c["stage"] > 0])
     got = sorted(p.name for p in tagdir.iterdir())
     assert got == want, (name, got, want)
     for i in layers:

@@ -27,6 +27,7 @@ bool is_read_entry(const std::string& key) {
                                               "dp_world_size",
                                               "ds_version",
                                               "optimizer_state_dict",
+                                              "optimizer",
                                               "param_groups",
                                               "universal_checkpoint_info"};
   return kRead.count(key) > 0;

@@ -28,9 +28,16 @@ struct MpRankNames {
 // The ZeRO files of model-parallel rank `mp` (two digits, as DeepSpeed
 // writes it) in `dir`: its optimizer files by data-parallel rank, each once,
 // and its model states (ZeRO-3: one per rank).
-TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names) {
+TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names, bool pipeline) {
   TagFiles out;
   out.dir = dir;
+  // Without ZeRO (stage 0) the optimizer state is in the model-states file
+  // (stage0.h), read for a data-parallel run (mp_rank_00 alone) and a
+  // pipeline's stages: the reader says whether it is there.
+  if ((mp == "00" || pipeline) && names.optim.empty() && names.rank_model.empty() && !names.single_model.empty()) {
+    out.model.push_back({0, names.single_model});
+    return out;
+  }
   if (names.optim.empty())
     fail(ErrorCode::kNotFound,
          dir + ": no *_mp_rank_" + mp + "_optim_states.pt files (a ZeRO checkpoint has one per rank)");
@@ -175,7 +182,7 @@ TagListing list_files(const std::string& dir) {
                                                                   : "pipeline stage ") +
                                      std::to_string(s) + " of " + std::to_string(stages) + " are missing (mp_rank_" +
                                      mp + "_model_states.pt)");
-    out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second));
+    out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second, !out.layer_files.empty() || !out.tp_layer_files.empty()));
   }
   if (by_mp.size() != std::size_t(stages))
     fail_data_loss(dir + ": model-parallel ranks " + found + " are not numbered mp_rank_00.." +
@@ -230,6 +237,9 @@ std::optional<int> tag_world_size(const std::string& dir) {
       single_model.insert(std::stoi(m.str(1)));
   }
   const int stages = static_cast<int>(optim.size());
+  // A tag without ZeRO (stage0.h: mp_rank_00_model_states.pt alone) has the
+  // names of a ZeRO save that died before its optimizer files: nullopt too
+  // (listed incomplete; read with --tag or `latest`, which say what it is).
   if (stages == 0 || optim.rbegin()->first != stages - 1) return std::nullopt;
   const int n = static_cast<int>(optim.begin()->second.size());
   for (const auto& [mp, ranks] : optim) {

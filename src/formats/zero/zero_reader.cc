@@ -21,6 +21,7 @@
 #include "formats/torch_pt/pt_reader.h"
 #include "formats/zero/moe_experts.h"
 #include "formats/zero/pipeline_layers.h"
+#include "formats/zero/stage0.h"
 #include "formats/zero/tensor_parallel.h"
 #include "formats/zero/zero_files.h"
 #include "formats/zero/zero_listing.h"
@@ -71,6 +72,12 @@ class ZeroReader {
 
   // Decodes the files and reads the layout they give (param_shapes, stage).
   void load() {
+    if (files_.optim.empty()) {  // mp_rank_XX_model_states.pt alone (list_files leaves stage 0 to its reader)
+      std::string mp = file_name(files_.model.at(0).path);
+      mp.resize(mp.size() - std::string_view("_model_states.pt").size());
+      fail(ErrorCode::kNotFound,
+           files_.dir + ": no *_" + mp + "_optim_states.pt files (a ZeRO checkpoint has one per rank)");
+    }
     for (const auto& f : files_.model) models_.push_back(decode(f.path, global_rank(f.rank), problems_, only_));
     for (const auto& f : files_.optim) optims_.push_back(decode(f.path, global_rank(f.rank), problems_, only_));
     ws_ = int(optims_.size());
@@ -1241,6 +1248,9 @@ CheckpointModel read_zero(const std::string& src, const std::string& tag, const 
                           ProblemSink* problems) {
   TagListing listing = list_files(tag_dir(src, tag));
   const bool pipeline = !listing.layer_files.empty() || !listing.tp_layer_files.empty();
+  if (listing.mp_ranks[0].optim.empty() && !listing.mp_ranks[0].per_rank_model && listing.expert_files.empty() &&
+      (pipeline || listing.mp_ranks.size() == 1))
+    return read_stage0(listing, problems, only);
   if (pipeline) return read_pipeline(listing, problems, only);
   if (listing.mp_ranks.size() > 1) return read_tensor_parallel(listing, problems, only);
   return read_data_parallel(listing, problems, only);
