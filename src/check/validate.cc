@@ -150,7 +150,9 @@ class Validator {
   CheckpointModel selected(const CheckpointModel& model) {
     if (opt_.only.empty() || source_traits(model.info.kind).reader_selects_only) return model;
     try {
-      return select_entries(model, {opt_.only});
+      SelectOptions only;
+      only.only = opt_.only;
+      return select_entries(model, only);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kInvalidArgument) throw;
       report_.notes.push_back("--only " + opt_.only + ": no such top-level entry; every tensor scanned");

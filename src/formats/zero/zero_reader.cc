@@ -920,13 +920,13 @@ std::string mp_name(std::size_t t) { return (t < 10 ? "mp_rank_0" : "mp_rank_") 
 // How a merged tensor was made of `tp` ranks' slices, for inspect's
 // per-tensor line: the category universal_checkpoint_info gave it.
 std::string merge_note(const TensorParallelRule& rule, std::size_t tp) {
-  using Kind = TensorParallelMerge::Kind;
+  using Merge = TensorParallelMerge::Kind;
   const std::string ranks = std::to_string(tp) + " tensor-parallel rank" + (tp == 1 ? "" : "s");
   std::string note;
   switch (rule.merge.kind) {
-    case Kind::kReplicated: note = "replicated over " + ranks + (rule.averaged ? " (averaged)" : ""); break;
-    case Kind::kTwoSubParams: note = "2 sub-parameters joined per half over " + ranks; break;
-    case Kind::kCat:
+    case Merge::kReplicated: note = "replicated over " + ranks + (rule.averaged ? " (averaged)" : ""); break;
+    case Merge::kTwoSubParams: note = "2 sub-parameters joined per half over " + ranks; break;
+    case Merge::kCat:
       note =
           (tp == 1 ? "split on dim " : "concatenated on dim ") + std::to_string(rule.merge.cat_dim) + " over " + ranks;
       break;
