@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/float_cast.h"
+#include "core/log.h"
 #include "core/paths.h"
 #include "formats/zero/pipeline_layers.h"
 #include "formats/zero/zero_files.h"
@@ -311,6 +312,13 @@ class Stage0Reader {
               break;
             }
         how_ = "position order = module order, the one placement the shapes allow";
+        // Said, not silent: nothing in the files ties a position to a name
+        // here; a job whose optimizer got its parameters in another order
+        // (same shapes) would get other names, as its own resume would.
+        log::warn((stages_.size() > 1 ? dir_ : path()) + ": the optimizer's " + std::to_string(positions_.size()) +
+                  " positions are matched to parameters in module order (the order model.parameters() gives; "
+                  "a run without ZeRO records no names): right when the optimizer was built from "
+                  "model.parameters(), as DeepSpeed builds it");
         return;
       }
       fail(ErrorCode::kUnimplemented,
