@@ -82,9 +82,9 @@ CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, b
   bool read_only = source_traits(model.info.kind).reader_selects_only;
   std::string only = read_only ? "" : opt.only;
   if (opt.exclude_frozen && !model.info.records_frozen)
-    fail_invalid("--exclude-frozen: a " + std::string(source_format_name(model.info.kind)) +
-                 " checkpoint does not record which parameters were frozen (DeepSpeed ZeRO checkpoints do); "
-                 "leave them out by name with --keys");
+    fail_invalid("--exclude-frozen: this " + std::string(source_format_name(model.info.kind)) +
+                 " checkpoint does not record which parameters were frozen (DeepSpeed's ZeRO and fp16 "
+                 "checkpoints do; an fp32 run without ZeRO does not); leave them out by name with --keys");
   if (!only.empty() || !opt.keys.empty() || cast_to || opt.exclude_frozen)
     model = select_entries(model, {only, opt.keys, cast_to, keep_nesting, opt.exclude_frozen});
   if (cast_to || job.optim_cast_to) {
