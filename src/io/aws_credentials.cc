@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/s3_client.h"
 
 extern char** environ;
 
@@ -83,21 +84,6 @@ HttpAnswer http(const std::string& method, const std::string& url, const std::ve
     if (a.rc == CURLE_OK && a.status < 500) break;
   }
   return a;
-}
-
-std::string url_encode(const std::string& s) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  return out;
 }
 
 std::string read_small_file(const std::string& path, const std::string& what) {
@@ -183,17 +169,13 @@ TimedCredentials assume_role_with_web_identity(const std::string& token_file, co
   if (endpoint.empty()) endpoint = "https://sts." + region + ".amazonaws.com";
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   // Unsigned: the token is the proof (AssumeRoleWithWebIdentity takes no keys).
-  const std::string body = "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=" + url_encode(role_arn) +
-                           "&RoleSessionName=" + url_encode(session) + "&WebIdentityToken=" + url_encode(token);
+  const std::string body =
+      "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=" + uri_encode(role_arn, false) +
+      "&RoleSessionName=" + uri_encode(session, false) + "&WebIdentityToken=" + uri_encode(token, false);
   HttpAnswer a = http("POST", endpoint + "/", {"Content-Type: application/x-www-form-urlencoded"}, body, 5000, 3);
   if (a.rc != CURLE_OK || a.status != 200)
     fail_data_loss(what + ": STS AssumeRoleWithWebIdentity at " + endpoint + " failed: " + answer_error(a));
-  auto element = [&](const std::string& tag) {
-    const auto b = a.body.find("<" + tag + ">");
-    const auto e = a.body.find("</" + tag + ">");
-    if (b == std::string::npos || e == std::string::npos || e < b) return std::string();
-    return a.body.substr(b + tag.size() + 2, e - b - tag.size() - 2);
-  };
+  auto element = [&](const char* tag) { return xml_element(a.body, tag).value_or(""); };
   nlohmann::json j = {{"AccessKeyId", element("AccessKeyId")},
                       {"SecretAccessKey", element("SecretAccessKey")},
                       {"SessionToken", element("SessionToken")},

@@ -157,9 +157,6 @@ std::string S3Response::error_text() const {
   return out;
 }
 
-namespace {
-
-// RFC 3986 unreserved characters stay; '/' too in a key (a path).
 std::string uri_encode(const std::string& s, bool keep_slash) {
   static const char* kHex = "0123456789ABCDEF";
   std::string out;
@@ -174,6 +171,8 @@ std::string uri_encode(const std::string& s, bool keep_slash) {
   }
   return out;
 }
+
+namespace {
 
 std::string sha256_hex(const char* data, std::size_t n) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
