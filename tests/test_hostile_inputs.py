@@ -460,9 +460,18 @@ def test_hdf5_is_opened_by_libhdf5_only_in_the_child(tmp_path, ckptconv):
     assert r.returncode == 0, r.stderr
     lines = log.read_text().splitlines()
     tool = lines[0].split()[0]
-    # children forked by the tool (a clone without CLONE_VM; threads share the VM)
-    forked = {line.rsplit("= ", 1)[1] for line in lines
-              if line.split()[0] == tool and "clone(" in line and "CLONE_VM" not in line and "= " in line}
+    # children forked by the tool (a clone without CLONE_VM; threads share the VM). Under load the
+    # child runs before its parent's clone returns, and strace splits the call in two lines:
+    # "clone(... <unfinished ...>" with the flags, then "<... clone resumed>...) = PID".
+    forked, pending = set(), {}
+    for line in lines:
+        pid = line.split()[0]
+        if "clone(" in line or "clone3(" in line:
+            pending[pid] = "CLONE_VM" not in line
+        if pid in pending and "= " in line and "<unfinished" not in line:
+            if pid == tool and pending.pop(pid):
+                forked.add(line.rsplit("= ", 1)[1].split()[0])
+            pending.pop(pid, None)
     opens = [(line.split()[0], "O_NONBLOCK" in line) for line in lines if f'"{h5}"' in line and "openat(" in line]
     assert forked and any(pid in forked for pid, _ in opens), lines
     assert all(pid in forked or nonblock for pid, nonblock in opens), opens

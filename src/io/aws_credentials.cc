@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "io/s3_client.h"
+#include "io/aws_text.h"
 
 extern char** environ;
 

@@ -101,52 +101,6 @@ S3Credentials S3Config::current_credentials() const {
   return credential_source->current();
 }
 
-std::optional<std::string> xml_element(const std::string& xml, const std::string& tag, std::size_t from,
-                                       std::size_t* end) {
-  const std::string open = "<" + tag + ">", close = "</" + tag + ">";
-  const auto b = xml.find(open, from);
-  if (b == std::string::npos) return std::nullopt;
-  const auto e = xml.find(close, b + open.size());
-  if (e == std::string::npos) return std::nullopt;
-  if (end) *end = e + close.size();
-  std::string raw = xml.substr(b + open.size(), e - b - open.size()), out;
-  // The five predefined entities and numeric references, which keys may hold.
-  for (std::size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] != '&') {
-      out += raw[i];
-      continue;
-    }
-    const auto semi = raw.find(';', i);
-    const std::string ent = semi == std::string::npos ? "" : raw.substr(i + 1, semi - i - 1);
-    if (ent == "amp")
-      out += '&';
-    else if (ent == "lt")
-      out += '<';
-    else if (ent == "gt")
-      out += '>';
-    else if (ent == "quot")
-      out += '"';
-    else if (ent == "apos")
-      out += '\'';
-    else if (ent.size() > 1 && ent[0] == '#') {
-      unsigned long cp =
-          ent[1] == 'x' ? std::strtoul(ent.c_str() + 2, nullptr, 16) : std::strtoul(ent.c_str() + 1, nullptr, 10);
-      if (cp < 0x80)
-        out += static_cast<char>(cp);
-      else if (cp < 0x800)
-        out += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-      else
-        out += {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
-                static_cast<char>(0x80 | (cp & 0x3F))};
-    } else {
-      out += '&';
-      continue;
-    }
-    i = semi;
-  }
-  return out;
-}
-
 std::string S3Response::error_code() const { return xml_element(body, "Code").value_or(""); }
 
 std::string S3Response::error_text() const {
@@ -154,21 +108,6 @@ std::string S3Response::error_text() const {
   if (std::string code = error_code(); !code.empty()) out += " " + code;
   if (auto msg = xml_element(body, "Message")) out += ": " + *msg;
   if (tries > 1) out += " (after " + std::to_string(tries) + " tries)";
-  return out;
-}
-
-std::string uri_encode(const std::string& s, bool keep_slash) {
-  static const char* kHex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/aws_credentials.h"
+#include "io/aws_text.h"
 
 namespace ckpt {
 
@@ -104,14 +105,5 @@ class S3Client {
 
 // The process's client, configured from the environment on first use.
 const S3Client& default_s3_client();
-
-// RFC 3986 percent-encoding as SigV4 wants it: unreserved characters stay,
-// and '/' too when `keep_slash` (a key is a path).
-std::string uri_encode(const std::string& s, bool keep_slash);
-
-// The text of the first <tag>...</tag> in `xml` at or after `from` (XML
-// entities decoded); nullopt when absent. *end (when given) is set past it.
-std::optional<std::string> xml_element(const std::string& xml, const std::string& tag, std::size_t from = 0,
-                                       std::size_t* end = nullptr);
 
 }  // namespace ckpt
