@@ -1,6 +1,8 @@
-"""Keys that are fetched, not written down: a profile's credential_process,
-a web identity token exchanged with STS (EKS IRSA, moto's STS), the
-ECS/EKS container endpoint and the EC2 instance metadata service (IMDSv2).
+"""Keys that are fetched, not written down: a role assumed with a source
+profile's keys (STS AssumeRole, served by the test), a profile's
+credential_process, a web identity token exchanged with STS (EKS IRSA,
+moto's STS), the ECS/EKS container endpoint and the EC2 instance metadata
+service (IMDSv2).
 
 The S3 requests go to a server that records them (answering as S3 does for
 a missing bucket); each must carry the fetched keys: the Authorization
@@ -28,6 +30,10 @@ KEYS = {
     "imds": ("ASIAIMDSNEVERPRINTED", "imds-s3cr3t-NEVER-PRINTED", "imds-tok-NEVER-PRINTED"),
     "container": ("ASIACONTNEVERPRINTED", "cont-s3cr3t-NEVER-PRINTED", "cont-tok-NEVER-PRINTED"),
     "process": ("ASIAPROCNEVERPRINTED", "proc-s3cr3t-NEVER-PRINTED", "proc-tok-NEVER-PRINTED"),
+    "base": ("AKIABASENEVERPRINTED", "base-s3cr3t-NEVER-PRINTED", ""),
+    # what STS gives for each role (the key is the role's, so a request says which it was signed with)
+    "arn:aws:iam::123456789012:role/hop": ("ASIAHOPXNEVERPRINTED", "hop-s3cr3t-NEVER-PRINTED", "hop-tok-NEVER-PRINTED"),
+    "arn:aws:iam::123456789012:role/ml": ("ASIAROLENEVERPRINTED", "role-s3cr3t-NEVER-PRINTED", "role-tok-NEVER-PRINTED"),
 }
 IMDS_TOKEN = "imds-session-7"
 CONTAINER_AUTH = "Bearer pod-identity-42"
@@ -76,11 +82,49 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self.answer(403, b"")
             srv.fetches["container"] += 1
             return self.answer(200, creds_json("container", srv.minutes))
+        if self.command == "POST" and self.path == "/":
+            return self.assume_role()
         srv.requests.append((self.command, self.path, dict(self.headers)))
         self.answer(404, b"<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message>"
                          b"</Error>")
 
-    do_GET = do_HEAD = do_PUT = handle_one
+    def assume_role(self):
+        """STS AssumeRole as AWS answers it, after checking that the request
+        is signed (botocore's SigV4 for service sts) with the keys of the
+        role's source: the base profile's, or the role it is chained from."""
+        from urllib.parse import parse_qs
+
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        srv = self.server
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+        lower = {k.lower(): v for k, v in self.headers.items()}
+        auth = lower.get("authorization", "")
+        key = auth.split("Credential=")[1].split("/")[0] if "Credential=" in auth else ""
+        signer_keys = next((v for v in KEYS.values() if v[0] == key), None)
+        ok = signer_keys is not None and auth.split("Credential=")[1].split("/")[3] == "sts"
+        if ok:
+            signed = auth.split("SignedHeaders=")[1].split(",")[0].split(";")
+            request = AWSRequest(method="POST", url=srv.endpoint + "/", data=body,
+                                 headers={h: lower[h] for h in signed})
+            request.context["timestamp"] = lower["x-amz-date"]
+            signer = SigV4Auth(Credentials(*signer_keys), "sts", "eu-west-3")
+            expected = signer.signature(signer.string_to_sign(request, signer.canonical_request(request)), request)
+            ok = auth.endswith("Signature=" + expected) and lower.get("x-amz-security-token", "") == signer_keys[2]
+        srv.sts.append((form, key, ok))
+        if not ok or form.get("Action") != "AssumeRole" or form.get("RoleArn") not in KEYS:
+            return self.answer(403, b"<ErrorResponse><Error><Code>SignatureDoesNotMatch</Code><Message>The request "
+                                    b"signature we calculated does not match</Message></Error></ErrorResponse>")
+        k, secret, token = KEYS[form["RoleArn"]]
+        self.answer(200, (f"<AssumeRoleResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><AssumeRoleResult>"
+                          f"<Credentials><AccessKeyId>{k}</AccessKeyId><SecretAccessKey>{secret}</SecretAccessKey>"
+                          f"<SessionToken>{token}</SessionToken><Expiration>{expiry(srv.minutes)}</Expiration>"
+                          f"</Credentials></AssumeRoleResult></AssumeRoleResponse>").encode())
+
+    do_GET = do_HEAD = do_PUT = do_POST = handle_one
 
 
 @pytest.fixture
@@ -88,6 +132,7 @@ def server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.requests = []
     srv.fetches = {"imds-token": 0, "imds": 0, "container": 0}
+    srv.sts = []
     srv.minutes = 360
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     srv.endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -107,7 +152,7 @@ def run(ckptconv, env, *args):
     r = subprocess.run([str(ckptconv), *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
     for kind in KEYS.values():
         for secret in kind[1:]:
-            assert secret not in r.stdout + r.stderr, "a credential was printed"
+            assert not secret or secret not in r.stdout + r.stderr, "a credential was printed"
     return r
 
 
@@ -250,3 +295,94 @@ def test_no_keys_anywhere_sends_unsigned_requests(ckptconv, server, tmp_path):
     r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
     assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
     assert server.requests and all("Authorization" not in h for _, _, h in server.requests)
+
+
+def write_role_profiles(tmp_path: Path, ml: str, extra: str = "") -> tuple[Path, Path]:
+    config, credentials = tmp_path / "config", tmp_path / "credentials"
+    config.write_text(f"[profile ml]\nregion = eu-west-3\n{ml}\n"
+                      "[profile hop]\nrole_arn = arn:aws:iam::123456789012:role/hop\nsource_profile = base\n" + extra)
+    key, secret, _ = KEYS["base"]
+    credentials.write_text(f"[base]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n")
+    return config, credentials
+
+
+def test_a_role_assumed_with_a_source_profile_signs_as_botocore_assumes_it(ckptconv, server, tmp_path):
+    """role_arn with source_profile: STS AssumeRole signed with the source
+    profile's keys (checked by the server as botocore's signer computes it),
+    with the profile's session name, external id and duration; the S3
+    requests are signed with the role's keys. botocore's own provider, given
+    the same files and the same STS, sends the same form and gets the same keys."""
+    import botocore.session
+
+    config, credentials = write_role_profiles(
+        tmp_path, "role_arn = arn:aws:iam::123456789012:role/ml\nsource_profile = base\n"
+                  "role_session_name = job-7\nexternal_id = ext-42\nduration_seconds = 900")
+    env = bare_env(server.endpoint, tmp_path, AWS_CONFIG_FILE=str(config), AWS_SHARED_CREDENTIALS_FILE=str(credentials),
+                   AWS_PROFILE="ml", AWS_ENDPOINT_URL_STS=server.endpoint,
+                   AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert_signed_with(server, *KEYS["arn:aws:iam::123456789012:role/ml"])
+    assert len(server.sts) == 1 and server.sts[0][1:] == (KEYS["base"][0], True), server.sts
+    ours = server.sts[0][0]
+    assert ours == {"Action": "AssumeRole", "Version": "2011-06-15", "RoleArn": "arn:aws:iam::123456789012:role/ml",
+                    "RoleSessionName": "job-7", "ExternalId": "ext-42", "DurationSeconds": "900"}
+    assert server.fetches["imds-token"] == 0
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        got = botocore.session.Session().get_credentials().get_frozen_credentials()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert (got.access_key, got.secret_key, got.token) == KEYS["arn:aws:iam::123456789012:role/ml"]
+    assert server.sts[-1][1:] == (KEYS["base"][0], True) and server.sts[-1][0] == ours
+
+
+def test_a_chain_of_roles_signs_each_step_with_the_previous_role(ckptconv, server, tmp_path):
+    """ml's source_profile is hop, itself a role assumed with base's keys:
+    the second AssumeRole is signed with hop's temporary keys and token."""
+    config, credentials = write_role_profiles(
+        tmp_path, "role_arn = arn:aws:iam::123456789012:role/ml\nsource_profile = hop")
+    env = bare_env(server.endpoint, tmp_path, AWS_CONFIG_FILE=str(config), AWS_SHARED_CREDENTIALS_FILE=str(credentials),
+                   AWS_PROFILE="ml", AWS_ENDPOINT_URL_STS=server.endpoint)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert [(f["RoleArn"], key, ok) for f, key, ok in server.sts] == [
+        ("arn:aws:iam::123456789012:role/hop", KEYS["base"][0], True),
+        ("arn:aws:iam::123456789012:role/ml", KEYS["arn:aws:iam::123456789012:role/hop"][0], True)]
+    assert_signed_with(server, *KEYS["arn:aws:iam::123456789012:role/ml"])
+
+
+@pytest.mark.parametrize("ml,extra,says", [
+    ("role_arn = arn:aws:iam::123456789012:role/ml\nsource_profile = loop", 
+     "[profile loop]\nrole_arn = arn:aws:iam::123456789012:role/hop\nsource_profile = ml\n", "loops back to 'ml'"),
+    ("role_arn = arn:aws:iam::123456789012:role/ml\nsource_profile = base\ncredential_source = Environment", "",
+     "both source_profile and credential_source"),
+    ("role_arn = arn:aws:iam::123456789012:role/ml", "", "neither source_profile nor credential_source"),
+    ("role_arn = arn:aws:iam::123456789012:role/ml\nsource_profile = nobody", "", "'nobody' of profile 'ml' does not exist"),
+    ("role_arn = arn:aws:iam::123456789012:role/ml\nsource_profile = base\nmfa_serial = arn:aws:iam::1:mfa/me", "",
+     "MFA"),
+    ("role_arn = arn:aws:iam::123456789012:role/ml\ncredential_source = Ec2Metadata", "",
+     "not one of Environment, Ec2InstanceMetadata, EcsContainer"),
+])
+def test_a_role_profile_that_cannot_be_assumed_is_a_usage_error_and_nothing_is_sent(ckptconv, server, tmp_path, ml,
+                                                                                     extra, says):
+    config, credentials = write_role_profiles(tmp_path, ml, extra)
+    env = bare_env(server.endpoint, tmp_path, AWS_CONFIG_FILE=str(config), AWS_SHARED_CREDENTIALS_FILE=str(credentials),
+                   AWS_PROFILE="ml", AWS_ENDPOINT_URL_STS=server.endpoint,
+                   AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert server.requests == [] and server.sts == [] and server.fetches["imds-token"] == 0
+
+
+def test_a_profile_named_but_missing_is_a_usage_error(ckptconv, server, tmp_path):
+    config, credentials = write_role_profiles(tmp_path, "")
+    env = bare_env(server.endpoint, tmp_path, AWS_CONFIG_FILE=str(config), AWS_SHARED_CREDENTIALS_FILE=str(credentials),
+                   AWS_PROFILE="mll", AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 2 and "'mll'" in r.stderr, r.stderr
+    assert server.requests == [] and server.fetches["imds-token"] == 0

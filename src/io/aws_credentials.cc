@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -52,12 +53,20 @@ size_t collect(char* data, size_t size, size_t n, void* user) {
   return size * n;
 }
 
+// What signs a request to STS: keys and curl's SigV4 provider string
+// ("aws:amz:REGION:sts").
+struct Signing {
+  S3Credentials keys;
+  std::string sigv4;
+};
+
 // One plain HTTP(S) request of the credential endpoints (not S3's: no
-// signing, no retries beyond `tries`), with its own handle.
-HttpAnswer http(const std::string& method, const std::string& url, const std::vector<std::string>& headers,
-                const std::string& body, long timeout_ms, int tries = 1) {
+// retries beyond `tries`), with its own handle; signed when `sign` is given.
+HttpAnswer http(const std::string& method, const std::string& url, std::vector<std::string> headers,
+                const std::string& body, long timeout_ms, int tries = 1, const Signing* sign = nullptr) {
   static std::once_flag init;
   std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  if (sign && !sign->keys.session_token.empty()) headers.push_back("X-Amz-Security-Token: " + sign->keys.session_token);
   HttpAnswer a;
   for (int t = 0; t < tries; ++t) {
     std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(curl_easy_init(), curl_easy_cleanup);
@@ -78,6 +87,11 @@ HttpAnswer http(const std::string& method, const std::string& url, const std::ve
       curl_easy_setopt(h.get(), CURLOPT_CUSTOMREQUEST, method.c_str());
       curl_easy_setopt(h.get(), CURLOPT_POSTFIELDS, body.c_str());
       curl_easy_setopt(h.get(), CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+    }
+    if (sign) {
+      curl_easy_setopt(h.get(), CURLOPT_AWS_SIGV4, sign->sigv4.c_str());
+      curl_easy_setopt(h.get(), CURLOPT_USERNAME, sign->keys.access_key_id.c_str());
+      curl_easy_setopt(h.get(), CURLOPT_PASSWORD, sign->keys.secret_access_key.c_str());
     }
     a.rc = curl_easy_perform(h.get());
     if (a.rc == CURLE_OK) curl_easy_getinfo(h.get(), CURLINFO_RESPONSE_CODE, &a.status);
@@ -160,27 +174,46 @@ TimedCredentials run_credential_process(const std::string& line, const std::stri
   return from_json(text, what);
 }
 
-TimedCredentials assume_role_with_web_identity(const std::string& token_file, const std::string& role_arn,
-                                               const std::string& session, const std::string& region) {
-  const std::string what = "web identity (" + token_file + ")";
-  const std::string token = read_small_file(token_file, what);
+std::string sts_endpoint(const std::string& region) {
   std::string endpoint = env("AWS_ENDPOINT_URL_STS");
   if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
-  if (endpoint.empty()) endpoint = "https://sts." + region + ".amazonaws.com";
+  if (endpoint.empty())
+    endpoint = region.empty() ? "https://sts.amazonaws.com" : "https://sts." + region + ".amazonaws.com";
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-  // Unsigned: the token is the proof (AssumeRoleWithWebIdentity takes no keys).
-  const std::string body =
-      "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=" + uri_encode(role_arn, false) +
-      "&RoleSessionName=" + uri_encode(session, false) + "&WebIdentityToken=" + uri_encode(token, false);
-  HttpAnswer a = http("POST", endpoint + "/", {"Content-Type: application/x-www-form-urlencoded"}, body, 5000, 3);
-  if (a.rc != CURLE_OK || a.status != 200)
-    fail_data_loss(what + ": STS AssumeRoleWithWebIdentity at " + endpoint + " failed: " + answer_error(a));
+  return endpoint;
+}
+
+// An STS query-API call (form body, XML answer) whose answer holds
+// <Credentials>: AssumeRole and AssumeRoleWithWebIdentity.
+TimedCredentials sts_credentials(const std::string& action, const std::string& params, const std::string& region,
+                                 const Signing* sign, const std::string& what) {
+  const std::string endpoint = sts_endpoint(region);
+  const std::string body = "Action=" + action + "&Version=2011-06-15" + params;
+  HttpAnswer a = http("POST", endpoint + "/", {"Content-Type: application/x-www-form-urlencoded; charset=utf-8"}, body,
+                      5000, 3, sign);
+  if (a.rc != CURLE_OK || a.status != 200) {
+    std::string why = answer_error(a);
+    if (auto code = xml_element(a.body, "Code")) why += " " + code->substr(0, 80);
+    if (auto msg = xml_element(a.body, "Message")) why += ": " + msg->substr(0, 200);
+    fail_data_loss(what + ": STS " + action + " at " + endpoint + " failed: " + why);
+  }
   auto element = [&](const char* tag) { return xml_element(a.body, tag).value_or(""); };
   nlohmann::json j = {{"AccessKeyId", element("AccessKeyId")},
                       {"SecretAccessKey", element("SecretAccessKey")},
                       {"SessionToken", element("SessionToken")},
                       {"Expiration", element("Expiration")}};
   return from_json(j.dump(), what);
+}
+
+TimedCredentials assume_role_with_web_identity(const std::string& token_file, const std::string& role_arn,
+                                               const std::string& session, const std::string& region) {
+  const std::string what = "web identity (" + token_file + ")";
+  const std::string token = read_small_file(token_file, what);
+  // Unsigned: the token is the proof (AssumeRoleWithWebIdentity takes no keys).
+  return sts_credentials("AssumeRoleWithWebIdentity",
+                         "&RoleArn=" + uri_encode(role_arn, false) + "&RoleSessionName=" + uri_encode(session, false) +
+                             "&WebIdentityToken=" + uri_encode(token, false),
+                         region, nullptr, what);
 }
 
 TimedCredentials container_credentials() {
@@ -237,33 +270,195 @@ S3Credentials CredentialSource::current() {
   return held_->keys;
 }
 
-std::shared_ptr<CredentialSource> fetched_credentials(const std::map<std::string, std::string>& profile_config,
-                                                      const std::string& profile, const std::string& region) {
-  auto setting = [&](const char* key) {
-    auto it = profile_config.find(key);
-    return it == profile_config.end() ? std::string() : it->second;
-  };
-  if (std::string process = setting("credential_process"); !process.empty()) {
-    std::string what = "the credential_process of profile '" + profile + "'";
-    return std::make_shared<CredentialSource>(what, [process, what] { return run_credential_process(process, what); });
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// The keys of section `section` of an INI file (the AWS shared files);
+// empty when the file or the section is missing.
+std::map<std::string, std::string> ini_section(const std::string& file, const std::string& section) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(file);
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    line = trimmed(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      inside = trimmed(line.substr(1, line.size() - 2)) == section;
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (inside && eq != std::string::npos) out[trimmed(line.substr(0, eq))] = trimmed(line.substr(eq + 1));
   }
-  std::string token_file = env("AWS_WEB_IDENTITY_TOKEN_FILE"), role = env("AWS_ROLE_ARN");
-  std::string session = env("AWS_ROLE_SESSION_NAME");
+  return out;
+}
+
+std::string home_file(const char* env_name, const char* relative) {
+  if (std::string named = env(env_name); !named.empty()) return named;
+  const std::string home = env("HOME");
+  return home.empty() ? std::string() : home + "/" + relative;
+}
+
+using Settings = std::map<std::string, std::string>;
+
+std::string setting(const Settings& s, const char* key) {
+  auto it = s.find(key);
+  return it == s.end() ? std::string() : it->second;
+}
+
+bool has_static_keys(const Settings& s) { return s.count("aws_access_key_id") || s.count("aws_secret_access_key"); }
+
+S3Credentials static_keys(const Settings& s, const std::string& profile) {
+  S3Credentials k{setting(s, "aws_access_key_id"), setting(s, "aws_secret_access_key"),
+                  setting(s, "aws_session_token")};
+  if (k.empty()) fail_invalid("profile '" + profile + "' has only one of aws_access_key_id and aws_secret_access_key");
+  return k;
+}
+
+// A role to assume: botocore's AssumeRoleProvider applies to a profile with
+// role_arn and no web identity token file.
+bool assumes_role(const Settings& s) { return s.count("role_arn") && !s.count("web_identity_token_file"); }
+
+using KeysGetter = std::function<S3Credentials()>;
+
+// credential_source: keys of this machine's environment, as botocore's
+// CanonicalNameCredentialSourcer names them.
+KeysGetter named_credential_source(const std::string& name, const std::string& profile) {
+  if (name == "Environment") {
+    S3Credentials k{env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN")};
+    if (k.empty())
+      fail_invalid("profile '" + profile +
+                   "': credential_source Environment, but AWS_ACCESS_KEY_ID and "
+                   "AWS_SECRET_ACCESS_KEY are not set");
+    return [k] { return k; };
+  }
+  std::shared_ptr<CredentialSource> source;
+  if (name == "EcsContainer")
+    source = std::make_shared<CredentialSource>("the container credentials endpoint", container_credentials);
+  else if (name == "Ec2InstanceMetadata")
+    source = std::make_shared<CredentialSource>("the EC2 instance metadata service", instance_metadata_credentials);
+  else
+    fail_invalid("profile '" + profile + "': credential_source '" + name.substr(0, 64) +
+                 "' is not one of Environment, Ec2InstanceMetadata, EcsContainer");
+  return [source, profile] {
+    S3Credentials k = source->current();
+    if (k.empty()) fail_data_loss("profile '" + profile + "': " + source->name() + " gave no keys");
+    return k;
+  };
+}
+
+ProfileCredentials resolve_profile(const std::string& profile, const std::string& region, bool use_env,
+                                   std::vector<std::string>& visited);
+
+// The keys the source of an assumed role signs STS's AssumeRole with.
+KeysGetter role_source_keys(const Settings& s, const std::string& profile, const std::string& region,
+                            std::vector<std::string>& visited) {
+  const std::string source_profile = setting(s, "source_profile"), named = setting(s, "credential_source");
+  if (!source_profile.empty() && !named.empty())
+    fail_invalid("profile '" + profile + "' has both source_profile and credential_source");
+  if (!named.empty()) return named_credential_source(named, profile);
+  if (source_profile.empty())
+    fail_invalid("profile '" + profile + "' has role_arn but neither source_profile nor credential_source");
+  const Settings src = aws_profile_settings(source_profile);
+  if (src.empty())
+    fail_invalid("the source_profile '" + source_profile + "' of profile '" + profile + "' does not exist");
+  // A profile may name itself to sign with its own keys; any other profile
+  // met twice is a loop.
+  if (source_profile == profile) {
+    if (!has_static_keys(src)) fail_invalid("profile '" + profile + "' is its own source_profile but has no keys");
+    S3Credentials k = static_keys(src, profile);
+    return [k] { return k; };
+  }
+  if (std::find(visited.begin(), visited.end(), source_profile) != visited.end())
+    fail_invalid("the source_profile chain of profile '" + visited.front() + "' loops back to '" + source_profile +
+                 "'");
+  visited.push_back(source_profile);
+  ProfileCredentials chained = resolve_profile(source_profile, region, false, visited);
+  if (!chained.source && chained.keys.empty())
+    fail_invalid("the source_profile '" + source_profile + "' of profile '" + profile + "' has no credentials");
+  if (!chained.source) return [k = chained.keys] { return k; };
+  return [source = chained.source, source_profile] {
+    S3Credentials k = source->current();
+    if (k.empty()) fail_data_loss("source_profile '" + source_profile + "': " + source->name() + " gave no keys");
+    return k;
+  };
+}
+
+std::shared_ptr<CredentialSource> assume_role(const Settings& s, const std::string& profile, const std::string& region,
+                                              std::vector<std::string>& visited) {
+  if (s.count("mfa_serial"))
+    fail_invalid("profile '" + profile +
+                 "' assumes its role with an MFA code (mfa_serial), which ckptconv cannot "
+                 "ask for: run with the keys of a session (aws sts get-session-token, AWS_SESSION_TOKEN) instead");
+  KeysGetter source = role_source_keys(s, profile, region, visited);
+  std::string params = "&RoleArn=" + uri_encode(setting(s, "role_arn"), false);
+  std::string session = setting(s, "role_session_name");
+  if (session.empty()) session = "ckptconv-session-" + std::to_string(std::time(nullptr));
+  params += "&RoleSessionName=" + uri_encode(session, false);
+  if (std::string id = setting(s, "external_id"); !id.empty()) params += "&ExternalId=" + uri_encode(id, false);
+  // botocore passes duration_seconds only when it is an integer.
+  if (std::string d = setting(s, "duration_seconds");
+      !d.empty() && d.find_first_not_of("0123456789") == std::string::npos)
+    params += "&DurationSeconds=" + d;
+  const std::string signing_region = region.empty() ? "us-east-1" : region;
+  const std::string what = "the role of profile '" + profile + "'";
+  return std::make_shared<CredentialSource>(what, [=] {
+    const Signing sign{source(), "aws:amz:" + signing_region + ":sts"};
+    return sts_credentials("AssumeRole", params, region, &sign, what);
+  });
+}
+
+// botocore's chain for one profile (the environment's keys were looked at
+// by the caller; `use_env` says whether the environment's web identity
+// settings apply: not for a source profile).
+ProfileCredentials resolve_profile(const std::string& profile, const std::string& region, bool use_env,
+                                   std::vector<std::string>& visited) {
+  const Settings s = aws_profile_settings(profile);
+  if (assumes_role(s)) return {{}, assume_role(s, profile, region, visited)};
+  std::string token_file = use_env ? env("AWS_WEB_IDENTITY_TOKEN_FILE") : "", role = use_env ? env("AWS_ROLE_ARN") : "";
+  std::string session = use_env ? env("AWS_ROLE_SESSION_NAME") : "";
   if (token_file.empty() || role.empty()) {
-    token_file = setting("web_identity_token_file");
-    role = setting("role_arn");
-    if (session.empty()) session = setting("role_session_name");
+    token_file = setting(s, "web_identity_token_file");
+    role = setting(s, "role_arn");
+    if (session.empty()) session = setting(s, "role_session_name");
   }
   if (!token_file.empty() && !role.empty()) {
     if (session.empty()) session = "ckptconv-" + std::to_string(::getpid());
-    return std::make_shared<CredentialSource>("the web identity token " + token_file, [=] {
-      return assume_role_with_web_identity(token_file, role, session, region);
-    });
+    return {{}, std::make_shared<CredentialSource>("the web identity token " + token_file, [=] {
+              return assume_role_with_web_identity(token_file, role, session, region);
+            })};
   }
+  if (has_static_keys(s)) return {static_keys(s, profile), nullptr};
+  if (std::string process = setting(s, "credential_process"); !process.empty()) {
+    std::string what = "the credential_process of profile '" + profile + "'";
+    return {{}, std::make_shared<CredentialSource>(what, [process, what] {
+              return run_credential_process(process, what);
+            })};
+  }
+  if (!use_env) return {};  // a source profile does not fall through to this machine's endpoints
   if (!env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").empty() || !env("AWS_CONTAINER_CREDENTIALS_FULL_URI").empty())
-    return std::make_shared<CredentialSource>("the container credentials endpoint", container_credentials);
-  if (lower(env("AWS_EC2_METADATA_DISABLED")) == "true") return nullptr;
-  return std::make_shared<CredentialSource>("the EC2 instance metadata service", instance_metadata_credentials);
+    return {{}, std::make_shared<CredentialSource>("the container credentials endpoint", container_credentials)};
+  if (lower(env("AWS_EC2_METADATA_DISABLED")) == "true") return {};
+  return {{}, std::make_shared<CredentialSource>("the EC2 instance metadata service", instance_metadata_credentials)};
+}
+
+}  // namespace
+
+std::map<std::string, std::string> aws_profile_settings(const std::string& name) {
+  // The config file names a profile "[profile NAME]", except [default].
+  Settings s = ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), name == "default" ? name : "profile " + name);
+  for (auto& [k, v] : ini_section(home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), name)) s[k] = v;
+  return s;
+}
+
+ProfileCredentials profile_credentials(const std::string& profile, const std::string& region) {
+  std::vector<std::string> visited{profile};
+  return resolve_profile(profile, region, true, visited);
 }
 
 std::vector<std::string> split_command_line(const std::string& line) {

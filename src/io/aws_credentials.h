@@ -1,5 +1,6 @@
-// AWS credentials that are fetched rather than written down: a profile's
-// `credential_process`, a web identity token exchanged with STS (EKS IRSA),
+// AWS credentials that are fetched rather than written down: a role assumed
+// with another profile's keys, a profile's `credential_process`, a web
+// identity token exchanged with STS (EKS IRSA),
 // the ECS/EKS container endpoint, and the EC2 instance metadata service
 // (IMDSv2). Each gives temporary keys with an expiry; a CredentialSource
 // fetches them on first use and again when they are within five minutes of
@@ -48,17 +49,34 @@ class CredentialSource {
   std::optional<TimedCredentials> held_;
 };
 
-// What the environment and the profile's config-file section say to fetch
-// keys from, in botocore's order: `credential_process`; a web identity
-// (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, or the profile's
-// web_identity_token_file and role_arn) through STS's
-// AssumeRoleWithWebIdentity (AWS_ENDPOINT_URL_STS, else the region's STS);
-// the container endpoint (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or
-// _FULL_URI, AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]); else the instance
-// metadata service unless AWS_EC2_METADATA_DISABLED=true
-// (AWS_EC2_METADATA_SERVICE_ENDPOINT overrides its address).
-std::shared_ptr<CredentialSource> fetched_credentials(const std::map<std::string, std::string>& profile_config,
-                                                      const std::string& profile, const std::string& region);
+// The settings of profile `name` in the shared files: its section of the
+// config file (AWS_CONFIG_FILE, ~/.aws/config: [profile NAME], or
+// [default]) with those of its section of the credentials file
+// (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials: [NAME]) over them, as
+// botocore merges the two. Empty when neither file has it.
+std::map<std::string, std::string> aws_profile_settings(const std::string& name);
+
+// What `profile` signs with when the environment holds no keys: written
+// down (`keys`), fetched (`source`), or neither (unsigned requests: public
+// buckets). botocore's order: an assumed role (role_arn with source_profile
+// or credential_source: STS AssumeRole signed with the source's keys, which
+// may themselves be an assumed role); a web identity (AWS_WEB_IDENTITY_TOKEN_FILE
+// and AWS_ROLE_ARN, or the profile's web_identity_token_file and role_arn)
+// through STS's AssumeRoleWithWebIdentity; the profile's own keys;
+// `credential_process`; the container endpoint
+// (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI,
+// AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]); else the instance metadata
+// service unless AWS_EC2_METADATA_DISABLED=true
+// (AWS_EC2_METADATA_SERVICE_ENDPOINT overrides its address). STS is
+// AWS_ENDPOINT_URL_STS, else AWS_ENDPOINT_URL, else the region's. A profile
+// whose settings contradict each other (both source_profile and
+// credential_source, a loop of source profiles, an MFA serial, which needs
+// a code typed in) is an Error of kind InvalidArgument naming it.
+struct ProfileCredentials {
+  S3Credentials keys;
+  std::shared_ptr<CredentialSource> source;
+};
+ProfileCredentials profile_credentials(const std::string& profile, const std::string& region);
 
 // A command line split as Python's shlex.split splits it (botocore runs
 // credential_process that way, without a shell). Exposed for tests.

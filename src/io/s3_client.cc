@@ -33,57 +33,33 @@ std::string trimmed(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
-// The keys of section `section` of an INI file (the AWS shared files);
-// empty when the file or the section is missing.
-std::map<std::string, std::string> ini_section(const std::string& file, const std::string& section) {
-  std::map<std::string, std::string> out;
-  std::ifstream in(file);
-  std::string line;
-  bool inside = false;
-  while (std::getline(in, line)) {
-    line = trimmed(line);
-    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
-    if (line.front() == '[' && line.back() == ']') {
-      inside = trimmed(line.substr(1, line.size() - 2)) == section;
-      continue;
-    }
-    const auto eq = line.find('=');
-    if (inside && eq != std::string::npos) out[trimmed(line.substr(0, eq))] = trimmed(line.substr(eq + 1));
-  }
-  return out;
-}
-
-std::string home_file(const char* env_name, const char* relative) {
-  if (std::string named = env(env_name); !named.empty()) return named;
-  const std::string home = env("HOME");
-  return home.empty() ? std::string() : home + "/" + relative;
-}
-
 }  // namespace
 
 S3Config s3_config_from_environment() {
   S3Config c;
   const std::string profile = env("AWS_PROFILE").empty() ? "default" : env("AWS_PROFILE");
-  // The config file names a profile "[profile NAME]", except [default].
-  const auto config =
-      ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), profile == "default" ? profile : "profile " + profile);
+  const auto settings = aws_profile_settings(profile);
+  // botocore's ProfileNotFound: a profile asked for by name and in neither
+  // file is a mistake (a typo would otherwise sign with the machine's role).
+  if (settings.empty() && !env("AWS_PROFILE").empty() && env("AWS_PROFILE") != "default")
+    fail_invalid("AWS_PROFILE names profile '" + profile.substr(0, 128) +
+                 "', which neither the shared config file nor the credentials file has");
   if (std::string r = env("AWS_REGION"); !r.empty())
     c.region = r;
   else if (r = env("AWS_DEFAULT_REGION"); !r.empty())
     c.region = r;
-  else if (auto it = config.find("region"); it != config.end() && !it->second.empty())
+  else if (auto it = settings.find("region"); it != settings.end() && !it->second.empty())
     c.region = it->second;
   c.credentials.access_key_id = env("AWS_ACCESS_KEY_ID");
   c.credentials.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
   c.credentials.session_token = env("AWS_SESSION_TOKEN");
+  // Fetched keys are fetched on the first request, not here: a run that
+  // never signs one (an unsigned public read still asks) costs nothing.
   if (c.credentials.empty()) {
-    auto creds = ini_section(home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), profile);
-    if (creds.empty()) creds = config;  // keys may sit in the config file too
-    c.credentials = {creds["aws_access_key_id"], creds["aws_secret_access_key"], creds["aws_session_token"]};
+    ProfileCredentials from_profile = profile_credentials(profile, c.region);
+    c.credentials = from_profile.keys;
+    c.credential_source = from_profile.source;
   }
-  // Fetched on the first request, not here: a run that never signs one
-  // (an unsigned public read still asks) costs nothing.
-  if (c.credentials.empty()) c.credential_source = fetched_credentials(config, profile, c.region);
   c.endpoint = env("AWS_ENDPOINT_URL_S3").empty() ? env("AWS_ENDPOINT_URL") : env("AWS_ENDPOINT_URL_S3");
   while (!c.endpoint.empty() && c.endpoint.back() == '/') c.endpoint.pop_back();
   // A custom endpoint (MinIO, moto, Ceph) rarely has wildcard DNS for

@@ -43,14 +43,12 @@ struct S3Config {
 };
 
 // The AWS conventions: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-// AWS_SESSION_TOKEN, else AWS_PROFILE's (or [default]'s) keys in the shared
-// credentials file (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials) and
-// config file (AWS_CONFIG_FILE, ~/.aws/config), else keys fetched
-// (fetched_credentials: credential_process, web identity, container, EC2
-// instance metadata); AWS_REGION /
-// AWS_DEFAULT_REGION / the profile's region; AWS_ENDPOINT_URL_S3 /
-// AWS_ENDPOINT_URL (MinIO, moto: path-style unless
-// CKPTCONV_S3_ADDRESSING_STYLE=virtual); CKPTCONV_S3_MAX_ATTEMPTS.
+// AWS_SESSION_TOKEN, else what AWS_PROFILE (or [default]) signs with
+// (profile_credentials: an assumed role, a web identity, the profile's keys
+// in the shared files, credential_process, the container endpoint, EC2
+// instance metadata); AWS_REGION / AWS_DEFAULT_REGION / the profile's
+// region; AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL (MinIO, moto: path-style
+// unless CKPTCONV_S3_ADDRESSING_STYLE=virtual); CKPTCONV_S3_MAX_ATTEMPTS.
 S3Config s3_config_from_environment();
 
 struct S3Request {
