@@ -31,11 +31,13 @@ KEYS = {
     "container": ("ASIACONTNEVERPRINTED", "cont-s3cr3t-NEVER-PRINTED", "cont-tok-NEVER-PRINTED"),
     "process": ("ASIAPROCNEVERPRINTED", "proc-s3cr3t-NEVER-PRINTED", "proc-tok-NEVER-PRINTED"),
     "base": ("AKIABASENEVERPRINTED", "base-s3cr3t-NEVER-PRINTED", ""),
+    "sso": ("ASIASSOXNEVERPRINTED", "sso-s3cr3t-NEVER-PRINTED", "sso-tok-NEVER-PRINTED"),
     # what STS gives for each role (the key is the role's, so a request says which it was signed with)
     "arn:aws:iam::123456789012:role/hop": ("ASIAHOPXNEVERPRINTED", "hop-s3cr3t-NEVER-PRINTED", "hop-tok-NEVER-PRINTED"),
     "arn:aws:iam::123456789012:role/ml": ("ASIAROLENEVERPRINTED", "role-s3cr3t-NEVER-PRINTED", "role-tok-NEVER-PRINTED"),
 }
 IMDS_TOKEN = "imds-session-7"
+SSO_TOKEN = "sso-bearer-NEVER-PRINTED"
 CONTAINER_AUTH = "Bearer pod-identity-42"
 
 
@@ -84,6 +86,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.answer(200, creds_json("container", srv.minutes))
         if self.command == "POST" and self.path == "/":
             return self.assume_role()
+        if self.path.startswith("/federation/credentials?"):
+            return self.sso_role_credentials()
         srv.requests.append((self.command, self.path, dict(self.headers)))
         self.answer(404, b"<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message>"
                          b"</Error>")
@@ -124,6 +128,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
                           f"<SessionToken>{token}</SessionToken><Expiration>{expiry(srv.minutes)}</Expiration>"
                           f"</Credentials></AssumeRoleResult></AssumeRoleResponse>").encode())
 
+    def sso_role_credentials(self):
+        """The SSO portal's GetRoleCredentials: the bearer token from `aws
+        sso login`'s cache, the account and role in the query."""
+        from urllib.parse import parse_qs, urlsplit
+
+        srv = self.server
+        query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+        srv.sso.append(query)
+        if self.headers.get("x-amz-sso_bearer_token") != SSO_TOKEN:
+            return self.answer(401, b'{"message":"Session token not found or invalid"}')
+        if query != {"account_id": "123456789012", "role_name": "Trainer"}:
+            return self.answer(403, b'{"message":"No access"}')
+        key, secret, token = KEYS["sso"]
+        ms = int((datetime.datetime.now(datetime.timezone.utc).timestamp() + srv.minutes * 60) * 1000)
+        self.answer(200, json.dumps({"roleCredentials": {"accessKeyId": key, "secretAccessKey": secret,
+                                                         "sessionToken": token, "expiration": ms}}).encode())
+
     do_GET = do_HEAD = do_PUT = do_POST = handle_one
 
 
@@ -133,6 +154,7 @@ def server():
     srv.requests = []
     srv.fetches = {"imds-token": 0, "imds": 0, "container": 0}
     srv.sts = []
+    srv.sso = []
     srv.minutes = 360
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     srv.endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -386,3 +408,62 @@ def test_a_profile_named_but_missing_is_a_usage_error(ckptconv, server, tmp_path
     r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
     assert r.returncode == 2 and "'mll'" in r.stderr, r.stderr
     assert server.requests == [] and server.fetches["imds-token"] == 0
+
+
+def write_sso_profile(tmp_path: Path, legacy: bool, token_minutes: float = 480, profile_extra: str = "") -> dict:
+    """A profile as `aws configure sso` writes it and the token `aws sso
+    login` caches (~/.aws/sso/cache/<sha1 of the session name, or of the
+    start URL in the legacy form>.json)."""
+    import hashlib
+
+    start = "https://d-123.awsapps.com/start"
+    config = tmp_path / "config"
+    if legacy:
+        config.write_text(f"[profile ml]\nsso_start_url = {start}\nsso_region = eu-west-1\n"
+                          f"sso_account_id = 123456789012\nsso_role_name = Trainer\nregion = eu-west-3\n{profile_extra}")
+    else:
+        config.write_text("[profile ml]\nsso_session = corp\nsso_account_id = 123456789012\nsso_role_name = Trainer\n"
+                          f"region = eu-west-3\n{profile_extra}\n[sso-session corp]\nsso_start_url = {start}\n"
+                          "sso_region = eu-west-1\nsso_registration_scopes = sso:account:access\n")
+    cache = tmp_path / "home" / ".aws" / "sso" / "cache"
+    cache.mkdir(parents=True)
+    name = start if legacy else "corp"
+    (cache / (hashlib.sha1(name.encode()).hexdigest() + ".json")).write_text(json.dumps(
+        {"startUrl": start, "region": "eu-west-1", "accessToken": SSO_TOKEN, "expiresAt": expiry(token_minutes)}))
+    return {"AWS_CONFIG_FILE": str(config), "AWS_PROFILE": "ml", "HOME": str(tmp_path / "home")}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["sso-session", "legacy"])
+def test_sso_keys_come_from_the_portal_with_the_cached_token_as_botocore_gets_them(ckptconv, server, tmp_path, legacy):
+    env = bare_env(server.endpoint, tmp_path, AWS_ENDPOINT_URL_SSO=server.endpoint,
+                   AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint, **write_sso_profile(tmp_path, legacy))
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert SSO_TOKEN not in r.stderr
+    assert_signed_with(server, *KEYS["sso"])
+    assert server.sso == [{"account_id": "123456789012", "role_name": "Trainer"}]
+    assert server.fetches["imds-token"] == 0
+
+    # In a process of its own: botocore fixes the token cache's folder from HOME when it is imported.
+    got = subprocess.run([sys.executable, "-c", "import botocore.session, json; c = botocore.session.Session()"
+                          ".get_credentials().get_frozen_credentials(); print(json.dumps(list(c)))"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert tuple(json.loads(got.stdout)[:3]) == KEYS["sso"]  # (key, secret, token, account id)
+    assert len(server.sso) == 2 and server.sso[1] == server.sso[0]
+
+
+def test_an_expired_sso_token_says_to_log_in_and_sends_nothing(ckptconv, server, tmp_path):
+    env = bare_env(server.endpoint, tmp_path, AWS_ENDPOINT_URL_SSO=server.endpoint,
+                   **write_sso_profile(tmp_path, legacy=False, token_minutes=-5))
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "aws sso login --sso-session corp" in r.stderr and "expired" in r.stderr, r.stderr
+    assert server.requests == [] and server.sso == []
+
+
+def test_an_sso_profile_contradicting_its_session_is_a_usage_error(ckptconv, server, tmp_path):
+    env = bare_env(server.endpoint, tmp_path, AWS_ENDPOINT_URL_SSO=server.endpoint,
+                   **write_sso_profile(tmp_path, legacy=False, profile_extra="sso_region = us-east-2"))
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 2 and "sso_region is 'us-east-2' in the profile and 'eu-west-1'" in r.stderr, r.stderr
+    assert server.requests == [] and server.sso == []

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <openssl/sha.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -255,6 +256,68 @@ TimedCredentials instance_metadata_credentials() {
   return from_json(keys.body, what);
 }
 
+// IAM Identity Center (SSO): the token `aws sso login` cached, exchanged
+// for the role's keys at the portal's GetRoleCredentials, as botocore's
+// SSOProvider does. The token is not refreshed here: an expired one is an
+// error that says to log in again.
+struct SsoProfile {
+  std::string start_url, region, account, role;
+  std::string session;  // the [sso-session NAME] it names; "" in the legacy form
+};
+
+std::string sha1_hex(const std::string& text) {
+  unsigned char digest[SHA_DIGEST_LENGTH];
+  SHA1(reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest);
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : digest) out += {kHex[c >> 4], kHex[c & 15]};
+  return out;
+}
+
+TimedCredentials sso_role_credentials(const SsoProfile& sso, const std::string& what) {
+  // botocore's SSOTokenLoader: ~/.aws/sso/cache/<sha1 of the session name, or of the start URL>.json
+  const std::string home = env("HOME");
+  const std::string cache =
+      home + "/.aws/sso/cache/" + sha1_hex(sso.session.empty() ? sso.start_url : sso.session) + ".json";
+  const std::string login =
+      sso.session.empty() ? "aws sso login --profile ..." : "aws sso login --sso-session " + sso.session;
+  std::ifstream in(cache, std::ios::binary);
+  if (!in) fail_data_loss(what + ": no cached SSO token (" + cache + "): run `" + login + "`");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::json j = nlohmann::json::parse(text.substr(0, kMaxAnswer), nullptr, false);
+  if (!j.is_object() || !j.contains("accessToken") || !j["accessToken"].is_string() || !j.contains("expiresAt") ||
+      !j["expiresAt"].is_string())
+    fail_data_loss(what + ": the cached SSO token " + cache + " has no accessToken and expiresAt");
+  const auto expires = parse_iso8601_utc(j["expiresAt"].get<std::string>());
+  if (!expires) fail_data_loss(what + ": the cached SSO token's expiresAt is not an ISO 8601 time");
+  if (*expires <= Clock::now()) fail_data_loss(what + ": the SSO token has expired: run `" + login + "`");
+  std::string endpoint = env("AWS_ENDPOINT_URL_SSO");
+  if (endpoint.empty()) endpoint = "https://portal.sso." + sso.region + ".amazonaws.com";
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  const std::string url = endpoint + "/federation/credentials?account_id=" + uri_encode(sso.account, false) +
+                          "&role_name=" + uri_encode(sso.role, false);
+  HttpAnswer a = http("GET", url, {"x-amz-sso_bearer_token: " + j["accessToken"].get<std::string>()}, "", 5000, 3);
+  if (a.rc == CURLE_OK && (a.status == 401 || a.status == 403))
+    fail_data_loss(what + ": the SSO portal refused the token (HTTP " + std::to_string(a.status) + "): run `" + login +
+                   "`");
+  if (a.rc != CURLE_OK || a.status != 200)
+    fail_data_loss(what + ": GetRoleCredentials at " + endpoint + " failed: " + answer_error(a));
+  nlohmann::json r = nlohmann::json::parse(a.body, nullptr, false);
+  if (!r.is_object() || !r.contains("roleCredentials") || !r["roleCredentials"].is_object())
+    fail_data_loss(what + ": GetRoleCredentials answered without roleCredentials");
+  const nlohmann::json& c = r["roleCredentials"];
+  auto field = [&](const char* name) {
+    return c.contains(name) && c[name].is_string() ? c[name].get<std::string>() : "";
+  };
+  TimedCredentials out;
+  out.keys = {field("accessKeyId"), field("secretAccessKey"), field("sessionToken")};
+  if (out.keys.empty()) fail_data_loss(what + ": GetRoleCredentials answered without accessKeyId and secretAccessKey");
+  // milliseconds since the epoch
+  if (c.contains("expiration") && c["expiration"].is_number_integer())
+    out.expires = Clock::time_point(std::chrono::milliseconds(c["expiration"].get<int64_t>()));
+  return out;
+}
+
 }  // namespace
 
 CredentialSource::CredentialSource(std::string name, std::function<TimedCredentials()> fetch)
@@ -352,6 +415,36 @@ KeysGetter named_credential_source(const std::string& name, const std::string& p
   };
 }
 
+// A profile that names an SSO account and role (sso_account_id,
+// sso_role_name), with its portal and region from the [sso-session NAME]
+// section it names or (the legacy form) from itself; nullopt when it names
+// none. Missing or contradicting settings are an InvalidArgument naming them.
+std::optional<SsoProfile> sso_profile(const Settings& s, const std::string& profile) {
+  if (!s.count("sso_account_id") && !s.count("sso_role_name")) return std::nullopt;
+  Settings all = s;
+  SsoProfile sso;
+  if (std::string name = setting(s, "sso_session"); !name.empty()) {
+    const Settings session = ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), "sso-session " + name);
+    if (session.empty()) fail_invalid("profile '" + profile + "': the sso-session '" + name + "' does not exist");
+    for (const auto& [k, v] : session) {
+      if (all.count(k) && all[k] != v)
+        fail_invalid("profile '" + profile + "': " + k + " is '" + all[k] + "' in the profile and '" + v +
+                     "' in sso-session '" + name + "'");
+      all[k] = v;
+    }
+    sso.session = name;
+  }
+  std::string missing;
+  for (const char* key : {"sso_start_url", "sso_region", "sso_account_id", "sso_role_name"})
+    if (setting(all, key).empty()) missing += std::string(missing.empty() ? "" : ", ") + key;
+  if (!missing.empty()) fail_invalid("profile '" + profile + "' is configured to use SSO but has no " + missing);
+  sso.start_url = setting(all, "sso_start_url");
+  sso.region = setting(all, "sso_region");
+  sso.account = setting(all, "sso_account_id");
+  sso.role = setting(all, "sso_role_name");
+  return sso;
+}
+
 ProfileCredentials resolve_profile(const std::string& profile, const std::string& region, bool use_env,
                                    std::vector<std::string>& visited);
 
@@ -433,6 +526,11 @@ ProfileCredentials resolve_profile(const std::string& profile, const std::string
               return assume_role_with_web_identity(token_file, role, session, region);
             })};
   }
+  if (auto sso = sso_profile(s, profile)) {
+    std::string what = "the SSO role of profile '" + profile + "'";
+    return {{},
+            std::make_shared<CredentialSource>(what, [sso = *sso, what] { return sso_role_credentials(sso, what); })};
+  }
   if (has_static_keys(s)) return {static_keys(s, profile), nullptr};
   if (std::string process = setting(s, "credential_process"); !process.empty()) {
     std::string what = "the credential_process of profile '" + profile + "'";
@@ -507,7 +605,7 @@ std::optional<Clock::time_point> parse_iso8601_utc(const std::string& text) {
     return std::nullopt;
   std::string rest = text.substr(static_cast<std::size_t>(consumed));
   if (!rest.empty() && rest[0] == '.') rest.erase(0, rest.find_first_not_of("0123456789", 1));
-  if (rest != "Z" && rest != "+00:00" && rest != "") return std::nullopt;
+  if (rest != "Z" && rest != "+00:00" && rest != "UTC" && rest != "") return std::nullopt;
   tm.tm_year -= 1900;
   tm.tm_mon -= 1;
   const time_t t = timegm(&tm);

@@ -82,7 +82,8 @@ ProfileCredentials profile_credentials(const std::string& profile, const std::st
 // credential_process that way, without a shell). Exposed for tests.
 std::vector<std::string> split_command_line(const std::string& line);
 
-// "2026-12-05T12:00:00Z" (also with fractional seconds or "+00:00") as a
+// "2026-12-05T12:00:00Z" (also with fractional seconds, "+00:00" or "UTC", as
+// older AWS CLIs wrote SSO tokens' expiresAt) as a
 // time; nullopt when it is not one.
 std::optional<std::chrono::system_clock::time_point> parse_iso8601_utc(const std::string& text);
 
