@@ -62,7 +62,9 @@ std::map<std::string, std::string> aws_profile_settings(const std::string& name)
 // or credential_source: STS AssumeRole signed with the source's keys, which
 // may themselves be an assumed role); a web identity (AWS_WEB_IDENTITY_TOKEN_FILE
 // and AWS_ROLE_ARN, or the profile's web_identity_token_file and role_arn)
-// through STS's AssumeRoleWithWebIdentity; the profile's own keys;
+// through STS's AssumeRoleWithWebIdentity; an SSO role (sso_account_id and
+// sso_role_name; the portal from the [sso-session] named or the profile),
+// fetched with the token `aws sso login` cached; the profile's own keys;
 // `credential_process`; the container endpoint
 // (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI,
 // AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]); else the instance metadata
