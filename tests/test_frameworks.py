@@ -164,6 +164,28 @@ def test_accelerate_folder_reshards_to_accelerates_own_layout(n, tmp_path, run_c
     assert (dst / "random_states_0.pkl").read_bytes() == (src / "random_states_0.pkl").read_bytes()
 
 
+def test_accelerate_layout_split_over_part_workers_is_the_one_process_folder(tmp_path, run_ckptconv):
+    """--part I/N of --layout accelerate: two workers (the second finalizes)
+    write both DCP folders' rank files as one process does, byte for byte,
+    and copy the files Accelerate saved whole; each .metadata (its own save
+    id and path) reads back with torch's DCP reader as the reference."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    src = ACC_ROOT / "checkpoint_1"
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_ok(run_ckptconv, "reshard", src, "-o", one, "--world-size", "3")
+    for i in range(2):
+        run_ok(run_ckptconv, "reshard", src, "-o", two, "--world-size", "3", "--part", f"{i}/2")
+    names = sorted(p.relative_to(one).as_posix() for p in one.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(two).as_posix() for p in two.rglob("*") if p.is_file())
+    assert len(names) == 9 and "random_states_0.pkl" in names
+    for n in names:
+        if not n.endswith(".metadata"):
+            assert (one / n).read_bytes() == (two / n).read_bytes(), n
+    for part in ("pytorch_model_fsdp_0", "optimizer_0"):
+        dcp_to_torch_save(two / part, tmp_path / f"{part}.pt")
+        assert_same(load(tmp_path / f"{part}.pt"), load(ACC / "references" / "checkpoint_1" / f"{part}.dcp_to_torch_save.pt"))
+
+
 def test_accelerate_folder_reshards_to_one_dcp_dir_on_request(tmp_path, run_ckptconv):
     dst = tmp_path / "out"
     run_ok(run_ckptconv, "reshard", ACC_ROOT / "checkpoint_1", "-o", dst, "--world-size", "3", "--layout", "dcp")

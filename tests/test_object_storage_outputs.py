@@ -415,12 +415,76 @@ def test_other_reshard_layouts_on_s3_are_the_local_folder(run_s3, s3, testdata, 
             assert fetch(s3, f"{prefix}/{n}") == (tmp_path / "out" / n).read_bytes(), n
 
 
-@pytest.mark.parametrize("src,args", [(DCP, ["--layout", "accelerate", "--world-size", "2"])])
-def test_reshard_outputs_not_written_to_s3_yet_are_refused_first(run_s3, s3, testdata, src, args):
-    r = run_s3("reshard", testdata / src, "-o", f"s3://{BUCKET}/refused/out", *args)
+ACC = "frameworks/accelerate_fsdp1_ws2/project/checkpoints/checkpoint_1"
+ACC_PARTS = ("pytorch_model_fsdp_0", "optimizer_0")
+
+
+def test_an_accelerate_folder_on_s3_is_the_local_folder_markers_last(run_s3, s3, moto, testdata, tmp_path):
+    """reshard --layout accelerate (the default for an Accelerate source):
+    both DCP folders' rank files and the copied random_states_0.pkl are the
+    local run's bytes (test_frameworks.py reads the local one with torch's
+    DCP reader), both .metadata objects come after every other object, and
+    torch's DCP reader loads each folder fetched back as the reference."""
+    proxy = serving(RuleProxy(moto, lambda method, path: None))
+    try:
+        remote = run_s3("reshard", testdata / ACC, "-o", f"s3://{BUCKET}/acc/checkpoint_1", "--world-size", "2", "-q",
+                        endpoint=proxy.endpoint)
+    finally:
+        proxy.shutdown()
+    assert remote.returncode == 0, remote.stderr
+    local = run_s3("reshard", testdata / ACC, "-o", tmp_path / "local", "--world-size", "2", "-q")
+    assert local.returncode == 0, local.stderr
+    want = files_under(tmp_path / "local")
+    assert want == ["optimizer_0/.metadata", "optimizer_0/__0_0.distcp", "optimizer_0/__1_0.distcp",
+                    "pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp",
+                    "pytorch_model_fsdp_0/__1_0.distcp", "random_states_0.pkl"]
+    assert keys_under(s3, "acc/") == [f"acc/checkpoint_1/{n}" for n in want]
+    got = tmp_path / "got"
+    for n in want:
+        (got / n).parent.mkdir(parents=True, exist_ok=True)
+        (got / n).write_bytes(fetch(s3, f"acc/checkpoint_1/{n}"))
+        if not n.endswith(".metadata"):  # .metadata records the output path and a random save id
+            assert (got / n).read_bytes() == (tmp_path / "local" / n).read_bytes(), n
+    writes = completions_and_puts(proxy.log)
+    assert len(writes) == 7 and all(".metadata" in w for w in writes[-2:]), writes
+    for part in ACC_PARTS:
+        loaded, source = dcp_tensors(got / part, tmp_path), dcp_tensors(testdata / ACC / part, tmp_path)
+        assert sorted(loaded) == sorted(source) and source
+        for name, t in source.items():
+            assert torch.equal(loaded[name], t), name
+    assert open_uploads(s3) == []
+
+
+def test_accelerate_part_workers_on_s3_upload_the_one_process_objects(run_s3, s3, testdata, tmp_path):
+    """Two --part workers of --layout accelerate over a bucket: the objects
+    are the local one-process folder's (the .metadata aside), and nothing of
+    the shared state or an upload is left."""
+    out = f"s3://{BUCKET}/accparts/ckpt"
+    for i in range(2):
+        r = run_s3("reshard", testdata / ACC, "-o", out, "--world-size", "3", "--part", f"{i}/2", "-q")
+        assert r.returncode == 0, f"part {i}: {r.stderr}"
+    local = run_s3("reshard", testdata / ACC, "-o", tmp_path / "local", "--world-size", "3", "-q")
+    assert local.returncode == 0, local.stderr
+    want = files_under(tmp_path / "local")
+    assert len(want) == 9 and keys_under(s3, "accparts/") == [f"accparts/ckpt/{n}" for n in want]
+    for n in want:
+        if not n.endswith(".metadata"):
+            assert fetch(s3, f"accparts/ckpt/{n}") == (tmp_path / "local" / n).read_bytes(), n
+    assert open_uploads(s3) == []
+
+
+def test_a_failed_accelerate_marker_removes_everything_published(run_s3, s3, moto, testdata):
+    proxy = serving(RuleProxy(moto, lambda method, path: "fail" if path.endswith("optimizer_0/.metadata") else None))
+    try:
+        r = run_s3("reshard", testdata / ACC, "-o", f"s3://{BUCKET}/accfail/ckpt", "--world-size", "2",
+                   endpoint=proxy.endpoint, env={"CKPTCONV_S3_MAX_ATTEMPTS": "1"})
+    finally:
+        proxy.shutdown()
     assert r.returncode == 4, r.stderr
-    assert "to s3:// is not supported yet" in r.stderr
-    assert keys_under(s3, "refused/") == [] and open_uploads(s3) == []
+    assert "optimizer_0/.metadata: writing failed: HTTP 500 InternalError" in r.stderr
+    # Four rank files, random_states_0.pkl and the model's .metadata were visible, and are deleted again.
+    assert sum(line.startswith("DELETE /ckpts/accfail/ckpt/") for line in proxy.log) == 6
+    assert keys_under(s3, "accfail/") == [] and open_uploads(s3) == []
 
 
 ZERO = "zero/z1_bf16_ws2"

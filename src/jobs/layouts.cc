@@ -35,8 +35,6 @@ const std::vector<LayoutInfo>& reshard_layouts() {
       {.name = "accelerate",
        .help = "an Accelerate checkpoint folder: pytorch_model_fsdp_0/ and optimizer_0/ as DCP, its other files "
                "copied",
-       .part = false,
-       .object_store = false,
        .write = write_accelerate_layout},
       {.name = "deepspeed-universal",
        .help = "a DeepSpeed universal checkpoint, DST = <root>/<tag>_universal, which a DeepSpeed engine with "

@@ -15,6 +15,7 @@
 #include "exec/write_dcp.h"
 #include "exec/write_dcp_hf.h"
 #include "exec/write_ds_universal.h"
+#include "exec/write_folders.h"
 #include "exec/write_fsdp1_flat.h"
 #include "exec/write_megatron_legacy.h"
 #include "exec/write_rank_files.h"
@@ -414,7 +415,8 @@ void write_fsdp1_flat_layout(const LayoutJob& j) {
   });
 }
 
-// Several DCP directories in one folder, written by one process (no --part).
+// Several DCP directories in one folder with the files Accelerate saved
+// whole, published as one (exec/write_folders.h), by one process (no --part).
 void write_accelerate_layout(const LayoutJob& j) {
   const ReshardRequest& req = j.req;
   const CheckpointModel& model = j.model;
@@ -433,7 +435,8 @@ void write_accelerate_layout(const LayoutJob& j) {
     ReshardPlan plan;
     dcp::DcpMetadata layout;
   };
-  std::vector<Planned> planned;
+  std::vector<Planned> planned;  // the writers below refer to its elements: no reallocation after
+  planned.reserve(parts.size());
   for (const AcceleratePart& p : parts) {
     CheckpointModel part = accelerate_part(model, p);
     ReshardPlan plan = plan_reshard(part.tensors, *req.world_size, source_world_size(model));
@@ -451,19 +454,13 @@ void write_accelerate_layout(const LayoutJob& j) {
     }
     for (const auto& f : side_files) j.out << fs::path(f).filename().string() << " (copied)\n";
   };
-  finish_layout(j, describe, [&] {
-    AtomicDirectory dir(req.output, req.common.force, !req.common.no_fsync);
-    for (const Planned& p : planned) {
-      DcpWriter writer(p.model, p.layout, p.plan, dir.path_of(p.part.dir));
-      PartedOptions whole;
-      whole.path = dir.path_of(p.part.dir);
-      whole.durable = !req.common.no_fsync;
-      whole.copy = j.copy;
-      write_whole(writer, whole);
-    }
-    copy_side_files(side_files, dir.temp_dir());
-    dir.commit();
-  });
+  std::vector<FoldersWriter::Folder> folders;
+  for (const Planned& p : planned)
+    folders.push_back(
+        {p.part.dir, std::make_unique<DcpWriter>(p.model, p.layout, p.plan,
+                                                 without_trailing_slashes(req.output) + "/" + p.part.dir)});
+  FoldersWriter writer(req.output, std::move(folders), side_files);
+  finish_layout(j, writer, describe);
 }
 
 void write_rank_files_layout(const LayoutJob& j) {
