@@ -473,6 +473,18 @@ def test_accelerate_part_workers_on_s3_upload_the_one_process_objects(run_s3, s3
     assert open_uploads(s3) == []
 
 
+def test_an_accelerate_file_too_large_for_one_put_is_refused_before_any_upload(run_s3, s3, testdata, tmp_path):
+    import shutil
+    src = tmp_path / "checkpoint_1"
+    shutil.copytree(testdata / ACC, src)
+    with open(src / "sampler.bin", "wb") as f:  # sparse: 257 MiB on paper
+        f.truncate(257 << 20)
+    r = run_s3("reshard", src, "-o", f"s3://{BUCKET}/acctoobig/ckpt", "--world-size", "2")
+    assert r.returncode == 4, r.stderr
+    assert "sampler.bin: larger than 256 MiB" in r.stderr
+    assert keys_under(s3, "acctoobig/") == [] and open_uploads(s3) == []
+
+
 def test_a_failed_accelerate_marker_removes_everything_published(run_s3, s3, moto, testdata):
     proxy = serving(RuleProxy(moto, lambda method, path: "fail" if path.endswith("optimizer_0/.metadata") else None))
     try:

@@ -8,6 +8,7 @@
 #include "exec/write_dcp.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
+#include "io/s3_url.h"
 #include "io/storage.h"
 
 namespace ckpt {
@@ -28,6 +29,13 @@ FoldersWriter::FoldersWriter(std::string dir, std::vector<Folder> folders, std::
     if (dests.size() != 1 || dests[0] != dir_ + "/" + f.name)
       fail(ErrorCode::kInternal, "FoldersWriter: folder " + f.name + " is not written to " + dir_ + "/" + f.name);
   }
+  // Before anything is uploaded, not at publishing.
+  if (is_s3_url(dir_))
+    for (const std::string& file : copied_)
+      if (stat_path(file).size > kMaxCopiedObject)
+        fail(ErrorCode::kOutputFailed, file +
+                                           ": larger than 256 MiB, which ckptconv does not put to s3:// as one "
+                                           "object: write the output locally and upload it");
 }
 
 std::string FoldersWriter::kind() const {

@@ -22,7 +22,9 @@ class FoldersWriter final : public PartedWriter {
     std::string name;                      // below the output folder
     std::unique_ptr<PartedWriter> writer;  // whose one destination is <dir>/<name>
   };
-  // `copied`: source files put beside the folders under their own names.
+  // `copied`: source files put beside the folders under their own names
+  // (on s3:// each at most 256 MiB, one PUT: else OutputFailed naming it,
+  // from the constructor, before anything is uploaded).
   FoldersWriter(std::string dir, std::vector<Folder> folders, std::vector<std::string> copied);
   std::string kind() const override;
   std::vector<std::string> file_names() const override;
@@ -32,8 +34,7 @@ class FoldersWriter final : public PartedWriter {
   bool fills_files_in_order() const override;
   Published publish(const std::function<std::string(std::size_t)>& data_path, bool force, bool durable) override;
   bool publishes_to_object_store() const override;
-  // The copied files (read whole: each at most 256 MiB on s3://, else
-  // OutputFailed naming it), then every folder's markers in folder order.
+  // The copied files (read whole), then every folder's markers in folder order.
   std::vector<MarkerFile> marker_files() const override;
 
  private:
