@@ -378,3 +378,24 @@ def test_bin_weights_beside_stray_safetensors_are_what_from_pretrained_reads(tmp
     assert r.returncode == 0, r.stderr
     assert "not read beside them: consolidated.safetensors" in r.stderr, r.stderr
     assert _equal(torch.load(tmp_path / "ours.pt", weights_only=True), want)
+
+
+def test_model_safetensors_beside_pytorch_model_bin_is_what_from_pretrained_reads(tmp_path, run_ckptconv):
+    """from_pretrained tries model.safetensors first, then its index, then
+    pytorch_model.bin: with model.safetensors and pytorch_model.bin shards
+    side by side it reads the .safetensors. ckptconv read the .bin files
+    (other weights, exit 0) and said model.safetensors was not read."""
+    d = tmp_path / "both"
+    shutil.copytree(TIED_BIN, d)
+    other = {k: v + 1 for k, v in _bin_shards(TIED_BIN).items()}
+    save_file(other, d / "model.safetensors", metadata={"format": "pt"})
+    r = _from_pretrained(d, tmp_path / "hf.pt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = torch.load(tmp_path / "hf.pt", weights_only=True)
+    assert torch.equal(want["model.norm.weight"], other["model.norm.weight"])  # the .safetensors weights
+    r = run_ckptconv("consolidate", d, "-o", tmp_path / "ours.pt")
+    assert r.returncode == 0, r.stderr
+    assert "model.safetensors is the model" in r.stderr and "pytorch_model" in r.stderr, r.stderr
+    assert _equal(torch.load(tmp_path / "ours.pt", weights_only=True), want)
+    shown = run_ckptconv("inspect", d, "--json")
+    assert shown.returncode == 0 and "pytorch_model" in json.loads(shown.stdout)["facts"]["hf_folder_files"]

@@ -526,8 +526,18 @@ CheckpointModel read_hf_folder(const std::string& dir, ProblemSink* sink) {
   if (auto named = explicit_weights_file(config, dir)) {
     use_explicit_weights(dir, config, *named, files);
   } else if (auto single = single_weights_file(dir, files.weights, files.indexes, "model.safetensors")) {
+    // First in from_pretrained's order: pytorch_model.bin beside it is not
+    // read either (it had been, as if model.safetensors were missing).
+    std::string bins;
+    for (const auto* v : {&files.bin_weights, &files.bin_indexes})
+      for (const auto& p : *v) bins += (bins.empty() ? "" : ", ") + fs::path(p).filename().string();
+    if (!bins.empty())
+      log::warn(dir +
+                ": model.safetensors is the model, as from_pretrained reads it first; not read beside it: " + bins);
     files.weights = {*single};
     files.indexes.clear();
+    files.bin_weights.clear();
+    files.bin_indexes.clear();
   }
   CheckpointModel model;
   if (!files.indexes.empty()) {
