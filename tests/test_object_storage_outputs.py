@@ -15,6 +15,7 @@ test_object_storage.py's."""
 from __future__ import annotations
 
 import http.client
+import json
 import http.server
 import re
 import signal
@@ -611,8 +612,40 @@ def test_an_hf_folder_on_s3_is_the_local_folder_config_last(run_s3, s3, moto, te
     for n in want:  # config.json says bfloat16, as the local one does
         assert fetch(s3, f"hf-out/{n}") == (tmp_path / "hf-out" / n).read_bytes(), n
     assert completions_and_puts(proxy.log)[-1].startswith("PUT /ckpts/hf-out/config.json")
-    again = run_s3("consolidate", testdata / "hf/sharded", "-o", f"s3://{BUCKET}/hf-out/", "--force")
-    assert again.returncode == 4 and "over an existing prefix" in again.stderr
+    # Again over it: the model there is replaced only with --force, and then as the local folder is.
+    again = run_s3("consolidate", testdata / "hf/sharded", "-o", f"s3://{BUCKET}/hf-out/")
+    assert again.returncode == 2 and "hf-out/model.safetensors: output exists" in again.stderr
+    for where in (f"s3://{BUCKET}/hf-out/", f"{tmp_path}/hf-out/"):
+        again = run_s3("consolidate", testdata / "hf/sharded", "-o", where, "--force", "--max-shard-size", "300", "-q")
+        assert again.returncode == 0, again.stderr
+    want = sorted(p.name for p in (tmp_path / "hf-out").iterdir())
+    assert "model.safetensors.index.json" in want and "model.safetensors" not in want
+    assert keys_under(s3, "hf-out/") == [f"hf-out/{n}" for n in want]  # the one file before is deleted
+    for n in want:  # config.json the source's again (float32), as the local folder rebuilt
+        assert fetch(s3, f"hf-out/{n}") == (tmp_path / "hf-out" / n).read_bytes(), n
+
+
+def test_an_hf_folder_into_a_prefix_with_objects_adds_to_it_as_to_a_local_folder(run_s3, s3, testdata, tmp_path):
+    """-o s3://B/DIR/ where DIR holds a tokenizer and a config.json of its
+    own: the weights go in, the objects there are kept, the kept config.json
+    is edited to say the dtype written; the same as into a local folder
+    holding those files."""
+    local = tmp_path / "mine"
+    local.mkdir()
+    config = json.dumps({"model_type": "llama", "torch_dtype": "float32", "note": "mine"}).encode()
+    for name, body in (("tokenizer.json", b'{"mine": true}'), ("config.json", config)):
+        (local / name).write_bytes(body)
+        s3.put_object(Bucket=BUCKET, Key=f"mine/{name}", Body=body)
+    for where in (f"s3://{BUCKET}/mine/", f"{local}/"):
+        r = run_s3("consolidate", testdata / "hf/sharded", "-o", where, "--dtype", "bf16", "-q")
+        assert r.returncode == 0, r.stderr
+    want = sorted(p.name for p in local.iterdir())
+    assert "model.safetensors" in want and "generation_config.json" in want
+    assert keys_under(s3, "mine/") == [f"mine/{n}" for n in want]
+    for n in want:
+        assert fetch(s3, f"mine/{n}") == (local / n).read_bytes(), n
+    assert fetch(s3, "mine/tokenizer.json") == b'{"mine": true}'
+    assert json.loads(fetch(s3, "mine/config.json")) == {"model_type": "llama", "torch_dtype": "bfloat16", "note": "mine"}
 
 
 def test_a_failed_config_removes_the_hf_folders_weights(run_s3, s3, moto, testdata):

@@ -344,10 +344,10 @@ def test_finalize_of_an_s3_hf_folder_publishes_its_side_files(ckptconv, run_s3, 
     assert one.returncode == 0, one.stderr
     assert folder_objects(s3, prefix) == folder_files(tmp_path / "one")
     assert open_uploads(s3) == []
-    s3.put_object(Bucket=BUCKET, Key="hf-taken/notes.txt", Body=b"someone else's")
+    s3.put_object(Bucket=BUCKET, Key="hf-taken/model.safetensors", Body=b"someone else's")
     refused = run_s3("consolidate", wide_folder, "-o", f"s3://{BUCKET}/hf-taken/", "--part", "0/2")
-    assert refused.returncode == 4 and "over an existing prefix" in refused.stderr
-    assert keys_under(s3, "hf-taken/") == ["hf-taken/notes.txt"] and open_uploads(s3) == []
+    assert refused.returncode == 2 and "hf-taken/model.safetensors: output exists" in refused.stderr
+    assert keys_under(s3, "hf-taken/") == ["hf-taken/model.safetensors"] and open_uploads(s3) == []
 
 
 def test_a_failed_side_file_removes_the_parted_folders_weights(run_s3, s3, moto, wide_folder):

@@ -4,15 +4,17 @@
 
 #include <filesystem>
 #include <functional>
+#include <set>
 
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/paths.h"
 #include "core/progress.h"
 #include "core/units.h"
 #include "exec/parted_output.h"
 #include "exec/write_output.h"
-#include "io/s3_storage.h"
+#include "io/s3_upload.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
 #include "jobs/model_map.h"
@@ -112,25 +114,28 @@ FolderSideFiles folder_side_files(const ConsolidateRequest& req, const Checkpoin
   return out;
 }
 
-// --part into -o s3://B/DIR/: DIR must be a new prefix, as for one process,
-// but for the state this output's workers share (DIR/FILE.parts-<plan>/,
-// which the first of them puts there).
-void refuse_prefix_with_objects(const std::string& dir, const std::string& file) {
-  const std::string state = without_trailing_slashes(dir) + "/" + file + ".parts-";
-  for (const auto& url : s3_objects_below(dir))
-    if (!url.starts_with(state)) refuse_remote_output(dir, "a folder output over an existing prefix");
-}
-
 // -o s3://B/DIR/: the side files are put by the step that publishes the
 // weights (the one process's, or the --part finalizer's before it removes
-// the shared state), after the weights and their index.
+// the shared state), after the weights and their index; then the objects
+// of the weights' family DIR held (`replaced`, --force) that the new
+// weights did not put over are deleted (more shards than now, an index
+// beside what is now one file). S3 has no rename to swap a folder with:
+// until then a reader may list both families (from_pretrained reads
+// model.safetensors, or the index that names the new shards).
 std::function<void(const std::vector<std::string>&)> side_objects_step(const ConsolidateRequest& req,
                                                                        const CheckpointModel& model,
                                                                        std::optional<DType> cast_to,
-                                                                       const std::string& directory) {
-  return [&req, &model, cast_to, directory](const std::vector<std::string>& published) {
+                                                                       const std::string& directory,
+                                                                       const std::vector<std::string>& replaced) {
+  return [&req, &model, cast_to, directory, replaced](const std::vector<std::string>& published) {
     const FolderSideFiles side = folder_side_files(req, model, cast_to, weights_file_of(published));
-    publish_side_objects(directory, side.files, side.edits);
+    publish_side_objects(directory, side.files, side.edits, !replaced.empty());
+    std::set<std::string> now;
+    for (const auto& url : published) now.insert(file_name(url));
+    for (const auto& name : replaced)
+      if (!now.count(name) && !s3_delete_object(without_trailing_slashes(directory) + "/" + name))
+        log::warn(without_trailing_slashes(directory) + "/" + name +
+                  ": an object of the weights replaced, not deleted: delete it by hand");
   };
 }
 
@@ -154,10 +159,6 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   const JobOptions job = settle(opt);
   std::string directory;  // -o DIR/: the folder the file goes into, created when missing
   if (is_output_directory(req.output)) {
-    // A new prefix only: S3 has no rename to swap a folder with, nor to add
-    // files to one all at once. --part workers check once the file is known.
-    if (req.part.empty() && is_directory(req.output))
-      refuse_remote_output(req.output, "a folder output over an existing prefix");
     directory = req.output;
     if (req.format.empty()) req.format = "safetensors";
   } else {
@@ -174,12 +175,20 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
   CheckpointModel model = apply_requested_map(read_selected(opt), req.map, req.config_from, opt.only);
   CreatedDirectories created;            // --part into -o DIR/: the parts' folder
   std::unique_ptr<OutputFolder> folder;  // -o DIR/: the folder, published whole
+  std::vector<std::string> replaced;     // -o s3://B/DIR/: the weights' family there (--force)
   if (!directory.empty()) {
     std::string file = file_in_directory(req, format, model);
     req.output = without_trailing_slashes(directory) + "/" + file;
     if (output_format_info(format).shards && req.max_shard_size.empty())
       req.max_shard_size = std::to_string(kHuggingFaceShardSize);
-    if (!req.part.empty() && is_s3_url(directory)) refuse_prefix_with_objects(directory, file);
+    // A prefix with objects is added to, as a local folder is; the weights'
+    // family there is replaced only with --force (OutputFolder's rules).
+    if (is_s3_url(directory)) {
+      replaced = file_family_in(directory, file);
+      if (!replaced.empty() && !opt.force)
+        fail_invalid(without_trailing_slashes(directory) + "/" + replaced.front() +
+                     ": output exists (use --force to overwrite)");
+    }
     if (!opt.dry_run && !req.part.empty() && !is_s3_url(directory)) created = CreatedDirectories(directory);
     if (!opt.dry_run && req.part.empty() && !is_s3_url(directory))
       folder = std::make_unique<OutputFolder>(directory, file, opt.force, !opt.no_fsync);
@@ -230,7 +239,7 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     };
   output.max_shard_size = req.max_shard_size.empty() ? 0 : parse_size(req.max_shard_size);
   output.gzip = req.compression == "gzip";
-  if (is_s3_url(directory)) output.publish_beside = side_objects_step(req, model, job.cast_to, directory);
+  if (is_s3_url(directory)) output.publish_beside = side_objects_step(req, model, job.cast_to, directory, replaced);
   if (!req.part.empty()) {
     PartSpec part = parse_part(req.part);
     spdlog::info("--part: {} ({})",

@@ -162,10 +162,13 @@ std::vector<std::string> file_family_in(const std::string& dir, const std::strin
 }
 
 std::vector<std::string> publish_side_objects(const std::string& dir, const std::vector<std::string>& side_files,
-                                              const ConfigEdits& config_edits) {
+                                              const ConfigEdits& config_edits, bool replacing) {
   std::vector<std::string> ordered = side_files;
   std::stable_partition(ordered.begin(), ordered.end(),
                         [](const std::string& f) { return fs::path(f).filename() != "config.json"; });
+  std::set<std::string> existing;  // one listing, not a request per file
+  for (const DirEntry& e : list_directory(dir))
+    if (e.is_file()) existing.insert(e.name);
   std::vector<std::string> put;
   try {
     for (const auto& side : ordered) {
@@ -175,11 +178,20 @@ std::vector<std::string> publish_side_objects(const std::string& dir, const std:
                   ")");
         continue;
       }
+      const bool is_config = fs::path(side).filename() == "config.json";
+      const bool there = existing.count(fs::path(side).filename().string()) > 0;
+      if (there && !replacing) {
+        log::info(to + " is there already: kept as it is (not the source's)");
+        // Kept, but it must say the dtype the weights beside it have, and name them.
+        if (std::optional<std::string> recast = is_config ? config_for_output(to, config_edits) : std::nullopt)
+          s3_put_object(to, *recast, true);
+        continue;
+      }
       std::optional<std::string> bytes;
-      if (fs::path(side).filename() == "config.json") bytes = config_for_output(side, config_edits);
+      if (is_config) bytes = config_for_output(side, config_edits);
       if (!bytes) bytes = read_small_file(side, kMaxSideFile);
-      s3_put_object(to, *bytes, false);
-      put.push_back(to);
+      s3_put_object(to, *bytes, there);
+      if (!there) put.push_back(to);  // one put over an old object is not deleted on failure: the old bytes are gone
     }
   } catch (const Error&) {
     for (const auto& url : put) s3_delete_object(url);

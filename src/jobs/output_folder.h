@@ -64,15 +64,18 @@ struct ConfigEdits {
   std::string weights_name;
 };
 
-// -o s3://BUCKET/DIR/, a prefix with no objects yet but a --part run's
-// state: after the weights (their objects, index last; the writer's
-// publish_beside step, by the one process or the --part finalizer) the side
-// files are put beside them as OutputFolder::publish copies them
-// (config.json edited as `config_edits` says), config.json last, which makes
-// the folder a model for from_pretrained. On failure the side objects put
-// are deleted again (the caller deletes the weights). Returns their URLs.
+// -o s3://BUCKET/DIR/: after the weights (their objects, index last; the
+// writer's publish_beside step, by the one process or the --part finalizer)
+// the side files are put beside them as OutputFolder::publish copies them:
+// config.json edited as `config_edits` says and last, which makes the
+// folder a model for from_pretrained; a file DIR has already is kept as it
+// is (a config.json kept is edited the same way and put over itself),
+// unless `replacing` (the weights replace a model there, --force: the
+// source's side files go over the old ones, as the local folder is rebuilt). On
+// failure the side objects put are deleted again (the caller deletes the
+// weights). Returns their URLs.
 std::vector<std::string> publish_side_objects(const std::string& dir, const std::vector<std::string>& side_files,
-                                              const ConfigEdits& config_edits);
+                                              const ConfigEdits& config_edits, bool replacing);
 
 // Copies `side_files` into the folder `into` (messages name them as in
 // `shown_dir`), config.json last (what makes a folder a model for
