@@ -102,6 +102,34 @@ def test_the_finalizing_worker_syncs_what_it_publishes(no_fsync, tmp_path, ckptc
         assert synced[-1] == str(tmp_path), synced
 
 
+def test_a_worker_writes_back_its_own_ranges_and_leaves_the_file_sync_to_the_finalizer(tmp_path, ckptconv):
+    """#56: a worker that does not finalize sends its own byte ranges of the
+    shared file to the disk and waits for them (sync_file_range), not an
+    fdatasync of the whole file (which also flushed the other workers' bytes
+    and committed the journal once more per worker), before its receipt is
+    fsynced; the finalizer's fsync of the file is what publishes it."""
+    log = tmp_path / "w0.strace"
+    r = subprocess.run(["strace", "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync,sync_file_range", "-o", str(log),
+                        str(ckptconv), "consolidate", str(WS2), "-o", "out.pt", "--part", "0/2"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    wrote = int(re.search(r"wrote part 0/2 \(\d+ pieces, (\d+) bytes\)", r.stderr).group(1))
+    assert wrote > 0
+    lines = log.read_text().splitlines()
+    waited = [(int(m.group(1)), int(m.group(2))) for line in lines
+              if (m := re.search(r"sync_file_range\(\d+<[^>]*/data-0>, (\d+), (\d+), .*WAIT_AFTER", line))]
+    assert waited and sum(n for _, n in waited) >= wrote, lines
+    assert not [line for line in lines if re.search(r"f(data)?sync\(\d+<[^>]*/data-0>", line)], lines
+    receipt = next(i for i, line in enumerate(lines) if re.search(r"fsync\(\d+<[^>]*part-0-of-2\.json", line))
+    last_wait = max(i for i, line in enumerate(lines) if "WAIT_AFTER" in line)
+    assert last_wait < receipt, lines
+    one = tmp_path / "one.pt"
+    assert subprocess.run([str(ckptconv), "-q", "consolidate", str(WS2), "-o", str(one)]).returncode == 0
+    synced = synced_paths(ckptconv, ["consolidate", WS2, "-o", "out.pt", "--part", "1/2"], tmp_path)
+    assert str(tmp_path / "out.pt") in synced, synced
+    assert (tmp_path / "out.pt").read_bytes() == one.read_bytes()
+
+
 @pytest.mark.parametrize("command,extra", [
     ("consolidate", ["-o", "full.pt"]), ("convert", ["-o", "full.h5"]),
     ("reshard", ["-o", "ws3", "--world-size", "3"]),

@@ -383,8 +383,16 @@ nlohmann::json write_pieces(PartedWriter& w, const PartedOptions& options, const
   });
   if (seq != l.units()) fail(ErrorCode::kInternal, "a part emitted a different layout than planned");
   if (options.copy.verify) options.copy.verify->check_deferred();  // before the receipt vouches for the bytes
+  // Only this worker's ranges, written and waited for: an fdatasync here
+  // flushed the whole shared file, the other workers' bytes still being
+  // written included, and committed the journal once more per worker. The
+  // receipt's own fsync just below commits the journal and flushes the
+  // device's cache after these writes completed (ext4, XFS: one log per
+  // file system), and the finalizer fsyncs every file before it publishes
+  // (set_length), which is the promise docs/safety.md makes; the recovery
+  // path re-reads every piece against its receipt besides.
   if (options.durable)
-    for (std::size_t k = 0; k < files.size(); ++k) files.sync_data(k);
+    for (std::size_t k = 0; k < files.size(); ++k) files.write_back(k, l.ranges_of(part.index, k));
   return written;
 }
 

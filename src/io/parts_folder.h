@@ -83,6 +83,12 @@ class PartsFiles {
   void set_length(std::size_t k, uint64_t length, bool durable) const;
   // File k's data sent to the disk (fdatasync).
   void sync_data(std::size_t k) const;
+  // Bytes [begin, end) of file k, for each range (sorted), written to the
+  // disk and waited for (sync_file_range), without fdatasync's flush of the
+  // whole file: a --part worker's own bytes, while the other workers still
+  // write theirs into the same file. Where sync_file_range is not supported,
+  // fdatasync. OutputFailed naming the file on a write error.
+  void write_back(std::size_t k, const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const;
 
  private:
   std::vector<int> fds_;

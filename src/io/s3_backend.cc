@@ -193,6 +193,16 @@ uint64_t chunk_size() {
   return std::clamp<uint64_t>(g_read_ahead_budget.load() / (kStreamsPerObject * kReadAheadDepth), kMinChunk, kMaxChunk);
 }
 
+// Chunks a stream of an object of `size` bytes holds ahead: kReadAheadDepth
+// while that is at most an eighth of the object, else one. The read-ahead
+// then scales with the checkpoint (at most an eighth of the objects being
+// read, plus a chunk each) rather than taking the whole budget for a small
+// one: a DCP checkpoint of 0.5 GB at world size 4 (objects of 125 MB) held
+// 64 MiB of chunks, 13% of it, on top of the 28 MB a local run takes. The
+// chunk keeps its size, so the GETs stay as many (and as large) as before;
+// the streams of the objects read side by side still overlap each other.
+std::size_t depth_for(uint64_t size) { return size / 8 >= kReadAheadDepth * chunk_size() ? kReadAheadDepth : 1; }
+
 bool reserve_read_ahead(uint64_t n) {
   uint64_t held = g_read_ahead_held.load();
   do {
@@ -317,7 +327,7 @@ class ReadStream {
   };
 
   void top_up(const std::shared_ptr<const ObjectRef>& object) {
-    while (chunks_.size() < kReadAheadDepth && fetched_end_ < object->size) {
+    while (chunks_.size() < depth_for(object->size) && fetched_end_ < object->size) {
       const uint64_t size = std::min(chunk_size(), object->size - fetched_end_.load());
       if (!reserve_read_ahead(size)) return;
       Chunk c{fetched_end_, size, std::shared_ptr<char[]>(new char[size]), {}};
