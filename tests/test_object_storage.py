@@ -599,7 +599,9 @@ def test_a_sequential_read_goes_ahead_in_chunks_with_a_bounded_number_in_flight(
         assert max(data_gets[1:]) == chunk, (limit, proxy.get_sizes)  # after the first step: chunks
         assert len(data_gets) <= 2 + (32 << 20) // chunk, (limit, proxy.get_sizes)
         assert proxy.most_gets_at_once <= ahead + 1, (limit, proxy.most_gets_at_once)  # chunks ahead, a block read
-        assert proxy.most_large_gets_at_once <= ahead, (limit, proxy.most_large_gets_at_once)
+        # chunks ahead, and the reader's own first step (4 MiB, larger than a 2 MiB chunk) when it is still in
+        # flight as they start (under load it is: 3 of 4 runs at 64M here)
+        assert proxy.most_large_gets_at_once <= ahead + 1, (limit, proxy.most_large_gets_at_once)
         assert size <= proxy.got_bytes <= size + (2 << 20), (proxy.got_bytes, size)
 
 
