@@ -93,6 +93,12 @@ void register_reshard(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str()
       ->group(kOutputGroup);
+  sub->add_option("--args-from", req->args_from,
+                  "megatron-legacy from a Hugging Face folder: the Megatron-LM checkpoint (legacy root or iter_* "
+                  "folder, or torch_dist with its common.pt) whose job args the rank files carry, checked against "
+                  "the model")
+      ->type_name("CKPT")
+      ->group(kOutputGroup);
   bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize | kNoVerify, help);
   sub->add_option("--part", req->part,
                   "Write worker I's share of the output files (I/N, 0-based; auto: from Slurm, Open MPI, PMI or "
