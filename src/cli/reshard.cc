@@ -74,8 +74,8 @@ void register_reshard(CLI::App& app) {
                   "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none")
       ->group(kOutputGroup);
   sub->add_option("--map", req->map,
-                  "--layout megatron|dcp from a Hugging Face folder: the architecture map read backwards "
-                  "(docs/maps.md): a built-in map (" +
+                  "--layout megatron|megatron-legacy|dcp from a Hugging Face folder: the architecture map read "
+                  "backwards (docs/maps.md): a built-in map (" +
                       jobs::builtin_map_names() +
                       "), a map file, or none (names kept); default for --layout megatron: the built-in map for "
                       "the config's architectures")
