@@ -3,7 +3,7 @@ built by real megatron-core at another TP x PP, and checks that the model it
 got is the legacy job's (run by tests/test_megatron_legacy.py in the side
 environment .venv-megatron).
 
-    .venv-megatron/bin/python tests/megatron_legacy_load.py KIND OURS TP PP MODEL_REF OUT.json [VPP]
+    .venv-megatron/bin/python tests/megatron_legacy_load.py KIND OURS TP PP MODEL_REF OUT.json [VPP [ITERATION]]
 
 KIND is ``torch_dist`` (``reshard LEGACY --layout megatron``: loaded with
 ``dist_checkpointing.load`` into the model's ``sharded_state_dict``) or
@@ -98,7 +98,7 @@ def train_step_losses(model):
     return [first.detach().flatten().tolist(), second.flatten().tolist()]
 
 
-def load_legacy(model, ours, tp, pp, vpp=1):
+def load_legacy(model, ours, tp, pp, vpp=1, iteration=7):
     """This rank's file, as Megatron-LM's load_checkpoint reads it (the
     tracker, then the rank folder get_checkpoint_name names)."""
     from megatron.core import parallel_state as ps
@@ -111,7 +111,7 @@ def load_legacy(model, ours, tp, pp, vpp=1):
     for name, want in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp)):
         if getattr(state["args"], name) != want:
             problems.append(f"args.{name} {getattr(state['args'], name)}")
-    if state["checkpoint_version"] != 3.0 or state["iteration"] != 7:
+    if state["checkpoint_version"] != 3.0 or state["iteration"] != iteration:
         problems.append(f"checkpoint_version {state['checkpoint_version']}, iteration {state['iteration']}")
     if vpp > 1:
         if getattr(state["args"], "virtual_pipeline_model_parallel_size", None) != vpp:
@@ -126,7 +126,7 @@ def load_legacy(model, ours, tp, pp, vpp=1):
     return problems
 
 
-def load_and_resave(rank, ws, port, kind, tp, pp, ours, resaved, out, vpp=1):
+def load_and_resave(rank, ws, port, kind, tp, pp, ours, resaved, out, vpp=1, iteration=7):
     mk._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
     common = []
@@ -134,7 +134,7 @@ def load_and_resave(rank, ws, port, kind, tp, pp, ours, resaved, out, vpp=1):
         # Each stage's sharded keys are global (megatron-core offsets the
         # layers by the stage): saved together they are the whole model.
         chunks = build_chunks(tp, pp, vpp)
-        problems = load_legacy(chunks, ours, tp, pp, vpp)
+        problems = load_legacy(chunks, ours, tp, pp, vpp, iteration)
         dist_checkpointing.save({f"model{v}": c.sharded_state_dict() for v, c in enumerate(chunks)}, resaved)
         results = [None] * ws
         dist.all_gather_object(results, problems)
@@ -147,7 +147,7 @@ def load_and_resave(rank, ws, port, kind, tp, pp, ours, resaved, out, vpp=1):
         return
     model = build(tp, pp)
     if kind == "legacy":
-        problems = load_legacy(model, ours, tp, pp)
+        problems = load_legacy(model, ours, tp, pp, iteration=iteration)
     else:
         request = model.sharded_state_dict()
         loaded = dist_checkpointing.load(request, ours)
@@ -201,10 +201,14 @@ def compare(rank, ws, port, resaved, model_ref, out):
 if __name__ == "__main__":
     kind, ours, tp, pp, model_ref, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:7]
     vpp = int(sys.argv[7]) if len(sys.argv) > 7 else 1
+    # The iteration the rank files must hold: the fixture's 7, or 1 for a
+    # model written from a Hugging Face folder (as Megatron-LM's converter).
+    iteration = int(sys.argv[8]) if len(sys.argv) > 8 else 7
     with tempfile.TemporaryDirectory() as tmp:
         resaved, problems, compared = Path(tmp) / "resaved", Path(tmp) / "problems.json", Path(tmp) / "compared.json"
         resaved.mkdir()
-        mp.spawn(load_and_resave, args=(tp * pp, mk.free_port(), kind, tp, pp, ours, str(resaved), str(problems), vpp),
+        mp.spawn(load_and_resave, args=(tp * pp, mk.free_port(), kind, tp, pp, ours, str(resaved), str(problems), vpp,
+                                         iteration),
                  nprocs=tp * pp, join=True)
         mp.spawn(compare, args=(1, mk.free_port(), str(resaved), model_ref, str(compared)), nprocs=1, join=True)
         report = json.loads(compared.read_text())

@@ -451,7 +451,7 @@ def test_torchtitan_the_way_back_gives_torchtitans_stored_tensors(tmp_path, run_
 
 @pytest.mark.parametrize("args,message", [
     (["--layout", "megatron", "--map", "torchtitan-llama3-llama"], "a map for dcp checkpoints"),
-    (["--layout", "hf", "--map", "megatron-gpt-llama"], "the way back writes --layout megatron or dcp"),
+    (["--layout", "hf", "--map", "megatron-gpt-llama"], "the way back writes --layout megatron, megatron-legacy or dcp"),
     (["--layout", "dcp", "--map", "megatron-gpt-llama"], "a map for megatron-torch-dist checkpoints"),
 ])
 def test_a_map_for_another_layout_is_a_usage_error(args, message, hf_folders, tmp_path, run_ckptconv):

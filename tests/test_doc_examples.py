@@ -17,6 +17,7 @@ holds what its names stand for, made from the fixtures:
   args in common.pt (testdata/megatron/gpt_tp2pp2_mlm/ckpt);
 - megatron-lm/: a Megatron-LM legacy (ckpt_format=torch) save folder, its
   tracker naming iter_0000007 (testdata/megatron_legacy/gpt_tp2pp2/ckpt);
+- mlm-hf/: its model consolidated by ckptconv to a safetensors folder;
 - full.pt, full-bf16.safetensors, step-1000.manifest.json: made by ckptconv
   from ckpt/step-1000, unless the command itself writes that name (as for
   hf-model/).
@@ -113,6 +114,7 @@ def sources(tmp_path_factory, ckptconv) -> Path:
     shutil.copytree(TESTDATA / "megatron" / "gpt_tp2pp2" / "ckpt", root / "iter_0001000")
     shutil.copytree(TESTDATA / "megatron" / "gpt_tp2pp2_mlm" / "ckpt", root / "mlm-dist" / "iter_0000007")
     shutil.copytree(TESTDATA / "megatron_legacy" / "gpt_tp2pp2" / "ckpt", root / "megatron-lm")
+    _run([ckptconv, "consolidate", root / "megatron-lm", "--only", "model", "-o", f"{root / 'mlm-hf'}/"])
     products = tmp_path_factory.mktemp("doc-products")
     ckpt = root / "ckpt" / "step-1000"
     _run([ckptconv, "consolidate", ckpt, "-o", products / "full.pt"])

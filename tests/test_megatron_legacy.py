@@ -510,7 +510,7 @@ def to_torch_dist(run_ckptconv, ws, out, *args):
     return out
 
 
-def megatron_core_reads(kind, out, tp, pp, tmp_path, ref=CASE / "model_ref.pt", vpp=1):
+def megatron_core_reads(kind, out, tp, pp, tmp_path, ref=CASE / "model_ref.pt", vpp=1, iteration=7):
     """tests/megatron_legacy_load.py: a model built by megatron-core at TP x
     PP loads `out`; what it loaded, gathered by megatron-core's own save and
     TP=1/PP=1 load, must be the legacy job's model bit for bit (`ref`: or a
@@ -519,7 +519,8 @@ def megatron_core_reads(kind, out, tp, pp, tmp_path, ref=CASE / "model_ref.pt", 
     require_side_env(MEGATRON_PY, "loading with megatron-core itself runs", "scripts/setup-megatron")
     report = tmp_path / "load.json"
     r = subprocess.run([str(MEGATRON_PY), str(REPO / "tests" / "megatron_legacy_load.py"), kind, str(out), str(tp),
-                        str(pp), str(ref), str(report), str(vpp)], capture_output=True, text=True, timeout=600)
+                        str(pp), str(ref), str(report), str(vpp), str(iteration)], capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(report.read_text())
     assert got["ranks"] == tp * pp and got["tensors"] == 53
@@ -1047,13 +1048,217 @@ def test_a_torch_dist_optimizer_not_read_per_parameter_leaves_the_model_only(tmp
     assert "optimizer" not in state and len([k for k in state["model"] if not k.endswith("_extra_state")]) == 29
 
 
-def test_a_hugging_face_folder_is_not_written_as_legacy_saying_what_loads_it(tmp_path, run_ckptconv):
+def test_a_hugging_face_folder_is_not_written_as_legacy_without_args_from(tmp_path, run_ckptconv):
     # A Hugging Face folder holds no Megatron-LM args for the rank files:
-    # a usage error pointing at --layout megatron, nothing written.
+    # a usage error naming --args-from (and --layout megatron), nothing written.
     consolidate(run_ckptconv, CASE / "ckpt", str(tmp_path / "hf") + "/", "--only", "model")
     r = run_ckptconv("reshard", str(tmp_path / "hf"), "--layout", "megatron-legacy", "-o", str(tmp_path / "out"))
     assert r.returncode == 2, r.stderr
-    assert "a Hugging Face folder has none; --layout megatron writes it as torch_dist" in r.stderr
+    assert "needs --args-from CKPT" in r.stderr and "--layout megatron writes it as torch_dist" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------ reshard HF --layout megatron-legacy --args-from CKPT
+
+# The legacy fixture's model exported to a safetensors folder by ckptconv
+# (no architecture map takes it: LayerNorm, biases and learned positions are
+# no Hugging Face architecture's, so it keeps megatron's module names), then
+# written back as legacy with the job's args taken from a checkpoint.
+
+
+@pytest.fixture
+def hf_of_legacy(tmp_path, run_ckptconv):
+    hf = tmp_path / "hf"
+    consolidate(run_ckptconv, CASE / "ckpt", f"{hf}/", "--only", "model")
+    return hf
+
+
+def hf_to_legacy(run_ckptconv, hf, tp, pp, out, args_from, *extra):
+    r = run_ckptconv("reshard", str(hf), "--layout", "megatron-legacy", "--tp", str(tp), "--pp", str(pp),
+                     "--args-from", str(args_from), "-o", str(out), *extra)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+@pytest.mark.parametrize("tp,pp,args_from", [(1, 2, CASE / "ckpt"), (2, 1, CASE / "ckpt" / ITER)],
+                         ids=["tp1pp2-root", "tp2pp1-iter"])
+def test_megatron_core_loads_legacy_written_from_a_hugging_face_folder(tp, pp, args_from, hf_of_legacy, tmp_path,
+                                                                       run_ckptconv):
+    # Every rank of megatron-core's model at TP x PP loads its file
+    # strictly; gathered at TP=1/PP=1 it is model_ref.pt bit for bit; at
+    # PP 1 the same training step as from model_ref.pt's weights.
+    out = tmp_path / "legacy"
+    r = hf_to_legacy(run_ckptconv, hf_of_legacy, tp, pp, out, args_from)
+    assert "--no-load-optim" in r.stderr and "--finetune" in r.stderr
+    megatron_core_reads("legacy", out, tp, pp, tmp_path, iteration=1)
+
+
+@pytest.mark.parametrize("args_from", [CASE / "ckpt", DIST / "ckpt"], ids=["legacy", "torch_dist"])
+def test_legacy_from_a_hugging_face_folder_carries_the_jobs_args_as_the_converter_writes(args_from, hf_of_legacy,
+                                                                                         tmp_path, run_ckptconv,
+                                                                                         megatron_enums):
+    # CKPT's args (the legacy fixture's own, or the torch_dist job's
+    # common.pt) with the new TP and PP and no samples consumed; iteration 1
+    # and no floating-point operations, as Megatron-LM's converter saves a
+    # converted model; no optimizer, no RNG state.
+    out = tmp_path / "legacy"
+    hf_to_legacy(run_ckptconv, hf_of_legacy, 1, 2, out, args_from)
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == "1"
+    assert sorted(p.name for p in (out / "iter_0000001").iterdir()) == ["mp_rank_00_000", "mp_rank_00_001"]
+    first = load_rank(out / "iter_0000001" / "mp_rank_00_000" / "model_optim_rng.pt")
+    assert list(first) == ["args", "checkpoint_version", "iteration", "model", "num_floating_point_operations_so_far"]
+    assert first["iteration"] == 1 and first["checkpoint_version"] == 3.0
+    assert first["num_floating_point_operations_so_far"] == 0
+    if args_from == CASE / "ckpt":
+        job = load_rank(rank_file(CASE / "ckpt", "mp_rank_00_000"))["args"]
+    else:
+        job = torch.load(DIST / "ckpt" / "common.pt", weights_only=False)["args"]
+    got = first["args"]
+    assert (got.tensor_model_parallel_size, got.pipeline_model_parallel_size, got.ckpt_format) == (1, 2, "torch")
+    # (set to 0 where the args hold them: these fixtures' jobs never trained, so hold none)
+    assert getattr(got, "consumed_train_samples", 0) == 0 and getattr(got, "consumed_valid_samples", 0) == 0
+    assert got.padded_vocab_size == 16
+    changed = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "transformer_pipeline_model_parallel_size",
+               "consumed_train_samples", "consumed_valid_samples", "ckpt_format", "padded_vocab_size",
+               "virtual_pipeline_model_parallel_size"}
+    for key, value in vars(job).items():
+        if key not in changed:
+            assert getattr(got, key) == value, key
+    consolidate(run_ckptconv, out, tmp_path / "back.pt", "--only", "model")
+    assert_same(load(tmp_path / "back.pt"), load(CASE / "model_ref.pt"))
+
+
+def _args_copy(tmp_path, edit):
+    """The torch_dist job's checkpoint (the legacy fixture's args in its
+    common.pt) with its args edited by torch. (A legacy copy would not do
+    for every field: the legacy reader itself refuses args that disagree
+    with its rank files, num_layers for one.)"""
+    root = tmp_path / "job"
+    shutil.copytree(DIST / "ckpt", root)
+    common = torch.load(root / "common.pt", weights_only=False)
+    edit(common["args"])
+    torch.save(common, root / "common.pt")
+    return root
+
+
+LLAMA = REPO / "testdata" / "arch" / "llama_gqa_tp2pp2"  # megatron-core's Llama-shaped GPT, with its HF config
+
+
+def _llama_job(args, vocab=60):
+    """Megatron-LM args for the Llama-shaped GPT of testdata/arch (its
+    case.json's model_config), edited from the legacy fixture's job."""
+    for key, value in {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_query_groups": 2,
+                       "group_query_attention": True, "kv_channels": 8, "ffn_hidden_size": 48, "vocab_size": vocab,
+                       "make_vocab_size_divisible_by": 8, "padded_vocab_size": 64, "normalization": "RMSNorm",
+                       "add_bias_linear": False, "add_qkv_bias": False, "position_embedding_type": "rope",
+                       "swiglu": True, "untie_embeddings_and_output_weights": True}.items():
+        setattr(args, key, value)
+
+
+def test_a_folder_mapped_back_is_written_with_the_jobs_names_and_padding(tmp_path, run_ckptconv, megatron_enums):
+    # The Llama export of a megatron-core GPT (ckptconv's forward map), back
+    # through the same map to megatron's names, then the module's, cut for
+    # TP 2 with the vocabulary padded as the job pads it (60 -> 64: 8 x TP
+    # 2). Read back at TP=1/PP=1 by ckptconv's legacy reader: megatron-
+    # core's own stored tensors (its --only model reading), zeros in the
+    # padding rows the folder does not hold.
+    export = tmp_path / "export"
+    consolidate(run_ckptconv, LLAMA / "ckpt", f"{export}/", "--only", "model", "--config-from",
+                str(LLAMA / "hf_config"))
+    out = tmp_path / "legacy"
+    r = hf_to_legacy(run_ckptconv, export, 2, 1, out, _args_copy(tmp_path, _llama_job))
+    assert "map megatron-gpt-llama (built in), the way back" in r.stderr
+    rank = load_rank(out / "iter_0000001" / "mp_rank_01" / "model_optim_rng.pt")
+    assert rank["args"].padded_vocab_size == 64 and rank["model"]["embedding.word_embeddings.weight"].shape == (32, 32)
+    consolidate(run_ckptconv, out, tmp_path / "back.pt", "--only", "model")
+    back = load(tmp_path / "back.pt")
+    consolidate(run_ckptconv, LLAMA / "ckpt", tmp_path / "ref.pt", "--only", "model")
+    ref = load(tmp_path / "ref.pt")
+    compared = 0
+    for name, value in ref.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        module = name.replace("self_attention.linear_qkv.layer_norm_", "input_layernorm.").replace(
+            "mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm.")
+        if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+            assert torch.equal(back[module][:60], value[:60]) and not back[module][60:].any(), name
+        else:
+            assert torch.equal(back[module], value), name
+        compared += 1
+    assert compared == 2 + 1 + 2 * 6 and len([k for k in back if not k.endswith("_extra_state")]) == compared
+    # The config's vocabulary against the job's: named with both.
+    r = run_ckptconv("reshard", str(export), "--layout", "megatron-legacy", "--tp", "2", "--args-from",
+                     str(_args_copy(tmp_path / "b", lambda a: _llama_job(a, vocab=61))), "-o", str(tmp_path / "o2"))
+    assert r.returncode == 3, r.stderr
+    assert "args.vocab_size is 61, but config.json's vocab_size is 60" in r.stderr
+    assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("edit,lines", [
+    (lambda a: setattr(a, "num_layers", 2), ["args.num_layers is 2, but the folder holds 4 layers"]),
+    (lambda a: setattr(a, "kv_channels", 4),
+     ["args.num_attention_heads is 4, but linear_proj's 8 input columns are 2 heads of 4 channels"]),
+    (lambda a: setattr(a, "num_attention_heads", 2),  # then 4 channels a head: 1 group in the rows left
+     ["args.num_query_groups is 2, but linear_qkv's 16 rows hold 1 query groups of 4 channels (args.kv_channels, "
+      "else hidden_size / num_attention_heads 2)"]),
+    (lambda a: setattr(a, "num_query_groups", 4), ["args.num_query_groups is 4, but linear_qkv's 16 rows hold 2 query"]),
+    (lambda a: setattr(a, "ffn_hidden_size", 24), ["args.ffn_hidden_size is 24, but linear_fc2 has 12 input columns"]),
+    (lambda a: setattr(a, "swiglu", False), ["args.swiglu is False, but linear_fc1 has 24 rows"]),
+    (lambda a: (setattr(a, "normalization", "RMSNorm"), setattr(a, "add_bias_linear", False)),
+     ["args.normalization is 'RMSNorm', but its layer norms have biases (LayerNorm)",
+      "args.add_bias_linear is False, but linear_proj has bias", "args.add_qkv_bias is False, but linear_qkv has bias"]),
+    (lambda a: setattr(a, "position_embedding_type", "rope"),
+     ["args.position_embedding_type is 'rope', but the folder holds learned position embeddings"]),
+    (lambda a: setattr(a, "hidden_size", 16), ["args.hidden_size is 16, but the folder's word embeddings are 8 wide"]),
+], ids=["layers", "channels", "heads", "groups", "ffn", "swiglu", "norm-bias", "positions", "hidden"])
+def test_args_that_do_not_describe_the_folders_model_are_refused_naming_each_field(edit, lines, hf_of_legacy,
+                                                                                   tmp_path, run_ckptconv,
+                                                                                   megatron_enums):
+    job = _args_copy(tmp_path, edit)
+    r = run_ckptconv("reshard", str(hf_of_legacy), "--layout", "megatron-legacy", "--args-from", str(job), "-o",
+                     str(tmp_path / "out"))
+    assert r.returncode == 3, r.stderr
+    assert "do not describe this model (nothing written)" in r.stderr
+    for line in lines:
+        assert line in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_args_of_another_real_job_are_refused(hf_of_legacy, tmp_path, run_ckptconv):
+    # gpt_pp2_dp2_tied: the same layer sizes, but tied embeddings and a
+    # vocabulary of 17: two fields named, each with both values.
+    r = run_ckptconv("reshard", str(hf_of_legacy), "--layout", "megatron-legacy", "--args-from",
+                     str(ROOT / "gpt_pp2_dp2_tied" / "ckpt"), "-o", str(tmp_path / "out"))
+    assert r.returncode == 3, r.stderr
+    assert "args.untie_embeddings_and_output_weights is False, but the folder holds an output layer" in r.stderr
+    assert "args.padded_vocab_size is 17, but the folder's word embeddings have 16 rows" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args_from,code,message", [
+    (REPO / "testdata" / "megatron" / "gpt_tp2pp2" / "ckpt", 3, "no Megatron-LM args in it (common.pt holds none"),
+    ("missing", 3, "no such file or directory"),
+    ("hf", 2, "a Hugging Face model folder, not a Megatron-LM checkpoint"),
+], ids=["torch-dist-without-args", "missing", "not-megatron"])
+def test_args_from_a_checkpoint_without_args_is_refused(args_from, code, message, hf_of_legacy, tmp_path,
+                                                        run_ckptconv):
+    src = tmp_path / args_from if isinstance(args_from, str) else args_from
+    r = run_ckptconv("reshard", str(hf_of_legacy), "--layout", "megatron-legacy", "--args-from", str(src), "-o",
+                     str(tmp_path / "out"))
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("src,args,message", [
+    ("hf", ["--layout", "megatron", "--world-size", "1"], "--args-from: only for --layout megatron-legacy"),
+    ("legacy", ["--layout", "megatron-legacy"], "--args-from: only for a Hugging Face folder source"),
+])
+def test_args_from_outside_its_use_is_a_usage_error(src, args, message, hf_of_legacy, tmp_path, run_ckptconv):
+    source = hf_of_legacy if src == "hf" else CASE / "ckpt"
+    r = run_ckptconv("reshard", str(source), "--args-from", str(CASE / "ckpt"), "-o", str(tmp_path / "out"), *args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -8,7 +8,7 @@ proves the same outputs with megatron-core's load_state_dict instead, which is
 the call load_checkpoint makes. With a ``core_v0.16.1`` tree of Megatron-LM
 on PYTHONPATH (tools/make_megatron_legacy_checkpoints.py's docstring):
 
-    PYTHONPATH=/tmp/mlm .venv-megatron/bin/python tools/check_megatron_lm_load.py CKPT TP PP MODEL_REF [torch|torch_dist|torch-optim [tied]]
+    PYTHONPATH=/tmp/mlm .venv-megatron/bin/python tools/check_megatron_lm_load.py CKPT TP PP MODEL_REF [torch|torch_dist|torch-optim|finetune [tied]]
 
 (torch_dist: CKPT holds a torch_dist iteration folder and its tracker, the
 job runs with --ckpt-format torch_dist; torch-optim: a legacy CKPT with its
@@ -18,8 +18,15 @@ beside MODEL_REF as tests/megatron_legacy_optim.py compares it (an fp32
 job's; where CKPT's args say use_distributed_optimizer the job runs with
 --use-distributed-optimizer, and load_checkpoint also calls
 load_parameter_state on distrib_optim.pt, with the driver's two
-workarounds for megatron-core 0.16.1's torch-Adam path); tied: the job of gpt_pp2_dp2_tied, tied embeddings and a
-vocabulary of 17.)
+workarounds for megatron-core 0.16.1's torch-Adam path); finetune: a legacy
+CKPT without optimizer or RNG state (reshard HF --layout megatron-legacy
+--args-from), loaded as a job with --finetune loads it (iteration 0, no
+optimizer, no RNG), and at PP 1 the job then takes FINETUNE_STEPS (3) Adam
+steps with its own fresh optimizer (forward and backward through its DDP
+model, finish_grad_sync, optimizer.step()) and prints the per-token losses
+of each: run it on two outputs holding the same weights (from the Hugging
+Face folder and from the legacy source) to compare them; tied: the job of
+gpt_pp2_dp2_tied, tied embeddings and a vocabulary of 17.)
 
 Every rank builds the fixture's job the way make_megatron_legacy_checkpoints.py
 does (Megatron-LM's parse_args, the GPT in megatron's DDP, Adam) at TP x PP,
@@ -44,6 +51,9 @@ import megatron_legacy_load as check  # noqa: E402
 import megatron_legacy_optim as check_optim  # noqa: E402
 
 
+FINETUNE_STEPS = 3
+
+
 def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied, distopt=False, buckets=False):
     legacy._init(rank, ws, port)
     from megatron.core import dist_checkpointing, parallel_state as ps
@@ -54,7 +64,7 @@ def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied, distopt=F
         args.ckpt_format, args.use_dist_ckpt = "torch_dist", True
     args.no_load_optim = ckpt_format != "torch-optim"
     args.no_load_rng = True
-    args.finetune = False
+    args.finetune = ckpt_format == "finetune"
     models, ddps, opt = legacy.build(args, tp, pp)
     # validate_args' and set_global_variables' part that load_checkpoint reads
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
@@ -70,8 +80,11 @@ def job(rank, ws, port, ckpt, tp, pp, resaved, out, ckpt_format, tied, distopt=F
                                 resaved)
     else:
         dist_checkpointing.save(msd, resaved)
+    losses = None
+    if ckpt_format == "finetune" and pp == 1:  # after the save: the steps move the weights
+        losses = [check_optim.adam_step(ddps[0], opt) for _ in range(FINETUNE_STEPS)]
     if rank == 0:
-        Path(out).write_text(json.dumps({"iteration": iteration}))
+        Path(out).write_text(json.dumps({"iteration": iteration, "losses": losses}))
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()

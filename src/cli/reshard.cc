@@ -74,8 +74,8 @@ void register_reshard(CLI::App& app) {
                   "fsdp-dtensor: name of the mesh dimension (veRL: fsdp); default: the source's, else none")
       ->group(kOutputGroup);
   sub->add_option("--map", req->map,
-                  "--layout megatron|dcp from a Hugging Face folder: the architecture map read backwards "
-                  "(docs/maps.md): a built-in map (" +
+                  "--layout megatron|megatron-legacy|dcp from a Hugging Face folder: the architecture map read "
+                  "backwards (docs/maps.md): a built-in map (" +
                       jobs::builtin_map_names() +
                       "), a map file, or none (names kept); default for --layout megatron: the built-in map for "
                       "the config's architectures")
@@ -92,6 +92,12 @@ void register_reshard(CLI::App& app) {
       ->type_name("M")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str()
+      ->group(kOutputGroup);
+  sub->add_option("--args-from", req->args_from,
+                  "megatron-legacy from a Hugging Face folder: the Megatron-LM checkpoint (legacy root or iter_* "
+                  "folder, or torch_dist with its common.pt) whose job args the rank files carry, checked against "
+                  "the model")
+      ->type_name("CKPT")
       ->group(kOutputGroup);
   bind_common(sub, req->common, kMemoryLimit | kDryRun | kForce | kNoFsync | kMaxOutputSize | kNoVerify, help);
   sub->add_option("--part", req->part,

@@ -140,6 +140,7 @@ JobReport run_finalize(const FinalizeRequest& request, std::ostream& out) {
       r.map = j.value("map", std::string());  // absent in requests of earlier versions
       r.config_from = j.value("config_from", std::string());
       r.padded_vocab_multiple = j.value("padded_vocab_multiple", int64_t{128});
+      r.args_from = j.value("args_from", std::string());
       r.common.force = req.force;  // only from this command line, never from the stored request
       r.common.no_fsync = r.common.no_fsync || req.no_fsync;
       r.part = "finalize";

@@ -4,6 +4,8 @@
 // other.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string_view>
 
@@ -29,6 +31,10 @@ struct LayoutJob {
   // The model was mapped back from a Hugging Face folder (docs/maps.md): in
   // the framework's names, with none of its own layout.
   bool mapped_back = false;
+  // --args-from: the Megatron-LM job read whole (its args at the top), and
+  // the Hugging Face config's vocab_size where a map padded the rows.
+  const CheckpointModel* args_job = nullptr;
+  std::optional<int64_t> config_vocab;
 };
 
 // How --world-size applies to a layout.

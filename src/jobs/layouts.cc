@@ -55,7 +55,8 @@ const std::vector<LayoutInfo>& reshard_layouts() {
        .help =
            "a Megatron-LM ckpt_format=torch checkpoint for a job at --tp x --pp (tracker, iter_<N>/mp_rank_*/"
            "model_optim_rng.pt: the model, the job's args and each rank's optimizer, with distrib_optim.pt beside it "
-           "for the distributed optimizer), from a legacy one or a Megatron-LM job's torch_dist one, read whole",
+           "for the distributed optimizer), from a legacy one or a Megatron-LM job's torch_dist one, read whole, or "
+           "from a Hugging Face folder with --args-from",
        .world_size = WorldSizeRule::kTpPp,
        .write = write_megatron_legacy_layout},
   };

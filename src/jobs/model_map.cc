@@ -132,15 +132,16 @@ bool maps_back(const std::string& map_option, const std::string& layout, const s
   // No --map: a Megatron source (torch_dist, or Megatron-LM legacy, which
   // --layout megatron restacks) keeps its names (and --layout megatron's refusals).
   if (map_option.empty())
-    return layout == "megatron" && source_format != "megatron-torch-dist" && source_format != "megatron-legacy";
+    return (layout == "megatron" || layout == "megatron-legacy") && source_format != "megatron-torch-dist" &&
+           source_format != "megatron-legacy";
   return true;
 }
 
 void check_map_back_request(const std::string& map_option, const std::string& layout, const std::string& only,
                             const std::string& source_format) {
   if (!maps_back(map_option, layout, source_format)) return;
-  if (layout != "megatron" && layout != "dcp")
-    fail_invalid("--map " + map_option + ": the way back writes --layout megatron or dcp, not " +
+  if (layout != "megatron" && layout != "megatron-legacy" && layout != "dcp")
+    fail_invalid("--map " + map_option + ": the way back writes --layout megatron, megatron-legacy or dcp, not " +
                  (layout.empty() ? std::string("the source's own layout") : layout));
   if (only == "optim")
     fail_invalid(
@@ -151,13 +152,20 @@ void check_map_back_request(const std::string& map_option, const std::string& la
 MappedBack apply_requested_map_back(CheckpointModel model, const std::string& map_option,
                                     const std::string& config_from, const std::string& layout, const std::string& only,
                                     int64_t pad_multiple) {
-  if (!maps_back(map_option, layout, model.format())) return {std::move(model), false};
+  if (!maps_back(map_option, layout, model.format())) return {std::move(model), false, std::nullopt};
   check_map_back_request(map_option, layout, only, model.format());
   // The source kind of the map read backwards: what the layout writes.
-  const std::string target = layout == "megatron" ? "megatron-torch-dist" : "dcp";
+  // (megatron-legacy: megatron-core's names too, which the legacy writer
+  // turns into the module's.)
+  const std::string target = layout == "dcp" ? "dcp" : "megatron-torch-dist";
   std::string dir = config_from;
   if (dir.empty())
     dir = is_directory(model.source) ? model.source : std::filesystem::path(model.source).parent_path().string();
+  // A folder already in megatron's names (a legacy model consolidated to
+  // safetensors) has no config to map it by: written under its own names.
+  if (layout == "megatron-legacy" && map_option.empty() && config_from.empty() &&
+      !is_regular_file(path_join(dir, "config.json")))
+    return {std::move(model), false, std::nullopt};
   if (map_option.empty() && config_from.empty() && !is_regular_file(path_join(dir, "config.json")))
     fail_invalid(
         "--layout megatron: the source must be a Megatron-core torch_dist checkpoint read whole, or a "
@@ -181,14 +189,15 @@ MappedBack apply_requested_map_back(CheckpointModel model, const std::string& ma
     if (!map) {
       std::string archs;
       for (const auto& a : config.architectures) archs += (archs.empty() ? "" : ", ") + a;
-      fail_invalid("--layout megatron: " + model.source +
-                   " is no torch_dist checkpoint, and no built-in map leads from " +
+      fail_invalid("--layout " + layout + ": " + model.source +
+                   " is no Megatron checkpoint, and no built-in map leads from " +
                    (archs.empty() ? "(no architectures)" : archs) + " in " + config.path +
                    " to megatron-core's names (built in: " + builtin_map_names() + "; --map FILE for another)");
     }
   }
   CheckpointModel back = apply_arch_map_back(model, *map, config.fields, config.path, pad_multiple);
-  return {std::move(back), true};
+  auto vocab = config.fields.find("vocab_size");
+  return {std::move(back), true, vocab == config.fields.end() ? std::nullopt : std::optional<int64_t>(vocab->second)};
 }
 
 }  // namespace ckpt::jobs

@@ -2,6 +2,8 @@
 // docs/maps.md) a consolidate job applies to the model it writes.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "model/checkpoint_model.h"
@@ -46,6 +48,7 @@ void check_map_back_request(const std::string& map_option, const std::string& la
 struct MappedBack {
   CheckpointModel model;
   bool mapped = false;
+  std::optional<int64_t> config_vocab;  // the config's vocab_size, where it has one
 };
 MappedBack apply_requested_map_back(CheckpointModel model, const std::string& map_option,
                                     const std::string& config_from, const std::string& layout, const std::string& only,

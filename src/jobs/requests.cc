@@ -76,7 +76,8 @@ std::string request_json(const ReshardRequest& r) {
             {"expert_parallel", r.expert_parallel ? json(*r.expert_parallel) : json(nullptr)},
             {"map", r.map},
             {"config_from", r.config_from},
-            {"padded_vocab_multiple", r.padded_vocab_multiple}};
+            {"padded_vocab_multiple", r.padded_vocab_multiple},
+            {"args_from", r.args_from}};
   return j.dump(1);
 }
 

@@ -64,6 +64,10 @@ struct ReshardRequest {
   std::string map;
   std::string config_from;
   int64_t padded_vocab_multiple = 128;
+  // --args-from CKPT: megatron-legacy from a Hugging Face folder, the
+  // Megatron-LM job (legacy or torch_dist checkpoint) whose args the rank
+  // files carry; empty: none (such a source is refused)
+  std::string args_from;
 };
 
 // The request as the parts folder keeps it: the command, the directory it

@@ -150,6 +150,46 @@ std::vector<RankFilesOut> files_by_rank(PartedWriter& writer, int world_size,
 
 std::size_t same_rank(std::size_t k) { return k; }  // DCP: file k is rank k's
 
+// A Hugging Face folder (which holds no Megatron-LM args of its own).
+bool is_hf_folder(SourceKind kind) {
+  return kind == SourceKind::kHfFolder || kind == SourceKind::kHfBinFolder || kind == SourceKind::kSafetensorsIndex;
+}
+
+// --args-from: the Megatron-LM job whose args a legacy output from a Hugging
+// Face folder carries, read whole (its args at the top); usage errors for
+// another layout or source, exit 3 where it is no Megatron-LM checkpoint
+// with args (megatron_lm_args).
+std::optional<CheckpointModel> read_args_job(const ReshardRequest& req, SourceKind kind) {
+  const bool legacy = req.layout == "megatron-legacy";
+  if (req.args_from.empty()) {
+    if (legacy && is_hf_folder(kind))
+      fail_invalid(req.common.source +
+                   ": --layout megatron-legacy from a Hugging Face folder needs --args-from CKPT, "
+                   "a Megatron-LM checkpoint (legacy, or torch_dist with its common.pt) of the job that will load "
+                   "it: a legacy rank file carries the job's args, which a Hugging Face folder has none of and "
+                   "ckptconv does not make up (--layout megatron writes it as torch_dist, which needs none)");
+    return std::nullopt;
+  }
+  if (!legacy)
+    fail_invalid("--args-from: only for --layout megatron-legacy (not " +
+                 (req.layout.empty() ? std::string("the source's own layout") : req.layout) + ")");
+  if (!is_hf_folder(kind))
+    fail_invalid(
+        "--args-from: only for a Hugging Face folder source; " + req.common.source + " is a " + source_kind_name(kind) +
+        (kind == SourceKind::kMegatron || kind == SourceKind::kMegatronLegacy ? ", whose own args the rank files carry"
+                                                                              : ""));
+  const SourceKind job_kind =
+      with_context("--args-from " + req.args_from, [&] { return source_kind_of(req.args_from, ReadOptions{}); });
+  if (job_kind != SourceKind::kMegatronLegacy && job_kind != SourceKind::kMegatron)
+    fail_invalid("--args-from " + req.args_from + ": a " + source_kind_name(job_kind) +
+                 ", not a Megatron-LM checkpoint (legacy root or iter_* folder, or torch_dist with common.pt)");
+  // Read whole, as a source is (a legacy root at the iteration its tracker names).
+  CheckpointModel job =
+      with_context("--args-from " + req.args_from, [&] { return read_checkpoint(req.args_from, ReadOptions{}); });
+  megatron_legacy::megatron_lm_args(job);  // exit 3 now, before the folder is read
+  return job;
+}
+
 // The tail every layout shares once it has planned (report.bytes set):
 // --dry-run runs `describe` and writes nothing; otherwise the output's size is
 // checked, then `write` runs under one progress bar (tensor_copy counts every
@@ -312,6 +352,13 @@ void write_megatron_legacy_layout(const LayoutJob& j) {
   if (j.model.info.kind == SourceKind::kMegatron && j.req.common.only.empty())
     from_dist =
         megatron_legacy::legacy_source_of_torch_dist(j.model, [&] { return torch_dist_views(j.model, target); });
+  if (j.args_job) {
+    // The rows a map padded are the config's vocabulary; a folder in
+    // megatron's own names holds the job's padded rows as they were.
+    std::optional<megatron_legacy::HfVocab> vocab;
+    if (j.config_vocab) vocab = megatron_legacy::HfVocab{*j.config_vocab, "config.json's vocab_size"};
+    from_dist = megatron_legacy::legacy_source_of_hf(j.model, *j.args_job, vocab);
+  }
   const CheckpointModel& source = from_dist ? from_dist->model : j.model;
   const CheckpointModel* source_optim = from_dist ? (from_dist->optim ? &*from_dist->optim : nullptr)
                                         : optim   ? &*optim
@@ -508,8 +555,13 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   // The layout named, else the source's own, decides whether --only's entry
   // stays under its key (LayoutInfo::bare).
   check_map_back_request(req.map, req.layout, opt.only, source_format_name(kind));
+  const std::optional<CheckpointModel> args_job = read_args_job(req, kind);
+  // A legacy output's vocabulary is padded as the job that loads it pads it.
+  const int64_t pad_multiple =
+      args_job ? megatron_legacy::vocab_multiple(megatron_legacy::megatron_lm_args(*args_job), req.tp.value_or(1))
+               : req.padded_vocab_multiple;
   MappedBack back = apply_requested_map_back(read_selected(opt, /*keep_nesting=*/!reads_bare(req.layout, kind)),
-                                             req.map, req.config_from, req.layout, opt.only, req.padded_vocab_multiple);
+                                             req.map, req.config_from, req.layout, opt.only, pad_multiple);
   const CheckpointModel& model = back.model;
   check_output_is_not_input(req.output, model);
   const LayoutInfo& layout = req.layout.empty() ? default_layout(model) : *find_layout(req.layout);
@@ -549,7 +601,9 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
                 .copy = copy,
                 .report = report,
                 .out = out,
-                .mapped_back = back.mapped});
+                .mapped_back = back.mapped,
+                .args_job = args_job ? &*args_job : nullptr,
+                .config_vocab = back.mapped ? back.config_vocab : std::nullopt});
   parents.keep();
   clock.finish(report);
   return report;

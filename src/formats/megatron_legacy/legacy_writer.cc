@@ -100,14 +100,14 @@ class LegacyPlanner {
     ValuePtr model = root->is(Kind::kDict) ? root->get("model") : nullptr;
     args_ = root->is(Kind::kDict) ? root->get("args") : nullptr;
     const bool megatron =
-        legacy_.info.kind == SourceKind::kMegatronLegacy || legacy_.info.kind == SourceKind::kMegatron;
+        legacy_.info.kind == SourceKind::kMegatronLegacy || legacy_.info.kind == SourceKind::kMegatron || from_hf();
     if (!megatron || !model || !args_)
       fail_invalid(legacy_.source +
                    ": --layout megatron-legacy writes a Megatron-LM legacy checkpoint, or a Megatron-LM job's "
                    "torch_dist one, read whole (no --only): its TP=1/PP=1 model and its args, which the rank files "
-                   "carry with the new TP and PP (this source holds no Megatron-LM args: a Hugging Face folder has "
-                   "none; --layout megatron writes it as torch_dist, which Megatron-LM loads with --ckpt-format "
-                   "torch_dist)");
+                   "carry with the new TP and PP (this source holds no Megatron-LM args: a Hugging Face folder takes "
+                   "them from --args-from CKPT; --layout megatron writes it as torch_dist, which Megatron-LM loads "
+                   "with --ckpt-format torch_dist)");
     args_ = mapping_of(args_);
     model = mapping_of(model);
     settle_model(model);
@@ -118,8 +118,10 @@ class LegacyPlanner {
     log::warn(legacy_.source + ": the RNG states are not written (" +
               (optim_                                             ? "the optimizer is"
                : legacy_.info.kind == SourceKind::kMegatronLegacy ? "neither is the optimizer: the source saved none"
-                                                                  : "neither is the optimizer") +
-              "): load the output with --no-load-rng" + (optim_ ? "" : " --no-load-optim"));
+               : from_hf() ? "neither is the optimizer: a Hugging Face folder holds none"
+                           : "neither is the optimizer") +
+              "): load the output with --no-load-rng" + (optim_ ? "" : " --no-load-optim") +
+              (from_hf() ? ", or with --finetune, as a model Megatron-LM's own converter wrote" : ""));
     LegacyOutput out;
     auto it = legacy_.facts.find("megatron iteration");
     const bool release = it != legacy_.facts.end() && it->second == "release";
@@ -180,6 +182,9 @@ class LegacyPlanner {
   }
 
  private:
+  // A Hugging Face folder's model with a Megatron-LM job's args (--args-from).
+  bool from_hf() const { return legacy_.facts.count(std::string(kArgsFromFact)) > 0; }
+
   // The optimizer view: its state per parameter name and its groups (the
   // plain optimizer's step in each, which torch keeps per parameter).
   void settle_optim() {
@@ -696,6 +701,212 @@ LegacySource legacy_source_of_torch_dist(const CheckpointModel& whole,
                       Value::dict({{Value::str("state"), module_names(optim->at("state"), local_spec, whole.source)},
                                    {Value::str("param_groups"), optim->at("param_groups")}})}});
   }
+  return out;
+}
+
+ValuePtr megatron_lm_args(const CheckpointModel& job) {
+  ValuePtr root = mapping_of(job.root);
+  ValuePtr args = root && root->is(Kind::kDict) ? root->get("args") : nullptr;
+  if (!args || !mapping_of(args)->is(Kind::kDict))
+    fail(ErrorCode::kUnimplemented,
+         "--args-from " + job.source + ": no Megatron-LM args in it (" +
+             (job.info.kind == SourceKind::kMegatron
+                  ? "common.pt holds none: megatron-core saved it without Megatron-LM's common state"
+                  : "its rank files hold none") +
+             "); a legacy rank file carries the job's args, which ckptconv does not make up");
+  return args;
+}
+
+int64_t vocab_multiple(const ValuePtr& args, int tp) {
+  return std::max<int64_t>(1, int_entry(mapping_of(args), "make_vocab_size_divisible_by", 128)) * tp;
+}
+
+namespace {
+
+// What the folder's tensors say of one field the layout depends on, and
+// what the args say of it: a disagreement is named with both.
+class ArgsCheck {
+ public:
+  ArgsCheck(const CheckpointModel& hf, ValuePtr model, ValuePtr args, std::string job)
+      : hf_(hf), model_(std::move(model)), args_(std::move(args)), job_(std::move(job)) {}
+
+  const std::vector<int64_t>* shape(const std::string& name) const {
+    ValuePtr v = model_->get(name);
+    auto at = v ? tensor_ref_index(*v) : std::nullopt;
+    return at ? &hf_.tensors.at(*at).shape : nullptr;
+  }
+  bool has(const std::string& name) const { return shape(name) != nullptr; }
+  // A tensor the check needs: its absence is a disagreement of its own.
+  const std::vector<int64_t>& need(const std::string& name) {
+    if (const auto* s = shape(name)) return *s;
+    fail(ErrorCode::kUnimplemented,
+         hf_.source + ": no tensor '" + name + "' after the way back; the layout of a Megatron-LM GPT needs it");
+  }
+  std::string said(std::string_view key) const {
+    ValuePtr v = args_->get(key);
+    return v ? v->repr(1) : "absent";
+  }
+  void field(const std::string& key, bool agrees, const std::string& folder) {
+    if (!agrees) problems_ += "\n  args." + key + " is " + said(key) + ", but " + folder;
+  }
+  void finish() const {
+    if (!problems_.empty())
+      fail(ErrorCode::kUnimplemented, hf_.source + ": the args of --args-from " + job_ +
+                                          " do not describe this model (nothing written); in its args:" + problems_);
+  }
+
+ private:
+  const CheckpointModel& hf_;
+  ValuePtr model_, args_;
+  std::string job_;
+  std::string problems_;
+};
+
+std::string str_entry(const ValuePtr& args, std::string_view key) {
+  ValuePtr v = args->get(key);
+  return v && v->is(Kind::kStr) ? v->as_str() : "";
+}
+
+// Every field of `args` the rank files' layout depends on (what the writer
+// and megatron-core's GPT built from these args consult), against the
+// TP=1 tensors of `model` (module names).
+void check_args_against_model(const CheckpointModel& hf, const ValuePtr& model, const ValuePtr& args,
+                              const std::string& job, const std::optional<HfVocab>& hf_vocab, bool local_spec) {
+  ArgsCheck c(hf, model, args, job);
+  const std::string l0 = "decoder.layers.0.";
+  int64_t layers = 0;
+  for (const auto& [k, v] : model->entries)
+    if (auto at = layer_index_in(path_component(*k))) layers = std::max(layers, at->index + 1);
+  c.field("num_layers", int_entry(args, "num_layers", -1) == layers,
+          "the folder holds " + std::to_string(layers) + " layers");
+  const auto& embedding = c.need("embedding.word_embeddings.weight");
+  const int64_t hidden = embedding.at(1);
+  c.field("hidden_size", int_entry(args, "hidden_size", -1) == hidden,
+          "the folder's word embeddings are " + std::to_string(hidden) + " wide");
+  const int64_t heads = int_entry(args, "num_attention_heads", -1);
+  const int64_t kv = int_entry(args, "kv_channels", heads > 0 ? hidden / heads : -1);
+  const auto& proj = c.need(l0 + "self_attention.linear_proj.weight");
+  const auto& qkv = c.need(l0 + "self_attention.linear_qkv.weight");
+  c.field("kv_channels", kv > 0 && proj.at(1) % kv == 0,
+          "linear_proj's " + std::to_string(proj.at(1)) + " input columns are no whole number of heads of " +
+              std::to_string(kv) + " channels");
+  if (kv > 0 && proj.at(1) % kv == 0) {
+    c.field("num_attention_heads", heads == proj.at(1) / kv,
+            "linear_proj's " + std::to_string(proj.at(1)) + " input columns are " + std::to_string(proj.at(1) / kv) +
+                " heads of " + std::to_string(kv) + " channels");
+    const bool gqa = bool_entry(args, "group_query_attention");
+    const int64_t groups = gqa ? int_entry(args, "num_query_groups", -1) : heads;
+    const int64_t kv_rows = qkv.at(0) - proj.at(1);
+    c.field(gqa ? "num_query_groups" : "group_query_attention", kv_rows == 2 * groups * kv,
+            "linear_qkv's " + std::to_string(qkv.at(0)) + " rows hold " +
+                (kv_rows % (2 * kv) ? std::to_string(kv_rows) + " key and value rows"
+                                    : std::to_string(kv_rows / (2 * kv)) + " query groups") +
+                " of " + std::to_string(kv) + " channels (args.kv_channels, else hidden_size / num_attention_heads " +
+                std::to_string(heads) + ")");
+  }
+  const auto& fc2 = c.need(l0 + "mlp.linear_fc2.weight");
+  const int64_t ffn = fc2.at(1);
+  c.field("ffn_hidden_size", int_entry(args, "ffn_hidden_size", -1) == ffn,
+          "linear_fc2 has " + std::to_string(ffn) + " input columns");
+  const int64_t fc1_rows = c.need(l0 + "mlp.linear_fc1.weight").at(0);
+  c.field("swiglu", bool_entry(args, "swiglu") == (fc1_rows == 2 * ffn),
+          "linear_fc1 has " + std::to_string(fc1_rows) + " rows for an ffn of " + std::to_string(ffn) +
+              (fc1_rows == 2 * ffn ? " ([gate; up])" : ""));
+  const bool untied = c.has("output_layer.weight");
+  c.field("untie_embeddings_and_output_weights", bool_entry(args, "untie_embeddings_and_output_weights") == untied,
+          untied ? "the folder holds an output layer of its own" : "the folder holds no output layer (tied)");
+  const bool bias = c.has(l0 + "self_attention.linear_proj.bias");
+  c.field("add_bias_linear", bool_entry(args, "add_bias_linear") == bias,
+          std::string("linear_proj ") + (bias ? "has" : "has no") + " bias");
+  const bool qkv_bias = c.has(l0 + "self_attention.linear_qkv.bias");
+  c.field("add_qkv_bias", (bool_entry(args, "add_bias_linear") || bool_entry(args, "add_qkv_bias")) == qkv_bias,
+          std::string("linear_qkv ") + (qkv_bias ? "has" : "has no") + " bias");
+  const std::string norm_bias =
+      local_spec ? l0 + "input_layernorm.bias" : l0 + "self_attention.linear_qkv.layer_norm_bias";
+  const bool layer_norm = c.has(norm_bias);
+  c.field("normalization", (str_entry(args, "normalization") == "LayerNorm") == layer_norm,
+          layer_norm ? "its layer norms have biases (LayerNorm)" : "its layer norms have no bias (RMSNorm)");
+  const bool learned = c.has("embedding.position_embeddings.weight");
+  c.field("position_embedding_type", (str_entry(args, "position_embedding_type") == "learned_absolute") == learned,
+          learned ? "the folder holds learned position embeddings" : "the folder holds no position embeddings");
+  const bool qk_norm = c.has(l0 + "self_attention.q_layernorm.weight");
+  c.field("qk_layernorm", bool_entry(args, "qk_layernorm") == qk_norm,
+          std::string("the folder ") + (qk_norm ? "holds" : "holds no") + " q_layernorm");
+  ValuePtr experts = args->get("num_experts");
+  c.field("num_experts", !experts || experts->is(Kind::kNone),
+          "a legacy checkpoint of a mixture of experts is not written (the folder is written dense only)");
+  // The vocabulary. A map padded the rows from the config's vocab_size:
+  // that against the job's own size where its args keep it, else against
+  // its padded size at its own TP. A folder in megatron's names holds the
+  // rows its job padded: those against padded_vocab_size.
+  if (!hf_vocab) {
+    c.field("padded_vocab_size", int_entry(args, "padded_vocab_size", -1) == embedding.at(0),
+            "the folder's word embeddings have " + std::to_string(embedding.at(0)) + " rows");
+  } else {
+    const int64_t vocab = int_entry(args, "vocab_size", -1);
+    const int64_t job_tp = int_entry(args, "tensor_model_parallel_size", 1);
+    const int64_t divisible = int_entry(args, "make_vocab_size_divisible_by", 128);
+    if (vocab > 0)
+      c.field("vocab_size", vocab == hf_vocab->rows, hf_vocab->from + " is " + std::to_string(hf_vocab->rows));
+    else
+      c.field("padded_vocab_size",
+              int_entry(args, "padded_vocab_size", -1) == padded_vocab(hf_vocab->rows, divisible, job_tp),
+              hf_vocab->from + " is " + std::to_string(hf_vocab->rows) + ", padded to " +
+                  std::to_string(padded_vocab(hf_vocab->rows, divisible, job_tp)) + " at the job's TP " +
+                  std::to_string(job_tp));
+  }
+  c.finish();
+}
+
+// `args` (a Namespace, or its dict) copied with `key` set where it has it.
+ValuePtr args_copy(const ValuePtr& args) {
+  auto out = std::make_shared<Value>(*args);
+  if (out->is(Kind::kBuilt) && out->object) out->object = std::make_shared<Value>(*out->object);
+  return out;
+}
+
+}  // namespace
+
+LegacySource legacy_source_of_hf(const CheckpointModel& hf, const CheckpointModel& job,
+                                 const std::optional<HfVocab>& hf_vocab) {
+  ValuePtr args = args_copy(megatron_lm_args(job));
+  ValuePtr fields = mapping_of(args);
+  ValuePtr impl = fields->get("transformer_impl");
+  const std::string spec = impl && impl->is(Kind::kStr) ? impl->as_str() : "";
+  if (spec != "local" && spec != "transformer_engine")
+    fail(ErrorCode::kUnimplemented, "--args-from " + job.source + ": args.transformer_impl is " +
+                                        (impl ? impl->repr() : std::string("absent")) +
+                                        "; the names of megatron-core's local and transformer_engine GPT layer "
+                                        "specs are known");
+  const bool local_spec = spec == "local";
+  ValuePtr root = mapping_of(hf.root);
+  if (!root || !root->is(Kind::kDict)) fail(ErrorCode::kUnimplemented, hf.source + ": not a state dict of names");
+  ValuePtr model = module_names(root, local_spec, hf.source);
+  check_args_against_model(hf, model, fields, job.source, hf_vocab, local_spec);
+  // The local spec's ColumnParallelLinear keeps a None extra state that
+  // load_state_dict(strict=True) wants (a folder holds none).
+  if (!model->get("output_layer._extra_state") && local_spec)
+    model->entries.emplace_back(Value::str("output_layer._extra_state"), Value::none());
+  // The rows the model holds are the source's padded vocabulary; a job
+  // converted from a Hugging Face model has consumed no samples
+  // (Megatron-LM's loader_llama_mistral sets 0, saver_legacy keeps it).
+  const auto rows = tensor_ref_index(*model->at("embedding.word_embeddings.weight"));
+  if (!rows) fail(ErrorCode::kUnimplemented, hf.source + ": embedding.word_embeddings.weight is not a tensor");
+  set_existing(fields, "padded_vocab_size", Value::integer(hf.tensors.at(*rows).shape.at(0)));
+  set_existing(fields, "consumed_train_samples", Value::integer(0));
+  set_existing(fields, "consumed_valid_samples", Value::integer(0));
+  LegacySource out;
+  out.model = hf;
+  out.model.facts[kArgsFromFact] = job.source;
+  ValuePtr job_root = mapping_of(job.root);
+  ValuePtr version = job_root->get("checkpoint_version");
+  // Megatron-LM's converter saves at iteration 1 ("'0', 'release' don't
+  // work", loader_llama_mistral) with no floating-point operations so far.
+  out.model.root = Value::dict({{Value::str("args"), args},
+                                {Value::str("checkpoint_version"), version ? version : Value::floating(3.0)},
+                                {Value::str("iteration"), Value::integer(1)},
+                                {Value::str("model"), model},
+                                {Value::str("num_floating_point_operations_so_far"), Value::integer(0)}});
   return out;
 }
 

@@ -7,7 +7,8 @@
 //       mp_rank_<tp:02d>[_<pp:03d>]/model_optim_rng.pt
 //
 // from a legacy checkpoint or a Megatron-LM job's torch_dist one (its args
-// in common.pt: legacy_source_of_torch_dist below), with V virtual
+// in common.pt: legacy_source_of_torch_dist below), or a Hugging Face
+// folder with a job's args from another checkpoint (legacy_source_of_hf), with V virtual
 // pipeline stages per rank (model0..model<V-1>) where asked;
 // each rank file a dict of the source's job entries (args with the new
 // parallel sizes, checkpoint_version, iteration, ...) and `model`, the
@@ -75,6 +76,38 @@ struct LegacySource {
 };
 LegacySource legacy_source_of_torch_dist(const CheckpointModel& whole,
                                          const std::function<CheckpointModel()>& read_views);
+
+// The fact a source made by legacy_source_of_hf carries: where its args came from.
+inline constexpr const char* kArgsFromFact = "megatron args from";
+
+// The Megatron-LM args of `job` (a legacy checkpoint or a Megatron-LM job's
+// torch_dist one, read whole: args at the top of its root), for --args-from;
+// Unimplemented (exit 3) where it holds none, naming it.
+pickle::ValuePtr megatron_lm_args(const CheckpointModel& job);
+
+// The multiple a Hugging Face folder's vocabulary is padded to for a job
+// with `args` at TP `tp`: Megatron-LM's make_vocab_size_divisible_by x TP.
+int64_t vocab_multiple(const pickle::ValuePtr& args, int tp);
+
+// `reshard HF --layout megatron-legacy --args-from JOB`: a Hugging Face
+// folder's model, mapped back to megatron-core's names (or already in
+// them), as plan_legacy_output takes a legacy source: the module's own
+// names (the keys map backwards, as args.transformer_impl says), JOB's
+// args (consumed samples 0, padded_vocab_size the rows the model holds),
+// its checkpoint_version, iteration 1 and no floating-point operations so
+// far, as Megatron-LM's converter (tools/checkpoint, saver_legacy) writes a
+// converted model; no optimizer. Every field the layout depends on is
+// checked against the tensors first: Unimplemented (exit 3) naming the
+// field, its value in JOB's args and what the folder says. `hf_vocab`: the
+// config's vocab_size where a map padded the rows (checked against
+// args.vocab_size); absent, the folder's rows are the job's padded ones
+// (checked against args.padded_vocab_size).
+struct HfVocab {
+  int64_t rows = 0;
+  std::string from;  // "config.json's vocab_size"
+};
+LegacySource legacy_source_of_hf(const CheckpointModel& hf, const CheckpointModel& job,
+                                 const std::optional<HfVocab>& hf_vocab);
 
 // `legacy`: a Megatron-LM legacy checkpoint read whole (the model at
 // TP=1/PP=1 and the job's args), or a torch_dist one made so by
