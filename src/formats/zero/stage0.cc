@@ -495,4 +495,25 @@ CheckpointModel read_stage0(const TagListing& listing, ProblemSink* problems, co
   return Stage0Reader(listing.dir, stages, listing.layer_files, problems, only).read();
 }
 
+std::optional<int> stage0_world_size(const std::string& dir) {
+  try {
+    const TagListing listing = list_files(dir);
+    if (!listing.expert_files.empty()) return std::nullopt;
+    for (const TagFiles& f : listing.mp_ranks)
+      if (!f.optim.empty() || f.per_rank_model || f.model.size() != 1) return std::nullopt;
+    // DeepSpeed's _save_checkpoint writes `optimizer` None when ZeRO saves it
+    // in the optim_states files (stages 1-3), the engine optimizer's
+    // state_dict() without ZeRO: what the file says, not its name, tells.
+    const Decoded m0 = decode(listing.mp_ranks[0].model[0].path, 0, nullptr, "");
+    if (is_none(m0.root->get("optimizer"))) return std::nullopt;
+    int dp = 1;
+    if (ValuePtr v = m0.root->get("dp_world_size");
+        v && v->is(Kind::kInt) && v->int_value > 0 && v->int_value < (1 << 24))
+      dp = int(v->int_value);
+    return dp * int(listing.mp_ranks.size());
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace ckpt::zero

@@ -238,8 +238,8 @@ std::optional<int> tag_world_size(const std::string& dir) {
   }
   const int stages = static_cast<int>(optim.size());
   // A tag without ZeRO (stage0.h: mp_rank_00_model_states.pt alone) has the
-  // names of a ZeRO save that died before its optimizer files: nullopt too
-  // (listed incomplete; read with --tag or `latest`, which say what it is).
+  // names of a ZeRO save that died before its optimizer files: nullopt here,
+  // stage0_world_size reads which it is.
   if (stages == 0 || optim.rbegin()->first != stages - 1) return std::nullopt;
   const int n = static_cast<int>(optim.begin()->second.size());
   for (const auto& [mp, ranks] : optim) {
