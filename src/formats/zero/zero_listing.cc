@@ -174,7 +174,8 @@ TagListing list_files(const std::string& dir) {
   for (const auto& [mp, names] : by_mp) stages = std::max(stages, std::stoi(mp) + 1);
   std::string with_optim, without_optim;  // the first mp rank with optimizer files, the first without
   for (int s = 0; s < stages; ++s) {
-    std::string mp = (s < 10 ? "0" : "") + std::to_string(s);
+    std::string mp(s < 10 ? "0" : "");
+    mp += std::to_string(s);
     auto it = by_mp.find(mp);
     if (it == by_mp.end())
       fail(ErrorCode::kNotFound, dir + ": the files of " +
