@@ -575,3 +575,67 @@ def test_a_module_tied_between_stages_without_zero_is_exit_3(tmp_path, run_ckptc
     assert "mp_rank_01_model_states.pt: optimizer position 5 holds the same optimizer state as " \
            "mp_rank_00_model_states.pt's position 0: a module tied between pipeline stages" in r.stderr
     assert not (tmp_path / "o.pt").exists()
+
+
+def _stage0_with_a_tensor_axis(tmp_path: Path) -> Path:
+    """pp2_z0_fp32_ws2's files as a PP2 x TP2 run without ZeRO would name
+    them (PipelineModule.ckpt_layer_path adds `-model_TT`; mp rank = stage x
+    tp + tp rank): each layer file under both tensor-parallel ranks' names."""
+    src = _copy("pp2_z0_fp32_ws2", tmp_path)
+    tag = src / TAG
+    for layer in sorted(tag.glob("layer_*-model_states.pt")):
+        stem = layer.name[: -len("-model_states.pt")]
+        for tp in (0, 1):
+            shutil.copy(layer, tag / f"{stem}-model_{tp:02d}-model_states.pt")
+        layer.unlink()
+    for stage in (1, 0):  # stage s's file is mp ranks 2s and 2s + 1 (mp_rank_00 stays)
+        for tp in (1, 0):
+            if 2 * stage + tp != stage:
+                shutil.copy(tag / f"mp_rank_{stage:02d}_model_states.pt",
+                            tag / f"mp_rank_{2 * stage + tp:02d}_model_states.pt")
+    return src
+
+
+def test_tensor_parallelism_without_zero_is_exit_3_naming_the_file(tmp_path, run_ckptconv):
+    """Stage 0 with a tensor axis, in a pipeline (layer_LL-model_TT files) or
+    an mpu without layer files (mp_rank_01 beside mp_rank_00): not supported,
+    said so naming a tensor-parallel rank's file, where it was refused as a
+    ZeRO save missing mp_rank_01's optimizer files."""
+    src = _stage0_with_a_tensor_axis(tmp_path)
+    assert len(list((src / TAG).glob("mp_rank_*_model_states.pt"))) == 4
+    out = tmp_path / "o.pt"
+    r = run_ckptconv("consolidate", src, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert "layer_00-model_01-model_states.pt: tensor parallelism at stage 0 (without ZeRO) is not supported" in r.stderr
+    assert not out.exists()
+    dp = tmp_path / "dp"
+    shutil.copytree(REPO / "testdata" / "zero" / "z0_fp32_ws2", dp)
+    shutil.copy(dp / TAG / "mp_rank_00_model_states.pt", dp / TAG / "mp_rank_01_model_states.pt")
+    r = run_ckptconv("consolidate", dp, "-o", out)
+    assert r.returncode == 3, r.stderr
+    assert f"{dp / TAG / 'mp_rank_01_model_states.pt'}: tensor parallelism at stage 0 (without ZeRO) is not " \
+           "supported" in r.stderr
+    assert "optim_states" not in r.stderr
+    assert not out.exists()
+
+
+def test_a_tensor_parallel_zero_save_without_optimizer_files_is_not_called_stage_0(tmp_path, run_ckptconv):
+    """The names of stage 0 with a tensor axis are those of a ZeRO
+    tensor-parallel save whose optimizer files are all missing: mp_rank_00's
+    `optimizer` (None) tells, as for a data-parallel one. One mp rank's
+    optimizer files missing beside another's is named either way round."""
+    src = _copy(TP_CASE, tmp_path)
+    for f in (src / TAG).glob("*optim_states.pt"):
+        f.unlink()
+    r = run_ckptconv("inspect", src)
+    assert r.returncode == 3, r.stderr
+    assert "no *_mp_rank_00_optim_states.pt files (a ZeRO checkpoint has one per rank) and no optimizer state " \
+           "in mp_rank_00_model_states.pt" in r.stderr
+    for gone, kept in (("01", "00"), ("00", "01")):
+        src = tmp_path / f"pp_{gone}"
+        shutil.copytree(PARALLEL / "pp2_dp2_bf16_ws4", src)
+        for f in (src / TAG).glob(f"*mp_rank_{gone}_optim_states.pt"):
+            f.unlink()
+        r = run_ckptconv("inspect", src)
+        assert r.returncode == 3, r.stderr
+        assert f"no *_mp_rank_{gone}_optim_states.pt files, where mp_rank_{kept} has them" in r.stderr

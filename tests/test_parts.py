@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,38 @@ def test_finalize_of_a_folder_copies_its_side_files(tmp_path, run_ckptconv):
     assert r.returncode == 0 and "another worker is finalizing" in r.stderr, r.stderr
     r = run_ckptconv("finalize", out)
     assert r.returncode == 0 and "finalized 2 parts" in r.stderr, r.stderr
+    one = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert "config.json" in one and sorted(p.name for p in (tmp_path / "many").iterdir()) == one
+    for name in one:
+        assert _sha(tmp_path / "many" / name) == _sha(tmp_path / "one" / name), name
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-shard-size", "1000"]], ids=["one-file", "sharded"])
+def test_a_finalize_killed_between_the_weights_and_the_side_files_is_finished_by_the_next(extra, tmp_path, ckptconv,
+                                                                                        run_ckptconv):
+    """The finalizing worker SIGKILLed (CKPTCONV_TEST_STOP_AT) after the
+    weights (and index) are renamed into DIR, before config.json and the
+    other side files: the parts folder stays, with the record of what was
+    published, as the s3:// finalizer keeps its state until the side files
+    are up, and `ckptconv finalize DIR/` copies them in. The folder is then
+    the one process's, byte for byte (it had no config.json, and finalize
+    found no parts to finish)."""
+    src = TD / "hf" / "llama_tied"
+    r = run_ckptconv("consolidate", src, "-o", f"{tmp_path / 'one'}/", *extra)
+    assert r.returncode == 0, r.stderr
+    out = f"{tmp_path / 'many'}/"
+    assert run_ckptconv("consolidate", src, "-o", out, "--part", "0/2", *extra).returncode == 0
+    killed = subprocess.run([str(ckptconv), "consolidate", str(src), "-o", out, "--part", "1/2", *extra],
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, CKPTCONV_TEST_STOP_AT="finalize-published"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    left = sorted(p.name for p in (tmp_path / "many").iterdir())
+    weights = "model.safetensors.index.json" if extra else "model.safetensors"
+    assert weights in left and "config.json" not in left and "generation_config.json" not in left, left
+    (folder,) = (tmp_path / "many").glob("model.safetensors.parts-*")
+    assert json.loads((folder / "published.json").read_text())["files"][-1] == str(tmp_path / "many" / weights)
+    r = run_ckptconv("finalize", out)
+    assert r.returncode == 0 and "published before" in r.stderr, r.stderr
     one = sorted(p.name for p in (tmp_path / "one").iterdir())
     assert "config.json" in one and sorted(p.name for p in (tmp_path / "many").iterdir()) == one
     for name in one:

@@ -235,6 +235,41 @@ def test_inspect_of_a_deepspeed_folder_lists_every_tag(tmp_path, run_ckptconv):
     assert run_ckptconv("diff", out, ZERO / "z2_bf16_ws2").returncode == 0
 
 
+def test_a_folder_of_stage0_tags_lists_them_complete_by_what_their_model_file_says(tmp_path, run_ckptconv):
+    """A tag without ZeRO has the file names of a ZeRO save that died before
+    its optimizer files (mp_rank_SS_model_states.pt alone): the listing reads
+    mp_rank_00's `optimizer` entry to tell them apart. Stage-0 fp32, fp16 and
+    a pipeline's tags are complete; a ZeRO-2 tag whose optimizer files are
+    gone (`optimizer` None in the same-named file) stays incomplete, and
+    --tag latest with no `latest` file reads the highest complete one."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    parallel = ZERO.parent / "zero_parallel"
+    for step, src in ((1, ZERO / "z0_fp32_ws2"), (2, ZERO / "z0_fp16_ws2"), (3, parallel / "pp2_z0_fp32_ws2"),
+                      (4, ZERO / "z2_bf16_ws2")):
+        shutil.copytree(src / "global_step3", root / f"global_step{step}")
+    for f in (root / "global_step4").glob("*optim_states.pt"):
+        f.unlink()
+    assert sorted(p.name for p in (root / "global_step4").iterdir()) == ["mp_rank_00_model_states.pt"]
+    assert torch.load(root / "global_step4" / "mp_rank_00_model_states.pt", weights_only=False)["optimizer"] is None
+    listed = json.loads(run_ckptconv("inspect", root, "--json").stdout)["checkpoints"]
+    assert [(c["name"], c["complete"], c["world_size"]) for c in listed] == [
+        ("global_step1", True, 2), ("global_step2", True, 2), ("global_step3", True, 2),
+        ("global_step4", False, None)]
+    r = run_ckptconv("inspect", root)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "global_step3" in lines[3] and "world size 2" in lines[3] and lines[3].endswith("complete"), r.stdout
+    assert "global_step4" in lines[4] and "INCOMPLETE (a rank's files are missing)" in lines[4], r.stdout
+    r = run_ckptconv("validate", root, "--tag", "latest")
+    assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
+    assert f"reading {root / 'global_step3'} " in r.stderr, r.stderr
+    r = run_ckptconv("validate", root / "global_step1")
+    assert r.returncode == 0 and "VALID" in r.stdout, r.stdout + r.stderr
+    r = run_ckptconv("validate", root / "global_step4")
+    assert r.returncode == 1 and "no optimizer state in mp_rank_00_model_states.pt" in r.stdout, r.stdout + r.stderr
+
+
 def test_stage0_inspect_and_validate_say_what_it_is(run_ckptconv):
     """Without ZeRO (z0_*: tools/make_zero0_checkpoints.py) the optimizer state
     is in mp_rank_00_model_states.pt: inspect names the stage and the fp16

@@ -117,10 +117,10 @@ class OptimizerChecker {
     for (const auto& [key, value] : optim.entries)
       if (auto parts = split_flat_key(key->text, "param_groups.")) grouped.insert(parts->first);
     for (const std::string& name : grouped)
-      if (params_model && !find_param(*params_model, name))
-        problem(join_path(path, "param_groups." + name), "'" + join_path(path, "param_groups." + name) +
-                                                             "' is for parameter '" + name +
-                                                             "', which the model does not hold");
+      if (params_model && !find_param(*params_model, name)) {
+        const std::string where = join_path(path, "param_groups." + name);
+        problem(where, "'" + where + "' is for parameter '" + name + "', which the model does not hold");
+      }
     std::set<std::string> reported;
     for (const auto& [key, value] : optim.entries) {
       auto parts = split_flat_key(key->text, "state.");

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -57,6 +59,11 @@ const char* signal_name(int sig) {
     case SIGHUP: return "SIGHUP";
     default: return "a signal";
   }
+}
+
+void stop_here_for_tests(const char* step) {
+  const char* at = std::getenv("CKPTCONV_TEST_STOP_AT");
+  if (at && std::strcmp(at, step) == 0) ::kill(::getpid(), SIGKILL);
 }
 
 }  // namespace ckpt

@@ -23,5 +23,10 @@ void check_interrupted();
 void note_input_shrank(const char* path);
 // "SIGINT", "SIGTERM", "SIGHUP".
 const char* signal_name(int sig);
+// When the environment's CKPTCONV_TEST_STOP_AT is `step`, the process
+// SIGKILLs itself here, as a crash, an OOM kill or a node lost would stop
+// it (no handler runs, nothing is cleaned): how tests reach what such a
+// stop leaves at a named step. Without the variable it does nothing.
+void stop_here_for_tests(const char* step);
 
 }  // namespace ckpt

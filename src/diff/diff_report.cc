@@ -16,7 +16,13 @@ std::string num(double v) {
 }
 
 std::string element_value(double re, double im, bool complex) {
-  return complex ? "(" + num(re) + (std::signbit(im) ? "-" : "+") + num(std::fabs(im)) + "j)" : num(re);
+  if (!complex) return num(re);
+  std::string out = "(";
+  out += num(re);
+  out += std::signbit(im) ? '-' : '+';
+  out += num(std::fabs(im));
+  out += "j)";
+  return out;
 }
 
 // Row-major flat index -> per-dimension index.

@@ -276,12 +276,64 @@ void verify_pieces(const Layout& l, const std::map<int, const Receipt*>& by_part
   }
 }
 
+// The record a finalize leaves in the parts folder once the weights are
+// published, before what goes beside them (options.publish_beside: an HF
+// folder's side files, config.json last) and before the folder is removed:
+// a finalize stopped between the two (a kill, a failed copy) is resumed by
+// the next one from it, since the data files it would publish again are
+// gone (renamed into place).
+constexpr const char* kPublishedRecord = "published.json";
+
+void record_published(const PartsFolder& folder, const Layout& l, const Published& done) {
+  folder.replace_file(kPublishedRecord,
+                      nlohmann::json{{"plan", l.hash}, {"files", done.files}, {"what", done.what}}.dump());
+}
+
+// What an earlier finalize of this plan published (its record), each file
+// still there; nullopt when it published nothing.
+std::optional<Published> published_before(const PartsFolder& folder, const Layout& l) {
+  std::optional<std::string> text = folder.read_file(kPublishedRecord);
+  if (!text) return std::nullopt;
+  const std::string file = folder.path_of(kPublishedRecord);
+  Published done;
+  try {
+    nlohmann::ordered_json j = parse_checkpoint_json(*text, file);
+    if (j.at("plan").get<std::string>() != l.hash)
+      fail(ErrorCode::kDataLoss,
+           file + ": the record of another plan: remove " + folder.path() + " and rerun every part");
+    done.files = j.at("files").get<std::vector<std::string>>();
+    done.what = j.at("what").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorCode::kDataLoss, file + ": not a record ckptconv wrote (" + e.what() + ")");
+  }
+  for (const auto& f : done.files)
+    if (!stat_path(f).is_file())
+      fail(ErrorCode::kDataLoss, file + ": says " + f + " was published, which is not there: remove " + folder.path() +
+                                     " and rerun every part");
+  return done;
+}
+
+// What goes beside the published output, then the parts folder removed:
+// the last steps of a finalize, the first of one resumed.
+void finish_publishing(const PartedOptions& options, const PartsFolder& folder, const Published& done) {
+  stop_here_for_tests("finalize-published");
+  if (options.publish_beside) options.publish_beside(done.files);
+  storage_for(folder.path()).remove_tree(folder.path());
+}
+
 // Checks the receipts against the plan (and, when `verify_receipts`, their
 // CRC-32s against the written bytes: verify_pieces), writes every byte no
 // unit holds with the units' CRC-32s (pieces joined), then publishes.
 std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout& l, int parts,
                      const PartsFolder& folder, bool verify_receipts, std::vector<std::string>& published) {
   const std::string& dir = folder.path();
+  if (std::optional<Published> before = published_before(folder, l)) {
+    spdlog::info("{} was published by a finalize that stopped before what goes beside it; finishing that",
+                 options.path);
+    finish_publishing(options, folder, *before);
+    published = before->files;
+    return "finalized " + std::to_string(parts) + " parts (" + before->what + ", published before)";
+  }
   std::vector<Receipt> receipts = read_receipts(folder);
   std::map<int, const Receipt*> by_part;
   for (const auto& r : receipts) {
@@ -343,8 +395,9 @@ std::string finalize(PartedWriter& w, const PartedOptions& options, const Layout
   }
   check_interrupted();
   Published done = w.publish([&](std::size_t k) { return data_file(dir, k); }, options.force, options.durable);
+  record_published(folder, l, done);
+  finish_publishing(options, folder, done);
   published = done.files;
-  storage_for(dir).remove_tree(dir);
   return "finalized " + std::to_string(parts) + " parts (" + done.what + ")";
 }
 

@@ -88,11 +88,14 @@ struct PartedOptions {
   CopyOptions copy;
   std::vector<std::string> inputs;  // the source's files: receipts made before one changed are stale
   std::string request;              // the job's request (JSON), kept beside the parts for `ckptconv finalize OUT`
-  // An s3:// OUT: puts what else the output is made of once its objects
-  // and markers are published (`published`, in order): an HF folder's side
-  // files, config.json last. Run by the process that publishes (the one
-  // process, or the --part finalizer before it removes the shared state);
-  // when it fails, `published` is deleted again.
+  // Puts what else the output is made of once its objects and markers are
+  // published (`published`, in order): an HF folder's side files,
+  // config.json last. An s3:// OUT: run by the process that publishes (the
+  // one process, or the --part finalizer before it removes the shared
+  // state); when it fails, `published` is deleted again. A local --part
+  // OUT: run by the finalizer before it removes the parts folder; when it
+  // stops there (fails, or is killed), the next finalize resumes with it
+  // (exec/part_protocol.cc).
   std::function<void(const std::vector<std::string>& published)> publish_beside;
 };
 

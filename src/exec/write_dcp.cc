@@ -65,8 +65,10 @@ void flatten(const CheckpointModel& model, const ValuePtr& value, std::vector<Va
     return;
   }
   std::string key;
-  for (const auto& element : path)
-    key += (key.empty() ? "" : ".") + (element->is(Kind::kStr) ? element->text : std::to_string(element->int_value));
+  for (const auto& element : path) {
+    if (!key.empty()) key += '.';
+    key += element->is(Kind::kStr) ? element->text : std::to_string(element->int_value);
+  }
   dcp::ItemMeta item;
   item.fqn = key;
   if (auto idx = tensor_ref_index(*v)) {

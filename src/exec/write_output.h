@@ -23,7 +23,8 @@ struct OutputOptions {
   CopyOptions copy;
   uint64_t max_shard_size = 0;  // safetensors: split into shards of at most this many bytes (0: one file)
   bool gzip = false;            // HDF5: shuffle + deflate
-  // An s3:// OUT: PartedOptions::publish_beside (an HF folder's side files).
+  // PartedOptions::publish_beside (an HF folder's side files): an s3:// OUT,
+  // or a local --part one.
   std::function<void(const std::vector<std::string>& published)> publish_beside;
 };
 

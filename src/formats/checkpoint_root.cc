@@ -11,6 +11,7 @@
 #include "formats/latest_file.h"
 #include "formats/megatron_legacy/legacy_reader.h"
 #include "formats/probe.h"
+#include "formats/zero/stage0.h"
 #include "formats/zero/zero_reader.h"
 #include "io/containment.h"
 #include "io/storage.h"
@@ -64,9 +65,13 @@ std::optional<RootEntry> entry_of(const fs::path& dir) {
     // zero/optimizer_state.pt; it loads at any world size (-1).
     e.kind = source_format_name(SourceKind::kDsUniversal);
     e.complete = ds_universal::is_universal_tag(e.path);
-  } else if (zero::holds_zero_files(e.path)) {  // a DeepSpeed tag: its file names say whether every rank's are there
+  } else if (zero::holds_zero_files(e.path)) {
+    // A DeepSpeed tag: its file names say whether every rank's are there; a
+    // tag without ZeRO has the names of a ZeRO save that died before its
+    // optimizer files, and its model-states file says which it is.
     e.kind = source_format_name(SourceKind::kZero);
     std::optional<int> ws = zero::tag_world_size(e.path);
+    if (!ws) ws = zero::stage0_world_size(e.path);
     e.complete = ws.has_value();
     e.world_size = ws.value_or(-1);
   } else if (auto kind = directory_kind(e.path)) {
@@ -116,11 +121,18 @@ bool is_deepspeed_pointer_root(const std::string& dir) {
          (universal && ds_universal::is_universal_tag((root / *universal).string()));
 }
 
-// `--tag latest` where there is no `latest` file.
-ChosenCheckpoint highest_complete(const std::string& src, const std::vector<RootEntry>& entries) {
+// The highest-numbered complete checkpoint of `entries` (list_checkpoints
+// sorts them by step); null when none is complete and numbered.
+const RootEntry* highest_complete_entry(const std::vector<RootEntry>& entries) {
   const RootEntry* best = nullptr;
   for (const auto& e : entries)
     if (e.complete && e.step) best = &e;  // sorted by step: the last one wins
+  return best;
+}
+
+// `--tag latest` where there is no `latest` file.
+ChosenCheckpoint highest_complete(const std::string& src, const std::vector<RootEntry>& entries) {
+  const RootEntry* best = highest_complete_entry(entries);
   if (!best) fail(ErrorCode::kNotFound, listing(src, entries) + "; none is complete and numbered: give --tag NAME");
   return {best->path, "--tag latest: the highest-numbered complete checkpoint (there is no `latest` file)"};
 }
@@ -271,9 +283,7 @@ ChosenCheckpoint choose_checkpoint(const std::string& src, const std::string& ta
       if (entries.size() == 1 && entries[0].complete) return {entries[0].path, "the only checkpoint in " + src};
       // A run's folder of steps: the latest, as a job resuming from it reads
       // (torchtitan, Accelerate, Lightning load the last one), said in a note.
-      const RootEntry* best = nullptr;
-      for (const auto& e : entries)
-        if (e.complete && e.step) best = &e;  // sorted by step: the last one wins
+      const RootEntry* best = highest_complete_entry(entries);
       if (!best) fail_invalid(listing(src, entries) + "; none is complete and numbered: choose one with --tag NAME");
       std::string why =
           "no --tag: the highest-numbered complete of the " + std::to_string(entries.size()) + " checkpoints in " + src;

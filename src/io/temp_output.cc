@@ -77,8 +77,8 @@ void remove_stale_temps(const std::string& dest) {
 }
 
 std::string cannot_create_temp(const std::string& dest, int err) {
-  std::string dir = std::filesystem::path(dest).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::string parent = std::filesystem::path(dest).parent_path().string();
+  const std::string dir = parent.empty() ? std::string(".") : parent;
   std::string what = dest + ": cannot create the temporary output in " + dir + ": ";
   if (err == EROFS) return what + dir + " is on a read-only filesystem; write the output elsewhere (-o)";
   if (err == EACCES || err == EPERM)

@@ -139,6 +139,20 @@ std::function<void(const std::vector<std::string>&)> side_objects_step(const Con
   };
 }
 
+// --part into -o DIR/: the finalizer copies the side files into DIR, as
+// the one process does (the folder is then the same), after the weights and
+// before it removes the parts folder, as for s3:// (a finalize stopped in
+// between is finished by the next: exec/part_protocol.cc).
+std::function<void(const std::vector<std::string>&)> side_files_step(const ConsolidateRequest& req,
+                                                                     const CheckpointModel& model,
+                                                                     std::optional<DType> cast_to,
+                                                                     const std::string& directory, bool durable) {
+  return [&req, &model, cast_to, directory, durable](const std::vector<std::string>& published) {
+    const FolderSideFiles side = folder_side_files(req, model, cast_to, weights_file_of(published));
+    copy_folder_side_files(directory, without_trailing_slashes(directory), side.files, side.edits, durable);
+  };
+}
+
 constexpr uint64_t kHuggingFaceShardSize = 5'000'000'000;  // save_pretrained's max_shard_size="5GB"
 
 }  // namespace
@@ -239,7 +253,10 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     };
   output.max_shard_size = req.max_shard_size.empty() ? 0 : parse_size(req.max_shard_size);
   output.gzip = req.compression == "gzip";
-  if (is_s3_url(directory)) output.publish_beside = side_objects_step(req, model, job.cast_to, directory, replaced);
+  if (is_s3_url(directory))
+    output.publish_beside = side_objects_step(req, model, job.cast_to, directory, replaced);
+  else if (!directory.empty() && !req.part.empty())
+    output.publish_beside = side_files_step(req, model, job.cast_to, directory, output.durable);
   if (!req.part.empty()) {
     PartSpec part = parse_part(req.part);
     spdlog::info("--part: {} ({})",
@@ -254,12 +271,6 @@ JobReport run_consolidate(const ConsolidateRequest& request, std::ostream& out) 
     }
     created.keep();
     parents.keep();
-    // The worker that put the weights in place copies the folder's side
-    // files too, as the one process does: the folder is then the same.
-    if (done.published && !directory.empty() && !is_s3_url(directory)) {
-      const FolderSideFiles side = folder_side_files(req, model, job.cast_to, weights_file_of(done.files));
-      copy_folder_side_files(directory, without_trailing_slashes(directory), side.files, side.edits, output.durable);
-    }
     report.summary = done.summary;
     report.tensors = done.tensors;  // this worker's share, for the success line
     report.bytes = done.bytes;

@@ -30,7 +30,9 @@ std::string ranks_of(const TensorEntry& t) {
   for (const auto& c : t.chunks) {
     if (c.rank < 0) continue;
     if (!s.empty()) s += " ";
-    s += "r" + std::to_string(c.rank) + (c.sizes.empty() ? "[]" : box_str({c.offsets[0]}, {c.sizes[0]}));
+    s += 'r';
+    s += std::to_string(c.rank);
+    s += c.sizes.empty() ? "[]" : box_str({c.offsets[0]}, {c.sizes[0]});
   }
   return s;
 }
@@ -134,7 +136,10 @@ void describe_plan(const CheckpointModel& model, const std::string& output, bool
     const TensorEntry& t = model.tensors[*leaf.tensor];
     std::string line = leaf.path + "  " + std::string(dtype_name(t.dtype));
     if (t.output_dtype() != t.dtype) line += "->" + std::string(dtype_name(t.output_dtype()));
-    line += " " + shape_str(t.shape) + " " + human_bytes(t.output_nbytes());
+    line += ' ';
+    line += shape_str(t.shape);
+    line += ' ';
+    line += human_bytes(t.output_nbytes());
     std::size_t used = 0;
     for (const auto& c : t.chunks) {
       if (c.numel() == 0) continue;

@@ -159,7 +159,7 @@ bool holds_map_targets(const CheckpointModel& model, const ArchMap& map, const C
       continue;
     for (const std::string& to : rule.to) {
       Indices zeros;
-      for (const std::string& n : pattern_indices(to)) zeros[n] = "0";
+      for (const std::string& n : pattern_indices(to)) zeros.emplace(n, "0");  // each index once: emplace sets it
       if (!names.count(substitute_indices(to, zeros))) return false;
     }
   }

@@ -12,7 +12,7 @@ struct Fixture {
   CheckpointModel model;
   ValuePtr tensor(Shape shape) {
     TensorEntry t;
-    t.name = "t" + std::to_string(model.tensors.size());
+    t.name = std::string("t") + std::to_string(model.tensors.size());
     t.shape = std::move(shape);
     model.tensors.push_back(t);
     return make_tensor_ref(model.tensors.size() - 1);

@@ -258,7 +258,12 @@ TEST_CASE("linear regex: hostile patterns are bounded when compiled", "[core][re
   }
   // A long flat pattern (a list of keys) is no deeper than a short one.
   std::string many;
-  for (int i = 0; i < 2000; ++i) many += (i ? "|" : "") + std::string("layers\\.") + std::to_string(i) + "\\.weight";
+  for (int i = 0; i < 2000; ++i) {
+    if (i) many += '|';
+    many += "layers\\.";
+    many += std::to_string(i);
+    many += "\\.weight";
+  }
   CHECK(searches(many, "model.layers.1999.weight"));
   CHECK_FALSE(searches(many, "model.layers.2000.weight"));
 }

@@ -41,7 +41,7 @@ SourcePtr floats_source(const std::vector<float>& v) {
 
 TensorEntry empty_tensor() {
   TensorEntry t;
-  t.name = "t";
+  t.name = std::string("t");  // not = "t": GCC 12's -Wrestrict false positive on assigning a literal
   t.dtype = DType::kFloat32;
   t.shape = {kRows, kCols};
   return t;

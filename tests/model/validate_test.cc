@@ -18,7 +18,7 @@ namespace {
 // A float32 tensor of `shape` split into row ranges, each with its own storage.
 TensorEntry row_sharded(Shape shape, std::vector<std::pair<int64_t, int64_t>> rows) {
   TensorEntry t;
-  t.name = "w";
+  t.name = std::string("w");  // not = "w": GCC 12's -Wrestrict false positive on assigning a literal
   t.shape = shape;
   Shape row(shape.begin() + 1, shape.end());
   for (auto [start, count] : rows) {

@@ -107,12 +107,14 @@ class RankTreeMerger {
     bool named = false;
     for (const auto& k : ka)
       if (std::find(kb.begin(), kb.end(), k) == kb.end()) {
-        problem(join_path(path, k), "'" + join_path(path, k) + "' is in " + base_file_ + " but not in " + other_file_);
+        const std::string where = join_path(path, k);
+        problem(where, "'" + where + "' is in " + base_file_ + " but not in " + other_file_);
         named = true;
       }
     for (const auto& k : kb)
       if (std::find(ka.begin(), ka.end(), k) == ka.end()) {
-        problem(join_path(path, k), "'" + join_path(path, k) + "' is in " + other_file_ + " but not in " + base_file_);
+        const std::string where = join_path(path, k);
+        problem(where, "'" + where + "' is in " + other_file_ + " but not in " + base_file_);
         named = true;
       }
     if (!named)

@@ -27,7 +27,10 @@ using pickle::ValuePtr;
 
 std::string dotted(const std::vector<int64_t>& v) {
   std::string out;
-  for (int64_t x : v) out += (out.empty() ? "" : ".") + std::to_string(x);
+  for (int64_t x : v) {
+    if (!out.empty()) out += '.';
+    out += std::to_string(x);
+  }
   return out;
 }
 

@@ -68,6 +68,32 @@ std::optional<std::string> leading_elements(const TensorEntry& t, std::size_t n,
   return cast;
 }
 
+// The `optimizer` entry of model-states file `f` of tag `dir`: DeepSpeed's
+// _save_checkpoint writes the engine optimizer's state_dict() there without
+// ZeRO, None where ZeRO keeps it in *_optim_states.pt files; None is
+// NotFound, a ZeRO save whose optimizer files are missing.
+ValuePtr optimizer_state(const Decoded& f, const std::string& dir) {
+  ValuePtr opt = f.root->get("optimizer");
+  if (is_none(opt)) {
+    std::string mp = file_name(f.path);
+    mp.resize(mp.size() - std::string_view("_model_states.pt").size());
+    fail(ErrorCode::kNotFound, dir + ": no *_" + mp +
+                                   "_optim_states.pt files (a ZeRO checkpoint has one per rank) "
+                                   "and no optimizer state in " +
+                                   file_name(f.path) + " (a run without ZeRO keeps it there)");
+  }
+  return opt;
+}
+
+// Stage 0 with tensor parallelism: the tensor-parallel ranks' files of a
+// pipeline with a tensor axis (layer_LL-model_TT-model_states.pt) or of an
+// mpu without layer files (mp_rank_01..); empty when the run has none.
+std::string tensor_parallel_file(const TagListing& listing) {
+  if (!listing.tp_layer_files.empty()) return listing.tp_layer_files.rbegin()->second.begin()->second;
+  if (listing.mp_ranks.size() > 1 && listing.layer_files.empty()) return listing.mp_ranks[1].model[0].path;
+  return "";
+}
+
 class Stage0Reader {
  public:
   // `stages`: each pipeline stage's mp_rank_SS_model_states.pt (one for a
@@ -102,15 +128,7 @@ class Stage0Reader {
   // The optimizer's state dict: a torch optimizer's, or inside the fp16 wrapper's.
   void read_optimizer(const Decoded& f) {
     const std::string& path = f.path;
-    std::string mp = file_name(path);
-    mp.resize(mp.size() - std::string_view("_model_states.pt").size());
-    ValuePtr opt = f.root->get("optimizer");
-    if (is_none(opt))
-      fail(ErrorCode::kNotFound, dir_ + ": no *_" + mp +
-                                     "_optim_states.pt files (a ZeRO checkpoint has one per rank) "
-                                     "and no optimizer state in " +
-                                     file_name(path) + " (a run without ZeRO keeps it there)");
-    const Value& o = as_dict(*opt);
+    const Value& o = as_dict(*optimizer_state(f, dir_));
     const std::string before = wrapper_;
     const Value* torch_sd = nullptr;
     const Value* masters_of_file = nullptr;
@@ -478,21 +496,36 @@ class Stage0Reader {
 }  // namespace
 
 CheckpointModel read_stage0(const TagListing& listing, ProblemSink* problems, const std::string& only) {
-  if (!listing.tp_layer_files.empty())
-    fail(ErrorCode::kUnimplemented, listing.dir +
-                                        ": a pipeline with a tensor axis without ZeRO (stage 0): not read (not "
-                                        "generated as a fixture)");
-  std::vector<std::string> stages;
-  for (const TagFiles& f : listing.mp_ranks) {
-    if (!f.optim.empty() || f.per_rank_model || f.model.size() != 1)
-      fail_data_loss(listing.dir + ": optimizer files beside stages without them: files of two runs mixed");
-    stages.push_back(f.model[0].path);
+  if (std::string tp_file = tensor_parallel_file(listing); !tp_file.empty()) {
+    // The same names are a ZeRO save whose optimizer files are all missing:
+    // mp_rank_00's `optimizer` tells, as it does for the runs read.
+    optimizer_state(decode(listing.mp_ranks[0].model[0].path, 0, problems, only), listing.dir);
+    fail(ErrorCode::kUnimplemented,
+         tp_file +
+             ": tensor parallelism at stage 0 (without ZeRO) is not supported (no such run was generated as a "
+             "fixture); ckptconv reads stage-0 data-parallel and pipeline runs, and tensor parallelism under ZeRO");
   }
-  if (stages.size() > 1 && listing.layer_files.empty())
-    fail(ErrorCode::kUnimplemented, listing.dir +
-                                        ": tensor-parallel ranks (mp_rank_01..) without ZeRO (stage 0): not read "
-                                        "(not generated as a fixture)");
+  std::vector<std::string> stages;  // list_files: at stage 0 each mp rank has its model-states file only
+  for (const TagFiles& f : listing.mp_ranks) stages.push_back(f.model[0].path);
   return Stage0Reader(listing.dir, stages, listing.layer_files, problems, only).read();
+}
+
+std::optional<int> stage0_world_size(const std::string& dir) {
+  try {
+    const TagListing listing = list_files(dir);
+    if (!listing.expert_files.empty()) return std::nullopt;
+    for (const TagFiles& f : listing.mp_ranks)
+      if (!f.optim.empty() || f.per_rank_model || f.model.size() != 1) return std::nullopt;
+    const Decoded m0 = decode(listing.mp_ranks[0].model[0].path, 0, nullptr, "");
+    optimizer_state(m0, dir);  // None: a ZeRO save missing its optimizer files (NotFound, caught below)
+    int dp = 1;
+    if (ValuePtr v = m0.root->get("dp_world_size");
+        v && v->is(Kind::kInt) && v->int_value > 0 && v->int_value < (1 << 24))
+      dp = int(v->int_value);
+    return dp * int(listing.mp_ranks.size());
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace ckpt::zero

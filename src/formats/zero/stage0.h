@@ -13,6 +13,7 @@
 // the positions on the module's parameters. Anything else is exit 3.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "core/problems.h"
@@ -28,5 +29,15 @@ namespace ckpt::zero {
 // model-states file with no `optimizer` (a ZeRO checkpoint whose optimizer
 // files are missing) is NotFound.
 CheckpointModel read_stage0(const TagListing& listing, ProblemSink* problems, const std::string& only);
+
+// The world size (dp_world_size x stages) of a tag directory saved without
+// ZeRO and complete: the names of a stage-0 tag (every stage's
+// mp_rank_SS_model_states.pt 00..S-1, no *_optim_states.pt, no per-rank
+// model states) and mp_rank_00's `optimizer` entry holding the optimizer
+// state. nullopt otherwise: the same names with `optimizer` None are a ZeRO
+// save that died before its optimizer files. Costs the pickle of that one
+// file (no tensor is read); a file that does not decode is nullopt too (the
+// reader says why when the tag is read).
+std::optional<int> stage0_world_size(const std::string& dir);
 
 }  // namespace ckpt::zero

@@ -28,13 +28,13 @@ struct MpRankNames {
 // The ZeRO files of model-parallel rank `mp` (two digits, as DeepSpeed
 // writes it) in `dir`: its optimizer files by data-parallel rank, each once,
 // and its model states (ZeRO-3: one per rank).
-TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names, bool pipeline) {
+TagFiles mp_rank_files(const std::string& dir, const std::string& mp, const MpRankNames& names) {
   TagFiles out;
   out.dir = dir;
   // Without ZeRO (stage 0) the optimizer state is in the model-states file
-  // (stage0.h), read for a data-parallel run (mp_rank_00 alone) and a
-  // pipeline's stages: the reader says whether it is there.
-  if ((mp == "00" || pipeline) && names.optim.empty() && names.rank_model.empty() && !names.single_model.empty()) {
+  // (stage0.h): the reader says whether it is there; list_files whether
+  // another mp rank's optimizer files say this one's are missing.
+  if (names.optim.empty() && names.rank_model.empty() && !names.single_model.empty()) {
     out.model.push_back({0, names.single_model});
     return out;
   }
@@ -172,8 +172,10 @@ TagListing list_files(const std::string& dir) {
   // written in two digits; every one must be there.
   int stages = 0;
   for (const auto& [mp, names] : by_mp) stages = std::max(stages, std::stoi(mp) + 1);
+  std::string with_optim, without_optim;  // the first mp rank with optimizer files, the first without
   for (int s = 0; s < stages; ++s) {
-    std::string mp = (s < 10 ? "0" : "") + std::to_string(s);
+    std::string mp(s < 10 ? "0" : "");
+    mp += std::to_string(s);
     auto it = by_mp.find(mp);
     if (it == by_mp.end())
       fail(ErrorCode::kNotFound, dir + ": the files of " +
@@ -182,8 +184,15 @@ TagListing list_files(const std::string& dir) {
                                                                   : "pipeline stage ") +
                                      std::to_string(s) + " of " + std::to_string(stages) + " are missing (mp_rank_" +
                                      mp + "_model_states.pt)");
-    out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second, !out.layer_files.empty() || !out.tp_layer_files.empty()));
+    out.mp_ranks.push_back(mp_rank_files(dir, mp, it->second));
+    std::string& first = out.mp_ranks.back().optim.empty() ? without_optim : with_optim;
+    if (first.empty()) first = mp;
   }
+  // Without ZeRO no mp rank has optimizer files; beside one that has them,
+  // a rank without is a ZeRO save whose files of that rank are missing.
+  if (!with_optim.empty() && !without_optim.empty())
+    fail(ErrorCode::kNotFound, dir + ": no *_mp_rank_" + without_optim + "_optim_states.pt files, where mp_rank_" +
+                                   with_optim + " has them (a ZeRO checkpoint has one per rank)");
   if (by_mp.size() != std::size_t(stages))
     fail_data_loss(dir + ": model-parallel ranks " + found + " are not numbered mp_rank_00.." +
                    std::to_string(stages - 1) + " in two digits");
@@ -238,8 +247,8 @@ std::optional<int> tag_world_size(const std::string& dir) {
   }
   const int stages = static_cast<int>(optim.size());
   // A tag without ZeRO (stage0.h: mp_rank_00_model_states.pt alone) has the
-  // names of a ZeRO save that died before its optimizer files: nullopt too
-  // (listed incomplete; read with --tag or `latest`, which say what it is).
+  // names of a ZeRO save that died before its optimizer files: nullopt here,
+  // stage0_world_size reads which it is.
   if (stages == 0 || optim.rbegin()->first != stages - 1) return std::nullopt;
   const int n = static_cast<int>(optim.begin()->second.size());
   for (const auto& [mp, ranks] : optim) {

@@ -56,6 +56,9 @@ bool holds_zero_files(const std::string& dir);
 // S x N. nullopt when a rank's file or the model states are missing, as in
 // a save that died. A save whose last ranks' files are all missing looks
 // complete at a smaller N: validate --expect-world-size tells.
+// A tag without ZeRO (stage0.h) is nullopt here: its names alone are those
+// of a ZeRO save that died before its optimizer files (stage0_world_size
+// reads which).
 std::optional<int> tag_world_size(const std::string& dir);
 
 // The tag directory SRC names: SRC itself, or SRC/<tag> (default: `latest`).

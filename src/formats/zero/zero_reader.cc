@@ -1248,9 +1248,8 @@ CheckpointModel read_zero(const std::string& src, const std::string& tag, const 
                           ProblemSink* problems) {
   TagListing listing = list_files(tag_dir(src, tag));
   const bool pipeline = !listing.layer_files.empty() || !listing.tp_layer_files.empty();
-  if (listing.mp_ranks[0].optim.empty() && !listing.mp_ranks[0].per_rank_model && listing.expert_files.empty() &&
-      (pipeline || listing.mp_ranks.size() == 1))
-    return read_stage0(listing, problems, only);
+  // list_files: no optimizer files on mp_rank_00 means none on any mp rank
+  if (listing.mp_ranks[0].optim.empty() && listing.expert_files.empty()) return read_stage0(listing, problems, only);
   if (pipeline) return read_pipeline(listing, problems, only);
   if (listing.mp_ranks.size() > 1) return read_tensor_parallel(listing, problems, only);
   return read_data_parallel(listing, problems, only);
