@@ -133,13 +133,6 @@ const Storage& storage_for(const std::string& path) {
 SourcePtr open_file_source(const std::string& path) { return storage_for(path).open(path, false); }
 SourcePtr open_mapped_source(const std::string& path) { return storage_for(path).open(path, true); }
 
-void refuse_remote_output(const std::string& path, const std::string& what) {
-  if (is_s3_url(path))
-    fail(ErrorCode::kOutputFailed, path + ": writing " + what +
-                                       " to s3:// is not supported yet: write it locally and upload it "
-                                       "(docs/object-storage.md)");
-}
-
 std::string spool_directory() {
   const char* tmp = std::getenv("TMPDIR");
   return tmp && *tmp ? std::string(tmp) : std::string("/tmp");

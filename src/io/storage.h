@@ -111,11 +111,6 @@ inline std::string resolved_path(const std::string& path) { return storage_for(p
 // An existing directory with nothing in it.
 inline bool is_empty_directory(const std::string& dir) { return is_directory(dir) && list_directory(dir).empty(); }
 
-// OutputFailed naming `path` when it is on object storage (s3://) and
-// `what` (an output kind: "a folder output", "--part") cannot go there yet
-// (docs/object-storage.md), before anything is written.
-void refuse_remote_output(const std::string& path, const std::string& what);
-
 // Where an s3:// output that a library writes by name (HDF5) is spooled
 // before its upload: $TMPDIR, else /tmp. It needs the output's size free.
 std::string spool_directory();

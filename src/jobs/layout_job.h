@@ -53,10 +53,6 @@ struct LayoutInfo {
   // key, as a resumed job's dcp.load({"model": ...}) expects.
   bool bare = false;
   WorldSizeRule world_size = WorldSizeRule::kRequired;
-  bool part = true;  // --part: several processes may each write a share
-  // May write to an s3:// DST: one writer, published by write_whole
-  // (exec/parted_output.h), not several directories.
-  bool object_store = true;
   // Writes any source's tensors, a full state dict's too (the others need a
   // source of their own kind: an Accelerate folder, FSDP1 flat files, ...).
   bool any_source = false;

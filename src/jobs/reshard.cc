@@ -574,9 +574,6 @@ JobReport run_reshard(const ReshardRequest& req, std::ostream& out) {
   if (layout.world_size != WorldSizeRule::kTpPp && (req.tp || req.pp || req.vpp || req.distributed_optimizer))
     fail_invalid(std::string(req.distributed_optimizer ? "--distributed-optimizer" : "--tp / --pp / --vpp") +
                  ": only for a layout written per TP x PP position (not --layout " + std::string(layout.name) + ")");
-  if (!layout.object_store) refuse_remote_output(req.output, "--layout " + std::string(layout.name));
-  if (!layout.part && !req.part.empty())
-    fail_invalid("--part: not available for --layout " + std::string(layout.name) + "; use --layout dcp");
   auto backend = choose_backend(job, job.cast_to || job.optim_cast_to);
   CopyOptions copy;
   copy.memory_limit = job.memory.copy();

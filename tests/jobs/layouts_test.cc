@@ -47,14 +47,13 @@ TEST_CASE("layout table: every --layout value once, in order, each with a writer
   CHECK(find_layout("") == nullptr);
 }
 
-TEST_CASE("layout table: bare, --part, world-size and any-source flags as run_reshard decided them by name",
+TEST_CASE("layout table: bare, world-size and any-source flags as run_reshard decided them by name",
           "[jobs][layouts]") {
   const std::set<std::string> bare = {"hf", "fsdp-sharded-tensor", "fsdp-dtensor", "fsdp1-flat"};
   for (const LayoutInfo& l : reshard_layouts()) {
     const std::string name(l.name);
     INFO(name);
     CHECK(l.bare == (bare.count(name) > 0));
-    CHECK(l.part == (name != "accelerate"));
     CHECK((l.world_size == WorldSizeRule::kAny) == (name == "deepspeed-universal"));
     CHECK((l.world_size == WorldSizeRule::kTpPp) == (name == "megatron-legacy"));
   }
