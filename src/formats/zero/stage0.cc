@@ -513,7 +513,7 @@ CheckpointModel read_stage0(const TagListing& listing, ProblemSink* problems, co
 std::optional<int> stage0_world_size(const std::string& dir) {
   try {
     const TagListing listing = list_files(dir);
-    if (!listing.expert_files.empty()) return std::nullopt;
+    if (!listing.expert_files.empty() || listing.mp_ranks.empty()) return std::nullopt;
     for (const TagFiles& f : listing.mp_ranks)
       if (!f.optim.empty() || f.per_rank_model || f.model.size() != 1) return std::nullopt;
     const Decoded m0 = decode(listing.mp_ranks[0].model[0].path, 0, nullptr, "");
