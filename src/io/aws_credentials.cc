@@ -104,7 +104,11 @@ HttpAnswer http(const std::string& method, const std::string& url, std::vector<s
 std::string read_small_file(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorCode::kNotFound, what + ": cannot read " + path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Tokens and credential documents are kilobytes: a larger file is not one.
+  std::string text(kMaxAnswer + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxAnswer) fail_data_loss(what + ": " + path + " is larger than 1 MiB");
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
   return text;
 }
@@ -281,10 +285,8 @@ TimedCredentials sso_role_credentials(const SsoProfile& sso, const std::string& 
       home + "/.aws/sso/cache/" + sha1_hex(sso.session.empty() ? sso.start_url : sso.session) + ".json";
   const std::string login =
       sso.session.empty() ? "aws sso login --profile ..." : "aws sso login --sso-session " + sso.session;
-  std::ifstream in(cache, std::ios::binary);
-  if (!in) fail_data_loss(what + ": no cached SSO token (" + cache + "): run `" + login + "`");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  nlohmann::json j = nlohmann::json::parse(text.substr(0, kMaxAnswer), nullptr, false);
+  if (!std::ifstream(cache)) fail_data_loss(what + ": no cached SSO token (" + cache + "): run `" + login + "`");
+  nlohmann::json j = nlohmann::json::parse(read_small_file(cache, what), nullptr, false);
   if (!j.is_object() || !j.contains("accessToken") || !j["accessToken"].is_string() || !j.contains("expiresAt") ||
       !j["expiresAt"].is_string())
     fail_data_loss(what + ": the cached SSO token " + cache + " has no accessToken and expiresAt");
@@ -318,6 +320,14 @@ TimedCredentials sso_role_credentials(const SsoProfile& sso, const std::string& 
   return out;
 }
 
+std::shared_ptr<CredentialSource> container_source() {
+  return std::make_shared<CredentialSource>("the container credentials endpoint", container_credentials);
+}
+
+std::shared_ptr<CredentialSource> instance_metadata_source() {
+  return std::make_shared<CredentialSource>("the EC2 instance metadata service", instance_metadata_credentials);
+}
+
 }  // namespace
 
 CredentialSource::CredentialSource(std::string name, std::function<TimedCredentials()> fetch)
@@ -334,12 +344,6 @@ S3Credentials CredentialSource::current() {
 }
 
 namespace {
-
-std::string trimmed(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
 
 // The keys of section `section` of an INI file (the AWS shared files);
 // empty when the file or the section is missing.
@@ -402,9 +406,9 @@ KeysGetter named_credential_source(const std::string& name, const std::string& p
   }
   std::shared_ptr<CredentialSource> source;
   if (name == "EcsContainer")
-    source = std::make_shared<CredentialSource>("the container credentials endpoint", container_credentials);
+    source = container_source();
   else if (name == "Ec2InstanceMetadata")
-    source = std::make_shared<CredentialSource>("the EC2 instance metadata service", instance_metadata_credentials);
+    source = instance_metadata_source();
   else
     fail_invalid("profile '" + profile + "': credential_source '" + name.substr(0, 64) +
                  "' is not one of Environment, Ec2InstanceMetadata, EcsContainer");
@@ -540,9 +544,9 @@ ProfileCredentials resolve_profile(const std::string& profile, const std::string
   }
   if (!use_env) return {};  // a source profile does not fall through to this machine's endpoints
   if (!env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").empty() || !env("AWS_CONTAINER_CREDENTIALS_FULL_URI").empty())
-    return {{}, std::make_shared<CredentialSource>("the container credentials endpoint", container_credentials)};
+    return {{}, container_source()};
   if (lower(env("AWS_EC2_METADATA_DISABLED")) == "true") return {};
-  return {{}, std::make_shared<CredentialSource>("the EC2 instance metadata service", instance_metadata_credentials)};
+  return {{}, instance_metadata_source()};
 }
 
 }  // namespace

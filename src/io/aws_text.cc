@@ -5,6 +5,12 @@
 
 namespace ckpt {
 
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
 std::string uri_encode(const std::string& s, bool keep_slash) {
   static const char* kHex = "0123456789ABCDEF";
   std::string out;

@@ -1,13 +1,17 @@
 #pragma once
-// The two bits of text handling every AWS API answer and request needs:
-// S3's own requests and the credential endpoints (STS) both use them, so they
-// live below both rather than in either.
+// The text handling AWS requests, answers and shared files need: S3's own
+// requests and the credential sources (STS, the shared files) both use it,
+// so it lives below both rather than in either.
 
 #include <cstddef>
 #include <optional>
 #include <string>
 
 namespace ckpt {
+
+// `s` without the spaces, tabs and line ends at either end (the shared
+// files' lines, HTTP header values).
+std::string trimmed(const std::string& s);
 
 // RFC 3986 percent-encoding as SigV4 wants it: unreserved characters stay,
 // and '/' too when `keep_slash` (a key is a path).

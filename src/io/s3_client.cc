@@ -27,12 +27,6 @@ std::string env(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
-std::string trimmed(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
 }  // namespace
 
 S3Config s3_config_from_environment() {
