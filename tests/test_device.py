@@ -165,3 +165,16 @@ def test_large_tensor_cast_in_overlapping_slabs_equals_torch(run_ckptconv, tmp_p
     assert "tensor 'w': 1 NaN, 1 Inf" in r.stderr
     got = torch.load(out, weights_only=True)
     assert torch.equal(got["w"].view(torch.int16), w.to(torch.bfloat16).view(torch.int16))
+
+
+def test_cuda_validate_finite_equals_cpu_for_every_fixture(cuda_or_skip, run_ckptconv, manifest, testdata):
+    # validate's scan workers share one backend from many threads at once
+    # (unlike consolidate's one assembling thread): on an H100 with 16 of
+    # them the CUDA backend crashed (exit 139) before it held its engine per
+    # call. Several threads force the sharing on any machine.
+    for src in fixture_sources(manifest, testdata):
+        runs = {}
+        for device in ("cpu", "cuda"):
+            r = run_ckptconv("validate", src, "--finite", "--device", device, "--threads", "8")
+            runs[device] = (r.returncode, re.sub(r"^finite scan \(.*?\): ", "finite scan: ", r.stdout, flags=re.M))
+        assert runs["cpu"] == runs["cuda"], (src, runs)

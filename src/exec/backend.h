@@ -73,6 +73,11 @@ struct SlabResult {
 // crc32_combine, so the CPU backend sums a zip record's slab on the threads
 // that assembled it (SlabJob::crc); a backend that does not leaves it to the
 // writer.
+//
+// cast() and scan_finite() may be called from several threads at once
+// (validate's scan workers share one backend); a device backend serialises
+// them itself. assemble()'s result buffers alternate, so its results are
+// for one caller at a time.
 class Backend {
  public:
   virtual ~Backend() = default;

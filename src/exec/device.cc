@@ -22,6 +22,12 @@ namespace {
 // pieces in flight); the plugin takes at most half of what is free.
 constexpr uint64_t kDeviceBudget = 1ull << 30;
 
+// One engine per process drives the device (three lanes, two slab buffers
+// used in turn), and callers share it: validate's scan workers call
+// scan_finite from every thread at once. Each call holds the engine for its
+// whole slab, and cast() copies its result out before letting go, since the
+// next caller's slab may reuse that buffer. (Without the lock, validate
+// --finite --device cuda crashed on an H100 with 16 workers.)
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const CkptTorchApi& api, int threads) : api_(api) {
@@ -34,15 +40,23 @@ class CudaBackend final : public Backend {
   std::string name() const override { return api_.cuda_name(handle_); }
 
   void cast(const std::byte* src, DType from, std::byte* dst, DType to, std::size_t n) override {
-    SlabResult r = assemble(host_buffer_job(src, from, to, n, false));
+    std::lock_guard<std::mutex> hold(engine_);
+    SlabResult r = assemble_held(host_buffer_job(src, from, to, n, false));
     std::memcpy(dst, r.bytes.data(), r.bytes.size());
   }
 
   FiniteCounts scan_finite(const std::byte* data, DType dtype, std::size_t n) override {
-    return assemble(host_buffer_job(data, dtype, dtype, n, true)).finite;
+    std::lock_guard<std::mutex> hold(engine_);
+    return assemble_held(host_buffer_job(data, dtype, dtype, n, true)).finite;
   }
 
   SlabResult assemble(const SlabJob& job) override {
+    std::lock_guard<std::mutex> hold(engine_);
+    return assemble_held(job);
+  }
+
+ private:
+  SlabResult assemble_held(const SlabJob& job) {
     CkptSlabJob c{};
     c.in_dtype = static_cast<int>(job.dtype);
     c.out_dtype = static_cast<int>(job.out_dtype);
@@ -69,7 +83,6 @@ class CudaBackend final : public Backend {
     return result;
   }
 
- private:
   struct GatherContext {
     const SlabJob* job;
     std::mutex mutex;
@@ -110,6 +123,7 @@ class CudaBackend final : public Backend {
 
   const CkptTorchApi& api_;
   CkptCudaBackend* handle_ = nullptr;
+  std::mutex engine_;  // held for each slab (see above)
 };
 
 // True when the NVIDIA driver exposes a device node. Without one no CUDA
