@@ -178,3 +178,26 @@ def test_cuda_validate_finite_equals_cpu_for_every_fixture(cuda_or_skip, run_ckp
             r = run_ckptconv("validate", src, "--finite", "--device", device, "--threads", "8")
             runs[device] = (r.returncode, re.sub(r"^finite scan \(.*?\): ", "finite scan: ", r.stdout, flags=re.M))
         assert runs["cpu"] == runs["cuda"], (src, runs)
+
+
+def test_cuda_pipelines_pieces_of_a_large_tensor_like_cpu(cuda_or_skip, run_ckptconv, tmp_path):
+    # 160 MiB of float32: three 64 MiB pieces through the three lanes, NaN in
+    # the first and last (their pieces are cast again on the host) and Inf in
+    # the middle; every fixture above fits one piece.
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(10240, 4096, generator=g)
+    w[1, 2] = float("nan")
+    w[5000, 3] = float("inf")
+    w[10239, 4095] = float("nan")
+    src = tmp_path / "big.pt"
+    torch.save({"w": w}, src)
+    outs = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / f"{device}.pt"
+        r = run_ckptconv("convert", src, "-o", out, "--dtype", "bf16", "--finite", "--device", device)
+        assert r.returncode == 1, r.stderr
+        assert "tensor 'w': 2 NaN, 1 Inf" in r.stderr, r.stderr
+        outs[device] = out
+    assert filecmp.cmp(outs["cpu"], outs["cuda"], shallow=False)
+    got = torch.load(outs["cuda"], weights_only=True)["w"]
+    assert torch.equal(got.view(torch.int16), w.to(torch.bfloat16).view(torch.int16))
