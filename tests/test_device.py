@@ -181,9 +181,10 @@ def test_cuda_validate_finite_equals_cpu_for_every_fixture(cuda_or_skip, run_ckp
 
 
 def test_cuda_pipelines_pieces_of_a_large_tensor_like_cpu(cuda_or_skip, run_ckptconv, tmp_path):
-    # 160 MiB of float32: three 64 MiB pieces through the three lanes, NaN in
-    # the first and last (their pieces are cast again on the host) and Inf in
-    # the middle; every fixture above fits one piece.
+    # 160 MiB of float32 in 8 slabs of up to 1365 rows (21 MiB), each in
+    # pieces of 512 rows (8 MiB) through the three lanes; NaN in the first
+    # and last piece (their pieces are cast again on the host), Inf between.
+    # Every fixture above fits one piece.
     g = torch.Generator().manual_seed(3)
     w = torch.randn(10240, 4096, generator=g)
     w[1, 2] = float("nan")
