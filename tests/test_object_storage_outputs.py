@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import http.server
+import os
 import re
 import signal
 import socket
@@ -474,16 +475,26 @@ def test_accelerate_part_workers_on_s3_upload_the_one_process_objects(run_s3, s3
     assert open_uploads(s3) == []
 
 
-def test_an_accelerate_file_too_large_for_one_put_is_refused_before_any_upload(run_s3, s3, testdata, tmp_path):
+def test_a_large_accelerate_file_is_streamed_up_in_parts(run_s3, s3, testdata, tmp_path):
+    """A copied file larger than a part (an EMA model registered for
+    checkpointing, here 20 MiB) goes up as a multipart upload streamed from
+    the file, not held whole: the object equals it, beside the rest of the
+    folder; it was exit 4 above 256 MiB before."""
     import shutil
     src = tmp_path / "checkpoint_1"
     shutil.copytree(testdata / ACC, src)
-    with open(src / "sampler.bin", "wb") as f:  # sparse: 257 MiB on paper
-        f.truncate(257 << 20)
-    r = run_s3("reshard", src, "-o", f"s3://{BUCKET}/acctoobig/ckpt", "--world-size", "2")
-    assert r.returncode == 4, r.stderr
-    assert "sampler.bin: larger than 256 MiB" in r.stderr
-    assert keys_under(s3, "acctoobig/") == [] and open_uploads(s3) == []
+    big = os.urandom(20 << 20)
+    (src / "custom_checkpoint_0.pkl").write_bytes(big)
+    r = run_s3("reshard", src, "-o", f"s3://{BUCKET}/accbig/ckpt", "--world-size", "2", "-q")
+    assert r.returncode == 0, r.stderr
+    assert fetch(s3, "accbig/ckpt/custom_checkpoint_0.pkl") == big
+    # A multipart object's ETag ends in its number of parts: 8 MiB parts.
+    assert s3.head_object(Bucket=BUCKET, Key="accbig/ckpt/custom_checkpoint_0.pkl")["ETag"].endswith('-3"')
+    local = run_s3("reshard", src, "-o", tmp_path / "local", "--world-size", "2", "-q")
+    assert local.returncode == 0, local.stderr
+    want = files_under(tmp_path / "local")
+    assert keys_under(s3, "accbig/") == [f"accbig/ckpt/{n}" for n in want]
+    assert open_uploads(s3) == []
 
 
 def test_a_failed_accelerate_marker_removes_everything_published(run_s3, s3, moto, testdata):

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/byte_source.h"
 #include "io/s3_storage.h"
 #include "io/s3_upload.h"
 #include "io/s3_url.h"
@@ -33,7 +34,14 @@ Published publish_uploads(PartedWriter& w, const PartedOptions& options,
       published.push_back(w.output_path(k));
     }
     for (const auto& m : markers) {
-      s3_put_object(m.path, m.bytes, options.force || m.replace);
+      if (m.from_file.empty()) {
+        s3_put_object(m.path, m.bytes, options.force || m.replace);
+      } else {
+        SourcePtr from = open_file_source(m.from_file);
+        S3UploadSink sink(m.path, s3_part_size(from->size()));
+        sink.copy_from(*from, 0, from->size());
+        sink.complete(options.force || m.replace);
+      }
       published.push_back(s3_url_string(parse_s3_url(m.path)));
     }
     if (options.publish_beside) options.publish_beside(published);

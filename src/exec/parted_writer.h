@@ -43,6 +43,9 @@ struct MarkerFile {
   // there even without --force, and not removed first by --force, since
   // its old bytes may name another, complete checkpoint.
   bool replace = false;
+  // When set, the marker's bytes are this local file's, too large to hold
+  // (`bytes` is empty): streamed up as a multipart upload at publishing.
+  std::string from_file = {};
 };
 
 // A format's writer, run over all of its files at once, emitting every

@@ -8,6 +8,7 @@
 #include "exec/write_dcp.h"
 #include "io/atomic_dir.h"
 #include "io/byte_sink.h"
+#include "io/s3_upload.h"
 #include "io/s3_url.h"
 #include "io/storage.h"
 
@@ -15,10 +16,10 @@ namespace ckpt {
 
 namespace {
 
-// A copied file larger than this is not held in memory to be put as one
-// object (S3's single PUT takes 5 GB; an Accelerate folder's own files are
-// kilobytes to megabytes).
-constexpr uint64_t kMaxCopiedObject = 256ull << 20;
+// A copied file up to this size is held in memory and put as one object;
+// a larger one (an EMA model that register_for_checkpointing saved as
+// custom_checkpoint_0.pkl) is streamed up in parts at publishing.
+constexpr uint64_t kMaxHeldObject = kS3MinPartSize;
 
 }  // namespace
 
@@ -29,13 +30,6 @@ FoldersWriter::FoldersWriter(std::string dir, std::vector<Folder> folders, std::
     if (dests.size() != 1 || dests[0] != dir_ + "/" + f.name)
       fail(ErrorCode::kInternal, "FoldersWriter: folder " + f.name + " is not written to " + dir_ + "/" + f.name);
   }
-  // Before anything is uploaded, not at publishing.
-  if (is_s3_url(dir_))
-    for (const std::string& file : copied_)
-      if (stat_path(file).size > kMaxCopiedObject)
-        fail(ErrorCode::kOutputFailed, file +
-                                           ": larger than 256 MiB, which ckptconv does not put to s3:// as one "
-                                           "object: write the output locally and upload it");
 }
 
 std::string FoldersWriter::kind() const {
@@ -117,12 +111,12 @@ std::vector<MarkerFile> FoldersWriter::folder_markers() const {
 std::vector<MarkerFile> FoldersWriter::marker_files() const {
   std::vector<MarkerFile> out;
   for (const std::string& file : copied_) {
-    if (stat_path(file).size > kMaxCopiedObject)
-      fail(ErrorCode::kOutputFailed, file +
-                                         ": larger than 256 MiB, which ckptconv does not put to s3:// as one object: "
-                                         "write the output locally and upload it");
-    SideFile side = read_side_file(file);
-    out.push_back({dir_ + "/" + side.name, std::move(side.bytes)});
+    if (stat_path(file).size > kMaxHeldObject) {
+      out.push_back({dir_ + "/" + file_name(file), "", false, file});
+    } else {
+      SideFile side = read_side_file(file);
+      out.push_back({dir_ + "/" + side.name, std::move(side.bytes)});
+    }
   }
   for (MarkerFile& m : folder_markers()) out.push_back(std::move(m));
   return out;

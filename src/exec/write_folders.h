@@ -23,8 +23,8 @@ class FoldersWriter final : public PartedWriter {
     std::unique_ptr<PartedWriter> writer;  // whose one destination is <dir>/<name>
   };
   // `copied`: source files put beside the folders under their own names
-  // (on s3:// each at most 256 MiB, one PUT: else OutputFailed naming it,
-  // from the constructor, before anything is uploaded).
+  // (on s3:// one PUT each, or a multipart upload streamed from the file
+  // when it is larger than a part).
   FoldersWriter(std::string dir, std::vector<Folder> folders, std::vector<std::string> copied);
   std::string kind() const override;
   std::vector<std::string> file_names() const override;
