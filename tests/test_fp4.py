@@ -11,6 +11,7 @@ import json
 import struct
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 from safetensors import safe_open
@@ -19,6 +20,7 @@ from safetensors.torch import save_file
 FP4 = torch.float4_e2m1fn_x2
 TD = Path(__file__).resolve().parent.parent / "testdata" / "fp4"
 EXPECTED = json.loads((TD / "expected.json").read_text()) if (TD / "expected.json").exists() else {}
+DIFF_SCHEMA = json.loads((TD.parent.parent / "docs" / "schema" / "diff.schema.json").read_text())
 FP4_NAMES = sorted(k for k, v in EXPECTED.get("tensors", {}).items() if v["dtype"] == "float4_e2m1fn_x2")
 
 
@@ -99,6 +101,7 @@ def test_diff_reports_one_changed_fp4_value(run_ckptconv):
     r = run_ckptconv("diff", TD / "model.pt", TD / "one_byte_apart.pt", "--json")
     assert r.returncode == 1, r.stderr
     report = json.loads(r.stdout)
+    jsonschema.validate(report, DIFF_SCHEMA)
     differing = [t for t in report["tensors"] if not t["equal"]]
     assert [t["path"] for t in differing] == ["mx.weight"]
     v = differing[0]["values"]
@@ -231,3 +234,17 @@ def test_reshard_to_dcp_is_loaded_by_torch(tmp_path, run_ckptconv):
     chunks = md.state_dict_metadata["mx.weight"].chunks
     assert md.state_dict_metadata["mx.weight"].properties.dtype == FP4
     assert sorted(list(c.offsets) for c in chunks) == [[0, 0], [2, 0]]
+
+
+def test_diff_does_not_compare_fp4_with_its_bytes_as_uint8(tmp_path, run_ckptconv):
+    sd = torch.load(TD / "model.pt", weights_only=True)
+    sd["vec"] = sd["vec"].view(torch.uint8)  # same shape and bytes, 1 value an element
+    torch.save(sd, tmp_path / "u8.pt")
+    r = run_ckptconv("diff", TD / "model.pt", tmp_path / "u8.pt", "--ignore-dtype")
+    assert r.returncode == 1, r.stderr
+    assert "vec  float4_e2m1fn_x2 vs uint8  (5,)  (values not compared: float4_e2m1fn_x2 packs two values a byte)" \
+        in r.stdout, r.stdout
+    r = run_ckptconv("diff", TD / "model.pt", tmp_path / "u8.pt", "--json")
+    jsonschema.validate(json.loads(r.stdout), DIFF_SCHEMA)
+    t = next(t for t in json.loads(r.stdout)["tensors"] if t["path"] == "vec")
+    assert t["values"] is None and t["dtype_differs"] and not t["equal"]
