@@ -6,7 +6,7 @@ namespace ckpt {
 namespace {
 
 // Order matches enum DType.
-constexpr std::array<DTypeInfo, 21> kTable = {{
+constexpr std::array<DTypeInfo, 22> kTable = {{
     {DType::kFloat64, "float64", 8, "DoubleStorage", true, false},
     {DType::kFloat32, "float32", 4, "FloatStorage", true, false},
     {DType::kFloat16, "float16", 2, "HalfStorage", true, false},
@@ -28,6 +28,7 @@ constexpr std::array<DTypeInfo, 21> kTable = {{
     {DType::kComplex32, "complex32", 4, "", false, true},
     {DType::kComplex64, "complex64", 8, "ComplexFloatStorage", false, true},
     {DType::kComplex128, "complex128", 16, "ComplexDoubleStorage", false, true},
+    {DType::kFloat4E2M1FNx2, "float4_e2m1fn_x2", 1, "", false, false},
 }};
 
 struct Alias {

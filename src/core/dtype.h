@@ -31,6 +31,11 @@ enum class DType {
   kComplex32,
   kComplex64,
   kComplex128,
+  // Two e2m1 values in one byte (torch.float4_e2m1fn_x2): an element is the
+  // byte, so shapes count bytes (safetensors' F4 counts values). Packed
+  // quantized data: never cast, no NaN or Inf (is_floating is false).
+  // Last, so that the codes of the others (passed to the plugins) stay.
+  kFloat4E2M1FNx2,
 };
 
 struct DTypeInfo {
@@ -38,7 +43,8 @@ struct DTypeInfo {
   std::string_view name;           // torch attribute: "float32" (torch.float32)
   std::size_t itemsize;            // bytes per element
   std::string_view storage_class;  // typed storage class ("FloatStorage"), empty if none (v3 only)
-  bool is_floating;                // floating point (not complex): subject to --dtype casts and finite scans
+  bool is_floating;                // one floating value per element (not complex, not packed float4):
+                                   // subject to --dtype casts and finite scans
   bool is_complex;
 };
 

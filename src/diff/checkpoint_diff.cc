@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "diff/element_values.h"
 #include "model/tree_walk.h"
 #include "model/value_json.h"
 
@@ -68,6 +69,10 @@ bool bytes_io_and_its_bytes(const pickle::Value& a, const pickle::Value& b) {
 
 }  // namespace
 
+bool TensorDiff::values_comparable() const {
+  return !shape_differs() && packed_values(dtype_a) == packed_values(dtype_b);
+}
+
 bool TensorDiff::equal(const DiffOptions& options) const {
   if (shape_differs()) return false;
   if (dtype_differs() && !options.ignore_dtype) return false;
@@ -114,7 +119,7 @@ DiffReport diff_models(const CheckpointModel& a, const CheckpointModel& b, const
       const TensorEntry& ta = a.tensors.at(*la.tensor);
       const TensorEntry& tb = b.tensors.at(*lb.tensor);
       TensorDiff d{la.path, ta.dtype, tb.dtype, ta.shape, tb.shape, std::nullopt};
-      if (!d.shape_differs())
+      if (d.values_comparable())
         d.values = with_context("tensor '" + la.path + "'",
                                 [&] { return compare_tensor_values(ta, tb, options.tolerance, options.stream); });
       report.tensors.push_back(std::move(d));

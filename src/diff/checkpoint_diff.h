@@ -33,11 +33,14 @@ struct TensorDiff {
   std::string path;
   DType dtype_a = DType::kFloat32, dtype_b = DType::kFloat32;
   Shape shape_a, shape_b;
-  // Present when the shapes agree (the values were compared).
+  // Present when values_comparable() (the values were compared).
   std::optional<ValueStats> values;
 
   bool dtype_differs() const { return dtype_a != dtype_b; }
   bool shape_differs() const { return shape_a != shape_b; }
+  // Same shape, and float4_e2m1fn_x2 on both sides or neither (its element
+  // packs two values: against any other dtype its values do not line up).
+  bool values_comparable() const;
   bool equal(const DiffOptions& options) const;
 };
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "diff/element_values.h"
+
 namespace ckpt {
 namespace {
 
@@ -44,9 +46,19 @@ std::string index_str(const Shape& idx) {
 
 bool any_complex(const TensorDiff& t) { return dtype_info(t.dtype_a).is_complex || dtype_info(t.dtype_b).is_complex; }
 
+// The shape a sample's index counts in: float4_e2m1fn_x2's values, two a
+// byte, lie along a doubled last dimension.
+Shape value_shape(const TensorDiff& t) {
+  if (packed_values(t.dtype_a) == 1) return t.shape_a;
+  if (t.shape_a.empty()) return {2};
+  Shape s = t.shape_a;
+  s.back() *= packed_values(t.dtype_a);
+  return s;
+}
+
 std::string sample_str(const TensorDiff& t, const ElementSample& s) {
   bool c = any_complex(t);
-  return index_str(unravel(s.index, t.shape_a)) + " (" + element_value(s.a_re, s.a_im, c) + " vs " +
+  return index_str(unravel(s.index, value_shape(t))) + " (" + element_value(s.a_re, s.a_im, c) + " vs " +
          element_value(s.b_re, s.b_im, c) + ")";
 }
 
@@ -61,8 +73,13 @@ void print_tensor(const TensorDiff& t, const DiffOptions& options, std::ostream&
     out << "shape " << shape_str(t.shape_a) << " vs " << shape_str(t.shape_b) << " (values not compared)\n";
     return;
   }
+  if (!t.values) {
+    out << shape_str(t.shape_a) << "  (values not compared: float4_e2m1fn_x2 packs two values a byte)\n";
+    return;
+  }
   const ValueStats& v = *t.values;
-  out << shape_str(t.shape_a) << "  " << v.mismatched << " of " << v.elements << " elements outside tolerance";
+  out << shape_str(t.shape_a) << "  " << v.mismatched << " of " << v.elements
+      << (packed_values(t.dtype_a) == 2 ? " float4 values" : " elements") << " outside tolerance";
   if (v.nonfinite_mismatched) out << " (" << v.nonfinite_mismatched << " NaN/Inf)";
   out << "; max abs diff " << num(v.max_abs_diff);
   if (v.max_abs_at) out << " at " << sample_str(t, *v.max_abs_at);
@@ -82,7 +99,7 @@ json sample_json(const TensorDiff& t, const ElementSample& s) {
   auto value = [&](double re, double im) {
     return c ? json::array({number_json(re), number_json(im)}) : number_json(re);
   };
-  return {{"index", unravel(s.index, t.shape_a)}, {"a", value(s.a_re, s.a_im)}, {"b", value(s.b_re, s.b_im)}};
+  return {{"index", unravel(s.index, value_shape(t))}, {"a", value(s.a_re, s.a_im)}, {"b", value(s.b_re, s.b_im)}};
 }
 
 json tensor_json(const TensorDiff& t, const DiffOptions& options) {
@@ -136,7 +153,7 @@ std::string dtype_advice(const DiffReport& r) {
   std::size_t cast = 0;
   int bits = 0;  // the fewest significand bits among the dtypes involved
   for (const auto& t : r.tensors) {
-    if (!t.dtype_differs() || t.shape_differs()) continue;
+    if (!t.dtype_differs() || !t.values) continue;  // no values compared: nothing a tolerance changes
     ++cast;
     for (DType d : {t.dtype_a, t.dtype_b}) {
       int b = d == DType::kBFloat16 ? 8 : d == DType::kFloat16 ? 11 : d == DType::kFloat32 ? 24 : 0;

@@ -59,6 +59,16 @@ const Table256& float8_table(DType dtype) {
   }
 }
 
+// The 16 e2m1 values (every nibble is a number).
+const std::array<double, 16>& e2m1_table() {
+  static const std::array<double, 16> t = [] {
+    std::array<double, 16> v{};
+    for (uint32_t b = 0; b < 16; ++b) v[b] = minifloat(b, 2, 1, 1);
+    return v;
+  }();
+  return t;
+}
+
 double half_bits_to_double(uint16_t bits) {
   if ((bits & 0x7C00) != 0x7C00) return minifloat(bits, 5, 10, 15);
   if (bits & 0x03FF) return kNaN;
@@ -115,6 +125,7 @@ bool is_integer_dtype(DType dtype) {
 }
 
 double float8_to_double(uint8_t bits, DType dtype) { return float8_table(dtype)[bits]; }
+double float4_e2m1_to_double(uint8_t nibble) { return e2m1_table()[nibble & 0x0F]; }
 double float16_to_double(uint16_t bits) { return half_bits_to_double(bits); }
 
 double bfloat16_to_double(uint16_t bits) {
@@ -143,6 +154,15 @@ void decode_to_double(const std::byte* src, DType dtype, std::size_t n, double* 
     case DType::kFloat8E8M0FNU: {
       const Table256& table = float8_table(dtype);
       for (std::size_t i = 0; i < n; ++i) out[i] = table[static_cast<uint8_t>(src[i])];
+      return;
+    }
+    case DType::kFloat4E2M1FNx2: {
+      const std::array<double, 16>& table = e2m1_table();
+      for (std::size_t i = 0; i < n; ++i) {
+        auto b = static_cast<uint8_t>(src[i]);
+        out[2 * i] = table[b & 0x0F];
+        out[2 * i + 1] = table[b >> 4];
+      }
       return;
     }
     case DType::kInt8: return decode_plain<int8_t>(src, n, out);

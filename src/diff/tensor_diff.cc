@@ -87,12 +87,17 @@ void compare_range(const std::byte* a, DType da, const std::byte* b, DType db, s
     return;
   }
   int ap = value_parts(da), bp = value_parts(db);
-  std::vector<double> av(std::min(n, kBlock) * ap), bv(std::min(n, kBlock) * bp);
+  // float4 packs two values an element: compared, indexed and counted as values.
+  const int packed = packed_values(da);
+  if (packed_values(db) != packed)
+    fail(ErrorCode::kInternal, "compare_elements: float4_e2m1fn_x2 against " +
+                                   std::string(dtype_name(packed == 2 ? db : da)) + " (values not comparable)");
+  std::vector<double> av(std::min(n, kBlock) * ap * packed), bv(std::min(n, kBlock) * bp * packed);
   for (std::size_t i = 0; i < n; i += kBlock) {
     std::size_t m = std::min(kBlock, n - i);
     decode_to_double(a + i * asz, da, m, av.data());
     decode_to_double(b + i * bsz, db, m, bv.data());
-    compare_doubles(av.data(), ap, bv.data(), bp, m, base + i, tol, s);
+    compare_doubles(av.data(), ap, bv.data(), bp, m * packed, (base + i) * packed, tol, s);
   }
 }
 
@@ -217,7 +222,10 @@ ValueStats compare_tensor_values(const TensorEntry& a, const TensorEntry& b, con
     stats.mismatched *= repeats;
     stats.nonfinite_mismatched *= repeats;
     for (std::optional<ElementSample>* s : {&stats.first_mismatch, &stats.max_abs_at})
-      if (*s) (*s)->index = full_index(a.shape, dims, (*s)->index);
+      if (*s) {  // a float4 sample's index counts values, two an element
+        const uint64_t packed = packed_values(a.dtype);
+        (*s)->index = full_index(a.shape, dims, (*s)->index / packed) * packed + (*s)->index % packed;
+      }
     return stats;
   }
   int64_t rows = a.shape.empty() ? 1 : a.shape[0];
@@ -236,7 +244,7 @@ ValueStats compare_tensor_values(const TensorEntry& a, const TensorEntry& b, con
     std::size_t na = n * dtype_size(a.dtype), nb = n * dtype_size(b.dtype);
     if (a.dtype == b.dtype && std::memcmp(pa, pb, na) == 0) {
       // Identical bits: every element equal (or NaN on both sides), diff 0.
-      stats.elements += n;
+      stats.elements += n * static_cast<uint64_t>(packed_values(a.dtype));
     } else {
       compare_elements(pa, a.dtype, pb, b.dtype, n, static_cast<uint64_t>(r0) * row_elems, tol, stats, options.threads);
     }

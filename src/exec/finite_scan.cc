@@ -92,6 +92,7 @@ FiniteCounts count_nonfinite(const std::byte* data, DType dtype, std::size_t n) 
     case DType::kFloat8E5M2FNUZ: return scan_nan_patterns(data, n, 0xFF, 0x80);  // negative zero pattern
     case DType::kFloat8E8M0FNU: return scan_nan_patterns(data, n, 0xFF, 0xFF);
     case DType::kFloat8E5M2: return scan_e5m2(data, n);
+    case DType::kFloat4E2M1FNx2: return {};  // e2m1 has no NaN or Inf pattern: every nibble is a number
     default: return {};
   }
 }

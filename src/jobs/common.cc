@@ -93,6 +93,10 @@ CheckpointModel select_source(CheckpointModel model, const CommonOptions& opt, b
       log::info("--dtype " + opt.dtype + ": " + std::to_string(n.model_cast) + " model tensors cast; " +
                 std::to_string(n.optim_kept) +
                 " tensors of optimizer state keep their dtypes (--optim-dtype casts them)");
+    if (n.packed_kept > 0)
+      log::info("--dtype: " + std::to_string(n.packed_kept) +
+                " float4_e2m1fn_x2 tensors keep their bytes (packed quantized values, meaningful only with their "
+                "scales; not cast)");
   }
   require_valid(model);
   return model;

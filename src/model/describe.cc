@@ -73,7 +73,9 @@ std::optional<std::pair<uint64_t, std::size_t>> model_parameters(const Checkpoin
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     if (!leaf.tensor || (nested && leaf.path.rfind("model.", 0) != 0)) return;
     if (megatron && kTrainingLoop.count(leaf.path.substr(0, leaf.path.find('.')))) return;
-    numel += model.tensors[*leaf.tensor].numel();
+    const TensorEntry& t = model.tensors[*leaf.tensor];
+    // A float4_e2m1fn_x2 element is a byte holding two parameters.
+    numel += t.numel() * (t.dtype == DType::kFloat4E2M1FNx2 ? 2 : 1);
     ++tensors;
   });
   if (tensors == 0) return std::nullopt;

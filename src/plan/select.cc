@@ -190,6 +190,7 @@ CastCounts apply_cast(CheckpointModel& model, std::optional<DType> model_to, std
   const std::vector<bool> optim = optimizer_state_tensors(model);
   for (std::size_t i = 0; i < model.tensors.size(); ++i) {
     TensorEntry& t = model.tensors[i];
+    n.packed_kept += t.dtype == DType::kFloat4E2M1FNx2;
     if (!dtype_info(t.dtype).is_floating || is_step_counter(t.name)) continue;
     const std::optional<DType>& to = optim[i] ? optim_to : model_to;
     if (to) t.out_dtype = *to;

@@ -46,6 +46,9 @@ struct CastCounts {
   std::size_t model_cast = 0;
   std::size_t optim_cast = 0;
   std::size_t optim_kept = 0;  // floating-point optimizer state left as it is
+  // float4_e2m1fn_x2 tensors, never cast: packed quantized weights whose
+  // values mean something only with their scales (as integer tensors, kept).
+  std::size_t packed_kept = 0;
 };
 CastCounts apply_cast(CheckpointModel& model, std::optional<DType> model_to, std::optional<DType> optim_to);
 

@@ -32,6 +32,7 @@ inline std::optional<c10::ScalarType> to_scalar_type(int code) {
     case DType::kComplex32: return c10::ScalarType::ComplexHalf;
     case DType::kComplex64: return c10::ScalarType::ComplexFloat;
     case DType::kComplex128: return c10::ScalarType::ComplexDouble;
+    case DType::kFloat4E2M1FNx2: return c10::ScalarType::Float4_e2m1fn_x2;
   }
   return std::nullopt;
 }

@@ -44,6 +44,24 @@ TEST_CASE("float8 e5m2 is IEEE-like with Inf and NaN; e8m0fnu is a power of two"
   CHECK(std::isnan(float8_to_double(0xFF, DType::kFloat8E8M0FNU)));
 }
 
+TEST_CASE("float4 e2m1: every nibble a number, two a byte, the first in the low nibble", "[diff]") {
+  const double want[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+  for (uint8_t n = 0; n < 16; ++n) {
+    CHECK(float4_e2m1_to_double(n) == want[n]);
+    CHECK(std::signbit(float4_e2m1_to_double(n)) == (n >= 8));
+  }
+  CHECK(packed_values(DType::kFloat4E2M1FNx2) == 2);
+  CHECK(packed_values(DType::kFloat8E4M3FN) == 1);
+  // torch.testing._internal.common_quantized.pack_uint4: byte = second << 4 | first.
+  const std::byte bytes[2] = {std::byte{0x72}, std::byte{0x0F}};
+  double out[4];
+  decode_to_double(bytes, DType::kFloat4E2M1FNx2, 2, out);
+  CHECK(out[0] == 1.0);   // 0x2
+  CHECK(out[1] == 6.0);   // 0x7
+  CHECK(out[2] == -6.0);  // 0xF
+  CHECK(out[3] == 0.0);   // 0x0
+}
+
 TEST_CASE("float16 and bfloat16 decode exactly", "[diff]") {
   CHECK(float16_to_double(0x3C00) == 1.0);
   CHECK(float16_to_double(0x7BFF) == 65504.0);

@@ -55,6 +55,8 @@ TEST_CASE("finite scan reads half, bfloat16 and float8 bit patterns", "[finite]"
   CHECK(c.nan == 1);
   c = count_nonfinite(f8.data(), DType::kFloat8E8M0FNU, 7);  // NaN: 0xFF only
   CHECK(c.nan == 1);
+  // float4 e2m1 has no NaN or Inf: 0xFF is -6, -6
+  CHECK(count_nonfinite(f8.data(), DType::kFloat4E2M1FNx2, 7).all_finite());
 }
 
 TEST_CASE("finite scan counts a complex element once", "[finite]") {

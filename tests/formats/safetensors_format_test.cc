@@ -128,4 +128,37 @@ TEST_CASE("dtype codes follow the safetensors names and refuse what it lacks", "
   CHECK(dtype_sort_rank(DType::kUInt64) > dtype_sort_rank(DType::kFloat64));
   CHECK(dtype_sort_rank(DType::kFloat32) > dtype_sort_rank(DType::kUInt32));
   CHECK(dtype_sort_rank(DType::kBool) == 0);
+  CHECK(dtype_code(DType::kFloat4E2M1FNx2) == "F4");
+  CHECK(dtype_sort_rank(DType::kFloat4E2M1FNx2) == 1);  // after BOOL, before U8 (read off save_file)
+}
+
+TEST_CASE("F4 shapes count values, torch's float4_e2m1fn_x2 bytes", "[formats][safetensors]") {
+  Header h = parse_header(R"({"w":{"dtype":"F4","shape":[2,6],"data_offsets":[0,6]}})", 6);
+  REQUIRE(h.tensors.size() == 1);
+  CHECK(h.tensors[0].dtype == DType::kFloat4E2M1FNx2);
+  CHECK(h.tensors[0].shape == Shape{2, 3});
+  CHECK(header_shape("w", DType::kFloat4E2M1FNx2, {2, 3}) == Shape{2, 6});
+  CHECK(header_shape("w", DType::kFloat8E4M3FN, {2, 3}) == Shape{2, 3});
+  CHECK_THROWS_AS(header_shape("s", DType::kFloat4E2M1FNx2, {}), Error);
+  CHECK_THAT(refusal(R"({"w":{"dtype":"F4","shape":[2,5],"data_offsets":[0,5]}})", 5),
+             Catch::Contains("'w'") && Catch::Contains("odd last dimension"));
+  CHECK_THAT(refusal(R"({"w":{"dtype":"F4","shape":[],"data_offsets":[0,1]}})", 1),
+             Catch::Contains("has no dimension"));
+  // the byte count follows the torch shape: [2, 6] values are 6 bytes, not 12
+  CHECK_THAT(refusal(R"({"w":{"dtype":"F4","shape":[2,6],"data_offsets":[0,12]}})", 12),
+             Catch::Contains("shape and dtype need 6"));
+}
+
+TEST_CASE("FP6 is refused as having no torch dtype, not as unknown", "[formats][safetensors]") {
+  for (const char* code : {"F6_E2M3", "F6_E3M2"}) {
+    std::string json = std::string(R"({"w":{"dtype":")") + code + R"(","shape":[4],"data_offsets":[0,3]}})";
+    try {
+      parse_header(json, 3);
+      FAIL("FP6 accepted: " << json);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kUnimplemented);  // exit 3, as unsupported input
+      CHECK_THAT(e.what(), Catch::Contains(std::string(code) + " (FP6) has no torch dtype") && Catch::Contains("'w'"));
+      CHECK_THAT(e.what(), !Catch::Contains("unknown dtype"));
+    }
+  }
 }

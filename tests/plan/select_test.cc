@@ -97,6 +97,15 @@ TEST_CASE("dtype option casts the model's floating tensors, the optimizer's only
   CHECK_THROWS_AS(parse_dtype_option("int8"), Error);
 }
 
+TEST_CASE("dtype option leaves float4 tensors packed and counts them", "[plan]") {
+  auto m = two_part_model();
+  m.tensors[0].dtype = DType::kFloat4E2M1FNx2;
+  CastCounts n = apply_cast(m, DType::kBFloat16, DType::kBFloat16);
+  CHECK(m.tensors[0].output_dtype() == DType::kFloat4E2M1FNx2);
+  CHECK(m.tensors[1].output_dtype() == DType::kBFloat16);
+  CHECK((n.packed_kept == 1 && n.model_cast == 0 && n.optim_cast == 1));
+}
+
 TEST_CASE("only with keep_nesting keeps the entry under its key (reshard)", "[plan]") {
   auto m = select_entries(two_part_model(), {"model", "", std::nullopt, true});
   REQUIRE(m.tensors.size() == 1);

@@ -43,7 +43,8 @@ Handle hdf5_type_for(DType d) {
     case DType::kFloat8E4M3FNUZ:
     case DType::kFloat8E5M2:
     case DType::kFloat8E5M2FNUZ:
-    case DType::kFloat8E8M0FNU: return copy_of(H5T_STD_U8LE);
+    case DType::kFloat8E8M0FNU:
+    case DType::kFloat4E2M1FNx2: return copy_of(H5T_STD_U8LE);
     case DType::kInt8: return copy_of(H5T_STD_I8LE);
     case DType::kInt16: return copy_of(H5T_STD_I16LE);
     case DType::kInt32: return copy_of(H5T_STD_I32LE);

@@ -17,8 +17,9 @@ struct CodeEntry {
 };
 
 // In safetensors' Dtype enum order (the writer sorts by it, descending).
-constexpr std::array<CodeEntry, 19> kCodes{{
+constexpr std::array<CodeEntry, 20> kCodes{{
     {DType::kBool, "BOOL"},
+    {DType::kFloat4E2M1FNx2, "F4"},  // then F6_E2M3, F6_E3M2: no torch dtype (fp6_refusal)
     {DType::kUInt8, "U8"},
     {DType::kInt8, "I8"},
     {DType::kFloat8E5M2, "F8_E5M2"},
@@ -39,6 +40,25 @@ constexpr std::array<CodeEntry, 19> kCodes{{
     {DType::kUInt64, "U64"},
 }};
 
+// safetensors' FP6 codes: torch has no dtype for them, so no torch reader
+// (safe_open(..., "pt"), ckptconv) can load such a tensor.
+std::optional<std::string> fp6_refusal(const std::string& code) {
+  if (code != "F6_E2M3" && code != "F6_E3M2") return std::nullopt;
+  return code +
+         " (FP6) has no torch dtype; no torch reader can load it (safetensors' own \"pt\" loader refuses it "
+         "too): convert it with the library that wrote it";
+}
+
+// An F4 header shape counts values; torch's float4_e2m1fn_x2 counts the
+// bytes holding two each.
+std::optional<std::string> to_packed_fp4_shape(Shape& shape) {
+  if (shape.empty() || shape.back() % 2 != 0)
+    return "F4 shape " + shape_str(shape) + (shape.empty() ? " has no dimension" : " has an odd last dimension") +
+           ": two FP4 values fill each byte, so its data cannot end on a byte boundary (safetensors refuses it too)";
+  shape.back() /= 2;
+  return std::nullopt;
+}
+
 uint64_t read_u64_le(const unsigned char* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -55,6 +75,8 @@ HeaderTensor parse_tensor(const std::string& name, const nlohmann::ordered_json&
   auto dt = info.find("dtype");
   if (dt == info.end() || !dt->is_string()) return bad("no dtype");
   auto d = dtype_from_code(dt->get<std::string>());
+  if (auto why = fp6_refusal(dt->get<std::string>()))  // not corrupt: unsupported
+    fail(ErrorCode::kUnimplemented, "safetensors tensor '" + name + "': " + *why);
   if (!d) return bad("unknown dtype '" + dt->get<std::string>() + "'");
   t.dtype = *d;
   auto sh = info.find("shape");
@@ -66,6 +88,8 @@ HeaderTensor parse_tensor(const std::string& name, const nlohmann::ordered_json&
     if (v > static_cast<uint64_t>(INT64_MAX)) return bad("dimension too large");
     t.shape.push_back(static_cast<int64_t>(v));
   }
+  if (t.dtype == DType::kFloat4E2M1FNx2)
+    if (auto why = to_packed_fp4_shape(t.shape)) return bad(*why);
   auto off = info.find("data_offsets");
   if (off == info.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
       !(*off)[1].is_number_unsigned())
@@ -95,6 +119,18 @@ std::optional<DType> dtype_from_code(std::string_view code) {
   for (const auto& e : kCodes)
     if (e.code == code) return e.dtype;
   return std::nullopt;
+}
+
+Shape header_shape(const std::string& name, DType d, const Shape& shape) {
+  if (d != DType::kFloat4E2M1FNx2) return shape;
+  if (shape.empty())
+    fail_invalid("tensor '" + name +
+                 "': a 0-dim float4_e2m1fn_x2 cannot be written as safetensors (its F4 shape counts the two "
+                 "values a byte holds, which needs a dimension; safetensors' save_file refuses it too); write .pt "
+                 "or .h5");
+  Shape out = shape;
+  out.back() *= 2;
+  return out;
 }
 
 int dtype_sort_rank(DType d) {

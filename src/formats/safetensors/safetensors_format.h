@@ -33,10 +33,16 @@ std::optional<DType> dtype_from_code(std::string_view code);
 // The rank safetensors' writer sorts by (descending): its Dtype enum order.
 int dtype_sort_rank(DType d);
 
+// The header's shape for a tensor of `shape`: F4 counts FP4 values, two a
+// byte, where torch's float4_e2m1fn_x2 counts bytes, so its last dimension
+// is doubled; other dtypes unchanged. InvalidArgument naming `name` for a
+// 0-dim float4_e2m1fn_x2 (its two values need a dimension to count them).
+Shape header_shape(const std::string& name, DType d, const Shape& shape);
+
 struct HeaderTensor {
   std::string name;
   DType dtype;
-  Shape shape;
+  Shape shape;                  // torch's: an F4 tensor's last dimension halved
   uint64_t begin = 0, end = 0;  // in the data buffer
 };
 

@@ -132,7 +132,9 @@ FilePlan plan_file(std::vector<FileMember> members, const std::map<std::string, 
            "tensor '__metadata__': safetensors reserves this name for the header's "
            "metadata, so no reader could load it; write .pt or .h5 instead");
     uint64_t n = shape_numel(m.shape) * dtype_size(m.dtype);
-    header.set(m.name, Json{{"dtype", std::string(*code)}, {"shape", m.shape}, {"data_offsets", {offset, offset + n}}});
+    header.set(m.name, Json{{"dtype", std::string(*code)},
+                            {"shape", header_shape(m.name, m.dtype, m.shape)},
+                            {"data_offsets", {offset, offset + n}}});
     file.tensors.push_back({m.index, m.name, offset, offset + n});
     offset += n;
   }
