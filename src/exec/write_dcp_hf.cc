@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "exec/parted_output.h"
 #include "exec/write_dcp.h"
 #include "io/atomic_dir.h"
@@ -11,9 +12,20 @@
 
 namespace ckpt {
 
+namespace {
+
+// torch's HuggingFaceStorageReader takes its dtypes from safetensors.torch's
+// table (`_getdtype`), which in safetensors 0.8 lacks these two that
+// safetensors itself writes and safe_open reads: that reader stops with a
+// KeyError on them, from_pretrained and safe_open load them.
+bool unknown_to_torch_hf_reader(DType d) { return d == DType::kFloat4E2M1FNx2 || d == DType::kFloat8E8M0FNU; }
+
+}  // namespace
+
 std::vector<std::vector<dcp_hf::Piece>> dcp_hf_pieces(const CheckpointModel& model, const ReshardPlan& plan) {
   dcp::DcpMetadata layout = flattened_layout(model);
   std::vector<std::vector<dcp_hf::Piece>> out(static_cast<std::size_t>(plan.world_size));
+  std::vector<std::string> unreadable;
   for (const dcp::ItemMeta& item : layout.items) {
     std::optional<std::size_t> tensor;
     if (item.is_tensor)
@@ -28,11 +40,17 @@ std::vector<std::vector<dcp_hf::Piece>> dcp_hf_pieces(const CheckpointModel& mod
                    " (or use --layout dcp, which keeps everything)");
     }
     const TensorEntry& t = model.tensors.at(*tensor);
+    if (unknown_to_torch_hf_reader(t.output_dtype()))
+      unreadable.push_back(item.fqn + " (" + std::string(dtype_name(t.output_dtype())) + ")");
     for (const auto& [rank, index] : plan.items_of_tensor.at(*tensor)) {
       const OutputItem& oi = plan.ranks.at(static_cast<std::size_t>(rank)).at(index);
       out.at(static_cast<std::size_t>(rank)).push_back({index, item.fqn, t.output_dtype(), oi.offsets, oi.sizes});
     }
   }
+  if (!unreadable.empty())
+    log::warn(std::to_string(unreadable.size()) + " tensor(s) of a dtype torch's HuggingFaceStorageReader cannot map " +
+              "(safetensors.torch's dtype table, 0.8): " + unreadable.front() + (unreadable.size() > 1 ? ", ..." : "") +
+              "; from_pretrained and safe_open read them, torch's dcp.load of this folder stops on them");
   return out;
 }
 
