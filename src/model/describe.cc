@@ -107,11 +107,15 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
   std::size_t width = 4;
   walk_leaves(*model.root, [&](const Leaf& leaf) { width = std::max(width, leaf.path.size()); });
   width = std::min<std::size_t>(width, 72);
+  // As wide as the longest dtype name here (float4_e2m1fn_x2 is 16), so the
+  // shape column stays aligned.
+  std::size_t dtype_width = 9;
+  for (const TensorEntry& t : model.tensors) dtype_width = std::max(dtype_width, dtype_name(t.dtype).size());
   walk_leaves(*model.root, [&](const Leaf& leaf) {
     out << std::left << std::setw(static_cast<int>(width)) << (leaf.path.empty() ? "<root>" : leaf.path) << "  ";
     if (leaf.tensor) {
       const TensorEntry& t = model.tensors[*leaf.tensor];
-      out << std::setw(9) << dtype_name(t.dtype) << " " << std::setw(14) << shape_str(t.shape) << " " << std::setw(10)
+      out << std::setw(static_cast<int>(dtype_width)) << dtype_name(t.dtype) << " " << std::setw(14) << shape_str(t.shape) << " " << std::setw(10)
           << human_bytes(t.nbytes());
       if (!t.sharding.empty())
         out << " " << t.sharding;
