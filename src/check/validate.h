@@ -42,7 +42,7 @@ struct ValidateOptions {
   bool force = false;             // overwrite an existing --write-manifest file
   Device device = Device::kAuto;  // for the finite scan only
   int threads = 0;
-  MemoryBudget memory;  // --memory-limit, shared by the checksum streams and scan workers
+  MemoryBudget memory{};  // --memory-limit, shared by the checksum streams and scan workers
 };
 
 struct NonFinite {

@@ -115,8 +115,8 @@ void describe_model(const CheckpointModel& model, std::ostream& out) {
     out << std::left << std::setw(static_cast<int>(width)) << (leaf.path.empty() ? "<root>" : leaf.path) << "  ";
     if (leaf.tensor) {
       const TensorEntry& t = model.tensors[*leaf.tensor];
-      out << std::setw(static_cast<int>(dtype_width)) << dtype_name(t.dtype) << " " << std::setw(14) << shape_str(t.shape) << " " << std::setw(10)
-          << human_bytes(t.nbytes());
+      out << std::setw(static_cast<int>(dtype_width)) << dtype_name(t.dtype) << " " << std::setw(14)
+          << shape_str(t.shape) << " " << std::setw(10) << human_bytes(t.nbytes());
       if (!t.sharding.empty())
         out << " " << t.sharding;
       else if (t.storage != StorageKind::kTensor)

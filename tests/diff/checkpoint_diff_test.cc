@@ -20,7 +20,7 @@ CheckpointModel model(std::vector<float> w, double lr, const std::string& extra 
     TensorEntry t;
     t.name = name;
     t.shape = {static_cast<int64_t>(values.size())};
-    t.chunks = {{{0}, t.shape, make_memory_source(floats(values)), 0, {1}, std::nullopt, name, 0}};
+    t.chunks = {{{0}, t.shape, make_memory_source(floats(values)), 0, {1}, std::nullopt, name, 0, ""}};
     m.tensors.push_back(t);
     return make_tensor_ref(m.tensors.size() - 1);
   };

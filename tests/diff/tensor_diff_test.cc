@@ -129,10 +129,10 @@ TEST_CASE("tensors stream in row slabs from their chunks, whatever the slab size
   a.name = b.name = "w";
   a.shape = b.shape = {3, 2};
   std::vector<float> top = {1, 2, 3, 4}, bottom = {5, 6}, left = {1, 3, 5}, right = {2, 4, 6.5f};
-  a.chunks = {{{0, 0}, {2, 2}, make_memory_source(as_string(top)), 0, {2, 1}, std::nullopt, "a0", 0},
-              {{2, 0}, {1, 2}, make_memory_source(as_string(bottom)), 0, {2, 1}, std::nullopt, "a1", 1}};
-  b.chunks = {{{0, 0}, {3, 1}, make_memory_source(as_string(left)), 0, {1, 1}, std::nullopt, "b0", 0},
-              {{0, 1}, {3, 1}, make_memory_source(as_string(right)), 0, {1, 1}, std::nullopt, "b1", 1}};
+  a.chunks = {{{0, 0}, {2, 2}, make_memory_source(as_string(top)), 0, {2, 1}, std::nullopt, "a0", 0, ""},
+              {{2, 0}, {1, 2}, make_memory_source(as_string(bottom)), 0, {2, 1}, std::nullopt, "a1", 1, ""}};
+  b.chunks = {{{0, 0}, {3, 1}, make_memory_source(as_string(left)), 0, {1, 1}, std::nullopt, "b0", 0, ""},
+              {{0, 1}, {3, 1}, make_memory_source(as_string(right)), 0, {1, 1}, std::nullopt, "b1", 1, ""}};
   for (uint64_t limit : {uint64_t{1}, uint64_t{16}, uint64_t{1} << 20}) {
     ValueStats s = compare_tensor_values(a, b, {}, {limit, 1});
     CHECK(s.elements == 6);
@@ -147,8 +147,8 @@ TEST_CASE("a 0-dim tensor is one element", "[diff]") {
   TensorEntry a, b;
   a.name = b.name = "step";
   std::vector<float> x = {3.0f}, y = {4.0f};
-  a.chunks = {{{}, {}, make_memory_source(as_string(x)), 0, {}, std::nullopt, "a", 0}};
-  b.chunks = {{{}, {}, make_memory_source(as_string(y)), 0, {}, std::nullopt, "b", 0}};
+  a.chunks = {{{}, {}, make_memory_source(as_string(x)), 0, {}, std::nullopt, "a", 0, ""}};
+  b.chunks = {{{}, {}, make_memory_source(as_string(y)), 0, {}, std::nullopt, "b", 0, ""}};
   ValueStats s = compare_tensor_values(a, b, {}, {});
   CHECK(s.elements == 1);
   CHECK(s.max_abs_diff == 1.0);

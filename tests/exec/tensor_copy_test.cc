@@ -40,8 +40,8 @@ TEST_CASE("row shards are concatenated in offset order", "[exec]") {
   TensorEntry t;
   t.name = "w";
   t.shape = {3, 2};
-  TensorChunk second{{2, 0}, {1, 2}, make_memory_source(floats({5, 6})), 0, {2, 1}, std::nullopt, "b", 1};
-  TensorChunk first{{0, 0}, {2, 2}, make_memory_source(floats({1, 2, 3, 4})), 0, {2, 1}, std::nullopt, "a", 0};
+  TensorChunk second{{2, 0}, {1, 2}, make_memory_source(floats({5, 6})), 0, {2, 1}, std::nullopt, "b", 1, ""};
+  TensorChunk first{{0, 0}, {2, 2}, make_memory_source(floats({1, 2, 3, 4})), 0, {2, 1}, std::nullopt, "a", 0, ""};
   t.chunks = {second, first};
   CHECK(assemble(t) == floats({1, 2, 3, 4, 5, 6}));
 }
@@ -50,8 +50,8 @@ TEST_CASE("column shards and small slabs assemble through the gather path", "[ex
   TensorEntry t;
   t.name = "w";
   t.shape = {2, 3};
-  TensorChunk left{{0, 0}, {2, 2}, make_memory_source(floats({1, 2, 4, 5})), 0, {2, 1}, std::nullopt, "a", 0};
-  TensorChunk right{{0, 2}, {2, 1}, make_memory_source(floats({3, 6})), 0, {1, 1}, std::nullopt, "b", 1};
+  TensorChunk left{{0, 0}, {2, 2}, make_memory_source(floats({1, 2, 4, 5})), 0, {2, 1}, std::nullopt, "a", 0, ""};
+  TensorChunk right{{0, 2}, {2, 1}, make_memory_source(floats({3, 6})), 0, {1, 1}, std::nullopt, "b", 1, ""};
   t.chunks = {left, right};
   CopyOptions tiny;
   tiny.memory_limit = 1;  // one row per slab
@@ -85,8 +85,8 @@ TEST_CASE("column shards read through pread sources gather only their boxes", "[
   TensorEntry t;
   t.name = "w";
   t.shape = {rows, 3};
-  t.chunks = {TensorChunk{{0, 0}, {rows, 2}, left_src, 0, {2, 1}, std::nullopt, "left", 0},
-              TensorChunk{{0, 2}, {rows, 1}, right_src, 2, {1, 1}, std::nullopt, "right", 1}};
+  t.chunks = {TensorChunk{{0, 0}, {rows, 2}, left_src, 0, {2, 1}, std::nullopt, "left", 0, ""},
+              TensorChunk{{0, 2}, {rows, 1}, right_src, 2, {1, 1}, std::nullopt, "right", 1, ""}};
   CopyOptions small;
   small.memory_limit = 1000;  // many slabs
   CHECK(assemble(t, small) == floats(want));
