@@ -202,3 +202,13 @@ def test_cuda_pipelines_pieces_of_a_large_tensor_like_cpu(cuda_or_skip, run_ckpt
     assert filecmp.cmp(outs["cpu"], outs["cuda"], shallow=False)
     got = torch.load(outs["cuda"], weights_only=True)["w"]
     assert torch.equal(got.view(torch.int16), w.to(torch.bfloat16).view(torch.int16))
+
+
+def test_validate_scans_on_the_cpu_unless_cuda_is_asked_for(cuda_or_skip, run_ckptconv, testdata):
+    # Its bytes are in host buffers already: the device would add a copy (gpu.md).
+    src = testdata / "dcp/fsdp2_adamw_ws2"
+    auto = run_ckptconv("validate", src, "--finite")
+    cuda = run_ckptconv("validate", src, "--finite", "--device", "cuda")
+    assert auto.returncode == cuda.returncode == 0, (auto.stderr, cuda.stderr)
+    assert re.search(r"^finite scan \(cpu", auto.stdout, re.M), auto.stdout
+    assert re.search(r"^finite scan \(cuda:0", cuda.stdout, re.M), cuda.stdout

@@ -40,7 +40,7 @@ struct ValidateOptions {
   std::string manifest;           // path to verify against, or ""
   bool sha256 = false;            // --write-manifest with SHA-256 instead of XXH3-64
   bool force = false;             // overwrite an existing --write-manifest file
-  Device device = Device::kAuto;  // for the finite scan only
+  Device device = Device::kAuto;  // for the finite scan only (kAuto: the CPU, see validate.cc)
   int threads = 0;
   MemoryBudget memory{};  // --memory-limit, shared by the checksum streams and scan workers
 };

@@ -19,7 +19,8 @@ void register_validate(CLI::App& app) {
                          "Exit 0 valid, 1 problems found, 3 unreadable or unsafe, 2 usage");
   bind_common(sub, req->common, kSource | kFiles | kOnly | kDevice | kThreads | kMemoryLimit | kForce,
               {.only = "Per-rank families: check only the model or the optimizer files",
-               .device = "Backend for the finite scan",
+               .device = "Backend for the finite scan (auto: cpu, whose scan of bytes already in memory a GPU cannot "
+                         "beat; cuda on request)",
                .threads = "Threads for the finite scan (0: all cores)",
                .memory_limit = "Budget for reassembling a tensor's rows, e.g. 512M",
                .force = "Overwrite an existing --write-manifest file"});
