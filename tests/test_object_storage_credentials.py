@@ -169,7 +169,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             return self.wfile.write(body)
-        self.answer(200, json.dumps(SSO_REFRESHED).encode())
+        self.answer(200, json.dumps(srv.oidc_answer).encode())
 
     do_GET = do_HEAD = do_PUT = do_POST = handle_one
 
@@ -184,6 +184,7 @@ def server():
     srv.bearers = []
     srv.oidc = []
     srv.oidc_refuses = False
+    srv.oidc_answer = SSO_REFRESHED
     srv.minutes = 360
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     srv.endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -592,6 +593,24 @@ def test_a_refused_refresh_of_a_valid_sso_token_goes_on_with_it_as_botocore_does
     assert_signed_with(server, *KEYS["sso"])
     assert botocore_keys(env) == KEYS["sso"]
     assert len(server.oidc) == 2 and server.bearers == [SSO_TOKEN] * 2
+    assert sso_cache_file(Path(env["HOME"])).read_text() == before
+
+
+@pytest.mark.parametrize("answer", [{"accessToken": "x"}, {**SSO_REFRESHED, "expiresIn": 10 ** 15}, None],
+                         ids=["no-expiresIn", "expiresIn-past-ten-years", "unreachable"])
+def test_a_refresh_that_gives_no_usable_token_goes_on_with_the_valid_one(ckptconv, server, tmp_path, answer):
+    """AWS_ENDPOINT_URL_SSO_OIDC is where CreateToken goes (a closed port
+    here: botocore stops on an unreachable endpoint, ckptconv warns as for a
+    refusal); an answer without a usable expiresIn is a failed refresh."""
+    env = sso_env(server, tmp_path, legacy=False, token_minutes=12, token_extra=refreshable())
+    if answer is None:
+        env["AWS_ENDPOINT_URL_SSO_OIDC"] = "http://127.0.0.1:9"
+    before = sso_cache_file(Path(env["HOME"])).read_text()
+    server.oidc_answer = answer
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert ("http://127.0.0.1:9" if answer is None else "expiresIn") in r.stderr, r.stderr
+    assert len(server.oidc) == (0 if answer is None else 1) and server.bearers == [SSO_TOKEN]
     assert sso_cache_file(Path(env["HOME"])).read_text() == before
 
 

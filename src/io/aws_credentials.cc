@@ -363,9 +363,12 @@ std::optional<nlohmann::ordered_json> refreshed_sso_token(const SsoProfile& sso,
     }
     return std::nullopt;
   }
+  // A lifetime past ten years is no token's (and would overflow the clock).
+  constexpr int64_t kLongestLifetime = 10LL * 366 * 24 * 3600;
   if (!answer.is_object() || json_string(answer, "accessToken").empty() || !answer.contains("expiresIn") ||
-      !answer["expiresIn"].is_number_integer()) {
-    *why = "SSO-OIDC CreateToken at " + endpoint + " answered without accessToken and expiresIn";
+      !answer["expiresIn"].is_number_integer() || answer["expiresIn"].get<int64_t>() < 0 ||
+      answer["expiresIn"].get<int64_t>() > kLongestLifetime) {
+    *why = "SSO-OIDC CreateToken at " + endpoint + " answered without accessToken and a valid expiresIn";
     return std::nullopt;
   }
   nlohmann::ordered_json token = {
@@ -409,7 +412,8 @@ TimedCredentials sso_role_credentials(const SsoProfile& sso, const std::string& 
         log::warn(what + ": the refreshed SSO token could not be cached: " + e.message());
       }
     } else if (*expires > Clock::now()) {
-      // botocore logs a failed refresh and goes on with the token it has.
+      // botocore logs a refused refresh and goes on with the token it has
+      // (an unreachable SSO-OIDC stops botocore; here it is the same warning).
       log::warn(what + ": the SSO token expires within " + std::to_string(kSsoTokenRefreshWindow.count()) +
                 " minutes and was not refreshed (" + refresh_failed + "): going on with it");
     }
