@@ -38,6 +38,11 @@ KEYS = {
 }
 IMDS_TOKEN = "imds-session-7"
 SSO_TOKEN = "sso-bearer-NEVER-PRINTED"
+# What the test's SSO-OIDC CreateToken gives for the refresh token `aws sso login` cached.
+SSO_REFRESH = "sso-refresh-NEVER-PRINTED"
+SSO_REFRESHED = {"accessToken": "sso-bearer-2-NEVER-PRINTED", "tokenType": "Bearer", "expiresIn": 28800,
+                 "refreshToken": "sso-refresh-2-NEVER-PRINTED"}
+SSO_CLIENT = {"clientId": "client-77", "clientSecret": "client-s3cr3t-NEVER-PRINTED"}
 CONTAINER_AUTH = "Bearer pod-identity-42"
 
 
@@ -88,6 +93,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.assume_role()
         if self.path.startswith("/federation/credentials?"):
             return self.sso_role_credentials()
+        if self.command == "POST" and self.path == "/token":
+            return self.sso_oidc_create_token()
         srv.requests.append((self.command, self.path, dict(self.headers)))
         self.answer(404, b"<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message>"
                          b"</Error>")
@@ -136,7 +143,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         srv = self.server
         query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
         srv.sso.append(query)
-        if self.headers.get("x-amz-sso_bearer_token") != SSO_TOKEN:
+        srv.bearers.append(self.headers.get("x-amz-sso_bearer_token"))
+        if self.headers.get("x-amz-sso_bearer_token") not in (SSO_TOKEN, SSO_REFRESHED["accessToken"]):
             return self.answer(401, b'{"message":"Session token not found or invalid"}')
         if query != {"account_id": "123456789012", "role_name": "Trainer"}:
             return self.answer(403, b'{"message":"No access"}')
@@ -144,6 +152,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ms = int((datetime.datetime.now(datetime.timezone.utc).timestamp() + srv.minutes * 60) * 1000)
         self.answer(200, json.dumps({"roleCredentials": {"accessKeyId": key, "secretAccessKey": secret,
                                                          "sessionToken": token, "expiration": ms}}).encode())
+
+    def sso_oidc_create_token(self):
+        """SSO-OIDC's CreateToken (a JSON body, unsigned), as AWS answers a
+        refresh_token grant; an unknown refresh token is invalid_grant."""
+        srv = self.server
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        srv.oidc.append(body)
+        ok = body.get("refreshToken") == SSO_REFRESH and body.get("grantType") == "refresh_token" and \
+            {k: body.get(k) for k in SSO_CLIENT} == SSO_CLIENT and not srv.oidc_refuses
+        if not ok:
+            self.send_response(400)
+            body = b'{"error":"invalid_grant","error_description":"Invalid refresh token provided"}'
+            self.send_header("x-amzn-ErrorType", "InvalidGrantException")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            return self.wfile.write(body)
+        self.answer(200, json.dumps(srv.oidc_answer).encode())
 
     do_GET = do_HEAD = do_PUT = do_POST = handle_one
 
@@ -155,6 +181,10 @@ def server():
     srv.fetches = {"imds-token": 0, "imds": 0, "container": 0}
     srv.sts = []
     srv.sso = []
+    srv.bearers = []
+    srv.oidc = []
+    srv.oidc_refuses = False
+    srv.oidc_answer = SSO_REFRESHED
     srv.minutes = 360
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     srv.endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -410,7 +440,8 @@ def test_a_profile_named_but_missing_is_a_usage_error(ckptconv, server, tmp_path
     assert server.requests == [] and server.fetches["imds-token"] == 0
 
 
-def write_sso_profile(tmp_path: Path, legacy: bool, token_minutes: float = 480, profile_extra: str = "") -> dict:
+def write_sso_profile(tmp_path: Path, legacy: bool, token_minutes: float = 480, profile_extra: str = "",
+                      token_extra: dict | None = None) -> dict:
     """A profile as `aws configure sso` writes it and the token `aws sso
     login` caches (~/.aws/sso/cache/<sha1 of the session name, or of the
     start URL in the legacy form>.json)."""
@@ -429,8 +460,20 @@ def write_sso_profile(tmp_path: Path, legacy: bool, token_minutes: float = 480, 
     cache.mkdir(parents=True)
     name = start if legacy else "corp"
     (cache / (hashlib.sha1(name.encode()).hexdigest() + ".json")).write_text(json.dumps(
-        {"startUrl": start, "region": "eu-west-1", "accessToken": SSO_TOKEN, "expiresAt": expiry(token_minutes)}))
+        {"startUrl": start, "region": "eu-west-1", "accessToken": SSO_TOKEN, "expiresAt": expiry(token_minutes),
+         **(token_extra or {})}))
     return {"AWS_CONFIG_FILE": str(config), "AWS_PROFILE": "ml", "HOME": str(tmp_path / "home")}
+
+
+def botocore_keys(env: dict) -> tuple:
+    """The keys botocore's own credential chain finds with `env`, in a
+    process of its own: botocore fixes the SSO token cache's folder from
+    HOME when it is imported."""
+    got = subprocess.run([sys.executable, "-c", "import botocore.session, json; c = botocore.session.Session()"
+                          ".get_credentials().get_frozen_credentials(); print(json.dumps(list(c)))"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    return tuple(json.loads(got.stdout)[:3])  # (key, secret, token, account id)
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["sso-session", "legacy"])
@@ -444,12 +487,7 @@ def test_sso_keys_come_from_the_portal_with_the_cached_token_as_botocore_gets_th
     assert server.sso == [{"account_id": "123456789012", "role_name": "Trainer"}]
     assert server.fetches["imds-token"] == 0
 
-    # In a process of its own: botocore fixes the token cache's folder from HOME when it is imported.
-    got = subprocess.run([sys.executable, "-c", "import botocore.session, json; c = botocore.session.Session()"
-                          ".get_credentials().get_frozen_credentials(); print(json.dumps(list(c)))"],
-                         env=env, capture_output=True, text=True, timeout=60)
-    assert got.returncode == 0, got.stderr
-    assert tuple(json.loads(got.stdout)[:3]) == KEYS["sso"]  # (key, secret, token, account id)
+    assert botocore_keys(env) == KEYS["sso"]
     assert len(server.sso) == 2 and server.sso[1] == server.sso[0]
 
 
@@ -459,6 +497,7 @@ def test_an_expired_sso_token_says_to_log_in_and_sends_nothing(ckptconv, server,
     r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
     assert r.returncode == 3 and "aws sso login --sso-session corp" in r.stderr and "expired" in r.stderr, r.stderr
     assert server.requests == [] and server.sso == []
+    assert server.oidc == []  # no refresh token cached: nothing to refresh with
 
 
 def test_an_sso_profile_contradicting_its_session_is_a_usage_error(ckptconv, server, tmp_path):
@@ -467,3 +506,150 @@ def test_an_sso_profile_contradicting_its_session_is_a_usage_error(ckptconv, ser
     r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
     assert r.returncode == 2 and "sso_region is 'us-east-2' in the profile and 'eu-west-1'" in r.stderr, r.stderr
     assert server.requests == [] and server.sso == []
+
+
+def refreshable(registration_minutes: float = 60 * 24 * 80) -> dict:
+    """What `aws sso login` caches beside the token to refresh it with: the
+    client registration and the refresh token."""
+    return {"refreshToken": SSO_REFRESH, **SSO_CLIENT, "registrationExpiresAt": expiry(registration_minutes)}
+
+
+def sso_cache_file(home: Path) -> Path:
+    (only,) = (home / ".aws" / "sso" / "cache").iterdir()
+    return only
+
+
+def sso_env(server, tmp_path: Path, **profile) -> dict:
+    return bare_env(server.endpoint, tmp_path, AWS_ENDPOINT_URL_SSO=server.endpoint,
+                    AWS_ENDPOINT_URL_SSO_OIDC=server.endpoint, AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint,
+                    **write_sso_profile(tmp_path, **profile))
+
+
+def test_an_sso_token_about_to_expire_is_refreshed_as_botocore_refreshes_it(ckptconv, server, tmp_path):
+    """12 minutes left (botocore refreshes within 15): ckptconv and
+    botocore's own SSOTokenProvider, each given the same cache file, send the
+    same CreateToken, leave the same cache file (keys, values, their order,
+    the time format) and ask the portal with the new token."""
+    import re
+    import shutil
+
+    env = sso_env(server, tmp_path, legacy=False, token_minutes=12, token_extra=refreshable())
+    home = Path(env["HOME"])
+    botocore_home = tmp_path / "botocore-home"
+    shutil.copytree(home, botocore_home)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert_signed_with(server, *KEYS["sso"])
+    assert botocore_keys({**env, "HOME": str(botocore_home)}) == KEYS["sso"]
+
+    assert server.oidc[0] == {"grantType": "refresh_token", "refreshToken": SSO_REFRESH, **SSO_CLIENT}
+    assert len(server.oidc) == 2 and server.oidc[1] == server.oidc[0]
+    assert server.bearers == [SSO_REFRESHED["accessToken"]] * 2  # GetRoleCredentials got the new token
+
+    ours, theirs = sso_cache_file(home), sso_cache_file(botocore_home)
+    assert ours.name == theirs.name and (ours.stat().st_mode & 0o777) == (theirs.stat().st_mode & 0o777) == 0o600
+    times = []
+    for text in (ours.read_text(), theirs.read_text()):
+        doc = json.loads(text)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", doc["expiresAt"]), doc["expiresAt"]
+        times.append(doc["expiresAt"])
+        assert {k: v for k, v in doc.items() if k != "expiresAt"} == {
+            "startUrl": "https://d-123.awsapps.com/start", "region": "eu-west-1",
+            "accessToken": SSO_REFRESHED["accessToken"], **SSO_CLIENT,
+            "registrationExpiresAt": json.loads(sso_cache_file(tmp_path / "home").read_text())["registrationExpiresAt"],
+            "refreshToken": SSO_REFRESHED["refreshToken"]}
+    # Byte for byte (json.dumps' layout, the keys' order) but for the time each wrote.
+    assert ours.read_text().replace(times[0], "T") == theirs.read_text().replace(times[1], "T")
+    parsed = [datetime.datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ") for t in times]
+    assert abs((parsed[0] - parsed[1]).total_seconds()) < 60
+    in_8h = datetime.datetime.utcnow() + datetime.timedelta(seconds=SSO_REFRESHED["expiresIn"])
+    assert abs((parsed[0] - in_8h).total_seconds()) < 120
+    assert [p.name for p in ours.parent.iterdir()] == [ours.name]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("profile", [
+    {"legacy": True, "token_minutes": 12, "token_extra": refreshable()},  # the legacy form has no refresh
+    {"legacy": False, "token_minutes": 20, "token_extra": refreshable()},  # outside botocore's 15 minutes
+    {"legacy": False, "token_minutes": 12},  # nothing to refresh with
+], ids=["legacy", "20-minutes-left", "no-refresh-token"])
+def test_an_sso_token_is_not_refreshed_where_botocore_does_not_refresh_it(ckptconv, server, tmp_path, profile):
+    env = sso_env(server, tmp_path, **profile)
+    before = sso_cache_file(Path(env["HOME"])).read_text()
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert_signed_with(server, *KEYS["sso"])
+    assert botocore_keys(env) == KEYS["sso"]
+    assert server.oidc == [] and server.bearers == [SSO_TOKEN] * 2
+    assert sso_cache_file(Path(env["HOME"])).read_text() == before
+
+
+def test_a_refused_refresh_of_a_valid_sso_token_goes_on_with_it_as_botocore_does(ckptconv, server, tmp_path):
+    server.oidc_refuses = True
+    env = sso_env(server, tmp_path, legacy=False, token_minutes=12, token_extra=refreshable())
+    before = sso_cache_file(Path(env["HOME"])).read_text()
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert "refresh" in r.stderr and "HTTP 400" in r.stderr, r.stderr  # a warning, then on with the old token
+    assert_signed_with(server, *KEYS["sso"])
+    assert botocore_keys(env) == KEYS["sso"]
+    assert len(server.oidc) == 2 and server.bearers == [SSO_TOKEN] * 2
+    assert sso_cache_file(Path(env["HOME"])).read_text() == before
+
+
+@pytest.mark.parametrize("answer", [{"accessToken": "x"}, {**SSO_REFRESHED, "expiresIn": 10 ** 15}, None],
+                         ids=["no-expiresIn", "expiresIn-past-ten-years", "unreachable"])
+def test_a_refresh_that_gives_no_usable_token_goes_on_with_the_valid_one(ckptconv, server, tmp_path, answer):
+    """AWS_ENDPOINT_URL_SSO_OIDC is where CreateToken goes (a closed port
+    here: botocore stops on an unreachable endpoint, ckptconv warns as for a
+    refusal); an answer without a usable expiresIn is a failed refresh."""
+    env = sso_env(server, tmp_path, legacy=False, token_minutes=12, token_extra=refreshable())
+    if answer is None:
+        env["AWS_ENDPOINT_URL_SSO_OIDC"] = "http://127.0.0.1:9"
+    before = sso_cache_file(Path(env["HOME"])).read_text()
+    server.oidc_answer = answer
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert ("http://127.0.0.1:9" if answer is None else "expiresIn") in r.stderr, r.stderr
+    assert len(server.oidc) == (0 if answer is None else 1) and server.bearers == [SSO_TOKEN]
+    assert sso_cache_file(Path(env["HOME"])).read_text() == before
+
+
+@pytest.mark.parametrize("refuses,registration_minutes,asks", [(True, 600, 1), (False, -1, 0)],
+                         ids=["refused", "registration-expired"])
+def test_an_expired_sso_token_that_cannot_be_refreshed_says_to_log_in(ckptconv, server, tmp_path, refuses,
+                                                                       registration_minutes, asks):
+    server.oidc_refuses = refuses
+    env = sso_env(server, tmp_path, legacy=False, token_minutes=-5, token_extra=refreshable(registration_minutes))
+    before = sso_cache_file(Path(env["HOME"])).read_text()
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "aws sso login --sso-session corp" in r.stderr and "expired" in r.stderr, r.stderr
+    assert len(server.oidc) == asks and server.sso == [] and server.requests == []
+    assert sso_cache_file(Path(env["HOME"])).read_text() == before
+
+
+def test_an_expired_sso_token_is_refreshed(ckptconv, server, tmp_path):
+    env = sso_env(server, tmp_path, legacy=False, token_minutes=-30, token_extra=refreshable())
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert_signed_with(server, *KEYS["sso"])
+    assert len(server.oidc) == 1 and server.bearers == [SSO_REFRESHED["accessToken"]]
+    assert json.loads(sso_cache_file(Path(env["HOME"])).read_text())["accessToken"] == SSO_REFRESHED["accessToken"]
+
+
+@pytest.mark.parametrize("config,credentials", [
+    ("[profile foo]\n# nothing yet\n[profile other]\nregion = eu-west-1\n", ""),
+    ("", "[foo]\n"),
+], ids=["config", "credentials"])
+def test_an_empty_profile_exists_and_falls_through_to_the_instance_role_as_botocore(ckptconv, server, tmp_path,
+                                                                                      config, credentials):
+    """botocore takes a present section as the profile (no ProfileNotFound)
+    and, finding nothing in it, goes on to the machine's sources."""
+    (tmp_path / "config").write_text(config)
+    (tmp_path / "credentials").write_text(credentials)
+    env = bare_env(server.endpoint, tmp_path, AWS_CONFIG_FILE=str(tmp_path / "config"),
+                   AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "credentials"), AWS_PROFILE="foo",
+                   AWS_EC2_METADATA_SERVICE_ENDPOINT=server.endpoint)
+    r = run(ckptconv, env, "inspect", f"s3://{BUCKET}/dir/model.pt")
+    assert r.returncode == 3 and "bucket does not exist" in r.stderr, r.stderr
+    assert_signed_with(server, *KEYS["imds"])
+    assert botocore_keys(env) == KEYS["imds"]

@@ -179,13 +179,20 @@ TimedCredentials run_credential_process(const std::string& line, const std::stri
   return from_json(text, what);
 }
 
-std::string sts_endpoint(const std::string& region) {
-  std::string endpoint = env("AWS_ENDPOINT_URL_STS");
+// botocore's configured endpoints: AWS_ENDPOINT_URL_<SERVICE ID> (the id in
+// capitals, spaces as '_': STS, SSO, SSO_OIDC), else AWS_ENDPOINT_URL, else
+// AWS's own address for the service.
+std::string service_endpoint(const std::string& service_id, const std::string& aws_default) {
+  std::string endpoint = env(("AWS_ENDPOINT_URL_" + service_id).c_str());
   if (endpoint.empty()) endpoint = env("AWS_ENDPOINT_URL");
-  if (endpoint.empty())
-    endpoint = region.empty() ? "https://sts.amazonaws.com" : "https://sts." + region + ".amazonaws.com";
+  if (endpoint.empty()) endpoint = aws_default;
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   return endpoint;
+}
+
+std::string sts_endpoint(const std::string& region) {
+  return service_endpoint("STS",
+                          region.empty() ? "https://sts.amazonaws.com" : "https://sts." + region + ".amazonaws.com");
 }
 
 // An STS query-API call (form body, XML answer) whose answer holds
@@ -262,8 +269,10 @@ TimedCredentials instance_metadata_credentials() {
 
 // IAM Identity Center (SSO): the token `aws sso login` cached, exchanged
 // for the role's keys at the portal's GetRoleCredentials, as botocore's
-// SSOProvider does. The token is not refreshed here: an expired one is an
-// error that says to log in again.
+// SSOProvider does. In the sso-session form a token about to expire is
+// refreshed first with the refresh token cached beside it (SSO-OIDC
+// CreateToken), as botocore's SSOTokenProvider does; one that has expired
+// and cannot be refreshed is an error that says to log in again.
 struct SsoProfile {
   std::string start_url, region, account, role;
   std::string session;  // the [sso-session NAME] it names; "" in the legacy form
@@ -278,6 +287,102 @@ std::string sha1_hex(const std::string& text) {
   return out;
 }
 
+// botocore's SSOTokenProvider refreshes a token with less than this left.
+constexpr std::chrono::minutes kSsoTokenRefreshWindow{15};
+
+std::string json_string(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+}
+
+// A flat object as Python's json.dumps writes it (", " and ": " between
+// items, non-ASCII escaped), its keys in the order given: botocore's
+// JSONFileCache writes the token cache so, and a file both rewrite stays
+// the same file.
+std::string python_json_dumps(const nlohmann::ordered_json& doc) {
+  std::string out = "{";
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    if (it != doc.begin()) out += ", ";
+    out += nlohmann::json(it.key()).dump(-1, ' ', true) + ": " + it.value().dump(-1, ' ', true);
+  }
+  return out + "}";
+}
+
+// As botocore's JSONFileCache: a temporary file of mode 0600 in the same
+// folder, synced, renamed over the old one; a reader sees the old token or
+// the new, never half of one.
+void replace_file_atomically(const std::string& path, const std::string& text) {
+  std::string temp = path.substr(0, path.rfind('/') + 1) + "ckptconv-XXXXXX.tmp";
+  const int fd = mkstemps(temp.data(), 4);
+  if (fd < 0)
+    fail(ErrorCode::kOutputFailed, "cannot create a temporary file beside " + path + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  const bool ok = done == text.size() && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok || std::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(ok ? errno : err);
+    ::unlink(temp.c_str());
+    fail(ErrorCode::kOutputFailed, "cannot write " + path + ": " + why);
+  }
+}
+
+// botocore's SSOTokenProvider._refresh_access_token: SSO-OIDC CreateToken
+// with the cached refresh token and client registration, giving the token
+// to cache (its keys and their order botocore's); nullopt, the reason in
+// *why, when the cache holds nothing to refresh with or CreateToken fails.
+std::optional<nlohmann::ordered_json> refreshed_sso_token(const SsoProfile& sso, const nlohmann::json& cached,
+                                                          std::string* why) {
+  for (const char* key : {"refreshToken", "clientId", "clientSecret", "registrationExpiresAt"})
+    if (!cached.contains(key)) {
+      *why = std::string("the cache holds no ") + key;
+      return std::nullopt;
+    }
+  const auto registration = parse_iso8601_utc(json_string(cached, "registrationExpiresAt"));
+  if (!registration || *registration <= Clock::now()) {
+    *why = "its client registration has expired";
+    return std::nullopt;
+  }
+  const std::string endpoint = service_endpoint("SSO_OIDC", "https://oidc." + sso.region + ".amazonaws.com");
+  const nlohmann::ordered_json request = {{"grantType", "refresh_token"},
+                                          {"clientId", cached["clientId"]},
+                                          {"clientSecret", cached["clientSecret"]},
+                                          {"refreshToken", cached["refreshToken"]}};
+  // Unsigned: the refresh token and the client secret are the proof.
+  HttpAnswer a = http("POST", endpoint + "/token", {"Content-Type: application/json"}, request.dump(), 5000, 3);
+  const nlohmann::json answer = nlohmann::json::parse(a.body, nullptr, false);
+  if (a.rc != CURLE_OK || a.status != 200) {
+    *why = "SSO-OIDC CreateToken at " + endpoint + " failed: " + answer_error(a);
+    if (answer.is_object()) {
+      if (std::string code = json_string(answer, "error"); !code.empty()) *why += " " + code.substr(0, 80);
+    }
+    return std::nullopt;
+  }
+  // A lifetime past ten years is no token's (and would overflow the clock).
+  constexpr int64_t kLongestLifetime = 10LL * 366 * 24 * 3600;
+  if (!answer.is_object() || json_string(answer, "accessToken").empty() || !answer.contains("expiresIn") ||
+      !answer["expiresIn"].is_number_integer() || answer["expiresIn"].get<int64_t>() < 0 ||
+      answer["expiresIn"].get<int64_t>() > kLongestLifetime) {
+    *why = "SSO-OIDC CreateToken at " + endpoint + " answered without accessToken and a valid expiresIn";
+    return std::nullopt;
+  }
+  nlohmann::ordered_json token = {
+      {"startUrl", sso.start_url},
+      {"region", sso.region},
+      {"accessToken", answer["accessToken"]},
+      {"expiresAt", format_iso8601_utc(Clock::now() + std::chrono::seconds(answer["expiresIn"].get<int64_t>()))},
+      {"clientId", cached["clientId"]},
+      {"clientSecret", cached["clientSecret"]},
+      {"registrationExpiresAt", cached["registrationExpiresAt"]}};
+  if (answer.contains("refreshToken")) token["refreshToken"] = answer["refreshToken"];
+  return token;
+}
+
 TimedCredentials sso_role_credentials(const SsoProfile& sso, const std::string& what) {
   // botocore's SSOTokenLoader: ~/.aws/sso/cache/<sha1 of the session name, or of the start URL>.json
   const std::string home = env("HOME");
@@ -290,15 +395,37 @@ TimedCredentials sso_role_credentials(const SsoProfile& sso, const std::string& 
   if (!j.is_object() || !j.contains("accessToken") || !j["accessToken"].is_string() || !j.contains("expiresAt") ||
       !j["expiresAt"].is_string())
     fail_data_loss(what + ": the cached SSO token " + cache + " has no accessToken and expiresAt");
-  const auto expires = parse_iso8601_utc(j["expiresAt"].get<std::string>());
+  std::string token = j["accessToken"].get<std::string>();
+  auto expires = parse_iso8601_utc(j["expiresAt"].get<std::string>());
   if (!expires) fail_data_loss(what + ": the cached SSO token's expiresAt is not an ISO 8601 time");
-  if (*expires <= Clock::now()) fail_data_loss(what + ": the SSO token has expired: run `" + login + "`");
-  std::string endpoint = env("AWS_ENDPOINT_URL_SSO");
-  if (endpoint.empty()) endpoint = "https://portal.sso." + sso.region + ".amazonaws.com";
-  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  std::string refresh_failed;
+  // The legacy form has no refresh (botocore refreshes only sso-session tokens).
+  if (!sso.session.empty() && *expires - Clock::now() < kSsoTokenRefreshWindow) {
+    if (auto fresh = refreshed_sso_token(sso, j, &refresh_failed)) {
+      token = (*fresh)["accessToken"].get<std::string>();
+      expires = parse_iso8601_utc((*fresh)["expiresAt"].get<std::string>());
+      try {
+        replace_file_atomically(cache, python_json_dumps(*fresh));
+        log::info("refreshed the SSO token of sso-session '" + sso.session + "' (" + cache + ")");
+      } catch (const Error& e) {
+        // The new token still signs this run; the next one logs in again.
+        log::warn(what + ": the refreshed SSO token could not be cached: " + e.message());
+      }
+    } else if (*expires > Clock::now()) {
+      // botocore logs a refused refresh and goes on with the token it has
+      // (an unreachable SSO-OIDC stops botocore; here it is the same warning).
+      log::warn(what + ": the SSO token expires within " + std::to_string(kSsoTokenRefreshWindow.count()) +
+                " minutes and was not refreshed (" + refresh_failed + "): going on with it");
+    }
+  }
+  if (*expires <= Clock::now())
+    fail_data_loss(what + ": the SSO token has expired" +
+                   (refresh_failed.empty() ? "" : " and was not refreshed (" + refresh_failed + ")") + ": run `" +
+                   login + "`");
+  const std::string endpoint = service_endpoint("SSO", "https://portal.sso." + sso.region + ".amazonaws.com");
   const std::string url = endpoint + "/federation/credentials?account_id=" + uri_encode(sso.account, false) +
                           "&role_name=" + uri_encode(sso.role, false);
-  HttpAnswer a = http("GET", url, {"x-amz-sso_bearer_token: " + j["accessToken"].get<std::string>()}, "", 5000, 3);
+  HttpAnswer a = http("GET", url, {"x-amz-sso_bearer_token: " + token}, "", 5000, 3);
   if (a.rc == CURLE_OK && (a.status == 401 || a.status == 403))
     fail_data_loss(what + ": the SSO portal refused the token (HTTP " + std::to_string(a.status) + "): run `" + login +
                    "`");
@@ -346,9 +473,10 @@ S3Credentials CredentialSource::current() {
 namespace {
 
 // The keys of section `section` of an INI file (the AWS shared files);
-// empty when the file or the section is missing.
-std::map<std::string, std::string> ini_section(const std::string& file, const std::string& section) {
-  std::map<std::string, std::string> out;
+// nullopt when the file or the section is missing (a section without keys
+// is there: botocore takes it as the profile).
+std::optional<std::map<std::string, std::string>> ini_section(const std::string& file, const std::string& section) {
+  std::optional<std::map<std::string, std::string>> out;
   std::ifstream in(file);
   std::string line;
   bool inside = false;
@@ -357,10 +485,11 @@ std::map<std::string, std::string> ini_section(const std::string& file, const st
     if (line.empty() || line[0] == '#' || line[0] == ';') continue;
     if (line.front() == '[' && line.back() == ']') {
       inside = trimmed(line.substr(1, line.size() - 2)) == section;
+      if (inside && !out) out.emplace();
       continue;
     }
     const auto eq = line.find('=');
-    if (inside && eq != std::string::npos) out[trimmed(line.substr(0, eq))] = trimmed(line.substr(eq + 1));
+    if (inside && eq != std::string::npos) (*out)[trimmed(line.substr(0, eq))] = trimmed(line.substr(eq + 1));
   }
   return out;
 }
@@ -428,7 +557,9 @@ std::optional<SsoProfile> sso_profile(const Settings& s, const std::string& prof
   Settings all = s;
   SsoProfile sso;
   if (std::string name = setting(s, "sso_session"); !name.empty()) {
-    const Settings session = ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), "sso-session " + name);
+    // An empty [sso-session] is none to botocore too (its `if not sso_config`).
+    const Settings session =
+        ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), "sso-session " + name).value_or(Settings{});
     if (session.empty()) fail_invalid("profile '" + profile + "': the sso-session '" + name + "' does not exist");
     for (const auto& [k, v] : session) {
       if (all.count(k) && all[k] != v)
@@ -461,11 +592,11 @@ KeysGetter role_source_keys(const Settings& s, const std::string& profile, const
   if (!named.empty()) return named_credential_source(named, profile);
   if (source_profile.empty())
     fail_invalid("profile '" + profile + "' has role_arn but neither source_profile nor credential_source");
-  const Settings src = aws_profile_settings(source_profile);
-  if (src.empty())
-    fail_invalid("the source_profile '" + source_profile + "' of profile '" + profile + "' does not exist");
+  const std::optional<Settings> found = aws_profile_settings(source_profile);
+  if (!found) fail_invalid("the source_profile '" + source_profile + "' of profile '" + profile + "' does not exist");
   // A profile may name itself to sign with its own keys; any other profile
   // met twice is a loop.
+  const Settings& src = *found;
   if (source_profile == profile) {
     if (!has_static_keys(src)) fail_invalid("profile '" + profile + "' is its own source_profile but has no keys");
     S3Credentials k = static_keys(src, profile);
@@ -515,7 +646,7 @@ std::shared_ptr<CredentialSource> assume_role(const Settings& s, const std::stri
 // settings apply: not for a source profile).
 ProfileCredentials resolve_profile(const std::string& profile, const std::string& region, bool use_env,
                                    std::vector<std::string>& visited) {
-  const Settings s = aws_profile_settings(profile);
+  const Settings s = aws_profile_settings(profile).value_or(Settings{});
   if (assumes_role(s)) return {{}, assume_role(s, profile, region, visited)};
   std::string token_file = use_env ? env("AWS_WEB_IDENTITY_TOKEN_FILE") : "", role = use_env ? env("AWS_ROLE_ARN") : "";
   std::string session = use_env ? env("AWS_ROLE_SESSION_NAME") : "";
@@ -551,10 +682,13 @@ ProfileCredentials resolve_profile(const std::string& profile, const std::string
 
 }  // namespace
 
-std::map<std::string, std::string> aws_profile_settings(const std::string& name) {
+std::optional<std::map<std::string, std::string>> aws_profile_settings(const std::string& name) {
   // The config file names a profile "[profile NAME]", except [default].
-  Settings s = ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), name == "default" ? name : "profile " + name);
-  for (auto& [k, v] : ini_section(home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), name)) s[k] = v;
+  auto s = ini_section(home_file("AWS_CONFIG_FILE", ".aws/config"), name == "default" ? name : "profile " + name);
+  if (auto keys = ini_section(home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), name)) {
+    if (!s) s.emplace();
+    for (auto& [k, v] : *keys) (*s)[k] = v;
+  }
   return s;
 }
 
@@ -599,6 +733,15 @@ std::vector<std::string> split_command_line(const std::string& line) {
   }
   if (in_word) out.push_back(word);
   return out;
+}
+
+std::string format_iso8601_utc(Clock::time_point t) {
+  const time_t seconds = Clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
 }
 
 std::optional<Clock::time_point> parse_iso8601_utc(const std::string& text) {

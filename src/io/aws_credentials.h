@@ -53,8 +53,9 @@ class CredentialSource {
 // config file (AWS_CONFIG_FILE, ~/.aws/config: [profile NAME], or
 // [default]) with those of its section of the credentials file
 // (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials: [NAME]) over them, as
-// botocore merges the two. Empty when neither file has it.
-std::map<std::string, std::string> aws_profile_settings(const std::string& name);
+// botocore merges the two. nullopt when neither file has it; a section
+// there without keys is a profile with no settings, as botocore takes it.
+std::optional<std::map<std::string, std::string>> aws_profile_settings(const std::string& name);
 
 // What `profile` signs with when the environment holds no keys: written
 // down (`keys`), fetched (`source`), or neither (unsigned requests: public
@@ -64,13 +65,16 @@ std::map<std::string, std::string> aws_profile_settings(const std::string& name)
 // and AWS_ROLE_ARN, or the profile's web_identity_token_file and role_arn)
 // through STS's AssumeRoleWithWebIdentity; an SSO role (sso_account_id and
 // sso_role_name; the portal from the [sso-session] named or the profile),
-// fetched with the token `aws sso login` cached; the profile's own keys;
+// fetched with the token `aws sso login` cached (an sso-session token within
+// 15 minutes of expiring refreshed first with SSO-OIDC CreateToken and
+// written back to the cache, as botocore does); the profile's own keys;
 // `credential_process`; the container endpoint
 // (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI,
 // AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]); else the instance metadata
 // service unless AWS_EC2_METADATA_DISABLED=true
-// (AWS_EC2_METADATA_SERVICE_ENDPOINT overrides its address). STS is
-// AWS_ENDPOINT_URL_STS, else AWS_ENDPOINT_URL, else the region's. A profile
+// (AWS_EC2_METADATA_SERVICE_ENDPOINT overrides its address). STS, the SSO
+// portal and SSO-OIDC are AWS_ENDPOINT_URL_STS, _SSO, _SSO_OIDC, else
+// AWS_ENDPOINT_URL, else the region's. A profile
 // whose settings contradict each other (both source_profile and
 // credential_source, a loop of source profiles, an MFA serial, which needs
 // a code typed in) is an Error of kind InvalidArgument naming it.
@@ -88,5 +92,8 @@ std::vector<std::string> split_command_line(const std::string& line);
 // older AWS CLIs wrote SSO tokens' expiresAt) as a
 // time; nullopt when it is not one.
 std::optional<std::chrono::system_clock::time_point> parse_iso8601_utc(const std::string& text);
+// "2026-12-05T12:00:00Z": the form botocore writes an SSO token's expiresAt in
+// (whole seconds, UTC).
+std::string format_iso8601_utc(std::chrono::system_clock::time_point t);
 
 }  // namespace ckpt

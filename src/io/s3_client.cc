@@ -32,12 +32,14 @@ std::string env(const char* name) {
 S3Config s3_config_from_environment() {
   S3Config c;
   const std::string profile = env("AWS_PROFILE").empty() ? "default" : env("AWS_PROFILE");
-  const auto settings = aws_profile_settings(profile);
+  const auto found = aws_profile_settings(profile);
   // botocore's ProfileNotFound: a profile asked for by name and in neither
   // file is a mistake (a typo would otherwise sign with the machine's role).
-  if (settings.empty() && !env("AWS_PROFILE").empty() && env("AWS_PROFILE") != "default")
+  // A section without keys is there: botocore goes on to the machine's sources.
+  if (!found && !env("AWS_PROFILE").empty() && env("AWS_PROFILE") != "default")
     fail_invalid("AWS_PROFILE names profile '" + profile.substr(0, 128) +
                  "', which neither the shared config file nor the credentials file has");
+  const auto settings = found.value_or(std::map<std::string, std::string>{});
   if (std::string r = env("AWS_REGION"); !r.empty())
     c.region = r;
   else if (r = env("AWS_DEFAULT_REGION"); !r.empty())

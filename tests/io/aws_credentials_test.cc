@@ -24,4 +24,7 @@ TEST_CASE("ISO 8601 UTC times as the credential endpoints write them", "[io]") {
   CHECK(parse_iso8601_utc("2026-12-05T12:00:00+00:00") == t);
   CHECK(!parse_iso8601_utc("2026-12-05T12:00:00+02:00"));
   CHECK(!parse_iso8601_utc("tomorrow"));
+  // The form botocore writes a refreshed SSO token's expiresAt in (whole seconds).
+  CHECK(format_iso8601_utc(*t + std::chrono::milliseconds(999)) == "2026-12-05T12:00:00Z");
+  CHECK(format_iso8601_utc(*t + std::chrono::hours(8)) == "2026-12-05T20:00:00Z");
 }
