@@ -14,15 +14,16 @@ with q/k norms) saved at expert parallelism 2 do too, their experts stacked
 into transformers 5's fused 3-D tensors or, by the per-expert maps, under
 each expert's own names. So does torchtitan 0.3.0's Llama3Model saved
 with dcp.save, through `--map torchtitan-llama3-llama` (q/k permuted from
-interleaved to half-split rotary pairs).
+interleaved to half-split rotary pairs), and its dense Qwen3Model through
+`--map torchtitan-qwen3-qwen3` (half-split already: nothing permuted).
 
 Tolerance 1e-4 (max abs, fp32, logits of order 1): the bytes are copied, so
 the two models hold equal weights; only the two frameworks' arithmetic
 differs (fused vs separate q/k/v matmuls, summation order, RoPE's cos/sin
 computed each its own way), a few float32 ulps per op over 2 layers (measured
-5e-7 on these fixtures). A map that is plausible but wrong (q/k/v contiguous instead of
-per query group, gate and up swapped) moves the logits by far more than that
-and must fail."""
+5e-7 on these fixtures, 1.1e-6 on torchtitan's Qwen3). A map that is
+plausible but wrong (q/k/v contiguous instead of per query group, gate and
+up swapped) moves the logits by far more than that and must fail."""
 
 from __future__ import annotations
 
@@ -244,8 +245,8 @@ def test_dry_run_lists_the_mapped_tensors_and_writes_nothing(tmp_path, run_ckptc
 TITAN_MAP = REPO / "maps" / "torchtitan-llama3-llama.json"
 
 
-def _titan_export(run_ckptconv, out: Path, map_arg: str):
-    case = ARCH / "titan_llama3"
+def _titan_export(run_ckptconv, out: Path, map_arg: str, name: str = "titan_llama3"):
+    case = ARCH / name
     return run_ckptconv("consolidate", str(case / "ckpt"), "--map", map_arg, "--config-from", str(case / "hf_config"),
                         "-o", f"{out}/")
 
@@ -269,6 +270,55 @@ def test_torchtitan_llama3_export_gives_torchtitans_logits(tmp_path, run_ckptcon
     wrong = tmp_path / "wrong"
     assert _titan_export(run_ckptconv, wrong, str(unpermuted)).returncode == 0
     assert _logits_diff(wrong, "titan_llama3")["max_abs_diff"] > 1000 * TOLERANCE
+
+
+TITAN_QWEN3_MAP = REPO / "maps" / "torchtitan-qwen3-qwen3.json"
+
+
+def _titan_qwen3_variant(tmp_path: Path, name: str, change) -> str:
+    """The torchtitan Qwen3 map with change(rule) applied to every rule, written as a file map."""
+    spec = json.loads(TITAN_QWEN3_MAP.read_text())
+    for rule in spec["rules"]:
+        change(rule)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def _swap_qk_norms(rule: dict) -> None:
+    for a, b in (("q_norm", "k_norm"), ("k_norm", "q_norm")):
+        if rule["to"].endswith(f"self_attn.{a}.weight"):
+            rule["to"] = rule["to"].replace(a, b)
+            return
+
+
+def _permute_qk(rule: dict) -> None:
+    if rule["to"].endswith(("q_proj.weight", "k_proj.weight")):
+        rule["permute_rope"] = "head_dim"
+
+
+def test_torchtitan_qwen3_export_gives_torchtitans_logits(tmp_path, run_ckptconv):
+    """torchtitan 0.3.0's dense Qwen3Model (CosSinRoPE: half-split rotary
+    pairs, as Hugging Face's; head_dim 16 apart from dim / n_heads; per-head
+    q_norm and k_norm) saved with dcp.save; the map renames only, as
+    torchtitan's own Qwen3StateDictAdapter.to_hf does."""
+    out = tmp_path / "export"
+    r = _titan_export(run_ckptconv, out, "torchtitan-qwen3-qwen3", "titan_qwen3")
+    assert r.returncode == 0, r.stderr
+    got = _logits_diff(out, "titan_qwen3")
+    assert got["architecture"] == "Qwen3ForCausalLM" and got["max_abs_logit"] > 0.5
+    assert got["max_abs_diff"] <= TOLERANCE, got
+
+
+@pytest.mark.parametrize("name,change", [("norms_swapped", _swap_qk_norms), ("permuted_as_llama", _permute_qk)])
+def test_a_wrong_torchtitan_qwen3_map_misses(name, change, tmp_path, run_ckptconv):
+    """q_norm and k_norm swapped (both [head_dim], so the export loads), or
+    q and k permuted as the Llama 3 map does (Qwen3's pairs are half-split
+    already): the weights load and run, and the logits miss."""
+    wrong = tmp_path / "wrong"
+    r = _titan_export(run_ckptconv, wrong, _titan_qwen3_variant(tmp_path, name, change), "titan_qwen3")
+    assert r.returncode == 0, r.stderr
+    assert _logits_diff(wrong, "titan_qwen3")["max_abs_diff"] > 1000 * TOLERANCE
 
 
 def test_a_dcp_export_gets_no_map_unless_asked(tmp_path, run_ckptconv):
