@@ -14,15 +14,19 @@ with q/k norms) saved at expert parallelism 2 do too, their experts stacked
 into transformers 5's fused 3-D tensors or, by the per-expert maps, under
 each expert's own names. So does torchtitan 0.3.0's Llama3Model saved
 with dcp.save, through `--map torchtitan-llama3-llama` (q/k permuted from
-interleaved to half-split rotary pairs).
+interleaved to half-split rotary pairs), and its dense Qwen3Model through
+`--map torchtitan-qwen3-qwen3` (half-split already: nothing permuted), and
+its Qwen3-MoE through `--map torchtitan-qwen3moe-qwen3moe` (each expert
+unstacked from torchtitan's 3-D tensors).
 
 Tolerance 1e-4 (max abs, fp32, logits of order 1): the bytes are copied, so
 the two models hold equal weights; only the two frameworks' arithmetic
 differs (fused vs separate q/k/v matmuls, summation order, RoPE's cos/sin
 computed each its own way), a few float32 ulps per op over 2 layers (measured
-5e-7 on these fixtures). A map that is plausible but wrong (q/k/v contiguous instead of
-per query group, gate and up swapped) moves the logits by far more than that
-and must fail."""
+5e-7 on these fixtures, 1.1e-6 and 1.7e-6 on torchtitan's Qwen3 and
+Qwen3-MoE). A map that is plausible but wrong (q/k/v contiguous instead of
+per query group, gate and up swapped) moves the logits by far more than
+that and must fail."""
 
 from __future__ import annotations
 
@@ -244,8 +248,8 @@ def test_dry_run_lists_the_mapped_tensors_and_writes_nothing(tmp_path, run_ckptc
 TITAN_MAP = REPO / "maps" / "torchtitan-llama3-llama.json"
 
 
-def _titan_export(run_ckptconv, out: Path, map_arg: str):
-    case = ARCH / "titan_llama3"
+def _titan_export(run_ckptconv, out: Path, map_arg: str, name: str = "titan_llama3"):
+    case = ARCH / name
     return run_ckptconv("consolidate", str(case / "ckpt"), "--map", map_arg, "--config-from", str(case / "hf_config"),
                         "-o", f"{out}/")
 
@@ -269,6 +273,101 @@ def test_torchtitan_llama3_export_gives_torchtitans_logits(tmp_path, run_ckptcon
     wrong = tmp_path / "wrong"
     assert _titan_export(run_ckptconv, wrong, str(unpermuted)).returncode == 0
     assert _logits_diff(wrong, "titan_llama3")["max_abs_diff"] > 1000 * TOLERANCE
+
+
+def _map_variant(tmp_path: Path, map_name: str, name: str, change) -> str:
+    """The built-in map with change(rule) applied to every rule, written as a file map."""
+    spec = json.loads((REPO / "maps" / f"{map_name}.json").read_text())
+    for rule in spec["rules"]:
+        change(rule)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def _swapper(a: str, b: str):
+    """A change that gives the rule writing ...a.weight the target ...b.weight, and b's a."""
+    def change(rule: dict) -> None:
+        for x, y in ((a, b), (b, a)):
+            if rule["to"].endswith(f".{x}.weight"):
+                rule["to"] = rule["to"].replace(x, y)
+                return
+    return change
+
+
+_swap_qk_norms = _swapper("q_norm", "k_norm")
+
+
+def _permute_qk(rule: dict) -> None:
+    if rule["to"].endswith(("q_proj.weight", "k_proj.weight")):
+        rule["permute_rope"] = "head_dim"
+
+
+def test_torchtitan_qwen3_export_gives_torchtitans_logits(tmp_path, run_ckptconv):
+    """torchtitan 0.3.0's dense Qwen3Model (CosSinRoPE: half-split rotary
+    pairs, as Hugging Face's; head_dim 16 apart from dim / n_heads; per-head
+    q_norm and k_norm) saved with dcp.save; the map renames only, as
+    torchtitan's own Qwen3StateDictAdapter.to_hf does."""
+    out = tmp_path / "export"
+    r = _titan_export(run_ckptconv, out, "torchtitan-qwen3-qwen3", "titan_qwen3")
+    assert r.returncode == 0, r.stderr
+    got = _logits_diff(out, "titan_qwen3")
+    assert got["architecture"] == "Qwen3ForCausalLM" and got["max_abs_logit"] > 0.5
+    assert got["max_abs_diff"] <= TOLERANCE, got
+
+
+@pytest.mark.parametrize("name,change", [("norms_swapped", _swap_qk_norms), ("permuted_as_llama", _permute_qk)])
+def test_a_wrong_torchtitan_qwen3_map_misses(name, change, tmp_path, run_ckptconv):
+    """q_norm and k_norm swapped (both [head_dim], so the export loads), or
+    q and k permuted as the Llama 3 map does (Qwen3's pairs are half-split
+    already): the weights load and run, and the logits miss."""
+    wrong = tmp_path / "wrong"
+    variant = _map_variant(tmp_path, "torchtitan-qwen3-qwen3", name, change)
+    r = _titan_export(run_ckptconv, wrong, variant, "titan_qwen3")
+    assert r.returncode == 0, r.stderr
+    assert _logits_diff(wrong, "titan_qwen3")["max_abs_diff"] > 1000 * TOLERANCE
+
+
+def test_torchtitan_qwen3moe_export_gives_torchtitans_logits(tmp_path, run_ckptconv):
+    """torchtitan 0.3.0's Qwen3Model with every layer an MoE (4 experts in
+    3-D w1_EFD, w3_EFD, w2_EDF; softmax router, top 2, renormalised): the map
+    unstacks each expert under Qwen3-MoE's per-expert names, as torchtitan's
+    own adapter splits them, and transformers 5 fuses them as it loads. The
+    reference runs torchtitan's grouped expert matmuls in fp32 (its own cast
+    them to bf16, 2e-2 off: tools/make_titan_arch_checkpoint.py)."""
+    out = tmp_path / "export"
+    r = _titan_export(run_ckptconv, out, "torchtitan-qwen3moe-qwen3moe", "titan_qwen3moe")
+    assert r.returncode == 0, r.stderr
+    got = _logits_diff(out, "titan_qwen3moe")
+    assert got["architecture"] == "Qwen3MoeForCausalLM" and got["max_abs_logit"] > 0.5
+    assert got["max_abs_diff"] <= TOLERANCE, got
+    # Expert x's tensors are index x of torchtitan's stacked ones, the router's rows as they are.
+    weights = load_file(out / "model.safetensors")
+    plain = tmp_path / "plain"
+    assert _titan_export(run_ckptconv, plain, "none", "titan_qwen3moe").returncode == 0
+    source = load_file(plain / "model.safetensors")
+    experts = json.loads((ARCH / "titan_qwen3moe" / "hf_config" / "config.json").read_text())["num_local_experts"]
+    assert experts == 4 and "layers.0.moe.expert_bias_E" in source  # zero here; Qwen3-MoE has no such term
+    for layer in range(2):
+        stacked = f"layers.{layer}.moe.routed_experts.inner_experts"
+        for x in range(experts):
+            mine = f"model.layers.{layer}.mlp.experts.{x}"
+            assert weights[f"{mine}.gate_proj.weight"].equal(source[f"{stacked}.w1_EFD"][x])
+            assert weights[f"{mine}.up_proj.weight"].equal(source[f"{stacked}.w3_EFD"][x])
+            assert weights[f"{mine}.down_proj.weight"].equal(source[f"{stacked}.w2_EDF"][x])
+        assert weights[f"model.layers.{layer}.mlp.gate.weight"].equal(source[f"layers.{layer}.moe.router.gate.weight"])
+    assert not any("expert_bias" in k for k in weights)
+
+
+@pytest.mark.parametrize("name,change", [("gate_up_swapped", _swapper("gate_proj", "up_proj")),
+                                         ("norms_swapped", _swap_qk_norms)])
+def test_a_wrong_torchtitan_qwen3moe_map_misses(name, change, tmp_path, run_ckptconv):
+    """Each expert's w1 and w3 swapped (gate as up), or q_norm and k_norm
+    swapped: the export loads and runs, and the logits miss."""
+    wrong = tmp_path / "wrong"
+    variant = _map_variant(tmp_path, "torchtitan-qwen3moe-qwen3moe", name, change)
+    assert _titan_export(run_ckptconv, wrong, variant, "titan_qwen3moe").returncode == 0
+    assert _logits_diff(wrong, "titan_qwen3moe")["max_abs_diff"] > 1000 * TOLERANCE
 
 
 def test_a_dcp_export_gets_no_map_unless_asked(tmp_path, run_ckptconv):

@@ -39,6 +39,8 @@ HF_PY = REPO / ".venv-hf" / "bin" / "python"
 MEGATRON_PY = REPO / ".venv-megatron" / "bin" / "python"
 TITAN_PY = REPO / ".venv-titan" / "bin" / "python"
 TITAN_MAP = REPO / "maps" / "torchtitan-llama3-llama.json"
+TITAN_MAPS = {"llama3": "torchtitan-llama3-llama", "qwen3": "torchtitan-qwen3-qwen3",
+              "qwen3moe": "torchtitan-qwen3moe-qwen3moe"}
 TOLERANCE = 1e-4
 # The fixtures' vocabulary (60) padded as megatron pads it at TP=2:
 # make_vocab_size_divisible_by 8 x TP 2.
@@ -391,12 +393,13 @@ def test_a_tied_folders_lm_head_is_dropped_only_when_it_is_the_embedding(hf_fold
             assert not out.exists()
 
 
-def _titan_back(run_ckptconv, tmp_path: Path, map_arg: str, name: str) -> Path:
-    """The torchtitan fixture exported to a Hugging Face folder, and back with `map_arg`."""
-    case = ARCH / "titan_llama3"
+def _titan_back(run_ckptconv, tmp_path: Path, map_arg: str, name: str, model: str = "llama3") -> Path:
+    """The torchtitan fixture titan_<model> exported to a Hugging Face folder
+    with its built-in map, and back with `map_arg`."""
+    case = ARCH / f"titan_{model}"
     export, out = tmp_path / "export", tmp_path / name
     if not export.exists():
-        r = run_ckptconv("consolidate", str(case / "ckpt"), "--map", "torchtitan-llama3-llama", "--config-from",
+        r = run_ckptconv("consolidate", str(case / "ckpt"), "--map", TITAN_MAPS[model], "--config-from",
                          str(case / "hf_config"), "-o", f"{export}/")
         assert r.returncode == 0, r.stderr
     r = run_ckptconv("reshard", str(export), "--layout", "dcp", "--map", map_arg, "--world-size", "2", "-o", str(out))
@@ -404,10 +407,11 @@ def _titan_back(run_ckptconv, tmp_path: Path, map_arg: str, name: str) -> Path:
     return out
 
 
-def _titan_logits(ckpt: Path) -> dict:
+def _titan_logits(ckpt: Path, model: str = "llama3") -> dict:
     require_side_env(TITAN_PY, "torchtitan loads the way back", "scripts/setup-titan")
     r = subprocess.run([str(TITAN_PY), str(REPO / "tests" / "titan_arch_back.py"), str(ckpt),
-                        str(ARCH / "titan_llama3" / "logits.json")], capture_output=True, text=True, timeout=600)
+                        str(ARCH / f"titan_{model}" / "logits.json"), model], capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -447,6 +451,40 @@ def test_torchtitan_the_way_back_gives_torchtitans_stored_tensors(tmp_path, run_
         assert torch.equal(got[k].view(torch.uint8), w.view(torch.uint8)), k
     # Without the inverse permutation q and k would come back scrambled.
     assert any("wq" in k for k in want)
+
+
+def test_torchtitan_qwen3_loads_the_way_back_and_gives_its_logits(tmp_path, run_ckptconv):
+    """torchtitan 0.3.0's dense Qwen3Model fills every key of its state dict
+    (q_norm and k_norm included) from the way back of its export, and its
+    forward gives the committed logits."""
+    got = _titan_logits(_titan_back(run_ckptconv, tmp_path, "torchtitan-qwen3-qwen3", "back", "qwen3"), "qwen3")
+    assert got["keys"] == 25 and got["max_abs_logit"] > 0.5
+    assert got["max_abs_diff"] <= TOLERANCE, got
+
+
+@pytest.mark.parametrize("model", ["qwen3", "qwen3moe"])
+def test_torchtitan_qwen3_the_way_back_gives_torchtitans_stored_tensors(model, tmp_path, run_ckptconv):
+    """HF -> torchtitan DCP for Qwen3 and Qwen3-MoE: every tensor the
+    committed checkpoint stores, bit for bit, under torchtitan's names, read
+    by torch's own dcp_to_torch_save. For the MoE, each layer's per-expert
+    tensors stacked back into torchtitan's 3-D w1_EFD, w3_EFD, w2_EDF (the
+    inverse of the map's unstack); expert_bias_E, which the map skips (as
+    torchtitan's own adapter does), is the one tensor not written."""
+    case = ARCH / f"titan_{model}"
+    out = _titan_back(run_ckptconv, tmp_path, TITAN_MAPS[model], "back", model)
+    dcp_to_torch_save(case / "ckpt", tmp_path / "want.pt")
+    dcp_to_torch_save(out, tmp_path / "got.pt")
+    want = torch.load(tmp_path / "want.pt", weights_only=True)
+    got = torch.load(tmp_path / "got.pt", weights_only=True)
+    skipped = sorted(k for k in want if k.endswith("expert_bias_E"))
+    assert skipped == ([f"layers.{n}.moe.expert_bias_E" for n in range(2)] if model == "qwen3moe" else [])
+    want = {k: v for k, v in want.items() if k not in skipped}
+    assert sorted(got) == sorted(want)
+    for k, w in want.items():
+        assert got[k].dtype == w.dtype and got[k].shape == w.shape, k
+        assert torch.equal(got[k].view(torch.uint8), w.view(torch.uint8)), k
+    if model == "qwen3moe":
+        assert got["layers.1.moe.routed_experts.inner_experts.w2_EDF"].shape == (4, 32, 24)
 
 
 @pytest.mark.parametrize("args,message", [
