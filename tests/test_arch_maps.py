@@ -359,6 +359,30 @@ def test_torchtitan_qwen3moe_export_gives_torchtitans_logits(tmp_path, run_ckptc
     assert not any("expert_bias" in k for k in weights)
 
 
+def test_a_nonzero_expert_bias_the_map_drops_is_a_warning(tmp_path, run_ckptconv):
+    """expert_bias_E has no place in Qwen3-MoE: left out silently while it is
+    zero (the fixture), with a warning naming it once training moved it (the
+    same checkpoint re-saved by torch's dcp.save with one layer's bias set)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = tmp_path / "export"
+    r = _titan_export(run_ckptconv, out, "torchtitan-qwen3moe-qwen3moe", "titan_qwen3moe")
+    assert r.returncode == 0 and "not zero" not in r.stderr, r.stderr
+    whole = tmp_path / "whole.pt"
+    dcp_to_torch_save(str(ARCH / "titan_qwen3moe" / "ckpt"), str(whole))
+    state = torch.load(whole, weights_only=True)
+    assert not state["layers.1.moe.expert_bias_E"].any()
+    state["layers.1.moe.expert_bias_E"] = torch.tensor([0.0, 0.5, -0.25, 0.0])
+    trained = tmp_path / "trained" / "ckpt"
+    dcp.save(state, checkpoint_id=str(trained))
+    r = run_ckptconv("consolidate", str(trained), "--map", "torchtitan-qwen3moe-qwen3moe", "--config-from",
+                     str(ARCH / "titan_qwen3moe" / "hf_config"), "-o", f"{tmp_path / 'export2'}/")
+    assert r.returncode == 0, r.stderr
+    assert "1 of 2 tensors it leaves out are not zero (first: layers.1.moe.expert_bias_E)" in r.stderr, r.stderr
+    assert "Qwen3MoeForCausalLM has no place for it" in r.stderr
+
+
 @pytest.mark.parametrize("name,change", [("gate_up_swapped", _swapper("gate_proj", "up_proj")),
                                          ("norms_swapped", _swap_qk_norms)])
 def test_a_wrong_torchtitan_qwen3moe_map_misses(name, change, tmp_path, run_ckptconv):

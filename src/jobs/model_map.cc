@@ -7,7 +7,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/paths.h"
+#include "exec/tensor_copy.h"
 #include "formats/safetensors/hf_config.h"
+#include "io/byte_sink.h"
 #include "io/storage.h"
 #include "model/ordered_json.h"
 #include "plan/arch_map.h"
@@ -15,6 +17,31 @@
 
 namespace ckpt::jobs {
 namespace {
+
+// A tensor the map left out because the target has no place for it is lost
+// only when it holds something: read each (small: a bias per expert and
+// layer) and warn, naming the first, when any is not all zero bytes.
+void warn_nonzero_dropped(const CheckpointModel& model, const std::vector<DroppedTensor>& dropped,
+                          const std::string& map_name, const std::vector<std::string>& architectures) {
+  std::size_t nonzero = 0;
+  std::string first, why;
+  for (const DroppedTensor& d : dropped) {
+    const TensorEntry& t = model.tensors.at(d.tensor);
+    MemorySink bytes;
+    append_tensor(t, bytes, CopyOptions{});
+    const std::string& b = bytes.bytes();
+    if (std::all_of(b.begin(), b.end(), [](char c) { return c == 0; })) continue;
+    if (nonzero++ == 0) {
+      first = t.name;
+      why = d.why;
+    }
+  }
+  if (nonzero == 0) return;
+  std::string arch = architectures.empty() ? "the target" : architectures.front();
+  log::warn("map " + map_name + ": " + std::to_string(nonzero) + " of " + std::to_string(dropped.size()) +
+            " tensors it leaves out are not zero (first: " + first + "): " + why + ", and " + arch +
+            " has no place for it: the exported model computes otherwise than the checkpoint's");
+}
 
 constexpr uint64_t kMaxMapBytes = 1 << 20;  // a map is a page of rules
 
@@ -124,7 +151,10 @@ CheckpointModel apply_requested_map(CheckpointModel model, const std::string& ma
       return model;
     }
   }
-  return apply_arch_map(model, *map, config->fields, config->path);
+  std::vector<DroppedTensor> dropped;
+  CheckpointModel mapped = apply_arch_map(model, *map, config->fields, config->path, &dropped);
+  warn_nonzero_dropped(model, dropped, map->name, config->architectures);
+  return mapped;
 }
 
 bool maps_back(const std::string& map_option, const std::string& layout, const std::string& source_format) {

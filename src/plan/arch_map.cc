@@ -494,8 +494,8 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
   if (!j.is_object()) fail_invalid(where + ": a map is a JSON object");
   JsonMembers m(j, where);
   static const std::set<std::string> kKnown = {
-      "description", "extends", "source_kinds", "architectures", "indices",           "defaults",
-      "rules",       "skip",    "comment",      "back_none",     "back_architectures"};
+      "description", "extends", "source_kinds", "architectures",      "indices",         "defaults", "rules",
+      "skip",        "comment", "back_none",    "back_architectures", "skip_unless_zero"};
   for (const auto& [k, v] : j.items())
     if (!kKnown.count(k)) fail_invalid(where + ": unknown key \"" + k + "\"");
   ArchMap map;
@@ -523,6 +523,10 @@ ArchMap parse_map(const std::string& text, const std::string& name, const std::s
     map.rules.push_back(parse_rule(rules[i], where + ".rules[" + std::to_string(i) + "]"));
   if (const auto* s = m.find("skip"))
     for (auto& p : as_strings(*s, where + ".skip", false)) map.skip.push_back(std::move(p));
+  if (const auto* z = m.find("skip_unless_zero")) {
+    if (!z->is_object()) fail_invalid(where + ".skip_unless_zero: an object of patterns and what each tensor does");
+    for (const auto& [k, v] : z->items()) map.skip_unless_zero[k] = as_string(v, where + ".skip_unless_zero." + k);
+  }
   if (const auto* b = m.find("back_none"))
     for (auto& p : as_strings(*b, where + ".back_none", false)) map.back_none.push_back(std::move(p));
   for (const auto& r : map.rules)
@@ -760,7 +764,7 @@ std::string first_target(const MapRule& rule, Captured values) {
 }  // namespace
 
 CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
-                               const std::string& config_name) {
+                               const std::string& config_name, std::vector<DroppedTensor>* unless_zero) {
   const Evaluator eval{map, config, config_name};
   const std::string where = "map " + map.name + " (" + map.origin + ")";
   std::vector<std::vector<Pattern>> from;  // per rule, its alternatives
@@ -770,6 +774,8 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
     for (const auto& f : r.from) from.back().push_back(compile_pattern(f, where));
   }
   for (const auto& s : map.skip) skip.push_back(compile_pattern(s, where));
+  std::vector<std::pair<Pattern, std::string>> skip_zero;
+  for (const auto& [s, why] : map.skip_unless_zero) skip_zero.emplace_back(compile_pattern(s, where), why);
 
   CheckpointModel out;
   out.info = model.info;
@@ -788,6 +794,11 @@ CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map,
     RegexMatch m;
     for (const auto& s : skip)
       if (s.re.match(leaf.path)) return;
+    for (const auto& [s, why] : skip_zero)
+      if (s.re.match(leaf.path)) {
+        if (unless_zero) unless_zero->push_back({*leaf.tensor, why});
+        return;
+      }
     const bool tied = write_ties(src, leaf.path, map, from, off, eval, written, seen, out, entries, where);
     for (std::size_t r = 0; r < map.rules.size(); ++r) {
       if (off[r] || map.rules[r].tie) continue;

@@ -107,6 +107,11 @@ struct ArchMap {
   std::map<std::string, std::string> defaults;
   std::vector<MapRule> rules;
   std::vector<std::string> skip;  // patterns of source entries left out (megatron's _extra_state)
+  // Patterns of source tensors left out as `skip` ones are, but that the
+  // target architecture has no place for only while they are zero
+  // (torchtitan's MoE expert_bias_E): pattern -> what the tensor does, for
+  // the warning an export gives when one is not (jobs/model_map.cc).
+  std::map<std::string, std::string> skip_unless_zero;
   // The way back (plan/arch_map_inverse.h): source entries a Hugging Face
   // folder has no tensor for, written as None (megatron-core's
   // `_extra_state` of each linear layer, which its local spec saves as None
@@ -135,8 +140,14 @@ using ConfigFields = std::map<std::string, int64_t>;
 // every index present, else NotFound naming the missing tensor; every
 // target's shape the config's, else DataLoss naming the tensor and the
 // config fields (`config_name` in messages).
+// With `unless_zero`, the source tensors a skip_unless_zero pattern left
+// out: their index in model.tensors and the pattern's explanation.
+struct DroppedTensor {
+  std::size_t tensor;
+  std::string why;
+};
 CheckpointModel apply_arch_map(const CheckpointModel& model, const ArchMap& map, const ConfigFields& config,
-                               const std::string& config_name);
+                               const std::string& config_name, std::vector<DroppedTensor>* unless_zero = nullptr);
 
 // For the way back (plan/arch_map_inverse.h), which applies a map's rules
 // in the other direction with the same expressions and patterns:

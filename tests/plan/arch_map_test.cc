@@ -415,3 +415,30 @@ TEST_CASE("arch map: a tie rule writes a second copy of a tensor another rule cl
             msg) == ErrorCode::kInvalidArgument);
   CHECK_THAT(msg, Catch::Contains("tie"));
 }
+
+TEST_CASE("arch map: skip_unless_zero leaves tensors out and reports them", "[plan][arch_map]") {
+  std::string text = kMap;
+  text.replace(text.find(R"("skip": ["*._extra_state"])"), std::string(R"("skip": ["*._extra_state"])").size(),
+               R"("skip": ["*._extra_state"], "skip_unless_zero": {"l.{L}.bias": "shifts the routing"})");
+  ArchMap map = parse_arch_map(text, "test", "here");
+  REQUIRE(map.skip_unless_zero.size() == 1);
+  ConfigFields config = {{"layers", 1}, {"hidden", 2}, {"heads", 2}, {"groups", 1}, {"vocab", 4}};
+  CheckpointModel m = model_of({numbered("", 4, 2, {}), numbered("", 4, 2, {}), numbered("", 3, 1, {})},
+                               {"emb", "l.0.qkv", "l.0.bias"});
+  std::vector<DroppedTensor> dropped;
+  CheckpointModel out = apply_arch_map(m, map, config, "config.json", &dropped);
+  std::vector<std::string> names;
+  walk_leaves(*out.root, [&](const Leaf& l) { names.push_back(l.path); });
+  CHECK(names == std::vector<std::string>{"embed", "q.0", "k.0", "v.0"});
+  REQUIRE(dropped.size() == 1);
+  CHECK(dropped[0].tensor == 2);
+  CHECK(dropped[0].why == "shifts the routing");
+  std::string msg;
+  CHECK(code_of(
+            [&] {
+              parse_arch_map(R"({"rules": [{"from": "a", "to": "b", "shape": ["n"]}], "skip_unless_zero": ["a"]})", "t",
+                             "here");
+            },
+            msg) == ErrorCode::kInvalidArgument);
+  CHECK_THAT(msg, Catch::Contains("skip_unless_zero"));
+}
